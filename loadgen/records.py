@@ -1,0 +1,235 @@
+"""Records: one row per planned request, whatever happened to it.
+
+Sits between the engine and the metrics. The runner turns every plan into exactly one
+`RequestRecord`; `RecordWriter` spills them to Parquet part files during the run (each
+part written to a temp name and renamed, so a killed run keeps every finished part) and
+joins the parts into `records.parquet` at the end. Times are integer nanoseconds since the
+run's t0 on the monotonic clock; `None` means the moment never happened, and the outcome
+says why.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+
+class Outcome(enum.StrEnum):
+    """How a request ended. Every value but `ok` is a breach of every SLO of its class."""
+
+    OK = "ok"
+    REJECTED = "rejected"  # 429 or another admission refusal
+    HTTP_ERROR = "http_error"  # any other non-2xx status
+    CONNECT_ERROR = "connect_error"  # no connection, or it broke before a response
+    STREAM_ERROR = "stream_error"  # mid-stream break, malformed data, server error event
+    TIMEOUT_FIRST_TOKEN = "timeout_first_token"  # no generated token by the deadline
+    TIMEOUT_STALL = "timeout_stall"  # a gap between tokens longer than the stall deadline
+    TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
+    CANCELLED = "cancelled"  # the run was interrupted before this request finished
+
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+
+
+class TokenSource(enum.StrEnum):
+    """Where `output_tokens` came from."""
+
+    USAGE = "usage"  # the server's reported usage.completion_tokens
+    CHUNKS = "chunks"  # counted output-bearing chunks (one token each)
+    NONE = "none"  # no output at all
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    """What one planned request did, measured at the client boundary.
+
+    Times are ns since the run's t0. `intended_ns` is when the plan said to send (the
+    moment the user pressed enter); TTFT and E2E are measured from it. `chunk_ns` holds
+    the arrival time of every output-bearing chunk and `chunk_tokens` the tokens each
+    carried (1 each, unless the server's usage says more and they were apportioned).
+    """
+
+    request_id: int
+    class_name: str
+    intended_ns: int
+    outcome: Outcome
+    dispatched_ns: int | None = None  # when the scheduler started it (generator health)
+    sent_ns: int | None = None  # when its request bytes were written
+    headers_ns: int | None = None
+    first_token_ns: int | None = None  # first generated output: content, reasoning or tool call
+    first_content_ns: int | None = None  # first visible content
+    last_token_ns: int | None = None
+    end_ns: int | None = None
+    chunk_ns: Sequence[int] = field(default_factory=tuple)
+    chunk_tokens: Sequence[int] = field(default_factory=tuple)
+    output_tokens: int = 0
+    token_source: TokenSource = TokenSource.NONE
+    prompt_tokens: int | None = None  # as reported by the server's usage
+    prompt_tokens_target: int = 0  # what the plan asked for
+    max_tokens: int = 0
+    http_status: int | None = None
+    error: str | None = None
+    retries: int = 0
+
+
+# Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
+# `class_name` on the dataclass). Adding a column is fine; renaming one breaks old runs.
+SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.Int64(),
+    "class": pl.String(),
+    "intended_ns": pl.Int64(),
+    "dispatched_ns": pl.Int64(),
+    "sent_ns": pl.Int64(),
+    "headers_ns": pl.Int64(),
+    "first_token_ns": pl.Int64(),
+    "first_content_ns": pl.Int64(),
+    "last_token_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "chunk_ns": pl.List(pl.Int64()),
+    "chunk_tokens": pl.List(pl.Int32()),
+    "output_tokens": pl.Int64(),
+    "token_source": pl.String(),
+    "prompt_tokens": pl.Int64(),
+    "prompt_tokens_target": pl.Int64(),
+    "max_tokens": pl.Int64(),
+    "outcome": pl.String(),
+    "http_status": pl.Int32(),
+    "error": pl.String(),
+    "retries": pl.Int32(),
+}
+
+
+def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
+    """Records as a frame with `SCHEMA`, sorted by request_id."""
+    rows = []
+    for record in records:
+        row = asdict(record)
+        row["class"] = row.pop("class_name")
+        row["outcome"] = str(record.outcome)
+        row["token_source"] = str(record.token_source)
+        row["chunk_ns"] = list(record.chunk_ns)
+        row["chunk_tokens"] = list(record.chunk_tokens)
+        rows.append(row)
+    frame = pl.DataFrame(rows, schema=SCHEMA, orient="row") if rows else empty_frame()
+    return frame.select(list(SCHEMA)).sort("request_id")
+
+
+def empty_frame() -> pl.DataFrame:
+    """A frame with no rows and the records schema."""
+    return pl.DataFrame(schema=SCHEMA)
+
+
+def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
+    """The inverse of `to_frame`."""
+    records = []
+    for row in frame.iter_rows(named=True):
+        row = dict(row)
+        row["class_name"] = row.pop("class")
+        row["outcome"] = Outcome(row["outcome"])
+        row["token_source"] = TokenSource(row["token_source"])
+        row["chunk_ns"] = tuple(row["chunk_ns"] or ())
+        row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
+        known = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
+        records.append(RequestRecord(**known))
+    return records
+
+
+RECORDS_FILE = "records.parquet"
+PARTS_DIR = "records.parts"
+
+
+def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
+    """Write to a temp name in the same folder, fsync, rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.write_parquet(tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class RecordWriter:
+    """Collects records during a run and spills them to Parquet parts.
+
+    The engine calls `add` (cheap, in the event loop). About once a second the run takes
+    the due batch (`take_due`: every `flush_every` records or `flush_interval_s` seconds)
+    and writes it with `write_part`, in a worker thread so the loop keeps stamping chunks.
+    `close()` joins the parts into `records.parquet`. A run killed mid-way keeps every part
+    already renamed into place.
+    """
+
+    def __init__(
+        self, run_dir: Path, *, flush_every: int = 1000, flush_interval_s: float = 1.0
+    ) -> None:
+        self.run_dir = run_dir
+        self.parts_dir = run_dir / PARTS_DIR
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.flush_every = flush_every
+        self.flush_interval_s = flush_interval_s
+        self._pending: list[RequestRecord] = []
+        self._part_count = 0
+        self._part_lock = threading.Lock()
+        self._last_take = time.monotonic()
+        self.count = 0
+
+    def add(self, record: RequestRecord) -> None:
+        """Take one record (no I/O)."""
+        self._pending.append(record)
+        self.count += 1
+
+    def take_due(self) -> list[RequestRecord]:
+        """The pending records if a batch is full or the interval has passed, else []."""
+        now = time.monotonic()
+        if len(self._pending) >= self.flush_every or (
+            self._pending and now - self._last_take >= self.flush_interval_s
+        ):
+            self._last_take = now
+            batch, self._pending = self._pending, []
+            return batch
+        return []
+
+    def write_part(self, batch: list[RequestRecord]) -> None:
+        """Write one batch as the next part (safe to call from a worker thread)."""
+        if not batch:
+            return
+        with self._part_lock:
+            self._part_count += 1
+            part = self.parts_dir / f"part-{self._part_count:06d}.parquet"
+        write_parquet_atomic(to_frame(batch), part)
+
+    def flush(self) -> None:
+        """Write every pending record now."""
+        batch, self._pending = self._pending, []
+        self.write_part(batch)
+
+    def close(self) -> pl.DataFrame:
+        """Flush, join every part into `records.parquet`, remove the parts; return the frame."""
+        self.flush()
+        frame = read_parts(self.parts_dir)
+        write_parquet_atomic(frame, self.run_dir / RECORDS_FILE)
+        for part in self.parts_dir.glob("part-*.parquet"):
+            part.unlink()
+        self.parts_dir.rmdir()
+        return frame
+
+
+def read_parts(parts_dir: Path) -> pl.DataFrame:
+    """Every complete part in a parts folder as one frame (what an interrupted run kept)."""
+    parts = sorted(parts_dir.glob("part-*.parquet"))
+    if not parts:
+        return empty_frame()
+    return pl.concat([pl.read_parquet(p) for p in parts]).sort("request_id")
+
+
+def read_records(run_dir: Path) -> pl.DataFrame:
+    """A run's records: `records.parquet`, or the parts of a run that never finished."""
+    path = run_dir / RECORDS_FILE
+    if path.exists():
+        return pl.read_parquet(path)
+    return read_parts(run_dir / PARTS_DIR)
