@@ -1,0 +1,459 @@
+"""The workload spec: a YAML file validated into frozen, typed values before any traffic.
+
+First stage of the pipeline (workload YAML → spec → arrivals → plans → engine). Every
+error names the file, the key path, what is wrong and how to fix it, as a `ConfigError`;
+the CLI turns it into exit code 1 without a traceback. Secrets never live here: the API
+key is read from the environment variable the file names (`target.api_key_env`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadgen.errors import ConfigError
+from loadgen.slo import SloTargets
+
+APIS = ("openai-chat", "openai-completions")
+ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetSpec:
+    """Where and how to send: the API family, model name, auth and request options."""
+
+    api: str = "openai-chat"
+    model: str = "sim"
+    url: str | None = None  # base URL; `--url` overrides; absent = the built-in simulator
+    path: str | None = None  # request path; default from the API family
+    api_key_env: str | None = None  # name of the env var holding the key, never the key
+    headers: Mapping[str, str] = field(default_factory=dict)
+    include_usage: bool = True  # stream_options.include_usage
+    force_output_tokens: bool = True  # send ignore_eos + min_tokens so N is what was planned
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArrivalSpec:
+    """An arrival process: constant gaps, Poisson (exponential gaps) or gamma gaps with a CV.
+
+    Gamma with cv > 1 is bursty (clumps and lulls), cv = 1 is Poisson, cv < 1 is smoother.
+    """
+
+    process: str
+    rate_per_s: float
+    cv: float = 1.0
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthDist:
+    """A token-count distribution; samples are rounded and clamped to [min, max], at least 1."""
+
+    dist: str
+    value: int = 0  # fixed
+    mean: float = 0.0  # lognormal, exponential
+    cv: float = 1.0  # lognormal
+    min: int = 1
+    max: int = 1_000_000
+
+    @property
+    def expected(self) -> float:
+        """The mean before clamping (what `check` prints as the expected size)."""
+        if self.dist == "fixed":
+            return float(self.value)
+        if self.dist == "uniform":
+            return (self.min + self.max) / 2
+        return self.mean
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deadlines:
+    """Per-request deadlines, each its own outcome (seconds; measured from the intended time)."""
+
+    first_token_s: float = 60.0
+    stall_s: float = 30.0
+    total_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassSpec:
+    """One workload class: how requests arrive, how big they are, and what they must meet."""
+
+    name: str
+    arrival: ArrivalSpec
+    requests: int | None  # exactly one of requests / duration_s is set
+    duration_s: float | None
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    slo: SloTargets
+    deadlines: Deadlines
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """A validated workload file."""
+
+    name: str
+    source: str
+    target: TargetSpec
+    classes: Mapping[str, ClassSpec]
+    seed: int = 0
+    sim: Mapping[str, Any] = field(default_factory=dict)  # the built-in simulator's profile
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the file as parsed, for run.json
+
+
+class _Node:
+    """A mapping with its key path, so every error says where it happened."""
+
+    def __init__(self, source: str, path: str, value: object) -> None:
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                source, path or "(top level)", f"must be a mapping, got {_kind(value)}"
+            )
+        self.source, self.path, self.value = source, path, value
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def error(self, name: str, problem: str, fix: str = "") -> ConfigError:
+        return ConfigError(self.source, self.key(name), problem, fix)
+
+    def allow(self, *names: str) -> None:
+        """Reject keys not in `names`, suggesting the closest known key."""
+        for k in self.value:
+            if k not in names:
+                close = difflib.get_close_matches(str(k), names, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(names)}"
+                raise self.error(str(k), "unknown key", hint)
+
+    def has(self, name: str) -> bool:
+        return name in self.value
+
+    def child(self, name: str) -> _Node:
+        if name not in self.value:
+            raise self.error(name, "is required", f"add a '{name}:' mapping")
+        return _Node(self.source, self.key(name), self.value[name])
+
+    def string(
+        self, name: str, default: str | None = None, *, choices: tuple[str, ...] = ()
+    ) -> str:
+        value = self.value.get(name, default)
+        if value is None:
+            raise self.error(name, "is required", _choices_fix(choices) or f"add '{name}: ...'")
+        if not isinstance(value, str) or not value:
+            raise self.error(name, f"must be a non-empty string, got {_kind(value)}")
+        if choices and value not in choices:
+            raise self.error(name, f"unknown value '{value}'", _choices_fix(choices))
+        return value
+
+    def number(
+        self, name: str, default: float | None = None, *, positive: bool = False, minimum: float = 0
+    ) -> float:
+        value = self.value.get(name, default)
+        if value is None:
+            raise self.error(name, "is required", f"add '{name}: <number>'")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise self.error(name, f"must be a number, got {_kind(value)}")
+        if positive and value <= 0:
+            raise self.error(name, f"must be > 0 (got {value})")
+        if value < minimum:
+            raise self.error(name, f"must be >= {minimum} (got {value})")
+        return float(value)
+
+    def integer(self, name: str, default: int | None = None, *, minimum: int = 0) -> int:
+        value = self.value.get(name, default)
+        if value is None:
+            raise self.error(name, "is required", f"add '{name}: <integer>'")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(name, f"must be an integer, got {_kind(value)}")
+        if value < minimum:
+            raise self.error(name, f"must be >= {minimum} (got {value})")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.value.get(name, default)
+        if not isinstance(value, bool):
+            raise self.error(name, f"must be true or false, got {_kind(value)}")
+        return value
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _choices_fix(choices: tuple[str, ...]) -> str:
+    return f"use one of: {', '.join(choices)}" if choices else ""
+
+
+def load(path: str | Path) -> WorkloadSpec:
+    """Read and validate a workload file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "", "file not found", "check the path") from None
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read file: {exc.strerror}") from None
+    return loads(text, source)
+
+
+def loads(text: str, source: str = "<workload>") -> WorkloadSpec:
+    """Validate workload YAML text; `source` names it in errors."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(source, where, f"YAML syntax error: {problem}") from None
+    return parse(raw, source)
+
+
+def parse(raw: object, source: str) -> WorkloadSpec:
+    """Validate an already-parsed workload mapping."""
+    top = _Node(source, "", raw)
+    top.allow("name", "description", "target", "classes", "seed", "sim")
+    classes_node = top.child("classes")
+    if not classes_node.value:
+        raise classes_node.error("", "needs at least one class", "add e.g. 'chat: {...}'")
+    classes = {
+        str(name): _class(classes_node.child(str(name)), str(name)) for name in classes_node.value
+    }
+    sim = top.value.get("sim") or {}
+    if not isinstance(sim, Mapping):
+        raise top.error("sim", f"must be a mapping, got {_kind(sim)}")
+    return WorkloadSpec(
+        name=top.string("name"),
+        source=source,
+        target=_target(top.child("target") if top.has("target") else _Node(source, "target", {})),
+        classes=classes,
+        seed=top.integer("seed", 0),
+        sim=dict(sim),
+        raw=dict(top.value),
+    )
+
+
+def _target(node: _Node) -> TargetSpec:
+    node.allow(
+        "api",
+        "model",
+        "url",
+        "path",
+        "api_key_env",
+        "headers",
+        "include_usage",
+        "force_output_tokens",
+        "extra_body",
+    )
+    headers = node.value.get("headers") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise node.error("headers", "must map header names to string values")
+    for name in headers:
+        if name.lower() in ("authorization", "x-api-key", "api-key"):
+            raise node.error(
+                f"headers.{name}",
+                "secrets must not be written in the workload file",
+                "put the key in an environment variable and name it in target.api_key_env",
+            )
+    extra_body = node.value.get("extra_body") or {}
+    if not isinstance(extra_body, Mapping):
+        raise node.error("extra_body", "must be a mapping of JSON fields added to every request")
+    url = node.value.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise node.error("url", f"must start with http:// or https:// (got {url!r})")
+    return TargetSpec(
+        api=node.string("api", "openai-chat", choices=APIS),
+        model=node.string("model", "sim"),
+        url=url,
+        path=node.string("path") if node.has("path") else None,
+        api_key_env=node.string("api_key_env") if node.has("api_key_env") else None,
+        headers=dict(headers),
+        include_usage=node.boolean("include_usage", True),
+        force_output_tokens=node.boolean("force_output_tokens", True),
+        extra_body=dict(extra_body),
+    )
+
+
+def _class(node: _Node, name: str) -> ClassSpec:
+    node.allow(
+        "arrival",
+        "requests",
+        "duration_s",
+        "prompt_tokens",
+        "output_tokens",
+        "slo",
+        "deadlines",
+    )
+    has_requests, has_duration = node.has("requests"), node.has("duration_s")
+    if has_requests == has_duration:
+        raise node.error(
+            "requests",
+            "exactly one of 'requests' or 'duration_s' must be set",
+            "e.g. 'requests: 100' or 'duration_s: 60'",
+        )
+    return ClassSpec(
+        name=name,
+        arrival=_arrival(node.child("arrival")),
+        requests=node.integer("requests", minimum=1) if has_requests else None,
+        duration_s=node.number("duration_s", positive=True) if has_duration else None,
+        prompt_tokens=_length(node.child("prompt_tokens")),
+        output_tokens=_length(node.child("output_tokens")),
+        slo=_slo(node.child("slo") if node.has("slo") else _Node(node.source, node.key("slo"), {})),
+        deadlines=_deadlines(
+            node.child("deadlines")
+            if node.has("deadlines")
+            else _Node(node.source, node.key("deadlines"), {})
+        ),
+    )
+
+
+def _arrival(node: _Node) -> ArrivalSpec:
+    node.allow("process", "rate_per_s", "cv", "start_s")
+    process = node.string("process", choices=ARRIVAL_PROCESSES)
+    if node.has("cv") and process != "gamma":
+        raise node.error("cv", f"only applies to process: gamma (this is {process})")
+    return ArrivalSpec(
+        process=process,
+        rate_per_s=node.number("rate_per_s", positive=True),
+        cv=node.number("cv", 1.0, positive=True),
+        start_s=node.number("start_s", 0.0),
+    )
+
+
+def _length(node: _Node) -> LengthDist:
+    dist = node.string("dist", choices=LENGTH_DISTS)
+    allowed = {
+        "fixed": ("value",),
+        "uniform": ("min", "max"),
+        "lognormal": ("mean", "cv", "min", "max"),
+        "exponential": ("mean", "min", "max"),
+    }[dist]
+    node.allow("dist", *allowed)
+    lo = node.integer("min", 1, minimum=1)
+    hi = node.integer("max", 1_000_000, minimum=1)
+    if dist == "uniform" and not (node.has("min") and node.has("max")):
+        raise node.error("min", "uniform needs both 'min' and 'max'")
+    if hi < lo:
+        raise node.error("max", f"must be >= min ({lo}), got {hi}")
+    return LengthDist(
+        dist=dist,
+        value=node.integer("value", minimum=1) if dist == "fixed" else 0,
+        mean=node.number("mean", positive=True) if dist in ("lognormal", "exponential") else 0.0,
+        cv=node.number("cv", positive=True) if dist == "lognormal" else 1.0,
+        min=lo,
+        max=hi,
+    )
+
+
+def _slo(node: _Node) -> SloTargets:
+    node.allow("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "percentile")
+    percentile = node.number("percentile", 99.0, positive=True)
+    if percentile > 100:
+        raise node.error("percentile", f"must be in (0, 100] (got {percentile})")
+
+    def opt(key: str) -> float | None:
+        return node.number(key, positive=True) if node.has(key) else None
+
+    return SloTargets(
+        ttft_ms=opt("ttft_ms"),
+        tpot_ms=opt("tpot_ms"),
+        itl_ms=opt("itl_ms"),
+        e2e_ms=opt("e2e_ms"),
+        percentile=percentile,
+    )
+
+
+def _deadlines(node: _Node) -> Deadlines:
+    node.allow("first_token_s", "stall_s", "total_s")
+    default = Deadlines()
+    return Deadlines(
+        first_token_s=node.number("first_token_s", default.first_token_s, positive=True),
+        stall_s=node.number("stall_s", default.stall_s, positive=True),
+        total_s=node.number("total_s", default.total_s, positive=True),
+    )
+
+
+def override(
+    spec: WorkloadSpec,
+    *,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    rate: str | None = None,
+) -> WorkloadSpec:
+    """The spec with the command line's `--requests`, `--duration` and `--rate` applied.
+
+    `requests`/`duration_s` replace every class's count or duration. `rate` is either a
+    multiplier (`2x`, `0.5x`) applied to every class's rate, or a total rate in req/s that
+    every class is scaled to in proportion to its own rate.
+    """
+    if requests is not None and duration_s is not None:
+        raise ConfigError("command line", "--requests/--duration", "give one, not both")
+    scale = rate_scale(spec, rate) if rate else 1.0
+    classes = {}
+    for name, cls in spec.classes.items():
+        arrival = ArrivalSpec(
+            process=cls.arrival.process,
+            rate_per_s=cls.arrival.rate_per_s * scale,
+            cv=cls.arrival.cv,
+            start_s=cls.arrival.start_s,
+        )
+        count, duration = cls.requests, cls.duration_s
+        if requests is not None:
+            count, duration = requests, None
+        elif duration_s is not None:
+            count, duration = None, duration_s
+        classes[name] = ClassSpec(
+            name=name,
+            arrival=arrival,
+            requests=count,
+            duration_s=duration,
+            prompt_tokens=cls.prompt_tokens,
+            output_tokens=cls.output_tokens,
+            slo=cls.slo,
+            deadlines=cls.deadlines,
+        )
+    return WorkloadSpec(
+        name=spec.name,
+        source=spec.source,
+        target=spec.target,
+        classes=classes,
+        seed=spec.seed,
+        sim=spec.sim,
+        raw=spec.raw,
+    )
+
+
+def rate_scale(spec: WorkloadSpec, rate: str) -> float:
+    """The factor `--rate` applies to every class's rate (see `override`)."""
+    text = rate.strip().lower()
+    try:
+        value = float(text[:-1]) if text.endswith("x") else float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            "command line",
+            "--rate",
+            f"must be a positive number or multiplier (got {rate!r})",
+            "e.g. --rate 8 (total req/s) or --rate 2x",
+        )
+    if text.endswith("x"):
+        return value
+    total = sum(cls.arrival.rate_per_s for cls in spec.classes.values())
+    return value / total

@@ -1,0 +1,129 @@
+"""The workload spec: the issue's file is accepted as is; every bad input names file, key, fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadgen.errors import ConfigError
+from loadgen.spec import load, loads, override
+
+SMOKE = """
+name: chat-smoke
+target:
+  api: openai-chat          # or openai-completions
+  model: sim
+classes:
+  chat:
+    arrival: {process: poisson, rate_per_s: 4}
+    requests: 40
+    prompt_tokens: {dist: fixed, value: 200}
+    output_tokens: {dist: fixed, value: 32}
+    slo: {ttft_ms: 1000, tpot_ms: 50, percentile: 99}
+    deadlines: {first_token_s: 10, stall_s: 5, total_s: 60}
+"""
+
+
+def test_issue_example_is_accepted_as_is() -> None:
+    """The file from the issue parses into the values it states."""
+    spec = loads(SMOKE, "smoke.yaml")
+    chat = spec.classes["chat"]
+    assert spec.name == "chat-smoke"
+    assert spec.target.api == "openai-chat"
+    assert chat.arrival.process == "poisson"
+    assert chat.arrival.rate_per_s == 4
+    assert chat.requests == 40
+    assert chat.duration_s is None
+    assert chat.prompt_tokens.value == 200
+    assert chat.output_tokens.value == 32
+    assert (chat.slo.ttft_ms, chat.slo.tpot_ms, chat.slo.percentile) == (1000, 50, 99)
+    assert (chat.deadlines.first_token_s, chat.deadlines.stall_s, chat.deadlines.total_s) == (
+        10,
+        5,
+        60,
+    )
+
+
+def _bad(replace: str, by: str) -> str:
+    assert replace in SMOKE
+    return SMOKE.replace(replace, by)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        (_bad("rate_per_s: 4", "rate_per_s: -1"), "classes.chat.arrival.rate_per_s", "must be > 0"),
+        (_bad("process: poisson", "process: poison"), "classes.chat.arrival.process", "use one of"),
+        (
+            _bad("requests: 40", "requests: 40\n    duration_s: 5"),
+            "classes.chat.requests",
+            "exactly one",
+        ),
+        (_bad("requests: 40", "reqests: 40"), "classes.chat.reqests", "did you mean 'requests'"),
+        (
+            _bad("dist: fixed, value: 200", "dist: uniform, min: 5"),
+            "classes.chat.prompt_tokens.min",
+            "both",
+        ),
+        (
+            _bad("value: 32", "value: many"),
+            "classes.chat.output_tokens.value",
+            "must be an integer",
+        ),
+        (_bad("percentile: 99", "percentile: 120"), "classes.chat.slo.percentile", "(0, 100]"),
+        (_bad("api: openai-chat", "api: grpc"), "target.api", "use one of"),
+        (
+            _bad("model: sim", "model: sim\n  headers: {Authorization: Bearer x}"),
+            "target.headers.Authorization",
+            "api_key_env",
+        ),
+        (
+            _bad("process: poisson, rate_per_s: 4", "process: poisson, rate_per_s: 4, cv: 2"),
+            "classes.chat.arrival.cv",
+            "only applies to process: gamma",
+        ),
+        ("name: x\nclasses: {}\n", "classes", "at least one class"),
+        ("name: [unclosed\n", "line 2", "YAML syntax error"),
+        ("- a list\n", "(top level)", "must be a mapping"),
+    ],
+)
+def test_bad_files_name_file_key_and_fix(text: str, key: str, fragment: str) -> None:
+    """Each invalid file raises a ConfigError naming the file, the key path and the problem."""
+    with pytest.raises(ConfigError) as info:
+        loads(text, "bad.yaml")
+    message = str(info.value)
+    assert message.startswith("bad.yaml: "), message
+    assert key in message, message
+    assert fragment in message, message
+
+
+def test_missing_file_is_a_config_error(tmp_path) -> None:
+    """A path that does not exist is reported as such, not as a traceback."""
+    with pytest.raises(ConfigError, match="file not found"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_rate_override_total_and_multiplier() -> None:
+    """`--rate 8` sets the total rate; `--rate 0.5x` halves every class."""
+    two = SMOKE.replace(
+        "classes:\n",
+        "classes:\n  other:\n    arrival: {process: constant, rate_per_s: 12}\n"
+        "    requests: 3\n    prompt_tokens: {dist: fixed, value: 1}\n"
+        "    output_tokens: {dist: fixed, value: 1}\n",
+    )
+    spec = loads(two, "two.yaml")
+    total = override(spec, rate="8")
+    assert total.classes["chat"].arrival.rate_per_s == pytest.approx(2.0)
+    assert total.classes["other"].arrival.rate_per_s == pytest.approx(6.0)
+    half = override(spec, rate="0.5x")
+    assert half.classes["chat"].arrival.rate_per_s == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="--rate"):
+        override(spec, rate="fast")
+
+
+def test_requests_and_duration_overrides_replace_each_class() -> None:
+    """`--requests`/`--duration` replace whichever of the two a class had."""
+    spec = loads(SMOKE, "s.yaml")
+    assert override(spec, requests=7).classes["chat"].requests == 7
+    by_time = override(spec, duration_s=3.0).classes["chat"]
+    assert by_time.duration_s == 3.0
+    assert by_time.requests is None
