@@ -1,0 +1,44 @@
+"""OpenAI chat completions (`/v1/chat/completions`), streamed.
+
+Generated output is `delta.content`, `delta.reasoning_content` / `delta.reasoning`
+(vLLM, SGLang, DeepSeek) or `delta.tool_calls`. A role-only delta, `content: null` or an
+empty string carries nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadgen.adapters import BodyOptions, Delta
+from loadgen.adapters.openai_common import common_body, parse_envelope
+
+
+class OpenAIChat:
+    """The `openai-chat` adapter."""
+
+    name = "openai-chat"
+    default_path = "/v1/chat/completions"
+
+    def build_body(self, prompt: str, max_tokens: int, options: BodyOptions) -> dict[str, Any]:
+        """A single user message holding the prompt."""
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
+        return common_body(body, max_tokens, options)
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One chunk: text, reasoning and tool-call deltas, finish, usage, errors."""
+        delta, choice = parse_envelope(data)
+        if choice is None:
+            return delta
+        message = choice.get("delta")
+        if not isinstance(message, dict):
+            return delta
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            delta.content_chars = len(content)
+            delta.text = content
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            delta.reasoning_chars = len(reasoning)
+        if message.get("tool_calls"):
+            delta.has_tool_call = True
+        return delta

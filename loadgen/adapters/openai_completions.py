@@ -1,0 +1,30 @@
+"""OpenAI text completions (`/v1/completions`), streamed: output is `choices[0].text`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadgen.adapters import BodyOptions, Delta
+from loadgen.adapters.openai_common import common_body, parse_envelope
+
+
+class OpenAICompletions:
+    """The `openai-completions` adapter."""
+
+    name = "openai-completions"
+    default_path = "/v1/completions"
+
+    def build_body(self, prompt: str, max_tokens: int, options: BodyOptions) -> dict[str, Any]:
+        """The prompt as plain text."""
+        return common_body({"prompt": prompt}, max_tokens, options)
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One chunk: text, finish, usage, errors."""
+        delta, choice = parse_envelope(data)
+        if choice is None:
+            return delta
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            delta.content_chars = len(text)
+            delta.text = text
+        return delta
