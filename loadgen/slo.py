@@ -1,0 +1,297 @@
+"""SLO audit: per-class targets, attainment, goodput and the run's verdict.
+
+Sits after `metrics.py` and before the reports: `summarize` turns a records frame into the
+run's summary (the JSON a nightly gate reads), and `per_request` is the one place where a
+request is judged against its class's thresholds. Pure functions; no I/O.
+
+Breach accounting (every non-ok outcome is a miss of every SLO of its class):
+
+- meets_slo (per request): outcome ok, and each set threshold holds where the measure
+  exists: TTFT <= ttft_ms; TPOT <= tpot_ms when N > 1; every ITL gap <= itl_ms;
+  E2E <= e2e_ms.
+- attainment: requests that meet_slo / ALL recorded requests of the class (failures stay
+  in the denominator). Null for a class with no requests.
+- met (per class): every percentile target holds with failures ranked worst (+inf):
+  TTFT and E2E over every request; TPOT over ok requests with N > 1 plus every failure.
+  ITL is over individual gaps, so failures cannot be mixed into its population; instead
+  the ITL check fails when the failures exceed the percentile's allowance at request
+  level (failures > n - ceil(p/100 * n), n = the class's requests), and otherwise judges
+  the nearest-rank percentile of the gaps of ok requests.
+  A check whose population is empty (e.g. TPOT when every response had one token) passes:
+  there is nothing to judge. A class with targets but no recorded requests cannot be
+  judged and is not met. A class without targets is met (nothing was promised).
+- goodput: requests (and their output tokens) that met_slo, divided by the run duration
+  max(end) - min(intended_ns) over the WHOLE frame, the same denominator for every class.
+- exit code: 3 when the generator fell behind (its numbers are not the server's), else 2
+  when any class missed, else 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from loadgen import metrics
+from loadgen.metrics import Stats
+from loadgen.records import OUTCOMES, Outcome
+
+METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttft_content_ms", "tpot_ms", "e2e_ms")
+WITH_FAILURES = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})
+EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloTargets:
+    """One class's objectives: thresholds in ms (None = no target) at one percentile.
+
+    Each threshold is both a per-request limit (for attainment and goodput) and a
+    population target at `percentile` (for `met`).
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+    percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.percentile <= 100.0:
+            raise ValueError(f"SLO percentile must be in (0, 100] (got {self.percentile})")
+        for name, value in self.thresholds_ms().items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"SLO {name} must be a finite number > 0 (got {value})")
+
+    def thresholds_ms(self) -> dict[str, float]:
+        """The thresholds that are set, by metric name (`ttft_ms`, ...), in ms."""
+        values = (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)
+        return {name: v for name, v in zip(METRICS_MS, values, strict=True) if v is not None}
+
+
+NO_TARGETS = SloTargets()
+
+
+def per_request(
+    frame: pl.DataFrame, *, slos: Mapping[str, SloTargets] | None = None
+) -> pl.DataFrame:
+    """`metrics.derive` plus `meets_slo`: did this request meet every threshold of its class.
+
+    Columns: request_id, class, outcome, ttft_ms, ttft_from_send_ms, tpot_ms, e2e_ms,
+    max_itl_ms, lag_ms, meets_slo, then ttft_content_ms and output_tokens. A class missing
+    from `slos` has no thresholds: its ok requests meet, its failures do not.
+    """
+    derived = metrics.derive(frame)
+    meets = pl.col("outcome") == Outcome.OK.value
+    for name, column in zip(
+        METRICS_MS, ("ttft_ms", "tpot_ms", "max_itl_ms", "e2e_ms"), strict=True
+    ):
+        limits = {cls: t.thresholds_ms().get(name) for cls, t in (slos or {}).items()}
+        if not any(v is not None for v in limits.values()):
+            continue
+        limit = pl.col("class").replace_strict(limits, default=None, return_dtype=pl.Float64)
+        meets = meets & (pl.col(column) <= limit).fill_null(True)  # no limit, or not applicable
+    columns = [*derived.columns[:9], "meets_slo", *derived.columns[9:]]  # the documented order
+    return derived.with_columns(meets.alias("meets_slo")).select(columns)
+
+
+def summarize(
+    frame: pl.DataFrame,
+    *,
+    run_id: str,
+    slos: Mapping[str, SloTargets],
+    planned: int,
+    interrupted: bool = False,
+    lag_bound_ms: float = 5.0,
+) -> dict[str, Any]:
+    """The run's summary: generator health, one audit per class, and the verdict.
+
+    Every class of `slos` appears (even with no records), then any other class found in
+    the frame, audited without targets. JSON-ready: no NaN or inf (a percentile that falls
+    on a failure is None).
+    """
+    rows = per_request(frame, slos=slos)
+    by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
+    chunking = metrics.tokens_per_chunk(frame)
+    duration_s = metrics.run_duration_s(frame)
+    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms)
+    classes = {
+        name: audit_class(
+            by_class.get(name, rows.clear()),
+            metrics.itl_gaps_ms(frame, name),
+            tokens_per_chunk=chunking.get(name, {"mean": None, "max": None}),
+            targets=slos.get(name, NO_TARGETS),
+            duration_s=duration_s,
+        )
+        for name in [*slos, *sorted(set(by_class) - set(slos))]
+    }
+    slo_met = all(c["slo"]["met"] for c in classes.values())
+    fell_behind = bool(generator["fell_behind"])
+    return {
+        "run_id": run_id,
+        "interrupted": interrupted,
+        "duration_s": round(duration_s, 6),
+        "generator": generator,
+        "classes": classes,
+        "verdict": {
+            "slo_met": slo_met,
+            "fell_behind": fell_behind,
+            "exit_code": exit_code(slo_met=slo_met, fell_behind=fell_behind),
+        },
+    }
+
+
+def exit_code(*, slo_met: bool, fell_behind: bool) -> int:
+    """3 if the generator fell behind, else 2 if any class missed its SLO, else 0."""
+    if fell_behind:
+        return EXIT_FELL_BEHIND
+    return EXIT_OK if slo_met else EXIT_SLO_MISSED
+
+
+def audit_class(
+    rows: pl.DataFrame,
+    itl_ms: pl.Series,
+    *,
+    tokens_per_chunk: Stats,
+    targets: SloTargets,
+    duration_s: float,
+) -> Stats:
+    """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
+
+    `rows` are the class's `per_request` rows, `itl_ms` the gaps of its ok requests,
+    `duration_s` the whole run's duration (goodput's denominator). Each population is
+    sorted once and shared by its stats and its check.
+    """
+    ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
+    failures = rows.height - ok.height
+    ok_ms = {name: ok.get_column(name).drop_nulls().sort() for name in LATENCY_COLUMNS}
+    ok_ms["itl_ms"] = itl_ms.drop_nulls().sort()
+    return {
+        "requests": rows.height,
+        "outcomes": outcome_counts(rows.get_column("outcome")),
+        **latency_block(ok_ms, failures=failures),
+        "output_tokens": metrics.output_token_stats(ok.get_column("output_tokens")),
+        "tokens_per_chunk": tokens_per_chunk,
+        "slo": audit(
+            ok_ms,
+            requests=rows.height,
+            failures=failures,
+            meeting=int(rows.get_column("meets_slo").sum()),
+            targets=targets,
+        ),
+        "goodput": goodput(rows, duration_s=duration_s),
+    }
+
+
+def outcome_counts(outcomes: pl.Series) -> dict[str, int]:
+    """A count for every key of `records.OUTCOMES`, zeros included."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for value, count in outcomes.value_counts().iter_rows():
+        counts[str(value)] = int(count)
+    return counts
+
+
+def latency_block(ok_ms: Mapping[str, pl.Series], *, failures: int) -> Stats:
+    """Stats of each measure over ok requests, and for TTFT/TPOT/E2E with failures worst."""
+    block: Stats = {}
+    for name in (*LATENCY_COLUMNS, "itl_ms"):
+        block[name] = metrics.latency_stats(ok_ms[name])
+        if name in WITH_FAILURES:
+            stats = metrics.latency_stats_with_failures(ok_ms[name], failures=failures)
+            block[f"{name}_with_failures"] = stats
+    return block
+
+
+def audit(
+    ok_ms: Mapping[str, pl.Series],
+    *,
+    requests: int,
+    failures: int,
+    meeting: int,
+    targets: SloTargets,
+) -> Stats:
+    """attainment, met and the checks behind it, for one class.
+
+    `ok_ms` holds each measure's values over ok requests (ITL: over their gaps),
+    `meeting` how many requests met every per-request threshold.
+    """
+    limits = targets.thresholds_ms()
+    p = targets.percentile
+    checks = [
+        _check(name, limit, ok_ms[name], requests, failures, p) for name, limit in limits.items()
+    ]
+    if checks and requests == 0:
+        checks = [_unjudgeable_check()]
+    return {
+        "targets": {
+            "ttft_ms": _float(targets.ttft_ms),
+            "tpot_ms": _float(targets.tpot_ms),
+            "itl_ms": _float(targets.itl_ms),
+            "e2e_ms": _float(targets.e2e_ms),
+            "percentile": float(p),
+        },
+        "attainment": round(meeting / requests, 6) if requests else None,
+        "met": all(c["passed"] for c in checks),
+        "checks": checks,
+    }
+
+
+def _float(value: float | None) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _check(
+    name: str, limit_ms: float, values: pl.Series, requests: int, failures: int, p: float
+) -> Stats:
+    """One population target: the p-th percentile of `name`, failures ranked worst, <= limit."""
+    note = None
+    if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
+        population = values.len()
+        value = metrics.percentiles(values, (p,))[0]
+        allowance = requests - metrics.nearest_rank(p, requests) if requests else 0
+        if failures > allowance:
+            value = math.inf
+            note = f"failed requests ({failures}) exceed the p{p:g} allowance ({allowance})"
+    else:
+        population = values.len() + failures
+        value = metrics.percentiles(values, (p,), failures=failures)[0]
+    if value is None:
+        note = "no values to judge"
+    elif math.isinf(value) and note is None:
+        note = f"p{p:g} falls on a failed request"
+    return {
+        "metric": name,
+        "percentile": float(p),
+        "target_ms": float(limit_ms),
+        "value_ms": metrics.round_ms(value),
+        "passed": value is None or value <= limit_ms,
+        "population": population,
+        "note": note,
+    }
+
+
+def _unjudgeable_check() -> Stats:
+    """The check a class with targets but no recorded requests gets: it cannot pass."""
+    return {
+        "metric": "requests",
+        "percentile": None,
+        "target_ms": None,
+        "value_ms": None,
+        "passed": False,
+        "population": 0,
+        "note": "no recorded requests: the class cannot be judged",
+    }
+
+
+def goodput(rows: pl.DataFrame, *, duration_s: float) -> Stats:
+    """Requests and output tokens per second from requests that met every threshold."""
+    good = rows.filter(pl.col("meets_slo"))
+    if duration_s <= 0:
+        return {"requests_per_s": None, "output_tokens_per_s": None}
+    return {
+        "requests_per_s": round(good.height / duration_s, 3),
+        "output_tokens_per_s": round(int(good.get_column("output_tokens").sum()) / duration_s, 3),
+    }

@@ -1,0 +1,162 @@
+"""Terminal report: the run's summary as a compact rich table, readable in 100 columns.
+
+Last stage for a person at a terminal: it reads only the summary dict that
+`slo.summarize` returns (so it can render a stored `summary.json` too) and returns a
+renderable; printing is the CLI's job. Latencies are ms; "p99·f" is the p99 with
+failures ranked worst, shown as "fail" when it falls on a failed request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+def render_summary(summary: Mapping[str, Any]) -> RenderableType:
+    """One table row per class; then failures and failed checks, the generator, the verdict."""
+    parts: list[RenderableType] = [_class_table(summary)]
+    parts.extend(_notes(summary["classes"]))
+    parts.append(_generator_line(summary["generator"]))
+    parts.append(_verdict_line(summary["verdict"]))
+    return Group(*parts)
+
+
+def _class_table(summary: Mapping[str, Any]) -> Table:
+    interrupted = " (interrupted)" if summary.get("interrupted") else ""
+    duration = f"{summary['duration_s']:.1f} s"
+    title = f"run {summary['run_id']}{interrupted} · {duration} · latencies in ms"
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    table.add_column("class", overflow="fold", min_width=8, ratio=1)
+    for header in ("reqs", "failed"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in ("TTFT\np50/p99", "TTFT\np99·f", "TPOT\np50/p99", "ITL\np99", "E2E\np99"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("attain", justify="right", no_wrap=True)
+    table.add_column("good\nreq/s", justify="right", no_wrap=True)
+    table.add_column("SLO", min_width=8)
+    for name, cls in summary["classes"].items():
+        table.add_row(*_class_row(name, cls))
+    return table
+
+
+def _class_row(name: str, cls: Mapping[str, Any]) -> list[RenderableType]:
+    outcomes: Mapping[str, int] = cls["outcomes"]
+    slo = cls["slo"]
+    attainment = slo["attainment"]
+    failed = sum(n for k, n in outcomes.items() if k != "ok")
+    return [
+        name,
+        str(cls["requests"]),
+        Text(str(failed), style="red" if failed else ""),
+        f"{fmt_ms(cls['ttft_ms']['p50'])}/{fmt_ms(cls['ttft_ms']['p99'])}",
+        _with_failures(cls["ttft_ms_with_failures"]),
+        f"{fmt_ms(cls['tpot_ms']['p50'])}/{fmt_ms(cls['tpot_ms']['p99'])}",
+        fmt_ms(cls["itl_ms"]["p99"]),
+        fmt_ms(cls["e2e_ms"]["p99"]),
+        f"{attainment * 100:.1f}%" if attainment is not None else "—",
+        _rate(cls["goodput"]["requests_per_s"]),
+        _verdict_cell(slo),
+    ]
+
+
+def fmt_ms(value: float | None) -> str:
+    """A latency in ms, 3-4 significant figures; seconds from 10 s up; "—" when missing."""
+    if value is None:
+        return "—"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}s"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def with_unit(value: float | None) -> str:
+    """`fmt_ms` with its unit: "412 ms", "24.0s"."""
+    text = fmt_ms(value)
+    return text if text.endswith("s") or value is None else f"{text} ms"
+
+
+def _with_failures(stats: Mapping[str, Any]) -> Text:
+    """The p99 with failures worst: "fail" in red when it falls on a failure."""
+    if stats["count"] == 0:
+        return Text("—")
+    if stats["p99"] is None:
+        return Text("fail", style="bold red")
+    return Text(fmt_ms(stats["p99"]))
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def _verdict_cell(slo: Mapping[str, Any]) -> Text:
+    """MET / MISSED with the failed metrics named / "no SLO" for a class without targets."""
+    if not slo["checks"]:
+        return Text("no SLO", style="dim")
+    if slo["met"]:
+        return Text("MET", style="bold green")
+    failed = [str(c["metric"]).removesuffix("_ms") for c in slo["checks"] if not c["passed"]]
+    return Text(f"MISSED\n{','.join(failed)}", style="bold red")
+
+
+def _notes(classes: Mapping[str, Any]) -> list[RenderableType]:
+    """Per class: failures by kind, then each failed check against its target."""
+    lines: list[RenderableType] = []
+    for name, cls in classes.items():
+        kinds = [f"{n} {k}" for k, n in cls["outcomes"].items() if k != "ok" and n]
+        if kinds:
+            lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
+        lines.extend(_missed_check(name, c) for c in cls["slo"]["checks"] if not c["passed"])
+    return lines
+
+
+def _missed_check(name: str, check: Mapping[str, Any]) -> Text:
+    """ "chat: ttft p99 412 ms > target 300 ms", or the note saying why there is no value."""
+    metric = str(check["metric"]).removesuffix("_ms")
+    if check["percentile"] is None:
+        return Text(f"  {name}: {check['note']}", style="red")
+    label = f"  {name}: {metric} p{check['percentile']:g} "
+    target = with_unit(check["target_ms"])
+    if check["value_ms"] is not None:
+        return Text(f"{label}{with_unit(check['value_ms'])} > target {target}", style="red")
+    return Text(f"{label}fails: {check['note']} (target {target})", style="red")
+
+
+def _generator_line(generator: Mapping[str, Any]) -> Text:
+    lag = generator["lag_ms"]
+    target, achieved = generator["target_rate_per_s"], generator["achieved_rate_per_s"]
+    line = Text(
+        f"generator: planned {generator['planned']} · sent {generator['sent']} · "
+        f"recorded {generator['recorded']} · retries {generator['retries']} · "
+        f"lag p99 {with_unit(lag['p99'])}, max {with_unit(lag['max'])} · "
+        f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+    )
+    if generator["fell_behind"]:
+        line.append(
+            f"\nFELL BEHIND: lag p99 {with_unit(lag['p99'])} > {generator['lag_bound_ms']:g} ms;"
+            " these latencies describe the generator, not the server",
+            style="bold red",
+        )
+    return line
+
+
+def _verdict_line(verdict: Mapping[str, Any]) -> Text:
+    if verdict["fell_behind"]:
+        return Text(f"verdict: GENERATOR FELL BEHIND (exit {verdict['exit_code']})", "bold red")
+    if verdict["slo_met"]:
+        return Text(f"verdict: SLO MET (exit {verdict['exit_code']})", "bold green")
+    return Text(f"verdict: SLO MISSED (exit {verdict['exit_code']})", "bold red")

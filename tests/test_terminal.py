@@ -1,0 +1,111 @@
+"""Tests for the terminal summary: it renders the classes, verdicts and generator health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from loadgen.records import Outcome, RequestRecord, to_frame
+from loadgen.slo import SloTargets, summarize
+from loadgen.terminal import fmt_ms, render_summary
+
+MS = 1_000_000
+
+
+def record(
+    request_id: int, class_name: str, *, lag_ms: float = 0.0, ok: bool = True
+) -> RequestRecord:
+    """An ok three-token request with TTFT 100 ms and 10 ms gaps, or a rejected one."""
+    intended = request_id * 10 * MS
+    sent = intended + int(lag_ms * MS)
+    if not ok:
+        return RequestRecord(
+            request_id=request_id,
+            class_name=class_name,
+            intended_ns=intended,
+            outcome=Outcome.REJECTED,
+            sent_ns=sent,
+            end_ns=sent + MS,
+        )
+    chunks = (intended + 100 * MS, intended + 110 * MS, intended + 120 * MS)
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=Outcome.OK,
+        sent_ns=sent,
+        first_token_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1],
+        chunk_ns=chunks,
+        chunk_tokens=(1, 1, 1),
+        output_tokens=3,
+    )
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The summary as plain text at 100 columns."""
+    console = Console(record=True, width=100, color_system=None)
+    console.print(render_summary(summary))
+    return console.export_text()
+
+
+def test_render_names_classes_and_verdicts() -> None:
+    """Each class shows MET or MISSED, the failing check is named, and the exit code shown."""
+    records = [record(i, "chat") for i in range(10)]
+    records += [record(10 + i, "summarization") for i in range(5)] + [
+        record(20, "summarization", ok=False)
+    ]
+    summary = summarize(
+        to_frame(records),
+        run_id="run-42",
+        slos={"chat": SloTargets(ttft_ms=200.0), "summarization": SloTargets(ttft_ms=200.0)},
+        planned=len(records),
+    )
+    text = render(summary)
+    assert "run-42" in text
+    assert "chat" in text
+    assert "summarization" in text
+    assert "MET" in text
+    assert "MISSED" in text
+    assert "summarization: ttft p99 fails" in text
+    assert "1 rejected" in text
+    assert "verdict: SLO MISSED (exit 2)" in text
+    assert "FELL BEHIND" not in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_render_warns_when_the_generator_fell_behind() -> None:
+    """A generator whose lag p99 passed the bound is called out, with exit code 3."""
+    records = [record(i, "chat", lag_ms=20.0) for i in range(5)]
+    summary = summarize(
+        to_frame(records), run_id="r", slos={"chat": SloTargets(ttft_ms=500.0)}, planned=5
+    )
+    text = render(summary)
+    assert "FELL BEHIND" in text
+    assert "exit 3" in text
+
+
+def test_render_class_without_targets_or_requests() -> None:
+    """A class with no targets says so; one with targets but no requests is MISSED."""
+    summary = summarize(
+        to_frame([record(1, "batch")]),
+        run_id="r",
+        slos={"agent": SloTargets(e2e_ms=1.0)},
+        planned=1,
+    )
+    text = render(summary)
+    assert "no SLO" in text
+    assert "agent: no recorded requests" in text
+
+
+def test_fmt_ms() -> None:
+    """Latencies keep 3-4 significant figures and switch to seconds from 10 s."""
+    assert [fmt_ms(v) for v in (None, 1.234, 12.34, 123.4, 12_345.0)] == [
+        "—",
+        "1.23",
+        "12.3",
+        "123",
+        "12.3s",
+    ]
