@@ -1,0 +1,455 @@
+"""The engine: sends every plan at its intended time and turns each into one record.
+
+Fourth stage (plans → engine → records). Open loop: a scheduler sleeps until each plan's
+intended time and starts its request; it never waits for a response, so a slow or hung
+server cannot delay the next send. With `max_in_flight`, started requests wait for a slot,
+and that wait is charged to them (TTFT is measured from the intended time: no coordinated
+omission). Every plan yields exactly one `RequestRecord`, whatever happened: failures are
+mapped to an `Outcome` in one place (`Exchange.outcome`), never raised.
+
+Per-request deadlines (from the intended time): no generated token by `first_token_s`,
+a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop timers
+(`call_later`), not a task per request, so the per-chunk path stays a callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any
+
+import anyio
+import orjson
+
+from loadgen.adapters import Adapter, BodyOptions, MalformedEvent
+from loadgen.histograms import LatencyHistogram
+from loadgen.plans import RequestPlan
+from loadgen.prompts import prompt_text
+from loadgen.records import Outcome, RequestRecord, TokenSource
+from loadgen.sse import SseDecoder
+from loadgen.transport import Connection, Pool, encode_request
+
+MAX_ERROR_BODY = 2048
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Counters and a TTFT histogram for the progress line (updated as records land)."""
+
+    planned: int = 0
+    sent: int = 0
+    in_flight: int = 0
+    ok: int = 0
+    failed: int = 0
+    retries: int = 0
+    ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """How the engine sends: the adapter, body options, extra headers, in-flight cap."""
+
+    adapter: Adapter
+    body_options: BodyOptions
+    seed: int
+    max_in_flight: int | None = None
+    request_headers: Mapping[str, str] = field(default_factory=dict)
+    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
+
+
+class Exchange:
+    """One request's measurement: the sink its connection reports to, and its timers.
+
+    Clock values are absolute perf_counter_ns; `record()` makes them relative to t0.
+    """
+
+    def __init__(self, plan: RequestPlan, adapter: Adapter, t0_ns: int) -> None:
+        self.plan = plan
+        self.stall_ns = int(plan.deadlines.stall_s * 1e9)
+        self.reused_connection = False
+        self.adapter = adapter
+        self.t0_ns = t0_ns
+        self.decoder = SseDecoder()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.outcome: Outcome | None = None
+        self.error: str | None = None
+        self.status: int | None = None
+        self.sent_ns: int | None = None
+        self.headers_ns: int | None = None
+        self.first_token_ns: int | None = None
+        self.first_content_ns: int | None = None
+        self.last_token_ns: int | None = None
+        self.end_ns: int | None = None
+        self.chunk_ns: list[int] = []
+        self.chunk_chars: list[int] = []
+        self.usage_completion: int | None = None
+        self.usage_prompt: int | None = None
+        self.saw_done = False
+        self.error_body = b""
+        self.retries = 0
+        self.conn: Connection | None = None
+        self.lost_before_response = False
+        self._stall_timer: asyncio.TimerHandle | None = None
+
+    # -- ExchangeSink ------------------------------------------------------------------
+    def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
+        self.status = status
+        self.headers_ns = t_ns
+
+    def on_body(self, data: bytes, t_ns: int) -> None:
+        if self.done.done():
+            return
+        if self.status is None or self.status >= 300:
+            if len(self.error_body) < MAX_ERROR_BODY:
+                self.error_body += data[: MAX_ERROR_BODY - len(self.error_body)]
+            return
+        for event, payload in self.decoder.feed(data):
+            self._event(event, payload, t_ns)
+            if self.done.done():
+                return
+
+    def on_end(self, t_ns: int) -> None:
+        if self.done.done():
+            return
+        if self.status is not None and self.status < 300:
+            for event, payload in self.decoder.close():
+                self._event(event, payload, t_ns)
+        self.conn = None
+        self.finish(t_ns, None)
+
+    def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
+        if self.done.done():
+            return
+        self.conn = None
+        if not got_response_bytes:
+            self.lost_before_response = True
+        self.finish(
+            t_ns, Outcome.STREAM_ERROR if got_response_bytes else Outcome.CONNECT_ERROR, reason
+        )
+
+    # -- per event (hot path) ------------------------------------------------------------
+    def _event(self, event: bytes, payload: bytes, t_ns: int) -> None:
+        try:
+            delta = self.adapter.parse(event, payload)
+        except MalformedEvent as exc:
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"malformed event: {exc}")
+            return
+        if delta.error is not None:
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"server error event: {delta.error}")
+            return
+        if delta.content_chars or delta.reasoning_chars or delta.has_tool_call:
+            if self.first_token_ns is None:
+                self.first_token_ns = t_ns
+                self.start_stall_watch()
+            if delta.content_chars and self.first_content_ns is None:
+                self.first_content_ns = t_ns
+            self.last_token_ns = t_ns
+            self.chunk_ns.append(t_ns)
+            self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+        if delta.completion_tokens is not None:
+            self.usage_completion = delta.completion_tokens
+        if delta.prompt_tokens is not None:
+            self.usage_prompt = delta.prompt_tokens
+        if delta.done:
+            self.saw_done = True
+            self.finish(t_ns, None)
+
+    # -- end ---------------------------------------------------------------------------
+    def finish(self, t_ns: int, outcome: Outcome | None, error: str | None = None) -> None:
+        """Settle the outcome once; later calls are ignored."""
+        if self.done.done():
+            return
+        self.end_ns = t_ns
+        if outcome is None:
+            outcome, error = self._clean_end_outcome()
+        self.outcome, self.error = outcome, error
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        if self.conn is not None and outcome is not Outcome.OK:
+            self.conn.detach()
+        self.done.set_result(None)
+
+    def _clean_end_outcome(self) -> tuple[Outcome, str | None]:
+        status = self.status
+        if status is not None and status >= 300:
+            body = self.error_body.decode("utf-8", "replace").strip()
+            message = f"HTTP {status}" + (f": {body[:300]}" if body else "")
+            return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
+        if self.first_token_ns is None:
+            return Outcome.STREAM_ERROR, "stream ended without any generated output"
+        return Outcome.OK, None
+
+    def timeout(self, outcome: Outcome, message: str) -> None:
+        """A deadline fired: settle as that timeout (the connection is dropped)."""
+        self.finish(perf_counter_ns(), outcome, message)
+
+    def start_stall_watch(self) -> None:
+        """Check, at the last token + stall, that a newer token arrived; else time out.
+
+        One timer per stall period, not one per chunk: it re-arms itself from the last token.
+        """
+        loop = asyncio.get_running_loop()
+        stall_ns = self.stall_ns
+
+        def check() -> None:
+            if self.done.done():
+                return
+            overdue_ns = (self.last_token_ns or 0) + stall_ns - perf_counter_ns()
+            if overdue_ns <= 0:
+                self.timeout(Outcome.TIMEOUT_STALL, f"no token for {stall_ns / 1e9:g} s")
+            else:
+                self._stall_timer = loop.call_later(overdue_ns / 1e9, check)
+
+        self._stall_timer = loop.call_later(stall_ns / 1e9, check)
+
+    def record(self, dispatched_ns: int | None) -> RequestRecord:
+        """The one record of this request (relative times)."""
+        outcome = self.outcome or Outcome.CANCELLED
+        n_chunks = len(self.chunk_ns)
+        if self.usage_completion is not None and n_chunks:
+            tokens, source = self.usage_completion, TokenSource.USAGE
+        elif n_chunks:
+            tokens, source = n_chunks, TokenSource.CHUNKS
+        else:
+            tokens, source = (
+                self.usage_completion or 0,
+                (TokenSource.USAGE if self.usage_completion else TokenSource.NONE),
+            )
+        t0 = self.t0_ns
+
+        def rel(t: int | None) -> int | None:
+            return None if t is None else t - t0
+
+        return RequestRecord(
+            request_id=self.plan.request_id,
+            class_name=self.plan.class_name,
+            intended_ns=self.plan.intended_ns,
+            dispatched_ns=rel(dispatched_ns),
+            outcome=outcome,
+            sent_ns=rel(self.sent_ns),
+            headers_ns=rel(self.headers_ns),
+            first_token_ns=rel(self.first_token_ns),
+            first_content_ns=rel(self.first_content_ns),
+            last_token_ns=rel(self.last_token_ns),
+            end_ns=rel(self.end_ns),
+            chunk_ns=[t - t0 for t in self.chunk_ns],
+            chunk_tokens=apportion(tokens, self.chunk_chars)
+            if source is TokenSource.USAGE
+            else [1] * n_chunks,
+            output_tokens=tokens,
+            token_source=source,
+            prompt_tokens=self.usage_prompt,
+            prompt_tokens_target=self.plan.prompt_tokens,
+            max_tokens=self.plan.output_tokens,
+            http_status=self.status,
+            error=self.error,
+            retries=self.retries,
+        )
+
+
+def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
+    """Split `tokens` over chunks: one each first, the rest by text length (largest remainder).
+
+    Servers do not say how many tokens a chunk carried; when usage reports more tokens than
+    chunks (coalesced deltas, speculative decoding), longer chunks carried more of them.
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    base = [1] * n if tokens >= n else [0] * n
+    rest = tokens - sum(base)
+    total = sum(weights) or n
+    shares = [rest * (w or 1) / total for w in weights]
+    floors = [math.floor(s) for s in shares]
+    leftover = rest - sum(floors)
+    order = sorted(range(n), key=lambda i: floors[i] - shares[i])[:leftover]
+    for i in order:
+        floors[i] += 1
+    return [b + f for b, f in zip(base, floors, strict=True)]
+
+
+class Engine:
+    """Runs a list of plans against one endpoint pool and emits one record per plan."""
+
+    def __init__(
+        self,
+        plans: Sequence[RequestPlan],
+        pool: Pool,
+        config: EngineConfig,
+        on_record: Callable[[RequestRecord], None],
+        stats: LiveStats | None = None,
+    ) -> None:
+        self.plans = plans
+        self.pool = pool
+        self.config = config
+        self.on_record = on_record
+        self.stats = stats or LiveStats()
+        self.stats.planned = len(plans)
+        self.t0_ns = 0
+        self.next_index = 0  # plans before this index have been dispatched
+        self._limiter = anyio.Semaphore(config.max_in_flight) if config.max_in_flight else None
+        self.sending = anyio.CancelScope()
+        self.requests = anyio.CancelScope()
+
+    async def run(self, t0_ns: int, *, grace_s: float = 0.0) -> None:
+        """Send every plan at t0 + intended; return when each has a record.
+
+        Cancelling `sending` stops new sends (interrupt); the remaining plans are recorded
+        as cancelled, in-flight ones get `grace_s` to finish, then are cancelled too.
+        """
+        self.t0_ns = t0_ns
+        with self.requests:
+            async with anyio.create_task_group() as tg:
+                with self.sending:
+                    await self._schedule(tg)
+        for plan in self.plans[self.next_index :]:
+            self._emit(
+                RequestRecord(
+                    request_id=plan.request_id,
+                    class_name=plan.class_name,
+                    intended_ns=plan.intended_ns,
+                    outcome=Outcome.CANCELLED,
+                    prompt_tokens_target=plan.prompt_tokens,
+                    max_tokens=plan.output_tokens,
+                    error="run interrupted before this request was sent",
+                )
+            )
+        self.next_index = len(self.plans)
+
+    async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
+        t0 = self.t0_ns
+        for index, plan in enumerate(self.plans):
+            delay_ns = t0 + plan.intended_ns - perf_counter_ns()
+            if delay_ns > 0:
+                await anyio.sleep(delay_ns / 1e9)
+            self.next_index = index + 1
+            tg.start_soon(self._request, plan, perf_counter_ns())
+
+    async def _request(self, plan: RequestPlan, dispatched_ns: int) -> None:
+        stats = self.stats
+        stats.in_flight += 1
+        body = self._body(plan)
+        exchange = Exchange(plan, self.config.adapter, self.t0_ns)
+        try:
+            if self._limiter is not None:
+                async with self._limiter:
+                    await self._exchange(exchange, body)
+            else:
+                await self._exchange(exchange, body)
+        finally:
+            stats.in_flight -= 1
+            if not exchange.done.done():  # cancelled mid-request: the connection is unusable
+                if exchange.conn is not None:
+                    exchange.conn.detach()
+                exchange.outcome = Outcome.CANCELLED
+                exchange.error = "run interrupted while this request was in flight"
+                exchange.end_ns = perf_counter_ns()
+            self._emit(exchange.record(dispatched_ns))
+
+    def _body(self, plan: RequestPlan) -> bytes:
+        config = self.config
+        prompt = prompt_text(config.seed, plan.request_id, plan.prompt_tokens)
+        body = config.adapter.build_body(prompt, plan.output_tokens, config.body_options)
+        return orjson.dumps(body)
+
+    async def _exchange(self, exchange: Exchange, body: bytes) -> None:
+        """Send (retrying once on a reused connection that died unanswered) and wait."""
+        plan = exchange.plan
+        loop = asyncio.get_running_loop()
+        deadlines = plan.deadlines
+        start = self.t0_ns + plan.intended_ns
+        first_ns = start + int(deadlines.first_token_s * 1e9)
+        total_ns = start + int(deadlines.total_s * 1e9)
+        now = perf_counter_ns()
+        timers = [
+            loop.call_later(max(0, first_ns - now) / 1e9, self._first_token_deadline, exchange),
+            loop.call_later(
+                max(0, total_ns - now) / 1e9,
+                exchange.timeout,
+                Outcome.TIMEOUT_TOTAL,
+                f"not finished in {deadlines.total_s:g} s",
+            ),
+        ]
+        headers = dict(self.config.request_headers)
+        if self.config.headers_for is not None:
+            headers.update(self.config.headers_for(plan))
+        request = encode_request(self.pool.endpoint, body, headers)
+        try:
+            for attempt in range(2):
+                if not await self._send(exchange, request):
+                    return
+                await asyncio.shield(exchange.done)
+                if not (
+                    exchange.lost_before_response and attempt == 0 and exchange.reused_connection
+                ):
+                    return
+                # A kept-alive connection the server had closed: retry once on a fresh one.
+                exchange.retries += 1
+                self.stats.retries += 1
+                exchange.lost_before_response = False
+                exchange.done = loop.create_future()
+                exchange.outcome = exchange.error = None
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    async def _send(self, exchange: Exchange, request: bytes) -> bool:
+        """Get a connection and write the request; False when the exchange already ended."""
+        conn = self.pool.take_idle() if exchange.retries == 0 else None
+        if conn is None:
+            conn = await self._connect(exchange)
+            if conn is None:
+                return False
+        exchange.reused_connection = conn.reused
+        exchange.conn = conn
+        exchange.sent_ns = perf_counter_ns()
+        if exchange.retries == 0:
+            self.stats.sent += 1
+        conn.send(exchange, request)
+        return True
+
+    async def _connect(self, exchange: Exchange) -> Connection | None:
+        """A new connection, unless a deadline ends the exchange first."""
+        opening = asyncio.ensure_future(self.pool.connect())
+        try:
+            waiting: set[asyncio.Future[Any]] = {opening, exchange.done}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not opening.done():
+                opening.cancel()
+        if exchange.done.done():
+            if opening.done() and not opening.cancelled() and opening.exception() is None:
+                opening.result().detach()
+            return None
+        exc = opening.exception()
+        if exc is None:
+            return opening.result()
+        message = connect_message(exc) if isinstance(exc, OSError) else f"connect failed: {exc!r}"
+        exchange.finish(perf_counter_ns(), Outcome.CONNECT_ERROR, message)
+        return None
+
+    def _first_token_deadline(self, exchange: Exchange) -> None:
+        if exchange.first_token_ns is None:
+            exchange.timeout(
+                Outcome.TIMEOUT_FIRST_TOKEN,
+                f"no generated token in {exchange.plan.deadlines.first_token_s:g} s",
+            )
+
+    def _emit(self, record: RequestRecord) -> None:
+        stats = self.stats
+        if record.outcome is Outcome.OK:
+            stats.ok += 1
+            if record.first_token_ns is not None:
+                stats.ttft.record_ns(record.first_token_ns - record.intended_ns)
+        else:
+            stats.failed += 1
+        self.on_record(record)
+
+
+def connect_message(exc: OSError) -> str:
+    """A short, secret-free description of a connection failure."""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    return f"connect failed: {text}"

@@ -1,0 +1,345 @@
+"""The streaming HTTP/1.1 client of the engine: lean asyncio protocols and a connection pool.
+
+Why not httpx for the stream: measured on a 2-core machine with 20 ms token gaps, one
+`httpx.AsyncClient` collapses at 256 concurrent streams (its pool does work proportional
+to the number of connections on every event: ~400 chunks/s, timestamp error p99 ≈ 0.5 s),
+and many small clients cost ~65 µs of CPU per chunk. This module costs a fraction of that:
+the arrival time of every read is stamped in `data_received`, before anything is parsed,
+and the body is handed to the exchange without a task switch. httpx stays the client for
+the preflight and anything that is not the hot path.
+
+The exchange (the caller) sees four callbacks: `on_head`, `on_body`, `on_end` and
+`on_lost`; this module only frames HTTP (status line, headers, chunked, Content-Length or
+close-delimited bodies) and keeps idle keep-alive connections for reuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Protocol, cast
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+MAX_HEAD_BYTES = 64 * 1024
+
+
+class ExchangeSink(Protocol):
+    """What the connection reports to the request using it. `t_ns` is perf_counter_ns."""
+
+    def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None: ...
+    def on_body(self, data: bytes, t_ns: int) -> None: ...
+    def on_end(self, t_ns: int) -> None: ...
+    def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """Where requests go: scheme, host, port, the request target path and fixed headers."""
+
+    scheme: str
+    host: str
+    port: int
+    target: str  # path + query, as sent on the request line
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def origin(self) -> str:
+        """scheme://host:port (no credentials, no path), for messages and run.json."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def split_url(url: str) -> SplitResult:
+    """Parse a base URL; raise ValueError with a fixable message when it is not http(s)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"URL must look like http://host:port (got {redact_url(url)!r})")
+    return parts
+
+
+def redact_url(url: str) -> str:
+    """The URL without user-info or query string (they may carry secrets)."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port:
+        netloc += f":{parts.port}"
+    query = "<redacted>" if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def make_endpoint(url: str, path: str, headers: Mapping[str, str]) -> Endpoint:
+    """An endpoint from a base URL and the request path; URL user-info becomes Basic auth."""
+    parts = split_url(url)
+    base = parts.path.rstrip("/")
+    if base and path.startswith(base + "/"):
+        full = path  # the URL already holds the path's prefix, e.g. .../v1
+    elif base.endswith(path):
+        full = base  # the URL is the full endpoint
+    elif base.endswith("/v1") and path.startswith("/v1/"):
+        full = base + path[3:]
+    else:
+        full = base + path
+    target = full + (f"?{parts.query}" if parts.query else "")
+    all_headers = dict(headers)
+    if parts.username is not None:
+        creds = f"{parts.username}:{parts.password or ''}".encode()
+        all_headers.setdefault("Authorization", "Basic " + base64.b64encode(creds).decode())
+    scheme = parts.scheme
+    port = parts.port or (443 if scheme == "https" else 80)
+    return Endpoint(
+        scheme=scheme, host=parts.hostname or "", port=port, target=target, headers=all_headers
+    )
+
+
+def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) -> bytes:
+    """A POST request with a JSON body, as bytes."""
+    default_port = 443 if endpoint.scheme == "https" else 80
+    host = endpoint.host if endpoint.port == default_port else f"{endpoint.host}:{endpoint.port}"
+    lines = [
+        f"POST {endpoint.target} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {len(body)}",
+        "User-Agent: loadgen",
+    ]
+    lines.extend(f"{k}: {v}" for k, v in endpoint.headers.items())
+    lines.extend(f"{k}: {v}" for k, v in extra.items())
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection carrying one exchange at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.sink: ExchangeSink | None = None
+        self.closed = False
+        self.reused = False
+        self._reset_response()
+
+    def _reset_response(self) -> None:
+        self._head = b""
+        self._in_body = False
+        self._chunked = False
+        self._remaining = -1  # bytes left of the current chunk / Content-Length body
+        self._chunk_state = 0  # 0: size line, 1: data, 2: CRLF after data, 3: trailers
+        self._line = b""
+        self._keep_alive = True
+        self._got_bytes = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        t_ns = perf_counter_ns()  # stamped before anything is parsed
+        sink = self.sink
+        if sink is None:
+            self._abort()  # bytes nobody asked for: the connection is not reusable
+            return
+        self._got_bytes = True
+        if not self._in_body:
+            data = self._read_head(data, sink, t_ns)
+            if not self._in_body or self.sink is None:
+                return
+        if self._chunked:
+            self._read_chunked(data, sink, t_ns)
+        elif self._remaining >= 0:
+            take = data[: self._remaining]
+            self._remaining -= len(take)
+            if take:
+                sink.on_body(take, t_ns)
+            if self._remaining == 0:
+                self._finish(t_ns)
+        elif data:
+            sink.on_body(data, t_ns)  # close-delimited body
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        sink, self.sink = self.sink, None
+        if sink is None:
+            return
+        t_ns = perf_counter_ns()
+        if self._in_body and not self._chunked and self._remaining < 0:
+            sink.on_end(t_ns)  # a close-delimited body ends with the connection
+        else:
+            reason = str(exc) if exc else "connection closed by server"
+            sink.on_lost(reason, self._got_bytes, t_ns)
+
+    # -- framing --------------------------------------------------------------------------
+    def _read_head(self, data: bytes, sink: ExchangeSink, t_ns: int) -> bytes:
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_HEAD_BYTES:
+                self._fail(sink, "response headers too large or not HTTP", t_ns)
+            return b""
+        head, rest = self._head[:end], self._head[end + 4 :]
+        self._head = b""
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if (
+            len(status_line) < 2
+            or not status_line[0].startswith("HTTP/")
+            or not status_line[1].isdigit()
+        ):
+            self._fail(sink, f"not an HTTP response: {lines[0][:60]!r}", t_ns)
+            return b""
+        status = int(status_line[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if 100 <= status < 200:
+            return self._read_head(rest, sink, t_ns) if rest else b""  # skip 1xx
+        self._in_body = True
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        if not self._chunked and length is not None and length.isdigit():
+            self._remaining = int(length)
+        connection = headers.get("connection", "").lower()
+        self._keep_alive = status_line[0] != "HTTP/1.0" and "close" not in connection
+        if not self._chunked and self._remaining < 0:
+            self._keep_alive = False
+        sink.on_head(status, headers, t_ns)
+        if self._remaining == 0:
+            self._finish(t_ns)
+            return b""
+        return rest
+
+    def _read_chunked(self, data: bytes, sink: ExchangeSink, t_ns: int) -> None:
+        pos, size = 0, len(data)
+        while pos < size and self.sink is not None:
+            state = self._chunk_state
+            if state == 1:  # chunk data
+                take = data[pos : pos + self._remaining]
+                pos += len(take)
+                self._remaining -= len(take)
+                sink.on_body(take, t_ns)
+                if self._remaining == 0:
+                    self._chunk_state = 2
+                continue
+            newline = data.find(b"\n", pos)
+            if newline < 0:
+                self._line += data[pos:]
+                if len(self._line) > 4096:
+                    self._fail(sink, "malformed chunked encoding", t_ns)
+                return
+            line = (self._line + data[pos:newline]).rstrip(b"\r")
+            self._line = b""
+            pos = newline + 1
+            if state == 0:  # chunk size line
+                try:
+                    self._remaining = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    self._fail(sink, f"malformed chunk size {line[:20]!r}", t_ns)
+                    return
+                self._chunk_state = 1 if self._remaining > 0 else 3
+            elif state == 2:  # CRLF after the data
+                if line:
+                    self._fail(sink, "malformed chunked encoding", t_ns)
+                    return
+                self._chunk_state = 0
+            elif not line:  # state 3: trailers end with an empty line
+                self._finish(t_ns)
+                return
+
+    def _finish(self, t_ns: int) -> None:
+        """The response is complete: report it, and keep the connection if allowed."""
+        sink, self.sink = self.sink, None
+        keep = self._keep_alive
+        self._reset_response()
+        if keep and not self.closed:
+            self.pool.release(self)
+        else:
+            self._abort()
+        if sink is not None:
+            sink.on_end(t_ns)
+
+    def _fail(self, sink: ExchangeSink, reason: str, t_ns: int) -> None:
+        self.sink = None
+        self._abort()
+        sink.on_lost(reason, True, t_ns)
+
+    def _abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- used by the exchange -----------------------------------------------------------
+    def send(self, sink: ExchangeSink, request: bytes) -> None:
+        """Write one request; responses go to `sink` until it ends or is detached."""
+        assert self.transport is not None
+        self.sink = sink
+        self._reset_response()
+        self.transport.write(request)
+
+    def detach(self) -> None:
+        """The exchange gave up (deadline, cancel): the connection cannot be reused."""
+        self.sink = None
+        self._abort()
+
+
+class Pool:
+    """Idle keep-alive connections to one endpoint; new ones are opened on demand."""
+
+    def __init__(self, endpoint: Endpoint, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.endpoint = endpoint
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+        self._ssl: ssl.SSLContext | bool | None = None
+        if endpoint.scheme == "https":
+            self._ssl = ssl_context or ssl.create_default_context()
+        self.opened = 0
+
+    def take_idle(self) -> Connection | None:
+        """An idle kept-alive connection (marked reused), or None."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        return None
+
+    async def connect(self) -> Connection:
+        """A new connection. OSError when it cannot be opened."""
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(
+            lambda: Connection(self),
+            self.endpoint.host,
+            self.endpoint.port,
+            ssl=self._ssl,
+            server_hostname=self.endpoint.host if self._ssl else None,
+        )
+        self.opened += 1
+        self._open.add(protocol)
+        return protocol
+
+    def release(self, conn: Connection) -> None:
+        """Return a connection whose response completed cleanly."""
+        if not conn.closed:
+            conn.reused = True
+            self._idle.append(conn)
+
+    def forget(self, conn: Connection) -> None:
+        """Drop a connection that closed."""
+        self._open.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    def close(self) -> None:
+        """Close every connection, idle or still finishing a response nobody waits for."""
+        for conn in list(self._open):
+            conn.detach()
+        self._open.clear()
+        self._idle.clear()

@@ -1,0 +1,246 @@
+"""The engine against a scripted loopback server: outcomes, clocks, retries, open loop.
+
+Timing assertions are lower bounds (a server pause guarantees at least that much) or
+orderings, never upper bounds on wall-clock time, so they hold on a loaded machine.
+"""
+
+from __future__ import annotations
+
+from loadgen.records import Outcome, TokenSource
+from loadgen.spec import Deadlines
+from loadgen.testing import (
+    CLOSE,
+    LAST_CHUNK,
+    RESET,
+    PlanFactory,
+    ReceivedRequest,
+    ScriptedServer,
+    chat_chunk,
+    chunk,
+    head,
+    run_engine,
+    simple_chat,
+    sse,
+    stream_steps,
+    usage,
+)
+
+MS = 1_000_000
+FAST = Deadlines(first_token_s=3, stall_s=0.4, total_s=6)
+
+
+def by_case(cases: dict[str, list]) -> object:
+    """A handler that plays the script named by the request's X-Case header."""
+    return lambda request: cases[request.headers["x-case"]]
+
+
+def run_cases(
+    cases: dict[str, list], order: list[str], **kwargs: object
+) -> tuple[list, ScriptedServer]:
+    plans = PlanFactory(deadlines=FAST).at(*[0.005 * i for i in range(len(order))])
+    with ScriptedServer(by_case(cases)) as server:
+        records = run_engine(
+            plans, server.url, headers_for=lambda p: {"X-Case": order[p.request_id]}, **kwargs
+        )
+    return records, server
+
+
+def test_clean_stream_clocks_and_counts() -> None:
+    """A normal stream is ok, N comes from usage, and the clocks are ordered."""
+    (record,), server = run_cases({"ok": simple_chat(5, gap_s=0.01)}, ["ok"])
+    assert record.outcome is Outcome.OK
+    assert (record.output_tokens, record.token_source) == (5, TokenSource.USAGE)
+    assert list(record.chunk_tokens) == [1] * 5
+    assert len(record.chunk_ns) == 5
+    assert record.intended_ns <= record.dispatched_ns <= record.sent_ns <= record.headers_ns
+    assert record.headers_ns <= record.first_token_ns == record.chunk_ns[0]
+    assert record.last_token_ns == record.chunk_ns[-1] <= record.end_ns
+    assert record.prompt_tokens == 10
+    assert record.prompt_tokens_target == 8
+    body = server.requests[0].body
+    assert body["stream"] is True
+    assert body["max_tokens"] == 4
+
+
+def test_early_role_chunk_and_heartbeats_do_not_stop_ttft() -> None:
+    """TTFT waits for the first content, not the early role chunk or `:` heartbeats."""
+    events = [chat_chunk(role="assistant")]
+    steps = [
+        head(),
+        chunk(events[0]),
+        chunk(b": ping\n\n"),
+        0.15,
+        chunk(b": ping\n\n"),
+        0.15,
+        chunk(chat_chunk("a")),
+        chunk(chat_chunk("b", finish="stop")),
+        chunk(sse("[DONE]")),
+        LAST_CHUNK,
+    ]
+    (record,), _ = run_cases({"early": steps}, ["early"])
+    assert record.outcome is Outcome.OK
+    assert record.first_token_ns - record.headers_ns >= 300 * MS
+    assert (record.output_tokens, record.token_source) == (2, TokenSource.CHUNKS)
+
+
+def test_reasoning_then_content_stamps_both() -> None:
+    """A reasoning delta is the first generated token; the first visible content is stamped too."""
+    events = [chat_chunk(reasoning="think")]
+    steps = stream_steps([*events, chat_chunk(" answer")], gap_s=0.1)
+    (record,), _ = run_cases({"r": steps}, ["r"])
+    assert record.outcome is Outcome.OK
+    assert record.first_content_ns - record.first_token_ns >= 100 * MS
+
+
+def test_multi_token_chunks_apportion_usage() -> None:
+    """Usage above the chunk count is spread over chunks by text length; the total is kept."""
+    events = [
+        chat_chunk(" a b c d"),
+        chat_chunk(" e"),
+        chat_chunk(" f", finish="stop", usage=usage(6)),
+    ]
+    (record,), _ = run_cases({"k": stream_steps(events)}, ["k"])
+    assert record.output_tokens == 6
+    assert sum(record.chunk_tokens) == 6
+    assert record.chunk_tokens[0] > record.chunk_tokens[1]
+
+
+def test_failures_are_classified_and_none_lost() -> None:
+    """429, 500, a reset, malformed data and bad framing each get their outcome; partial output is kept."""
+    cases = {
+        "429": [head(429, chunked=False, length=9), b'{"e":"x"}'],
+        "500": [head(500, chunked=False, length=14), b'{"error":"no"}'],
+        "reset": [*simple_chat(5, gap_s=0.01)[:5], RESET],
+        "garbage": [head(), chunk(chat_chunk("a")), chunk(b"data: {not json\n\n"), LAST_CHUNK],
+        "framing": [head(), chunk(chat_chunk("a")), b"zz\r\n", 0.2],
+        "error_event": [
+            head(),
+            chunk(chat_chunk("a")),
+            chunk(sse({"error": {"message": "boom"}})),
+            LAST_CHUNK,
+        ],
+        "empty": stream_steps([chat_chunk(role="assistant"), chat_chunk(finish="stop")]),
+    }
+    order = list(cases)
+    records, _ = run_cases(cases, order)
+    outcome = {case: r.outcome for case, r in zip(order, records, strict=True)}
+    assert outcome == {
+        "429": Outcome.REJECTED,
+        "500": Outcome.HTTP_ERROR,
+        "reset": Outcome.STREAM_ERROR,
+        "garbage": Outcome.STREAM_ERROR,
+        "framing": Outcome.STREAM_ERROR,
+        "error_event": Outcome.STREAM_ERROR,
+        "empty": Outcome.STREAM_ERROR,
+    }
+    assert records[1].http_status == 500
+    assert "no" in records[1].error
+    assert records[2].output_tokens >= 1  # tokens before the reset are kept
+    assert "boom" in records[5].error
+
+
+def test_deadlines_each_have_their_outcome() -> None:
+    """No first token, a stall and an overlong stream map to the three timeout outcomes."""
+    deadlines = Deadlines(first_token_s=0.3, stall_s=0.3, total_s=0.8)
+    cases = {
+        "slow_first": [head(), chunk(chat_chunk(role="assistant")), 2.0],
+        "stall": [head(), chunk(chat_chunk("a")), 2.0],
+        "long": [
+            head(),
+            *[s for i in range(40) for s in (chunk(chat_chunk("x")), 0.05)],
+            LAST_CHUNK,
+        ],
+    }
+    order = list(cases)
+    plans = PlanFactory(deadlines=deadlines).at(0.0, 0.0, 0.0)
+    with ScriptedServer(by_case(cases)) as server:
+        records = run_engine(
+            plans, server.url, headers_for=lambda p: {"X-Case": order[p.request_id]}
+        )
+    assert [r.outcome for r in records] == [
+        Outcome.TIMEOUT_FIRST_TOKEN,
+        Outcome.TIMEOUT_STALL,
+        Outcome.TIMEOUT_TOTAL,
+    ]
+    assert records[2].output_tokens >= 2
+
+
+def test_missing_done_and_close_delimited_bodies_are_fine() -> None:
+    """No [DONE] (usage in the finish chunk) and a close-delimited body are clean ends."""
+    nodone = stream_steps(
+        [chat_chunk("a"), chat_chunk("b", finish="stop", usage=usage(2))], done=False
+    )
+    close_delimited = stream_steps([chat_chunk("a"), chat_chunk("b")], chunked=False)
+    records, _ = run_cases({"nodone": nodone, "close": close_delimited}, ["nodone", "close"])
+    assert [r.outcome for r in records] == [Outcome.OK, Outcome.OK]
+    assert records[0].token_source is TokenSource.USAGE
+
+
+def test_server_closing_after_each_stream_causes_no_failure() -> None:
+    """A server that closes every connection after a stream (as llama.cpp does) fails nothing."""
+    steps = [*simple_chat(3)[:-1], LAST_CHUNK, CLOSE]
+    plans = PlanFactory(deadlines=FAST).at(*[0.02 * i for i in range(10)])
+    with ScriptedServer(lambda r: steps) as server:
+        records = run_engine(plans, server.url)
+    assert all(r.outcome is Outcome.OK for r in records)
+    assert server.connections >= 1
+
+
+def test_reused_connection_closed_unanswered_is_retried_once() -> None:
+    """When a kept-alive connection dies before any response byte, the request is retried once."""
+    seen: dict[int, int] = {}
+
+    def handler(request: ReceivedRequest) -> list:
+        seen[request.connection] = seen.get(request.connection, 0) + 1
+        if request.connection == 0 and seen[0] == 2:
+            return [CLOSE]  # the second request on the first connection is dropped unanswered
+        return simple_chat(2)
+
+    plans = PlanFactory(deadlines=FAST).at(0.0, 0.3)
+    with ScriptedServer(handler) as server:
+        records = run_engine(plans, server.url)
+    assert [r.outcome for r in records] == [Outcome.OK, Outcome.OK]
+    assert [r.retries for r in records] == [0, 1]
+    assert server.connections == 2
+
+
+def test_unreachable_target_records_every_plan() -> None:
+    """Connection refused: every plan is recorded as connect_error, none lost."""
+    with ScriptedServer(lambda r: []) as server:
+        url = server.url  # a port that is closed once the server stops
+    records = run_engine(PlanFactory().at(0, 0.01, 0.02), url)
+    assert [r.outcome for r in records] == [Outcome.CONNECT_ERROR] * 3
+    assert all("connect failed" in (r.error or "") for r in records)
+
+
+def test_open_loop_a_hung_request_does_not_delay_the_next_send() -> None:
+    """Request 1 is sent on schedule while request 0 is still waiting for its first token."""
+    cases = {"hang": [head(), 1.0, *simple_chat(1)[1:]], "ok": simple_chat(1)}
+    plans = PlanFactory(deadlines=FAST).at(0.0, 0.1)
+    order = ["hang", "ok"]
+    with ScriptedServer(by_case(cases)) as server:
+        records = run_engine(
+            plans, server.url, headers_for=lambda p: {"X-Case": order[p.request_id]}
+        )
+    assert records[1].sent_ns < records[0].first_token_ns
+    assert records[1].end_ns < records[0].first_token_ns
+
+
+def test_coordinated_omission_wait_behind_in_flight_cap_counts() -> None:
+    """Known answer: behind --max-in-flight 1, a 1 s stall shows up in the delayed request's TTFT."""
+    cases = {"slow": [head(), 1.0, *simple_chat(1)[1:]], "ok": simple_chat(1)}
+    plans = PlanFactory(deadlines=FAST).at(0.0, 0.1)
+    order = ["slow", "ok"]
+    with ScriptedServer(by_case(cases)) as server:
+        records = run_engine(
+            plans,
+            server.url,
+            max_in_flight=1,
+            headers_for=lambda p: {"X-Case": order[p.request_id]},
+        )
+    delayed = records[1]
+    ttft_from_intended = delayed.first_token_ns - delayed.intended_ns
+    ttft_from_send = delayed.first_token_ns - delayed.sent_ns
+    assert delayed.outcome is Outcome.OK
+    assert delayed.sent_ns >= records[0].end_ns  # it waited for the slot
+    assert ttft_from_intended - ttft_from_send >= 850 * MS  # the ~0.9 s wait is charged to it
