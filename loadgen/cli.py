@@ -1,0 +1,236 @@
+"""The command line: thin commands that parse, call the library, and render.
+
+Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
+3 the generator fell behind (its numbers are not the server's); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from loadgen import __version__
+from loadgen.errors import LoadgenError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    every SLO of every class met
+  1    usage or configuration error (bad file, unreachable target)
+  2    an SLO was missed
+  3    the generator fell behind: its numbers are not the server's
+  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written"""
+
+
+def clean_errors(func: F) -> F:
+    """Turn a LoadgenError into its message on stderr and exit code 1, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except LoadgenError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="loadgen")
+def cli() -> None:
+    """loadgen: load generator and SLO auditor for streaming LLM endpoints.
+
+    \b
+    Example:
+      loadgen check workloads/chat.yaml
+      loadgen run workloads/chat.yaml                      # against the built-in simulator
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000
+    """
+
+
+@cli.command()
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--requests", type=click.IntRange(min=1), help="Requests per class (replaces the file's)."
+)
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds of arrivals per class."
+)
+@click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (e.g. 2x).")
+@click.option(
+    "--seed", type=int, help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."
+)
+@click.option(
+    "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
+)
+@clean_errors
+def check(
+    workload: Path,
+    requests: int | None,
+    duration: float | None,
+    rate: str | None,
+    seed: int | None,
+    show_schedule: bool,
+) -> None:
+    """Validate a workload file and print its plan; sends nothing.
+
+    \b
+    Example:
+      loadgen check workloads/chat.yaml
+      loadgen check workloads/chat.yaml --rate 2x --schedule
+    """
+    from loadgen.plan_view import render_plan
+    from loadgen.plans import plan_run
+    from loadgen.spec import load, override
+
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate)
+    plans = plan_run(spec, seed)
+    Console(highlight=False).print(render_plan(spec, plans, show_schedule=show_schedule))
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--url",
+    help="Base URL of the endpoint, e.g. http://127.0.0.1:8000. "
+    "Without it (and without target.url) the built-in simulator is started.",
+)
+@click.option(
+    "--requests", type=click.IntRange(min=1), help="Requests per class (replaces the file's)."
+)
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds of arrivals per class."
+)
+@click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (e.g. 2x).")
+@click.option(
+    "--seed", type=int, help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports"),
+    show_default=True,
+    help="Results store; the run lands in OUT/<run-id>/.",
+)
+@click.option("--run-id", help="Name of the run folder (default: UTC time, workload name, random).")
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    help="Cap on concurrent requests; waits for a slot count in latency.",
+)
+@click.option(
+    "--lag-bound-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Send-lag p99 above which the generator fell behind (exit 3).",
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight requests get to finish after Ctrl-C.",
+)
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="Extra request header (repeatable); ${VAR} is read from the environment.",
+)
+@click.option("--no-preflight", is_flag=True, help="Skip the one-request check of the target.")
+@click.option(
+    "--sim-trace",
+    is_flag=True,
+    help="With the built-in simulator, keep its server-side trace in the run folder.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
+@clean_errors
+def run(
+    workload: Path,
+    url: str | None,
+    requests: int | None,
+    duration: float | None,
+    rate: str | None,
+    seed: int | None,
+    out_dir: Path,
+    run_id: str | None,
+    max_in_flight: int | None,
+    lag_bound_ms: float,
+    grace_s: float,
+    headers: tuple[str, ...],
+    no_preflight: bool,
+    sim_trace: bool,
+    quiet: bool,
+) -> None:
+    """Run a workload against an endpoint and audit its SLOs.
+
+    Writes OUT/<run-id>/records.parquet (one row per planned request), run.json and
+    summary.json, prints a table per class, and exits with the verdict.
+
+    \b
+    Example:
+      loadgen run workloads/chat.yaml
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --rate 2x --requests 200
+    """
+    from loadgen.run import RunOptions, execute
+    from loadgen.spec import load, override
+    from loadgen.terminal import render_summary
+    from loadgen.transport import split_url
+
+    if url is not None:
+        try:
+            split_url(url)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--url") from None
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate)
+    options = RunOptions(
+        url=url,
+        seed=seed,
+        out_dir=out_dir,
+        run_id=run_id,
+        max_in_flight=max_in_flight,
+        quiet=quiet,
+        lag_bound_ms=lag_bound_ms,
+        grace_s=grace_s,
+        check_target=not no_preflight,
+        sim_trace=sim_trace,
+        extra_headers=parse_headers(headers),
+    )
+    result = execute(spec, options)
+    console = Console(highlight=False)
+    console.print(render_summary(result.summary))
+    console.print(f"records and summary: {result.run_dir}")
+    sys.exit(result.exit_code)
+
+
+def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
+    """`NAME:VALUE` strings as a dict; a malformed one is a usage error."""
+    headers = {}
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{value!r} is not NAME:VALUE", param_hint="--header")
+        headers[name.strip()] = rest.strip()
+    return headers
+
+
+from loadgen.sim.cli import sim  # noqa: E402
+
+cli.add_command(sim)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
