@@ -43,7 +43,22 @@ def clean_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LoadgenGroup(click.Group):
+    """A click group whose usage errors exit with 1, not click's 2 (2 means an SLO missed)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(1)
+
+
+@click.group(cls=LoadgenGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="loadgen")
 def cli() -> None:
     """loadgen: load generator and SLO auditor for streaming LLM endpoints.

@@ -322,9 +322,12 @@ class Engine:
     async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
         t0 = self.t0_ns
         for index, plan in enumerate(self.plans):
-            delay_ns = t0 + plan.intended_ns - perf_counter_ns()
+            due_ns = t0 + plan.intended_ns
+            delay_ns = due_ns - perf_counter_ns()
             if delay_ns > 0:
                 await anyio.sleep(delay_ns / 1e9)
+                while perf_counter_ns() < due_ns:  # loop timers may fire up to ~1 ms early
+                    await anyio.sleep(0)
             self.next_index = index + 1
             tg.start_soon(self._request, plan, perf_counter_ns())
 
@@ -373,7 +376,7 @@ class Engine:
                 f"not finished in {deadlines.total_s:g} s",
             ),
         ]
-        headers = dict(self.config.request_headers)
+        headers = {"X-Request-Id": f"loadgen-{plan.request_id}", **self.config.request_headers}
         if self.config.headers_for is not None:
             headers.update(self.config.headers_for(plan))
         request = encode_request(self.pool.endpoint, body, headers)

@@ -244,3 +244,12 @@ def test_coordinated_omission_wait_behind_in_flight_cap_counts() -> None:
     assert delayed.outcome is Outcome.OK
     assert delayed.sent_ns >= records[0].end_ns  # it waited for the slot
     assert ttft_from_intended - ttft_from_send >= 850 * MS  # the ~0.9 s wait is charged to it
+
+
+def test_no_request_is_sent_before_its_intended_time() -> None:
+    """Loop timers may wake early; the scheduler still never dispatches before the intended time."""
+    plans = PlanFactory(deadlines=FAST).at(*[0.003 * i for i in range(60)])
+    with ScriptedServer(lambda r: simple_chat(1)) as server:
+        records = run_engine(plans, server.url)
+    assert all(r.outcome is Outcome.OK for r in records)
+    assert all(r.intended_ns <= r.dispatched_ns <= r.sent_ns < r.first_token_ns for r in records)

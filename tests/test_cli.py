@@ -1,0 +1,187 @@
+"""The command line: help examples, check, run verdicts and exit codes, clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from loadgen.cli import cli
+from loadgen.plans import plan_run
+from loadgen.records import OUTCOMES
+from loadgen.spec import load
+from loadgen.testing import ScriptedServer, head, simple_chat
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
+
+TINY = """
+name: tiny
+target: {{api: openai-chat, model: m}}
+classes:
+  chat:
+    arrival: {{process: constant, rate_per_s: 50}}
+    requests: {requests}
+    prompt_tokens: {{dist: fixed, value: 5}}
+    output_tokens: {{dist: fixed, value: 3}}
+    slo: {{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}}
+    deadlines: {{first_token_s: 5, stall_s: 5, total_s: 10}}
+"""
+
+
+def write_tiny(tmp_path: Path, requests: int = 10) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.format(requests=requests))
+    return path
+
+
+def all_commands() -> list[tuple[str, click.Command]]:
+    group = cli
+    assert isinstance(group, click.Group)
+    return [("loadgen", group), *((f"loadgen {n}", c) for n, c in group.commands.items())]
+
+
+@pytest.mark.parametrize(("name", "command"), all_commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_command_help_has_an_example(name: str, command: click.Command) -> None:
+    """Every command's help text shows an `Example:` block."""
+    assert "Example:" in (command.help or ""), name
+
+
+@pytest.mark.parametrize("path", WORKLOADS, ids=lambda p: p.name)
+def test_every_shipped_workload_validates(path: Path) -> None:
+    """Every file in workloads/ is a valid workload that plans at least one request."""
+    assert plan_run(load(path))
+
+
+def test_check_prints_the_plan_and_sends_nothing(tmp_path: Path) -> None:
+    """`check` prints requests, rate and token totals per class and says nothing was sent."""
+    result = CliRunner().invoke(cli, ["check", str(write_tiny(tmp_path)), "--schedule"])
+    assert result.exit_code == 0, result.output
+    assert "10 planned requests" in result.output
+    assert "nothing was sent" in result.output
+    assert "5 / 50" in result.output  # prompt tokens: mean / total
+
+
+def test_bad_workload_exits_1_with_a_message_and_no_traceback(tmp_path: Path) -> None:
+    """A bad file gives exit code 1 and a one-line error naming file and key."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.format(requests=10).replace("rate_per_s: 50", "rate_per_s: -3"))
+    result = CliRunner().invoke(cli, ["check", str(bad)])
+    assert result.exit_code == 1
+    assert "classes.chat.arrival.rate_per_s: must be > 0" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_usage_errors_exit_1_not_2(tmp_path: Path) -> None:
+    """Click usage errors exit with 1, because 2 means an SLO was missed."""
+    result = CliRunner().invoke(cli, ["run", str(write_tiny(tmp_path)), "--url", "ftp://x"])
+    assert result.exit_code == 1
+    assert "http://host:port" in result.output
+
+
+def test_unreachable_url_fails_fast_with_a_clear_message(tmp_path: Path) -> None:
+    """The preflight names the unreachable origin and how to fix it, exit 1."""
+    with ScriptedServer(lambda r: []) as server:
+        url = server.url
+    result = CliRunner().invoke(cli, ["run", str(write_tiny(tmp_path)), "--url", url, "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"cannot connect to {url}" in result.output
+    assert "Traceback" not in result.output
+
+
+def run_against(tmp_path: Path, handler, *extra: str, requests: int = 10) -> tuple[int, str, Path]:
+    with ScriptedServer(handler) as server:
+        result = CliRunner().invoke(
+            cli, ["run", str(write_tiny(tmp_path, requests)), "--url", server.url,
+                  "--out", str(tmp_path / "out"), "--run-id", "r1", "-q", *extra],
+        )  # fmt: skip
+    return result.exit_code, result.output, tmp_path / "out" / "r1"
+
+
+def test_run_writes_records_and_summary_and_exits_0(tmp_path: Path) -> None:
+    """A healthy run writes one record per planned request, the summary keys, and exits 0."""
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(3))
+    assert code == 0, output
+    records = pl.read_parquet(run_dir / "records.parquet")
+    assert records.height == 10
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run_id"] == "r1" and summary["interrupted"] is False
+    generator = summary["generator"]
+    assert (generator["planned"], generator["sent"], generator["recorded"]) == (10, 10, 10)
+    chat = summary["classes"]["chat"]
+    assert set(chat["outcomes"]) == set(OUTCOMES)
+    for key in ("ttft_ms", "ttft_ms_with_failures", "ttft_from_send_ms", "tpot_ms", "itl_ms", "e2e_ms",
+                "output_tokens", "tokens_per_chunk", "slo", "goodput"):  # fmt: skip
+        assert key in chat, key
+    assert chat["slo"]["met"] is True and summary["verdict"]["exit_code"] == 0
+    run_info = json.loads((run_dir / "run.json").read_text())
+    assert run_info["planned"] == 10 and run_info["finished"] is True
+    assert "MET" in output
+
+
+def test_failures_make_the_slo_miss_exit_2_and_are_all_recorded(tmp_path: Path) -> None:
+    """Half the requests answered 500: every one is recorded, the SLO is missed, exit 2."""
+
+    def handler(request):
+        if int(request.headers["x-request-id"].split("-")[-1]) % 2:
+            return [head(500, chunked=False, length=2), b"{}"]
+        return simple_chat(3)
+
+    code, output, run_dir = run_against(tmp_path, handler, "--no-preflight")
+    assert code == 2, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["classes"]["chat"]["outcomes"]["http_error"] == 5
+    assert pl.read_parquet(run_dir / "records.parquet").height == 10
+
+
+def test_generator_that_falls_behind_exits_3(tmp_path: Path) -> None:
+    """With an impossible lag bound the run is marked fell_behind and exits 3."""
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(2), "--lag-bound-ms", "0.000001")
+    assert code == 3, output
+    assert json.loads((run_dir / "summary.json").read_text())["generator"]["fell_behind"] is True
+
+
+def test_runs_are_never_overwritten(tmp_path: Path) -> None:
+    """Reusing a run id is a usage error, and the first run's files are untouched."""
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(2))
+    assert code == 0, output
+    before = (run_dir / "summary.json").read_text()
+    code2, output2, _ = run_against(tmp_path, lambda r: simple_chat(2))
+    assert code == 0 and code2 == 1
+    assert "already exists" in output2
+    assert (run_dir / "summary.json").read_text() == before
+
+
+def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(tmp_path: Path, monkeypatch) -> None:
+    """The key is sent as a Bearer token and appears in no file of the run."""
+    monkeypatch.setenv("TINY_KEY", "sk-canary-123")
+    path = write_tiny(tmp_path)
+    path.write_text(path.read_text().replace("model: m}", "model: m, api_key_env: TINY_KEY}"))
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("authorization"))
+        return simple_chat(2)
+
+    with ScriptedServer(handler) as server:
+        result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert set(seen) == {"Bearer sk-canary-123"}
+    for file in (tmp_path / "o").rglob("*"):
+        if file.is_file():
+            assert b"sk-canary-123" not in file.read_bytes(), file
+    assert "sk-canary-123" not in result.output
+
+
+def test_missing_api_key_env_is_a_config_error(tmp_path: Path, monkeypatch) -> None:
+    """A named key variable that is not set stops the run before any traffic."""
+    monkeypatch.delenv("TINY_KEY", raising=False)
+    path = write_tiny(tmp_path)
+    path.write_text(path.read_text().replace("model: m}", "model: m, api_key_env: TINY_KEY}"))
+    result = CliRunner().invoke(cli, ["run", str(path), "--url", "http://127.0.0.1:9", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "TINY_KEY is not set" in result.output

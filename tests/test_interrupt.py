@@ -1,0 +1,93 @@
+"""Interrupted runs keep their measurements: Ctrl-C records the rest as cancelled, exit 130."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from loadgen.records import read_records
+from loadgen.testing import ScriptedServer, simple_chat
+
+WORKLOAD = """
+name: interrupt
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 20}
+    requests: 60
+    prompt_tokens: {dist: fixed, value: 5}
+    output_tokens: {dist: fixed, value: 20}
+    deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
+"""
+
+
+def handler(request):
+    """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
+    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
+        return simple_chat(20)
+    return simple_chat(20, gap_s=0.2)
+
+
+def start_run(tmp_path: Path, url: str, grace_s: float) -> subprocess.Popen[bytes]:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url, "--out",
+               str(tmp_path), "--run-id", "r", "--grace", str(grace_s), "-q"]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(process: subprocess.Popen[bytes], condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"condition not reached; loadgen said: {stderr.decode()[-2000:]}")
+        time.sleep(0.05)
+
+
+def test_ctrl_c_records_every_plan_and_marks_the_run_interrupted(tmp_path: Path) -> None:
+    """One SIGINT: sending stops, in-flight requests are cancelled after the grace, all 60 recorded."""
+    with ScriptedServer(handler) as server:
+        process = start_run(tmp_path, server.url, grace_s=0.3)
+        wait_for(process, lambda: len(server.requests) >= 15)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    run_dir = tmp_path / "r"
+    records = pl.read_parquet(run_dir / "records.parquet")
+    assert records.height == 60
+    outcomes = records["outcome"].value_counts().to_dict(as_series=False)
+    counts = dict(zip(outcomes["outcome"], outcomes["count"], strict=True))
+    assert counts.get("ok", 0) >= 5
+    assert counts.get("cancelled", 0) >= 60 - len(server.requests)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert summary["generator"]["recorded"] == 60
+    assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
+    assert not (run_dir / "records.parts").exists()
+
+
+def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -> None:
+    """Two SIGINTs: the process exits 130 without waiting the grace, and the parts stay readable."""
+    with ScriptedServer(handler) as server:
+        process = start_run(tmp_path, server.url, grace_s=60)
+        wait_for(process, lambda: len(server.requests) >= 15)
+        time.sleep(1.5)  # parts are written about once a second
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        sent_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        waited = time.monotonic() - sent_at
+    assert process.returncode == 130, stderr.decode()
+    assert waited < 30, "the second interrupt must not wait for the 60 s grace"
+    kept = read_records(tmp_path / "r")
+    assert (kept["outcome"] == "ok").sum() >= 5
+    assert kept["request_id"].n_unique() == kept.height
