@@ -108,7 +108,7 @@ def check(
 
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate)
     plans = plan_run(spec, seed)
-    Console(highlight=False).print(render_plan(spec, plans, show_schedule=show_schedule))
+    output_console().print(render_plan(spec, plans, show_schedule=show_schedule))
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -224,10 +224,15 @@ def run(
         extra_headers=parse_headers(headers),
     )
     result = execute(spec, options)
-    console = Console(highlight=False)
+    console = output_console()
     console.print(render_summary(result.summary))
     console.print(f"records and summary: {result.run_dir}")
     sys.exit(result.exit_code)
+
+
+def output_console() -> Console:
+    """stdout for tables: the terminal's width, or 120 columns when piped to a file or CI log."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def parse_headers(values: tuple[str, ...]) -> dict[str, str]:

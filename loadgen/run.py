@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -270,7 +271,12 @@ def _run(
         finally:
             pool.close()
 
-    anyio.run(main, backend="asyncio", backend_options=backend_options())
+    gc.collect()
+    gc.freeze()  # the plans and imports are long-lived: keep the collector from rescanning them
+    try:
+        anyio.run(main, backend="asyncio", backend_options=backend_options())
+    finally:
+        gc.unfreeze()
     frame = writer.close()
     interrupted = bool(state["interrupted"])
     summary = summarize(
