@@ -2,7 +2,7 @@
 
 Last stage for a person at a terminal: it reads only the summary dict that
 `slo.summarize` returns (so it can render a stored `summary.json` too) and returns a
-renderable; printing is the CLI's job. Latencies are ms; "p99·f" is the p99 with
+renderable; printing is the CLI's job. Latencies are ms; "p99·all" is the p99 with
 failures ranked worst, shown as "fail" when it falls on a failed request.
 """
 
@@ -38,14 +38,14 @@ def _class_table(summary: Mapping[str, Any]) -> Table:
         padding=(0, 1),
         collapse_padding=True,
     )
-    table.add_column("class", overflow="fold", min_width=8, ratio=1)
+    table.add_column("class", no_wrap=True)
     for header in ("reqs", "failed"):
         table.add_column(header, justify="right", no_wrap=True)
-    for header in ("TTFT\np50/p99", "TTFT\np99·f", "TPOT\np50/p99", "ITL\np99", "E2E\np99"):
+    for header in ("TTFT\np50/p99", "TTFT\np99·all", "TPOT\np50/p99", "ITL\np99", "E2E\np99"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("attain", justify="right", no_wrap=True)
     table.add_column("good\nreq/s", justify="right", no_wrap=True)
-    table.add_column("SLO", min_width=8)
+    table.add_column("SLO", no_wrap=True)
     for name, cls in summary["classes"].items():
         table.add_row(*_class_row(name, cls))
     return table
