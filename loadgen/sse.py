@@ -27,6 +27,18 @@ class SseDecoder:
         """Decode `chunk`; return the events it completed as (event name, data) pairs."""
         if not chunk:
             return []
+        if (
+            # Fast path: one whole `data: ...` event in one read, nothing buffered.
+            chunk[:6] == b"data: "
+            and chunk[-2:] == b"\n\n"
+            and not self._buffer
+            and not self._data
+            and not self._event
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            self._pending_cr = False
+            return [(b"", chunk[6:-2])]
         if self._pending_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]  # the LF of a CRLF split across reads
         self._pending_cr = chunk[-1:] == b"\r"

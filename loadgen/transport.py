@@ -121,6 +121,7 @@ class Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.sink: ExchangeSink | None = None
+        self._rx: list[tuple[bytes, int]] = []  # reads stamped but not yet parsed
         self.closed = False
         self.reused = False
         self._reset_response()
@@ -141,12 +142,25 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        t_ns = perf_counter_ns()  # stamped before anything is parsed
+        # Stamp now, parse later: every socket readable in this loop iteration is stamped
+        # before any of them is parsed (Pool._drain runs once the I/O callbacks are done),
+        # so a burst of chunks on many streams is not stamped late by its own parsing.
+        self._rx.append((data, perf_counter_ns()))
+        self._got_bytes = True
+        if len(self._rx) == 1:
+            self.pool.schedule(self)
+
+    def process(self) -> None:
+        """Parse the reads stamped since the last call."""
+        rx, self._rx = self._rx, []
+        for data, t_ns in rx:
+            self._parse(data, t_ns)
+
+    def _parse(self, data: bytes, t_ns: int) -> None:
         sink = self.sink
         if sink is None:
             self._abort()  # bytes nobody asked for: the connection is not reusable
             return
-        self._got_bytes = True
         if not self._in_body:
             data = self._read_head(data, sink, t_ns)
             if not self._in_body or self.sink is None:
@@ -164,6 +178,8 @@ class Connection(asyncio.Protocol):
             sink.on_body(data, t_ns)  # close-delimited body
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._rx:
+            self.process()  # what was read before the close belongs to the response
         self.closed = True
         self.pool.forget(self)
         sink, self.sink = self.sink, None
@@ -297,6 +313,8 @@ class Pool:
         self.endpoint = endpoint
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
+        self._ready: list[Connection] = []  # connections with stamped, unparsed reads
+        self._drain_scheduled = False
         self._ssl: ssl.SSLContext | bool | None = None
         if endpoint.scheme == "https":
             self._ssl = ssl_context or ssl.create_default_context()
@@ -324,6 +342,19 @@ class Pool:
         self.opened += 1
         self._open.add(protocol)
         return protocol
+
+    def schedule(self, conn: Connection) -> None:
+        """Parse `conn`'s reads once this loop iteration's I/O callbacks have run."""
+        self._ready.append(conn)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        ready, self._ready = self._ready, []
+        for conn in ready:
+            conn.process()
 
     def release(self, conn: Connection) -> None:
         """Return a connection whose response completed cleanly."""
