@@ -1,0 +1,371 @@
+"""Issue #3: loadgen's real engine against `loadgen sim`, checking the seed's serving physics.
+
+Every test starts the simulator as a subprocess (`running_sim`) at a speed factor X, which
+divides every simulated duration, and sends plans through `run_engine`. Expectations are
+the seed's arithmetic scaled by 1/X. Prefill runs at 8,000 tok/s; a decode step takes
+decode_step_ms(B) with the table 16:20, 32:30, 64:55 (flat outside it, linear between).
+
+Tolerances, from the physics rather than from observed runs:
+
+* Lower bounds are exact where the simulator guarantees them. It admits a request no
+  earlier than its arrival and ends each step no earlier than the step's intended end (it
+  busy-waits to an absolute deadline), and a client cannot see a byte before it is written.
+  So a TTFT from send is never shorter than the prefill it waits for; only 1 ms is allowed
+  for the simulator's ceil-rounding of simulated to real nanoseconds.
+* A single gap between two chunks can be *shorter* than the step that separates them if
+  the earlier chunk reached the client late (a loaded machine delays one read, not the
+  step), so lower bounds on one gap take 80% of the expected value.
+* Upper bounds are generous: 2x the expected value plus `SLACK_MS` of loopback, parsing
+  and scheduler noise on a busy 2-core machine. They exist to catch an order-of-magnitude
+  error (a stall that should not be there), not a few milliseconds.
+* Where possible a test compares quantities from the same run (a victim's longest gap vs
+  its median gap; chunked vs unchunked TTFT), which no machine load can fake.
+
+X = 4 keeps every step well above scheduler noise (the shortest, 20 ms at B <= 16, is
+5 ms real) and every test under ~2 s; the interference tests use X = 2 (see there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from loadgen.plans import RequestPlan
+from loadgen.records import Outcome, RequestRecord, TokenSource
+from loadgen.sim.launch import SimProcess, running_sim
+from loadgen.spec import Deadlines
+from loadgen.testing import PlanFactory, run_engine
+
+SPEED = 4.0
+MS = 1_000_000  # ns per ms
+SLACK_MS = 5.0  # loopback + parsing + scheduler noise allowed on top of an upper bound
+ROUNDING_MS = 1.0  # the simulator rounds simulated→real ns up; allowed below a lower bound
+PREFILL_TOKENS_PER_S = 8000.0
+
+
+def real_ms(sim_ms: float, speed: float = SPEED) -> float:
+    """Real milliseconds that `sim_ms` simulated milliseconds last at `speed`."""
+    return sim_ms / speed
+
+
+def prefill_ms(tokens: int) -> float:
+    """Simulated prefill time of `tokens` prompt tokens (the seed's P / prefill_rate)."""
+    return tokens / PREFILL_TOKENS_PER_S * 1000
+
+
+def gaps_ms(record: RequestRecord) -> list[float]:
+    """The record's inter-chunk gaps (ITL), in ms."""
+    return [(b - a) / MS for a, b in itertools.pairwise(record.chunk_ns)]
+
+
+def ttft_from_send_ms(record: RequestRecord) -> float:
+    """First generated token minus request sent: the server's TTFT plus loopback, in ms."""
+    assert record.first_token_ns is not None
+    assert record.sent_ns is not None
+    return (record.first_token_ns - record.sent_ns) / MS
+
+
+def tpot_ms(record: RequestRecord) -> float:
+    """(last token - first token) / (N - 1), in ms."""
+    assert record.last_token_ns is not None
+    assert record.first_token_ns is not None
+    return (record.last_token_ns - record.first_token_ns) / (record.output_tokens - 1) / MS
+
+
+def sim_args(*args: str, speed: float = SPEED) -> list[str]:
+    """Simulator arguments with the speed factor."""
+    return ["--speed", str(speed), *args]
+
+
+def assert_all_ok(records: Sequence[RequestRecord], plans: Sequence[RequestPlan]) -> None:
+    """Every plan has exactly one record and every record is ok."""
+    assert [r.request_id for r in records] == [p.request_id for p in plans]
+    assert {r.outcome for r in records} == {Outcome.OK}, [r.error for r in records]
+
+
+# -- an unqueued request ------------------------------------------------------------------
+
+
+def test_unqueued_request_ttft_is_its_prefill_and_tpot_is_one_decode_step() -> None:
+    """A lone 2,000-token prompt: TTFT ≈ 2000/8000 = 250 ms, TPOT = the flat 30 ms step (÷X)."""
+    # Alone, nothing runs when it arrives: its first step is its whole prefill (250 ms,
+    # decoding nothing), so TTFT from send >= 250 ms / X, and <= 250 + one 30 ms step (it can
+    # at most wait for no step at all, but allow one), doubled. Each later token is one
+    # decode step of a batch of 1: 30 ms with a flat table. TPOT averages 49 gaps, so one
+    # late chunk moves it by at most its delay / 49; 10% below covers that.
+    plans = PlanFactory(prompt_tokens=2000, output_tokens=50).at(0.0)
+    with running_sim(sim_args("--decode-step-ms", "30")) as sim:
+        records = run_engine(plans, sim.url)
+    assert_all_ok(records, plans)
+    (record,) = records
+    assert record.output_tokens == 50
+    assert record.prompt_tokens == 2000
+    ttft = ttft_from_send_ms(record)
+    assert ttft >= real_ms(prefill_ms(2000)) - ROUNDING_MS
+    assert ttft <= 2 * real_ms(prefill_ms(2000) + 30) + SLACK_MS
+    assert 0.9 * real_ms(30) <= tpot_ms(record) <= 2 * real_ms(30) + SLACK_MS / 49
+
+
+# -- TPOT by batch size ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batch_sim() -> Iterator[SimProcess]:
+    """A simulator with the seed's decode table and room for a batch of 64."""
+    with running_sim(sim_args("--decode-step-ms", "16:20,32:30,64:55", "--max-batch", "64")) as sim:
+        yield sim
+
+
+@pytest.mark.parametrize(("batch", "step_ms"), [(16, 20.0), (32, 30.0), (64, 55.0)])
+def test_tpot_follows_the_decode_table_at_batch_16_32_64(
+    batch_sim: SimProcess, batch: int, step_ms: float
+) -> None:
+    """B simultaneous requests decode together, so each one's TPOT is decode_step_ms(B) (÷X)."""
+    # Arrivals spread over a few ms, so the first steps may decode a smaller batch (shorter
+    # steps) before everyone is in; over 40 tokens that drags the mean down by a step or
+    # two at most, hence the median over requests and a 15% lower margin. The next point
+    # of the table is >= 1.5x away (20 → 30 → 55), so the bounds still tell the rows apart.
+    plans = PlanFactory(prompt_tokens=8, output_tokens=40).at(*[0.0] * batch)
+    records = run_engine(plans, batch_sim.url)
+    assert_all_ok(records, plans)
+    median_tpot = statistics.median(tpot_ms(r) for r in records)
+    assert 0.85 * real_ms(step_ms) <= median_tpot <= 1.4 * real_ms(step_ms) + SLACK_MS / 39
+
+
+# -- prefill/decode interference ------------------------------------------------------------
+
+# The interference runs go at X = 2: their assertions bound single gaps (a max), which one
+# 10-20 ms pause of either process on a loaded machine can stretch; at X = 2 a chunk step
+# is 25 ms real and the stall 265 ms, so such a pause stays inside the tolerances.
+INTERFERENCE_SPEED = 2.0
+VICTIMS = 32
+VICTIM_OUTPUT_TOKENS = 64
+LONG_PROMPT_TOKENS = 4000
+# The long prompt arrives 0.5 s simulated in: the victims' prefill ended at ~32 ms sim.
+LONG_AT_S = 0.5 / INTERFERENCE_SPEED
+CHUNK_TOKENS = 160
+
+
+@dataclasses.dataclass(frozen=True)
+class Interference:
+    """One run of 32 decoding victims plus one long prompt arriving later."""
+
+    victims: list[RequestRecord]
+    long: RequestRecord
+
+
+def run_interference(chunk_tokens: int) -> Interference:
+    """32 short requests at t=0, a 4,000-token prompt at LONG_AT_S, max batch 64 (no queueing)."""
+    # Victims emit ~16 tokens before the long prompt arrives and at most ~26 steps pass while
+    # it is prefilled (25 chunks + the step in progress), so 64 tokens outlast it.
+    factory = PlanFactory(prompt_tokens=8, output_tokens=VICTIM_OUTPUT_TOKENS)
+    victims = factory.at(*[0.0] * VICTIMS)
+    long = dataclasses.replace(
+        victims[0],
+        request_id=VICTIMS,
+        class_name="long",
+        intended_ns=int(LONG_AT_S * 1e9),
+        prompt_tokens=LONG_PROMPT_TOKENS,
+        output_tokens=4,
+    )
+    args = sim_args(
+        "--max-batch", "64", "--chunk-tokens", str(chunk_tokens), speed=INTERFERENCE_SPEED
+    )
+    with running_sim(args) as sim:
+        records = run_engine([*victims, long], sim.url)
+    assert_all_ok(records, [*victims, long])
+    return Interference(victims=records[:VICTIMS], long=records[VICTIMS])
+
+
+@pytest.fixture(scope="module")
+def unchunked() -> Interference:
+    """The interference run with whole-prompt prefill."""
+    return run_interference(0)
+
+
+@pytest.fixture(scope="module")
+def chunked() -> Interference:
+    """The interference run with 160-token chunked prefill."""
+    return run_interference(CHUNK_TOKENS)
+
+
+def test_unchunked_long_prompt_stalls_every_victim_once_by_its_prefill(
+    unchunked: Interference,
+) -> None:
+    """One victim gap ≈ 30 + 4000/8000 = 530 ms (÷X), about 17x their median gap."""
+    # The stall step decodes the 32 victims (30 ms at B = 32) and prefills 4,000 tokens
+    # (500 ms) in one iteration: the seed's 530 ms. Every other victim step is ~30-31 ms
+    # (B = 32 or 33), so the stall is 530 / 30.8 ≈ 17x the median: require > 8x.
+    stall_ms = real_ms(30 + prefill_ms(LONG_PROMPT_TOKENS), INTERFERENCE_SPEED)
+    for victim in unchunked.victims:
+        gaps = gaps_ms(victim)
+        assert len(gaps) == VICTIM_OUTPUT_TOKENS - 1
+        assert 0.8 * stall_ms <= max(gaps) <= 2 * stall_ms + SLACK_MS
+        assert sum(gap > stall_ms / 2 for gap in gaps) == 1  # one stall, not several
+        assert max(gaps) > 8 * statistics.median(gaps)
+
+
+def test_unchunked_long_prompt_ttft_is_its_whole_prefill(unchunked: Interference) -> None:
+    """The long prompt's first token comes after its 500 ms prefill plus at most one decode step."""
+    # It arrives mid-step (<= 30.8 ms to wait), then one 530 ms step ends with its first token.
+    ttft = ttft_from_send_ms(unchunked.long)
+    assert ttft >= real_ms(30 + prefill_ms(LONG_PROMPT_TOKENS), INTERFERENCE_SPEED) - ROUNDING_MS
+    assert ttft <= 2 * real_ms(30.8 + 530, INTERFERENCE_SPEED) + SLACK_MS
+
+
+def test_chunked_prefill_keeps_every_victim_gap_within_one_chunk_step(
+    chunked: Interference, unchunked: Interference
+) -> None:
+    """With 160-token chunks every victim gap is ≤ 30 + 160/8000 = 50 ms (÷X), never the stall."""
+    # The seed's C_max = (50 - 30) ms x 8,000 tok/s = 160: each step is at most one decode
+    # step plus one chunk. 2x + slack is 55 ms real at X = 2, still well under the
+    # unchunked stall (>= 212 ms real), and a victim's worst gap stays < 4x its median
+    # (50 / 30.8 ≈ 1.6 by the physics; 4x leaves room for one pause of ~35 ms real).
+    step_ms = real_ms(30 + prefill_ms(CHUNK_TOKENS), INTERFERENCE_SPEED)
+    worst = max(max(gaps_ms(v)) for v in chunked.victims)
+    assert worst <= 2 * step_ms + SLACK_MS
+    assert worst < min(max(gaps_ms(v)) for v in unchunked.victims) / 3
+    for victim in chunked.victims:
+        gaps = gaps_ms(victim)
+        assert max(gaps) < 4 * statistics.median(gaps)
+
+
+def test_chunked_prefill_stretches_the_long_prompts_ttft_to_25_steps(
+    chunked: Interference, unchunked: Interference
+) -> None:
+    """4,000 / 160 = 25 steps of 50 ms: the long prompt's TTFT grows to ≈ 1,250 ms (÷X)."""
+    # Lower bound exact: 25 steps that each decode the 32 victims and prefill one chunk.
+    # Upper: plus the step in progress at arrival, doubled. Relative: chunking converts the
+    # TPOT stall into TTFT, 1,250 / 530 ≈ 2.4x the unchunked TTFT (require > 1.8x).
+    chunks = LONG_PROMPT_TOKENS // CHUNK_TOKENS
+    step_ms = 30 + prefill_ms(CHUNK_TOKENS)
+    ttft = ttft_from_send_ms(chunked.long)
+    assert ttft >= real_ms(chunks * step_ms, INTERFERENCE_SPEED) - ROUNDING_MS
+    assert ttft <= 2 * real_ms(chunks * step_ms + step_ms, INTERFERENCE_SPEED) + SLACK_MS
+    assert ttft > 1.8 * ttft_from_send_ms(unchunked.long)
+
+
+# -- admission control ----------------------------------------------------------------------
+
+
+def test_queue_cap_rejects_the_excess_and_loses_nothing() -> None:
+    """Max batch 1 and queue cap 2: of 5 requests arriving behind a running one, 3 get 429."""
+    # Request 0 holds the only slot for 40 steps (40 x 20 ms = 800 ms sim, 200 ms real);
+    # the others arrive 50 ms real later, so 2 wait and 3 are refused at once.
+    factory = PlanFactory(prompt_tokens=8, output_tokens=40)
+    plans = [*factory.at(0.0), *factory.at(*[0.05] * 5)]
+    plans = [dataclasses.replace(p, request_id=i) for i, p in enumerate(plans)]
+    with running_sim(sim_args("--max-batch", "1", "--queue-cap", "2")) as sim:
+        records = run_engine(plans, sim.url)
+    assert [r.request_id for r in records] == [p.request_id for p in plans]  # planned == recorded
+    outcomes = [r.outcome for r in records]
+    assert outcomes[0] is Outcome.OK
+    assert (outcomes.count(Outcome.OK), outcomes.count(Outcome.REJECTED)) == (3, 3)
+    rejected = [r for r in records if r.outcome is Outcome.REJECTED]
+    assert all(r.http_status == 429 and r.first_token_ns is None for r in rejected)
+    first = records[0]
+    assert first.last_token_ns is not None
+    assert all(r.end_ns is not None and r.end_ns < first.last_token_ns for r in rejected)
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+FAULT_SPEED = 10.0
+FAULT_DEADLINES = Deadlines(first_token_s=1.0, stall_s=0.5, total_s=10.0)
+# header → (value, expected outcome, expected output chunks). Stall and header delay last
+# 20 s simulated = 2 s real at X = 10, 4x the 0.5 s stall and 2x the 1 s first-token deadline.
+FAULTS: dict[str, tuple[dict[str, str], Outcome, int]] = {
+    "none": ({}, Outcome.OK, 10),
+    "drop": ({"X-Sim-Drop-After": "3"}, Outcome.STREAM_ERROR, 3),
+    "stall": ({"X-Sim-Stall": "3:20"}, Outcome.TIMEOUT_STALL, 3),
+    "status": ({"X-Sim-Status": "500"}, Outcome.HTTP_ERROR, 0),
+    "garbage": ({"X-Sim-Garbage-After": "2"}, Outcome.STREAM_ERROR, 2),
+    "header_delay": ({"X-Sim-Header-Delay-S": "20"}, Outcome.TIMEOUT_FIRST_TOKEN, 0),
+}
+
+
+def test_each_fault_header_produces_its_outcome_and_nothing_is_lost() -> None:
+    """Drop, stall, 500, garbage and header delay map to their outcomes, partial output kept."""
+    names = list(FAULTS)
+    plans = PlanFactory(output_tokens=10, deadlines=FAULT_DEADLINES).at(
+        *[0.005 * i for i in range(len(names))]
+    )
+    with running_sim(sim_args(speed=FAULT_SPEED)) as sim:
+        records = run_engine(plans, sim.url, headers_for=lambda p: FAULTS[names[p.request_id]][0])
+    assert [r.request_id for r in records] == [p.request_id for p in plans]
+    got = {name: (r.outcome, len(r.chunk_ns)) for name, r in zip(names, records, strict=True)}
+    assert got == {name: (outcome, chunks) for name, (_, outcome, chunks) in FAULTS.items()}
+    by_name = dict(zip(names, records, strict=True))
+    assert by_name["status"].http_status == 500
+    assert by_name["garbage"].error is not None
+    assert "malformed" in by_name["garbage"].error
+    assert by_name["drop"].output_tokens == 3  # the tokens that did arrive are kept
+
+
+# -- stream dialects against the server's own trace -----------------------------------------
+
+DIALECT_PROMPT_TOKENS = 2000  # 250 ms sim of prefill before any content: 62.5 ms real
+HEARTBEAT_SIM_S = 0.02  # 5 ms real: a dozen pings before the first token
+
+
+@pytest.fixture(scope="module")
+def dialect_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[RequestRecord], dict]:
+    """Two requests, one with an early role chunk and heartbeats, one with 4-token chunks."""
+    headers = [
+        {"X-Sim-Role": "early", "X-Sim-Heartbeat-S": str(HEARTBEAT_SIM_S)},
+        {"X-Sim-Tokens-Per-Chunk": "4"},
+    ]
+    plans = PlanFactory(prompt_tokens=DIALECT_PROMPT_TOKENS, output_tokens=20).at(0.0, 0.5)
+    trace_file = tmp_path_factory.mktemp("sim") / "trace.jsonl"
+    with running_sim(sim_args(), trace_file=trace_file) as sim:
+        records = run_engine(plans, sim.url, headers_for=lambda p: headers[p.request_id])
+    assert_all_ok(records, plans)
+    lines = [json.loads(line) for line in trace_file.read_text().splitlines()]
+    trace = {r["x_request_id"]: r for r in lines if r["type"] == "request"}
+    return records, trace
+
+
+def test_ttft_is_not_stopped_by_an_early_role_chunk_or_heartbeats(
+    dialect_run: tuple[list[RequestRecord], dict[str, Any]],
+) -> None:
+    """First token is stamped at the server's first content write, not at the role or a ping."""
+    # The run's t0 is internal to run_engine, so compare intervals. Causality gives an exact
+    # bound: the client sent before the server stamped `received_ns`, and read the first
+    # content after the server stamped `first_token_ns` (just before writing it; the trace's
+    # `chunk_ns` is stamped just *after* each write, so a preempted server can stamp it
+    # after the client has read the bytes). So client (first token - sent) >= server
+    # (first_token_ns - received_ns), with no slack. The headers, the early role chunk and the pings all go out at accept, so a
+    # TTFT stopped by any of them would be ~0 instead of >= 62.5 ms; and the first token
+    # comes well after the headers (half the server's interval allows a 30 ms late read).
+    records, trace = dialect_run
+    record, server = records[0], trace["loadgen-0"]
+    assert server["outcome"] == "ok"
+    assert len(server["chunk_ns"]) == 20
+    server_ns = server["first_token_ns"] - server["received_ns"]
+    assert server_ns / MS >= real_ms(prefill_ms(DIALECT_PROMPT_TOKENS)) - ROUNDING_MS
+    assert record.first_token_ns is not None
+    assert record.sent_ns is not None
+    assert record.headers_ns is not None
+    assert record.first_token_ns - record.sent_ns >= server_ns
+    assert record.first_token_ns - record.headers_ns >= server_ns / 2
+    assert record.first_token_ns == record.first_content_ns == record.chunk_ns[0]
+    assert len(record.chunk_ns) == len(server["chunk_ns"])
+
+
+def test_multi_token_chunks_take_n_from_usage(
+    dialect_run: tuple[list[RequestRecord], dict[str, Any]],
+) -> None:
+    """20 tokens sent 4 per chunk: 5 chunks, N = 20 from usage, apportioned over the chunks."""
+    records, trace = dialect_run
+    record, server = records[1], trace["loadgen-1"]
+    assert len(server["chunk_ns"]) == 5
+    assert len(record.chunk_ns) == 5
+    assert (record.output_tokens, record.token_source) == (20, TokenSource.USAGE)
+    assert sum(record.chunk_tokens) == 20
+    assert all(t >= 1 for t in record.chunk_tokens)
