@@ -45,7 +45,9 @@ def all_commands() -> list[tuple[str, click.Command]]:
     return [("loadgen", group), *((f"loadgen {n}", c) for n, c in group.commands.items())]
 
 
-@pytest.mark.parametrize(("name", "command"), all_commands(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    ("name", "command"), all_commands(), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_every_command_help_has_an_example(name: str, command: click.Command) -> None:
     """Every command's help text shows an `Example:` block."""
     assert "Example:" in (command.help or ""), name
@@ -87,7 +89,9 @@ def test_unreachable_url_fails_fast_with_a_clear_message(tmp_path: Path) -> None
     """The preflight names the unreachable origin and how to fix it, exit 1."""
     with ScriptedServer(lambda r: []) as server:
         url = server.url
-    result = CliRunner().invoke(cli, ["run", str(write_tiny(tmp_path)), "--url", url, "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli, ["run", str(write_tiny(tmp_path)), "--url", url, "--out", str(tmp_path)]
+    )
     assert result.exit_code == 1
     assert f"cannot connect to {url}" in result.output
     assert "Traceback" not in result.output
@@ -109,7 +113,8 @@ def test_run_writes_records_and_summary_and_exits_0(tmp_path: Path) -> None:
     records = pl.read_parquet(run_dir / "records.parquet")
     assert records.height == 10
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["run_id"] == "r1" and summary["interrupted"] is False
+    assert summary["run_id"] == "r1"
+    assert summary["interrupted"] is False
     generator = summary["generator"]
     assert (generator["planned"], generator["sent"], generator["recorded"]) == (10, 10, 10)
     chat = summary["classes"]["chat"]
@@ -117,9 +122,11 @@ def test_run_writes_records_and_summary_and_exits_0(tmp_path: Path) -> None:
     for key in ("ttft_ms", "ttft_ms_with_failures", "ttft_from_send_ms", "tpot_ms", "itl_ms", "e2e_ms",
                 "output_tokens", "tokens_per_chunk", "slo", "goodput"):  # fmt: skip
         assert key in chat, key
-    assert chat["slo"]["met"] is True and summary["verdict"]["exit_code"] == 0
+    assert chat["slo"]["met"] is True
+    assert summary["verdict"]["exit_code"] == 0
     run_info = json.loads((run_dir / "run.json").read_text())
-    assert run_info["planned"] == 10 and run_info["finished"] is True
+    assert run_info["planned"] == 10
+    assert run_info["finished"] is True
     assert "MET" in output
 
 
@@ -140,7 +147,9 @@ def test_failures_make_the_slo_miss_exit_2_and_are_all_recorded(tmp_path: Path) 
 
 def test_generator_that_falls_behind_exits_3(tmp_path: Path) -> None:
     """With an impossible lag bound the run is marked fell_behind and exits 3."""
-    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(2), "--lag-bound-ms", "0.000001")
+    code, output, run_dir = run_against(
+        tmp_path, lambda r: simple_chat(2), "--lag-bound-ms", "0.000001"
+    )
     assert code == 3, output
     assert json.loads((run_dir / "summary.json").read_text())["generator"]["fell_behind"] is True
 
@@ -151,12 +160,15 @@ def test_runs_are_never_overwritten(tmp_path: Path) -> None:
     assert code == 0, output
     before = (run_dir / "summary.json").read_text()
     code2, output2, _ = run_against(tmp_path, lambda r: simple_chat(2))
-    assert code == 0 and code2 == 1
+    assert code == 0
+    assert code2 == 1
     assert "already exists" in output2
     assert (run_dir / "summary.json").read_text() == before
 
 
-def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(tmp_path: Path, monkeypatch) -> None:
+def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(
+    tmp_path: Path, monkeypatch
+) -> None:
     """The key is sent as a Bearer token and appears in no file of the run."""
     monkeypatch.setenv("TINY_KEY", "sk-canary-123")
     path = write_tiny(tmp_path)
@@ -168,7 +180,9 @@ def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(tmp_pat
         return simple_chat(2)
 
     with ScriptedServer(handler) as server:
-        result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"), "-q"])
+        result = CliRunner().invoke(
+            cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"), "-q"]
+        )
     assert result.exit_code == 0, result.output
     assert set(seen) == {"Bearer sk-canary-123"}
     for file in (tmp_path / "o").rglob("*"):
@@ -182,6 +196,8 @@ def test_missing_api_key_env_is_a_config_error(tmp_path: Path, monkeypatch) -> N
     monkeypatch.delenv("TINY_KEY", raising=False)
     path = write_tiny(tmp_path)
     path.write_text(path.read_text().replace("model: m}", "model: m, api_key_env: TINY_KEY}"))
-    result = CliRunner().invoke(cli, ["run", str(path), "--url", "http://127.0.0.1:9", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli, ["run", str(path), "--url", "http://127.0.0.1:9", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 1
     assert "TINY_KEY is not set" in result.output
