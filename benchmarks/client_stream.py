@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import os
 import pstats
@@ -64,7 +63,7 @@ import numpy as np
 from loadgen.adapters import BodyOptions, adapter_for
 from loadgen.plans import RequestPlan
 from loadgen.records import Outcome, RequestRecord
-from loadgen.run import backend_options
+from loadgen.run import backend_options, quiet_gc
 from loadgen.runner import Engine, EngineConfig
 from loadgen.sim.launch import running_sim
 from loadgen.spec import Deadlines
@@ -147,18 +146,16 @@ def run_engine(
         finally:
             pool.close()
 
-    gc.collect()
-    gc.freeze()  # as `loadgen run` does before its engine starts
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    start_ns = perf_counter_ns()
-    if profiler is not None:
-        profiler.enable()
-    try:
-        anyio.run(main, backend="asyncio", backend_options=backend_options())
-    finally:
+    with quiet_gc():  # as `loadgen run` does around its engine
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start_ns = perf_counter_ns()
         if profiler is not None:
-            profiler.disable()
-        gc.unfreeze()
+            profiler.enable()
+        try:
+            anyio.run(main, backend="asyncio", backend_options=backend_options())
+        finally:
+            if profiler is not None:
+                profiler.disable()
     wall_s = (perf_counter_ns() - start_ns) / 1e9
     after = resource.getrusage(resource.RUSAGE_SELF)
     return EngineRun(

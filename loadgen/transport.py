@@ -25,6 +25,7 @@ from typing import Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 MAX_HEAD_BYTES = 64 * 1024
+DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
 
 
 class ExchangeSink(Protocol):
@@ -234,6 +235,18 @@ class Connection(asyncio.Protocol):
         return rest
 
     def _read_chunked(self, data: bytes, sink: ExchangeSink, t_ns: int) -> None:
+        if self._chunk_state == 0 and not self._line:
+            # Fast path: the read is exactly one whole chunk, `SIZE\r\n<data>\r\n`.
+            head_end = data.find(b"\r\n", 0, 18)
+            if head_end > 0 and data[head_end - 1 : head_end] != b";":
+                try:
+                    length = int(data[:head_end], 16)
+                except ValueError:
+                    length = 0
+                end = head_end + 2 + length
+                if length > 0 and len(data) == end + 2 and data[end:] == b"\r\n":
+                    sink.on_body(data[head_end + 2 : end], t_ns)
+                    return
         pos, size = 0, len(data)
         while pos < size and self.sink is not None:
             state = self._chunk_state
@@ -351,10 +364,19 @@ class Pool:
             asyncio.get_running_loop().call_soon(self._drain)
 
     def _drain(self) -> None:
-        self._drain_scheduled = False
-        ready, self._ready = self._ready, []
-        for conn in ready:
+        """Parse a slice of the stamped reads, then let the loop poll (and stamp) again.
+
+        Parsing a 256-stream burst takes ~2 ms; done in one go, a chunk arriving meanwhile
+        would be stamped up to that late. In slices it waits at most one slice.
+        """
+        ready = self._ready
+        self._ready = ready[DRAIN_SLICE:]
+        for conn in ready[:DRAIN_SLICE]:
             conn.process()
+        if self._ready:
+            asyncio.get_running_loop().call_soon(self._drain)
+        else:
+            self._drain_scheduled = False
 
     def release(self, conn: Connection) -> None:
         """Return a connection whose response completed cleanly."""
