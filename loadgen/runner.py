@@ -259,9 +259,11 @@ def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
     n = len(weights)
     if n == 0:
         return []
+    if tokens == n:
+        return [1] * n  # the usual case: one token per chunk
     base = [1] * n if tokens >= n else [0] * n
     rest = tokens - sum(base)
-    total = sum(weights) or n
+    total = sum(w or 1 for w in weights)
     shares = [rest * (w or 1) / total for w in weights]
     floors = [math.floor(s) for s in shares]
     leftover = rest - sum(floors)

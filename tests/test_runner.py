@@ -6,7 +6,11 @@ orderings, never upper bounds on wall-clock time, so they hold on a loaded machi
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from loadgen.records import Outcome, TokenSource
+from loadgen.runner import apportion
 from loadgen.spec import Deadlines
 from loadgen.testing import (
     CLOSE,
@@ -253,3 +257,15 @@ def test_no_request_is_sent_before_its_intended_time() -> None:
         records = run_engine(plans, server.url)
     assert all(r.outcome is Outcome.OK for r in records)
     assert all(r.intended_ns <= r.dispatched_ns <= r.sent_ns < r.first_token_ns for r in records)
+
+
+@given(st.integers(0, 500), st.lists(st.integers(0, 50), max_size=60))
+def test_apportion_keeps_the_total_and_gives_each_chunk_a_token(
+    tokens: int, weights: list[int]
+) -> None:
+    """Apportioned chunk tokens sum to N, and every chunk gets one when N ≥ chunks."""
+    parts = apportion(tokens, weights)
+    assert len(parts) == len(weights)
+    if weights:
+        assert sum(parts) == tokens
+        assert min(parts) >= (1 if tokens >= len(weights) else 0)
