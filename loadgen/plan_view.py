@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -51,37 +52,71 @@ def render_plan(
 
 def _class_cells(cls: ClassSpec, plans: Sequence[RequestPlan]) -> list[str]:
     n = len(plans)
-    span = (plans[-1].intended_ns - plans[0].intended_ns) / NS_PER_S if n > 1 else 0.0
-    rate = f"{(n - 1) / span:,.2f}" if span > 0 else "-"
-    arrival = cls.arrival.process + (
-        f" cv={cls.arrival.cv:g}" if cls.arrival.process == "gamma" else ""
-    )
-    arrival += f" @{cls.arrival.rate_per_s:g}/s"
-    if cls.arrival.start_s:
-        arrival += f" from {cls.arrival.start_s:g}s"
+    starts = [p for p in plans if not p.turn]  # sessions and trajectories start at turn 0
+    if cls.concurrency is not None:
+        starts = list(plans[:1])
+    span = (starts[-1].intended_ns - starts[0].intended_ns) / NS_PER_S if len(starts) > 1 else 0.0
+    rate = f"{(len(starts) - 1) / span:,.2f}" if span > 0 else "-"
     prompt = sum(p.prompt_tokens for p in plans)
     output = sum(p.output_tokens for p in plans)
-    slo = cls.slo
-    targets = [
-        f"{k} {v:g}"
-        for k, v in (
-            ("TTFT ms", slo.ttft_ms),
-            ("TPOT ms", slo.tpot_ms),
-            ("ITL ms", slo.itl_ms),
-            ("E2E ms", slo.e2e_ms),
-        )
-        if v is not None
-    ]
-    slo_text = f"p{slo.percentile:g}: " + ", ".join(targets) if targets else "none"
     return [
-        f"{n:,}",
-        arrival,
+        _count_text(cls, n, len(starts)),
+        _arrival_text(cls),
         rate,
         f"{span:,.1f}",
         f"{prompt / max(n, 1):,.0f} / {prompt:,}",
         f"{output / max(n, 1):,.0f} / {output:,}",
-        slo_text,
+        _objective_text(cls),
     ]
+
+
+def _count_text(cls: ClassSpec, requests: int, starts: int) -> str:
+    if cls.concurrency is not None:
+        return f"{requests:,} docs, {cls.concurrency} at a time"
+    if cls.kind == "agent":
+        return f"{requests:,} in {starts:,} trajectories"
+    if cls.turns is not None:
+        return f"{requests:,} in {starts:,} sessions"
+    return f"{requests:,}"
+
+
+def _arrival_text(cls: ClassSpec) -> str:
+    a = cls.arrival
+    if cls.concurrency is not None:
+        text = "closed loop"
+    elif a.process == "gamma":
+        text = f"gamma cv={a.cv:g} @{a.rate_per_s:g}/s"
+    elif a.process == "onoff":
+        text = (f"onoff {a.on_rate_per_s:g}/s for ~{a.on_mean_s:g}s, "
+                f"{a.off_rate_per_s:g}/s for ~{a.off_mean_s:g}s")  # fmt: skip
+    elif a.process == "ramp":
+        text = "ramp " + " → ".join(f"{r:g}/s×{d:g}s" for r, d in a.steps)
+    elif a.process == "trace":
+        assert a.trace is not None
+        text = f"trace {Path(a.trace.path).name}"
+        if a.trace.speed != 1:
+            text += f" ×{a.trace.speed:g} speed"
+    else:
+        text = f"{a.process} @{a.rate_per_s:g}/s"
+    return text + (f" from {a.start_s:g}s" if a.start_s else "")
+
+
+def _objective_text(cls: ClassSpec) -> str:
+    slo = cls.slo
+    targets = [
+        f"{k} {v:g}"
+        for k, v in (("TTFT ms", slo.ttft_ms), ("TPOT ms", slo.tpot_ms),
+                     ("ITL ms", slo.itl_ms), ("E2E ms", slo.e2e_ms))
+        if v is not None
+    ]  # fmt: skip
+    if cls.kind == "summarization":
+        deadline = f" in {cls.batch_deadline_s:g} s" if cls.batch_deadline_s else ""
+        return f"whole batch ok{deadline}"
+    if cls.kind == "agent":
+        budget = f" in {cls.trajectory_budget_s:g} s" if cls.trajectory_budget_s else ""
+        final = f", final hop {', '.join(targets)}" if targets else ""
+        return f"{slo.percentile:g}% of trajectories ok{budget}{final}"
+    return f"p{slo.percentile:g}: " + ", ".join(targets) if targets else "none"
 
 
 def _schedule_table(plans: Sequence[RequestPlan], limit: int = 20) -> Table:

@@ -23,7 +23,7 @@ def preflight(
     """Raise `TargetError` saying what is wrong and how to fix it; return when the target works."""
     url = endpoint.origin + endpoint.target
     shown = endpoint.origin + endpoint.target.split("?", 1)[0]
-    body = orjson.dumps(adapter.build_body("Say hello.", 4, options))
+    body = orjson.dumps(adapter.build_body([("user", "Say hello.")], 4, options))
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     headers.update(endpoint.headers)
     try:

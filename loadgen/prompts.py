@@ -191,3 +191,19 @@ def prompt_text(seed: int, request_id: int, tokens: int) -> str:
     """`tokens` words, the same for the same seed and request id, different across requests."""
     rng = random.Random(seed * 1_000_003 + request_id)
     return " ".join(rng.choices(WORDS, k=max(1, tokens)))
+
+
+PREFIX_BLOCK_TOKENS = 512  # a trace's shared prefix block (Mooncake's hash_ids block size)
+
+
+def prompt_with_prefix(seed: int, request_id: int, tokens: int, groups: tuple[int, ...]) -> str:
+    """`tokens` words whose first 512·len(groups) are shared with every request that has the
+    same leading prefix groups (trace replay), and the rest this request's own."""
+    if not groups:
+        return prompt_text(seed, request_id, tokens)
+    shared = [prompt_text(seed, -1_000_000 - group, PREFIX_BLOCK_TOKENS) for group in groups]
+    text = " ".join(shared).split(" ")[:tokens]
+    rest = tokens - len(text)
+    if rest > 0:
+        text.append(prompt_text(seed, request_id, rest))
+    return " ".join(text)

@@ -33,6 +33,7 @@ class Outcome(enum.StrEnum):
     TIMEOUT_STALL = "timeout_stall"  # a gap between tokens longer than the stall deadline
     TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
     CANCELLED = "cancelled"  # the run was interrupted before this request finished
+    SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
 
 
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
@@ -77,6 +78,8 @@ class RequestRecord:
     http_status: int | None = None
     error: str | None = None
     retries: int = 0
+    session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
+    turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -103,6 +106,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "http_status": pl.Int32(),
     "error": pl.String(),
     "retries": pl.Int32(),
+    "session_id": pl.Int64(),
+    "turn": pl.Int32(),
 }
 
 

@@ -32,7 +32,8 @@ import anyio
 from loadgen import __version__
 from loadgen.adapters import BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.plans import RequestPlan, plan_run
+from loadgen.objectives import apply_objectives
+from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.records import RecordWriter
 from loadgen.runner import Engine, EngineConfig, LiveStats
@@ -119,8 +120,9 @@ def resolve_headers(spec: WorkloadSpec, extra: Mapping[str, str]) -> dict[str, s
 
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
     """Run the workload and write its folder; see `RunResult.exit_code` for the verdict."""
-    plans = plan_run(spec, options.seed)
-    if not plans:
+    work = plan_work(spec, options.seed)
+    planned = len(work.plans)
+    if not planned:
         raise ConfigError(
             spec.source, "classes", "plans no requests", "raise requests or duration_s"
         )
@@ -143,9 +145,10 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
             body_options=body_options,
             seed=spec.seed if options.seed is None else options.seed,
             max_in_flight=options.max_in_flight,
+            priority_header=spec.target.priority_header,
         )
-        run_info = _run_info(spec, options, endpoint, len(plans), sim_args)
-        return _run(plans, endpoint, config, run_dir, run_info, spec, options, log)
+        run_info = _run_info(spec, options, endpoint, planned, sim_args)
+        return _run(work, endpoint, config, run_dir, run_info, spec, options, log)
 
 
 @contextlib.contextmanager
@@ -233,7 +236,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def _run(
-    plans: list[RequestPlan],
+    work: Work,
     endpoint: Endpoint,
     config: EngineConfig,
     run_dir: Path,
@@ -250,7 +253,7 @@ def _run(
 
     async def main() -> None:
         pool = Pool(endpoint)
-        engine = Engine(plans, pool, config, writer.add, stats)
+        engine = Engine(work, pool, config, writer.add, stats)
         t0_ns = perf_counter_ns() + 50_000_000  # 50 ms to get the scheduler going
         run_info["t0"] = {
             "perf_counter_ns": t0_ns,
@@ -279,10 +282,11 @@ def _run(
         frame,
         run_id=run_id,
         slos={name: cls.slo for name, cls in spec.classes.items()},
-        planned=len(plans),
+        planned=stats.planned,
         interrupted=interrupted,
         lag_bound_ms=options.lag_bound_ms,
     )
+    summary = apply_objectives(summary, frame, spec.classes)
     summary = {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(
@@ -338,7 +342,7 @@ async def _watch_signals(
                 "in-flight ones (interrupt again to exit now)",
                 file=log,
             )
-            engine.sending.cancel()
+            engine.stop()
             with anyio.move_on_after(grace_s):
                 async for _ in signals:
                     print(

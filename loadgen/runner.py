@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter_ns
 from typing import Any
 
 import anyio
 import orjson
 
-from loadgen.adapters import Adapter, BodyOptions, MalformedEvent
+from loadgen.adapters import Adapter, BodyOptions, MalformedEvent, Message
 from loadgen.histograms import LatencyHistogram
-from loadgen.plans import RequestPlan
-from loadgen.prompts import prompt_text
+from loadgen.plans import Flow, RequestPlan, Work, singles_of
+from loadgen.prompts import prompt_text, prompt_with_prefix
 from loadgen.records import Outcome, RequestRecord, TokenSource
+from loadgen.spec import Deadlines
 from loadgen.sse import SseDecoder
 from loadgen.transport import Connection, Pool, encode_request
 
@@ -58,6 +60,7 @@ class EngineConfig:
     max_in_flight: int | None = None
     request_headers: Mapping[str, str] = field(default_factory=dict)
     headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
+    priority_header: str | None = None  # send plan.priority as this header, not in the body
 
 
 class Exchange:
@@ -66,8 +69,12 @@ class Exchange:
     Clock values are absolute perf_counter_ns; `record()` makes them relative to t0.
     """
 
-    def __init__(self, plan: RequestPlan, adapter: Adapter, t0_ns: int) -> None:
+    def __init__(
+        self, plan: RequestPlan, adapter: Adapter, t0_ns: int, *, keep_text: bool = False
+    ) -> None:
         self.plan = plan
+        self.keep_text = keep_text  # flows build the next prompt from this answer
+        self.texts: list[str] = []
         self.stall_ns = int(plan.deadlines.stall_s * 1e9)
         self.reused_connection = False
         self.adapter = adapter
@@ -147,6 +154,8 @@ class Exchange:
             if delta.content_chars and self.first_content_ns is None:
                 self.first_content_ns = t_ns
             self.last_token_ns = t_ns
+            if self.keep_text and delta.text:
+                self.texts.append(delta.text)
             self.chunk_ns.append(t_ns)
             self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
         if delta.completion_tokens is not None:
@@ -247,6 +256,8 @@ class Exchange:
             http_status=self.status,
             error=self.error,
             retries=self.retries,
+            session_id=self.plan.session_id,
+            turn=self.plan.turn,
         )
 
 
@@ -274,70 +285,102 @@ def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
 
 
 class Engine:
-    """Runs a list of plans against one endpoint pool and emits one record per plan."""
+    """Runs planned work against one endpoint pool and emits exactly one record per plan."""
 
     def __init__(
         self,
-        plans: Sequence[RequestPlan],
+        work: Work | Sequence[RequestPlan],
         pool: Pool,
         config: EngineConfig,
         on_record: Callable[[RequestRecord], None],
         stats: LiveStats | None = None,
     ) -> None:
-        self.plans = plans
+        self.work = work if isinstance(work, Work) else singles_of(work)
+        self.plans = self.work.plans
         self.pool = pool
         self.config = config
         self.on_record = on_record
         self.stats = stats or LiveStats()
-        self.stats.planned = len(plans)
+        self.stats.planned = len(self.plans)
         self.t0_ns = 0
-        self.next_index = 0  # plans before this index have been dispatched
+        self._recorded = bytearray(max((p.request_id for p in self.plans), default=-1) + 1)
         self._limiter = anyio.Semaphore(config.max_in_flight) if config.max_in_flight else None
+        self._stopping = anyio.Event()
         self.sending = anyio.CancelScope()
         self.requests = anyio.CancelScope()
 
-    async def run(self, t0_ns: int, *, grace_s: float = 0.0) -> None:
-        """Send every plan at t0 + intended; return when each has a record.
+    def stop(self) -> None:
+        """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
+        self._stopping.set()
+        self.sending.cancel()
 
-        Cancelling `sending` stops new sends (interrupt); the remaining plans are recorded
-        as cancelled, in-flight ones get `grace_s` to finish, then are cancelled too.
+    async def run(self, t0_ns: int) -> None:
+        """Send every plan at t0 + its intended time; return when each has a record.
+
+        After `stop()`, or when `requests` is cancelled, every plan that has no record yet
+        is recorded as cancelled: planned == recorded, always.
         """
         self.t0_ns = t0_ns
         with self.requests:
             async with anyio.create_task_group() as tg:
                 with self.sending:
                     await self._schedule(tg)
-        for plan in self.plans[self.next_index :]:
-            self._emit(
-                RequestRecord(
-                    request_id=plan.request_id,
-                    class_name=plan.class_name,
-                    intended_ns=plan.intended_ns,
-                    outcome=Outcome.CANCELLED,
-                    prompt_tokens_target=plan.prompt_tokens,
-                    max_tokens=plan.output_tokens,
-                    error="run interrupted before this request was sent",
+        for plan in self.plans:
+            if not self._recorded[plan.request_id]:
+                self._emit(
+                    self._unsent(
+                        plan, Outcome.CANCELLED, "run interrupted before this request was sent"
+                    )
                 )
-            )
-        self.next_index = len(self.plans)
 
     async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
-        t0 = self.t0_ns
-        for index, plan in enumerate(self.plans):
-            due_ns = t0 + plan.intended_ns
-            delay_ns = due_ns - perf_counter_ns()
-            if delay_ns > 0:
-                await anyio.sleep(delay_ns / 1e9)
-                while perf_counter_ns() < due_ns:  # loop timers may fire up to ~1 ms early
-                    await anyio.sleep(0)
-            self.next_index = index + 1
-            tg.start_soon(self._request, plan, perf_counter_ns())
+        """Start singles and flows at their times, in one merged time order."""
+        starts = sorted(
+            [(p.intended_ns, 0, i) for i, p in enumerate(self.work.singles)]
+            + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
+        )
+        for due_rel, is_flow, index in starts:
+            await self._sleep_until(self.t0_ns + due_rel)
+            if is_flow:
+                tg.start_soon(self._flow, self.work.flows[index])
+            else:
+                plan = self.work.singles[index]
+                tg.start_soon(self._request, plan, perf_counter_ns(), None, False)
 
-    async def _request(self, plan: RequestPlan, dispatched_ns: int) -> None:
+    @staticmethod
+    async def _sleep_until(due_ns: int) -> None:
+        delay_ns = due_ns - perf_counter_ns()
+        if delay_ns > 0:
+            await anyio.sleep(delay_ns / 1e9)
+            while perf_counter_ns() < due_ns:  # loop timers may fire up to ~1 ms early
+                await anyio.sleep(0)
+
+    async def _wait_unless_stopped(self, due_ns: int) -> bool:
+        """Sleep until `due_ns` (a think or tool time); False when the run is stopping."""
+        delay_ns = due_ns - perf_counter_ns()
+        if delay_ns > 0:
+            with anyio.move_on_after(delay_ns / 1e9):
+                await self._stopping.wait()
+            await self._sleep_until(due_ns)
+        return not self._stopping.is_set()
+
+    async def _request(
+        self,
+        plan: RequestPlan,
+        dispatched_ns: int,
+        messages: Sequence[Message] | None,
+        keep_text: bool,
+    ) -> Exchange:
+        """Send one request, wait for it, record it; the exchange tells a flow what happened."""
         stats = self.stats
         stats.in_flight += 1
-        body = self._body(plan)
-        exchange = Exchange(plan, self.config.adapter, self.t0_ns)
+        if messages is None:
+            text = prompt_with_prefix(
+                self.config.seed, plan.request_id, plan.prompt_tokens, plan.prefix_groups
+            )
+            messages = [("user", text)]
+        body = self._body(plan, messages)
+        exchange = Exchange(plan, self.config.adapter, self.t0_ns, keep_text=keep_text)
         try:
             if self._limiter is not None:
                 async with self._limiter:
@@ -353,12 +396,97 @@ class Engine:
                 exchange.error = "run interrupted while this request was in flight"
                 exchange.end_ns = perf_counter_ns()
             self._emit(exchange.record(dispatched_ns))
+        return exchange
 
-    def _body(self, plan: RequestPlan) -> bytes:
+    def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
         config = self.config
-        prompt = prompt_text(config.seed, plan.request_id, plan.prompt_tokens)
-        body = config.adapter.build_body(prompt, plan.output_tokens, config.body_options)
+        body = config.adapter.build_body(messages, plan.output_tokens, config.body_options)
+        if plan.priority is not None and config.priority_header is None:
+            body["priority"] = plan.priority
         return orjson.dumps(body)
+
+    # -- flows --------------------------------------------------------------------------
+    async def _flow(self, flow: Flow) -> None:
+        if flow.kind == "batch":
+            await self._batch(flow)
+        else:
+            await self._conversation(flow)
+
+    async def _conversation(self, flow: Flow) -> None:
+        """A chat session or agent trajectory: turns in strict sequence, each after the last.
+
+        A turn's intended time is the previous turn's end plus its think (or tool) time. A
+        failed turn, or a trajectory budget spent, ends the flow: the rest are `skipped`.
+        """
+        seed, t0 = self.config.seed, self.t0_ns
+        history: list[Message] = []
+        if flow.system_prompt_tokens:
+            # One system prompt per class, the same for all its sessions (prefix caching).
+            class_key = -1 - zlib.crc32(flow.class_name.encode())
+            history.append(("system", prompt_text(seed, class_key, flow.system_prompt_tokens)))
+        budget_end = t0 + flow.start_ns + int(flow.budget_s * 1e9) if flow.budget_s else None
+        context, previous_output, due = "", "", t0 + flow.start_ns
+        for index, plan in enumerate(flow.plans):
+            if index:
+                due += int(plan.delay_s * 1e9)
+                if not await self._wait_unless_stopped(due):
+                    return  # the rest are recorded as cancelled by run()
+            if budget_end is not None and perf_counter_ns() >= budget_end:
+                self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
+                return
+            new_text = prompt_text(seed, plan.request_id, plan.prompt_tokens)
+            if flow.kind == "trajectory":
+                context = context or new_text  # the retained context, set by the first hop
+                turn_text = f"{context}\n\n{previous_output}" if previous_output else context
+                messages: list[Message] = [("user", turn_text)]
+            else:
+                history.append(("user", new_text))
+                messages = list(history)
+            sent = replace(
+                plan,
+                intended_ns=due - t0,
+                prompt_tokens=sum(len(text.split()) for _, text in messages),
+                deadlines=_within_budget(plan.deadlines, budget_end, due),
+            )
+            exchange = await self._request(sent, perf_counter_ns(), messages, True)
+            if exchange.outcome is not Outcome.OK:
+                step = "hop" if flow.kind == "trajectory" else "turn"
+                reason = f"{step} {index} ended {exchange.outcome}"
+                self._skip(flow.plans[index + 1 :], reason)
+                return
+            previous_output = "".join(exchange.texts)
+            history.append(("assistant", previous_output))
+            due = exchange.end_ns or perf_counter_ns()
+
+    async def _batch(self, flow: Flow) -> None:
+        """Documents sent closed-loop: `concurrency` workers, each taking the next when done."""
+        pending = iter(flow.plans)
+
+        async def worker() -> None:
+            for plan in pending:  # shared iterator: each document goes to one worker
+                if self._stopping.is_set():
+                    return
+                now = perf_counter_ns()
+                await self._request(replace(plan, intended_ns=now - self.t0_ns), now, None, False)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(flow.concurrency):
+                tg.start_soon(worker)
+
+    def _skip(self, plans: Sequence[RequestPlan], reason: str) -> None:
+        for plan in plans:
+            self._emit(self._unsent(plan, Outcome.SKIPPED, f"skipped: {reason}"))
+
+    def _unsent(self, plan: RequestPlan, outcome: Outcome, error: str) -> RequestRecord:
+        """The record of a plan that was never sent (skipped, or cancelled by an interrupt)."""
+        intended = plan.intended_ns
+        if plan.turn:  # a later turn has no intended time of its own: say when it was given up
+            intended = max(intended, perf_counter_ns() - self.t0_ns)
+        return RequestRecord(
+            request_id=plan.request_id, class_name=plan.class_name, intended_ns=intended,
+            outcome=outcome, prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
+            error=error, session_id=plan.session_id, turn=plan.turn,
+        )  # fmt: skip
 
     async def _exchange(self, exchange: Exchange, body: bytes) -> None:
         """Send (retrying once on a reused connection that died unanswered) and wait."""
@@ -379,6 +507,8 @@ class Engine:
             ),
         ]
         headers = {"X-Request-Id": f"loadgen-{plan.request_id}", **self.config.request_headers}
+        if plan.priority is not None and self.config.priority_header is not None:
+            headers[self.config.priority_header] = str(plan.priority)
         if self.config.headers_for is not None:
             headers.update(self.config.headers_for(plan))
         request = encode_request(self.pool.endpoint, body, headers)
@@ -444,6 +574,7 @@ class Engine:
             )
 
     def _emit(self, record: RequestRecord) -> None:
+        self._recorded[record.request_id] = 1
         stats = self.stats
         if record.outcome is Outcome.OK:
             stats.ok += 1
@@ -458,3 +589,11 @@ def connect_message(exc: OSError) -> str:
     """A short, secret-free description of a connection failure."""
     text = exc.strerror or str(exc) or type(exc).__name__
     return f"connect failed: {text}"
+
+
+def _within_budget(deadlines: Deadlines, budget_end_ns: int | None, due_ns: int) -> Deadlines:
+    """A hop's total deadline, cut to what is left of its trajectory's budget."""
+    if budget_end_ns is None:
+        return deadlines
+    left_s = max(0.001, (budget_end_ns - due_ns) / 1e9)
+    return replace(deadlines, total_s=min(deadlines.total_s, left_s))

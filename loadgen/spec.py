@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ from loadgen.errors import ConfigError
 from loadgen.slo import SloTargets
 
 APIS = ("openai-chat", "openai-completions")
-ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
+CLASS_KINDS = ("chat", "summarization", "agent")
+TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
 
 
@@ -38,19 +40,86 @@ class TargetSpec:
     include_usage: bool = True  # stream_options.include_usage
     force_output_tokens: bool = True  # send ignore_eos + min_tokens so N is what was planned
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    priority_header: str | None = None  # send class priority as this header, not in the body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceSpec:
+    """Replay a request trace: its arrival times and token counts (see `loadgen.traces`)."""
+
+    path: str  # resolved relative to the workload file
+    format: str = "auto"
+    start_s: float = 0.0  # a window of the trace, seconds from its first row
+    end_s: float | None = None
+    speed: float = 1.0  # times divided by speed
+    rate_scale: float = 1.0  # thin (< 1) or superpose (> 1) the trace's requests
+    spread_s: float = 0.0  # spread requests sharing a coarse timestamp inside this bucket
+    include_failed: bool = False
+    limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ArrivalSpec:
-    """An arrival process: constant gaps, Poisson (exponential gaps) or gamma gaps with a CV.
+    """An arrival process.
 
-    Gamma with cv > 1 is bursty (clumps and lulls), cv = 1 is Poisson, cv < 1 is smoother.
+    constant: gaps of 1/rate; poisson: exponential gaps; gamma: gamma gaps with mean 1/rate
+    and coefficient of variation `cv` (cv > 1 is bursty); onoff: a two-state modulated
+    Poisson process (Poisson at `on_rate_per_s` for exponential periods of mean `on_mean_s`,
+    then at `off_rate_per_s` for periods of mean `off_mean_s`); ramp: Poisson at each
+    step's rate for its duration; trace: the times of a recorded trace.
     """
 
     process: str
-    rate_per_s: float
+    rate_per_s: float = 0.0
     cv: float = 1.0
     start_s: float = 0.0
+    on_rate_per_s: float = 0.0
+    off_rate_per_s: float = 0.0
+    on_mean_s: float = 0.0
+    off_mean_s: float = 0.0
+    steps: tuple[tuple[float, float], ...] = ()  # (rate_per_s, duration_s)
+    trace: TraceSpec | None = None
+
+    @property
+    def mean_rate_per_s(self) -> float | None:
+        """The long-run mean rate (None for a trace: known only once it is read)."""
+        if self.process == "onoff":
+            period = self.on_mean_s + self.off_mean_s
+            return (
+                self.on_rate_per_s * self.on_mean_s + self.off_rate_per_s * self.off_mean_s
+            ) / period
+        if self.process == "ramp":
+            total = sum(d for _, d in self.steps)
+            return sum(r * d for r, d in self.steps) / total
+        if self.process == "trace":
+            return None
+        return self.rate_per_s
+
+    def scaled(self, factor: float) -> ArrivalSpec:
+        """The same process with every rate multiplied by `factor`."""
+        trace = self.trace
+        if trace is not None:
+            trace = replace(trace, rate_scale=trace.rate_scale * factor)
+        return replace(
+            self,
+            rate_per_s=self.rate_per_s * factor,
+            on_rate_per_s=self.on_rate_per_s * factor,
+            off_rate_per_s=self.off_rate_per_s * factor,
+            steps=tuple((r * factor, d) for r, d in self.steps),
+            trace=trace,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecondsDist:
+    """A duration distribution in seconds (think time, tool time); clamped to [min, max]."""
+
+    dist: str
+    value: float = 0.0
+    mean: float = 0.0
+    cv: float = 1.0
+    min: float = 0.0
+    max: float = 86_400.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +164,26 @@ class ClassSpec:
     output_tokens: LengthDist
     slo: SloTargets
     deadlines: Deadlines
+    kind: str = "chat"  # chat | summarization | agent: how the class is judged
+    priority: int | None = None  # sent as the body's `priority` (vLLM) or target.priority_header
+    # chat sessions: turns per session (None = single requests), think time between turns,
+    # and a system prompt shared by every session of the class (prefix caching, opt-in).
+    turns: LengthDist | None = None
+    think_time_s: SecondsDist | None = None
+    system_prompt_tokens: int = 0
+    # agent trajectories: hops in sequence, tool time between hops, a trajectory budget.
+    hops: LengthDist | None = None
+    tool_time_s: SecondsDist | None = None
+    trajectory_budget_s: float | None = None
+    # summarization: closed loop at a fixed concurrency (else open loop by `arrival`),
+    # and a completion deadline for the whole batch.
+    concurrency: int | None = None
+    batch_deadline_s: float | None = None
+
+    @property
+    def is_flow(self) -> bool:
+        """True when requests depend on each other (sessions, trajectories, closed loop)."""
+        return self.turns is not None or self.kind == "agent" or self.concurrency is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +347,7 @@ def _target(node: _Node) -> TargetSpec:
         "include_usage",
         "force_output_tokens",
         "extra_body",
+        "priority_header",
     )
     headers = node.value.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(
@@ -287,52 +377,188 @@ def _target(node: _Node) -> TargetSpec:
         include_usage=node.boolean("include_usage", True),
         force_output_tokens=node.boolean("force_output_tokens", True),
         extra_body=dict(extra_body),
+        priority_header=node.string("priority_header") if node.has("priority_header") else None,
     )
+
+
+KIND_KEYS = {
+    "chat": ("turns", "think_time_s", "system_prompt_tokens"),
+    "summarization": ("concurrency", "batch_deadline_s"),
+    "agent": ("hops", "tool_time_s", "trajectory_budget_s"),
+}
+COMMON_CLASS_KEYS = (
+    "kind", "arrival", "requests", "duration_s", "prompt_tokens", "output_tokens", "slo",
+    "deadlines", "priority",
+)  # fmt: skip
 
 
 def _class(node: _Node, name: str) -> ClassSpec:
-    node.allow(
-        "arrival",
-        "requests",
-        "duration_s",
-        "prompt_tokens",
-        "output_tokens",
-        "slo",
-        "deadlines",
-    )
+    kind = node.string("kind", "chat", choices=CLASS_KINDS)
+    node.allow(*COMMON_CLASS_KEYS, *KIND_KEYS[kind])
+    arrival = _arrival(node.child("arrival"), node.source)
     has_requests, has_duration = node.has("requests"), node.has("duration_s")
-    if has_requests == has_duration:
+    bounded_by_itself = arrival.process in ("ramp", "trace")
+    if (has_requests and has_duration) or not (has_requests or has_duration or bounded_by_itself):
         raise node.error(
-            "requests",
-            "exactly one of 'requests' or 'duration_s' must be set",
+            "requests", "exactly one of 'requests' or 'duration_s' must be set",
             "e.g. 'requests: 100' or 'duration_s: 60'",
-        )
+        )  # fmt: skip
+    if arrival.process == "ramp" and not has_requests and not has_duration:
+        has_duration = True  # the ramp's own length
+    concurrency = node.integer("concurrency", minimum=1) if node.has("concurrency") else None
+    if concurrency is not None and not has_requests:
+        raise node.error("requests", "a closed-loop batch (concurrency) needs 'requests' documents")
+    empty = _Node(node.source, node.key("slo"), {})
+
+    def optional(key: str) -> _Node | None:
+        return node.child(key) if node.has(key) else None
+
+    turns, think, hops, tool = (
+        optional(k) for k in ("turns", "think_time_s", "hops", "tool_time_s")
+    )
     return ClassSpec(
         name=name,
-        arrival=_arrival(node.child("arrival")),
+        kind=kind,
+        arrival=arrival,
         requests=node.integer("requests", minimum=1) if has_requests else None,
-        duration_s=node.number("duration_s", positive=True) if has_duration else None,
-        prompt_tokens=_length(node.child("prompt_tokens")),
-        output_tokens=_length(node.child("output_tokens")),
-        slo=_slo(node.child("slo") if node.has("slo") else _Node(node.source, node.key("slo"), {})),
+        duration_s=(
+            node.number("duration_s", positive=True) if node.has("duration_s")
+            else sum(d for _, d in arrival.steps) if has_duration else None
+        ),
+        prompt_tokens=_length(node.child("prompt_tokens")) if node.has("prompt_tokens") or
+        arrival.process != "trace" else LengthDist(dist="fixed", value=1),
+        output_tokens=_length(node.child("output_tokens")) if node.has("output_tokens") or
+        arrival.process != "trace" else LengthDist(dist="fixed", value=1),
+        slo=_slo(node.child("slo") if node.has("slo") else empty),
         deadlines=_deadlines(
-            node.child("deadlines")
-            if node.has("deadlines")
+            node.child("deadlines") if node.has("deadlines")
             else _Node(node.source, node.key("deadlines"), {})
         ),
+        priority=node.integer("priority", minimum=-(2**31)) if node.has("priority") else None,
+        turns=_length(turns) if turns else None,
+        think_time_s=_seconds(think) if think else None,
+        system_prompt_tokens=node.integer("system_prompt_tokens", 0),
+        hops=_length(hops) if hops else (DEFAULT_HOPS if kind == "agent" else None),
+        tool_time_s=_seconds(tool) if tool else None,
+        trajectory_budget_s=_optional_number(node, "trajectory_budget_s"),
+        concurrency=concurrency,
+        batch_deadline_s=_optional_number(node, "batch_deadline_s"),
+    )  # fmt: skip
+
+
+DEFAULT_HOPS = LengthDist(dist="fixed", value=8)
+
+
+def _optional_number(node: _Node, key: str) -> float | None:
+    return node.number(key, positive=True) if node.has(key) else None
+
+
+ARRIVAL_KEYS = {
+    "constant": ("rate_per_s",),
+    "poisson": ("rate_per_s",),
+    "gamma": ("rate_per_s", "cv"),
+    "onoff": ("on_rate_per_s", "off_rate_per_s", "on_mean_s", "off_mean_s"),
+    "ramp": ("steps",),
+    "trace": ("path", "format", "window_s", "speed", "rate_scale", "spread_s", "include_failed",
+              "limit"),
+}  # fmt: skip
+
+
+def _arrival(node: _Node, source: str) -> ArrivalSpec:
+    process = node.string("process", choices=ARRIVAL_PROCESSES)
+    node.allow("process", "start_s", *ARRIVAL_KEYS[process])
+    start_s = node.number("start_s", 0.0)
+    if process in ("constant", "poisson", "gamma"):
+        return ArrivalSpec(
+            process=process,
+            rate_per_s=node.number("rate_per_s", positive=True),
+            cv=node.number("cv", 1.0, positive=True),
+            start_s=start_s,
+        )
+    if process == "onoff":
+        return ArrivalSpec(
+            process=process,
+            start_s=start_s,
+            on_rate_per_s=node.number("on_rate_per_s", positive=True),
+            off_rate_per_s=node.number("off_rate_per_s", 0.0),
+            on_mean_s=node.number("on_mean_s", positive=True),
+            off_mean_s=node.number("off_mean_s", positive=True),
+        )
+    if process == "ramp":
+        return ArrivalSpec(process=process, start_s=start_s, steps=_ramp_steps(node))
+    return ArrivalSpec(process=process, start_s=start_s, trace=_trace(node, source))
+
+
+def _ramp_steps(node: _Node) -> tuple[tuple[float, float], ...]:
+    steps = node.value.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise node.error(
+            "steps",
+            "must be a non-empty list",
+            "e.g. steps: [{rate_per_s: 2, duration_s: 30}, {rate_per_s: 4, duration_s: 30}]",
+        )
+    result = []
+    for index, item in enumerate(steps):
+        step = _Node(node.source, node.key(f"steps[{index}]"), item)
+        step.allow("rate_per_s", "duration_s")
+        result.append(
+            (step.number("rate_per_s", minimum=0), step.number("duration_s", positive=True))
+        )
+    if not any(rate > 0 for rate, _ in result):
+        raise node.error("steps", "every step has rate 0: nothing would be sent")
+    return tuple(result)
+
+
+def _trace(node: _Node, source: str) -> TraceSpec:
+    path = node.string("path")
+    base = Path(source).parent
+    resolved = (base / path) if not Path(path).is_absolute() else Path(path)
+    if not resolved.exists():
+        raise node.error("path", f"trace file {resolved} not found",
+                         "paths are relative to the workload file")  # fmt: skip
+    window = node.value.get("window_s")
+    start, end = 0.0, None
+    if window is not None:
+        if not (isinstance(window, list) and len(window) == 2):
+            raise node.error(
+                "window_s", "must be [start, end] in seconds of the trace, e.g. [0, 600]"
+            )
+        start = float(window[0])
+        end = float(window[1])
+        if end <= start:
+            raise node.error("window_s", f"end must be after start (got {window})")
+    return TraceSpec(
+        path=str(resolved),
+        format=node.string("format", "auto", choices=TRACE_FORMATS),
+        start_s=start,
+        end_s=end,
+        speed=node.number("speed", 1.0, positive=True),
+        rate_scale=node.number("rate_scale", 1.0, positive=True),
+        spread_s=node.number("spread_s", 0.0),
+        include_failed=node.boolean("include_failed", False),
+        limit=node.integer("limit", minimum=1) if node.has("limit") else None,
     )
 
 
-def _arrival(node: _Node) -> ArrivalSpec:
-    node.allow("process", "rate_per_s", "cv", "start_s")
-    process = node.string("process", choices=ARRIVAL_PROCESSES)
-    if node.has("cv") and process != "gamma":
-        raise node.error("cv", f"only applies to process: gamma (this is {process})")
-    return ArrivalSpec(
-        process=process,
-        rate_per_s=node.number("rate_per_s", positive=True),
-        cv=node.number("cv", 1.0, positive=True),
-        start_s=node.number("start_s", 0.0),
+def _seconds(node: _Node) -> SecondsDist:
+    dist = node.string("dist", choices=LENGTH_DISTS)
+    allowed = {
+        "fixed": ("value",),
+        "uniform": ("min", "max"),
+        "lognormal": ("mean", "cv", "min", "max"),
+        "exponential": ("mean", "min", "max"),
+    }[dist]
+    node.allow("dist", *allowed)
+    lo, hi = node.number("min", 0.0), node.number("max", 86_400.0)
+    if hi < lo:
+        raise node.error("max", f"must be >= min ({lo}), got {hi}")
+    return SecondsDist(
+        dist=dist,
+        value=node.number("value", 0.0) if dist == "fixed" else 0.0,
+        mean=node.number("mean", positive=True) if dist in ("lognormal", "exponential") else 0.0,
+        cv=node.number("cv", positive=True) if dist == "lognormal" else 1.0,
+        min=lo,
+        max=hi,
     )
 
 
@@ -407,36 +633,15 @@ def override(
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {}
     for name, cls in spec.classes.items():
-        arrival = ArrivalSpec(
-            process=cls.arrival.process,
-            rate_per_s=cls.arrival.rate_per_s * scale,
-            cv=cls.arrival.cv,
-            start_s=cls.arrival.start_s,
-        )
         count, duration = cls.requests, cls.duration_s
         if requests is not None:
             count, duration = requests, None
         elif duration_s is not None:
             count, duration = None, duration_s
-        classes[name] = ClassSpec(
-            name=name,
-            arrival=arrival,
-            requests=count,
-            duration_s=duration,
-            prompt_tokens=cls.prompt_tokens,
-            output_tokens=cls.output_tokens,
-            slo=cls.slo,
-            deadlines=cls.deadlines,
+        classes[name] = replace(
+            cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration
         )
-    return WorkloadSpec(
-        name=spec.name,
-        source=spec.source,
-        target=spec.target,
-        classes=classes,
-        seed=spec.seed,
-        sim=spec.sim,
-        raw=spec.raw,
-    )
+    return replace(spec, classes=classes)
 
 
 def rate_scale(spec: WorkloadSpec, rate: str) -> float:
@@ -455,5 +660,10 @@ def rate_scale(spec: WorkloadSpec, rate: str) -> float:
         )
     if text.endswith("x"):
         return value
-    total = sum(cls.arrival.rate_per_s for cls in spec.classes.values())
-    return value / total
+    rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
+    if any(r is None for r in rates):
+        raise ConfigError(
+            "command line", "--rate", "a total rate cannot be split over trace-replay classes",
+            "use a multiplier such as --rate 2x",
+        )  # fmt: skip
+    return value / sum(r for r in rates if r is not None)

@@ -120,7 +120,48 @@ def _notes(classes: Mapping[str, Any]) -> list[RenderableType]:
         kinds = [f"{n} {k}" for k, n in cls["outcomes"].items() if k != "ok" and n]
         if kinds:
             lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
-        lines.extend(_missed_check(name, c) for c in cls["slo"]["checks"] if not c["passed"])
+        lines.extend(_objective_lines(name, cls))
+        missed = [_missed_check(name, c) for c in cls["slo"]["checks"] if not c["passed"]]
+        if cls["slo"].get("judged_by"):  # percentiles are diagnostic for batches and agents
+            for line in missed:
+                line.stylize("dim")
+                line.append(" (diagnostic)")
+        lines.extend(missed)
+    return lines
+
+
+def _objective_lines(name: str, cls: Mapping[str, Any]) -> list[RenderableType]:
+    """The batch, trajectory or session block of a class, one line each."""
+    lines: list[RenderableType] = []
+    if batch := cls.get("batch"):
+        deadline = f" (deadline {batch['deadline_s']:g} s)" if batch["deadline_s"] else ""
+        took = batch["completion_time_s"]
+        lines.append(Text(
+            f"  {name} batch: {batch['ok']}/{batch['documents']} documents ok in "
+            f"{'-' if took is None else f'{took:,.1f}'} s{deadline} · "
+            f"{_rate(batch['input_tokens_per_s'])} input tok/s · "
+            f"{_rate(batch['output_tokens_per_s'])} output tok/s · "
+            f"{'MET' if batch['met'] else 'MISSED'}",
+            style="green" if batch["met"] else "red",
+        ))  # fmt: skip
+    trajectory = cls.get("trajectory")
+    if trajectory and trajectory["trajectories"]:
+        split = trajectory["time_split_s"]
+        budget = f" within {trajectory['budget_s']:g} s" if trajectory["budget_s"] else ""
+        lines.append(Text(
+            f"  {name} trajectories: {trajectory['ok']}/{trajectory['trajectories']} "
+            f"ok{budget} "
+            f"({trajectory['attainment']:.1%}, target {trajectory['target_attainment']:.0%}) · "
+            f"{trajectory['failed_hops']} failed, {trajectory['skipped_hops']} skipped hops · "
+            f"time in ttft {split['ttft']:,.1f} s, decode {split['decode']:,.1f} s, "
+            f"tools {split['tool']:,.1f} s",
+            style="green" if trajectory["met"] else "red",
+        ))  # fmt: skip
+    if sessions := cls.get("sessions"):
+        lines.append(Text(
+            f"  {name} sessions: {sessions['sessions']} ({sessions['completed']} with every "
+            f"turn ok), {sessions['turns']} turns",
+        ))  # fmt: skip
     return lines
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
-from loadgen.plans import RequestPlan
+from loadgen.plans import RequestPlan, Work
 from loadgen.records import RequestRecord
 from loadgen.spec import Deadlines
 
@@ -262,13 +262,15 @@ class PlanFactory:
 
 
 def run_engine(
-    plans: Sequence[RequestPlan],
+    plans: Sequence[RequestPlan] | Work,
     url: str,
     *,
     api: str = "openai-chat",
     max_in_flight: int | None = None,
     headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None,
     path: str | None = None,
+    priority_header: str | None = None,
+    stop_after_s: float | None = None,
 ) -> list[RequestRecord]:
     """Run plans through the real engine against `url`; records sorted by request id."""
     import anyio
@@ -285,13 +287,25 @@ def run_engine(
         seed=0,
         max_in_flight=max_in_flight,
         headers_for=headers_for,
+        priority_header=priority_header,
     )
     records: list[RequestRecord] = []
 
     async def main() -> None:
         pool = Pool(endpoint)
+        engine = Engine(plans, pool, config, records.append)
+
+        async def stop_later(delay_s: float) -> None:
+            await anyio.sleep(delay_s)
+            engine.stop()
+            engine.requests.cancel()
+
         try:
-            await Engine(plans, pool, config, records.append).run(perf_counter_ns() + 20_000_000)
+            async with anyio.create_task_group() as tg:
+                if stop_after_s is not None:
+                    tg.start_soon(stop_later, stop_after_s)
+                await engine.run(perf_counter_ns() + 20_000_000)
+                tg.cancel_scope.cancel()
         finally:
             pool.close()
 

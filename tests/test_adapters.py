@@ -86,7 +86,7 @@ def test_completions_text() -> None:
 def test_request_bodies() -> None:
     """Bodies stream, ask for usage, force the output length, and add extra fields."""
     options = BodyOptions(model="m", extra_body={"priority": 1})
-    body = CHAT.build_body("hi there", 32, options)
+    body = CHAT.build_body([("user", "hi there")], 32, options)
     assert body["messages"] == [{"role": "user", "content": "hi there"}]
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
@@ -97,7 +97,7 @@ def test_request_bodies() -> None:
         1,
     )
     plain = COMPLETIONS.build_body(
-        "p", 5, BodyOptions(model="m", include_usage=False, force_output_tokens=False)
+        [("user", "p")], 5, BodyOptions(model="m", include_usage=False, force_output_tokens=False)
     )
     assert plain["prompt"] == "p"
     assert "stream_options" not in plain

@@ -136,3 +136,36 @@ def test_lengths_stay_in_bounds_and_converge(lengths: str, lo: int, hi: int, mea
     assert sizes.min() >= lo
     assert sizes.max() <= hi
     assert abs(sizes.mean() - mean) < 6 * sizes.std() / math.sqrt(len(sizes)) + 0.5
+
+
+def test_onoff_rate_converges_to_its_duty_cycle_mean() -> None:
+    """An on/off process averages (on_rate·on + off_rate·off)/(on + off) over a long run."""
+    spec = loads(workload("{process: onoff, on_rate_per_s: 20, off_rate_per_s: 2, on_mean_s: 2, off_mean_s: 6}",
+                          "duration_s: 4000"), "w")  # fmt: skip
+    times = class_times_s(spec.classes["a"], seed=5)
+    mean_rate = (20 * 2 + 2 * 6) / 8  # 6.5 req/s
+    # Count variance of an alternating renewal-reward process: per 8 s cycle, the reward's
+    # deviation (20 − 6.5)·on + (2 − 6.5)·off has variance 13.5²·2² + 4.5²·6² (exponential
+    # periods), plus the Poisson count's own variance (6.5 · 8).
+    cycles = 4000 / 8
+    sigma = math.sqrt(cycles * (13.5**2 * 4 + 4.5**2 * 36 + 6.5 * 8))
+    assert abs(len(times) - mean_rate * 4000) < 6 * sigma
+    gaps = np.diff(times)
+    assert gaps.std() / gaps.mean() > 1.2  # burstier than Poisson
+
+
+def test_ramp_steps_send_at_each_step_rate() -> None:
+    """A ramp sends about rate × duration requests in each of its steps, and stops at its end."""
+    spec = loads(workload("{process: ramp, steps: [{rate_per_s: 10, duration_s: 100}, {rate_per_s: 40, duration_s: 100}]}",
+                          "requests: 100000"), "w")  # fmt: skip
+    times = class_times_s(spec.classes["a"], seed=5)
+    first, second = (times < 100).sum(), ((times >= 100) & (times < 200)).sum()
+    assert abs(first - 1000) < 6 * math.sqrt(1000)
+    assert abs(second - 4000) < 6 * math.sqrt(4000)
+    assert times.max() < 200
+
+
+def test_ramp_without_a_count_runs_its_own_length() -> None:
+    """A ramp with neither requests nor duration_s lasts the sum of its steps."""
+    spec = loads(workload("{process: ramp, steps: [{rate_per_s: 5, duration_s: 10}]}", ""), "w")
+    assert spec.classes["a"].duration_s == 10

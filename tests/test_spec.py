@@ -79,7 +79,7 @@ def _bad(replace: str, by: str) -> str:
         (
             _bad("process: poisson, rate_per_s: 4", "process: poisson, rate_per_s: 4, cv: 2"),
             "classes.chat.arrival.cv",
-            "only applies to process: gamma",
+            "unknown key",
         ),
         ("name: x\nclasses: {}\n", "classes", "at least one class"),
         ("name: [unclosed\n", "line 2", "YAML syntax error"),
@@ -127,3 +127,25 @@ def test_requests_and_duration_overrides_replace_each_class() -> None:
     by_time = override(spec, duration_s=3.0).classes["chat"]
     assert by_time.duration_s == 3.0
     assert by_time.requests is None
+
+
+def test_kind_specific_keys_are_checked() -> None:
+    """Agent keys on a chat class are unknown keys; each kind accepts its own."""
+    agent = SMOKE.replace("    requests: 40", "    kind: agent\n    requests: 4\n    hops: {dist: fixed, value: 3}\n"
+                          "    tool_time_s: {dist: exponential, mean: 0.5}\n    trajectory_budget_s: 30")  # fmt: skip
+    cls = loads(agent, "a.yaml").classes["chat"]
+    assert (cls.kind, cls.hops.value, cls.trajectory_budget_s) == ("agent", 3, 30)
+    with pytest.raises(ConfigError, match=r"classes\.chat\.hops: unknown key"):
+        loads(
+            SMOKE.replace(
+                "    requests: 40", "    requests: 40\n    hops: {dist: fixed, value: 3}"
+            ),
+            "c.yaml",
+        )
+    with pytest.raises(ConfigError, match="concurrency"):
+        loads(
+            SMOKE.replace(
+                "    requests: 40", "    kind: summarization\n    duration_s: 5\n    concurrency: 2"
+            ),
+            "s.yaml",
+        )

@@ -7,7 +7,7 @@ the adapter parses it. Registry: a plain dict from the workload's `target.api` n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,6 +60,9 @@ class Delta:
         return bool(self.content_chars or self.reasoning_chars or self.has_tool_call)
 
 
+Message = tuple[str, str]  # (role: system | user | assistant, text)
+
+
 class MalformedEvent(ValueError):
     """An event that is not what the API family sends (bad JSON, wrong shape)."""
 
@@ -70,8 +73,10 @@ class Adapter(Protocol):
     name: str
     default_path: str
 
-    def build_body(self, prompt: str, max_tokens: int, options: BodyOptions) -> dict[str, Any]:
-        """The JSON body for one streamed request."""
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The JSON body for one streamed request of a conversation (role, text) so far."""
         ...
 
     def parse(self, event: bytes, data: bytes) -> Delta:

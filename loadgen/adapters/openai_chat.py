@@ -7,9 +7,10 @@ empty string carries nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import BodyOptions, Delta
+from loadgen.adapters import BodyOptions, Delta, Message
 from loadgen.adapters.openai_common import common_body, parse_envelope
 
 
@@ -19,9 +20,11 @@ class OpenAIChat:
     name = "openai-chat"
     default_path = "/v1/chat/completions"
 
-    def build_body(self, prompt: str, max_tokens: int, options: BodyOptions) -> dict[str, Any]:
-        """A single user message holding the prompt."""
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The conversation as chat messages."""
+        body: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in messages]}
         return common_body(body, max_tokens, options)
 
     def parse(self, event: bytes, data: bytes) -> Delta:

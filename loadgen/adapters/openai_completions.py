@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import BodyOptions, Delta
+from loadgen.adapters import BodyOptions, Delta, Message
 from loadgen.adapters.openai_common import common_body, parse_envelope
 
 
@@ -14,9 +15,11 @@ class OpenAICompletions:
     name = "openai-completions"
     default_path = "/v1/completions"
 
-    def build_body(self, prompt: str, max_tokens: int, options: BodyOptions) -> dict[str, Any]:
-        """The prompt as plain text."""
-        return common_body({"prompt": prompt}, max_tokens, options)
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The conversation as plain text, one message per paragraph."""
+        return common_body({"prompt": "\n\n".join(t for _, t in messages)}, max_tokens, options)
 
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One chunk: text, finish, usage, errors."""
