@@ -10,6 +10,10 @@ prefix cache and make TTFT unrealistically small.
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
+
+from loadgen.errors import ConfigError
 
 # Common words that are one token each (with a leading space) in the usual tokenizers.
 WORDS: tuple[str, ...] = tuple(
@@ -207,3 +211,75 @@ def prompt_with_prefix(seed: int, request_id: int, tokens: int, groups: tuple[in
     if rest > 0:
         text.append(prompt_text(seed, request_id, rest))
     return " ".join(text)
+
+
+class PromptMaker:
+    """Prompt text for a request: words (≈ one token each), or exact with a tokenizer file."""
+
+    def __init__(self, seed: int, tokenizer_path: str | None = None) -> None:
+        self.seed = seed
+        self.tokenizer: Any = load_tokenizer(tokenizer_path) if tokenizer_path else None
+
+    def text(self, request_id: int, tokens: int, groups: tuple[int, ...] = ()) -> str:
+        """`tokens` tokens of text for this request (shared prefix blocks first, if any)."""
+        text = prompt_with_prefix(self.seed, request_id, tokens, groups)
+        return text if self.tokenizer is None else self._fit(text, tokens, request_id)
+
+    def count(self, text: str) -> int:
+        """Tokens in `text`: by the tokenizer when there is one, else words."""
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _fit(self, text: str, tokens: int, request_id: int) -> str:
+        """The longest run of whole words within `tokens`, then one-token fillers to the count.
+
+        Cutting the token ids and decoding is not enough: the decoded text can re-merge
+        into fewer tokens. Counting whole prefixes of words (a binary search) and topping up
+        with words that add exactly one token each is exact for any tokenizer that has them.
+        """
+        words = text.split(" ")
+        extra = 1
+        while self.count(" ".join(words)) < tokens:  # too short: more words
+            words += prompt_text(self.seed, request_id + 7_919 * extra, tokens).split(" ")
+            extra += 1
+        lo, hi = 0, len(words)  # the longest word prefix whose count is <= tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.count(" ".join(words[:mid])) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        fitted = " ".join(words[:lo])
+        count = self.count(fitted)
+        while count < tokens:
+            for filler in FILLERS:
+                candidate = f"{fitted} {filler}" if fitted else filler
+                if self.count(candidate) == count + 1:
+                    fitted, count = candidate, count + 1
+                    break
+            else:
+                break  # no one-token filler fits here: as close as this tokenizer allows
+        return fitted
+
+
+FILLERS = ("the", "a", "of", "and", "to", "in", ".", ",", "x")
+
+
+def load_tokenizer(path: str) -> Any:
+    """A `tokenizers.Tokenizer` from a local tokenizer.json; ConfigError when it cannot be."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError(
+            path, "target.tokenizer", "needs the optional 'tokenizers' package",
+            "pip install tokenizers (or pip install 'loadgen[tokenizer]')",
+        ) from None  # fmt: skip
+    if not Path(path).is_file():
+        raise ConfigError(
+            path, "target.tokenizer", "tokenizer file not found", "give a local tokenizer.json"
+        )
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the tokenizers library raises its own untyped errors
+        raise ConfigError(path, "target.tokenizer", f"not a tokenizer.json: {exc}") from None

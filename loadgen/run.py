@@ -35,6 +35,7 @@ from loadgen.errors import ConfigError, LoadgenError
 from loadgen.objectives import apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
+from loadgen.prompts import PromptMaker
 from loadgen.records import RecordWriter
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.slo import summarize
@@ -121,6 +122,9 @@ def resolve_headers(spec: WorkloadSpec, extra: Mapping[str, str]) -> dict[str, s
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
     """Run the workload and write its folder; see `RunResult.exit_code` for the verdict."""
     work = plan_work(spec, options.seed)
+    prompts = PromptMaker(
+        spec.seed if options.seed is None else options.seed, spec.target.tokenizer
+    )
     planned = len(work.plans)
     if not planned:
         raise ConfigError(
@@ -140,12 +144,14 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         )
         if options.check_target:
             preflight(endpoint, adapter, body_options)
+        seed = spec.seed if options.seed is None else options.seed
         config = EngineConfig(
             adapter=adapter,
             body_options=body_options,
-            seed=spec.seed if options.seed is None else options.seed,
+            seed=seed,
             max_in_flight=options.max_in_flight,
             priority_header=spec.target.priority_header,
+            prompts=prompts,
         )
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
         return _run(work, endpoint, config, run_dir, run_info, spec, options, log)

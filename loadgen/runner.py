@@ -28,7 +28,7 @@ import orjson
 from loadgen.adapters import Adapter, BodyOptions, MalformedEvent, Message
 from loadgen.histograms import LatencyHistogram
 from loadgen.plans import Flow, RequestPlan, Work, singles_of
-from loadgen.prompts import prompt_text, prompt_with_prefix
+from loadgen.prompts import PromptMaker
 from loadgen.records import Outcome, RequestRecord, TokenSource
 from loadgen.spec import Deadlines
 from loadgen.sse import SseDecoder
@@ -61,6 +61,7 @@ class EngineConfig:
     request_headers: Mapping[str, str] = field(default_factory=dict)
     headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
     priority_header: str | None = None  # send plan.priority as this header, not in the body
+    prompts: PromptMaker | None = None  # default: words, seeded by `seed`
 
 
 class Exchange:
@@ -306,6 +307,7 @@ class Engine:
         self._recorded = bytearray(max((p.request_id for p in self.plans), default=-1) + 1)
         self._limiter = anyio.Semaphore(config.max_in_flight) if config.max_in_flight else None
         self._stopping = anyio.Event()
+        self.prompts = config.prompts or PromptMaker(config.seed)
         self.sending = anyio.CancelScope()
         self.requests = anyio.CancelScope()
 
@@ -375,9 +377,7 @@ class Engine:
         stats = self.stats
         stats.in_flight += 1
         if messages is None:
-            text = prompt_with_prefix(
-                self.config.seed, plan.request_id, plan.prompt_tokens, plan.prefix_groups
-            )
+            text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
             messages = [("user", text)]
         body = self._body(plan, messages)
         exchange = Exchange(plan, self.config.adapter, self.t0_ns, keep_text=keep_text)
@@ -418,12 +418,12 @@ class Engine:
         A turn's intended time is the previous turn's end plus its think (or tool) time. A
         failed turn, or a trajectory budget spent, ends the flow: the rest are `skipped`.
         """
-        seed, t0 = self.config.seed, self.t0_ns
+        t0 = self.t0_ns
         history: list[Message] = []
         if flow.system_prompt_tokens:
             # One system prompt per class, the same for all its sessions (prefix caching).
             class_key = -1 - zlib.crc32(flow.class_name.encode())
-            history.append(("system", prompt_text(seed, class_key, flow.system_prompt_tokens)))
+            history.append(("system", self.prompts.text(class_key, flow.system_prompt_tokens)))
         budget_end = t0 + flow.start_ns + int(flow.budget_s * 1e9) if flow.budget_s else None
         context, previous_output, due = "", "", t0 + flow.start_ns
         for index, plan in enumerate(flow.plans):
@@ -434,7 +434,7 @@ class Engine:
             if budget_end is not None and perf_counter_ns() >= budget_end:
                 self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
                 return
-            new_text = prompt_text(seed, plan.request_id, plan.prompt_tokens)
+            new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
             if flow.kind == "trajectory":
                 context = context or new_text  # the retained context, set by the first hop
                 turn_text = f"{context}\n\n{previous_output}" if previous_output else context
@@ -445,7 +445,7 @@ class Engine:
             sent = replace(
                 plan,
                 intended_ns=due - t0,
-                prompt_tokens=sum(len(text.split()) for _, text in messages),
+                prompt_tokens=sum(self.prompts.count(text) for _, text in messages),
                 deadlines=_within_budget(plan.deadlines, budget_end, due),
             )
             exchange = await self._request(sent, perf_counter_ns(), messages, True)

@@ -41,6 +41,7 @@ class TargetSpec:
     force_output_tokens: bool = True  # send ignore_eos + min_tokens so N is what was planned
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     priority_header: str | None = None  # send class priority as this header, not in the body
+    tokenizer: str | None = None  # a local tokenizer.json for exact prompt token counts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -348,6 +349,7 @@ def _target(node: _Node) -> TargetSpec:
         "force_output_tokens",
         "extra_body",
         "priority_header",
+        "tokenizer",
     )
     headers = node.value.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(
@@ -378,7 +380,19 @@ def _target(node: _Node) -> TargetSpec:
         force_output_tokens=node.boolean("force_output_tokens", True),
         extra_body=dict(extra_body),
         priority_header=node.string("priority_header") if node.has("priority_header") else None,
+        tokenizer=_local_path(node, "tokenizer") if node.has("tokenizer") else None,
     )
+
+
+def _local_path(node: _Node, key: str) -> str:
+    """A file path relative to the workload file; it must exist."""
+    path = Path(node.string(key))
+    resolved = path if path.is_absolute() else Path(node.source).parent / path
+    if not resolved.is_file():
+        raise node.error(
+            key, f"file {resolved} not found", "paths are relative to the workload file"
+        )
+    return str(resolved)
 
 
 KIND_KEYS = {

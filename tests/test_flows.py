@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from loadgen.errors import ConfigError
 from loadgen.objectives import batch_block, trajectory_block
 from loadgen.plans import plan_work
 from loadgen.records import Outcome, RequestRecord, to_frame
@@ -279,3 +280,29 @@ def test_trace_prefix_blocks_become_shared_prompt_prefixes(tmp_path: Path) -> No
     assert words[2][:512] == words[0][:512]  # one shared block
     assert words[2][512:1024] != words[0][512:1024]
     assert words[3][:512] != words[0][:512]  # nothing shared
+
+
+def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> None:
+    """With target.tokenizer, every prompt encodes to exactly its planned token count."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = [
+        "the people of the world know the time and place " * 40,
+        "water light city road " * 40,
+    ]
+    tokenizer.train_from_iterator(
+        corpus, trainer=trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"])
+    )
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    from loadgen.prompts import PromptMaker
+
+    maker = PromptMaker(0, str(path))
+    for request_id, tokens in enumerate([1, 20, 77, 300, 1000]):
+        text = maker.text(request_id, tokens)
+        assert len(tokenizer.encode(text, add_special_tokens=False).ids) == tokens
+    with pytest.raises(ConfigError, match="tokenizer file not found"):
+        PromptMaker(0, str(tmp_path / "missing.json"))
