@@ -1,0 +1,74 @@
+"""Plots return valid PNGs for ordinary and degenerate inputs, and leave no figure open."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import matplotlib.image
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from loadgen import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RNG = np.random.default_rng(0)
+WIDE = RNG.lognormal(3.0, 1.5, 2000)  # spans > 2 decades: log axis
+NARROW = RNG.normal(50.0, 5.0, 200)
+
+
+def timeline(failed: list[int], p99: list[float | None]) -> bytes:
+    n = len(failed)
+    return plots.timeline_png(
+        window_mid_s=np.arange(n) * 10.0 + 5.0,
+        step_s=10.0,
+        p99_ms={"ttft": p99, "tpot": [None if v is None else v / 10 for v in p99], "itl": p99},
+        targets_ms={"ttft": 300.0, "tpot": 30.0, "itl": None},
+        arrival_rate_per_s=[4.0] * n,
+        failed=failed,
+        title="chat",
+    )
+
+
+CASES: dict[str, Callable[[], bytes]] = {
+    "cdf wide with failures": lambda: plots.cdf_png(
+        WIDE, failures=40, title="t", metric="TTFT", target_ms=300.0, percentile=99.0
+    ),
+    "cdf narrow no target": lambda: plots.cdf_png(
+        NARROW, failures=0, title="t", metric="TPOT", target_ms=None, percentile=90.0
+    ),
+    "cdf only failures": lambda: plots.cdf_png(
+        [], failures=3, title="t", metric="TTFT", target_ms=100.0, percentile=99.0
+    ),
+    "cdf empty": lambda: plots.cdf_png(
+        [], failures=0, title="t", metric="TTFT", target_ms=None, percentile=99.0
+    ),
+    "cdf one value": lambda: plots.cdf_png(
+        [5.0], failures=0, title="t", metric="TTFT", target_ms=None, percentile=99.0
+    ),
+    "itl wide": lambda: plots.itl_histogram_png(WIDE, title="t", target_ms=100.0),
+    "itl constant": lambda: plots.itl_histogram_png([20.0] * 50, title="t", target_ms=None),
+    "itl empty": lambda: plots.itl_histogram_png([], title="t", target_ms=None),
+    "tokens per chunk": lambda: plots.tokens_per_chunk_png({1: 900, 2: 40, 4: 3}, title="t"),
+    "tokens per chunk empty": lambda: plots.tokens_per_chunk_png({}, title="t"),
+    "timeline": lambda: timeline([0, 2, 0, 5], [120.0, 450.0, None, 2000.0]),
+    "timeline one window no values": lambda: timeline([0], [None]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_plot_is_a_png_and_closes_its_figure(name: str) -> None:
+    """Each figure function returns a decodable PNG of the documented size and closes it."""
+    png = CASES[name]()
+    assert png.startswith(PNG_MAGIC)
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    height, width = image.shape[:2]
+    assert width == 800
+    assert height in (450, 550)
+    assert plt.get_fignums() == []
+
+
+def test_the_backend_is_agg() -> None:
+    """Plots never need a display."""
+    assert plt.get_backend().lower() == "agg"

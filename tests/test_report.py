@@ -1,0 +1,401 @@
+"""The run report re-audits a run folder: known answers from the raw records, SLO overrides,
+escaping, self-containment and the files it writes."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadgen import report as rpt
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
+from loadgen.slo import SloTargets
+
+MS = 1_000_000
+S = 1_000_000_000
+EVIL = "<script>alert(1)</script>"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def ok_record(
+    request_id: int,
+    *,
+    intended_ms: float,
+    ttft_ms: float,
+    gaps_ms: tuple[float, ...],
+    class_name: str = "chat",
+    prompt: tuple[int, int | None] = (100, 100),
+) -> RequestRecord:
+    """An ok streamed request: first chunk at intended + ttft, then one chunk per gap."""
+    intended = int(intended_ms * MS)
+    chunks = [intended + int(ttft_ms * MS)]
+    for gap in gaps_ms:
+        chunks.append(chunks[-1] + int(gap * MS))
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=Outcome.OK,
+        dispatched_ns=intended + MS,  # 1 ms late: the generator's lag
+        sent_ns=intended + MS,
+        first_token_ns=chunks[0],
+        first_content_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1] + MS,
+        chunk_ns=tuple(chunks),
+        chunk_tokens=(1,) * len(chunks),
+        output_tokens=len(chunks),
+        prompt_tokens_target=prompt[0],
+        prompt_tokens=prompt[1],
+        http_status=200,
+    )
+
+
+def failed_record(
+    request_id: int,
+    *,
+    intended_ms: float,
+    outcome: Outcome = Outcome.REJECTED,
+    error: str = "queue full",
+    class_name: str = "chat",
+    status: int | None = 429,
+) -> RequestRecord:
+    """A request that failed 5 ms after its intended time."""
+    intended = int(intended_ms * MS)
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=outcome,
+        dispatched_ns=intended,
+        sent_ns=intended,
+        end_ns=intended + 5 * MS,
+        http_status=status,
+        error=error,
+        prompt_tokens_target=100,
+    )
+
+
+def synthetic_records() -> list[RequestRecord]:
+    """40 chat requests over 20 s (TTFT 50..440 ms, 3 of them failed) and 4 of a hostile class."""
+    records: list[RequestRecord] = []
+    for i in range(40):
+        intended_ms = i * 500.0
+        if i in (7, 23):
+            records.append(failed_record(i, intended_ms=intended_ms))
+        elif i == 31:
+            records.append(
+                failed_record(
+                    i,
+                    intended_ms=intended_ms,
+                    outcome=Outcome.TIMEOUT_STALL,
+                    error="stall",
+                    status=200,
+                )
+            )
+        else:
+            ttft = 50.0 + (i * 37 % 40) * 10.0
+            gaps = (20.0, 25.0 + i % 5, 30.0, 120.0 if i % 10 == 0 else 22.0)
+            records.append(
+                ok_record(
+                    i,
+                    intended_ms=intended_ms,
+                    ttft_ms=ttft,
+                    gaps_ms=gaps,
+                    prompt=(100, 100 + i % 3),
+                )
+            )
+    for j in range(4):
+        rid = 100 + j
+        if j == 3:
+            records.append(failed_record(rid, intended_ms=1000.0 * j, class_name=EVIL, error=EVIL))
+        else:
+            records.append(
+                ok_record(
+                    rid, intended_ms=1000.0 * j, ttft_ms=80.0, gaps_ms=(10.0,), class_name=EVIL
+                )
+            )
+    return records
+
+
+def run_info(
+    *,
+    classes: list[str],
+    planned: int,
+    slo: dict[str, Any],
+    interrupted: bool = False,
+    lag_bound_ms: float = 5.0,
+) -> dict[str, Any]:
+    """A run.json shaped like `run._run_info` plus what `run._run` adds."""
+    spec_classes = {name: {"name": name, "kind": "chat", "slo": slo} for name in classes}
+    return {
+        "run_id": "20261129T110412Z-synthetic-0000",
+        "schema_version": 1,
+        "loadgen_version": "0.1.0",
+        "seed": 0,
+        "planned": planned,
+        "workload": {
+            "name": f"synthetic {EVIL}",
+            "source": "workloads/synthetic.yaml",
+            "spec": {"name": "synthetic", "classes": spec_classes},
+        },
+        "target": {
+            "url": "http://127.0.0.1:8000/v1/chat/completions",
+            "api": "openai-chat",
+            "model": EVIL,
+            "builtin_sim": False,
+            "sim_args": None,
+        },
+        "options": {"max_in_flight": None, "lag_bound_ms": lag_bound_ms, "grace_s": 5.0},
+        "host": {"hostname": "h", "platform": "p", "python": "3.11", "cpus": 2},
+        "t0": {"perf_counter_ns": 1, "unix_ns": 1, "utc": "2026-11-29T11:04:12.000000+00:00"},
+        "interrupted": interrupted,
+        "finished": True,
+    }
+
+
+SLO = {"ttft_ms": 1000.0, "tpot_ms": 50.0, "itl_ms": None, "e2e_ms": None, "percentile": 90.0}
+
+
+def make_run(tmp_path: Path, records: list[RequestRecord] | None = None, **info: Any) -> Path:
+    """A run folder with records.parquet and run.json, as `loadgen run` leaves it."""
+    records = synthetic_records() if records is None else records
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_parquet_atomic(to_frame(records), run_dir / "records.parquet")
+    classes = sorted({r.class_name for r in records})
+    info = {"classes": classes, "planned": len(records), "slo": SLO, **info}
+    (run_dir / "run.json").write_text(json.dumps(run_info(**info)))
+    return run_dir
+
+
+def nearest_rank(values: list[float], p: float) -> float:
+    """The textbook nearest-rank percentile of a plain list."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> rpt.RunReport:
+    """The synthetic run's report with 5 s tumbling windows (built once: figures take time).
+
+    Its run.json says 50 planned, interrupted, and a lag bound (0.5 ms) below the 1 ms lag.
+    """
+    run_dir = make_run(tmp_path_factory.mktemp("r"), planned=50, interrupted=True, lag_bound_ms=0.5)
+    return rpt.build_run_report(run_dir, window_s=5.0)
+
+
+def test_summary_percentiles_match_a_direct_computation(built: rpt.RunReport) -> None:
+    """TTFT/TPOT p50/p90/p99 (ok, and failures worst) equal nearest rank over the raw records."""
+    chat = [r for r in synthetic_records() if r.class_name == "chat"]
+    ok = [r for r in chat if r.outcome is Outcome.OK]
+    ttft = [(r.first_token_ns - r.intended_ns) / MS for r in ok]  # type: ignore[operator]
+    tpot = [(r.last_token_ns - r.first_token_ns) / MS / (r.output_tokens - 1) for r in ok]  # type: ignore[operator]
+    gaps = [(b - a) / MS for r in ok for a, b in zip(r.chunk_ns, r.chunk_ns[1:], strict=False)]
+    cls = built.summary["classes"]["chat"]
+    for p in (50, 90, 99):
+        assert cls["ttft_ms"][f"p{p}"] == pytest.approx(nearest_rank(ttft, p), abs=1e-3)
+        assert cls["tpot_ms"][f"p{p}"] == pytest.approx(nearest_rank(tpot, p), abs=1e-3)
+        assert cls["itl_ms"][f"p{p}"] == pytest.approx(nearest_rank(gaps, p), abs=1e-3)
+    with_failures = ttft + [math.inf] * 3
+    assert cls["ttft_ms_with_failures"]["p50"] == pytest.approx(nearest_rank(with_failures, 50))
+    assert nearest_rank(with_failures, 99) == math.inf
+    assert cls["ttft_ms_with_failures"]["p99"] is None  # falls on a failure
+    assert cls["outcomes"]["rejected"] == 2
+    assert cls["outcomes"]["timeout_stall"] == 1
+    assert cls["slo"]["attainment"] == pytest.approx(37 / 40)
+
+
+def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
+    """Per 5 s window: requests by intended time, in-flight at the end, TTFT p99 and failures."""
+    chat = [r for r in synthetic_records() if r.class_name == "chat"]
+    windows = built.windows.filter(built.windows["class"] == "chat")
+    last_end_ns = max(r.end_ns for r in synthetic_records() if r.end_ns is not None)
+    assert windows.height == last_end_ns // (5 * S) + 1  # every class gets every window
+    for w in windows.iter_rows(named=True):
+        lo, hi = int(w["window_start_s"] * S), int(w["window_end_s"] * S)
+        inside = [r for r in chat if lo <= r.intended_ns < hi]
+        assert w["requests"] == len(inside)
+        assert w["failed"] == sum(r.outcome is not Outcome.OK for r in inside)
+        assert w["arrival_rate_per_s"] == pytest.approx(len(inside) / 5.0)
+        flying = [r for r in chat if r.sent_ns is not None and r.sent_ns <= hi < r.end_ns]  # type: ignore[operator]
+        assert w["in_flight"] == len(flying)
+        ttft = [(r.first_token_ns - r.intended_ns) / MS for r in inside if r.outcome is Outcome.OK]  # type: ignore[operator]
+        expected = nearest_rank(ttft, 99) if ttft else None
+        assert w["ttft_p99_ms"] == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_details_count_prompt_tokens_chunks_and_errors(built: rpt.RunReport) -> None:
+    """Prompt token means, tokens per chunk and top errors are counted from the records."""
+    ok = [r for r in synthetic_records() if r.class_name == "chat" and r.outcome is Outcome.OK]
+    details = built.classes["chat"]
+    reported = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    assert details.prompt_tokens["requests"] == len(ok)
+    assert details.prompt_tokens["reported_mean"] == pytest.approx(sum(reported) / len(reported))
+    assert details.prompt_tokens["target_mean"] == pytest.approx(100.0)
+    rel = sum((p - 100) / 100 for p in reported) / len(reported)
+    assert details.prompt_tokens["mean_relative_diff"] == pytest.approx(rel)
+    assert dict(details.chunks_by_tokens) == {1: sum(len(r.chunk_ns) for r in ok)}
+    top = [(e["count"], e["outcome"], e["error"]) for e in details.top_errors]
+    assert top == [(2, "rejected", "queue full"), (1, "timeout_stall", "stall")]
+
+
+def test_every_figure_is_a_png_and_named_per_class(built: rpt.RunReport) -> None:
+    """Each class has its five figures, all valid PNGs, with file-name-safe names."""
+    assert len(built.figures) == 10
+    for name, png in built.figures.items():
+        assert png.startswith(PNG_MAGIC)
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", name), name
+    assert built.classes[EVIL].slug == "script-alert-1-script"
+    assert built.classes["chat"].figures == (
+        "chat-ttft_cdf",
+        "chat-tpot_cdf",
+        "chat-itl_histogram",
+        "chat-tokens_per_chunk",
+        "chat-timeline",
+    )
+
+
+def test_html_escapes_injected_text_and_loads_nothing_from_the_network(
+    built: rpt.RunReport,
+) -> None:
+    """A class name, error message or model `<script>` is escaped, and no src/href leaves the file."""
+    page = rpt.render_html(built)
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    for network_load in ("<link", "@import", "url("):
+        assert network_load not in page
+    images = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == len(built.figures)
+    assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in images)
+
+
+def test_html_shows_the_header_verdicts_and_tables(built: rpt.RunReport) -> None:
+    """The page names the run, date, target and verdicts, with percentile and window tables."""
+    page = rpt.render_html(built)
+    for text in (
+        "20261129T110412Z-synthetic-0000",
+        "2026-11-29 11:04:12 UTC",
+        "http://127.0.0.1:8000/v1/chat/completions",
+        "planned 50 · sent 44 · recorded 44",
+        "INTERRUPTED",
+        "GENERATOR FELL BEHIND",
+        "Class chat: MET",  # p90 of 40 requests allows 4 failures; 3 failed
+        f"Class {EVIL}: MISSED",  # p90 of 4 requests falls on its one failure
+        "TTFT, failures worst",
+        "Time windows",
+        "queue full",
+        "≤ 1000 ms at p90",
+    ):
+        assert html_text(text) in page, text
+
+
+def html_text(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_markdown_links_pngs_beside_it_and_summary_is_written(
+    built: rpt.RunReport, tmp_path: Path
+) -> None:
+    """write_run_report writes report.html, report.md + PNGs it links, and summary.json."""
+    written = rpt.write_run_report(built, tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"report.html", "report.md", "summary.json"} <= names
+    md = (tmp_path / "out" / "report.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == len(built.figures)
+    for link in links:
+        assert (tmp_path / "out" / link).read_bytes().startswith(PNG_MAGIC)
+    assert "<script" not in md
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(built.summary))
+    assert summary["schema_version"] == 1
+    assert summary["loadgen_version"]
+    assert not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
+    """run.json's SLOs decide the verdict unless `--slo` (here: only TPOT) overrides them."""
+    ok = [ok_record(i, intended_ms=i * 100.0, ttft_ms=100.0, gaps_ms=(30.0,)) for i in range(10)]
+    run_dir = make_run(tmp_path, ok)
+    as_run, _, _ = rpt.audit_run(run_dir)
+    assert as_run["classes"]["chat"]["slo"]["met"] is True
+    assert as_run["verdict"]["exit_code"] == 0
+    fields = rpt.parse_slo_override("tpot_ms=20")
+    slos = rpt.apply_slo_override(rpt.run_slos(rpt.read_run_info(run_dir)), fields)
+    assert slos["chat"] == SloTargets(ttft_ms=1000.0, tpot_ms=20.0, percentile=90.0)
+    tightened, _, used = rpt.audit_run(run_dir, slos=slos)
+    assert used == slos
+    assert tightened["classes"]["chat"]["slo"]["met"] is False
+    assert tightened["verdict"]["exit_code"] == 2
+    assert tightened["classes"]["chat"]["slo"]["targets"]["tpot_ms"] == 20.0
+
+
+def test_run_json_decides_planned_interrupted_and_lag_bound(built: rpt.RunReport) -> None:
+    """planned, interrupted and the lag bound come from run.json, not from the records."""
+    assert built.summary["generator"]["planned"] == 50
+    assert built.summary["interrupted"] is True
+    assert built.summary["generator"]["fell_behind"] is True  # lag 1 ms > bound 0.5 ms
+    assert built.summary["verdict"]["exit_code"] == 3
+    assert built.slos_overridden == ()
+
+
+def test_an_override_is_announced(built: rpt.RunReport) -> None:
+    """A report whose SLOs are not the workload's says so at the top."""
+    page = rpt.render_html(dataclasses.replace(built, slos_overridden=("chat",)))
+    assert "SLO targets overridden (not the workload&#x27;s) for: chat" in page
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ttft_ms=800,tpot_ms=40", {"ttft_ms": 800.0, "tpot_ms": 40.0}),
+        (
+            "ttft_ms=800, tpot_ms=40 ,percentile=95",
+            {"ttft_ms": 800.0, "tpot_ms": 40.0, "percentile": 95.0},
+        ),
+        ("itl_ms=none", {"itl_ms": None}),
+        ("e2e_ms=2.5e3", {"e2e_ms": 2500.0}),
+    ],
+)
+def test_parse_slo_override_accepts(text: str, expected: dict[str, float | None]) -> None:
+    """Comma-separated field=value pairs become SloTargets fields."""
+    assert rpt.parse_slo_override(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "is not one of"),
+        ("ttft=800", "is not one of"),
+        ("ttft_ms", "is not one of"),
+        ("ttft_ms=fast", "is not a number"),
+        ("ttft_ms=-1", "> 0"),
+        ("ttft_ms=inf", "> 0"),
+        ("percentile=101", "percentile"),
+        ("percentile=none", "is not a number"),
+        ("ttft_ms=1,ttft_ms=2", "given twice"),
+    ],
+)
+def test_parse_slo_override_rejects(text: str, problem: str) -> None:
+    """Bad --slo text is a ConfigError naming --slo, the problem and an example."""
+    with pytest.raises(ConfigError, match="--slo") as info:
+        rpt.parse_slo_override(text)
+    assert problem in info.value.problem
+    assert "ttft_ms=800" in info.value.fix
+
+
+def test_a_folder_without_run_json_is_a_clear_error(tmp_path: Path) -> None:
+    """Pointing the report at a folder that is not a run says so."""
+    with pytest.raises(LoadgenError, match=r"no run\.json"):
+        rpt.build_run_report(tmp_path)
