@@ -1,0 +1,245 @@
+"""Tests for rolling windows over the store: pooling, stepping, fallback, failures, rendering."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from rich.console import Console
+
+from loadgen.errors import ConfigError
+from loadgen.records import Outcome, RequestRecord, to_frame
+from loadgen.rolling import (
+    parse_duration,
+    render_rolling_table,
+    rolling_plot,
+    rolling_windows,
+    to_json,
+)
+from loadgen.slo import SloTargets, per_request
+from loadgen.store import HISTOGRAMS_FILE, write_histograms
+
+NS_PER_MS = 1_000_000
+CHAT = SloTargets(ttft_ms=500, tpot_ms=50, percentile=99)
+DAY = timedelta(days=1)
+
+
+def day(n: int, hour: int = 2) -> datetime:
+    """March n, 2026 at `hour`:00 UTC (a nightly run's t0)."""
+    return datetime(2026, 3, n, hour, tzinfo=UTC)
+
+
+def request(
+    i: int,
+    intended_s: float,
+    ttft_ms: float,
+    *,
+    cls: str = "chat",
+    tokens: int = 5,
+    gap_ms: float = 20.0,
+    outcome: Outcome = Outcome.OK,
+) -> RequestRecord:
+    """A streamed request (first token after `ttft_ms`, then gaps of `gap_ms`), or a failure."""
+    intended = int(intended_s * 1e9)
+    if outcome is not Outcome.OK:
+        return RequestRecord(
+            request_id=i, class_name=cls, intended_ns=intended, outcome=outcome, end_ns=intended
+        )
+    chunks = [intended + round((ttft_ms + k * gap_ms) * NS_PER_MS) for k in range(tokens)]
+    return RequestRecord(
+        request_id=i,
+        class_name=cls,
+        intended_ns=intended,
+        outcome=outcome,
+        first_token_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1],
+        chunk_ns=tuple(chunks),
+        chunk_tokens=(1,) * tokens,
+        output_tokens=tokens,
+    )
+
+
+def write_run(
+    store: Path, t0: datetime, records: list[RequestRecord], *, histograms: bool = True
+) -> Path:
+    """A run folder like `loadgen run` leaves (run.json with t0, records), plus its histograms."""
+    run_id = t0.strftime("%Y%m%dT%H%M%SZ-chat")
+    run_dir = store / run_id
+    run_dir.mkdir(parents=True)
+    slo = {"ttft_ms": CHAT.ttft_ms, "tpot_ms": CHAT.tpot_ms, "percentile": CHAT.percentile}
+    info = {
+        "run_id": run_id,
+        "workload": {"name": "chat", "spec": {"classes": {"chat": {"slo": slo}}}},
+        "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
+    }
+    (run_dir / "run.json").write_text(json.dumps(info), encoding="utf-8")
+    to_frame(records).write_parquet(run_dir / "records.parquet")
+    if histograms:
+        write_histograms(run_dir)
+    return run_dir
+
+
+def same_ttft(n: int, ttft_ms: float, *, start: int = 0) -> list[RequestRecord]:
+    """n ok requests, one every 0.1 s, all with the same TTFT."""
+    return [request(start + i, i * 0.1, ttft_ms) for i in range(n)]
+
+
+def noisy(seed: int, n: int = 400) -> list[RequestRecord]:
+    """Lognormal TTFT and gaps, 1-20 tokens, about 2 % failures, over ~3 minutes."""
+    rng = random.Random(seed)
+    return [
+        request(
+            i,
+            rng.uniform(0, 200),
+            rng.lognormvariate(5.5, 0.7),
+            tokens=rng.randint(1, 20),
+            gap_ms=rng.lognormvariate(3.0, 0.4),
+            outcome=Outcome.TIMEOUT_STALL if rng.random() < 0.02 else Outcome.OK,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("1d", DAY),
+        ("90m", timedelta(minutes=90)),
+        ("1d12h", timedelta(hours=36)),
+        ("2w", timedelta(days=14)),
+        (" 45s ", timedelta(seconds=45)),
+    ],
+)
+def test_parse_duration(text: str, expected: timedelta) -> None:
+    """Durations are whole numbers with s/m/h/d/w units, combinable."""
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "30", "d", "1.5d", "-1d", "0d", "30 days", "1y"])
+def test_parse_duration_rejects_nonsense(text: str) -> None:
+    """Anything else is a ConfigError on --window that says what would be read."""
+    with pytest.raises(ConfigError, match="--window"):
+        parse_duration(text)
+
+
+def test_histogram_windows_agree_with_exact_records(tmp_path: Path) -> None:
+    """Over three noisy runs, every windowed percentile is within 0.1 % of the exact one."""
+    records = {n: noisy(n) for n in (1, 2, 3)}
+    for n, recs in records.items():
+        write_run(tmp_path, day(n), recs)
+    frame = rolling_windows(tmp_path, window=2 * DAY, step=DAY, exact=True)
+    assert frame.height == 3
+    assert frame.get_column("max_rel_diff").max() < 1e-3  # type: ignore[operator]
+    last = frame.row(-1, named=True)  # March 3-4: runs 2 and 3
+    pooled = per_request(to_frame(records[2] + records[3]), slos={"chat": CHAT})
+    assert last["requests"] == pooled.height
+    assert last["failures"] == pooled.filter(pl.col("outcome") != "ok").height
+    assert last["meets_slo"] == pooled.get_column("meets_slo").sum()
+    assert last["runs"] == 2
+
+
+def test_a_window_pools_requests_rather_than_averaging_runs(tmp_path: Path) -> None:
+    """1,000 requests at 100 ms and 10 at 1 s pool to a p99 of 100 ms; the mean of the two
+    runs' p99s would be 550 ms."""
+    write_run(tmp_path, day(1), same_ttft(1000, 100.0))
+    write_run(tmp_path, day(2), same_ttft(10, 1000.0))
+    frame = rolling_windows(tmp_path, window=2 * DAY, step=DAY)
+    per_run = [r["ttft_ms_p99"] for r in frame.head(2).iter_rows(named=True)]
+    assert per_run[0] == pytest.approx(100.0, rel=1e-3)
+    pooled = frame.row(1, named=True)
+    assert pooled["requests"] == 1010
+    assert pooled["ttft_ms_p99"] == pytest.approx(100.0, rel=1e-3)
+    single = rolling_windows(tmp_path, window=DAY, step=DAY).row(1, named=True)
+    assert single["ttft_ms_p99"] == pytest.approx(1000.0, rel=1e-3)
+    assert pooled["ttft_ms_p99"] != pytest.approx((per_run[0] + single["ttft_ms_p99"]) / 2)
+
+
+def test_runs_without_histograms_fall_back_to_records(tmp_path: Path) -> None:
+    """Deleting one run's histograms.parquet changes no figure, and the window names that run."""
+    for n in (1, 2):
+        write_run(tmp_path, day(n), noisy(n))
+    before = rolling_windows(tmp_path, window=2 * DAY, step=DAY)
+    removed = next(tmp_path.glob(f"*/{HISTOGRAMS_FILE}"))
+    removed.unlink()
+    after = rolling_windows(tmp_path, window=2 * DAY, step=DAY)
+    assert after.drop("fallback_runs").equals(before.drop("fallback_runs"))
+    assert after.get_column("fallback_runs").to_list()[-1] == [removed.parent.name]
+    assert before.get_column("fallback_runs").to_list() == [[], []]
+
+
+def test_windows_step_over_the_dates(tmp_path: Path) -> None:
+    """Runs on March 1, 2 and 4: daily windows end at every midnight, an empty day included."""
+    for n in (1, 2, 4):
+        write_run(tmp_path, day(n), same_ttft(10, 100.0 * n))
+    one_day = rolling_windows(tmp_path, window=DAY, step=DAY)
+    ends = one_day.get_column("window_end").to_list()
+    assert ends == [datetime(2026, 3, n, tzinfo=UTC) for n in (2, 3, 4, 5)]
+    assert one_day.get_column("window_start").to_list() == [e - DAY for e in ends]
+    assert one_day.get_column("requests").to_list() == [10, 10, 0, 10]
+    assert one_day.row(2, named=True)["ttft_ms_p50"] is None
+    two_days = rolling_windows(tmp_path, window=2 * DAY, step=DAY)
+    assert two_days.get_column("runs").to_list() == [1, 2, 1, 1]
+    assert two_days.row(2, named=True)["ttft_ms_p99"] == pytest.approx(200.0, rel=1e-3)
+    ending = rolling_windows(tmp_path, window=2 * DAY, step=DAY, end=datetime(2026, 3, 3, 12))
+    assert ending.get_column("window_end").to_list()[-1] == datetime(2026, 3, 3, 12, tzinfo=UTC)
+    assert ending.get_column("requests").to_list() == [10, 20, 10]
+
+
+def test_failures_count_against_attainment_and_rank_worst(tmp_path: Path) -> None:
+    """98 ok at 100 ms and 2 timeouts: attainment 98 %, p99 over ok 100 ms, p99 with failures
+    +inf (null in JSON, "fail" in the table)."""
+    records = [
+        *same_ttft(98, 100.0),
+        request(98, 1.0, 0.0, outcome=Outcome.TIMEOUT_FIRST_TOKEN),
+        request(99, 2.0, 0.0, outcome=Outcome.REJECTED),
+    ]
+    write_run(tmp_path, day(1), records)
+    row = rolling_windows(tmp_path, window=DAY, step=DAY).row(0, named=True)
+    assert (row["requests"], row["failures"], row["attainment"]) == (100, 2, 0.98)
+    assert row["outcomes"]["rejected"] == 1
+    assert row["ttft_ms_p99"] == pytest.approx(100.0, rel=1e-3)
+    assert math.isinf(row["ttft_ms_with_failures_p99"])
+    assert row["ttft_ms_with_failures_p50"] == pytest.approx(100.0, rel=1e-3)
+    frame = rolling_windows(tmp_path, window=DAY, step=DAY)
+    assert to_json(frame)[0]["ttft_ms_with_failures_p99"] is None
+    json.dumps(to_json(frame), allow_nan=False)
+    console = Console(width=160, record=True)
+    console.print(render_rolling_table(frame))
+    assert "fail" in console.export_text()
+
+
+def test_class_filter_and_unknown_class(tmp_path: Path) -> None:
+    """`class_name` keeps one class; a class no run has is a ConfigError listing the classes."""
+    write_run(tmp_path, day(1), [*same_ttft(5, 100.0), request(5, 0.0, 50.0, cls="agent")])
+    frame = rolling_windows(tmp_path, window=DAY, step=DAY, class_name="agent")
+    assert frame.get_column("class").to_list() == ["agent"]
+    with pytest.raises(ConfigError, match="agent, chat"):
+        rolling_windows(tmp_path, window=DAY, step=DAY, class_name="batch")
+
+
+def test_windows_must_be_whole_minutes(tmp_path: Path) -> None:
+    """A step finer than the per-minute histograms is refused."""
+    write_run(tmp_path, day(1), same_ttft(5, 100.0))
+    with pytest.raises(ConfigError, match="--step"):
+        rolling_windows(tmp_path, window=DAY, step=timedelta(seconds=30))
+
+
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    """The plot renders to PNG bytes, failures and empty windows included."""
+    for n in (1, 3):
+        write_run(
+            tmp_path,
+            day(n),
+            [*same_ttft(50, 100.0 * n), request(50, 1.0, 0.0, outcome=Outcome.TIMEOUT_TOTAL)],
+        )
+    frame = rolling_windows(tmp_path, window=DAY, step=DAY)
+    assert rolling_plot(frame, slo_ms={"chat": CHAT}).startswith(b"\x89PNG")
+    assert rolling_plot(frame, slo_ms={}, metric="itl").startswith(b"\x89PNG")
