@@ -230,6 +230,159 @@ def run(
     sys.exit(result.exit_code)
 
 
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--slo",
+    "slo_text",
+    metavar="KEY=VALUE,...",
+    help="Re-audit against other targets, e.g. ttft_ms=800,tpot_ms=40,percentile=95.",
+)
+@click.option(
+    "--window",
+    "window_text",
+    default=None,
+    help="One run: window length in s (default 10). Results store: trailing window, "
+    "e.g. 30d (default).",
+)
+@click.option(
+    "--step",
+    "step_text",
+    default=None,
+    help="One run: slide windows by this many s (default: tumbling). "
+    "Results store: step between windows, e.g. 1d (default).",
+)
+@click.option("--class", "class_name", help="Results store: only this class.")
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Results store: also compute exact values from records, and the difference.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the report (default: PATH/report).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: the summary (or windows) on stdout, for machines.",
+)
+@clean_errors
+def report(
+    path: Path,
+    slo_text: str | None,
+    window_text: str | None,
+    step_text: str | None,
+    class_name: str | None,
+    exact: bool,
+    out_dir: Path | None,
+    fmt: str,
+) -> None:
+    """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
+
+    For a run folder: re-audits it from its records alone (optionally against other SLOs)
+    and writes report.html (self-contained, plots embedded), report.md and summary.json;
+    exits with the verdict. For a results store (a folder of runs): each class's
+    percentiles and attainment over a trailing window of runs, at every step.
+
+    \b
+    Example:
+      loadgen report reports/20261129T101500Z-chat-1a2b
+      loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
+      loadgen report reports/ --window 30d --step 1d --class chat
+    """
+    if (path / "run.json").exists():
+        _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
+    else:
+        _report_store(
+            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt
+        )
+
+
+def _report_run(
+    run_dir: Path, slo_text: str | None, window_text: str | None, step_text: str | None,
+    out_dir: Path | None, fmt: str,
+) -> None:  # fmt: skip
+    import json
+
+    from loadgen.errors import ConfigError
+    from loadgen.report import (
+        apply_slo_override,
+        build_run_report,
+        parse_slo_override,
+        read_run_info,
+        run_slos,
+        write_run_report,
+    )  # fmt: skip
+    from loadgen.terminal import render_summary
+
+    slos = None
+    if slo_text:
+        slos = apply_slo_override(run_slos(read_run_info(run_dir)), parse_slo_override(slo_text))
+    try:
+        window_s = float(window_text) if window_text else 10.0
+        step_s = float(step_text) if step_text else None
+        built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
+    except ValueError as exc:
+        raise ConfigError(
+            "command line",
+            "--window/--step",
+            str(exc),
+            "one run takes seconds, e.g. --window 10 --step 5",
+        ) from None
+    written = write_run_report(built, out_dir or run_dir / "report")
+    if fmt == "json":
+        click.echo(json.dumps(built.summary, indent=2))
+    else:
+        console = output_console()
+        console.print(render_summary(built.summary))
+        for file in written:
+            if file.suffix in (".html", ".md", ".json"):
+                console.print(f"wrote {file}")
+    sys.exit(int(built.summary["verdict"]["exit_code"]))
+
+
+def _report_store(
+    store: Path, window_text: str, step_text: str, class_name: str | None, exact: bool,
+    out_dir: Path | None, fmt: str,
+) -> None:  # fmt: skip
+    import json
+
+    from loadgen.rolling import (
+        parse_duration,
+        render_rolling_table,
+        rolling_plot,
+        rolling_windows,
+        to_json,
+    )  # fmt: skip
+    from loadgen.store import discover_runs
+
+    runs = discover_runs(store)
+    if not runs:
+        raise LoadgenError(f"{store} holds no runs (no */run.json): give a run folder or the "
+                           "results store that `loadgen run --out` writes to")  # fmt: skip
+    window, step = parse_duration(window_text), parse_duration(step_text)
+    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact)
+    if fmt == "json":
+        click.echo(json.dumps(to_json(frame), indent=2))
+        return
+    output_console().print(render_rolling_table(frame))
+    target = out_dir or store / "rolling-report"
+    target.mkdir(parents=True, exist_ok=True)
+    slos = {name: slo for run in runs for name, slo in run.slos.items()}
+    for metric in ("ttft", "tpot"):
+        png = target / f"rolling-{metric}.png"
+        png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))
+        click.echo(f"wrote {png}")
+    (target / "rolling.json").write_text(json.dumps(to_json(frame), indent=2) + "\n")
+    click.echo(f"wrote {target / 'rolling.json'}")
+
+
 def output_console() -> Console:
     """stdout for tables: the terminal's width, or 120 columns when piped to a file or CI log."""
     return Console(highlight=False, width=None if sys.stdout.isatty() else 120)

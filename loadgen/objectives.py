@@ -12,14 +12,57 @@ Pure functions of the records frame and the spec.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
 from loadgen.metrics import percentiles
 from loadgen.records import Outcome
-from loadgen.slo import exit_code, per_request
+from loadgen.slo import SloTargets, exit_code, per_request
 from loadgen.spec import ClassSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Objective:
+    """What a class is judged by: its kind, SLO targets and kind-specific limits.
+
+    Built from the spec during a run, or from `run.json` when a report re-audits a run.
+    """
+
+    name: str
+    kind: str = "chat"
+    slo: SloTargets = field(default_factory=SloTargets)
+    has_sessions: bool = False
+    batch_deadline_s: float | None = None
+    concurrency: int | None = None
+    trajectory_budget_s: float | None = None
+
+    @classmethod
+    def of(cls, spec: ClassSpec) -> Objective:
+        """The objective of a validated class spec."""
+        return cls(
+            name=spec.name, kind=spec.kind, slo=spec.slo, has_sessions=spec.turns is not None,
+            batch_deadline_s=spec.batch_deadline_s, concurrency=spec.concurrency,
+            trajectory_budget_s=spec.trajectory_budget_s,
+        )  # fmt: skip
+
+    @classmethod
+    def from_run_info(
+        cls, run_info: Mapping[str, Any], slos: Mapping[str, SloTargets]
+    ) -> dict[str, Objective]:
+        """Each class's objective as `run.json` recorded it, with `slos` as its targets."""
+        classes = run_info.get("workload", {}).get("spec", {}).get("classes", {})
+        return {
+            name: cls(
+                name=name, kind=str(c.get("kind", "chat")), slo=slos.get(name, SloTargets()),
+                has_sessions=c.get("turns") is not None,
+                batch_deadline_s=c.get("batch_deadline_s"), concurrency=c.get("concurrency"),
+                trajectory_budget_s=c.get("trajectory_budget_s"),
+            )
+            for name, c in classes.items()
+        }  # fmt: skip
+
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -27,7 +70,7 @@ NOT_FAILED = [Outcome.OK.value, Outcome.SKIPPED.value]  # a skipped hop is count
 
 
 def apply_objectives(
-    summary: dict[str, Any], frame: pl.DataFrame, classes: Mapping[str, ClassSpec]
+    summary: dict[str, Any], frame: pl.DataFrame, classes: Mapping[str, Objective]
 ) -> dict[str, Any]:
     """Add each class's objective block, judge summarization and agent classes by it, and
     recompute the run's verdict."""
@@ -44,7 +87,7 @@ def apply_objectives(
             block["trajectory"] = trajectory_block(rows, cls)
             block["slo"]["judged_by"] = "trajectory"
             block["slo"]["met"] = block["trajectory"]["met"]
-        elif cls.turns is not None:
+        elif cls.has_sessions:
             block["sessions"] = sessions_block(rows)
     verdict = summary["verdict"]
     verdict["slo_met"] = all(c["slo"]["met"] for c in summary["classes"].values())
@@ -52,7 +95,7 @@ def apply_objectives(
     return summary
 
 
-def batch_block(rows: pl.DataFrame, cls: ClassSpec) -> dict[str, Any]:
+def batch_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
     """Did the batch finish by its deadline, how long it took, tokens per second in and out.
 
     Completion time runs from the first document's intended send to the last document's end.
@@ -85,7 +128,7 @@ def batch_block(rows: pl.DataFrame, cls: ClassSpec) -> dict[str, Any]:
     }
 
 
-def trajectory_block(rows: pl.DataFrame, cls: ClassSpec) -> dict[str, Any]:
+def trajectory_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
     """Trajectory attainment, per-hop duration percentiles and the time split.
 
     A trajectory is ok when every hop is ok, it ended within its budget (last hop end −

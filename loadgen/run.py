@@ -32,7 +32,7 @@ import anyio
 from loadgen import __version__
 from loadgen.adapters import BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.objectives import apply_objectives
+from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
@@ -40,6 +40,7 @@ from loadgen.records import RecordWriter
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.slo import summarize
 from loadgen.spec import WorkloadSpec
+from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
 SCHEMA_VERSION = 1
@@ -292,9 +293,12 @@ def _run(
         interrupted=interrupted,
         lag_bound_ms=options.lag_bound_ms,
     )
-    summary = apply_objectives(summary, frame, spec.classes)
+    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
+    summary = apply_objectives(summary, frame, objectives)
     summary = {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
     write_json_atomic(run_dir / "summary.json", summary)
+    # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
+    write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
     write_json_atomic(
         run_dir / "run.json", {**run_info, "interrupted": interrupted, "finished": True}
     )

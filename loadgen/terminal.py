@@ -105,6 +105,10 @@ def _rate(value: float | None) -> str:
 
 def _verdict_cell(slo: Mapping[str, Any]) -> Text:
     """MET / MISSED with the failed metrics named / "no SLO" for a class without targets."""
+    judged_by = slo.get("judged_by")
+    if judged_by:  # a batch or trajectory objective, shown on its own line below the table
+        return Text(f"{'MET' if slo['met'] else 'MISSED'}\n({judged_by})",
+                    style="bold green" if slo["met"] else "bold red")  # fmt: skip
     if not slo["checks"]:
         return Text("no SLO", style="dim")
     if slo["met"]:

@@ -14,6 +14,7 @@ from loadgen.cli import cli
 from loadgen.plans import plan_run
 from loadgen.records import OUTCOMES
 from loadgen.spec import load
+from loadgen.store import write_histograms
 from loadgen.testing import ScriptedServer, head, simple_chat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,3 +202,53 @@ def test_missing_api_key_env_is_a_config_error(tmp_path: Path, monkeypatch) -> N
     )
     assert result.exit_code == 1
     assert "TINY_KEY is not set" in result.output
+
+
+def test_report_re_audits_a_run_and_writes_html_md_json(tmp_path: Path) -> None:
+    """`report RUN_DIR` rewrites the verdict from records alone; --slo can turn MET into MISSED."""
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(3))
+    assert code == 0, output
+    result = CliRunner().invoke(cli, ["report", str(run_dir), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    for name in ("report.html", "report.md", "summary.json"):
+        assert (tmp_path / "rep" / name).exists()
+    original = json.loads((run_dir / "summary.json").read_text())
+    again = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert again["classes"]["chat"]["ttft_ms"] == original["classes"]["chat"]["ttft_ms"]
+    strict = CliRunner().invoke(cli, ["report", str(run_dir), "--out", str(tmp_path / "strict"),
+                                      "--slo", "ttft_ms=0.001", "--format", "json"])  # fmt: skip
+    assert strict.exit_code == 2, strict.output
+    assert json.loads(strict.output)["classes"]["chat"]["slo"]["met"] is False
+    bad = CliRunner().invoke(cli, ["report", str(run_dir), "--slo", "ttft=5"])
+    assert bad.exit_code == 1
+    assert "--slo" in bad.output
+
+
+def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: Path) -> None:
+    """Two nightly runs a day apart: a 2-day window holds both runs' requests."""
+    store = tmp_path / "store"
+    for night, run_id in enumerate(("n1", "n2")):
+        with ScriptedServer(lambda r: simple_chat(2)) as server:
+            result = CliRunner().invoke(
+                cli, ["run", str(write_tiny(tmp_path)), "--url", server.url, "--out", str(store),
+                      "--run-id", run_id, "-q"],
+            )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert (store / run_id / "histograms.parquet").exists()
+        info = json.loads((store / run_id / "run.json").read_text())
+        info["t0"]["unix_ns"] = (
+            1_767_225_600 + night * 86_400
+        ) * 1_000_000_000  # 2026-01-01 + n days
+        (store / run_id / "run.json").write_text(json.dumps(info))
+        # histograms carry wall-clock minutes: rebuild the first run's, drop the second's
+        # (that run is then read from its records)
+        (store / run_id / "histograms.parquet").unlink()
+        if night == 0:
+            write_histograms(store / run_id)
+    result = CliRunner().invoke(
+        cli, ["report", str(store), "--window", "2d", "--step", "1d", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    windows = json.loads(result.output)
+    assert max(w["requests"] for w in windows) == 20  # both runs pooled
+    assert min(w["requests"] for w in windows) == 10

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from loadgen.errors import ConfigError
-from loadgen.objectives import batch_block, trajectory_block
+from loadgen.objectives import Objective, batch_block, trajectory_block
 from loadgen.plans import plan_work
 from loadgen.records import Outcome, RequestRecord, to_frame
 from loadgen.sim.launch import running_sim
@@ -129,7 +129,7 @@ def test_a_failed_hop_skips_the_rest_and_breaches_the_trajectory(sim_url: str) -
     for before, after in itertools.pairwise(healthy):
         # each hop's prompt is the retained context (40 words) plus the previous hop's real output
         assert after.prompt_tokens == after.prompt_tokens_target == 40 + before.output_tokens
-    block = trajectory_block(to_frame(records), spec.classes["agent"])
+    block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
     assert (block["trajectories"], block["ok"], block["skipped_hops"], block["failed_hops"]) == (
         2,
         1,
@@ -164,7 +164,7 @@ def test_closed_loop_batch_keeps_exactly_its_concurrency(sim_url: str) -> None:
         level += step
         peak = max(peak, level)
     assert peak == 3
-    block = batch_block(to_frame(records), spec.classes["docs"])
+    block = batch_block(to_frame(records), Objective.of(spec.classes["docs"]))
     assert block["met"] is True
     assert block["documents"] == block["ok"] == 12
     assert block["input_tokens_per_s"] > 0
@@ -217,7 +217,7 @@ def test_batch_and_trajectory_blocks_known_answers() -> None:
         rec(2, 2, 0, 0.0, 0.8),
         rec(3, 2, 1, 0.9, 1.5),
     ]
-    block = trajectory_block(to_frame(records), spec.classes["agent"])
+    block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
     assert (block["trajectories"], block["ok"]) == (2, 1)  # the second took 1.5 s > 1 s budget
     assert block["time_split_s"]["tool"] == pytest.approx(0.2)  # 0.1 + 0.1 between hops
     batch_spec = spec_of(BATCH)
@@ -226,7 +226,7 @@ def test_batch_and_trajectory_blocks_known_answers() -> None:
                       end_ns=(i + 2) * NS, output_tokens=10, prompt_tokens=100)
         for i in range(3)
     ]  # fmt: skip
-    batch = batch_block(to_frame(docs), batch_spec.classes["docs"])
+    batch = batch_block(to_frame(docs), Objective.of(batch_spec.classes["docs"]))
     assert batch["completion_time_s"] == 4.0  # 0 s → 4 s
     assert batch["input_tokens_per_s"] == 75.0
     assert batch["output_tokens_per_s"] == 7.5
