@@ -558,6 +558,7 @@ def _class_blocks(name: str, cls: Mapping[str, Any], report: RunReport) -> list[
     goodput = cls["goodput"]
     blocks: list[Block] = [
         Heading(2, f"Class {name}: {_verdict(slo)}"),
+        *_objective_tables(cls),
         _checks_table(slo),
         Para(
             f"Attainment {_pct(slo['attainment'])} of {cls['requests']} requests met every "
@@ -574,6 +575,51 @@ def _class_blocks(name: str, cls: Mapping[str, Any], report: RunReport) -> list[
     windows = report.windows.filter(pl.col("class") == name)
     table = _windows_table(windows)
     blocks.append(Details(f"{name}: {windows.height} windows", [table], windows.height <= 30))
+    return blocks
+
+
+def _objective_tables(cls: Mapping[str, Any]) -> list[Block]:
+    """The batch, trajectory or sessions block of a class (summarization, agent, chat)."""
+    blocks: list[Block] = []
+    if batch := cls.get("batch"):
+        deadline = batch["deadline_s"]
+        blocks.append(Table("Batch (judges this class; latency checks below are diagnostic)",
+                            ("measure", "value"), [
+            ("documents ok", f"{batch['ok']} / {batch['documents']}"),
+            ("completion time", _num(batch["completion_time_s"], " s")),
+            ("deadline", "none" if deadline is None else _num(deadline, " s")),
+            ("input tokens/s", _num(batch["input_tokens_per_s"])),
+            ("output tokens/s", _num(batch["output_tokens_per_s"])),
+            ("verdict", "MET" if batch["met"] else "MISSED"),
+        ]))  # fmt: skip
+    trajectory = cls.get("trajectory")
+    if trajectory and trajectory["trajectories"]:
+        split = trajectory["time_split_s"]
+        blocks.append(Table("Trajectories (judge this class; latency checks below are diagnostic)",
+                            ("measure", "value"), [
+            ("trajectories ok", f"{trajectory['ok']} / {trajectory['trajectories']}"),
+            ("attainment / target", f"{_pct(trajectory['attainment'])} / "
+                                    f"{_pct(trajectory['target_attainment'])}"),
+            ("budget", _num(trajectory["budget_s"], " s")),
+            ("failed / skipped hops",
+             f"{trajectory['failed_hops']} / {trajectory['skipped_hops']}"),
+            ("duration p50 / p99", f"{_num(trajectory['duration_s']['p50'], ' s')} / "
+                                   f"{_num(trajectory['duration_s']['p99'], ' s')}"),
+            ("time in TTFT / decode / tools",
+             f"{split['ttft']} s / {split['decode']} s / {split['tool']} s"),
+        ]))  # fmt: skip
+        blocks.append(Table("Per-hop duration (intended send → end, ok hops)",
+                            ("hop", "p50", "p90", "p99", "n"), [
+            (hop, _num(v["p50"], " ms"), _num(v["p90"], " ms"), _num(v["p99"], " ms"),
+             str(v["count"]))
+            for hop, v in trajectory["per_hop_ms"].items()
+        ]))  # fmt: skip
+    if sessions := cls.get("sessions"):
+        blocks.append(Table("Sessions", ("measure", "value"), [
+            ("sessions", str(sessions["sessions"])),
+            ("with every turn ok", str(sessions["completed"])),
+            ("turns", str(sessions["turns"])),
+        ]))  # fmt: skip
     return blocks
 
 

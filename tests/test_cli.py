@@ -252,3 +252,29 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
     windows = json.loads(result.output)
     assert max(w["requests"] for w in windows) == 20  # both runs pooled
     assert min(w["requests"] for w in windows) == 10
+
+
+def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Path) -> None:
+    """An agent class's verdict comes from its trajectory block, shown in the HTML report too."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        TINY.format(requests=2).replace(
+            "  chat:\n", "  chat:\n    kind: agent\n    hops: {dist: fixed, value: 3}\n"
+        )
+    )
+    with ScriptedServer(lambda r: simple_chat(2)) as server:
+        result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"),
+                                          "--run-id", "a", "-q"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "o" / "a" / "summary.json").read_text())
+    block = summary["classes"]["chat"]["trajectory"]
+    assert (block["trajectories"], block["ok"], block["met"]) == (2, 2, True)
+    assert summary["classes"]["chat"]["slo"]["judged_by"] == "trajectory"
+    assert summary["classes"]["chat"]["requests"] == 6
+    report = CliRunner().invoke(
+        cli, ["report", str(tmp_path / "o" / "a"), "--out", str(tmp_path / "r")]
+    )
+    assert report.exit_code == 0, report.output
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "Trajectories (judge this class" in html
+    assert "Per-hop duration" in html
