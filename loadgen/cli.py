@@ -58,6 +58,22 @@ class LoadgenGroup(click.Group):
             sys.exit(1)
 
 
+def workload_options(func: F) -> F:
+    """--requests, --duration, --rate and --seed: what `check` and `run` both change."""
+    options = [
+        click.option("--requests", type=click.IntRange(min=1),
+                     help="Requests (or sessions, trajectories) per class, replacing the file's."),
+        click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+                     help="Seconds of arrivals per class, replacing the file's."),
+        click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
+        click.option("--seed", type=int,
+                     help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @click.group(cls=LoadgenGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="loadgen")
 def cli() -> None:
@@ -73,16 +89,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--requests", type=click.IntRange(min=1), help="Requests per class (replaces the file's)."
-)
-@click.option(
-    "--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds of arrivals per class."
-)
-@click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (e.g. 2x).")
-@click.option(
-    "--seed", type=int, help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."
-)
+@workload_options
 @click.option(
     "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
 )
@@ -118,16 +125,7 @@ def check(
     help="Base URL of the endpoint, e.g. http://127.0.0.1:8000. "
     "Without it (and without target.url) the built-in simulator is started.",
 )
-@click.option(
-    "--requests", type=click.IntRange(min=1), help="Requests per class (replaces the file's)."
-)
-@click.option(
-    "--duration", type=click.FloatRange(min=0, min_open=True), help="Seconds of arrivals per class."
-)
-@click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (e.g. 2x).")
-@click.option(
-    "--seed", type=int, help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."
-)
+@workload_options
 @click.option(
     "--out",
     "out_dir",
