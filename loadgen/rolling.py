@@ -46,13 +46,13 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.histograms import LatencyHistogram
 from loadgen.metrics import PERCENTILES, nearest_rank
 from loadgen.records import OUTCOMES, Outcome, read_records
 from loadgen.slo import SloTargets
 from loadgen.store import (
     METRICS,
     NS_PER_MINUTE,
-    BucketedHistogram,
     RunEntry,
     build_histograms,
     discover_runs,
@@ -94,7 +94,7 @@ class _Bin:
     """One class's requests in one slot of time: counts, merged histograms, the runs in it."""
 
     counts: dict[str, int] = field(default_factory=dict)
-    histograms: dict[str, BucketedHistogram] = field(default_factory=dict)
+    histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
     run_ids: set[str] = field(default_factory=set)
     values_ms: dict[str, list[npt.NDArray[np.float64]]] = field(default_factory=dict)  # exact
 
@@ -208,7 +208,7 @@ def _bin_minutes(minutes: pl.DataFrame, anchor: int, slot_ns: int) -> dict[tuple
         for name in count_columns:
             b.counts[name] = b.counts.get(name, 0) + (row.get(name) or 0)
         for metric in METRICS:
-            histogram = b.histograms.setdefault(metric, BucketedHistogram())
+            histogram = b.histograms.setdefault(metric, LatencyHistogram())
             if row[metric] is not None:
                 histogram.add_encoded(row[metric])
     return bins
@@ -250,7 +250,7 @@ def _window_row(parts: Sequence[_Bin], *, exact: bool) -> dict[str, Any]:
         "outcomes": {name: counts[name] for name in OUTCOMES},
     }
     for metric in METRICS:
-        histogram = BucketedHistogram()
+        histogram = LatencyHistogram()
         for p in parts:
             if metric in p.histograms:
                 histogram.merge(p.histograms[metric])

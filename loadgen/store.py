@@ -32,8 +32,7 @@ nothing (a bucket is the histogram's resolution) and records ~10x fewer values.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,8 +43,8 @@ import numpy.typing as npt
 import polars as pl
 
 from loadgen.errors import LoadgenError
-from loadgen.histograms import _OVERFLOW_US, HIGHEST_US, LatencyHistogram
-from loadgen.metrics import NS_PER_MS, nearest_rank
+from loadgen.histograms import HIGHEST_US, LatencyHistogram
+from loadgen.metrics import NS_PER_MS
 from loadgen.records import OUTCOMES, Outcome, read_records, write_parquet_atomic
 from loadgen.slo import SloTargets, per_request
 
@@ -73,54 +72,6 @@ class RunEntry:
     def started(self) -> datetime:
         """t0 as an aware UTC datetime."""
         return datetime.fromtimestamp(self.started_unix_ns / 1e9, UTC)
-
-
-class BucketedHistogram(LatencyHistogram):
-    """A `LatencyHistogram` that records a value with a count and reads several ranks at once.
-
-    These belong in `histograms.py` (`record_counts_us`, `record_overflow`, `add_encoded`,
-    `percentiles_ms`); they live here until that module grows them.
-    """
-
-    __slots__ = ()
-
-    def record_counts_us(self, values_us: Sequence[int], counts: Sequence[int]) -> None:
-        """Record each value (whole µs, 0 to 1 hour) `count` times: one call per bucket."""
-        record = self._hist.record_value
-        for value, count in zip(values_us, counts, strict=True):
-            record(value, count)
-
-    def add_encoded(self, encoded: str) -> None:
-        """Merge an encoded histogram without building a `LatencyHistogram` for it first."""
-        self._hist.decode_and_add(encoded)
-
-    def record_overflow(self, count: int) -> None:
-        """Record `count` values above the range (or +inf): they rank worst."""
-        if count:
-            self._hist.record_value(_OVERFLOW_US, count)
-
-    def percentiles_ms(self, ps: Sequence[float], *, failures: int = 0) -> list[float]:
-        """Nearest-rank percentiles in ms with `failures` more values ranked worst (+inf).
-
-        Equal to `percentile_ms` for each p when failures = 0, from one cumulative sum:
-        +inf where the rank falls on an overflow or a failure, NaN when empty.
-        """
-        total = self.count + failures
-        if total == 0:
-            return [math.nan for _ in ps]
-        finite = self.count - self.overflow
-        hist = self._hist
-        cumulative = np.cumsum(np.ctypeslib.as_array(hist.counts)[: hist.counts_len])
-        values = []
-        for p in ps:
-            rank = nearest_rank(p, total)
-            if rank > finite:
-                values.append(math.inf)
-                continue
-            index = int(np.searchsorted(cumulative, rank, side="left"))
-            top = hist.get_highest_equivalent_value(hist.get_value_from_index(index))
-            values.append(int(top) / 1000.0)
-        return values
 
 
 def discover_runs(store_dir: Path) -> list[RunEntry]:
@@ -301,7 +252,7 @@ def _encoded_histograms(values: pl.DataFrame) -> pl.DataFrame:
     )
     out: dict[str, list[Any]] = {"metric": [], "class": [], "minute_start_unix_ns": [], "h": []}
     for row in per_histogram.iter_rows(named=True):
-        histogram = BucketedHistogram()
+        histogram = LatencyHistogram()
         histogram.record_counts_us(row["buckets"], row["counts"])
         histogram.record_overflow(int(row["overflow"]))
         for name in keys:

@@ -18,7 +18,6 @@ from loadgen.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.slo import SloTargets, per_request
 from loadgen.store import (
     HISTOGRAMS_FILE,
-    BucketedHistogram,
     build_histograms,
     discover_runs,
     load_histograms,
@@ -177,7 +176,7 @@ def test_bucketed_recording_encodes_like_recording_each_value() -> None:
 def test_percentiles_with_failures_rank_them_worst() -> None:
     """`percentiles_ms(failures=f)` equals `percentile_ms` after recording f values of +inf."""
     rng = random.Random(3)
-    bucketed, reference = BucketedHistogram(), LatencyHistogram()
+    bucketed, reference = LatencyHistogram(), LatencyHistogram()
     for value in (rng.lognormvariate(4.0, 1.0) for _ in range(500)):
         bucketed.record_ms(value)
         reference.record_ms(value)
@@ -186,7 +185,7 @@ def test_percentiles_with_failures_rank_them_worst() -> None:
         reference.record_ms(math.inf)
     ps = (0.0, 50.0, 97.0, 98.1, 98.2, 99.0, 100.0)
     assert bucketed.percentiles_ms(ps, failures=7) == [reference.percentile_ms(p) for p in ps]
-    assert math.isnan(BucketedHistogram().percentiles_ms((50.0,))[0])
+    assert math.isnan(LatencyHistogram().percentiles_ms((50.0,))[0])
 
 
 def test_discover_runs_sorts_by_t0_and_reads_slos(tmp_path: Path) -> None:
