@@ -238,17 +238,26 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
     lag = dispatched_ns - intended_ns (sent_ns where a record has no dispatch time): how
     late the scheduler started each request. `fell_behind` is true when its nearest-rank
     p99 exceeds `lag_bound_ms`: the run's latencies then describe the generator, not the
-    server. `send_lag_ms` (sent - intended) also holds waits for an in-flight slot and
+    server. Only requests the schedule placed count (single requests and the first turn
+    of a session, trajectory or batch): a later turn's intended time is the previous
+    turn's end plus a think time, so its lag is the client's reaction time, reported on
+    its own as `chained_lag_ms` (and included in that turn's TTFT). `send_lag_ms`
+    (sent - intended) also holds waits for an in-flight slot and
     connecting, which are charged to the requests, not to the generator. Requests never
     started have no lag. Rates (see `rate_per_s`): target over the intended times of every
     record, achieved over the start (dispatch, else send) times of the started ones.
     """
+    chained = pl.col("turn").fill_null(0) > 0 if "turn" in frame.columns else pl.lit(False)
     lags = frame.select(
         _ms(_lag_ns()).alias("lag"),
         _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag"),
         (pl.col("intended_ns") + _lag_ns()).alias("started_ns"),
+        chained.alias("chained"),
     )
-    p50, p99, peak = percentiles(lags.get_column("lag"), (50.0, 99.0, 100.0))
+    scheduled = lags.filter(~pl.col("chained")).get_column("lag")
+    p50, p99, peak = percentiles(scheduled, (50.0, 99.0, 100.0))
+    reaction = lags.filter(pl.col("chained")).get_column("lag")
+    r50, r99, r_peak = percentiles(reaction, (50.0, 99.0, 100.0))
     send_p50, send_p99, send_peak = percentiles(lags.get_column("send_lag"), (50.0, 99.0, 100.0))
     target = rate_per_s(frame.get_column("intended_ns"))
     achieved = rate_per_s(lags.get_column("started_ns"))
@@ -263,6 +272,7 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
             "p99": round_ms(send_p99),
             "max": round_ms(send_peak),
         },
+        "chained_lag_ms": {"p50": round_ms(r50), "p99": round_ms(r99), "max": round_ms(r_peak)},
         "target_rate_per_s": round(target, 3) if target is not None else None,
         "achieved_rate_per_s": round(achieved, 3) if achieved is not None else None,
         "fell_behind": p99 is not None and p99 > lag_bound_ms,

@@ -320,3 +320,21 @@ def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> No
         assert len(tokenizer.encode(text, add_special_tokens=False).ids) == tokens
     with pytest.raises(ConfigError, match="tokenizer file not found"):
         PromptMaker(0, str(tmp_path / "missing.json"))
+
+
+def test_fell_behind_judges_the_schedule_not_the_reaction_time_of_chained_turns() -> None:
+    """A later turn's lag is reported as chained_lag_ms and does not make the run invalid."""
+    from loadgen.metrics import generator_health
+
+    def rec(rid: int, turn: int, lag_ms: float) -> RequestRecord:
+        return RequestRecord(request_id=rid, class_name="c", intended_ns=rid * NS, outcome=Outcome.OK,
+                             dispatched_ns=rid * NS + int(lag_ms * 1e6), session_id=0, turn=turn)  # fmt: skip
+
+    health = generator_health(
+        to_frame([rec(0, 0, 1.0), rec(1, 1, 50.0), rec(2, 2, 40.0)]), planned=3
+    )
+    assert health["fell_behind"] is False
+    assert health["lag_ms"]["max"] == 1.0
+    assert health["chained_lag_ms"]["max"] == 50.0
+    late_start = generator_health(to_frame([rec(0, 0, 9.0), rec(1, 1, 0.1)]), planned=2)
+    assert late_start["fell_behind"] is True
