@@ -190,6 +190,9 @@ def _generator_line(generator: Mapping[str, Any]) -> Text:
         f"lag p99 {with_unit(lag['p99'])}, max {with_unit(lag['max'])} · "
         f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
     )
+    chained = generator.get("chained_lag_ms") or {}
+    if chained.get("p99") is not None:
+        line.append(f" · next-turn reaction p99 {with_unit(chained['p99'])}")
     if generator["fell_behind"]:
         line.append(
             f"\nFELL BEHIND: lag p99 {with_unit(lag['p99'])} > {generator['lag_bound_ms']:g} ms;"
