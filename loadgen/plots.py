@@ -228,6 +228,51 @@ def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) ->
     ax.plot([value], [rank / n], "o", color="black", label=f"{label} = {_ms(value)}")
 
 
+def hop_boxplot_png(
+    durations_ms: Mapping[int, Sequence[float]], *, title: str, budget_s: float | None = None
+) -> bytes:
+    """Per-hop duration (intended send → end of ok hops) as boxplots, one box per hop index.
+
+    Whiskers at the 1st and 99th percentiles; the trajectory budget divided by the number
+    of hops is drawn as a reference (the equal split the seed warns against planning by).
+    """
+    fig, ax = _figure()
+    hops = sorted(h for h, values in durations_ms.items() if len(values))
+    if hops:
+        ax.boxplot([list(durations_ms[h]) for h in hops], whis=(1, 99), showfliers=True)
+        ax.set_xticks(range(1, len(hops) + 1), [str(h) for h in hops])
+        if budget_s:
+            share = budget_s * 1000 / len(hops)
+            ax.axhline(share, color="tab:red", linestyle="--",
+                       label=f"budget / hops = {share:,.0f} ms")  # fmt: skip
+            ax.legend(loc="upper left")
+    else:
+        ax.text(0.5, 0.5, "no ok hops", transform=ax.transAxes, ha="center")
+    ax.set_xlabel("hop (0 = first call of the trajectory)")
+    ax.set_ylabel("hop duration (ms)")
+    ax.set_title(title)
+    return _png(fig)
+
+
+def batch_progress_png(
+    end_s: Sequence[float], *, documents: int, title: str, deadline_s: float | None = None
+) -> bytes:
+    """Documents completed over time since the batch started, with the deadline marked."""
+    fig, ax = _figure()
+    ends = sorted(end_s)
+    if ends:
+        ax.step([0.0, *ends], list(range(len(ends) + 1)), where="post", color="tab:blue",
+                label=f"{len(ends)} of {documents} documents ok")  # fmt: skip
+    ax.axhline(documents, color="grey", linestyle=":", label=f"batch: {documents} documents")
+    if deadline_s:
+        ax.axvline(deadline_s, color="tab:red", linestyle="--", label=f"deadline {deadline_s:g} s")
+    ax.set_xlabel("time since the batch's first send (s)")
+    ax.set_ylabel("documents completed ok")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    return _png(fig)
+
+
 def _figure() -> tuple[Figure, Axes]:
     fig, ax = plt.subplots(figsize=SIZE_IN)
     fig.subplots_adjust(**MARGINS)

@@ -214,6 +214,8 @@ def build_run_report(
             windows=windows.filter(pl.col("class") == name),
             targets=effective.get(name, SloTargets()),
             step_s=sliding_step_s or window_s,
+            budget_s=kinds.get(name, {}).get("trajectory_budget_s"),
+            deadline_s=kinds.get(name, {}).get("batch_deadline_s"),
         )
         names = []
         for kind, (caption, png) in class_figures(view).items():
@@ -246,15 +248,47 @@ class ClassView:
     windows: pl.DataFrame  # its `time_windows` rows
     targets: SloTargets
     step_s: float
+    budget_s: float | None = None  # agent: the trajectory budget
+    deadline_s: float | None = None  # summarization: the batch deadline
 
 
 def class_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
     """A class's figures: kind -> (caption, PNG).
 
-    Extension point: agent classes (per-hop duration boxplots) and summarization classes
-    (batch progress) add their figures here, chosen by `view.kind`, once the records
-    carry hops and batches. Until then every kind gets the chat figures below.
+    Every kind gets the latency figures; agent classes add per-hop duration boxplots and
+    summarization classes the batch's progress against its deadline.
     """
+    figures = _latency_figures(view)
+    if view.kind == "agent":
+        figures["hop_durations"] = (f"{view.name}: duration by hop", _hop_figure(view))
+    elif view.kind == "summarization":
+        figures["batch_progress"] = (f"{view.name}: batch progress", _batch_figure(view))
+    return figures
+
+
+def _hop_figure(view: ClassView) -> bytes:
+    ok = view.frame.filter(pl.col("outcome") == Outcome.OK.value)
+    durations: dict[int, list[float]] = {}
+    for (hop,), group in ok.group_by("turn", maintain_order=True):
+        values = ((group["end_ns"] - group["intended_ns"]) / 1e6).to_list()
+        durations[int(hop) if hop is not None else 0] = values
+    return plots.hop_boxplot_png(durations, title=f"{view.name}: duration of each hop (ok hops)",
+                                 budget_s=view.budget_s)  # fmt: skip
+
+
+def _batch_figure(view: ClassView) -> bytes:
+    frame = view.frame
+    start = frame["intended_ns"].min() if frame.height else 0
+    ok = frame.filter(pl.col("outcome") == Outcome.OK.value)
+    ends = ((ok["end_ns"] - start) / 1e9).to_list() if ok.height else []
+    title = f"{view.name}: documents completed over time"
+    return plots.batch_progress_png(
+        ends, documents=frame.height, deadline_s=view.deadline_s, title=title
+    )
+
+
+def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
+    """TTFT/TPOT CDFs, the ITL histogram, tokens per chunk and the window timeline."""
     ok = view.rows.filter(pl.col("outcome") == Outcome.OK.value)
     failures = view.rows.height - ok.height
     p, name, targets = view.targets.percentile, view.name, view.targets

@@ -72,3 +72,16 @@ def test_every_plot_is_a_png_and_closes_its_figure(name: str) -> None:
 def test_the_backend_is_agg() -> None:
     """Plots never need a display."""
     assert plt.get_backend().lower() == "agg"
+
+
+def test_hop_boxplot_and_batch_progress_are_pngs_even_when_empty() -> None:
+    """Agent per-hop boxplots and summarization batch progress render, with data or without."""
+    from loadgen.plots import batch_progress_png, hop_boxplot_png
+
+    for png in (
+        hop_boxplot_png({0: [100.0, 120.0, 300.0], 1: [90.0, 110.0]}, title="t", budget_s=2),
+        hop_boxplot_png({}, title="t"),
+        batch_progress_png([1.0, 2.5, 4.0], documents=4, title="b", deadline_s=10),
+        batch_progress_png([], documents=3, title="b"),
+    ):
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
