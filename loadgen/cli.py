@@ -397,9 +397,11 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     return headers
 
 
+from loadgen.cli_plan import plan  # noqa: E402
 from loadgen.sim.cli import sim  # noqa: E402
 
 cli.add_command(sim)
+cli.add_command(plan)
 
 
 def main() -> None:

@@ -1,0 +1,274 @@
+"""The planner: the seed's worked numbers, estimation from a run folder, and `loadgen plan`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from loadgen import planner
+from loadgen.cli import LoadgenGroup
+from loadgen.cli_plan import plan
+from loadgen.errors import ConfigError
+from loadgen.records import Outcome, RequestRecord, TokenSource, to_frame, write_parquet_atomic
+
+SEED_FLAGS = {
+    "prefill_tokens_per_s": 8000.0,
+    "decode_step_ms": 30.0,
+    "slots_per_replica": 32.0,
+    "ttft_slo_ms": 1000.0,
+    "tpot_slo_ms": 50.0,
+    "prompt_tokens": 2000.0,
+    "long_prompt_tokens": 4000.0,
+    "output_tokens": 300.0,
+    "arrival_rate_per_s": 30.0,
+    "drain_rate_per_s": 3.5,
+    "service_cv": 2.0,
+}
+SEED_ARGS = [
+    "--prefill-tokens-per-s", "8000", "--decode-step-ms", "30", "--slots-per-replica", "32",
+    "--ttft-slo-ms", "1000", "--tpot-slo-ms", "50", "--prompt-tokens", "2000",
+    "--output-tokens", "300", "--arrival-rate", "30", "--drain-rate", "3.5",
+]  # fmt: skip
+MS = 1_000_000
+
+
+def seed_plan() -> planner.Plan:
+    inputs, sources = planner.resolve(
+        SEED_FLAGS, decode_table=planner.parse_decode_table("16:20,32:30,64:55")
+    )
+    planner.validate(inputs, sources)
+    return planner.make_plan(inputs)
+
+
+def test_seed_chunk_and_stall() -> None:
+    """C = 160 tokens; 4,000 tokens take 25 chunks = 1,250 ms; unchunked they stall 530 ms."""
+    chunking = seed_plan().chunking
+    assert chunking.chunk_tokens == 160
+    assert chunking.long_prompt_chunks == 25
+    assert chunking.long_prompt_ttft_chunked_ms == 1250.0
+    assert chunking.long_prompt_meets_ttft_slo is False
+    assert seed_plan().unchunked_stall_ms == 530.0
+    assert seed_plan().unchunked_stall_over_tpot_slo == pytest.approx(10.6)
+    assert seed_plan().stall_mean_share_ms == pytest.approx(500 / 300)
+
+
+def test_seed_queue_cap() -> None:
+    """(1000 − 250) ms × 3.5 req/s = 2.625 queued requests; the setting is its floor, 2."""
+    result = seed_plan()
+    assert result.wait_budget_ms == 750.0
+    assert result.queue_cap == pytest.approx(2.625)
+    assert result.queue_cap_requests == 2
+
+
+def test_seed_pollaczek_khinchine() -> None:
+    """C_v = 2 inflates the wait 2.5×, and moves the M/M/1 knee of 0.8 to about 0.6."""
+    result = seed_plan()
+    assert result.pk_inflation == 2.5
+    assert result.mg1_utilization_matching_mm1_knee == pytest.approx(0.615, abs=1e-3)
+    assert result.max_utilization < result.max_utilization_mm1
+
+
+@pytest.mark.parametrize(
+    ("rho", "mean", "p99"),
+    [(0.5, 2.0, 9.2), (0.7, 3.3, 15.4), (0.9, 10.0, 46.1), (0.95, 20.0, 92.1)],
+)
+def test_seed_mm1_table(rho: float, mean: float, p99: float) -> None:
+    """The seed's M/M/1 rows: mean W and p99 as multiples of S, to one decimal."""
+    row = planner.queue_row(rho, 1.0)
+    assert round(row.mm1_mean_over_s, 1) == mean
+    assert round(row.mm1_p_over_s, 1) == p99
+    assert row.mg1_mean_over_s == pytest.approx(row.mm1_mean_over_s)
+
+
+def test_max_utilization_meets_the_budget() -> None:
+    """At ρ_max the approximated p99 wait uses exactly the wait budget."""
+    rho = planner.max_utilization(750.0, 1000 / 3.5, 2.0)
+    p99_wait = planner.tail_factor(99) * planner.mg1_wait_over_s(rho, 2.0) * 1000 / 3.5
+    assert p99_wait == pytest.approx(750.0)
+
+
+def test_seed_fleet() -> None:
+    """T_hold 9.25 s, a = 277.5, c ≈ 311 slots, 10 + 1 = 11 replicas (9 on the mean alone)."""
+    fleet = seed_plan().fleet
+    assert fleet is not None
+    assert seed_plan().t_hold_s == pytest.approx(9.25)
+    assert fleet.offered_slots == pytest.approx(277.5)
+    assert fleet.slots_exact == pytest.approx(277.5 + 2 * math.sqrt(277.5))
+    assert fleet.slots == 311
+    assert (fleet.replicas_without_spare, fleet.replicas, fleet.replicas_naive) == (10, 11, 9)
+
+
+def test_seed_goodput() -> None:
+    """16 → 800, 32 → 1067, 64 → 1164 tok/s but late: the goodput optimum is B = 32."""
+    result = seed_plan()
+    shown = [(b.batch, round(b.tokens_per_s), b.meets_tpot_slo) for b in result.batch_options]
+    assert shown == [(16, 800, True), (32, 1067, True), (64, 1164, False)]
+    assert result.goodput_optimal_batch == 32
+    assert result.peak_throughput_batch == 64
+
+
+def test_default_drain_rate_is_slots_over_hold_time() -> None:
+    """Without --drain-rate a full replica drains 32 / 9.25 s ≈ 3.46 req/s, cap ≈ 2.6."""
+    given = {k: v for k, v in SEED_FLAGS.items() if k != "drain_rate_per_s"}
+    inputs, sources = planner.resolve(given)
+    result = planner.make_plan(inputs)
+    assert result.drain_rate_per_s == pytest.approx(32 / 9.25)
+    assert round(result.queue_cap, 1) == 2.6
+    assert sources["drain_rate_per_s"].startswith("default")
+
+
+def test_cost() -> None:
+    """11 one-GPU replicas at $2/h serving 9,000 tok/s cost 22/32.4 $ per million tokens."""
+    inputs, _ = planner.resolve({**SEED_FLAGS, "gpus_per_replica": 1, "gpu_hour_usd": 2})
+    cost = planner.make_plan(inputs).cost
+    assert cost is not None
+    assert cost.usd_per_million_tokens == pytest.approx(22 / 32.4)
+
+
+def test_decode_alone_over_tpot_gives_no_chunk() -> None:
+    """A decode step above the TPOT SLO leaves no safe chunk, and the plan says so."""
+    inputs, _ = planner.resolve({**SEED_FLAGS, "decode_step_ms": 60.0})
+    assert planner.make_plan(inputs).chunking == planner.Chunking(chunk_tokens=0)
+
+
+def test_cli_json_keys() -> None:
+    """`plan --format json` prints the seed's chunk, cap, slots and replicas."""
+    result = CliRunner().invoke(plan, [*SEED_ARGS, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert (out["chunk_tokens"], out["queue_cap"], out["slots"], out["replicas"]) == (
+        160, 2.625, 311, 11
+    )  # fmt: skip
+    assert out["queue_cap_requests"] == 2
+    assert out["inputs"]["beta"] == {"value": 2.0, "source": "default"}
+    assert out["inputs"]["arrival_rate_per_s"]["source"] == "assumed (--arrival-rate)"
+
+
+def test_cli_text_shows_formulas() -> None:
+    """The text table carries units and formulas."""
+    args = [*SEED_ARGS, "--long-prompt-tokens", "4000", "--decode-table", "16:20,32:30,64:55"]
+    result = CliRunner().invoke(plan, args)
+    assert result.exit_code == 0, result.output
+    for text in ("160 tokens", "1,250 ms", "530 ms", "2.625", "10 + 1 = 11", "VIOLATES"):
+        assert text in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--decode-table", "16:20,x"], "--decode-table"),
+        (["--arrival-rate", "-1"], "--arrival-rate"),
+        (["--service-cv", "-1"], "--service-cv"),
+        (["--slots-per-replica", "2.5"], "--slots-per-replica"),
+        (["--gpus-per-replica", "2"], "--gpu-hour-usd"),
+    ],
+)
+def test_cli_bad_input_exits_1(args: list[str], message: str) -> None:
+    """A bad value is a clean error with exit code 1 and the flag's name."""
+    result = CliRunner().invoke(plan, [*SEED_ARGS, *args])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_missing_and_malformed_flags_exit_1() -> None:
+    """Missing inputs and unparsable numbers exit 1 under the loadgen group."""
+    group = LoadgenGroup()
+    group.add_command(plan)
+    missing = CliRunner().invoke(group, ["plan", "--prefill-tokens-per-s", "8000"])
+    assert missing.exit_code == 1
+    assert "--decode-step-ms" in missing.output
+    malformed = CliRunner().invoke(group, ["plan", *SEED_ARGS, "--beta", "x"])
+    assert malformed.exit_code == 1
+
+
+def test_help_has_example() -> None:
+    """The command's help carries an Example block."""
+    assert "Example:" in (plan.help or "")
+    assert isinstance(plan, click.Command)
+
+
+# --- estimation from a run folder ---------------------------------------------------------
+
+
+def synthetic_run(tmp_path: Path, n: int = 200) -> Path:
+    """A run folder whose TTFT from send is 50 ms + P/8000 s and TPOT 30 ms, some queued."""
+    records = []
+    for i in range(n):
+        prompt, out = 200 + 37 * (i % 100), 50 + 7 * (i % 40)
+        sent = i * 500 * MS
+        queued = (i % 3) * 80 * MS  # a third unqueued, the rest waited 80 or 160 ms
+        first = sent + queued + 50 * MS + prompt * 125_000  # P / 8000 s = P × 125 µs
+        last = first + (out - 1) * 30 * MS
+        records.append(
+            RequestRecord(
+                request_id=i, class_name="chat", intended_ns=sent, outcome=Outcome.OK,
+                dispatched_ns=sent, sent_ns=sent, first_token_ns=first, last_token_ns=last,
+                end_ns=last, output_tokens=out, token_source=TokenSource.USAGE,
+                prompt_tokens=prompt, prompt_tokens_target=prompt, max_tokens=out,
+            )
+        )  # fmt: skip
+    run_dir = tmp_path / "run-1"
+    run_dir.mkdir()
+    write_parquet_atomic(to_frame(records), run_dir / "records.parquet")
+    slo = {"ttft_ms": 1000, "tpot_ms": 50, "itl_ms": None, "e2e_ms": None, "percentile": 99}
+    info = {
+        "schema_version": 1,
+        "loadgen_version": "0.1.0",
+        "seed": 0,
+        "planned": n,
+        "workload": {"name": "synthetic", "source": "synthetic.yaml",
+                     "spec": {"classes": {"chat": {"kind": "chat", "slo": slo}}}},
+        "target": {"url": "http://127.0.0.1:8000/v1/chat/completions", "api": "openai-chat",
+                   "model": "sim", "builtin_sim": True, "sim_args": []},
+        "options": {"max_in_flight": None, "lag_bound_ms": 5.0, "grace_s": 5.0},
+    }  # fmt: skip
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return run_dir
+
+
+def test_estimate_recovers_prefill_and_decode(tmp_path: Path) -> None:
+    """The lower-envelope fit recovers 8,000 tok/s and 50 ms; median TPOT is 30 ms."""
+    import polars as pl
+
+    measured = planner.estimate([pl.read_parquet(synthetic_run(tmp_path) / "records.parquet")])
+    assert measured.prefill_tokens_per_s == pytest.approx(8000, rel=0.03)
+    assert measured.ttft_overhead_ms == pytest.approx(50, rel=0.03)
+    assert measured.decode_step_ms == pytest.approx(30, rel=0.01)
+    assert measured.long_prompt_tokens == 200 + 37 * 99
+    assert measured.decode_concurrency is not None
+    assert measured.decode_concurrency > 1
+
+
+def test_cli_from_run_labels_sources(tmp_path: Path) -> None:
+    """--from-run fills measured inputs and SLOs, flags still win, and each says its source."""
+    run_dir = synthetic_run(tmp_path)
+    args = ["--from-run", str(run_dir), "--slots-per-replica", "32", "--arrival-rate", "30"]
+    result = CliRunner().invoke(plan, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    inputs = json.loads(result.output)["inputs"]
+    assert inputs["prefill_tokens_per_s"]["value"] == pytest.approx(8000, rel=0.03)
+    assert inputs["prefill_tokens_per_s"]["source"] == f"measured (from {run_dir})"
+    assert inputs["decode_step_ms"]["value"] == pytest.approx(30, rel=0.01)
+    assert inputs["ttft_slo_ms"]["source"] == f"recorded SLO (from {run_dir})"
+    assert inputs["slots_per_replica"]["source"] == "assumed (--slots-per-replica)"
+    assert inputs["service_cv"]["source"].startswith("measured")
+
+
+def test_cli_from_run_unknown_class(tmp_path: Path) -> None:
+    """A class the run does not hold is a clean error."""
+    result = CliRunner().invoke(plan, ["--from-run", str(synthetic_run(tmp_path)), "--class", "x"])
+    assert result.exit_code == 1
+    assert "no ok request" in result.output
+
+
+def test_bad_input_raises_config_error() -> None:
+    """validate names the offending flag."""
+    inputs, sources = planner.resolve({**SEED_FLAGS, "percentile": 100.0})
+    with pytest.raises(ConfigError, match="--percentile"):
+        planner.validate(inputs, sources)
