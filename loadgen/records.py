@@ -15,8 +15,9 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -112,18 +113,25 @@ SCHEMA: dict[str, pl.DataType] = {
 
 
 def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
-    """Records as a frame with `SCHEMA`, sorted by request_id."""
-    rows = []
+    """Records as a frame with `SCHEMA`, sorted by request_id.
+
+    Built column by column (no per-record dicts): a writer thread converting a batch holds
+    the GIL while it does, and every millisecond of that is a millisecond the event loop
+    cannot stamp a chunk.
+    """
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA}
+    fields = [(name, _FIELD.get(name, name)) for name in SCHEMA]
     for record in records:
-        row = asdict(record)
-        row["class"] = row.pop("class_name")
-        row["outcome"] = str(record.outcome)
-        row["token_source"] = str(record.token_source)
-        row["chunk_ns"] = list(record.chunk_ns)
-        row["chunk_tokens"] = list(record.chunk_tokens)
-        rows.append(row)
-    frame = pl.DataFrame(rows, schema=SCHEMA, orient="row") if rows else empty_frame()
-    return frame.select(list(SCHEMA)).sort("request_id")
+        for column, attribute in fields:
+            columns[column].append(getattr(record, attribute))
+    columns["outcome"] = [str(o) for o in columns["outcome"]]
+    columns["token_source"] = [str(t) for t in columns["token_source"]]
+    columns["chunk_ns"] = [list(c) for c in columns["chunk_ns"]]
+    columns["chunk_tokens"] = [list(c) for c in columns["chunk_tokens"]]
+    return pl.DataFrame(columns, schema=SCHEMA).sort("request_id")
+
+
+_FIELD = {"class": "class_name"}  # column name -> dataclass attribute, where they differ
 
 
 def empty_frame() -> pl.DataFrame:
