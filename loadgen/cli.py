@@ -397,6 +397,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     return headers
 
 
+from loadgen.cli_capacity import capacity  # noqa: E402
 from loadgen.cli_compare import compare  # noqa: E402
 from loadgen.cli_plan import plan  # noqa: E402
 from loadgen.sim.cli import sim  # noqa: E402
@@ -404,6 +405,7 @@ from loadgen.sim.cli import sim  # noqa: E402
 cli.add_command(sim)
 cli.add_command(plan)
 cli.add_command(compare)
+cli.add_command(capacity)
 
 
 def main() -> None:
