@@ -174,7 +174,8 @@ def audit_run(
         run_id=str(info.get("run_id", run_dir.name)),
         slos=effective,
         planned=int(info.get("planned", frame.height)),
-        interrupted=bool(info.get("interrupted", False)),
+        # a run killed before it finished left run.json with finished: false
+        interrupted=bool(info.get("interrupted", False)) or not info.get("finished", True),
         lag_bound_ms=float(info.get("options", {}).get("lag_bound_ms", 5.0)),
     )
     summary = apply_objectives(summary, frame, Objective.from_run_info(info, effective))
