@@ -270,6 +270,12 @@ def run(
     show_default=True,
     help="json: the summary (or windows) on stdout, for machines.",
 )
+@click.option(
+    "--recover",
+    is_flag=True,
+    help="One run that was killed: join its record parts into records.parquet, mark it "
+    "interrupted, write its summary.json, then report.",
+)
 @clean_errors
 def report(
     path: Path,
@@ -280,6 +286,7 @@ def report(
     exact: bool,
     out_dir: Path | None,
     fmt: str,
+    recover: bool,
 ) -> None:
     """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
 
@@ -293,13 +300,29 @@ def report(
       loadgen report reports/20261129T101500Z-chat-1a2b
       loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
       loadgen report reports/ --window 30d --step 1d --class chat
+      loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
     """
     if (path / "run.json").exists():
+        if recover:
+            _recover(path)
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
     else:
         _report_store(
             path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt
         )
+
+
+def _recover(run_dir: Path) -> None:
+    """Join a killed run's parts, then write its summary and histograms as a run would."""
+    from loadgen.report import audit_run
+    from loadgen.run import recover, write_json_atomic
+    from loadgen.store import write_histograms
+
+    kept = recover(run_dir)
+    summary, frame, slos = audit_run(run_dir)
+    write_json_atomic(run_dir / "summary.json", summary)
+    write_histograms(run_dir, frame, slos)
+    click.echo(f"recovered {kept} records of {run_dir}; marked interrupted", err=True)
 
 
 def _report_run(

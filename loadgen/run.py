@@ -398,3 +398,29 @@ def progress_line(stats: LiveStats, elapsed_s: float) -> str:
         f"[{max(0.0, elapsed_s):7.1f}s] sent {stats.sent}/{stats.planned}  "
         f"in flight {stats.in_flight}  ok {stats.ok}  failed {stats.failed}  {ttft_text}"
     )
+
+
+def recover(run_dir: Path) -> int:
+    """Finish a run that was killed: join its record parts into `records.parquet`, mark
+    `run.json` interrupted. Returns the number of records kept. A finished run is left as is.
+    """
+    from loadgen.records import PARTS_DIR, RECORDS_FILE, read_parts, write_parquet_atomic
+
+    info_path = run_dir / "run.json"
+    if not info_path.exists():
+        raise LoadgenError(f"{run_dir} has no run.json: not a run folder")
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    parts = run_dir / PARTS_DIR
+    if (run_dir / RECORDS_FILE).exists() and not parts.exists():
+        return int(info.get("planned", 0)) if info.get("finished") else 0
+    frame = read_parts(parts) if parts.exists() else None
+    if frame is None:
+        raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    for part in parts.glob("part-*.parquet"):
+        part.unlink()
+    for leftover in parts.glob(".*.tmp"):  # a part being written when the run was killed
+        leftover.unlink()
+    parts.rmdir()
+    write_json_atomic(info_path, {**info, "interrupted": True, "recovered": True})
+    return frame.height

@@ -93,8 +93,8 @@ def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -
     assert kept["request_id"].n_unique() == kept.height
 
 
-def test_a_run_killed_with_sigkill_can_still_be_reported(tmp_path: Path) -> None:
-    """SIGKILL leaves Parquet parts; `report` rebuilds the summary from them, marked interrupted."""
+def test_a_run_killed_with_sigkill_is_recovered_from_its_parts(tmp_path: Path) -> None:
+    """SIGKILL leaves Parquet parts; `report --recover` joins them, marks the run interrupted."""
     with ScriptedServer(handler) as server:
         process = start_run(tmp_path, server.url, grace_s=60)
         wait_for(process, lambda: len(server.requests) >= 15)
@@ -106,10 +106,16 @@ def test_a_run_killed_with_sigkill_can_still_be_reported(tmp_path: Path) -> None
     kept = read_records(run_dir)
     assert (kept["outcome"] == "ok").sum() >= 5  # the five fast requests finished > 1 s before
     result = subprocess.run(
-        [sys.executable, "-m", "loadgen", "report", str(run_dir), "--out", str(tmp_path / "rep"), "--format", "json"],
+        [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir), "--out", str(tmp_path / "rep"),
+         "--format", "json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode in (0, 2), result.stderr
     summary = json.loads(result.stdout)
     assert summary["interrupted"] is True
     assert summary["generator"]["recorded"] == kept.height
+    assert pl.read_parquet(run_dir / "records.parquet").height == kept.height
+    assert not (run_dir / "records.parts").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True
+    info = json.loads((run_dir / "run.json").read_text())
+    assert (info["interrupted"], info["recovered"]) == (True, True)
