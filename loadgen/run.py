@@ -31,13 +31,14 @@ import anyio
 
 from loadgen import __version__
 from loadgen.adapters import BodyOptions, adapter_for
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
 from loadgen.records import RecordWriter
 from loadgen.runner import Engine, EngineConfig, LiveStats
+from loadgen.secrets import Redactor, run_secrets
 from loadgen.slo import summarize
 from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
@@ -88,10 +89,16 @@ def new_run_id(name: str) -> str:
     return f"{stamp}-{slug}-{secrets.token_hex(2)}"
 
 
-def resolve_headers(spec: WorkloadSpec, extra: Mapping[str, str]) -> dict[str, str]:
-    """Request headers: the file's (with `${VAR}` from the environment), the API key, extras."""
+def resolve_headers(
+    spec: WorkloadSpec, extra: Mapping[str, str], env_values: list[str] | None = None
+) -> dict[str, str]:
+    """Request headers: the file's (with `${VAR}` from the environment), the API key, extras.
+
+    Every value read from the environment is appended to `env_values` (they are secrets).
+    """
     source = spec.source
     headers: dict[str, str] = {}
+    env_values = env_values if env_values is not None else []
     for name, value in {**spec.target.headers, **extra}.items():
 
         def expand(match: re.Match[str], name: str = name) -> str:
@@ -103,6 +110,7 @@ def resolve_headers(spec: WorkloadSpec, extra: Mapping[str, str]) -> dict[str, s
                     f"${{{var}}} is not set",
                     f"export {var}=... before the run",
                 )
+            env_values.append(os.environ[var])
             return os.environ[var]
 
         headers[name] = ENV_REF.sub(expand, value)
@@ -117,6 +125,7 @@ def resolve_headers(spec: WorkloadSpec, extra: Mapping[str, str]) -> dict[str, s
                 f"export {key_env}=<your key> before the run",
             )
         headers["Authorization"] = f"Bearer {key}"
+        env_values.append(key)
     return headers
 
 
@@ -132,8 +141,10 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
             spec.source, "classes", "plans no requests", "raise requests or duration_s"
         )
     adapter = adapter_for(spec.target.api)
-    headers = resolve_headers(spec, options.extra_headers)
+    env_values: list[str] = []
+    headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
+    redactor = Redactor(run_secrets(headers, env_values, url))
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
     with _target(url, spec, run_dir, options, log) as (base_url, sim_args):
         endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, headers)
@@ -144,7 +155,10 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
             extra_body=spec.target.extra_body,
         )
         if options.check_target:
-            preflight(endpoint, adapter, body_options)
+            try:
+                preflight(endpoint, adapter, body_options)
+            except LoadgenError as exc:
+                raise TargetError(redactor.redact(str(exc))) from None
         seed = spec.seed if options.seed is None else options.seed
         config = EngineConfig(
             adapter=adapter,
@@ -153,6 +167,7 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
             max_in_flight=options.max_in_flight,
             priority_header=spec.target.priority_header,
             prompts=prompts,
+            redact=redactor.redact,
         )
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
         return _run(work, endpoint, config, run_dir, run_info, spec, options, log)

@@ -62,6 +62,7 @@ class EngineConfig:
     headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
     priority_header: str | None = None  # send plan.priority as this header, not in the body
     prompts: PromptMaker | None = None  # default: words, seeded by `seed`
+    redact: Callable[[str], str] | None = None  # hides secrets in error text from the server
 
 
 class Exchange:
@@ -395,6 +396,8 @@ class Engine:
                 exchange.outcome = Outcome.CANCELLED
                 exchange.error = "run interrupted while this request was in flight"
                 exchange.end_ns = perf_counter_ns()
+            if exchange.error and self.config.redact is not None:
+                exchange.error = self.config.redact(exchange.error)
             self._emit(exchange.record(dispatched_ns))
         return exchange
 

@@ -15,7 +15,7 @@ from loadgen.plans import plan_run
 from loadgen.records import OUTCOMES
 from loadgen.spec import load
 from loadgen.store import write_histograms
-from loadgen.testing import ScriptedServer, head, simple_chat
+from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
@@ -278,3 +278,63 @@ def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Pat
     html = (tmp_path / "r" / "report.html").read_text()
     assert "Trajectories (judge this class" in html
     assert "Per-hop duration" in html
+
+
+CANARIES = {
+    "CANARY_KEY": "sk-canary-key-7f3a9",
+    "CANARY_HDR": "hdr-canary-2b81c",
+}
+URL_PASSWORD = "pw-canary-55d0e"
+QUERY_TOKEN = "q-canary-91aa4"
+
+
+def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Key, env-read header, URL user-info and query value reach the server, and no file or
+    output of the run or its report holds any of them, nor their base64 forms."""
+    import base64
+
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    path = write_tiny(tmp_path)
+    path.write_text(path.read_text().replace("model: m}", "model: m, api_key_env: CANARY_KEY}"))
+    seen: list[ReceivedRequest] = []
+
+    def echo(request: ReceivedRequest) -> list:
+        seen.append(request)
+        if int(request.headers.get("x-request-id", "x-0").split("-")[-1]) % 2:
+            body = json.dumps(
+                {"error": {"message": f"bad auth {request.headers} at {request.path}"}}
+            ).encode()
+            return [head(500, chunked=False, length=len(body)), body]
+        return simple_chat(2)
+
+    with ScriptedServer(echo) as server:
+        url = (
+            server.url.replace("http://", f"http://ops:{URL_PASSWORD}@") + f"/v1?key={QUERY_TOKEN}"
+        )
+        result = CliRunner().invoke(cli, [
+            "run", str(path), "--url", url, "--out", str(tmp_path / "o"), "--run-id", "c",
+            "--header", "X-Secret-Token:${CANARY_HDR}",
+        ])  # fmt: skip
+        report = CliRunner().invoke(
+            cli, ["report", str(tmp_path / "o" / "c"), "--out", str(tmp_path / "o" / "rep")]
+        )
+    assert result.exit_code == 2, result.output  # the 500s miss the SLO
+    sent = seen[-1]
+    assert sent.headers["authorization"] == f"Bearer {CANARIES['CANARY_KEY']}"
+    assert sent.headers["x-secret-token"] == CANARIES["CANARY_HDR"]
+    assert QUERY_TOKEN in sent.path
+    secrets = [*CANARIES.values(), URL_PASSWORD, QUERY_TOKEN]
+    forms = secrets + [base64.b64encode(s.encode()).decode().rstrip("=") for s in secrets]
+    forms.append(base64.b64encode(f"ops:{URL_PASSWORD}".encode()).decode().rstrip("="))
+    outputs = [result.output, report.output]
+    outputs += [
+        f.read_bytes().decode("latin-1") for f in (tmp_path / "o").rglob("*") if f.is_file()
+    ]
+    assert any("bad auth" in text for text in outputs)  # the echoed errors are in the records
+    assert any("<redacted>" in text for text in outputs)  # ... with the secrets taken out
+    for text in outputs:
+        for form in forms:
+            assert form not in text
