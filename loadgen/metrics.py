@@ -241,7 +241,9 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
     server. Only requests the schedule placed count (single requests and the first turn
     of a session, trajectory or batch): a later turn's intended time is the previous
     turn's end plus a think time, so its lag is the client's reaction time, reported on
-    its own as `chained_lag_ms` (and included in that turn's TTFT). `send_lag_ms`
+    its own as `chained_lag_ms` (and included in that turn's TTFT). A request that failed in
+    the client itself (`client_error`: no file descriptor, no local port) also makes the
+    run fall behind: its numbers are then the client's limits. `send_lag_ms`
     (sent - intended) also holds waits for an in-flight slot and
     connecting, which are charged to the requests, not to the generator. Requests never
     started have no lag. Rates (see `rate_per_s`): target over the intended times of every
@@ -254,6 +256,7 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
         (pl.col("intended_ns") + _lag_ns()).alias("started_ns"),
         chained.alias("chained"),
     )
+    client_errors = int((frame.get_column("outcome") == Outcome.CLIENT_ERROR.value).sum())
     scheduled = lags.filter(~pl.col("chained")).get_column("lag")
     p50, p99, peak = percentiles(scheduled, (50.0, 99.0, 100.0))
     reaction = lags.filter(pl.col("chained")).get_column("lag")
@@ -275,6 +278,7 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
         "chained_lag_ms": {"p50": round_ms(r50), "p99": round_ms(r99), "max": round_ms(r_peak)},
         "target_rate_per_s": round(target, 3) if target is not None else None,
         "achieved_rate_per_s": round(achieved, 3) if achieved is not None else None,
-        "fell_behind": p99 is not None and p99 > lag_bound_ms,
+        "client_errors": client_errors,
+        "fell_behind": (p99 is not None and p99 > lag_bound_ms) or client_errors > 0,
         "lag_bound_ms": lag_bound_ms,
     }

@@ -35,6 +35,7 @@ class Outcome(enum.StrEnum):
     TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
     CANCELLED = "cancelled"  # the run was interrupted before this request finished
     SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
+    CLIENT_ERROR = "client_error"  # the client failed (no file descriptor, no local port)
 
 
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
@@ -190,6 +191,11 @@ class RecordWriter:
         self._part_lock = threading.Lock()
         self._last_take = time.monotonic()
         self.count = 0
+        # Start polars' I/O runtime now, while file descriptors are plentiful: started
+        # mid-run it needs some, and a run short of them must still be able to write.
+        warm = self.parts_dir / ".warm-up.parquet"
+        empty_frame().write_parquet(warm)
+        warm.unlink()
 
     def add(self, record: RequestRecord) -> None:
         """Take one record (no I/O)."""
@@ -215,6 +221,11 @@ class RecordWriter:
             self._part_count += 1
             part = self.parts_dir / f"part-{self._part_count:06d}.parquet"
         write_parquet_atomic(to_frame(batch), part)
+
+    def requeue(self, batch: list[RequestRecord]) -> None:
+        """Put back a batch whose write failed (e.g. out of file descriptors); it goes out
+        with the next one. Records are never dropped."""
+        self._pending[:0] = batch
 
     def flush(self) -> None:
         """Write every pending record now."""

@@ -28,6 +28,7 @@ from time import perf_counter_ns
 from typing import Any, TextIO
 
 import anyio
+from polars.exceptions import PanicException
 
 from loadgen import __version__
 from loadgen.adapters import BodyOptions, adapter_for
@@ -44,7 +45,7 @@ from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: client_error outcome, generator.client_errors, host.open_files_limit
 EXIT_INTERRUPTED = 130
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -145,6 +146,7 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
     redactor = Redactor(run_secrets(headers, env_values, url))
+    open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
     with _target(url, spec, run_dir, options, log) as (base_url, sim_args):
         endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, headers)
@@ -170,6 +172,7 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
             redact=redactor.redact,
         )
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
+        run_info["host"]["open_files_limit"] = open_files
         return _run(work, endpoint, config, run_dir, run_info, spec, options, log)
 
 
@@ -320,6 +323,28 @@ def _run(
     return RunResult(run_dir=run_dir, summary=summary, interrupted=interrupted)
 
 
+def raise_open_files_limit() -> int | None:
+    """Raise the soft open-files limit to the hard one (each stream holds a socket).
+
+    Returns the limit now in force (None where the platform has none). What is still too
+    few shows up as `client_error` records and an invalid run (exit 3), never as server
+    failures.
+    """
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
 @contextlib.contextmanager
 def quiet_gc() -> Iterator[None]:
     """Keep the garbage collector's full passes out of the measurement window.
@@ -389,7 +414,10 @@ async def _progress(
             await anyio.sleep(0.25)
             batch = writer.take_due()
             if batch:
-                await anyio.to_thread.run_sync(writer.write_part, batch)
+                try:
+                    await anyio.to_thread.run_sync(writer.write_part, batch)
+                except (OSError, PanicException):  # out of file descriptors: retry later
+                    writer.requeue(batch)
             now = time.monotonic()
             if quiet or (not tty and now - last_line < 10):
                 continue

@@ -15,6 +15,7 @@ a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,9 @@ from loadgen.sse import SseDecoder
 from loadgen.transport import Connection, Pool, encode_request
 
 MAX_ERROR_BODY = 2048
+# The client's own limits, not the server's failures: too many open files (process or
+# system), no free local port, no buffer memory. They make the run invalid (exit 3).
+CLIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS})
 
 
 @dataclass(slots=True)
@@ -565,6 +569,12 @@ class Engine:
         exc = opening.exception()
         if exc is None:
             return opening.result()
+        if isinstance(exc, OSError) and exc.errno in CLIENT_ERRNOS:
+            message = (
+                f"client out of resources: {exc.strerror} (raise ulimit -n, or spread the load)"
+            )
+            exchange.finish(perf_counter_ns(), Outcome.CLIENT_ERROR, message)
+            return None
         message = connect_message(exc) if isinstance(exc, OSError) else f"connect failed: {exc!r}"
         exchange.finish(perf_counter_ns(), Outcome.CONNECT_ERROR, message)
         return None

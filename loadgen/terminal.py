@@ -193,7 +193,13 @@ def _generator_line(generator: Mapping[str, Any]) -> Text:
     chained = generator.get("chained_lag_ms") or {}
     if chained.get("p99") is not None:
         line.append(f" · next-turn reaction p99 {with_unit(chained['p99'])}")
-    if generator["fell_behind"]:
+    if generator.get("client_errors"):
+        line.append(
+            f"\nCLIENT ERRORS: {generator['client_errors']} requests failed in the client itself "
+            "(out of file descriptors or local ports): the run is invalid; raise ulimit -n",
+            style="bold red",
+        )
+    elif generator["fell_behind"]:
         line.append(
             f"\nFELL BEHIND: lag p99 {with_unit(lag['p99'])} > {generator['lag_bound_ms']:g} ms;"
             " these latencies describe the generator, not the server",

@@ -70,3 +70,37 @@ def test_refused_connections_keep_the_schedule(tmp_path: Path) -> None:
     assert generator["achieved_rate_per_s"] == pytest.approx(
         generator["target_rate_per_s"], rel=0.02
     )
+
+
+def test_running_out_of_file_descriptors_is_the_clients_fault_and_invalidates_the_run(
+    tmp_path: Path,
+) -> None:
+    """With 64 open files allowed and ~150 streams open at once, the connects that fail are
+    `client_error` (not server failures), every plan is recorded, and the run exits 3."""
+    import resource
+
+    from loadgen.testing import simple_chat
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD.format(fault="").replace("rate_per_s: 100", "rate_per_s: 500")
+                        .replace("requests: 300", "requests: 150"))  # fmt: skip
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    with ScriptedServer(lambda r: simple_chat(5, gap_s=0.4)) as server:
+        command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", server.url,
+                   "--out", str(tmp_path), "--run-id", "f", "--no-preflight", "-q"]  # fmt: skip
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, preexec_fn=limit_files
+        )
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "CLIENT ERRORS" in result.stdout
+    records = pl.read_parquet(tmp_path / "f" / "records.parquet")
+    assert records.height == 150
+    outcomes = set(records["outcome"].unique())
+    assert "client_error" in outcomes
+    assert outcomes <= {"ok", "client_error"}
+    summary = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert summary["generator"]["client_errors"] == (records["outcome"] == "client_error").sum()

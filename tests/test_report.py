@@ -16,6 +16,7 @@ import pytest
 from loadgen import report as rpt
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
+from loadgen.run import SCHEMA_VERSION
 from loadgen.slo import SloTargets
 
 MS = 1_000_000
@@ -319,7 +320,7 @@ def test_markdown_links_pngs_beside_it_and_summary_is_written(
     assert "<script" not in md
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary == json.loads(json.dumps(built.summary))
-    assert summary["schema_version"] == 1
+    assert summary["schema_version"] == SCHEMA_VERSION
     assert summary["loadgen_version"]
     assert not list((tmp_path / "out").glob(".*.tmp"))
 
