@@ -115,6 +115,11 @@ def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit also accepts superscripts that int() rejects)."""
+    return text.isascii() and text.isdigit()
+
+
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection carrying one exchange at a time."""
 
@@ -195,34 +200,39 @@ class Connection(asyncio.Protocol):
 
     # -- framing --------------------------------------------------------------------------
     def _read_head(self, data: bytes, sink: ExchangeSink, t_ns: int) -> bytes:
+        """Parse the status line and headers; return the body bytes that followed them.
+
+        Interim (1xx) responses are skipped in a loop: a server may send any number.
+        """
         self._head += data
-        end = self._head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._head) > MAX_HEAD_BYTES:
-                self._fail(sink, "response headers too large or not HTTP", t_ns)
-            return b""
-        head, rest = self._head[:end], self._head[end + 4 :]
-        self._head = b""
-        lines = head.decode("latin-1").split("\r\n")
-        status_line = lines[0].split(" ", 2)
-        if (
-            len(status_line) < 2
-            or not status_line[0].startswith("HTTP/")
-            or not status_line[1].isdigit()
-        ):
-            self._fail(sink, f"not an HTTP response: {lines[0][:60]!r}", t_ns)
-            return b""
-        status = int(status_line[1])
+        while True:
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > MAX_HEAD_BYTES:
+                    self._fail(sink, "response headers too large or not HTTP", t_ns)
+                return b""
+            head, self._head = self._head[:end], self._head[end + 4 :]
+            lines = head.decode("latin-1").split("\r\n")
+            status_line = lines[0].split(" ", 2)
+            if (
+                len(status_line) < 2
+                or not status_line[0].startswith("HTTP/")
+                or not _digits(status_line[1])
+            ):
+                self._fail(sink, f"not an HTTP response: {lines[0][:60]!r}", t_ns)
+                return b""
+            status = int(status_line[1])
+            if not 100 <= status < 200:
+                break
+        rest, self._head = self._head, b""
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        if 100 <= status < 200:
-            return self._read_head(rest, sink, t_ns) if rest else b""  # skip 1xx
         self._in_body = True
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")
-        if not self._chunked and length is not None and length.isdigit():
+        if not self._chunked and length is not None and _digits(length):
             self._remaining = int(length)
         connection = headers.get("connection", "").lower()
         self._keep_alive = status_line[0] != "HTTP/1.0" and "close" not in connection

@@ -55,6 +55,8 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
     choices = obj.get("choices")
     if not choices:
         return delta, None
+    if not isinstance(choices, list):
+        raise MalformedEvent(f"choices is not a list: {data[:80]!r}")
     choice = choices[0]
     if not isinstance(choice, dict):
         raise MalformedEvent(f"choice is not an object: {data[:80]!r}")
