@@ -25,7 +25,9 @@ Exit codes:
   0    every SLO of every class met
   1    usage or configuration error (bad file, unreachable target)
   2    an SLO was missed
-  3    the generator fell behind: its numbers are not the server's
+  3    the generator fell behind (or the client ran out of resources): its numbers
+       are not the server's
+  4    the watchdog stopped a run where nothing progressed; records are written
   130  interrupted (Ctrl-C / SIGTERM); records and summary are still written"""
 
 
@@ -168,6 +170,14 @@ def check(
     is_flag=True,
     help="With the built-in simulator, keep its server-side trace in the run folder.",
 )
+@click.option(
+    "--watchdog",
+    "watchdog_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Abort (exit 4) when nothing progresses this many seconds while requests are due.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @clean_errors
 def run(
@@ -185,6 +195,7 @@ def run(
     headers: tuple[str, ...],
     no_preflight: bool,
     sim_trace: bool,
+    watchdog_s: float,
     quiet: bool,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
@@ -219,12 +230,15 @@ def run(
         grace_s=grace_s,
         check_target=not no_preflight,
         sim_trace=sim_trace,
+        watchdog_s=watchdog_s,
         extra_headers=parse_headers(headers),
     )
     result = execute(spec, options)
     console = output_console()
     console.print(render_summary(result.summary))
     console.print(f"records and summary: {result.run_dir}")
+    if result.watchdog:
+        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
 
 

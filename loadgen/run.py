@@ -47,6 +47,7 @@ from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
 SCHEMA_VERSION = 2  # 2: client_error outcome, generator.client_errors, host.open_files_limit
 EXIT_INTERRUPTED = 130
+EXIT_WATCHDOG = 4
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -64,6 +65,7 @@ class RunOptions:
     grace_s: float = 5.0
     check_target: bool = True
     sim_trace: bool = False
+    watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
     extra_headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -75,9 +77,14 @@ class RunResult:
     summary: dict[str, Any]
     interrupted: bool
 
+    watchdog: str | None = None  # what the run was waiting for when the watchdog stopped it
+
     @property
     def exit_code(self) -> int:
-        """130 when interrupted, else the summary's verdict (0 met, 2 missed, 3 fell behind)."""
+        """4 when the watchdog stopped it, 130 when interrupted, else the summary's verdict
+        (0 met, 2 missed, 3 fell behind)."""
+        if self.watchdog:
+            return EXIT_WATCHDOG
         if self.interrupted:
             return EXIT_INTERRUPTED
         return int(self.summary["verdict"]["exit_code"])
@@ -294,6 +301,7 @@ def _run(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watch_signals, engine, options.grace_s, writer, state, log)
                 tg.start_soon(_progress, stats, writer, options.quiet, t0_ns, log)
+                tg.start_soon(_watchdog, engine, pool, options.watchdog_s, state, log)
                 await engine.run(t0_ns)
                 tg.cancel_scope.cancel()
         finally:
@@ -302,7 +310,8 @@ def _run(
     with quiet_gc():
         anyio.run(main, backend="asyncio", backend_options=backend_options())
     frame = writer.close()
-    interrupted = bool(state["interrupted"])
+    watchdog = state.get("watchdog")
+    interrupted = bool(state["interrupted"]) or watchdog is not None
     summary = summarize(
         frame,
         run_id=run_id,
@@ -320,7 +329,7 @@ def _run(
     write_json_atomic(
         run_dir / "run.json", {**run_info, "interrupted": interrupted, "finished": True}
     )
-    return RunResult(run_dir=run_dir, summary=summary, interrupted=interrupted)
+    return RunResult(run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog)
 
 
 def raise_open_files_limit() -> int | None:
@@ -401,6 +410,35 @@ async def _watch_signals(
                     writer.flush()
                     os._exit(EXIT_INTERRUPTED)
             engine.requests.cancel()
+
+
+async def _watchdog(
+    engine: Engine, pool: Pool, limit_s: float, state: dict[str, Any], log: TextIO
+) -> None:
+    """Abort the run when nothing has progressed for `limit_s` while work is due.
+
+    Progress is a send, a byte received or a request ending. Work is due when requests are
+    in flight or the next scheduled send time has passed. Deadlines normally end stuck
+    requests; this catches what they cannot (a client bug, deadlines set longer than the
+    patience of the job). Everything not finished is recorded as cancelled.
+    """
+    stats = engine.stats
+    while True:
+        await anyio.sleep(min(1.0, limit_s / 4))
+        now = perf_counter_ns()
+        last = max(stats.last_progress_ns, pool.last_read_ns, engine.t0_ns)
+        due = engine.next_due_ns is not None and engine.next_due_ns <= now
+        if (stats.in_flight or due) and now - last > limit_s * 1e9:
+            waiting = (f"{stats.in_flight} requests in flight" if stats.in_flight
+                       else "the scheduler's next send")  # fmt: skip
+            state["watchdog"] = (
+                f"nothing progressed for {limit_s:g} s (no send, no byte, no completion) while "
+                f"waiting for {waiting}; {stats.sent} of {stats.planned} sent"
+            )
+            print(f"\nwatchdog: {state['watchdog']}; stopping, records kept", file=log)
+            engine.stop()
+            engine.requests.cancel()
+            return
 
 
 async def _progress(

@@ -52,6 +52,7 @@ class LiveStats:
     failed: int = 0
     retries: int = 0
     ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+    last_progress_ns: int = 0  # the last send or completion (the watchdog reads it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,6 +316,7 @@ class Engine:
         self.prompts = config.prompts or PromptMaker(config.seed)
         self.sending = anyio.CancelScope()
         self.requests = anyio.CancelScope()
+        self.next_due_ns: int | None = None  # the scheduler's next send; None when all are out
 
     def stop(self) -> None:
         """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
@@ -347,12 +349,14 @@ class Engine:
             + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
         )
         for due_rel, is_flow, index in starts:
-            await self._sleep_until(self.t0_ns + due_rel)
+            self.next_due_ns = self.t0_ns + due_rel
+            await self._sleep_until(self.next_due_ns)
             if is_flow:
                 tg.start_soon(self._flow, self.work.flows[index])
             else:
                 plan = self.work.singles[index]
                 tg.start_soon(self._request, plan, perf_counter_ns(), None, False)
+        self.next_due_ns = None
 
     @staticmethod
     async def _sleep_until(due_ns: int) -> None:
@@ -547,7 +551,7 @@ class Engine:
                 return False
         exchange.reused_connection = conn.reused
         exchange.conn = conn
-        exchange.sent_ns = perf_counter_ns()
+        exchange.sent_ns = self.stats.last_progress_ns = perf_counter_ns()
         if exchange.retries == 0:
             self.stats.sent += 1
         conn.send(exchange, request)
@@ -589,6 +593,7 @@ class Engine:
     def _emit(self, record: RequestRecord) -> None:
         self._recorded[record.request_id] = 1
         stats = self.stats
+        stats.last_progress_ns = perf_counter_ns()
         if record.outcome is Outcome.OK:
             stats.ok += 1
             if record.first_token_ns is not None:

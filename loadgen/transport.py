@@ -338,6 +338,7 @@ class Pool:
         self._open: set[Connection] = set()
         self._ready: list[Connection] = []  # connections with stamped, unparsed reads
         self._drain_scheduled = False
+        self.last_read_ns = 0  # when bytes last arrived on any connection (the watchdog)
         self._ssl: ssl.SSLContext | bool | None = None
         if endpoint.scheme == "https":
             self._ssl = ssl_context or ssl.create_default_context()
@@ -379,6 +380,7 @@ class Pool:
         Parsing a 256-stream burst takes ~2 ms; done in one go, a chunk arriving meanwhile
         would be stamped up to that late. In slices it waits at most one slice.
         """
+        self.last_read_ns = perf_counter_ns()
         ready = self._ready
         self._ready = ready[DRAIN_SLICE:]
         for conn in ready[:DRAIN_SLICE]:

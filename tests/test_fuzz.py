@@ -9,8 +9,9 @@ event loop (`data_received` schedules parsing through the real `Pool`), each rea
 by calling `Connection.process()` right after `data_received`, so an exception reaches the
 test instead of the loop's exception handler (where `Pool._drain` would log it).
 
-Properties the code does not meet yet are marked `xfail(strict=True)` with an `@example`
-that always fails, so the suite is deterministic and the marker must go with the fix.
+The `@example`s pin the inputs that broke these properties before (a truthy non-list
+`choices`, superscript digits in the status code and Content-Length, 2,000 interim
+responses in one read), so they are checked on every run, not only when Hypothesis finds them.
 """
 
 from __future__ import annotations
@@ -244,13 +245,8 @@ def test_adapter_any_bytes_give_a_delta_or_malformed(api: str, event: bytes, dat
     parse_or_malformed(api, event, data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(KeyError, TypeError),
-    reason="parse_envelope indexes `choices[0]` when choices is a truthy non-list (5, true, {...})",
-)
 @pytest.mark.parametrize("api", ADAPTERS)
-@settings(FUZZ, report_multiple_bugs=False)
+@FUZZ
 @given(value=envelopes())
 @example(value={"choices": 1})
 def test_adapter_any_json_value_gives_a_delta_or_malformed(api: str, value: Any) -> None:
@@ -272,12 +268,7 @@ def test_http_any_bytes_after_a_status_line_never_raise(
     feed_connection(split_at(data, where))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="`str.isdigit()` accepts latin-1 superscripts (²³¹) that int() rejects: status, Content-Length",
-)
-@settings(FUZZ, report_multiple_bugs=False)
+@FUZZ
 @given(
     code=latin1_text,
     headers=st.lists(st.tuples(header_names, latin1_text), max_size=4),
@@ -293,11 +284,6 @@ def test_http_any_status_code_and_header_values_never_raise(
     feed_connection([("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + rest])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="_read_head recurses once per 1xx response in the same read",
-)
 def test_http_many_interim_responses_in_one_read_never_raise() -> None:
     """2,000 `100 Continue` heads in one read (50 kB, under the head limit) are skipped without error."""
     data = (

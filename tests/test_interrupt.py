@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.records import read_records
-from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing import ScriptedServer, head, simple_chat
 
 WORKLOAD = """
 name: interrupt
@@ -119,3 +119,27 @@ def test_a_run_killed_with_sigkill_is_recovered_from_its_parts(tmp_path: Path) -
     assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True
     info = json.loads((run_dir / "run.json").read_text())
     assert (info["interrupted"], info["recovered"]) == (True, True)
+
+
+def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> None:
+    """A server that goes silent, with deadlines longer than the job's patience: exit 4,
+    every plan recorded, and the message says what the run was waiting for."""
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD.replace("first_token_s: 30, stall_s: 30, total_s: 60",
+                                         "first_token_s: 300, stall_s: 300, total_s: 600"))  # fmt: skip
+    with ScriptedServer(lambda r: [head(), 60.0]) as server:
+        command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", server.url,
+                   "--out", str(tmp_path), "--run-id", "w", "--no-preflight", "--watchdog", "1.5",
+                   "--requests", "5"]  # fmt: skip
+        started = time.monotonic()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert took < 60  # long before the 300 s deadlines
+    said = " ".join(result.stdout.split())  # the table wraps long lines
+    assert "stopped by the watchdog" in said
+    assert "waiting for 5 requests in flight" in said
+    records = pl.read_parquet(tmp_path / "w" / "records.parquet")
+    assert records.height == 5
+    assert (records["outcome"] == "cancelled").all()
+    assert json.loads((tmp_path / "w" / "summary.json").read_text())["interrupted"] is True
