@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,6 +116,14 @@ def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+_HEX = re.compile(rb"[0-9A-Fa-f]+")  # a bare chunk size (int() would also accept spaces, _)
+
+
+def _report(loop: asyncio.AbstractEventLoop, exc: Exception) -> None:
+    """Hand a parsing bug to the loop's exception handler (it is logged, not swallowed)."""
+    loop.call_exception_handler({"message": "loadgen: parsing a response failed", "exception": exc})
+
+
 def _digits(text: str) -> bool:
     """ASCII digits only (str.isdigit also accepts superscripts that int() rejects)."""
     return text.isascii() and text.isdigit()
@@ -206,9 +215,9 @@ class Connection(asyncio.Protocol):
         """
         self._head += data
         while True:
-            end = self._head.find(b"\r\n\r\n")
+            end = self._head.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
             if end < 0:
-                if len(self._head) > MAX_HEAD_BYTES:
+                if len(self._head) > MAX_HEAD_BYTES:  # the same limit however bytes are split
                     self._fail(sink, "response headers too large or not HTTP", t_ns)
                 return b""
             head, self._head = self._head[:end], self._head[end + 4 :]
@@ -248,11 +257,8 @@ class Connection(asyncio.Protocol):
         if self._chunk_state == 0 and not self._line:
             # Fast path: the read is exactly one whole chunk, `SIZE\r\n<data>\r\n`.
             head_end = data.find(b"\r\n", 0, 18)
-            if head_end > 0 and data[head_end - 1 : head_end] != b";":
-                try:
-                    length = int(data[:head_end], 16)
-                except ValueError:
-                    length = 0
+            if head_end > 0 and _HEX.fullmatch(data[:head_end]):
+                length = int(data[:head_end], 16)
                 end = head_end + 2 + length
                 if length > 0 and len(data) == end + 2 and data[end:] == b"\r\n":
                     sink.on_body(data[head_end + 2 : end], t_ns)
@@ -277,12 +283,12 @@ class Connection(asyncio.Protocol):
             line = (self._line + data[pos:newline]).rstrip(b"\r")
             self._line = b""
             pos = newline + 1
-            if state == 0:  # chunk size line
-                try:
-                    self._remaining = int(line.split(b";", 1)[0], 16)
-                except ValueError:
+            if state == 0:  # chunk size line (optional ;extensions)
+                size_text = line.split(b";", 1)[0].strip()
+                if not _HEX.fullmatch(size_text):
                     self._fail(sink, f"malformed chunk size {line[:20]!r}", t_ns)
                     return
+                self._remaining = int(size_text, 16)
                 self._chunk_state = 1 if self._remaining > 0 else 3
             elif state == 2:  # CRLF after the data
                 if line:
@@ -309,6 +315,14 @@ class Connection(asyncio.Protocol):
         self.sink = None
         self._abort()
         sink.on_lost(reason, True, t_ns)
+
+    def fail(self, reason: str) -> None:
+        """End the current exchange as a broken stream and drop the connection."""
+        sink, self.sink = self.sink, None
+        self._rx = []
+        self._abort()
+        if sink is not None:
+            sink.on_lost(reason, True, perf_counter_ns())
 
     def _abort(self) -> None:
         self.closed = True
@@ -383,10 +397,18 @@ class Pool:
         self.last_read_ns = perf_counter_ns()
         ready = self._ready
         self._ready = ready[DRAIN_SLICE:]
+        loop = asyncio.get_running_loop()
         for conn in ready[:DRAIN_SLICE]:
-            conn.process()
+            try:
+                conn.process()
+            except Exception as exc:  # a bug: report it, end that exchange, keep the rest going
+                _report(loop, exc)
+                try:
+                    conn.fail(f"internal error while parsing: {exc!r}")
+                except Exception as again:  # the exchange itself is what failed
+                    _report(loop, again)
         if self._ready:
-            asyncio.get_running_loop().call_soon(self._drain)
+            loop.call_soon(self._drain)
         else:
             self._drain_scheduled = False
 

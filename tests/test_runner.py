@@ -269,3 +269,49 @@ def test_apportion_keeps_the_total_and_gives_each_chunk_a_token(
     if weights:
         assert sum(parts) == tokens
         assert min(parts) >= (1 if tokens >= len(weights) else 0)
+
+
+def test_a_bug_parsing_one_connection_does_not_stall_the_others() -> None:
+    """If one connection's parsing raises, the pool still parses every other connection."""
+    import asyncio
+
+    from loadgen.transport import Connection, Pool, make_endpoint
+
+    class Transport:
+        def write(self, data: bytes) -> None: ...
+        def abort(self) -> None: ...
+        def close(self) -> None: ...
+        def is_closing(self) -> bool:
+            return False
+
+    class Sink:
+        def __init__(self, explode: bool) -> None:
+            self.explode, self.statuses = explode, []
+
+        def on_head(self, status, headers, t_ns) -> None:
+            if self.explode:
+                raise RuntimeError("a bug")
+            self.statuses.append(status)
+
+        def on_body(self, data, t_ns) -> None: ...
+        def on_end(self, t_ns) -> None: ...
+        def on_lost(self, reason, got, t_ns) -> None: ...
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        errors: list = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        pool = Pool(make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {}))
+        good = Sink(explode=False)
+        for sink in (Sink(explode=True), good):
+            conn = Connection(pool)
+            conn.connection_made(Transport())  # type: ignore[arg-type]
+            conn.sink = sink
+            conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return [good.statuses, errors]
+
+    statuses, errors = asyncio.run(main())
+    assert statuses == [200]
+    assert len(errors) == 1  # the bug is reported, not swallowed
