@@ -87,8 +87,10 @@ def main() -> None:
     print(f"after warm-up ({first[0]:.0f} s → {last[0]:.0f} s): RSS {first[1]:.1f} → "
           f"{last[1]:.1f} MiB ({rss_growth:+.1%}); fds {first[2]} → {last[2]} "
           f"(max {max(s[2] for s in steady)})")  # fmt: skip
-    print(f"memory growth within 10 %: {'yes' if rss_growth <= 0.10 else 'NO'}; "
-          f"fd growth: {'none' if last[2] <= first[2] else last[2] - first[2]}")
+    print(
+        f"memory growth within 10 %: {'yes' if rss_growth <= 0.10 else 'NO'}; "
+        f"fd growth: {'none' if last[2] <= first[2] else last[2] - first[2]}"
+    )
 
 
 if __name__ == "__main__":
