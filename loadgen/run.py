@@ -286,7 +286,7 @@ def _run(
     async def main() -> None:
         pool = Pool(endpoint)
         engine = Engine(work, pool, config, writer.add, stats)
-        t0_ns = perf_counter_ns() + 50_000_000  # 50 ms to get the scheduler going
+        t0_ns = perf_counter_ns() + 200_000_000  # time for the tasks and first imports to settle
         run_info["t0"] = {
             "perf_counter_ns": t0_ns,
             "unix_ns": time.time_ns() + (t0_ns - perf_counter_ns()),

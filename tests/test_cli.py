@@ -98,11 +98,16 @@ def test_unreachable_url_fails_fast_with_a_clear_message(tmp_path: Path) -> None
     assert "Traceback" not in result.output
 
 
+# Most tests here are not about the generator's own lag; on a loaded CI machine a 5 ms bound
+# over 10 requests could fail them for the machine's sake. The lag test sets its own bound.
+LAX = ("--lag-bound-ms", "1000")
+
+
 def run_against(tmp_path: Path, handler, *extra: str, requests: int = 10) -> tuple[int, str, Path]:
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
             cli, ["run", str(write_tiny(tmp_path, requests)), "--url", server.url,
-                  "--out", str(tmp_path / "out"), "--run-id", "r1", "-q", *extra],
+                  "--out", str(tmp_path / "out"), "--run-id", "r1", "-q", *LAX, *extra],
         )  # fmt: skip
     return result.exit_code, result.output, tmp_path / "out" / "r1"
 
@@ -182,7 +187,7 @@ def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(
 
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
-            cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"), "-q"]
+            cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"), "-q", *LAX]
         )
     assert result.exit_code == 0, result.output
     assert set(seen) == {"Bearer sk-canary-123"}
@@ -231,7 +236,7 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
         with ScriptedServer(lambda r: simple_chat(2)) as server:
             result = CliRunner().invoke(
                 cli, ["run", str(write_tiny(tmp_path)), "--url", server.url, "--out", str(store),
-                      "--run-id", run_id, "-q"],
+                      "--run-id", run_id, "-q", *LAX],
             )  # fmt: skip
         assert result.exit_code == 0, result.output
         assert (store / run_id / "histograms.parquet").exists()
@@ -264,7 +269,7 @@ def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Pat
     )
     with ScriptedServer(lambda r: simple_chat(2)) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"),
-                                          "--run-id", "a", "-q"])  # fmt: skip
+                                          "--run-id", "a", "-q", *LAX])  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "o" / "a" / "summary.json").read_text())
     block = summary["classes"]["chat"]["trajectory"]
@@ -316,7 +321,7 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
         )
         result = CliRunner().invoke(cli, [
             "run", str(path), "--url", url, "--out", str(tmp_path / "o"), "--run-id", "c",
-            "--header", "X-Secret-Token:${CANARY_HDR}",
+            "--header", "X-Secret-Token:${CANARY_HDR}", *LAX,
         ])  # fmt: skip
         report = CliRunner().invoke(
             cli, ["report", str(tmp_path / "o" / "c"), "--out", str(tmp_path / "o" / "rep")]

@@ -336,5 +336,6 @@ def test_fell_behind_judges_the_schedule_not_the_reaction_time_of_chained_turns(
     assert health["fell_behind"] is False
     assert health["lag_ms"]["max"] == 1.0
     assert health["chained_lag_ms"]["max"] == 50.0
-    late_start = generator_health(to_frame([rec(0, 0, 9.0), rec(1, 1, 0.1)]), planned=2)
+    starts = [rec(0, 0, 9.0), rec(1, 0, 9.5), rec(2, 1, 0.1)]  # two late first turns
+    late_start = generator_health(to_frame(starts), planned=3)
     assert late_start["fell_behind"] is True

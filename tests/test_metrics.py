@@ -263,12 +263,17 @@ def test_rate_per_s(times_ns: list[int], rate: float | None) -> None:
 
 @pytest.mark.parametrize(
     ("lags_ms", "bound_ms", "fell_behind"),
-    [((0.0, 1.0, 2.0), 5.0, False), ((0.0, 1.0, 6.0), 5.0, True), ((0.0, 1.0, 6.0), 10.0, False)],
+    [
+        ((0.0, 1.0, 2.0), 5.0, False),
+        ((0.0, 6.0, 7.0), 5.0, True),  # two of three late: more than 1 % and more than one
+        ((0.0, 1.0, 6.0), 5.0, False),  # a single straggler in a small run is tolerated
+        ((0.0, 6.0, 7.0), 10.0, False),
+    ],
 )
 def test_generator_health_lag_and_fell_behind(
     lags_ms: tuple[float, ...], bound_ms: float, fell_behind: bool
 ) -> None:
-    """Lag p99 above the bound means the generator fell behind."""
+    """More than 1 % (and more than one) of the sends later than the bound: fell behind."""
     records = [streamed(i, intended_ms=100.0 * i, lag_ms=lag) for i, lag in enumerate(lags_ms)]
     health = metrics.generator_health(to_frame(records), planned=3, lag_bound_ms=bound_ms)
     assert health["fell_behind"] is fell_behind
