@@ -365,7 +365,7 @@ def _status(
     summary: Mapping[str, Any], classes: Mapping[str, ClassFigures], fell_behind: bool
 ) -> tuple[str, str]:
     if fell_behind or summary["verdict"]["fell_behind"]:
-        return INVALID, "the generator fell behind (send lag p99 above the bound)"
+        return INVALID, "the generator fell behind (late sends, or client errors)"
     short = [
         f"{name} {c.requests}/{c.required}"
         for name, c in classes.items()

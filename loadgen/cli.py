@@ -147,7 +147,7 @@ def check(
     type=click.FloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
-    help="Send-lag p99 above which the generator fell behind (exit 3).",
+    help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3.",
 )
 @click.option(
     "--grace",

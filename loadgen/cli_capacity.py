@@ -164,7 +164,7 @@ class CapacityCommand(click.Command):
     type=click.FloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
-    help="Send-lag p99 above which a step is invalid.",
+    help="Send lag above which a send is late; too many late sends make a step invalid.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line during the steps.")
 @_clean_errors
