@@ -557,7 +557,7 @@ def _generator_table(generator: Mapping[str, Any]) -> Table:
     lag, send = generator["lag_ms"], generator["send_lag_ms"]
     health = "FELL BEHIND" if generator["fell_behind"] else "OK"
     rows = [
-        ("health", f"{health} (lag p99 bound {generator['lag_bound_ms']:g} ms)"),
+        ("health", f"{health} (late: over {generator['lag_bound_ms']:g} ms; fails at > 1 %)"),
         ("start lag p50 / p99 / max", " / ".join(with_unit(lag[k]) for k in ("p50", "p99", "max"))),
         ("send lag p50 / p99 / max", " / ".join(with_unit(send[k]) for k in ("p50", "p99", "max"))),
         (
