@@ -45,7 +45,8 @@ from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 2  # 2: client_error outcome, generator.client_errors, host.open_files_limit
+SCHEMA_VERSION = 3  # 3: adapters (visible-token TTFT, server timings), workers/shards
+# 2: client_error outcome, generator.client_errors, host.open_files_limit
 EXIT_INTERRUPTED = 130
 EXIT_WATCHDOG = 4
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
