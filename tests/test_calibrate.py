@@ -1,0 +1,129 @@
+"""Calibration: expected peak load, the saved envelope per host, and the run warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.calibrate import (
+    Envelope,
+    Load,
+    envelope_warning,
+    expected_peak_load,
+    host_name,
+    last_envelope,
+    save_calibration,
+)
+from loadgen.plans import RequestPlan
+from loadgen.spec import Deadlines, WorkloadSpec, loads
+
+SPEC = """
+name: t
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 10}
+    requests: 10
+    prompt_tokens: {dist: fixed, value: 10}
+    output_tokens: {dist: fixed, value: 100}
+    slo: {ttft_ms: 1000, tpot_ms: 50}
+"""
+
+
+def spec() -> WorkloadSpec:
+    return loads(SPEC)
+
+
+def plan(request_id: int, at_s: float, tokens: int) -> RequestPlan:
+    return RequestPlan(
+        request_id=request_id,
+        class_name="chat",
+        intended_ns=int(at_s * 1e9),
+        prompt_tokens=10,
+        output_tokens=tokens,
+        deadlines=Deadlines(),
+    )
+
+
+def result(host: str, processes: int, streams: int | None, at: str) -> dict[str, object]:
+    envelope = None if streams is None else {"streams": streams, "chunks_per_s": streams * 50.0}
+    return {"host": host, "processes": processes, "measured_at": at, "envelope": envelope}
+
+
+def test_peak_load_counts_overlapping_streams_at_their_tpot() -> None:
+    """Three 5 s streams started 1 s apart overlap 3 deep, each at 1000/tpot chunks/s."""
+    plans = [plan(i, i * 1.0, 100) for i in range(3)]  # 100 tokens × 50 ms = 5 s each
+    assert expected_peak_load(spec(), plans) == Load(streams=3, chunks_per_s=60.0)
+
+
+def test_peak_load_of_back_to_back_streams_is_one() -> None:
+    """A stream that starts as the previous one ends does not overlap it."""
+    plans = [plan(i, i * 5.0, 100) for i in range(4)]
+    assert expected_peak_load(spec(), plans) == Load(streams=1, chunks_per_s=20.0)
+
+
+def test_peak_load_of_the_parsed_workload_matches_rate_times_duration() -> None:
+    """A constant 10/s with 5 s streams holds ~50 open (Little's law) once it is steady."""
+    from loadgen.plans import plan_work
+
+    long = loads(SPEC.replace("requests: 10", "requests: 200"))
+    peak = expected_peak_load(long, plan_work(long, 0).plans)
+    assert 49 <= peak.streams <= 51
+    assert peak.chunks_per_s == pytest.approx(peak.streams * 20.0)
+
+
+def test_last_envelope_is_this_hosts_most_recent(tmp_path: Path) -> None:
+    """Other hosts are ignored; the newest entry wins unless a process count is asked for."""
+    path = tmp_path / "calibration.json"
+    save_calibration(result(host_name(), 1, 256, "2026-01-01T00:00:00+00:00"), path)
+    save_calibration(result(host_name(), 2, 512, "2026-01-02T00:00:00+00:00"), path)
+    save_calibration(result("elsewhere", 1, 4096, "2026-01-03T00:00:00+00:00"), path)
+    newest = last_envelope(path)
+    assert newest is not None and newest.processes == 2
+    assert newest.load == Load(streams=512, chunks_per_s=25600.0)
+    one = last_envelope(path, processes=1)
+    assert one == Envelope(
+        load=Load(streams=256, chunks_per_s=12800.0),
+        processes=1,
+        measured_at="2026-01-01T00:00:00+00:00",
+        host=host_name(),
+    )
+
+
+def test_no_calibration_means_no_envelope_and_no_warning(tmp_path: Path) -> None:
+    """A missing or corrupt file is treated as never calibrated."""
+    path = tmp_path / "calibration.json"
+    assert last_envelope(path) is None
+    path.write_text("{not json")
+    assert last_envelope(path) is None
+    assert envelope_warning(spec(), [plan(0, 0, 10)], path=path) is None
+
+
+def test_env_var_chooses_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOADGEN_CALIBRATION overrides the default cache location for saving and reading."""
+    path = tmp_path / "elsewhere.json"
+    monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))
+    save_calibration(result(host_name(), 1, 64, "2026-01-01T00:00:00+00:00"))
+    assert json.loads(path.read_text())["hosts"][host_name()]["1"]["envelope"]["streams"] == 64
+    assert last_envelope() is not None
+
+
+def test_run_warns_only_above_the_envelope(tmp_path: Path) -> None:
+    """The warning names the peak and the envelope; a load within it gets none."""
+    path = tmp_path / "calibration.json"
+    save_calibration(result(host_name(), 1, 2, "2026-01-01T00:00:00+00:00"), path)
+    two = [plan(i, i * 1.0, 100) for i in range(2)]
+    three = [plan(i, i * 1.0, 100) for i in range(3)]
+    assert envelope_warning(spec(), two, path=path) is None
+    warning = envelope_warning(spec(), three, path=path)
+    assert warning is not None and "3 streams" in warning and "2 streams" in warning
+    assert envelope_warning(spec(), three, path=path, processes=2) is None
+
+
+def test_a_calibration_where_nothing_passed_warns_for_any_load(tmp_path: Path) -> None:
+    """No passing level is an envelope of zero, not an absent calibration."""
+    path = tmp_path / "calibration.json"
+    save_calibration(result(host_name(), 1, None, "2026-01-01T00:00:00+00:00"), path)
+    assert envelope_warning(spec(), [plan(0, 0, 10)], path=path) is not None
