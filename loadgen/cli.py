@@ -78,7 +78,13 @@ def workload_options(func: F) -> F:
 
 @click.group(cls=LoadgenGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="loadgen")
-def cli() -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Log to stderr (and the run's loadgen.log): -v info, -vv debug with every request.",
+)
+def cli(verbose: int) -> None:
     """loadgen: load generator and SLO auditor for streaming LLM endpoints.
 
     \b
@@ -87,6 +93,9 @@ def cli() -> None:
       loadgen run workloads/chat.yaml                      # against the built-in simulator
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000
     """
+    from loadgen.logs import configure
+
+    configure(verbose)
 
 
 @cli.command()

@@ -33,6 +33,7 @@ from polars.exceptions import PanicException
 from loadgen import __version__
 from loadgen.adapters import BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError, TargetError
+from loadgen.logs import LOGGER, run_log
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
@@ -149,6 +150,10 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         raise ConfigError(
             spec.source, "classes", "plans no requests", "raise requests or duration_s"
         )
+    from loadgen.calibrate import envelope_warning  # the last `loadgen calibrate` on this host
+
+    if not options.quiet and (warning := envelope_warning(spec, work.plans)):
+        print(warning, file=log)
     adapter = adapter_for(spec.target.api)
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
@@ -156,8 +161,13 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
     redactor = Redactor(run_secrets(headers, env_values, url))
     open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
-    with _target(url, spec, run_dir, options, log) as (base_url, sim_args):
+    with run_log(run_dir, redactor.redact), _target(url, spec, run_dir, options, log) as (
+        base_url,
+        sim_args,
+    ):
         endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, headers)
+        LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
+                    endpoint.origin, endpoint.target)  # fmt: skip
         body_options = BodyOptions(
             model=spec.target.model,
             include_usage=spec.target.include_usage,
@@ -181,7 +191,9 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         )
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
         run_info["host"]["open_files_limit"] = open_files
-        return _run(work, endpoint, config, run_dir, run_info, spec, options, log)
+        result = _run(work, endpoint, config, run_dir, run_info, spec, options, log)
+        LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
+        return result
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ import orjson
 
 from loadgen.adapters import Adapter, BodyOptions, MalformedEvent, Message
 from loadgen.histograms import LatencyHistogram
+from loadgen.logs import LOGGER
 from loadgen.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.prompts import PromptMaker
 from loadgen.records import Outcome, RequestRecord, TokenSource
@@ -407,6 +409,10 @@ class Engine:
             if exchange.error and self.config.redact is not None:
                 exchange.error = self.config.redact(exchange.error)
             self._emit(exchange.record(dispatched_ns))
+            if LOGGER.isEnabledFor(logging.DEBUG):
+                LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", plan.request_id,
+                             exchange.outcome, exchange.status, len(exchange.chunk_ns),
+                             f": {exchange.error}" if exchange.error else "")  # fmt: skip
         return exchange
 
     def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
@@ -523,6 +529,11 @@ class Engine:
         if self.config.headers_for is not None:
             headers.update(self.config.headers_for(plan))
         request = encode_request(self.pool.endpoint, body, headers)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            point = self.pool.endpoint
+            sent = {**point.headers, **headers}
+            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
+                         point.target, sent)  # fmt: skip
         try:
             for attempt in range(2):
                 if not await self._send(exchange, request):

@@ -296,8 +296,9 @@ QUERY_TOKEN = "q-canary-91aa4"
 def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Key, env-read header, URL user-info and query value reach the server, and no file or
-    output of the run or its report holds any of them, nor their base64 forms."""
+    """Key, env-read header, URL user-info and query value reach the server, and at the most
+    verbose logging no file, log or output of the run or its report holds any of them, nor
+    their base64 forms."""
     import base64
 
     for name, value in CANARIES.items():
@@ -320,7 +321,7 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
             server.url.replace("http://", f"http://ops:{URL_PASSWORD}@") + f"/v1?key={QUERY_TOKEN}"
         )
         result = CliRunner().invoke(cli, [
-            "run", str(path), "--url", url, "--out", str(tmp_path / "o"), "--run-id", "c",
+            "-vv", "run", str(path), "--url", url, "--out", str(tmp_path / "o"), "--run-id", "c",
             "--header", "X-Secret-Token:${CANARY_HDR}", *LAX,
         ])  # fmt: skip
         report = CliRunner().invoke(
@@ -338,6 +339,9 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
     outputs += [
         f.read_bytes().decode("latin-1") for f in (tmp_path / "o").rglob("*") if f.is_file()
     ]
+    log = (tmp_path / "o" / "c" / "loadgen.log").read_text()
+    assert "headers {" in log and "headers {" in result.output  # -vv logs every request's headers
+    assert "<redacted>" in log
     assert any("bad auth" in text for text in outputs)  # the echoed errors are in the records
     assert any("<redacted>" in text for text in outputs)  # ... with the secrets taken out
     for text in outputs:

@@ -1,0 +1,81 @@
+"""Diagnostic logging: `loadgen -v` (info) and `-vv` (debug, one line per request with its
+headers), to stderr and, during a run, to `<run>/loadgen.log`.
+
+Every line passes through the run's `Redactor` in the formatter, after the message is
+built, so no log call can leak a credential however it was formatted: the key, header
+values read from the environment, URL user-info and query values, and their base64 forms
+come out as `<redacted>`. The per-chunk path never logs; the per-request debug line is
+built only when debug is enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+LOGGER = logging.getLogger("loadgen")
+RUN_LOG = "loadgen.log"
+LEVELS = {0: logging.WARNING, 1: logging.INFO}  # 2 or more: DEBUG
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_redactors: list[Callable[[str], str]] = []  # the running runs' redactors (one, in practice)
+
+
+class RedactingFormatter(logging.Formatter):
+    """Formats a record, then hides every known secret in the finished text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for redact in _redactors:
+            text = redact(text)
+        return text
+
+
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
+    """Writes to whatever `sys.stderr` is at the time (click's test runner swaps it)."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+def configure(verbosity: int) -> None:
+    """Send loadgen's log to stderr at the level `-v` count asks for (none: warnings only)."""
+    level = LEVELS.get(verbosity, logging.DEBUG)
+    LOGGER.setLevel(level)
+    if not any(isinstance(h, StderrHandler) for h in LOGGER.handlers):
+        handler = StderrHandler()
+        handler.setFormatter(RedactingFormatter(FORMAT))
+        LOGGER.addHandler(handler)
+    for each in LOGGER.handlers:
+        each.setLevel(level)
+    LOGGER.propagate = False
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path, redact: Callable[[str], str]) -> Iterator[None]:
+    """During a run: redact with this run's secrets, and copy the log to `<run>/loadgen.log`
+    (info and up; debug too under `-vv`)."""
+    level = min(LOGGER.getEffectiveLevel(), logging.INFO)
+    handler = logging.FileHandler(run_dir / RUN_LOG, encoding="utf-8")
+    handler.setFormatter(RedactingFormatter(FORMAT))
+    handler.setLevel(level)
+    previous = LOGGER.level
+    LOGGER.setLevel(level)
+    LOGGER.addHandler(handler)
+    _redactors.append(redact)
+    try:
+        yield
+    finally:
+        _redactors.remove(redact)
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(previous)
+        handler.close()
