@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from loadgen.plans import RequestPlan
 from loadgen.spec import WorkloadSpec
 
@@ -140,23 +142,26 @@ def expected_peak_load(spec: WorkloadSpec, plans: Sequence[RequestPlan]) -> Load
     the maximum over time of open streams and of the summed chunk rates (an exact sweep
     over start and end events). A later turn of a session is placed at its earliest time.
     """
-    events: list[tuple[int, int, float]] = []  # (time ns, +1/-1 stream, ± chunks per s)
-    for plan in plans:
-        cls = spec.classes.get(plan.class_name)
-        tpot_ms = (cls.slo.tpot_ms if cls is not None else None) or DEFAULT_TPOT_MS
-        duration_ns = int(max(plan.output_tokens, 1) * tpot_ms * 1e6)
-        rate = 1000.0 / tpot_ms
-        events.append((plan.intended_ns, 1, rate))
-        events.append((plan.intended_ns + duration_ns, -1, -rate))
-    events.sort(key=lambda e: (e[0], e[1]))  # at a tie, ends (-1) before starts (+1)
-    streams = peak_streams = 0
-    rate_sum = peak_rate = 0.0
-    for _, step, rate in events:
-        streams += step
-        rate_sum += rate
-        peak_streams = max(peak_streams, streams)
-        peak_rate = max(peak_rate, rate_sum)
+    if not plans:
+        return Load(streams=0, chunks_per_s=0.0)
+    tpot_ms = np.array(
+        [_tpot_ms(spec, plan.class_name) for plan in plans], dtype=np.float64
+    )  # per plan
+    starts = np.array([plan.intended_ns for plan in plans], dtype=np.int64)
+    tokens = np.array([max(plan.output_tokens, 1) for plan in plans], dtype=np.float64)
+    ends = starts + (tokens * tpot_ms * 1e6).astype(np.int64)
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(len(plans)), -np.ones(len(plans))])
+    rates = np.concatenate([1000.0 / tpot_ms, -1000.0 / tpot_ms])
+    order = np.lexsort((steps, times))  # by time; at a tie, ends (-1) before starts (+1)
+    peak_streams = int(np.cumsum(steps[order]).max())
+    peak_rate = float(np.cumsum(rates[order]).max())
     return Load(streams=peak_streams, chunks_per_s=round(peak_rate, 3))
+
+
+def _tpot_ms(spec: WorkloadSpec, class_name: str) -> float:
+    cls = spec.classes.get(class_name)
+    return (cls.slo.tpot_ms if cls is not None else None) or DEFAULT_TPOT_MS
 
 
 def envelope_warning(
