@@ -146,6 +146,7 @@ class ScriptedServer:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.requests: list[ReceivedRequest] = []
+        self.finished: dict[str, int] = {}  # X-Request-Id → when its script's last step was played
         self.connections = 0
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -193,7 +194,9 @@ class ScriptedServer:
                 if request is None:
                     return
                 self.requests.append(request)
-                if not await self._play(self.handler(request), writer):
+                played = await self._play(self.handler(request), writer)
+                self.finished[request.headers.get("x-request-id", "")] = perf_counter_ns()
+                if not played:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return  # the client went away, or the server is shutting down

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
+from loadgen.crashtest import kill_and_recover
 from loadgen.records import read_records
 from loadgen.testing import ScriptedServer, head, simple_chat
 
@@ -143,3 +145,20 @@ def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> No
     assert records.height == 5
     assert (records["outcome"] == "cancelled").all()
     assert json.loads((tmp_path / "w" / "summary.json").read_text())["interrupted"] is True
+
+
+def test_sigkill_at_random_moments_loses_nothing_finished_a_second_before(tmp_path: Path) -> None:
+    """Three runs killed at random moments: each request the server finished > 1 s before its
+    kill is in the recovered records as ok, and the recovered run says it was interrupted."""
+    seed = time.time_ns() % 1_000_000
+    rng = random.Random(seed)
+    for run in range(3):
+        kill_after_s = rng.uniform(1.2, 4.0)
+        work = tmp_path / str(run)
+        work.mkdir()
+        result = kill_and_recover(work, kill_after_s)
+        context = f"seed {seed}, run {run}: {result}"
+        assert result.finished_before > 0, context
+        assert not result.missing, context
+        assert result.interrupted, context
+        assert result.recovered >= result.finished_before, context

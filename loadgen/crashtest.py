@@ -1,0 +1,109 @@
+"""Crash test: SIGKILL a `loadgen run` at a chosen moment, recover it, and count what survived.
+
+The promise checked: every request the server finished more than `margin_s` before the kill
+is in the recovered records, as `ok`. Records go to Parquet parts at least once a second
+(and every 1,000 records), so one second is the most a kill can take. The server here is a
+`ScriptedServer` in this process, so its "finished" stamps and the kill share one clock.
+Used by tests/test_interrupt.py and benchmarks/sigkill.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter_ns
+
+import polars as pl
+
+from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
+
+WORKLOAD = """
+name: crash
+target: {{api: openai-chat, model: m}}
+classes:
+  chat:
+    arrival: {{process: poisson, rate_per_s: {rate}}}
+    requests: {requests}
+    prompt_tokens: {{dist: fixed, value: 5}}
+    output_tokens: {{dist: fixed, value: 10}}
+    deadlines: {{first_token_s: 30, stall_s: 30, total_s: 60}}
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KillResult:
+    """What one killed run left behind."""
+
+    kill_after_s: float  # after the first request reached the server
+    finished_before: int  # requests the server finished more than margin_s before the kill
+    recovered: int  # records in the recovered run (any outcome)
+    recovered_ok: int  # of those, ok
+    missing: tuple[int, ...]  # finished before the margin, yet not recovered as ok
+    interrupted: bool  # the recovered summary says so
+
+
+def varied_stream(request: ReceivedRequest) -> list[Step]:
+    """5 to 24 tokens, 20 ms apart: requests end at scattered moments (0.1 to 0.5 s)."""
+    request_id = int(request.headers.get("x-request-id", "x-0").rsplit("-", 1)[-1])
+    return simple_chat(5 + request_id % 20, gap_s=0.02)
+
+
+def kill_and_recover(
+    work_dir: Path,
+    kill_after_s: float,
+    *,
+    margin_s: float = 1.0,
+    rate_per_s: float = 20.0,
+    requests: int = 400,
+) -> KillResult:
+    """Run, SIGKILL `kill_after_s` after the first request arrives, `report --recover`, count."""
+    workload = work_dir / "crash.yaml"
+    workload.write_text(WORKLOAD.format(rate=rate_per_s, requests=requests))
+    run_dir = work_dir / "run"
+    with ScriptedServer(varied_stream) as server:
+        command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", server.url,
+                   "--out", str(work_dir), "--run-id", "run", "-q", "--lag-bound-ms", "1000",
+                   "--no-preflight"]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for_first_request(server, process)
+        time.sleep(kill_after_s)
+        kill_ns = perf_counter_ns()
+        process.kill()
+        process.communicate(timeout=60)
+        finished = {
+            int(request_id.rsplit("-", 1)[-1])
+            for request_id, end_ns in server.finished.items()
+            if request_id.startswith("loadgen-") and end_ns < kill_ns - margin_s * 1e9
+        }
+    recovery = subprocess.run(
+        [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir),
+         "--out", str(work_dir / "report"), "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if recovery.returncode not in (0, 2):
+        raise AssertionError(f"recovery failed ({recovery.returncode}): {recovery.stderr[-2000:]}")
+    summary = json.loads(recovery.stdout)
+    records = pl.read_parquet(run_dir / "records.parquet")
+    ok = set(records.filter(pl.col("outcome") == "ok")["request_id"].to_list())
+    return KillResult(
+        kill_after_s=kill_after_s,
+        finished_before=len(finished),
+        recovered=records.height,
+        recovered_ok=len(ok),
+        missing=tuple(sorted(finished - ok)),
+        interrupted=bool(summary.get("interrupted")),
+    )
+
+
+def _wait_for_first_request(server: ScriptedServer, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while not server.requests:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"the run sent nothing; it said: {stderr.decode()[-2000:]}")
+        time.sleep(0.01)
