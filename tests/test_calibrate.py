@@ -9,7 +9,12 @@ import pytest
 
 from loadgen.calibrate import (
     Envelope,
+    Ladder,
+    Level,
     Load,
+    Thresholds,
+    calibrate,
+    compare,
     envelope_warning,
     expected_peak_load,
     host_name,
@@ -17,6 +22,7 @@ from loadgen.calibrate import (
     save_calibration,
 )
 from loadgen.plans import RequestPlan
+from loadgen.records import Outcome, RequestRecord
 from loadgen.spec import Deadlines, WorkloadSpec, loads
 
 SPEC = """
@@ -81,7 +87,8 @@ def test_last_envelope_is_this_hosts_most_recent(tmp_path: Path) -> None:
     save_calibration(result(host_name(), 2, 512, "2026-01-02T00:00:00+00:00"), path)
     save_calibration(result("elsewhere", 1, 4096, "2026-01-03T00:00:00+00:00"), path)
     newest = last_envelope(path)
-    assert newest is not None and newest.processes == 2
+    assert newest is not None
+    assert newest.processes == 2
     assert newest.load == Load(streams=512, chunks_per_s=25600.0)
     one = last_envelope(path, processes=1)
     assert one == Envelope(
@@ -118,7 +125,9 @@ def test_run_warns_only_above_the_envelope(tmp_path: Path) -> None:
     three = [plan(i, i * 1.0, 100) for i in range(3)]
     assert envelope_warning(spec(), two, path=path) is None
     warning = envelope_warning(spec(), three, path=path)
-    assert warning is not None and "3 streams" in warning and "2 streams" in warning
+    assert warning is not None
+    assert "3 streams" in warning
+    assert "2 streams" in warning
     assert envelope_warning(spec(), three, path=path, processes=2) is None
 
 
@@ -127,3 +136,90 @@ def test_a_calibration_where_nothing_passed_warns_for_any_load(tmp_path: Path) -
     path = tmp_path / "calibration.json"
     save_calibration(result(host_name(), 1, None, "2026-01-01T00:00:00+00:00"), path)
     assert envelope_warning(spec(), [plan(0, 0, 10)], path=path) is not None
+
+
+def fake_level(streams: int, *, met: bool, processes: int = 1) -> Level:
+    return Level(
+        streams=streams, tokens_per_s=50.0, processes=processes, chunks_per_s=streams * 50.0,
+        chunks=streams * 200, expected_chunks=streams * 200, failed=0, cpu_us_per_chunk=20.0,
+        timestamp_err_p50_ms=0.5, timestamp_err_p99_ms=1.0 if met else 9.0,
+        timestamp_err_max_ms=12.0, ttft_err_p99_ms=1.0, send_lag_p99_ms=1.0,
+        steal_ms=0.0, load_avg_1m=0.5, misses=() if met else ("timestamp p99",),
+    )  # fmt: skip
+
+
+def fake_measure(knee: int):  # type: ignore[no-untyped-def]
+    """A level measurer that meets the thresholds up to `knee` streams; records what it ran."""
+    asked: list[int] = []
+
+    def measure(streams: int, ladder: Ladder, thresholds: Thresholds) -> Level:
+        asked.append(streams)
+        return fake_level(streams, met=streams <= knee, processes=ladder.processes)
+
+    return measure, asked
+
+
+def test_envelope_is_the_last_level_before_the_first_miss() -> None:
+    """The ladder stops at the first miss; the envelope is per process."""
+    measure, asked = fake_measure(256)
+    ladder = Ladder(streams=(512, 64, 128, 256, 1024), processes=2)
+    found = calibrate(ladder, Thresholds(), measure=measure)
+    assert asked == [64, 128, 256, 512]
+    assert found["envelope_total"] == {"streams": 256, "chunks_per_s": 12800.0}
+    assert found["envelope"] == {"streams": 128, "chunks_per_s": 6400.0}
+    assert [lv["met"] for lv in found["levels"]] == [True, True, True, False]
+
+
+def test_a_pass_above_a_miss_does_not_raise_the_envelope() -> None:
+    """With --all-levels every level runs, but a lucky pass above a miss is not capacity."""
+    asked: list[int] = []
+
+    def measure(streams: int, ladder: Ladder, thresholds: Thresholds) -> Level:
+        asked.append(streams)
+        return fake_level(streams, met=streams != 128)
+
+    found = calibrate(Ladder(streams=(64, 128, 256), all_levels=True), Thresholds(),
+                      measure=measure)  # fmt: skip
+    assert asked == [64, 128, 256]
+    assert found["envelope_total"]["streams"] == 64
+
+
+def test_compare_judges_against_the_servers_write_times() -> None:
+    """Errors are client arrival (t0 + relative) minus server write; each threshold judged."""
+    t0 = 1_000_000_000
+    ladder = Ladder(streams=(2,), stream_s=0.04)  # 2 tokens per stream
+    records = [
+        RequestRecord(request_id=i, class_name="c", intended_ns=0, dispatched_ns=1_000_000,
+                      outcome=Outcome.OK, first_token_ns=10_000_000 + i * 6_000_000,
+                      chunk_ns=[10_000_000 + i * 6_000_000, 30_000_000])
+        for i in range(2)
+    ]  # fmt: skip
+    trace = {f"loadgen-{i}": [t0 + 10_000_000, t0 + 29_000_000] for i in range(2)}
+    level = compare(2, ladder, Thresholds(), records, 0.004, t0, trace)
+    assert level.chunks == level.expected_chunks == 4
+    assert level.timestamp_err_max_ms == pytest.approx(6.0)
+    assert level.cpu_us_per_chunk == pytest.approx(1000.0)
+    assert level.misses == ("timestamp p99", "TTFT p99")
+    loose = compare(2, ladder, Thresholds(timestamp_p99_ms=7, ttft_p99_ms=7), records, 0.0, t0,
+                    trace)  # fmt: skip
+    assert loose.met
+
+
+def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: Path) -> None:
+    """`loadgen calibrate --quick` runs the simulator and engine and saves a full result."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    path = tmp_path / "calibration.json"
+    out = CliRunner().invoke(cli, ["calibrate", "--quick", "--format", "json", "--save", str(path)])
+    assert out.exit_code in (0, 2), out.output
+    found = json.loads(out.output)
+    assert [lv["streams"] for lv in found["levels"]][:1] == [8]
+    for level in found["levels"]:
+        assert level["chunks"] == level["expected_chunks"] == level["streams"] * 50
+        assert level["failed"] == 0
+        assert level["timestamp_err_p50_ms"] is not None
+        assert level["cpu_us_per_chunk"] > 0
+    saved = json.loads(path.read_text())["hosts"][host_name()]["1"]
+    assert saved["levels"] == found["levels"]
