@@ -13,6 +13,7 @@ import click
 
 from loadgen.errors import LoadgenError
 from loadgen.sim.config import (
+    API_NAMES,
     FAULT_NAMES,
     ROLE_MODES,
     SimConfig,
@@ -55,6 +56,13 @@ _SECONDS = "simulated seconds (divided by --speed)"
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML file of settings (keys = flag names with underscores); flags override it.",
+)
+@click.option(
+    "--api",
+    type=click.Choice(API_NAMES),
+    help="Dialect(s) to speak: 'all' serves each on its own path (/v1/chat/completions, "
+    "/v1/completions, /v1/responses, /v1/messages, /generate_stream, /generate, /api/chat, "
+    "/api/generate); one name serves only that API, on its paths and on '/'.  [default: all]",
 )
 @click.option("--host", help="Address to listen on.  [default: 127.0.0.1]")
 @click.option("--port", type=int, help="TCP port; 0 picks a free one.  [default: 8000]")
@@ -106,18 +114,28 @@ _SECONDS = "simulated seconds (divided by --speed)"
 @click.option(
     "--role",
     type=click.Choice(ROLE_MODES),
-    help="Role chunk: at accept, with the first token, or never.  [default: first]",
+    help="Role chunk / opening event (message_start, response.created): at accept, with the "
+    "first token, or never where optional.  [default: first]",
 )
 @click.option("--no-done", is_flag=True, help="Omit 'data: [DONE]'.")
 @click.option("--usage-in-finish", is_flag=True, help="Put usage in the finish chunk.")
 @click.option("--tokens-per-chunk", type=int, help="Tokens per content chunk.  [default: 1]")
-@click.option("--reasoning-tokens", type=int, help="First k tokens as reasoning_content.")
-@click.option("--heartbeat-s", type=float, help=f"': ping' comment interval, {_SECONDS}.")
+@click.option(
+    "--reasoning-tokens", type=int, help="First k tokens as reasoning (each dialect's field)."
+)
+@click.option(
+    "--heartbeat-s",
+    type=float,
+    help=f"Heartbeat interval (': ping' comment; Anthropic ping event), {_SECONDS}.",
+)
 @click.option(
     "--close-after-stream", is_flag=True, help="Close the connection after each response."
 )
 def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) -> None:
-    """Serve a simulated OpenAI-compatible streaming LLM whose timing follows a serving model.
+    """Serve a simulated streaming LLM whose timing follows a serving model, in every dialect.
+
+    It speaks OpenAI chat/completions, OpenAI Responses, Anthropic Messages, TGI and
+    Ollama, each on its usual path (or one of them only, with --api).
 
     Continuous batching up to --max-batch; each step decodes one token per running
     sequence (decode_step_ms by batch size) and prefills waiting prompts at
@@ -131,6 +149,7 @@ def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) ->
         loadgen sim --port 8000
         loadgen sim --port 0 --speed 20 --chunk-tokens 160 --trace-file sim.jsonl
         loadgen sim --config sim.yaml --fault stall=0.01 --stall-s 2
+        loadgen sim --api anthropic --port 8080 --fault error_after=0.05
     """
     try:
         config = build_config(config_path, flags, fault_specs)

@@ -9,11 +9,13 @@ Faults and dialects (see `loadgen.sim.faults` for the per-request headers):
 
 * `faults` maps a fault name to the probability that a request gets it
   (`--fault stall=0.01`, repeatable; YAML `faults: {stall: 0.01}`). Names:
-  `drop_after`, `stall`, `status`, `garbage_after`, `header_delay`. Their parameters:
-  `fault_after_tokens` (k for drop/stall/garbage; unset = uniform over the request's
-  output), `stall_s`, `fault_status`, `header_delay_s`.
+  `drop_after`, `stall`, `status`, `garbage_after`, `error_after`, `header_delay`. Their
+  parameters: `fault_after_tokens` (k for drop/stall/garbage/error; unset = uniform over
+  the request's output), `stall_s`, `fault_status`, `header_delay_s`.
 * Dialect settings apply to every request: `role`, `no_done`, `usage_in_finish`,
   `tokens_per_chunk`, `reasoning_tokens`, `heartbeat_s`, `close_after_stream`.
+* `api`: `all` (default) serves every dialect on its own path; one API name serves only
+  that dialect, on its paths and on `/` (see `loadgen.sim.dialects`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ import yaml
 from loadgen.errors import ConfigError
 from loadgen.sim.engine import DecodeTable, EngineConfig
 
-FAULT_NAMES = ("drop_after", "stall", "status", "garbage_after", "header_delay")
+FAULT_NAMES = ("drop_after", "stall", "status", "garbage_after", "error_after", "header_delay")
 ROLE_MODES = ("early", "first", "none")
 OUTPUT_DIST_KINDS = ("fixed", "exponential", "lognormal")
+API_NAMES = (
+    *("all", "openai", "openai-chat", "openai-completions", "openai-responses", "anthropic"),
+    *("tgi", "ollama", "ollama-chat", "ollama-generate"),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +100,7 @@ class SimConfig:
     trace_file: Path | None = None
     seed: int = 0
     model: str = "loadgen-sim"
+    api: str = "all"
 
 
 def _int(value: object, minimum: int = 0, maximum: int | None = None) -> int:
@@ -236,6 +243,7 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "output_dist": (parse_output_dist, "e.g. 'fixed:300' or 'lognormal:mean=200,cv=1'"),
     "seed": (_int, "an integer >= 0"),
     "model": (_str, "the model id to report"),
+    "api": (_choice(API_NAMES), f"one of {', '.join(API_NAMES)}"),
     "trace_file": (_path, "a file path for the JSON Lines trace"),
     "faults": (parse_faults, f"names: {', '.join(FAULT_NAMES)}; probabilities in [0, 1]"),
     "fault_after_tokens": (_int, "an integer >= 0"),
@@ -303,6 +311,7 @@ def config_from_mapping(mapping: Mapping[str, Any], source: str) -> SimConfig:
         trace_file=v.get("trace_file"),
         seed=v.get("seed", base.seed),
         model=v.get("model", base.model),
+        api=v.get("api", base.api),
     )
 
 

@@ -6,16 +6,21 @@ Headers (names exact, values as shown; seconds are simulated, divided by `--spee
 |---|---|
 | `X-Sim-Drop-After: k` | close (FIN, body unterminated) after k content tokens; 0 = after headers |
 | `X-Sim-Stall: k:S` | after k tokens the sequence pauses S s (keeps its slot), then goes on |
-| `X-Sim-Status: 503` | answer that status at once with an OpenAI-style error body |
-| `X-Sim-Garbage-After: k` | after k tokens write non-SSE bytes, then end the body (no [DONE]) |
+| `X-Sim-Status: 503` | answer that status at once with the dialect's error body |
+| `X-Sim-Garbage-After: k` | after k tokens write bytes the dialect cannot decode, then end |
+| `X-Sim-Error-After: k` | after k tokens the dialect's own error event, then end the body |
 | `X-Sim-Header-Delay-S: S` | hold the response headers S s before the request reaches the engine |
-| `X-Sim-Heartbeat-S: S` | `: ping` comment every S s while the request waits or streams |
-| `X-Sim-Role: early\\|first\\|none` | role chunk at accept, with token 1 (default), or never |
-| `X-Sim-No-Done: 1` | no `data: [DONE]` |
+| `X-Sim-Heartbeat-S: S` | a heartbeat (`: ping` comment; Anthropic `ping`) every S s |
+| `X-Sim-Role: early\\|first\\|none` | opening event at accept, with token 1 (default), or never |
+| `X-Sim-No-Done: 1` | no `data: [DONE]` (OpenAI) / no `message_stop` (Anthropic) |
 | `X-Sim-Usage-In-Finish: 1` | usage in the finish chunk instead of a separate chunk |
 | `X-Sim-Tokens-Per-Chunk: k` | k tokens per content chunk |
-| `X-Sim-Reasoning-Tokens: k` | the first k tokens go out as `delta.reasoning_content` |
+| `X-Sim-Reasoning-Tokens: k` | the first k tokens go out as the dialect's reasoning deltas |
 | `X-Sim-Close-After-Stream: 1` | close the connection after the response despite keep-alive |
+
+Per dialect (see `loadgen.sim.dialects`): "opening event" is the OpenAI chat role chunk,
+Anthropic `message_start`, Responses `response.created` + `response.in_progress`, an empty
+Ollama message; TGI has none. NDJSON (Ollama) has no heartbeat.
 
 A header overrides the global setting of the same fault. Global faults (`SimConfig.faults`)
 are drawn per request with their probability; `after_tokens` unset means k is uniform over
@@ -45,6 +50,7 @@ class FaultPlan:
     stall_after: int = -1
     stall_s: float = 0.0
     garbage_after: int | None = None
+    error_after: int | None = None
     header_delay_s: float = 0.0
     dialect: Dialect = field(default_factory=Dialect)
     applied: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +99,7 @@ _HEADERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-stall": ("stall", _stall),
     "x-sim-status": ("status", _status),
     "x-sim-garbage-after": ("garbage_after", _k),
+    "x-sim-error-after": ("error_after", _k),
     "x-sim-header-delay-s": ("header_delay", _seconds),
     "x-sim-heartbeat-s": ("heartbeat_s", _seconds),
     "x-sim-role": ("role", _role),
@@ -130,6 +137,7 @@ def _draw(rates: FaultRates, rng: random.Random, output_tokens: int) -> dict[str
         values: dict[str, Any] = {
             "drop_after": k,
             "garbage_after": k,
+            "error_after": k,
             "stall": (k, rates.stall_s),
             "status": rates.status,
             "header_delay": rates.header_delay_s,
@@ -169,6 +177,7 @@ def plan_faults(
         stall_after=stall[0],
         stall_s=stall[1],
         garbage_after=chosen.get("garbage_after"),
+        error_after=chosen.get("error_after"),
         header_delay_s=chosen.get("header_delay", 0.0),
         dialect=Dialect(**{**_dialect_dict(dialect), **dialect_overrides}),
         applied=applied,

@@ -164,11 +164,11 @@ class Connection(asyncio.Protocol):
         self.write(_head(status, headers) + body)
         self._done(keep_alive)
 
-    def start_stream(self, *, keep_alive: bool) -> None:
-        """Headers of a `text/event-stream` response with chunked transfer-encoding."""
+    def start_stream(self, *, keep_alive: bool, content_type: str = "text/event-stream") -> None:
+        """Headers of a streamed response (SSE by default) with chunked transfer-encoding."""
         self._keep_alive = keep_alive
         headers = [
-            ("content-type", "text/event-stream"),
+            ("content-type", content_type),
             ("cache-control", "no-cache"),
             ("transfer-encoding", "chunked"),
             ("connection", "keep-alive" if keep_alive else "close"),

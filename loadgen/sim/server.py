@@ -4,8 +4,9 @@
 (real = t0 + simulated / speed) and wakes at each step's *intended* end, an absolute
 deadline, so timer error never accumulates: a timer is armed up to `spin_ns` early and
 the last stretch is busy-waited (the event loop's timers are millisecond-grained).
-Each `Exchange` turns one completion request into engine work and engine tokens into
-bytes, applying its `FaultPlan`. `serve` runs until SIGINT/SIGTERM, then ends every open
+`SimServer` routes each request by path to its dialect (`dialects.routes`) and hands it to
+an `Exchange` (`exchange.py`), which turns engine tokens into that dialect's bytes and
+applies the request's `FaultPlan`. `serve` runs until SIGINT/SIGTERM, then ends every open
 request in the trace (outcome `shutdown`) and flushes it.
 """
 
@@ -20,31 +21,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from loadgen import __version__
 from loadgen.sim.config import SimConfig, format_decode_table
+from loadgen.sim.dialects import Api, error_body_for, routes
 from loadgen.sim.engine import NS_PER_S, SeqRequest, StepModel, StepResult, build_engine
-from loadgen.sim.faults import BadFaultHeader, FaultPlan, plan_faults
-from loadgen.sim.openai import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    DONE_EVENT,
-    PING_EVENT,
-    BadRequest,
-    CompletionRequest,
-    EventFormat,
-    error_body,
-    frame,
-    full_response,
-    output_length,
-    parse_completion,
-    usage,
-)
-from loadgen.sim.protocol import Connection, ExchangeLike, HttpRequest
+from loadgen.sim.exchange import Exchange
+from loadgen.sim.faults import BadFaultHeader, plan_faults
+from loadgen.sim.protocol import Connection, HttpRequest
 from loadgen.sim.trace import NullTrace, TraceWriter
+from loadgen.sim.wire import BadRequest, output_length, reasoning_tokens
 
 perf_counter_ns = time.perf_counter_ns
 SPIN_NS = 1_000_000  # the event loop's timer grain; busy-wait at most this long per step
@@ -140,267 +130,6 @@ class Scheduler:
         self.reschedule()
 
 
-class Exchange(ExchangeLike):
-    """One completion request from accept to its last byte (or its failure)."""
-
-    def __init__(
-        self,
-        server: SimServer,
-        conn: Connection,
-        http: HttpRequest,
-        request: CompletionRequest,
-        plan: FaultPlan,
-        *,
-        seq_id: int,
-        tokens: int,
-        finish_reason: str,
-        received_ns: int,
-    ) -> None:
-        self._server = server
-        self._conn = conn
-        self._http = http
-        self._request = request
-        self._plan = plan
-        self._dialect = plan.dialect
-        self._seq_id = seq_id
-        self._tokens = tokens
-        self._finish_reason = finish_reason
-        self._emitted = 0
-        self._pending_from = 1  # first token not yet written (coalescing)
-        self._slow_at = 1 if request.stream else 0  # tokens >= this take the slow path
-        self._live = True
-        self._timer: asyncio.TimerHandle | None = None
-        self._chunk_ns: list[int] = []
-        self._created = int(time.time())
-        self._response_id = f"{'chatcmpl' if request.is_chat else 'cmpl'}-sim{seq_id}"
-        self._format = EventFormat(
-            is_chat=request.is_chat,
-            response_id=self._response_id,
-            created=self._created,
-            model=server.model,
-        )
-        self._token_event = self._format.token
-        self._token_frame = self._format.token_frame
-        self.record: dict[str, Any] = {
-            "type": "request",
-            "id": seq_id,
-            "x_request_id": http.headers.get("x-request-id"),
-            "path": http.path,
-            "stream": request.stream,
-            "received_ns": received_ns,
-            "first_token_ns": None,
-            "done_ns": None,
-            "chunk_ns": self._chunk_ns,
-            "status": 200,
-            "outcome": "ok",
-            "prompt_tokens": request.prompt_tokens,
-            "output_tokens": 0,
-            "fault": plan.applied or None,
-        }
-
-    # -- lifecycle -----------------------------------------------------------------
-
-    def start(self) -> None:
-        """Answer a status fault at once, or (after any header delay) enter the engine."""
-        self._server.exchanges[self._seq_id] = self
-        if self._plan.status is not None:
-            self._fail(self._plan.status, "simulated failure (fault injection)", "fault_status")
-            return
-        self._conn.exchange = self
-        if self._plan.header_delay_s > 0:
-            delay_s = self._server.clock.real_s(self._plan.header_delay_s)
-            self._timer = self._server.loop.call_later(delay_s, self._enter)
-            return
-        self._enter()
-
-    def _enter(self) -> None:
-        self._timer = None
-        plan = self._plan
-        seq = SeqRequest(
-            seq_id=self._seq_id,
-            prompt_tokens=self._request.prompt_tokens,
-            output_tokens=self._tokens,
-            priority=self._request.priority,
-            stall_after_tokens=plan.stall_after,
-            stall_ns=round(plan.stall_s * NS_PER_S),
-        )
-        if not self._server.scheduler.submit(seq):
-            self._fail(429, "the simulator's admission queue is full", "rejected")
-            return
-        if plan.drop_after == 0 and not self._request.stream:
-            self._drop()
-        elif plan.garbage_after == 0 and not self._request.stream:
-            self._garbage()
-        elif self._request.stream:
-            self._open_stream()
-
-    def _open_stream(self) -> None:
-        dialect = self._dialect
-        keep_alive = self._http.keep_alive and not dialect.close_after_stream
-        self._conn.start_stream(keep_alive=keep_alive)
-        if dialect.role == "early" and self._request.is_chat:
-            self._conn.write(frame(self._format.role()))
-        if dialect.heartbeat_s > 0:
-            self._beat()
-        if self._plan.drop_after == 0:
-            self._drop()
-        elif self._plan.garbage_after == 0:
-            self._garbage()
-
-    def _beat(self, *, send: bool = False) -> None:
-        if not self._live:
-            return
-        if send:
-            self._conn.write(frame(PING_EVENT))
-        delay_s = self._server.clock.real_s(self._dialect.heartbeat_s)
-        self._timer = self._server.loop.call_later(delay_s, self._heartbeat)
-
-    def _heartbeat(self) -> None:
-        self._beat(send=True)
-
-    def on_connection_lost(self) -> None:
-        """The client went away: free the engine slot and record it."""
-        if self._live:
-            self._server.scheduler.cancel(self._seq_id)
-            self._end("client_closed")
-
-    def shutdown(self) -> None:
-        """The server is stopping: record the request as cut short."""
-        if self._live:
-            self._end("shutdown")
-            self._conn.close()
-
-    def _end(self, outcome: str, status: int = 200) -> None:
-        self._live = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._server.exchanges.pop(self._seq_id, None)
-        record = self.record
-        record["done_ns"] = perf_counter_ns()
-        record["outcome"] = outcome
-        record["status"] = status
-        record["output_tokens"] = self._emitted
-        self._server.trace.write(record)
-
-    def _fail(self, status: int, message: str, outcome: str) -> None:
-        self._end(outcome, status)
-        extra = [("retry-after", "1")] if status == 429 else []
-        self._conn.send_simple(
-            status,
-            error_body(status, message),
-            keep_alive=self._http.keep_alive,
-            extra_headers=extra,
-        )
-
-    def _drop(self) -> None:
-        self._server.scheduler.cancel(self._seq_id)
-        self._end("dropped")
-        self._conn.close()
-
-    def _garbage(self) -> None:
-        self._server.scheduler.cancel(self._seq_id)
-        self._end("garbage")
-        junk = b"data: {not json\n\n" + self._server.rng.randbytes(24) + b"\n\n"
-        if self._request.stream:
-            self._conn.end_stream(frame(junk))
-        else:
-            self._conn.send_simple(200, junk, keep_alive=False)
-
-    # -- tokens ----------------------------------------------------------------------
-
-    def on_token(self) -> None:
-        """The engine emitted this request's next token (the per-token hot path)."""
-        n = self._emitted = self._emitted + 1
-        if n < self._slow_at:
-            self._conn.write(self._token_frame(n))
-            self._chunk_ns.append(perf_counter_ns())
-            return
-        if self._request.stream:
-            self._stream_token(n)
-        else:
-            self._plain_token(n)
-
-    def _stream_token(self, n: int) -> None:
-        """Slow path: first token, coalescing, reasoning, faults and the end."""
-        plan, dialect = self._plan, self._dialect
-        if dialect.tokens_per_chunk == 1:
-            self._pending_from = n  # the fast path wrote every earlier token singly
-        parts: list[bytes] = []
-        if n == 1:
-            self.record["first_token_ns"] = perf_counter_ns()
-            if dialect.role == "first" and self._request.is_chat:
-                parts.append(frame(self._format.role()))
-        at_boundary = n in (self._tokens, plan.drop_after, plan.garbage_after)
-        pending = n - self._pending_from + 1
-        if pending >= dialect.tokens_per_chunk or at_boundary or n == dialect.reasoning_tokens:
-            parts.append(frame(self._content_event(self._pending_from, n)))
-            self._pending_from = n + 1
-            content = True
-        else:
-            content = False
-        if parts:
-            self._conn.write(b"".join(parts))
-            if content:
-                self._chunk_ns.append(perf_counter_ns())
-        if n == plan.drop_after:
-            self._drop()
-        elif n == plan.garbage_after:
-            self._garbage()
-        elif n >= self._tokens:
-            self._finish_stream()
-        else:
-            self._slow_at = self._next_slow(n)
-
-    def _content_event(self, first: int, last: int) -> bytes:
-        reasoning = first <= self._dialect.reasoning_tokens
-        if first == last and not reasoning:
-            return self._token_event(first)
-        return self._format.text(range(first, last + 1), reasoning=reasoning)
-
-    def _next_slow(self, n: int) -> int:
-        """The next token index that needs the slow path."""
-        dialect = self._dialect
-        if dialect.tokens_per_chunk > 1 or n < dialect.reasoning_tokens:
-            return n + 1
-        marks = [self._plan.drop_after, self._plan.garbage_after]
-        return min([self._tokens, *(k for k in marks if k is not None and k > n)])
-
-    def _finish_stream(self) -> None:
-        dialect = self._dialect
-        usage_obj = usage(self._request.prompt_tokens, self._tokens)
-        finish_usage = usage_obj if dialect.usage_in_finish else None
-        parts = [frame(self._format.finish(self._finish_reason, finish_usage))]
-        if self._request.include_usage and not dialect.usage_in_finish:
-            parts.append(frame(self._format.usage(usage_obj)))
-        if not dialect.no_done:
-            parts.append(frame(DONE_EVENT))
-        self._end("ok")
-        self._conn.end_stream(b"".join(parts))
-
-    def _plain_token(self, n: int) -> None:
-        """Non-streaming: count tokens; answer (or fail) when the plan says so."""
-        if n == 1:
-            self.record["first_token_ns"] = perf_counter_ns()
-        if n == self._plan.drop_after:
-            self._drop()
-        elif n == self._plan.garbage_after:
-            self._garbage()
-        elif n >= self._tokens:
-            body = full_response(
-                self._request,
-                response_id=self._response_id,
-                created=self._created,
-                model=self._server.model,
-                tokens=self._tokens,
-                reasoning_tokens=self._dialect.reasoning_tokens,
-                finish_reason=self._finish_reason,
-            )
-            self._end("ok")
-            keep_alive = self._http.keep_alive and not self._dialect.close_after_stream
-            self._conn.send_simple(200, body, keep_alive=keep_alive)
-
-
 class SimServer:
     """Routes requests, owns the engine driver, the random stream and the trace."""
 
@@ -420,55 +149,48 @@ class SimServer:
         self.exchanges: dict[int, Exchange] = {}
         self.connections: set[Connection] = set()
         self._ids = itertools.count(1)
-        created = int(time.time())
-        self._models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": self.model, "object": "model", "created": created, "owned_by": "loadgen"}
-                ],
-            }
-        )
+        self.routes = routes(config.api)
+        self._gets = _get_bodies(self.model)
 
     def handle(self, conn: Connection, http: HttpRequest) -> None:
         """Route one request (the `Connection` handler)."""
-        routes = {
-            "/health": "GET",
-            "/v1/models": "GET",
-            CHAT_PATH: "POST",
-            COMPLETIONS_PATH: "POST",
-        }
-        method = routes.get(http.path)
+        api = self.routes.get(http.path)
         keep_alive = http.keep_alive
-        if method is None:
-            message = f"unknown path {http.path}"
-            conn.send_simple(404, error_body(404, message), keep_alive=keep_alive)
-        elif http.method != method:
+        if api is not None and http.method == "POST":
+            self._generate(conn, http, api)
+        elif http.path in self._gets and http.method == "GET":
+            conn.send_simple(200, self._gets[http.path], keep_alive=keep_alive)
+        elif api is not None or http.path in self._gets:
+            method = "POST" if api is not None else "GET"
             message = f"{http.path} accepts {method}, not {http.method}"
-            conn.send_simple(405, error_body(405, message), keep_alive=keep_alive)
-        elif http.path == "/health":
-            conn.send_simple(200, b'{"status":"ok"}', keep_alive=keep_alive)
-        elif http.path == "/v1/models":
-            conn.send_simple(200, self._models_body, keep_alive=keep_alive)
+            body = error_body_for(http.path)(405, message)
+            conn.send_simple(405, body, keep_alive=keep_alive)
         else:
-            self._completion(conn, http)
+            served = ", ".join(sorted(p for p in self.routes if p != "/"))
+            message = f"unknown path {http.path} (this simulator serves POST {served})"
+            conn.send_simple(404, error_body_for(http.path)(404, message), keep_alive=keep_alive)
 
-    def _completion(self, conn: Connection, http: HttpRequest) -> None:
+    def _generate(self, conn: Connection, http: HttpRequest, api: Api) -> None:
         received_ns = perf_counter_ns()
         seq_id = next(self._ids)
+        config = self.config
         try:
-            request = parse_completion(http.body, is_chat=http.path == CHAT_PATH)
-            tokens, finish_reason = output_length(request, self.config.output_dist, self.rng)
-            config = self.config
-            plan = plan_faults(http.headers, config.dialect, config.faults, self.rng, tokens)
+            request = api.parse(http.body)
+            tokens, finish_reason = output_length(request, config.output_dist, self.rng)
+            dialect = config.dialect
+            if request.reasoning_fraction > 0:  # asked for in the body; a header still wins
+                dialect = replace(dialect, reasoning_tokens=reasoning_tokens(request, tokens))
+            plan = plan_faults(http.headers, dialect, config.faults, self.rng, tokens)
         except (BadRequest, BadFaultHeader) as exc:
             self.trace.write(_bad_request_record(seq_id, http, received_ns, str(exc)))
-            conn.send_simple(400, error_body(400, str(exc)), keep_alive=http.keep_alive)
+            body = api.error_body(400, str(exc))
+            conn.send_simple(400, body, keep_alive=http.keep_alive)
             return
         exchange = Exchange(
             self,
             conn,
             http,
+            api,
             request,
             plan,
             seq_id=seq_id,
@@ -504,6 +226,21 @@ class SimServer:
             exchange.shutdown()
         for conn in list(self.connections):
             conn.close()
+
+
+def _get_bodies(model: str) -> dict[str, bytes]:
+    """GET path → body: health, and each dialect's model listing or server info."""
+    created = int(time.time())
+    openai_model = {"id": model, "object": "model", "created": created, "owned_by": "loadgen"}
+    ollama_model = {"name": model, "model": model, "size": 0, "digest": "sim", "details": {}}
+    tgi_info = {"model_id": model, "version": __version__, "max_input_tokens": 1_000_000}
+    return {
+        "/health": b'{"status":"ok"}',
+        "/v1/models": orjson.dumps({"object": "list", "data": [openai_model]}),
+        "/api/tags": orjson.dumps({"models": [ollama_model]}),
+        "/api/version": orjson.dumps({"version": __version__}),
+        "/info": orjson.dumps(tgi_info),
+    }
 
 
 def _bad_request_record(

@@ -1,0 +1,308 @@
+"""One generation request from accept to its last byte, in any dialect, faults applied.
+
+The `Exchange` decides *when* bytes go out (engine tokens, faults, heartbeats, the end);
+the dialect's `StreamFormat` decides *what* they are. Every write that carries generated
+tokens is stamped into the trace record's `chunk_ns` right after the write.
+
+Fault mapping, the same in every dialect: drop = close with the body unterminated;
+garbage = bytes the dialect's decoder cannot accept, then the end of the body; error =
+the dialect's own mid-stream error event, then a clean end of the body; status = that
+HTTP status with the dialect's error body; stall and header delay act on the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from loadgen.sim.engine import NS_PER_S, SeqRequest
+from loadgen.sim.faults import FaultPlan
+from loadgen.sim.protocol import Connection, ExchangeLike, HttpRequest
+from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame
+
+if TYPE_CHECKING:
+    from loadgen.sim.dialects import Api
+    from loadgen.sim.server import SimServer
+
+perf_counter_ns = time.perf_counter_ns
+
+
+class Exchange(ExchangeLike):
+    """One request's response, driven by engine tokens."""
+
+    def __init__(
+        self,
+        server: SimServer,
+        conn: Connection,
+        http: HttpRequest,
+        api: Api,
+        request: SimRequest,
+        plan: FaultPlan,
+        *,
+        seq_id: int,
+        tokens: int,
+        finish_reason: str,
+        received_ns: int,
+    ) -> None:
+        self._server = server
+        self._conn = conn
+        self._http = http
+        self._api = api
+        self._request = request
+        self._plan = plan
+        self._dialect = plan.dialect
+        self._seq_id = seq_id
+        self._tokens = tokens
+        self._reasoning = min(plan.dialect.reasoning_tokens, tokens)
+        self._finish_reason = finish_reason
+        self._emitted = 0
+        self._pending_from = 1  # first token not yet written (coalescing)
+        self._slow_at = 1 if request.stream else 0  # tokens >= this take the slow path
+        self._live = True
+        self._sent_early = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._chunk_ns: list[int] = []
+        self._received_ns = received_ns
+        self._entered_ns = received_ns
+        self._format = api.format(
+            FormatArgs(
+                request=request,
+                response_id=f"{api.id_prefix}sim{seq_id}",
+                created=int(time.time()),
+                model=server.model,
+                dialect=plan.dialect,
+                tokens=tokens,
+                reasoning_tokens=self._reasoning,
+                finish_reason=finish_reason,
+            )
+        )
+        self._token_frame = self._format.token_frame
+        self.record: dict[str, Any] = {
+            "type": "request",
+            "id": seq_id,
+            "x_request_id": http.headers.get("x-request-id"),
+            "path": http.path,
+            "api": api.name,
+            "stream": request.stream,
+            "received_ns": received_ns,
+            "first_token_ns": None,
+            "done_ns": None,
+            "chunk_ns": self._chunk_ns,
+            "status": 200,
+            "outcome": "ok",
+            "prompt_tokens": request.prompt_tokens,
+            "output_tokens": 0,
+            "reasoning_tokens": self._reasoning,
+            "fault": plan.applied or None,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Answer a status fault at once, or (after any header delay) enter the engine."""
+        self._server.exchanges[self._seq_id] = self
+        if self._plan.status is not None:
+            self._fail(self._plan.status, "simulated failure (fault injection)", "fault_status")
+            return
+        self._conn.exchange = self
+        if self._plan.header_delay_s > 0:
+            delay_s = self._server.clock.real_s(self._plan.header_delay_s)
+            self._timer = self._server.loop.call_later(delay_s, self._enter)
+            return
+        self._enter()
+
+    def _enter(self) -> None:
+        self._timer = None
+        self._entered_ns = perf_counter_ns()
+        plan = self._plan
+        seq = SeqRequest(
+            seq_id=self._seq_id,
+            prompt_tokens=self._request.prompt_tokens,
+            output_tokens=self._tokens,
+            priority=self._request.priority,
+            stall_after_tokens=plan.stall_after,
+            stall_ns=round(plan.stall_s * NS_PER_S),
+        )
+        if not self._server.scheduler.submit(seq):
+            self._fail(429, "the simulator's admission queue is full", "rejected")
+            return
+        if not self._request.stream:
+            self._fault_at(0)
+        else:
+            self._open_stream()
+
+    def _open_stream(self) -> None:
+        dialect, fmt = self._dialect, self._format
+        keep_alive = self._http.keep_alive and not dialect.close_after_stream
+        self._conn.start_stream(keep_alive=keep_alive, content_type=fmt.content_type)
+        early = fmt.at_accept(dialect.role) if dialect.role == "early" else b""
+        if early:
+            self._conn.write(frame(early))
+            self._sent_early = True
+        if dialect.heartbeat_s > 0 and fmt.heartbeat():
+            self._beat()
+        self._fault_at(0)
+
+    def _fault_at(self, n: int) -> bool:
+        """Apply a drop, garbage or error fault planned at token `n`; True if one was."""
+        plan = self._plan
+        if n == plan.drop_after:
+            self._drop()
+        elif n == plan.garbage_after:
+            self._garbage()
+        elif n == plan.error_after:
+            self._error()
+        else:
+            return False
+        return True
+
+    def _beat(self, *, send: bool = False) -> None:
+        if not self._live:
+            return
+        if send:
+            self._conn.write(frame(self._format.heartbeat()))
+        delay_s = self._server.clock.real_s(self._dialect.heartbeat_s)
+        self._timer = self._server.loop.call_later(delay_s, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        self._beat(send=True)
+
+    def on_connection_lost(self) -> None:
+        """The client went away: free the engine slot and record it."""
+        if self._live:
+            self._server.scheduler.cancel(self._seq_id)
+            self._end("client_closed")
+
+    def shutdown(self) -> None:
+        """The server is stopping: record the request as cut short."""
+        if self._live:
+            self._end("shutdown")
+            self._conn.close()
+
+    def _end(self, outcome: str, status: int = 200) -> None:
+        self._live = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._server.exchanges.pop(self._seq_id, None)
+        record = self.record
+        record["done_ns"] = perf_counter_ns()
+        record["outcome"] = outcome
+        record["status"] = status
+        record["output_tokens"] = self._emitted
+        self._server.trace.write(record)
+
+    def _fail(self, status: int, message: str, outcome: str) -> None:
+        self._end(outcome, status)
+        extra = [("retry-after", "1")] if status == 429 else []
+        self._conn.send_simple(
+            status,
+            self._api.error_body(status, message),
+            keep_alive=self._http.keep_alive,
+            extra_headers=extra,
+        )
+
+    def _drop(self) -> None:
+        self._server.scheduler.cancel(self._seq_id)
+        self._end("dropped")
+        self._conn.close()
+
+    def _garbage(self) -> None:
+        self._server.scheduler.cancel(self._seq_id)
+        self._end("garbage")
+        junk = self._format.garbage(self._server.rng.randbytes(24))
+        if self._request.stream:
+            self._conn.end_stream(frame(junk))
+        else:
+            self._conn.send_simple(200, junk, keep_alive=False)
+
+    def _error(self) -> None:
+        self._server.scheduler.cancel(self._seq_id)
+        message = "simulated failure mid-stream (fault injection)"
+        if not self._request.stream:
+            self._fail(500, message, "error_event")
+            return
+        self._end("error_event")
+        self._conn.end_stream(frame(self._format.error_event(message)))
+
+    # -- tokens ----------------------------------------------------------------------
+
+    def on_token(self) -> None:
+        """The engine emitted this request's next token (the per-token hot path)."""
+        n = self._emitted = self._emitted + 1
+        if n < self._slow_at:
+            self._conn.write(self._token_frame(n))
+            self._chunk_ns.append(perf_counter_ns())
+            return
+        if self._request.stream:
+            self._stream_token(n)
+        else:
+            self._plain_token(n)
+
+    def _stream_token(self, n: int) -> None:
+        """Slow path: first token, coalescing, reasoning, faults and the end."""
+        plan, dialect = self._plan, self._dialect
+        if dialect.tokens_per_chunk == 1:
+            self._pending_from = n  # the fast path wrote every earlier token singly
+        prefix = b""
+        if n == 1:
+            self.record["first_token_ns"] = perf_counter_ns()
+            prefix = self._format.at_first(dialect.role, sent_early=self._sent_early)
+        marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after)
+        pending = n - self._pending_from + 1
+        if pending >= dialect.tokens_per_chunk or n in marks or n == self._reasoning:
+            first, self._pending_from = self._pending_from, n + 1
+            reasoning = first <= self._reasoning
+            self._conn.write(frame(prefix + self._format.tokens(first, n, reasoning=reasoning)))
+            self._chunk_ns.append(perf_counter_ns())
+        elif prefix:
+            self._conn.write(frame(prefix))
+        if self._fault_at(n):
+            return
+        if n >= self._tokens:
+            self._finish_stream()
+        else:
+            self._slow_at = self._next_slow(n)
+
+    def _next_slow(self, n: int) -> int:
+        """The next token index that needs the slow path (phase changes, marks, the end)."""
+        if self._dialect.tokens_per_chunk > 1 or n <= self._reasoning:
+            return n + 1
+        plan = self._plan
+        marks = (plan.drop_after, plan.garbage_after, plan.error_after)
+        return min([self._tokens, *(k for k in marks if k is not None and k > n)])
+
+    def _stream_end(self) -> StreamEnd:
+        now = perf_counter_ns()
+        first = self.record["first_token_ns"]
+        return StreamEnd(
+            finish_reason=self._finish_reason,
+            prompt_tokens=self._request.prompt_tokens,
+            output_tokens=self._tokens,
+            reasoning_tokens=self._reasoning,
+            received_ns=self._received_ns,
+            entered_ns=self._entered_ns,
+            first_token_ns=now if first is None else first,
+            last_token_ns=now,
+        )
+
+    def _finish_stream(self) -> None:
+        closing = self._format.finish(self._stream_end())
+        last = frame(closing) if closing else b""  # frame(b"") would end the body early
+        self._end("ok")
+        self._conn.end_stream(last)
+
+    def _plain_token(self, n: int) -> None:
+        """Non-streaming: count tokens; answer (or fail) when the plan says so."""
+        if n == 1:
+            self.record["first_token_ns"] = perf_counter_ns()
+        if self._fault_at(n):
+            return
+        if n >= self._tokens:
+            body = self._format.full_response(self._stream_end())
+            self._end("ok")
+            keep_alive = self._http.keep_alive and not self._dialect.close_after_stream
+            self._conn.send_simple(
+                200, body, keep_alive=keep_alive, content_type=self._api.plain_content_type
+            )
