@@ -94,6 +94,8 @@ class Exchange(ExchangeLike):
             "prompt_tokens": request.prompt_tokens,
             "output_tokens": 0,
             "reasoning_tokens": self._reasoning,
+            "opening_ns": None,
+            "heartbeats": 0,
             "fault": plan.applied or None,
         }
 
@@ -139,6 +141,7 @@ class Exchange(ExchangeLike):
         early = fmt.at_accept(dialect.role) if dialect.role == "early" else b""
         if early:
             self._conn.write(frame(early))
+            self.record["opening_ns"] = perf_counter_ns()
             self._sent_early = True
         if dialect.heartbeat_s > 0 and fmt.heartbeat():
             self._beat()
@@ -162,6 +165,7 @@ class Exchange(ExchangeLike):
             return
         if send:
             self._conn.write(frame(self._format.heartbeat()))
+            self.record["heartbeats"] += 1
         delay_s = self._server.clock.real_s(self._dialect.heartbeat_s)
         self._timer = self._server.loop.call_later(delay_s, self._heartbeat)
 

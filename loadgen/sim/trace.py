@@ -9,8 +9,11 @@ processes on one host). Line types:
   driver woke to deliver it, and when its last chunk was written.
 * `{"type": "request", "id", "x_request_id", "path", "stream", "received_ns",
   "first_token_ns", "done_ns", "chunk_ns": [...], "status", "outcome", "prompt_tokens",
-  "output_tokens", "fault"}` per completion request when it ends; `chunk_ns` holds the
-  write time of every content-bearing chunk, `output_tokens` the tokens generated.
+  "output_tokens", "fault", "api", "reasoning_tokens", "opening_ns", "heartbeats"}` per
+  generation request (any dialect) when it ends; `chunk_ns` holds the write time of every
+  chunk that carries generated tokens, `output_tokens` the tokens generated, `opening_ns`
+  the write time of an opening event sent before queueing (role "early"), `heartbeats`
+  how many heartbeat events were written.
 
 Lines are buffered in memory and flushed every `flush_interval_s` and at close.
 """

@@ -1,0 +1,602 @@
+"""The simulator in every dialect: wire shapes, exact tokens, faults and its trace, then end to end.
+
+The wire tests decode each stream with a small decoder written here (not the client's
+adapters), so a shared misunderstanding cannot hide. Servers run at a high --speed;
+assertions are about order, shape and counts, or compare the server's own trace times.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loadgen.sim.launch import SimProcess, running_sim
+
+SPEED = 50.0
+PROMPT = "one two three four"  # 4 prompt tokens
+SYSTEM = "be brief"  # 2 more where the dialect has a system field
+
+
+@dataclass
+class Decoded:
+    """What a stream said, by this test's own reading of the dialect."""
+
+    text: str = ""
+    reasoning: str = ""
+    output_tokens: int | None = None  # from the server's usage / counts
+    prompt_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    error: str | None = None
+    names: list[str] = field(default_factory=list)  # event names / kinds, in order
+    ended: bool = False  # the dialect's explicit end was seen
+
+
+def sse_events(raw: bytes) -> Iterator[tuple[str | None, str]]:
+    """(event name, data) of each SSE event; comments as ("comment", text)."""
+    for block in raw.decode().split("\n\n"):
+        name, data = None, []
+        for line in block.split("\n"):
+            if line.startswith(":"):
+                yield "comment", line[1:].strip()
+            elif line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        if data:
+            yield name, "\n".join(data)
+
+
+def decode_openai(raw: bytes) -> Decoded:
+    out = Decoded()
+    for name, data in sse_events(raw):
+        if name == "comment":
+            out.names.append("comment")
+            continue
+        if data == "[DONE]":
+            out.names.append("[DONE]")
+            out.ended = True
+            continue
+        obj = json.loads(data)
+        if "error" in obj:
+            out.error = obj["error"]["message"]
+            out.names.append("error")
+            continue
+        delta = obj["choices"][0].get("delta", {}) if obj["choices"] else {}
+        out.names.append("role" if "role" in delta else "chunk")
+        out.text += delta.get("content") or ""
+        out.reasoning += delta.get("reasoning_content") or ""
+        if obj.get("usage"):
+            out.output_tokens = obj["usage"]["completion_tokens"]
+            out.prompt_tokens = obj["usage"]["prompt_tokens"]
+    return out
+
+
+def decode_anthropic(raw: bytes) -> Decoded:
+    out = Decoded()
+    for name, data in sse_events(raw):
+        out.names.append(name or "?")
+        if name == "comment":
+            continue
+        obj = json.loads(data)
+        assert obj["type"] == name  # every Messages event names itself twice
+        if name == "message_start":
+            out.prompt_tokens = obj["message"]["usage"]["input_tokens"]
+        elif name == "content_block_delta":
+            delta = obj["delta"]
+            out.text += delta.get("text", "") if delta["type"] == "text_delta" else ""
+            out.reasoning += delta.get("thinking", "") if delta["type"] == "thinking_delta" else ""
+        elif name == "message_delta":
+            out.output_tokens = obj["usage"]["output_tokens"]
+        elif name == "message_stop":
+            out.ended = True
+        elif name == "error":
+            out.error = obj["error"]["type"]
+    return out
+
+
+def decode_responses(raw: bytes) -> Decoded:
+    out = Decoded()
+    sequence = []
+    for name, data in sse_events(raw):
+        out.names.append(name or "?")
+        if name == "comment":
+            continue
+        obj = json.loads(data)
+        assert obj["type"] == name
+        sequence.append(obj["sequence_number"])
+        if name == "response.output_text.delta":
+            out.text += obj["delta"]
+        elif name == "response.reasoning_text.delta":
+            out.reasoning += obj["delta"]
+        elif name == "response.completed":
+            usage = obj["response"]["usage"]
+            out.output_tokens = usage["output_tokens"]
+            out.prompt_tokens = usage["input_tokens"]
+            out.reasoning_tokens = usage["output_tokens_details"]["reasoning_tokens"]
+            out.ended = True
+        elif name == "response.failed":
+            out.error = obj["response"]["error"]["message"]
+    assert sequence == list(range(len(sequence)))
+    return out
+
+
+def decode_tgi(raw: bytes) -> Decoded:
+    out = Decoded()
+    for name, data in sse_events(raw):
+        assert name in (None, "comment")
+        if name == "comment":
+            out.names.append("comment")
+            continue
+        obj = json.loads(data)
+        if "error" in obj:
+            out.error = obj["error_type"]
+            out.names.append("error")
+            continue
+        token = obj["token"]
+        out.names.append("special" if token["special"] else "token")
+        out.text += "" if token["special"] else token["text"]
+        if obj["generated_text"] is not None:
+            assert obj["generated_text"] == out.text
+            out.ended = True
+            if obj["details"] is not None:
+                out.output_tokens = obj["details"]["generated_tokens"]
+                out.prompt_tokens = obj["details"]["input_length"]
+    return out
+
+
+def decode_ollama(raw: bytes) -> Decoded:
+    out = Decoded()
+    assert raw.endswith(b"\n")
+    for line in raw.decode().splitlines():
+        obj = json.loads(line)
+        if "error" in obj:
+            out.error = obj["error"]
+            out.names.append("error")
+            continue
+        part = obj.get("message", obj)
+        text = part.get("content", part.get("response", ""))
+        out.text += text
+        out.reasoning += part.get("thinking", "")
+        out.names.append(
+            "done" if obj["done"] else "line" if text or "thinking" in part else "empty"
+        )
+        if obj["done"]:
+            out.ended = True
+            out.output_tokens = obj["eval_count"]
+            out.prompt_tokens = obj["prompt_eval_count"]
+    return out
+
+
+def _messages() -> list[dict[str, str]]:
+    return [{"role": "user", "content": PROMPT}]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One API on the wire: path, a body asking for n tokens, this test's decoder."""
+
+    api: str
+    path: str
+    body: Callable[[int], dict[str, Any]]
+    decode: Callable[[bytes], Decoded]
+    content_type: str = "text/event-stream"
+    prompt_tokens: int = 4
+
+
+DIALECTS = {
+    "openai-chat": Dialect(
+        "openai-chat",
+        "/v1/chat/completions",
+        lambda n: {
+            "messages": _messages(),
+            "max_tokens": n,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        decode_openai,
+    ),
+    "anthropic": Dialect(
+        "anthropic",
+        "/v1/messages",
+        lambda n: {"messages": _messages(), "system": SYSTEM, "max_tokens": n, "stream": True},
+        decode_anthropic,
+        prompt_tokens=6,
+    ),
+    "openai-responses": Dialect(
+        "openai-responses",
+        "/v1/responses",
+        lambda n: {"input": PROMPT, "instructions": SYSTEM, "max_output_tokens": n, "stream": True},
+        decode_responses,
+        prompt_tokens=6,
+    ),
+    "tgi": Dialect(
+        "tgi",
+        "/generate_stream",
+        lambda n: {"inputs": PROMPT, "parameters": {"max_new_tokens": n, "details": True}},
+        decode_tgi,
+    ),
+    "ollama-chat": Dialect(
+        "ollama-chat",
+        "/api/chat",
+        lambda n: {"model": "m", "messages": _messages(), "options": {"num_predict": n}},
+        decode_ollama,
+        content_type="application/x-ndjson",
+    ),
+    "ollama-generate": Dialect(
+        "ollama-generate",
+        "/api/generate",
+        lambda n: {"model": "m", "prompt": PROMPT, "system": SYSTEM, "options": {"num_predict": n}},
+        decode_ollama,
+        content_type="application/x-ndjson",
+        prompt_tokens=6,
+    ),
+}
+ALL = list(DIALECTS)
+NEW = [name for name in ALL if name != "openai-chat"]
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sim") / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(trace_path: Path) -> Iterator[SimProcess]:
+    with running_sim(["--speed", str(SPEED)], trace_file=trace_path) as proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server: SimProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30.0) as c:
+        yield c
+
+
+def stream(client: httpx.Client, dialect: Dialect, body: dict[str, Any], **headers: str) -> Decoded:
+    """POST `body` to the dialect's path and decode the whole streamed answer."""
+    with client.stream("POST", dialect.path, json=body, headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == dialect.content_type
+        assert response.headers["transfer-encoding"] == "chunked"
+        return dialect.decode(response.read())
+
+
+def trace_records(path: Path, *ids: str) -> dict[str, dict[str, Any]]:
+    """The trace's request records by X-Request-Id, waiting (bounded) for the flush."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        records = [json.loads(line) for line in lines if line.strip()]
+        found = {r["x_request_id"]: r for r in records if r.get("x_request_id") in ids}
+        if set(found) == set(ids) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+# -- shapes and exact counts ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_stream_carries_exactly_the_requested_tokens(client: httpx.Client, name: str) -> None:
+    """7 requested tokens: 7 words of text, usage says 7, prompt words counted, explicit end."""
+    dialect = DIALECTS[name]
+    got = stream(client, dialect, dialect.body(7))
+    assert len(got.text.split()) == 7
+    assert got.output_tokens == 7
+    assert got.prompt_tokens == dialect.prompt_tokens
+    assert got.reasoning == ""
+    assert got.error is None
+    assert got.ended
+
+
+def test_anthropic_event_order(client: httpx.Client) -> None:
+    """message_start, one text block (start, ping, deltas, stop), message_delta, message_stop."""
+    got = stream(client, DIALECTS["anthropic"], DIALECTS["anthropic"].body(3))
+    assert got.names == [
+        "message_start", "content_block_start", "ping", *["content_block_delta"] * 3,
+        "content_block_stop", "message_delta", "message_stop",
+    ]  # fmt: skip
+
+
+def test_responses_event_order(client: httpx.Client) -> None:
+    """created, in_progress, the message item around its deltas, then completed."""
+    got = stream(client, DIALECTS["openai-responses"], DIALECTS["openai-responses"].body(2))
+    assert got.names == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+
+
+def test_tgi_and_ollama_send_one_event_per_token_and_no_done_marker(client: httpx.Client) -> None:
+    """TGI: 5 token events, no [DONE]; Ollama: 5 lines then one done line."""
+    tgi = stream(client, DIALECTS["tgi"], DIALECTS["tgi"].body(5))
+    assert tgi.names == ["token"] * 5
+    ollama = stream(client, DIALECTS["ollama-chat"], DIALECTS["ollama-chat"].body(5))
+    assert ollama.names == ["line"] * 5 + ["done"]
+
+
+def test_tgi_natural_stop_ends_with_a_special_eos_token(tmp_path: Path) -> None:
+    """Without max_new_tokens the length is drawn (fixed 5); the 5th token is a special EOS."""
+    with running_sim(["--speed", str(SPEED), "--output-dist", "fixed:5"]) as proc:
+        response = httpx.post(
+            proc.url + "/generate_stream",
+            json={"inputs": PROMPT, "parameters": {"details": True}},
+            timeout=30.0,
+        )
+    events = [json.loads(d) for _, d in sse_events(response.content)]
+    got = decode_tgi(response.content)
+    assert got.names == ["token"] * 4 + ["special"]
+    assert events[-1]["details"]["finish_reason"] == "eos_token"
+    assert got.output_tokens == 5
+    assert len(got.text.split()) == 4
+
+
+def test_ollama_stream_false_and_defaults_to_streaming(client: httpx.Client) -> None:
+    """Ollama streams unless `stream: false`, which answers one JSON object with the counts."""
+    body = {**DIALECTS["ollama-generate"].body(3), "stream": False}
+    data = client.post("/api/generate", json=body).json()
+    assert data["done"] is True
+    assert len(data["response"].split()) == data["eval_count"] == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "tokens_key"),
+    [
+        ("/v1/messages", {"messages": _messages(), "max_tokens": 4}, "usage.output_tokens"),
+        ("/v1/responses", {"input": PROMPT, "max_output_tokens": 4}, "usage.output_tokens"),
+        ("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True}},
+         "details.generated_tokens"),
+    ],
+)  # fmt: skip
+def test_non_streaming_answers_count_the_same(
+    client: httpx.Client, path: str, body: dict[str, Any], tokens_key: str
+) -> None:
+    """A non-streamed answer is one JSON body whose token count is the requested 4."""
+    data = client.post(path, json=body).json()
+    outer, inner = tokens_key.split(".")
+    assert data[outer][inner] == 4
+
+
+# -- reasoning rules ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "tokens", "reasoning"),
+    [
+        ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 3}}, 10, 3),
+        ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 100}}, 10, 5),
+        ("openai-responses", {"reasoning": {"effort": "high"}}, 8, 6),
+        ("openai-responses", {"reasoning": {"effort": "low"}}, 8, 2),
+        ("openai-responses", {"reasoning": {}}, 8, 4),
+        ("ollama-chat", {"think": True}, 9, 4),
+        ("ollama-generate", {"think": "high"}, 8, 6),
+    ],
+)
+def test_reasoning_requested_in_the_body_follows_the_rule(
+    client: httpx.Client, name: str, extra: dict[str, Any], tokens: int, reasoning: int
+) -> None:
+    """Reasoning tokens come first, in the reasoning field, and count in the output total."""
+    dialect = DIALECTS[name]
+    got = stream(client, dialect, {**dialect.body(tokens), **extra})
+    assert len(got.reasoning.split()) == reasoning
+    assert len(got.text.split()) == tokens - reasoning
+    assert got.output_tokens == tokens
+    if name == "openai-responses":
+        assert got.reasoning_tokens == reasoning
+
+
+def test_anthropic_thinking_block_precedes_the_text_block(client: httpx.Client) -> None:
+    """Thinking: block 0 (thinking deltas, a signature, stop), then block 1 with the text."""
+    dialect = DIALECTS["anthropic"]
+    body = {**dialect.body(4), "thinking": {"type": "enabled", "budget_tokens": 2}}
+    with client.stream("POST", dialect.path, json=body) as response:
+        events = [(n, json.loads(d)) for n, d in sse_events(response.read())]
+    starts = [e["content_block"]["type"] for n, e in events if n == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    deltas = [(e["index"], e["delta"]["type"]) for n, e in events if n == "content_block_delta"]
+    assert (
+        deltas == [(0, "thinking_delta")] * 2 + [(0, "signature_delta")] + [(1, "text_delta")] * 2
+    )
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+ERRORS = {
+    "openai-chat": "simulated failure mid-stream (fault injection)",
+    "anthropic": "overloaded_error",
+    "openai-responses": "simulated failure mid-stream (fault injection)",
+    "tgi": "generation",
+    "ollama-chat": "simulated failure mid-stream (fault injection)",
+    "ollama-generate": "simulated failure mid-stream (fault injection)",
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_error_after_sends_the_dialects_error_event(client: httpx.Client, name: str) -> None:
+    """X-Sim-Error-After: 3 streams 3 tokens, then the dialect's error event, then ends cleanly."""
+    dialect = DIALECTS[name]
+    got = stream(client, dialect, dialect.body(10), **{"X-Sim-Error-After": "3"})
+    assert len(got.text.split()) == 3
+    assert got.error == ERRORS[name]
+    assert got.names[-1] in ("error", "response.failed")
+    assert not got.ended
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_status_fault_answers_with_the_dialects_error_body(client: httpx.Client, name: str) -> None:
+    """X-Sim-Status: 529/503 answers at once with that status and the dialect's error JSON."""
+    dialect = DIALECTS[name]
+    response = client.post(dialect.path, json=dialect.body(5), headers={"X-Sim-Status": "529"})
+    assert response.status_code == 529
+    body = response.json()
+    if name == "anthropic":
+        assert (body["type"], body["error"]["type"]) == ("error", "overloaded_error")
+    elif name == "openai-responses":
+        assert body["error"]["code"] == 529
+    elif name == "tgi":
+        assert body["error_type"] == "generation"
+        assert isinstance(body["error"], str)
+    else:
+        assert set(body) == {"error"}
+        assert isinstance(body["error"], str)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_drop_after_cuts_the_body_and_garbage_is_undecodable(
+    client: httpx.Client, name: str
+) -> None:
+    """Drop after 2 leaves the chunked body unterminated; garbage after 2 fails to decode."""
+    dialect = DIALECTS[name]
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        client.stream(
+            "POST", dialect.path, json=dialect.body(10), headers={"X-Sim-Drop-After": "2"}
+        ) as response,
+    ):
+        response.read()
+    with client.stream(
+        "POST", dialect.path, json=dialect.body(10), headers={"X-Sim-Garbage-After": "2"}
+    ) as response:
+        raw = response.read()
+    with pytest.raises((json.JSONDecodeError, UnicodeDecodeError)):
+        dialect.decode(raw)
+
+
+OPENING = {
+    "openai-chat": "role",
+    "anthropic": "message_start",
+    "openai-responses": "response.created",
+    "ollama-chat": "empty",
+}
+
+
+@pytest.mark.parametrize("name", list(OPENING))
+def test_early_opening_event_is_written_before_the_first_token(
+    client: httpx.Client, trace_path: Path, name: str
+) -> None:
+    """Role early: the opening event goes out once, first, before queueing (server's own clock)."""
+    # A 4,000-word prompt is 500 ms of prefill (10 ms real at X = 50): the server's trace
+    # must show the opening written before the first token, with that prefill in between.
+    dialect = DIALECTS[name]
+    body = dialect.body(3)
+    long_prompt = " ".join(["w"] * 4000)
+    if "messages" in body:
+        body["messages"] = [{"role": "user", "content": long_prompt}]
+    else:
+        body["input"] = long_prompt
+    rid = f"early-{name}"
+    got = stream(client, dialect, body, **{"X-Sim-Role": "early", "X-Request-Id": rid})
+    assert got.names[0] == OPENING[name]
+    assert got.names.count(OPENING[name]) == 1
+    assert len(got.text.split()) == 3
+    record = trace_records(trace_path, rid)[rid]
+    prefill_ns = 4000 / 8000 * 1e9 / SPEED
+    assert record["opening_ns"] is not None
+    assert record["first_token_ns"] - record["opening_ns"] >= prefill_ns * 0.9
+
+
+@pytest.mark.parametrize("name", ["anthropic", "openai-responses", "tgi", "openai-chat"])
+def test_heartbeats_are_the_dialects_keepalive(
+    client: httpx.Client, trace_path: Path, name: str
+) -> None:
+    """X-Sim-Heartbeat-S: Anthropic `ping` events, SSE comments elsewhere, counted in the trace."""
+    dialect = DIALECTS[name]
+    rid = f"beat-{name}"
+    headers = {"X-Sim-Heartbeat-S": "0.1", "X-Request-Id": rid}
+    got = stream(client, dialect, dialect.body(40), **headers)
+    beats = trace_records(trace_path, rid)[rid]["heartbeats"]
+    assert beats >= 1
+    kind = "ping" if name == "anthropic" else "comment"
+    assert got.names.count(kind) == beats + (1 if name == "anthropic" else 0)
+    assert len(got.text.split()) == 40
+
+
+def test_ollama_has_no_heartbeat(client: httpx.Client, trace_path: Path) -> None:
+    """NDJSON has no comments: a heartbeat setting writes nothing extra."""
+    dialect = DIALECTS["ollama-chat"]
+    headers = {"X-Sim-Heartbeat-S": "0.1", "X-Request-Id": "beat-ollama"}
+    got = stream(client, dialect, dialect.body(40), **headers)
+    assert got.names == ["line"] * 40 + ["done"]
+    assert trace_records(trace_path, "beat-ollama")["beat-ollama"]["heartbeats"] == 0
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_close_after_stream_closes_in_every_dialect(client: httpx.Client, name: str) -> None:
+    """X-Sim-Close-After-Stream answers `connection: close` whatever the dialect."""
+    dialect = DIALECTS[name]
+    headers = {"X-Sim-Close-After-Stream": "1"}
+    with client.stream("POST", dialect.path, json=dialect.body(2), headers=headers) as response:
+        response.read()
+        assert response.headers["connection"] == "close"
+
+
+# -- the trace ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_trace_records_every_chunk_write(client: httpx.Client, trace_path: Path, name: str) -> None:
+    """8 tokens, 3 per chunk: 3 writes stamped (3+3+2), 8 tokens, the api named, outcome ok."""
+    dialect = DIALECTS[name]
+    rid = f"trace-{name}"
+    headers = {"X-Sim-Tokens-Per-Chunk": "3", "X-Request-Id": rid}
+    got = stream(client, dialect, dialect.body(8), **headers)
+    assert len(got.text.split()) == 8
+    record = trace_records(trace_path, rid)[rid]
+    assert record["api"] == name
+    assert record["outcome"] == "ok"
+    assert (record["output_tokens"], len(record["chunk_ns"])) == (8, 3)
+    assert record["received_ns"] < record["first_token_ns"] <= record["chunk_ns"][0]
+
+
+def test_ollama_durations_are_the_servers_own_times(client: httpx.Client, trace_path: Path) -> None:
+    """Ollama's durations add up and match the trace: eval spans the chunk writes."""
+    dialect = DIALECTS["ollama-chat"]
+    with client.stream(
+        "POST", dialect.path, json=dialect.body(20), headers={"X-Request-Id": "durations"}
+    ) as response:
+        final = json.loads(response.read().decode().splitlines()[-1])
+    record = trace_records(trace_path, "durations")["durations"]
+    chunks = record["chunk_ns"]
+    assert final["eval_duration"] >= chunks[-1] - chunks[0]
+    assert final["total_duration"] <= record["done_ns"] - record["received_ns"]
+    parts = final["load_duration"] + final["prompt_eval_duration"] + final["eval_duration"]
+    assert parts == final["total_duration"]
+    assert final["eval_duration"] >= 19 * 20e6 / SPEED * 0.9  # 19 decode steps of 20 ms sim
+
+
+# -- --api ----------------------------------------------------------------------------------
+
+
+def test_api_flag_serves_one_dialect_on_its_path_and_root() -> None:
+    """`--api anthropic` answers /v1/messages and /, and 404s OpenAI's path naming what it serves."""
+    with (
+        running_sim(["--speed", str(SPEED), "--api", "anthropic"]) as proc,
+        httpx.Client(base_url=proc.url, timeout=30.0) as c,
+    ):
+        for path in ("/", "/v1/messages"):
+            with c.stream("POST", path, json=DIALECTS["anthropic"].body(3)) as response:
+                assert decode_anthropic(response.read()).output_tokens == 3
+        missing = c.post("/v1/chat/completions", json=DIALECTS["openai-chat"].body(3))
+        assert missing.status_code == 404
+        assert "/v1/messages" in missing.json()["error"]["message"]
+
+
+def test_bad_bodies_get_400_in_the_dialects_shape(client: httpx.Client) -> None:
+    """A Messages body without max_tokens, or a TGI body without inputs, is a 400."""
+    missing_max = client.post("/v1/messages", json={"messages": _messages()})
+    assert missing_max.status_code == 400
+    assert missing_max.json()["error"]["type"] == "invalid_request_error"
+    no_inputs = client.post("/generate_stream", json={"parameters": {}})
+    assert no_inputs.status_code == 400
+    assert no_inputs.json()["error_type"] == "validation"
