@@ -50,6 +50,37 @@ class TokenSource(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTimings:
+    """What the server said about its own work on one request (ms and token counts).
+
+    Kept next to the client's measurements, never mixed into them: a server's prefill time
+    beside the client's TTFT shows how much of TTFT was queueing and network. Filled by the
+    APIs that report it: Ollama's final object (`load_duration`, `prompt_eval_duration`,
+    `eval_duration`, `total_duration` in ns; `prompt_eval_count`, `eval_count`); llama.cpp's
+    `timings` (`prompt_ms`, `predicted_ms`, `prompt_n`, `predicted_n`, `cache_n`) maps
+    onto the same fields. `None` where the server did not say.
+    """
+
+    queue_ms: float | None = None  # waiting before the server started on it
+    load_ms: float | None = None  # loading the model for it (Ollama: load_duration)
+    prefill_ms: float | None = None  # prompt processing (Ollama: prompt_eval_duration)
+    decode_ms: float | None = None  # generating the output (Ollama: eval_duration)
+    total_ms: float | None = None  # the server's whole time on the request
+    prefill_tokens: int | None = None  # prompt tokens it processed (Ollama: prompt_eval_count)
+    decode_tokens: int | None = None  # tokens it generated (Ollama: eval_count)
+    cached_tokens: int | None = None  # prompt tokens served from its cache
+
+
+SERVER_TIMING_FIELDS: tuple[str, ...] = tuple(ServerTimings.__dataclass_fields__)
+SERVER_TIMINGS_DTYPE = pl.Struct(
+    {
+        name: (pl.Int64() if name.endswith("_tokens") else pl.Float64())
+        for name in SERVER_TIMING_FIELDS
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
     """What one planned request did, measured at the client boundary.
 
@@ -68,6 +99,7 @@ class RequestRecord:
     headers_ns: int | None = None
     first_token_ns: int | None = None  # first generated output: content, reasoning or tool call
     first_content_ns: int | None = None  # first visible content
+    first_reasoning_ns: int | None = None  # first reasoning (thinking) output
     last_token_ns: int | None = None
     end_ns: int | None = None
     chunk_ns: Sequence[int] = field(default_factory=tuple)
@@ -82,6 +114,7 @@ class RequestRecord:
     retries: int = 0
     session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
     turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
+    server_timings: ServerTimings | None = None  # what the server reported, if it did
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -110,6 +143,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "retries": pl.Int32(),
     "session_id": pl.Int64(),
     "turn": pl.Int32(),
+    "first_reasoning_ns": pl.Int64(),
+    "server_timings": SERVER_TIMINGS_DTYPE,
 }
 
 
@@ -129,6 +164,10 @@ def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
     columns["token_source"] = [str(t) for t in columns["token_source"]]
     columns["chunk_ns"] = [list(c) for c in columns["chunk_ns"]]
     columns["chunk_tokens"] = [list(c) for c in columns["chunk_tokens"]]
+    columns["server_timings"] = [
+        None if t is None else {name: getattr(t, name) for name in SERVER_TIMING_FIELDS}
+        for t in columns["server_timings"]
+    ]
     return pl.DataFrame(columns, schema=SCHEMA).sort("request_id")
 
 
@@ -150,6 +189,11 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         row["token_source"] = TokenSource(row["token_source"])
         row["chunk_ns"] = tuple(row["chunk_ns"] or ())
         row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
+        timings = row.get("server_timings")
+        if isinstance(timings, dict) and any(v is not None for v in timings.values()):
+            row["server_timings"] = ServerTimings(**timings)
+        else:
+            row["server_timings"] = None
         known = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
         records.append(RequestRecord(**known))
     return records
@@ -248,12 +292,20 @@ def read_parts(parts_dir: Path) -> pl.DataFrame:
     parts = sorted(parts_dir.glob("part-*.parquet"))
     if not parts:
         return empty_frame()
-    return pl.concat([pl.read_parquet(p) for p in parts]).sort("request_id")
+    return pl.concat([with_all_columns(pl.read_parquet(p)) for p in parts]).sort("request_id")
 
 
 def read_records(run_dir: Path) -> pl.DataFrame:
     """A run's records: `records.parquet`, or the parts of a run that never finished."""
     path = run_dir / RECORDS_FILE
     if path.exists():
-        return pl.read_parquet(path)
+        return with_all_columns(pl.read_parquet(path))
     return read_parts(run_dir / PARTS_DIR)
+
+
+def with_all_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with every `SCHEMA` column it lacks added as nulls (records of older runs)."""
+    missing = [
+        pl.lit(None, dtype).alias(n) for n, dtype in SCHEMA.items() if n not in frame.columns
+    ]
+    return frame.with_columns(missing) if missing else frame

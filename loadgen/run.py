@@ -102,7 +102,7 @@ def new_run_id(name: str) -> str:
 def resolve_headers(
     spec: WorkloadSpec, extra: Mapping[str, str], env_values: list[str] | None = None
 ) -> dict[str, str]:
-    """Request headers: the file's (with `${VAR}` from the environment), the API key, extras.
+    """Request headers: the API's, the file's (with `${VAR}` from the environment), extras.
 
     Every value read from the environment is appended to `env_values` (they are secrets).
     """
@@ -124,7 +124,7 @@ def resolve_headers(
             return os.environ[var]
 
         headers[name] = ENV_REF.sub(expand, value)
-    key_env = spec.target.api_key_env
+    key_env, key = spec.target.api_key_env, None
     if key_env:
         key = os.environ.get(key_env)
         if not key:
@@ -134,9 +134,9 @@ def resolve_headers(
                 f"environment variable {key_env} is not set",
                 f"export {key_env}=<your key> before the run",
             )
-        headers["Authorization"] = f"Bearer {key}"
         env_values.append(key)
-    return headers
+    # The API's own headers and the key where it expects it (Bearer; Anthropic: x-api-key).
+    return {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
 
 
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
@@ -154,7 +154,7 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
 
     if not options.quiet and (warning := envelope_warning(spec, work.plans)):
         print(warning, file=log)
-    adapter = adapter_for(spec.target.api)
+    adapter = adapter_for(spec.target.api, spec.target.generic)
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url

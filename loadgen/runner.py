@@ -27,14 +27,13 @@ from typing import Any
 import anyio
 import orjson
 
-from loadgen.adapters import Adapter, BodyOptions, MalformedEvent, Message
+from loadgen.adapters import Adapter, BodyOptions, MalformedEvent, Message, new_decoder
 from loadgen.histograms import LatencyHistogram
 from loadgen.logs import LOGGER
 from loadgen.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.prompts import PromptMaker
-from loadgen.records import Outcome, RequestRecord, TokenSource
+from loadgen.records import Outcome, RequestRecord, ServerTimings, TokenSource
 from loadgen.spec import Deadlines
-from loadgen.sse import SseDecoder
 from loadgen.transport import Connection, Pool, encode_request
 
 MAX_ERROR_BODY = 2048
@@ -88,7 +87,7 @@ class Exchange:
         self.reused_connection = False
         self.adapter = adapter
         self.t0_ns = t0_ns
-        self.decoder = SseDecoder()
+        self.decoder = new_decoder(adapter)  # SSE or NDJSON, by the adapter's framing
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.outcome: Outcome | None = None
         self.error: str | None = None
@@ -97,6 +96,8 @@ class Exchange:
         self.headers_ns: int | None = None
         self.first_token_ns: int | None = None
         self.first_content_ns: int | None = None
+        self.first_reasoning_ns: int | None = None
+        self.server_timings: ServerTimings | None = None
         self.last_token_ns: int | None = None
         self.end_ns: int | None = None
         self.chunk_ns: list[int] = []
@@ -162,6 +163,8 @@ class Exchange:
                 self.start_stall_watch()
             if delta.content_chars and self.first_content_ns is None:
                 self.first_content_ns = t_ns
+            if delta.reasoning_chars and self.first_reasoning_ns is None:
+                self.first_reasoning_ns = t_ns
             self.last_token_ns = t_ns
             if self.keep_text and delta.text:
                 self.texts.append(delta.text)
@@ -171,6 +174,8 @@ class Exchange:
             self.usage_completion = delta.completion_tokens
         if delta.prompt_tokens is not None:
             self.usage_prompt = delta.prompt_tokens
+        if delta.server_timings is not None:
+            self.server_timings = delta.server_timings
         if delta.done:
             self.saw_done = True
             self.finish(t_ns, None)
@@ -251,6 +256,7 @@ class Exchange:
             headers_ns=rel(self.headers_ns),
             first_token_ns=rel(self.first_token_ns),
             first_content_ns=rel(self.first_content_ns),
+            first_reasoning_ns=rel(self.first_reasoning_ns),
             last_token_ns=rel(self.last_token_ns),
             end_ns=rel(self.end_ns),
             chunk_ns=[t - t0 for t in self.chunk_ns],
@@ -267,6 +273,7 @@ class Exchange:
             retries=self.retries,
             session_id=self.plan.session_id,
             turn=self.plan.turn,
+            server_timings=self.server_timings,
         )
 
 

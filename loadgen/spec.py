@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from loadgen.adapters import APIS
+from loadgen.adapters.generic import GenericSpec, generic_spec
 from loadgen.errors import ConfigError
 from loadgen.slo import SloTargets
 
-APIS = ("openai-chat", "openai-completions")
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
 TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain")
@@ -42,6 +43,7 @@ class TargetSpec:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     priority_header: str | None = None  # send class priority as this header, not in the body
     tokenizer: str | None = None  # a local tokenizer.json for exact prompt token counts
+    generic: GenericSpec | None = None  # the `generic` API's framing, body template and paths
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -350,6 +352,7 @@ def _target(node: _Node) -> TargetSpec:
         "extra_body",
         "priority_header",
         "tokenizer",
+        "generic",
     )
     headers = node.value.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(
@@ -369,8 +372,14 @@ def _target(node: _Node) -> TargetSpec:
     url = node.value.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         raise node.error("url", f"must start with http:// or https:// (got {url!r})")
+    api = node.string("api", "openai-chat", choices=APIS)
+    if api == "generic" and not node.has("path"):
+        raise node.error("path", "is required for api: generic", "e.g. path: /v1/generate")
+    if api == "generic" and not node.has("generic"):
+        raise node.error("generic", "is required for api: generic",
+                         "describe the API: see README 'Generic streaming APIs'")  # fmt: skip
     return TargetSpec(
-        api=node.string("api", "openai-chat", choices=APIS),
+        api=api,
         model=node.string("model", "sim"),
         url=url,
         path=node.string("path") if node.has("path") else None,
@@ -381,6 +390,9 @@ def _target(node: _Node) -> TargetSpec:
         extra_body=dict(extra_body),
         priority_header=node.string("priority_header") if node.has("priority_header") else None,
         tokenizer=_local_path(node, "tokenizer") if node.has("tokenizer") else None,
+        generic=generic_spec(node.value.get("generic"), node.source, node.key("generic"))
+        if node.has("generic")
+        else None,
     )
 
 
@@ -635,15 +647,22 @@ def override(
     requests: int | None = None,
     duration_s: float | None = None,
     rate: str | None = None,
+    api: str | None = None,
+    model: str | None = None,
+    force_output_tokens: bool | None = None,
 ) -> WorkloadSpec:
-    """The spec with the command line's `--requests`, `--duration` and `--rate` applied.
+    """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
+    `--model` and `--force-output-tokens` applied.
 
     `requests`/`duration_s` replace every class's count or duration. `rate` is either a
     multiplier (`2x`, `0.5x`) applied to every class's rate, or a total rate in req/s that
-    every class is scaled to in proportion to its own rate.
+    every class is scaled to in proportion to its own rate. `api` replaces `target.api`
+    (the request path then follows the new API unless `target.path` is set); `model` and
+    `force_output_tokens` replace theirs.
     """
     if requests is not None and duration_s is not None:
         raise ConfigError("command line", "--requests/--duration", "give one, not both")
+    spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {}
     for name, cls in spec.classes.items():
@@ -656,6 +675,29 @@ def override(
             cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration
         )
     return replace(spec, classes=classes)
+
+
+def _override_target(
+    spec: WorkloadSpec, api: str | None, model: str | None, force_output_tokens: bool | None
+) -> TargetSpec:
+    """The target with the command line's API, model and output-length forcing."""
+    target = spec.target
+    if api is not None and api != target.api:
+        if api not in APIS:
+            raise ConfigError("command line", "--api", f"unknown API {api!r}",
+                              f"one of {', '.join(APIS)}")  # fmt: skip
+        if api == "generic" and (target.generic is None or target.path is None):
+            raise ConfigError(
+                "command line", "--api generic",
+                f"{spec.source} has no target.generic section and target.path",
+                "describe the API in the workload file (see README 'Generic streaming APIs')",
+            )  # fmt: skip
+        target = replace(target, api=api)
+    if model is not None:
+        target = replace(target, model=model)
+    if force_output_tokens is not None:
+        target = replace(target, force_output_tokens=force_output_tokens)
+    return target
 
 
 def rate_scale(spec: WorkloadSpec, rate: str) -> float:

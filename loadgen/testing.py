@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
+from loadgen.adapters.generic import GenericSpec
 from loadgen.plans import RequestPlan, Work
 from loadgen.records import RequestRecord
 from loadgen.spec import Deadlines
@@ -274,6 +275,7 @@ def run_engine(
     path: str | None = None,
     priority_header: str | None = None,
     stop_after_s: float | None = None,
+    generic: GenericSpec | None = None,
 ) -> list[RequestRecord]:
     """Run plans through the real engine against `url`; records sorted by request id."""
     import anyio
@@ -282,8 +284,8 @@ def run_engine(
     from loadgen.runner import Engine, EngineConfig
     from loadgen.transport import Pool, make_endpoint
 
-    adapter = adapter_for(api)
-    endpoint = make_endpoint(url, path or adapter.default_path, {})
+    adapter = adapter_for(api, generic)
+    endpoint = make_endpoint(url, path or adapter.default_path, adapter.headers(None))
     config = EngineConfig(
         adapter=adapter,
         body_options=BodyOptions(model="m"),

@@ -149,3 +149,32 @@ def test_kind_specific_keys_are_checked() -> None:
             ),
             "s.yaml",
         )
+
+
+def test_api_model_and_force_output_tokens_overrides() -> None:
+    """--api replaces the API (the path follows it), --model and --force-output-tokens theirs."""
+    spec = override(loads(SMOKE, "smoke.yaml"), api="anthropic", model="tiny",
+                    force_output_tokens=False)  # fmt: skip
+    assert (spec.target.api, spec.target.model, spec.target.path) == ("anthropic", "tiny", None)
+    assert spec.target.force_output_tokens is False
+    unchanged = override(loads(SMOKE, "smoke.yaml"))
+    assert unchanged.target == loads(SMOKE, "smoke.yaml").target
+
+
+@pytest.mark.parametrize(
+    ("api", "key"), [("mistral", "--api"), ("generic", "--api generic")]
+)
+def test_api_override_errors(api: str, key: str) -> None:
+    """An unknown API, or generic without a described API in the file, is a ConfigError."""
+    with pytest.raises(ConfigError) as err:
+        override(loads(SMOKE, "smoke.yaml"), api=api)
+    assert err.value.key == key
+
+
+def test_every_api_name_is_accepted() -> None:
+    """Each built-in API name validates (generic needs its section and a path)."""
+    for api in ("openai-responses", "anthropic", "tgi", "ollama-chat", "ollama-generate"):
+        assert loads(_bad("api: openai-chat", f"api: {api}"), "w.yaml").target.api == api
+    with pytest.raises(ConfigError) as err:
+        loads(_bad("api: openai-chat", "api: generic"), "w.yaml")
+    assert err.value.key == "target.path"

@@ -1,15 +1,25 @@
 """Protocol adapters: one small module per API family, behind one Protocol.
 
-An adapter builds the request body for a plan and turns one decoded stream event into a
-`Delta`. It does no I/O and keeps no clock: the runner stamps each chunk's arrival before
-the adapter parses it. Registry: a plain dict from the workload's `target.api` name.
+An adapter builds the request body (and headers) for a plan and turns one decoded stream
+event into a `Delta`. It does no I/O, keeps no clock and no per-request state (one
+instance serves every request): the runner stamps each chunk's arrival before the adapter
+parses it. Its `framing` says how the body is cut into events: `sse` (server-sent events,
+`loadgen.sse`) or `ndjson` (one JSON object per line, `loadgen.ndjson`). Registry: a plain
+dict from the workload's `target.api` name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from loadgen.ndjson import NdjsonDecoder
+from loadgen.sse import SseDecoder
+
+if TYPE_CHECKING:
+    from loadgen.adapters.generic import GenericSpec
+    from loadgen.records import ServerTimings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,8 +37,9 @@ class Delta:
 
     `content_chars`/`reasoning_chars`/`has_tool_call` say whether the event carried generated
     output (and so counts for TTFT and ITL); `done` marks an explicit end of stream
-    (`[DONE]`), `finish_reason` the model's stop; `error` a server error event (the stream
-    failed). Usage-only events carry only the token counts.
+    (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
+    server error event (the stream failed). Usage-only events carry only the token counts;
+    `server_timings` what the server reported about its own work (Ollama's durations).
     """
 
     __slots__ = (
@@ -40,6 +51,7 @@ class Delta:
         "has_tool_call",
         "prompt_tokens",
         "reasoning_chars",
+        "server_timings",
         "text",
     )
 
@@ -53,6 +65,7 @@ class Delta:
         self.finish_reason: str | None = None
         self.done = False
         self.error: str | None = None
+        self.server_timings: ServerTimings | None = None
 
     @property
     def has_output(self) -> bool:
@@ -68,10 +81,15 @@ class MalformedEvent(ValueError):
 
 
 class Adapter(Protocol):
-    """One API family: the default path, the request body, the stream event parser."""
+    """One API family: the default path, framing, headers, request body, event parser."""
 
     name: str
     default_path: str
+    framing: str  # "sse" or "ndjson"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """Headers every request carries: the API's own, and the key where it expects it."""
+        ...
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
@@ -80,17 +98,86 @@ class Adapter(Protocol):
         ...
 
     def parse(self, event: bytes, data: bytes) -> Delta:
-        """One SSE event (name, data) as a Delta; raise MalformedEvent when it is not valid."""
+        """One event (SSE name and data; NDJSON: b"" and the line) as a Delta.
+
+        Raises MalformedEvent when it is not what the API sends.
+        """
         ...
 
 
-def adapter_for(api: str) -> Adapter:
-    """The adapter registered for `api` (the workload's `target.api`)."""
+class StreamDecoder(Protocol):
+    """Bytes in, complete events out, independent of how the bytes were split."""
+
+    comments: int
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
+        """The events `chunk` completed, as (event name, data) pairs."""
+        ...
+
+    def close(self) -> list[tuple[bytes, bytes]]:
+        """End of stream: the last event, if it had no terminator."""
+        ...
+
+
+def new_decoder(adapter: Adapter) -> StreamDecoder:
+    """A fresh decoder for one response body of `adapter`'s framing."""
+    return NdjsonDecoder() if adapter.framing == "ndjson" else SseDecoder()
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>`, the OpenAI convention most servers follow."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def token_count(value: object) -> int | None:
+    """`value` when it is a plausible token count (an int in [0, 2**63)), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    return None
+
+
+def flatten(messages: Sequence[Message]) -> str:
+    """A conversation as plain text, one message per paragraph (for text-in APIs)."""
+    return "\n\n".join(text for _, text in messages)
+
+
+APIS: tuple[str, ...] = (
+    "openai-chat",
+    "openai-completions",
+    "openai-responses",
+    "anthropic",
+    "tgi",
+    "ollama-chat",
+    "ollama-generate",
+    "generic",
+)
+
+
+def adapter_for(api: str, generic: GenericSpec | None = None) -> Adapter:
+    """The adapter registered for `api` (the workload's `target.api`).
+
+    `generic` is the workload's `target.generic` section, which the `generic` API needs.
+    """
+    from loadgen.adapters.anthropic import AnthropicMessages
+    from loadgen.adapters.ollama import OllamaChat, OllamaGenerate
     from loadgen.adapters.openai_chat import OpenAIChat
     from loadgen.adapters.openai_completions import OpenAICompletions
+    from loadgen.adapters.openai_responses import OpenAIResponses
+    from loadgen.adapters.tgi import TgiGenerateStream
 
+    if api == "generic":
+        from loadgen.adapters.generic import GenericAdapter
+
+        if generic is None:
+            raise ValueError("the generic adapter needs the workload's target.generic section")
+        return GenericAdapter(generic)
     registry: dict[str, Adapter] = {
         "openai-chat": OpenAIChat(),
         "openai-completions": OpenAICompletions(),
+        "openai-responses": OpenAIResponses(),
+        "anthropic": AnthropicMessages(),
+        "tgi": TgiGenerateStream(),
+        "ollama-chat": OllamaChat(),
+        "ollama-generate": OllamaGenerate(),
     }
     return registry[api]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import BodyOptions, Delta, Message
+from loadgen.adapters import BodyOptions, Delta, Message, bearer_headers
 from loadgen.adapters.openai_common import common_body, parse_envelope
 
 
@@ -14,6 +14,11 @@ class OpenAICompletions:
 
     name = "openai-completions"
     default_path = "/v1/completions"
+    framing = "sse"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """The key as `Authorization: Bearer`."""
+        return bearer_headers(api_key)
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

@@ -1,0 +1,132 @@
+"""Anthropic Messages (`/v1/messages`), streamed as named SSE events.
+
+Generated output: `content_block_delta` with a `text_delta` (visible content), a
+`thinking_delta` (reasoning) or an `input_json_delta` (tool call), and the start of a
+`tool_use` (or `redacted_thinking`) content block. Nothing else carries output:
+`message_start` (it brings `usage.input_tokens`), `content_block_start` of a text or
+thinking block (its text is empty), `signature_delta`, `content_block_stop`, `ping`.
+`message_delta` brings the stop reason and the cumulative `usage.output_tokens` (N);
+`message_stop` ends the stream; an `error` event mid-stream fails it. The event type is
+read from the JSON `type` field (it repeats the SSE event name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from loadgen.adapters import BodyOptions, Delta, MalformedEvent, Message, token_count
+
+API_VERSION = "2023-06-01"
+TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})
+
+
+class AnthropicMessages:
+    """The `anthropic` adapter."""
+
+    name = "anthropic"
+    default_path = "/v1/messages"
+    framing = "sse"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """`anthropic-version`, and the key as `x-api-key`."""
+        headers = {"anthropic-version": API_VERSION}
+        if api_key:
+            headers["x-api-key"] = api_key
+        return headers
+
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """System messages go to the top-level `system`; the rest are the conversation.
+
+        Anthropic has no way to force the output length: `force_output_tokens` is ignored.
+        """
+        system = "\n\n".join(text for role, text in messages if role == "system")
+        body: dict[str, Any] = {
+            "model": options.model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": r, "content": t} for r, t in messages if r != "system"],
+            "stream": True,
+        }
+        if system:
+            body["system"] = system
+        if options.extra_body:
+            body.update(options.extra_body)
+        return body
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One event, by its JSON `type`."""
+        delta = Delta()
+        obj = _object(data)
+        kind = obj.get("type")
+        if kind == "content_block_delta":
+            _block_delta(obj.get("delta"), delta, data)
+        elif kind == "message_delta":
+            _message_delta(obj, delta)
+        elif kind == "content_block_start":
+            block = obj.get("content_block")
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "redacted_thinking":
+                delta.reasoning_chars = 1  # encrypted reasoning: no text, still output
+            elif kind in TOOL_BLOCKS:
+                delta.has_tool_call = True
+        elif kind == "message_start":
+            message = obj.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                delta.prompt_tokens = _prompt_tokens(usage)
+        elif kind == "message_stop":
+            delta.done = True
+        elif kind == "error":
+            error = obj.get("error")
+            message = error.get("message") if isinstance(error, dict) else error
+            delta.error = str(message or "error event")[:500]
+        return delta
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+    return obj
+
+
+def _block_delta(inner: object, delta: Delta, data: bytes) -> None:
+    if not isinstance(inner, dict):
+        raise MalformedEvent(f"content_block_delta without a delta object: {data[:80]!r}")
+    kind = inner.get("type")
+    if kind == "text_delta":
+        text = inner.get("text")
+        if isinstance(text, str) and text:
+            delta.content_chars = len(text)
+            delta.text = text
+    elif kind == "thinking_delta":
+        thinking = inner.get("thinking")
+        if isinstance(thinking, str) and thinking:
+            delta.reasoning_chars = len(thinking)
+    elif kind == "input_json_delta":
+        partial = inner.get("partial_json")
+        delta.has_tool_call = isinstance(partial, str) and bool(partial)
+    # signature_delta, citations_delta: no generated output
+
+
+def _message_delta(obj: dict[str, Any], delta: Delta) -> None:
+    inner = obj.get("delta")
+    if isinstance(inner, dict) and inner.get("stop_reason"):
+        delta.finish_reason = str(inner["stop_reason"])
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        delta.completion_tokens = token_count(usage.get("output_tokens"))
+
+
+def _prompt_tokens(usage: dict[str, Any]) -> int | None:
+    """Input tokens, including those written to or read from the prompt cache."""
+    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    counts = [c for k in keys if (c := token_count(usage.get(k))) is not None]
+    return token_count(sum(counts)) if counts else None

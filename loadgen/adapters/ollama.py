@@ -1,0 +1,152 @@
+"""Ollama `/api/chat` and `/api/generate`: NDJSON, one JSON object per line.
+
+Output: `message.content` / `message.thinking` / `message.tool_calls` (chat) or
+`response` / `thinking` (generate); content is visible, thinking is reasoning, and an
+empty string carries nothing. The last object has `done: true`, `done_reason`,
+`prompt_eval_count` (prompt tokens), `eval_count` (N) and the server's own durations in
+ns (`total_duration`, `load_duration`, `prompt_eval_duration`, `eval_duration`), kept as
+`ServerTimings` in ms. `{"error": "..."}` (before or during the stream) fails it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from loadgen.adapters import (
+    BodyOptions,
+    Delta,
+    MalformedEvent,
+    Message,
+    bearer_headers,
+    flatten,
+    token_count,
+)
+from loadgen.records import ServerTimings
+
+NS_PER_MS = 1_000_000
+DURATIONS = {  # Ollama field (ns) -> ServerTimings field (ms)
+    "total_duration": "total_ms",
+    "load_duration": "load_ms",
+    "prompt_eval_duration": "prefill_ms",
+    "eval_duration": "decode_ms",
+}
+
+
+class _Ollama:
+    framing = "ndjson"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """The key as `Authorization: Bearer` (a proxy in front of Ollama, or its cloud)."""
+        return bearer_headers(api_key)
+
+    @staticmethod
+    def _common(body: dict[str, Any], max_tokens: int, options: BodyOptions) -> dict[str, Any]:
+        """Model, streaming, `options.num_predict`; `extra_body.options` is merged in.
+
+        Ollama has no way to force the output length: `force_output_tokens` is ignored.
+        """
+        body["model"] = options.model
+        body["stream"] = True
+        settings: dict[str, Any] = {"num_predict": max_tokens}
+        extra = dict(options.extra_body or {})
+        more = extra.pop("options", None)
+        if isinstance(more, dict):
+            settings.update(more)
+        body["options"] = settings
+        body.update(extra)
+        return body
+
+
+class OllamaChat(_Ollama):
+    """The `ollama-chat` adapter."""
+
+    name = "ollama-chat"
+    default_path = "/api/chat"
+
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The conversation as chat messages."""
+        body: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in messages]}
+        return self._common(body, max_tokens, options)
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One line: content, thinking and tool-call deltas, the final counts, errors."""
+        delta, obj = _envelope(data)
+        message = obj.get("message")
+        if isinstance(message, dict):
+            _fill(delta, message.get("content"), message.get("thinking"))
+            if message.get("tool_calls"):
+                delta.has_tool_call = True
+        return delta
+
+
+class OllamaGenerate(_Ollama):
+    """The `ollama-generate` adapter."""
+
+    name = "ollama-generate"
+    default_path = "/api/generate"
+
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The conversation flattened to `prompt`; system messages go to `system`."""
+        system = flatten([m for m in messages if m[0] == "system"])
+        body: dict[str, Any] = {"prompt": flatten([m for m in messages if m[0] != "system"])}
+        if system:
+            body["system"] = system
+        return self._common(body, max_tokens, options)
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One line: response and thinking text, the final counts, errors."""
+        delta, obj = _envelope(data)
+        _fill(delta, obj.get("response"), obj.get("thinking"))
+        return delta
+
+
+def _envelope(data: bytes) -> tuple[Delta, dict[str, Any]]:
+    """Decode one line; fill in error, or done with its counts and timings."""
+    delta = Delta()
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+    error = obj.get("error")
+    if error:
+        delta.error = str(error)[:500]
+        return delta, {}
+    if obj.get("done") is True:
+        delta.done = True
+        if obj.get("done_reason"):
+            delta.finish_reason = str(obj["done_reason"])
+        delta.completion_tokens = token_count(obj.get("eval_count"))
+        delta.prompt_tokens = token_count(obj.get("prompt_eval_count"))
+        delta.server_timings = _timings(obj)
+    return delta, obj
+
+
+def _fill(delta: Delta, content: object, thinking: object) -> None:
+    if isinstance(content, str) and content:
+        delta.content_chars = len(content)
+        delta.text = content
+    if isinstance(thinking, str) and thinking:
+        delta.reasoning_chars = len(thinking)
+
+
+def _timings(obj: dict[str, Any]) -> ServerTimings | None:
+    """The final object's durations (ns) in ms, and its token counts."""
+    fields: dict[str, Any] = {}
+    for key, name in DURATIONS.items():
+        value = obj.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            fields[name] = value / NS_PER_MS
+    fields["prefill_tokens"] = token_count(obj.get("prompt_eval_count"))
+    fields["decode_tokens"] = token_count(obj.get("eval_count"))
+    if all(v is None for v in fields.values()):
+        return None
+    return ServerTimings(**fields)

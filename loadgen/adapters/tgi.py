@@ -1,0 +1,98 @@
+"""Hugging Face TGI `generate_stream` (`/generate_stream`): one SSE event per token.
+
+Each event is `{"token": {"id", "text", "logprob", "special"}, "generated_text": null,
+"details": null}`. A token's text is visible content; a `special` token (EOS, `<|eot_id|>`)
+is not output at all: it does not stamp TTFT, is not an output chunk (so the EOS at the
+end adds no inter-token gap), and an empty text carries nothing (as everywhere). The last
+event also carries `generated_text` and `details` (`finish_reason`, `generated_tokens`,
+`input_length`): it ends the stream (TGI sends no `[DONE]`). N is `generated_tokens`
+without that last token when it is special, so N counts the tokens a user saw plus any
+special tokens mid-stream. `{"error": ..., "error_type": ...}` fails the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from loadgen.adapters import (
+    BodyOptions,
+    Delta,
+    MalformedEvent,
+    Message,
+    bearer_headers,
+    flatten,
+    token_count,
+)
+
+
+class TgiGenerateStream:
+    """The `tgi` adapter."""
+
+    name = "tgi"
+    default_path = "/generate_stream"
+    framing = "sse"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """The key as `Authorization: Bearer` (Inference Endpoints)."""
+        return bearer_headers(api_key)
+
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The conversation flattened to text; `details` so the last event brings N.
+
+        TGI has no way to force the output length: `force_output_tokens` is ignored.
+        `extra_body.parameters` is merged into the generation parameters.
+        """
+        parameters: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True}
+        body: dict[str, Any] = {"inputs": flatten(messages), "parameters": parameters}
+        extra = dict(options.extra_body or {})
+        more = extra.pop("parameters", None)
+        if isinstance(more, dict):
+            parameters.update(more)
+        body.update(extra)
+        return body
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One token event, the final one with details, or an error."""
+        delta = Delta()
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+        error = obj.get("error")
+        if error:
+            kind = obj.get("error_type")
+            delta.error = (f"{kind}: {error}" if kind else str(error))[:500]
+            return delta
+        token = obj.get("token")
+        special = False
+        if token is not None:
+            if not isinstance(token, dict):
+                raise MalformedEvent(f"token is not an object: {data[:80]!r}")
+            special = token.get("special") is True
+            text = token.get("text")
+            if not special and isinstance(text, str) and text:
+                delta.content_chars = len(text)
+                delta.text = text
+        details = obj.get("details")
+        if isinstance(details, dict):
+            _details(details, special, delta)
+        if details is not None or obj.get("generated_text") is not None:
+            delta.done = True
+        return delta
+
+
+def _details(details: dict[str, Any], last_is_special: bool, delta: Delta) -> None:
+    finish = details.get("finish_reason")
+    if finish:
+        delta.finish_reason = str(finish)
+    generated = token_count(details.get("generated_tokens"))
+    if generated is not None:
+        delta.completion_tokens = max(0, generated - last_is_special)
+    delta.prompt_tokens = token_count(details.get("input_length"))
