@@ -8,8 +8,12 @@ Definitions (times are int ns since the run's t0; results are float ms):
 
 - TTFT = first_token_ns - intended_ns (from the moment the user pressed enter, so a late
   send is charged to the request: no coordinated omission). TTFT from send =
-  first_token_ns - sent_ns is a diagnostic of the server alone. TTFT to content =
-  first_content_ns - intended_ns (differs for reasoning models).
+  first_token_ns - sent_ns is a diagnostic of the server alone.
+- TTFVT (time to first visible token) = first_content_ns - intended_ns: for a reasoning
+  model it is TTFT plus the thinking phase; without reasoning it equals TTFT (tool-call-only
+  answers have none). `has_reasoning` marks requests that streamed reasoning.
+- Server timings (`server_*_ms`): what the server reported about its own work (Ollama's
+  durations), kept beside the client's numbers, never mixed into them.
 - TPOT = (last_token_ns - first_token_ns) / (N - 1), only for N = output_tokens > 1.
 - ITL = every gap between successive `chunk_ns` of one request; ITL percentiles are over
   individual gaps, never over request averages.
@@ -33,13 +37,14 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.records import Outcome
+from loadgen.records import Outcome, with_all_columns
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
 Stats = dict[str, Any]  # JSON-ready: str -> float | int | bool | None
+SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
 
 
 def nearest_rank(percentile: float, n: int) -> int:
@@ -112,6 +117,7 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
     `lag_ms` is the generator's lateness (see `generator_health`); `send_lag_ms` adds
     what happened between dispatch and the request bytes (in-flight cap, connecting).
     """
+    frame = with_all_columns(frame)  # records of older runs lack the newer columns
     is_ok = pl.col("outcome") == Outcome.OK.value
     n_tokens = pl.col("output_tokens")
     tpot_ns = (pl.col("last_token_ns") - pl.col("first_token_ns")) / (n_tokens - 1)
@@ -127,8 +133,13 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
         _ms(_gaps_ns(pl.col("chunk_ns")).list.max()).alias("max_itl_ms"),
         _ms(_lag_ns()).alias("lag_ms"),
         _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag_ms"),
-        _ms(pl.col("first_content_ns") - pl.col("intended_ns")).alias("ttft_content_ms"),
+        _ms(pl.col("first_content_ns") - pl.col("intended_ns")).alias("ttfvt_ms"),
         "output_tokens",
+        pl.col("first_reasoning_ns").is_not_null().alias("has_reasoning"),
+        *(
+            pl.col("server_timings").struct.field(name).alias(f"server_{name}")
+            for name in SERVER_MS_FIELDS
+        ),
     )
 
 

@@ -604,6 +604,8 @@ def _class_blocks(name: str, cls: Mapping[str, Any], report: RunReport) -> list[
         _percentile_table(cls),
         _tokens_table(cls, details),
     ]
+    if (server := cls.get("server_timings_ms")) and server["requests"]:
+        blocks.append(_server_table(server, cls))
     if details.top_errors:
         blocks.append(_errors_table(details.top_errors))
     blocks.extend(Figure(f, report.captions.get(f, f)) for f in details.figures)
@@ -695,7 +697,11 @@ def _percentile_table(cls: Mapping[str, Any]) -> Table:
     targets = cls["slo"]["targets"]
     p = targets["percentile"]
     rows = []
-    for label, key, target_key in PERCENTILE_ROWS:
+    shown = list(PERCENTILE_ROWS)
+    if cls.get("reasoning_requests"):  # reasoning streamed: the visible answer came later
+        shown.insert(3, (f"TTFVT (first visible token; {cls['reasoning_requests']} "
+                         "with reasoning)", "ttfvt_ms", None))  # fmt: skip
+    for label, key, target_key in shown:
         stats = cls[key]
         missing = "fail" if stats["count"] else "—"
         cells = [
@@ -707,6 +713,29 @@ def _percentile_table(cls: Mapping[str, Any]) -> Table:
         rows.append((label, str(stats["count"]), *cells, target_text))
     headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
     return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
+
+
+SERVER_ROWS = (
+    ("server queue", "queue_ms"),
+    ("server model load", "load_ms"),
+    ("server prefill (prompt eval)", "prefill_ms"),
+    ("server decode (eval)", "decode_ms"),
+    ("server total", "total_ms"),
+)
+
+
+def _server_table(server: Mapping[str, Any], cls: Mapping[str, Any]) -> Table:
+    """What the server reported about its own work, beside the client's TTFT and E2E."""
+    rows = []
+    client = (("client TTFT from send", cls["ttft_from_send_ms"]), ("client E2E", cls["e2e_ms"]))
+    measured = [(label, server[key]) for label, key in SERVER_ROWS if server[key]["count"]]
+    for label, stats in [*measured, *client]:
+        cells = [with_unit(stats[k]) if stats[k] is not None else "—"
+                 for k in ("p50", "p90", "p99", "max")]  # fmt: skip
+        rows.append((label, str(stats["count"]), *cells))
+    title = (f"Server-reported timings ({server['requests']} ok requests), "
+             "beside the client's own")  # fmt: skip
+    return Table(title, ("measure", "n", "p50", "p90", "p99", "max"), rows)
 
 
 def _tokens_table(cls: Mapping[str, Any], details: ClassDetails) -> Table:

@@ -40,7 +40,7 @@ from loadgen.metrics import Stats
 from loadgen.records import OUTCOMES, Outcome
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttft_content_ms", "tpot_ms", "e2e_ms")
+LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttfvt_ms", "tpot_ms", "e2e_ms")
 WITH_FAILURES = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})
 EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
 
@@ -81,7 +81,8 @@ def per_request(
     """`metrics.derive` plus `meets_slo`: did this request meet every threshold of its class.
 
     Columns: request_id, class, outcome, ttft_ms, ttft_from_send_ms, tpot_ms, e2e_ms,
-    max_itl_ms, lag_ms, meets_slo, then ttft_content_ms and output_tokens. A class missing
+    max_itl_ms, lag_ms, meets_slo, then ttfvt_ms, output_tokens, has_reasoning and the
+    server-reported `server_*_ms` (see `metrics.derive`). A class missing
     from `slos` has no thresholds: its ok requests meet, its failures do not.
     """
     derived = metrics.derive(frame)
@@ -174,6 +175,8 @@ def audit_class(
         "outcomes": outcome_counts(rows.get_column("outcome")),
         **latency_block(ok_ms, failures=failures),
         "output_tokens": metrics.output_token_stats(ok.get_column("output_tokens")),
+        "reasoning_requests": int(ok.get_column("has_reasoning").sum()),
+        "server_timings_ms": server_timings(ok),
         "tokens_per_chunk": tokens_per_chunk,
         "slo": audit(
             ok_ms,
@@ -184,6 +187,19 @@ def audit_class(
         ),
         "goodput": goodput(rows, duration_s=duration_s),
     }
+
+
+def server_timings(ok: pl.DataFrame) -> Stats:
+    """Stats of what the server reported about its own work, over ok requests that carried it.
+
+    `requests` counts them (0: the API reports nothing, and every stat is null).
+    """
+    with_timings = ok.filter(pl.any_horizontal(pl.col(f"server_{f}").is_not_null()
+                                               for f in metrics.SERVER_MS_FIELDS))  # fmt: skip
+    block: Stats = {"requests": with_timings.height}
+    for name in metrics.SERVER_MS_FIELDS:
+        block[name] = metrics.latency_stats(with_timings.get_column(f"server_{name}"))
+    return block
 
 
 def outcome_counts(outcomes: pl.Series) -> dict[str, int]:

@@ -119,7 +119,7 @@ def test_derive_known_answers() -> None:
     row = metrics.derive(to_frame([record])).row(0, named=True)
     assert row["ttft_ms"] == 110.0
     assert row["ttft_from_send_ms"] == 100.0
-    assert row["ttft_content_ms"] == 150.0
+    assert row["ttfvt_ms"] == 150.0
     assert row["tpot_ms"] == 100.0  # (1410 - 1110) / (4 - 1)
     assert row["e2e_ms"] == 410.0
     assert row["max_itl_ms"] == 200.0
