@@ -600,3 +600,185 @@ def test_bad_bodies_get_400_in_the_dialects_shape(client: httpx.Client) -> None:
     no_inputs = client.post("/generate_stream", json={"parameters": {}})
     assert no_inputs.status_code == 400
     assert no_inputs.json()["error_type"] == "validation"
+
+
+# -- end to end: loadgen's engine and each adapter against the simulator --------------------
+#
+# One simulator per API at X = 2 with a 100 ms (sim) decode step: 50 ms real between two
+# tokens of a request, 125 ms real of prefill for a 2,000-word prompt. Three requests each:
+# a plain one with the opening event sent early plus heartbeats (TTFT must not stop at
+# either), one whose first 5 tokens are reasoning, one failing with the dialect's error
+# event after 3 tokens. TTFT is checked against the simulator's own trace by causality:
+# the client sent before the server stamped `received_ns` and read the first token after
+# the server stamped `first_token_ns`, so the client's interval is never shorter; and it
+# must be shorter than that plus the server's own gap to its second write, the error a
+# TTFT stopped at any later chunk would have (a tolerance from the trace, not the clock).
+
+E2E_SPEED = 2.0
+E2E_STEP_MS = 100.0
+E2E_PROMPT = 2000
+E2E_TOKENS = 20
+E2E_APIS = ["anthropic", "openai-responses", "tgi", "ollama-chat", "ollama-generate"]
+E2E_HEADERS = [
+    {"X-Sim-Role": "early", "X-Sim-Heartbeat-S": "0.02"},
+    {"X-Sim-Reasoning-Tokens": "5"},
+    {"X-Sim-Error-After": "3"},
+]
+
+
+@dataclass
+class E2eRun:
+    """The client's records and the simulator's trace of one API's run."""
+
+    plans: list[Any]
+    records: list[Any]
+    trace: dict[str, dict[str, Any]]
+
+
+def _adapters() -> tuple[str, ...]:
+    from loadgen.adapters import APIS
+
+    return APIS
+
+
+def run_against_sim(
+    api: str, trace_file: Path, *, generic: Any = None, path: str | None = None
+) -> E2eRun:
+    """Send the three e2e plans through the real engine with `api`'s adapter."""
+    from loadgen.testing import PlanFactory, run_engine
+
+    headers = E2E_HEADERS
+    plans = PlanFactory(prompt_tokens=E2E_PROMPT, output_tokens=E2E_TOKENS).at(
+        *[0.3 * i for i in range(len(headers))]
+    )
+    args = ["--speed", str(E2E_SPEED), "--decode-step-ms", str(E2E_STEP_MS)]
+    with running_sim(args, trace_file=trace_file) as sim:
+        records = run_engine(
+            plans,
+            sim.url,
+            api=api,
+            generic=generic,
+            path=path,
+            headers_for=lambda p: headers[p.request_id],
+        )
+    lines = [json.loads(line) for line in trace_file.read_text().splitlines()]
+    trace = {r["x_request_id"]: r for r in lines if r["type"] == "request"}
+    return E2eRun(plans=plans, records=records, trace=trace)
+
+
+@pytest.fixture(scope="module", params=E2E_APIS)
+def e2e(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> E2eRun:
+    """One API's run against its own simulator."""
+    api = request.param
+    if api not in _adapters():
+        pytest.skip(f"no client adapter for {api} yet")
+    return run_against_sim(api, tmp_path_factory.mktemp(api) / "trace.jsonl")
+
+
+def _server(run: E2eRun, request_id: int) -> dict[str, Any]:
+    return run.trace[f"loadgen-{request_id}"]
+
+
+def assert_ttft_is_the_first_token_write(record: Any, server: dict[str, Any]) -> None:
+    """Client TTFT from send brackets the server's received → first-token-write interval."""
+    server_ns = server["first_token_ns"] - server["received_ns"]
+    client_ns = record.first_token_ns - record.sent_ns
+    second_write_gap_ns = server["chunk_ns"][1] - server["chunk_ns"][0]
+    assert server_ns <= client_ns < server_ns + second_write_gap_ns
+    assert record.first_token_ns == record.chunk_ns[0]
+
+
+def test_e2e_planned_equals_recorded_and_outcomes(e2e: E2eRun) -> None:
+    """Every plan has one record: two ok with N = 20 from the server's count, one stream_error."""
+    from loadgen.records import Outcome, TokenSource
+
+    assert [r.request_id for r in e2e.records] == [p.request_id for p in e2e.plans]
+    outcomes = [r.outcome for r in e2e.records]
+    assert outcomes == [Outcome.OK, Outcome.OK, Outcome.STREAM_ERROR], [
+        r.error for r in e2e.records
+    ]
+    for record in e2e.records[:2]:
+        assert (record.output_tokens, record.token_source) == (E2E_TOKENS, TokenSource.USAGE)
+        assert record.prompt_tokens == _server(e2e, record.request_id)["prompt_tokens"]
+
+
+def test_e2e_chunks_match_the_servers_writes(e2e: E2eRun) -> None:
+    """The client saw as many output-bearing chunks as the server wrote, 20 for 20 tokens."""
+    for record in e2e.records[:2]:
+        server = _server(e2e, record.request_id)
+        assert server["outcome"] == "ok"
+        assert len(server["chunk_ns"]) == E2E_TOKENS
+        assert len(record.chunk_ns) == E2E_TOKENS
+
+
+def test_e2e_ttft_is_not_fooled_by_the_early_opening_event_or_heartbeats(e2e: E2eRun) -> None:
+    """Opening event at accept and heartbeats: TTFT still lands on the first token write."""
+    record, server = e2e.records[0], _server(e2e, 0)
+    assert server["first_token_ns"] - server["received_ns"] >= E2E_PROMPT / 8000 * 1e9 / E2E_SPEED
+    if server["opening_ns"] is not None:  # TGI has no opening event
+        assert server["opening_ns"] < server["first_token_ns"]
+    assert_ttft_is_the_first_token_write(record, server)
+
+
+def test_e2e_reasoning_is_the_first_generated_token(e2e: E2eRun) -> None:
+    """5 reasoning tokens: TTFT at the first (reasoning) write, first visible token 5 writes on."""
+    record, server = e2e.records[1], _server(e2e, 1)
+    assert_ttft_is_the_first_token_write(record, server)
+    if e2e.records[1].first_reasoning_ns is None:  # TGI has no reasoning field: all text
+        assert record.first_content_ns == record.first_token_ns
+        return
+    assert record.first_reasoning_ns == record.first_token_ns
+    assert record.first_content_ns == record.chunk_ns[5]
+
+
+def test_e2e_mid_stream_error_event_is_a_stream_error_with_partial_output(e2e: E2eRun) -> None:
+    """The dialect's error event after 3 tokens: stream_error, the 3 tokens kept."""
+    record, server = e2e.records[2], _server(e2e, 2)
+    assert server["outcome"] == "error_event"
+    assert len(record.chunk_ns) == len(server["chunk_ns"]) == 3
+    assert record.error is not None
+
+
+def test_e2e_ollama_server_timings_are_kept(e2e: E2eRun) -> None:
+    """Ollama's own durations reach the record; its decode time spans the 19 later steps."""
+    record = e2e.records[0]
+    if e2e.trace["loadgen-0"]["api"] not in ("ollama-chat", "ollama-generate"):
+        assert record.server_timings is None
+        return
+    timings = record.server_timings
+    assert timings is not None
+    assert timings.decode_ms is not None
+    chunks = _server(e2e, 0)["chunk_ns"]
+    assert timings.decode_ms >= (chunks[-1] - chunks[0]) / 1e6 - 0.001
+
+
+def test_e2e_generic_adapter_decodes_ollama_ndjson(tmp_path: Path) -> None:
+    """A `generic` target describing Ollama's NDJSON gets the same counts as the Ollama adapter."""
+    if "generic" not in _adapters():
+        pytest.skip("no generic client adapter yet")
+    from loadgen.adapters.generic import generic_spec
+    from loadgen.records import Outcome, TokenSource
+
+    spec = generic_spec(
+        {
+            "framing": "ndjson",
+            "body": {
+                "model": "$model",
+                "messages": "$messages",
+                "options": {"num_predict": "$max_tokens"},
+            },
+            "content": "message.content",
+            "reasoning": "message.thinking",
+            "done": {"path": "done", "equals": True},
+            "output_tokens": "eval_count",
+            "prompt_tokens": "prompt_eval_count",
+            "error": "error",
+        },
+        "test",
+    )
+    run = run_against_sim("generic", tmp_path / "trace.jsonl", generic=spec, path="/api/chat")
+    assert [r.outcome for r in run.records] == [Outcome.OK, Outcome.OK, Outcome.STREAM_ERROR]
+    for record in run.records[:2]:
+        assert (record.output_tokens, record.token_source) == (E2E_TOKENS, TokenSource.USAGE)
+        assert_ttft_is_the_first_token_write(record, _server(run, record.request_id))
+    assert len(run.records[2].chunk_ns) == 3
