@@ -420,3 +420,29 @@ def test_sim_args_from_mapping_validates_and_converts() -> None:
     assert bad_value.value.key == "sim.chunk_tokens"
     with pytest.raises(ConfigError):
         sim_args_from_mapping({"port": 9}, "w.yaml")
+
+
+def test_sim_section_passes_api_and_error_after_through() -> None:
+    """A sim: section may pick the dialect and the error_after fault; a bad api is rejected."""
+    args = sim_args_from_mapping({"api": "ollama", "faults": {"error_after": 0.5}}, "w.yaml")
+    assert args == ["--api", "ollama", "--fault=error_after=0.5"]
+    with pytest.raises(ConfigError) as bad:
+        sim_args_from_mapping({"api": "grpc"}, "w.yaml")
+    assert bad.value.key == "sim.api"
+
+
+def test_global_error_after_fault_ends_openai_streams_with_an_error_event() -> None:
+    """--fault error_after=1 --fault-after-tokens 2: every stream ends with an error data event."""
+    args = ["--speed", str(SPEED), "--fault", "error_after=1", "--fault-after-tokens", "2"]
+    with running_sim(args) as proc, httpx.Client(base_url=proc.url, timeout=30.0) as c:
+        lines = _events(c, _chat(6))
+    assert "data: [DONE]" not in lines
+    assert json.loads(lines[-1][6:])["error"]["type"] == "server_error"
+    assert len(_content(_data(lines[:-1])).split()) == 2
+
+
+def test_api_flag_rejects_unknown_dialects() -> None:
+    """`loadgen sim --api grpc` exits 2 naming the valid choices."""
+    result = CliRunner().invoke(sim, ["--api", "grpc"])
+    assert result.exit_code == 2
+    assert "anthropic" in result.output
