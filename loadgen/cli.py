@@ -61,7 +61,10 @@ class LoadgenGroup(click.Group):
 
 
 def workload_options(func: F) -> F:
-    """--requests, --duration, --rate and --seed: what `check` and `run` both change."""
+    """--requests, --duration, --rate, --seed, --api, --model, --force-output-tokens: what
+    `check` and `run` both change (applied by `spec.override`)."""
+    from loadgen.adapters import APIS
+
     options = [
         click.option("--requests", type=click.IntRange(min=1),
                      help="Requests (or sessions, trajectories) per class, replacing the file's."),
@@ -70,6 +73,13 @@ def workload_options(func: F) -> F:
         click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
         click.option("--seed", type=int,
                      help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."),
+        click.option("--api", type=click.Choice(APIS),
+                     help="API family, replacing target.api; the path follows it unless "
+                     "target.path is set."),
+        click.option("--model", help="Model name sent in every request, replacing target.model."),
+        click.option("--force-output-tokens/--no-force-output-tokens", default=None,
+                     help="Send ignore_eos + min_tokens (OpenAI APIs), replacing "
+                     "target.force_output_tokens; servers that reject them answer HTTP 422."),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
@@ -111,6 +121,9 @@ def check(
     duration: float | None,
     rate: str | None,
     seed: int | None,
+    api: str | None,
+    model: str | None,
+    force_output_tokens: bool | None,
     show_schedule: bool,
 ) -> None:
     """Validate a workload file and print its plan; sends nothing.
@@ -119,12 +132,14 @@ def check(
     Example:
       loadgen check workloads/chat.yaml
       loadgen check workloads/chat.yaml --rate 2x --schedule
+      loadgen check workloads/chat.yaml --api anthropic --model claude-haiku-4-5
     """
     from loadgen.plan_view import render_plan
     from loadgen.plans import plan_run
     from loadgen.spec import load, override
 
-    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate)
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
+                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     plans = plan_run(spec, seed)
     output_console().print(render_plan(spec, plans, show_schedule=show_schedule))
 
@@ -196,6 +211,9 @@ def run(
     duration: float | None,
     rate: str | None,
     seed: int | None,
+    api: str | None,
+    model: str | None,
+    force_output_tokens: bool | None,
     out_dir: Path,
     run_id: str | None,
     max_in_flight: int | None,
@@ -216,6 +234,7 @@ def run(
     Example:
       loadgen run workloads/chat.yaml
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --rate 2x --requests 200
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:11434 --api ollama-chat --model tiny
     """
     from loadgen.run import RunOptions, execute
     from loadgen.spec import load, override
@@ -227,7 +246,8 @@ def run(
             split_url(url)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--url") from None
-    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate)
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
+                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     options = RunOptions(
         url=url,
         seed=seed,
