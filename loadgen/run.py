@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,25 +28,29 @@ from time import perf_counter_ns
 from typing import Any, TextIO
 
 import anyio
+import polars as pl
 from polars.exceptions import PanicException
 
 from loadgen import __version__
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import Adapter, BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.logs import LOGGER, run_log
+from loadgen.metrics import generator_health
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
-from loadgen.records import RecordWriter
+from loadgen.records import RecordWriter, read_parts, write_parquet_atomic
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
+from loadgen.shards import Share, check_start_at, split_work, utc_text
 from loadgen.slo import summarize
 from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
 SCHEMA_VERSION = 3  # 3: adapters (visible-token TTFT, server timings), workers/shards
+# (run.json workers, shard, t0.measured_unix_ns)
 # 2: client_error outcome, generator.client_errors, host.open_files_limit
 EXIT_INTERRUPTED = 130
 EXIT_WATCHDOG = 4
@@ -69,6 +73,9 @@ class RunOptions:
     sim_trace: bool = False
     watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
     extra_headers: Mapping[str, str] = field(default_factory=dict)
+    workers: int | None = None  # engine processes; None: 1, or one per core past the envelope
+    shard: Share | None = None  # run only this share of the schedule (`--shard i/N`)
+    start_at_unix_ns: int | None = None  # the agreed wall-clock t0 (`--start-at`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +87,7 @@ class RunResult:
     interrupted: bool
 
     watchdog: str | None = None  # what the run was waiting for when the watchdog stopped it
+    run_info: Mapping[str, Any] = field(default_factory=dict)  # run.json as written
 
     @property
     def exit_code(self) -> int:
@@ -142,58 +150,114 @@ def resolve_headers(
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
     """Run the workload and write its folder; see `RunResult.exit_code` for the verdict."""
     work = plan_work(spec, options.seed)
-    prompts = PromptMaker(
-        spec.seed if options.seed is None else options.seed, spec.target.tokenizer
-    )
+    if options.shard is not None:
+        work = split_work(work, options.shard)
     planned = len(work.plans)
     if not planned:
         raise ConfigError(
             spec.source, "classes", "plans no requests", "raise requests or duration_s"
         )
+    if options.start_at_unix_ns is not None:
+        check_start_at(options.start_at_unix_ns, time.time_ns())
+    workers, why = choose_workers(spec, work, options.workers)
+    if not options.quiet:
+        print(f"workers: {workers} ({why})", file=log)
     from loadgen.calibrate import envelope_warning  # the last `loadgen calibrate` on this host
 
-    if not options.quiet and (warning := envelope_warning(spec, work.plans)):
+    if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
         print(warning, file=log)
+    adapter, headers, redactor, url = client_setup(spec, options)
+    open_files = raise_open_files_limit()
+    run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
+    with (
+        run_log(run_dir, redactor.redact),
+        _target(url, spec, run_dir, options, log) as (
+            base_url,
+            sim_args,
+        ),
+    ):
+        endpoint, config = engine_setup(spec, options, base_url, adapter, headers, redactor)
+        LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
+                    endpoint.origin, endpoint.target)  # fmt: skip
+        if options.check_target:
+            try:
+                preflight(endpoint, adapter, config.body_options)
+            except LoadgenError as exc:
+                raise TargetError(redactor.redact(str(exc))) from None
+        run_info = _run_info(spec, options, endpoint, planned, sim_args)
+        run_info["host"]["open_files_limit"] = open_files
+        run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
+        if workers > 1:
+            from loadgen.workers import run_workers
+
+            result = run_workers(work, workers, base_url, run_dir, run_info, spec, options, log)
+        else:
+            result = _run(work, endpoint, config, run_dir, run_info, spec, options, log)
+        LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
+        return result
+
+
+def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tuple[int, str]:
+    """How many engine processes, and why: as asked; else one per core when the workload's
+    expected peak load exceeds what one process held in this host's last `loadgen
+    calibrate`; else one."""
+    if requested is not None:
+        return requested, f"--workers {requested}"
+    try:
+        from loadgen.calibrate import expected_peak_load, last_envelope
+    except ImportError:  # a build without calibrate
+        return 1, "the default"
+    envelope = last_envelope()
+    if envelope is None:
+        return 1, "the default: this host has no calibrated envelope (see loadgen calibrate)"
+    peak = expected_peak_load(spec, work.plans)
+    cores = os.cpu_count() or 1
+    if peak.exceeds(envelope.load):
+        return cores, (
+            f"one per core: the expected peak ({peak}) exceeds one process's calibrated "
+            f"envelope ({envelope.load})"
+        )
+    return 1, f"the expected peak ({peak}) fits one process's calibrated envelope ({envelope.load})"
+
+
+def client_setup(
+    spec: WorkloadSpec, options: RunOptions
+) -> tuple[Adapter, dict[str, str], Redactor, str | None]:
+    """The adapter, the request headers, the redactor of their secrets, and the URL."""
     adapter = adapter_for(spec.target.api, spec.target.generic)
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
-    redactor = Redactor(run_secrets(headers, env_values, url))
-    open_files = raise_open_files_limit()
-    run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
-    with run_log(run_dir, redactor.redact), _target(url, spec, run_dir, options, log) as (
-        base_url,
-        sim_args,
-    ):
-        endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, headers)
-        LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
-                    endpoint.origin, endpoint.target)  # fmt: skip
-        body_options = BodyOptions(
-            model=spec.target.model,
-            include_usage=spec.target.include_usage,
-            force_output_tokens=spec.target.force_output_tokens,
-            extra_body=spec.target.extra_body,
-        )
-        if options.check_target:
-            try:
-                preflight(endpoint, adapter, body_options)
-            except LoadgenError as exc:
-                raise TargetError(redactor.redact(str(exc))) from None
-        seed = spec.seed if options.seed is None else options.seed
-        config = EngineConfig(
-            adapter=adapter,
-            body_options=body_options,
-            seed=seed,
-            max_in_flight=options.max_in_flight,
-            priority_header=spec.target.priority_header,
-            prompts=prompts,
-            redact=redactor.redact,
-        )
-        run_info = _run_info(spec, options, endpoint, planned, sim_args)
-        run_info["host"]["open_files_limit"] = open_files
-        result = _run(work, endpoint, config, run_dir, run_info, spec, options, log)
-        LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
-        return result
+    return adapter, headers, Redactor(run_secrets(headers, env_values, url)), url
+
+
+def engine_setup(
+    spec: WorkloadSpec,
+    options: RunOptions,
+    base_url: str,
+    adapter: Adapter,
+    headers: Mapping[str, str],
+    redactor: Redactor,
+) -> tuple[Endpoint, EngineConfig]:
+    """The endpoint and the engine's configuration (the same in every worker process)."""
+    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, dict(headers))
+    body_options = BodyOptions(
+        model=spec.target.model,
+        include_usage=spec.target.include_usage,
+        force_output_tokens=spec.target.force_output_tokens,
+        extra_body=spec.target.extra_body,
+    )
+    seed = spec.seed if options.seed is None else options.seed
+    config = EngineConfig(
+        adapter=adapter,
+        body_options=body_options,
+        seed=seed,
+        max_in_flight=options.max_in_flight,
+        priority_header=spec.target.priority_header,
+        prompts=PromptMaker(seed, spec.target.tokenizer),
+        redact=redactor.redact,
+    )
+    return endpoint, config
 
 
 @contextlib.contextmanager
@@ -264,12 +328,26 @@ def _run_info(
             "lag_bound_ms": options.lag_bound_ms,
             "grace_s": options.grace_s,
         },
+        "shard": _shard_info(options),
         "host": {
             "hostname": socket.gethostname(),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
         },
+    }
+
+
+def _shard_info(options: RunOptions) -> dict[str, Any] | None:
+    """The shard this run is (`--shard`), its agreed start; the anchor is added at t0."""
+    if options.shard is None:
+        return None
+    start = options.start_at_unix_ns
+    return {
+        "index": options.shard.index,
+        "count": options.shard.count,
+        "start_at_unix_ns": start,
+        "start_at_utc": utc_text(start) if start is not None else None,
     }
 
 
@@ -290,31 +368,75 @@ def _run(
     options: RunOptions,
     log: TextIO,
 ) -> RunResult:
+    """One engine process: its own signals, progress line and watchdog."""
     writer = RecordWriter(run_dir)
     stats = LiveStats()
+    run_info = {"run_id": run_dir.name, **run_info}
+
+    def started(t0: dict[str, Any]) -> None:
+        run_info["t0"] = t0
+        write_json_atomic(
+            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
+        )
+
+    async def control(engine: Engine, state: dict[str, Any]) -> None:
+        await _watch_signals(engine, options.grace_s, writer, state, log)
+
+    state = drive(
+        work, endpoint, config, writer, stats, options,
+        start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
+        quiet=options.quiet, log=log,
+    )  # fmt: skip
+    frame = writer.close()
+    run_info["t0"] = state["t0"]
+    run_info["workers"]["processes"] = [
+        process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"], parent_t0=state["t0"],
+                     lag_bound_ms=options.lag_bound_ms)
+    ]  # fmt: skip
+    return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state)
+
+
+def drive(
+    work: Work,
+    endpoint: Endpoint,
+    config: EngineConfig,
+    writer: RecordWriter,
+    stats: LiveStats,
+    options: RunOptions,
+    *,
+    start_at_unix_ns: int | None,
+    started: Callable[[dict[str, Any]], None],
+    control: Callable[[Engine, dict[str, Any]], Coroutine[Any, Any, None]],
+    quiet: bool,
+    log: TextIO,
+    wait_start: Callable[[], Awaitable[int]] | None = None,
+) -> dict[str, Any]:
+    """Run the engine on `work` from t0 (200 ms from now, or the agreed `start_at_unix_ns`),
+    with `control` (signals, or a parent's commands), record spills and the watchdog.
+
+    Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`. `started(t0)` is
+    called once t0 is fixed, before the schedule begins. A worker process passes
+    `wait_start`: it reports ready and returns the start its parent chose, once the loop
+    and the engine are up (so a worker is not still setting up when t0 comes).
+    """
     state: dict[str, Any] = {"interrupted": False}
-    run_id = run_dir.name
-    run_info = {"run_id": run_id, **run_info}
 
     async def main() -> None:
         pool = Pool(endpoint)
         engine = Engine(work, pool, config, writer.add, stats)
-        t0_ns = perf_counter_ns() + 200_000_000  # time for the tasks and first imports to settle
-        run_info["t0"] = {
-            "perf_counter_ns": t0_ns,
-            "unix_ns": time.time_ns() + (t0_ns - perf_counter_ns()),
-        }
-        run_info["t0"]["utc"] = datetime.fromtimestamp(
-            run_info["t0"]["unix_ns"] / 1e9, UTC
-        ).isoformat()
-        write_json_atomic(
-            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
-        )
+        start = start_at_unix_ns if wait_start is None else await wait_start()
+        state["t0"] = t0 = choose_t0(start)
+        t0_ns = int(t0["perf_counter_ns"])
+        if start is not None and not quiet:
+            wait_s = (t0_ns - perf_counter_ns()) / 1e9
+            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
+        started(t0)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, engine, options.grace_s, writer, state, log)
-                tg.start_soon(_progress, stats, writer, options.quiet, t0_ns, log)
+                tg.start_soon(control, engine, state)
+                tg.start_soon(_progress, stats, writer, quiet, t0_ns, log)
                 tg.start_soon(_watchdog, engine, pool, options.watchdog_s, state, log)
+                tg.start_soon(_measure_anchor, t0)
                 await engine.run(t0_ns)
                 tg.cancel_scope.cancel()
         finally:
@@ -322,14 +444,99 @@ def _run(
 
     with quiet_gc():
         anyio.run(main, backend="asyncio", backend_options=backend_options())
-    frame = writer.close()
+    return state
+
+
+def choose_t0(start_at_unix_ns: int | None) -> dict[str, Any]:
+    """t0 on both clocks: 200 ms from now (time for the tasks and first imports to settle),
+    or the agreed wall-clock start converted to this process's monotonic clock."""
+    perf_now, unix_now = perf_counter_ns(), time.time_ns()
+    if start_at_unix_ns is None:
+        t0_ns = perf_now + 200_000_000
+        unix_ns = unix_now + 200_000_000
+    else:
+        t0_ns, unix_ns = perf_now + (start_at_unix_ns - unix_now), start_at_unix_ns
+    return {"perf_counter_ns": t0_ns, "unix_ns": unix_ns, "utc": utc_text(unix_ns)}
+
+
+async def _measure_anchor(t0: dict[str, Any]) -> None:
+    """At t0, read the wall clock again: `measured_unix_ns` is the wall-clock time of t0 as
+    read when the monotonic clock got there (what `loadgen merge` aligns shards by; it
+    differs from `unix_ns` by any wall-clock adjustment during the wait), and
+    `reached_late_ms` how late this process woke for it."""
+    t0_ns = int(t0["perf_counter_ns"])
+    delay_ns = t0_ns - perf_counter_ns()
+    if delay_ns > 0:
+        await anyio.sleep(delay_ns / 1e9)
+    unix_now, perf_now = time.time_ns(), perf_counter_ns()
+    t0["measured_unix_ns"] = unix_now - (perf_now - t0_ns)
+    t0["reached_late_ms"] = round(max(0, perf_now - t0_ns) / 1e6, 3)
+
+
+def process_info(
+    frame: pl.DataFrame,
+    ids: Sequence[int] | None,
+    *,
+    index: int,
+    pid: int,
+    t0: Mapping[str, Any],
+    parent_t0: Mapping[str, Any],
+    lag_bound_ms: float,
+    exit_code: int | None = 0,
+) -> dict[str, Any]:
+    """One engine process's share of the run: its records, send lag and t0 skew.
+
+    `t0_skew_us` is its t0 on the monotonic clock minus the parent's (one host, one clock:
+    the cost of converting the agreed wall-clock start on each side).
+    """
+    mine = frame if ids is None else frame.filter(pl.col("request_id").is_in(list(ids)))
+    health = generator_health(mine, planned=mine.height, lag_bound_ms=lag_bound_ms)
+    skew_ns = int(t0["perf_counter_ns"]) - int(parent_t0["perf_counter_ns"])
+    return {
+        "index": index,
+        "pid": pid,
+        "exit_code": exit_code,
+        "records": mine.height,
+        "lag_ms_p99": health["lag_ms"]["p99"],
+        "late_share": late_share(mine, lag_bound_ms),
+        "fell_behind": health["fell_behind"],
+        "t0_skew_us": round(skew_ns / 1e3, 3),
+        "reached_late_ms": t0.get("reached_late_ms"),
+    }
+
+
+def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
+    """Share of the schedule's sends (singles and first turns) later than the bound."""
+    lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
+    scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
+    lags = scheduled.get_column("lag").drop_nulls()
+    if not lags.len():
+        return None
+    return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)
+
+
+def finish(
+    frame: pl.DataFrame,
+    run_dir: Path,
+    run_info: dict[str, Any],
+    spec: WorkloadSpec,
+    options: RunOptions,
+    *,
+    planned: int,
+    state: Mapping[str, Any],
+) -> RunResult:
+    """Audit the joined records; write summary.json, histograms.parquet and the final run.json."""
+    run_id = run_dir.name
     watchdog = state.get("watchdog")
     interrupted = bool(state["interrupted"]) or watchdog is not None
+    if run_info.get("shard") is not None:
+        t0 = run_info["t0"]
+        run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
     summary = summarize(
         frame,
         run_id=run_id,
         slos={name: cls.slo for name, cls in spec.classes.items()},
-        planned=stats.planned,
+        planned=planned,
         interrupted=interrupted,
         lag_bound_ms=options.lag_bound_ms,
     )
@@ -339,10 +546,37 @@ def _run(
     write_json_atomic(run_dir / "summary.json", summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
-    write_json_atomic(
-        run_dir / "run.json", {**run_info, "interrupted": interrupted, "finished": True}
-    )
-    return RunResult(run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog)
+    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True}
+    write_json_atomic(run_dir / "run.json", final)
+    return RunResult(
+        run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
+        run_info=final,
+    )  # fmt: skip
+
+
+def shard_anchor(t0: Mapping[str, Any]) -> dict[str, Any]:
+    """A shard's t0 wall-clock anchor (measured at t0) and its skew from the agreed start."""
+    measured = t0.get("measured_unix_ns")
+    agreed = int(t0["unix_ns"])
+    return {
+        "t0_unix_ns": measured,
+        "t0_skew_ms": round((measured - agreed) / 1e6, 6) if measured is not None else None,
+    }
+
+
+def join_parts(run_dir: Path) -> pl.DataFrame:
+    """Every part in the run's parts folder as `records.parquet`; the parts are removed."""
+    from loadgen.records import PARTS_DIR, RECORDS_FILE
+
+    parts = run_dir / PARTS_DIR
+    frame = read_parts(parts)
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    for part in parts.glob("part-*.parquet"):
+        part.unlink()
+    for leftover in parts.glob(".*"):  # a part being written when a process was killed
+        leftover.unlink()
+    parts.rmdir()
+    return frame
 
 
 def raise_open_files_limit() -> int | None:
@@ -498,7 +732,7 @@ def recover(run_dir: Path) -> int:
     """Finish a run that was killed: join its record parts into `records.parquet`, mark
     `run.json` interrupted. Returns the number of records kept. A finished run is left as is.
     """
-    from loadgen.records import PARTS_DIR, RECORDS_FILE, read_parts, write_parquet_atomic
+    from loadgen.records import PARTS_DIR, RECORDS_FILE
 
     info_path = run_dir / "run.json"
     if not info_path.exists():
@@ -507,14 +741,8 @@ def recover(run_dir: Path) -> int:
     parts = run_dir / PARTS_DIR
     if (run_dir / RECORDS_FILE).exists() and not parts.exists():
         return int(info.get("planned", 0)) if info.get("finished") else 0
-    frame = read_parts(parts) if parts.exists() else None
-    if frame is None:
+    if not parts.exists():
         raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
-    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
-    for part in parts.glob("part-*.parquet"):
-        part.unlink()
-    for leftover in parts.glob(".*.tmp"):  # a part being written when the run was killed
-        leftover.unlink()
-    parts.rmdir()
+    frame = join_parts(run_dir)  # every worker's parts, when it ran with --workers
     write_json_atomic(info_path, {**info, "interrupted": True, "recovered": True})
     return frame.height

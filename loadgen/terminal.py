@@ -214,3 +214,27 @@ def _verdict_line(verdict: Mapping[str, Any]) -> Text:
     if verdict["slo_met"]:
         return Text(f"verdict: SLO MET (exit {verdict['exit_code']})", "bold green")
     return Text(f"verdict: SLO MISSED (exit {verdict['exit_code']})", "bold red")
+
+
+def render_processes(run_info: Mapping[str, Any]) -> list[Text]:
+    """One line per engine process of a multi-process run, and the shard line of a shard;
+    nothing for a plain single-process run."""
+    lines: list[Text] = []
+    processes = (run_info.get("workers") or {}).get("processes") or []
+    if len(processes) > 1:
+        for p in processes:
+            late = p["late_share"]
+            lines.append(Text(
+                f"worker {p['index']}: pid {p['pid']} · {p['records']} records · lag p99 "
+                f"{with_unit(p['lag_ms_p99'])} · late sends "
+                f"{'—' if late is None else f'{late:.2%}'} · t0 skew {p['t0_skew_us']:g} µs"
+                + (f" · exit {p['exit_code']}" if p["exit_code"] else ""),
+                style="red" if p["fell_behind"] or p["exit_code"] else "",
+            ))  # fmt: skip
+    if shard := run_info.get("shard"):
+        skew = shard.get("t0_skew_ms")
+        lines.append(Text(
+            f"shard {shard['index']}/{shard['count']}: agreed start {shard['start_at_utc']} · "
+            f"t0 anchor skew {'—' if skew is None else f'{skew:g} ms'}"
+        ))  # fmt: skip
+    return lines

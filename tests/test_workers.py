@@ -1,0 +1,249 @@
+"""`run --workers N`: one schedule from N processes, one folder, nothing lost or changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from loadgen.cli import cli
+from loadgen.plans import plan_run, plan_work
+from loadgen.records import read_records
+from loadgen.run import choose_workers
+from loadgen.shards import Share, split_work
+from loadgen.spec import load
+from loadgen.store import build_histograms, load_histograms
+from loadgen.testing import ScriptedServer, simple_chat
+
+WORKLOAD = """
+name: workers
+target: {api: openai-chat, model: m}
+classes:
+  single:
+    arrival: {process: poisson, rate_per_s: 40}
+    requests: 40
+    prompt_tokens: {dist: uniform, min: 5, max: 20}
+    output_tokens: {dist: uniform, min: 2, max: 6}
+  chat:
+    arrival: {process: poisson, rate_per_s: 10}
+    requests: 6
+    turns: {dist: uniform, min: 1, max: 3}
+    think_time_s: {dist: fixed, value: 0.05}
+    prompt_tokens: {dist: fixed, value: 8}
+    output_tokens: {dist: fixed, value: 3}
+  agent:
+    kind: agent
+    arrival: {process: constant, rate_per_s: 5}
+    requests: 3
+    hops: {dist: fixed, value: 3}
+    tool_time_s: {dist: fixed, value: 0.02}
+    prompt_tokens: {dist: fixed, value: 8}
+    output_tokens: {dist: fixed, value: 3}
+  docs:
+    kind: summarization
+    arrival: {process: constant, rate_per_s: 1, start_s: 0.2}
+    requests: 4
+    concurrency: 2
+    prompt_tokens: {dist: fixed, value: 30}
+    output_tokens: {dist: fixed, value: 3}
+"""
+PLAN_COLUMNS = ["request_id", "class", "max_tokens", "session_id", "turn"]
+
+
+def write_workload(tmp_path: Path, text: str = WORKLOAD) -> Path:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(text)
+    return workload
+
+
+def run_cli(tmp_path: Path, url: str, run_id: str, *extra: str) -> tuple[int, str, Path]:
+    """`loadgen run` in-process; (exit code, output, run folder)."""
+    args = ["run", str(write_workload(tmp_path)), "--url", url, "--out", str(tmp_path),
+            "--run-id", run_id, "-q", "--lag-bound-ms", "1000", "--seed", "3", *extra]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    return result.exit_code, result.output, tmp_path / run_id
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same workload and seed, run by one process and by two."""
+    tmp_path = tmp_path_factory.mktemp("workers")
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        code_one, said_one, one = run_cli(tmp_path, server.url, "one")
+        code_two, said_two, two = run_cli(tmp_path, server.url, "two", "--workers", "2")
+    assert code_one == 0, said_one
+    assert code_two == 0, said_two
+    return one, two
+
+
+def test_the_shares_of_two_workers_are_exactly_the_single_process_plan(tmp_path: Path) -> None:
+    """Split in two, the plans (ids, times, classes, token counts) are those of one process,
+    and every session, trajectory and batch stays whole in one share."""
+    spec = load(write_workload(tmp_path))
+    work = plan_work(spec, 3)
+    shares = [split_work(work, Share(i, 2)) for i in range(2)]
+    union = sorted((p for s in shares for p in s.plans), key=lambda p: p.request_id)
+    assert union == plan_run(spec, 3)
+    assert all(s.plans for s in shares)
+    for flow in work.flows:
+        assert sum(flow in s.flows for s in shares) == 1
+    starts = sorted([p.request_id for p in work.singles] + [f.session_id for f in work.flows])
+    firsts = {p.request_id for p in shares[0].singles} | {f.session_id for f in shares[0].flows}
+    assert firsts == set(starts[0::2])  # every other start, in start order
+
+
+def test_two_workers_record_the_same_plan_as_one_process(two_runs: tuple[Path, Path]) -> None:
+    """ids, classes, token counts, sessions and scheduled intended times match a 1-process run."""
+    one, two = (pl.read_parquet(r / "records.parquet") for r in two_runs)
+    assert one.select(PLAN_COLUMNS).equals(two.select(PLAN_COLUMNS))
+    scheduled = pl.col("turn").fill_null(0) == 0
+    singles = pl.col("session_id").is_null()
+    assert one.filter(singles)["intended_ns"].equals(two.filter(singles)["intended_ns"])
+    firsts = scheduled & pl.col("session_id").is_not_null() & (pl.col("class") != "docs")
+    assert one.filter(firsts)["intended_ns"].equals(two.filter(firsts)["intended_ns"])
+
+
+def test_planned_equals_recorded_across_workers_with_chained_flows(
+    two_runs: tuple[Path, Path],
+) -> None:
+    """Every planned request of every worker, turns and hops included, is one record, all ok."""
+    _, two = two_runs
+    records = pl.read_parquet(two / "records.parquet")
+    spec = load(two.parent / "w.yaml")
+    assert records["request_id"].to_list() == [p.request_id for p in plan_run(spec, 3)]
+    assert (records["outcome"] == "ok").all()
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["generator"]["planned"] == summary["generator"]["recorded"] == records.height
+    info = json.loads((two / "run.json").read_text())
+    processes = info["workers"]["processes"]
+    assert info["workers"]["count"] == 2
+    assert sum(p["records"] for p in processes) == records.height
+    assert len({p["pid"] for p in processes}) == 2
+    assert not (two / "records.parts").exists()
+    # A later turn was sent after the previous one ended: the flow ran in one process.
+    turns = records.filter(pl.col("class") == "chat").sort("session_id", "turn")
+    for _, session in turns.group_by("session_id"):
+        ends, sends = session["end_ns"].to_list(), session["sent_ns"].to_list()
+        assert all(sent > end for end, sent in zip(ends, sends[1:], strict=False))
+
+
+def test_merged_histograms_equal_the_histograms_of_the_merged_records(
+    two_runs: tuple[Path, Path],
+) -> None:
+    """histograms.parquet of a 2-worker run is what its joined records give."""
+    _, two = two_runs
+    info = json.loads((two / "run.json").read_text())
+    stored = load_histograms(two)
+    assert stored is not None
+    again = build_histograms(read_records(two), t0_unix_ns=info["t0"]["unix_ns"], slos=None)
+    assert stored.select("class", "requests", "ok", "ttft", "itl").equals(
+        again.select("class", "requests", "ok", "ttft", "itl")
+    )
+
+
+def test_default_workers_follow_the_calibrated_envelope(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No calibration: one process; a peak past the envelope: one per core; within it: one."""
+    from loadgen.calibrate import host_name, save_calibration
+
+    monkeypatch.setenv("LOADGEN_CALIBRATION", str(tmp_path / "cal.json"))
+    spec = load(write_workload(tmp_path))
+    work = plan_work(spec, 3)
+    assert choose_workers(spec, work, None)[0] == 1
+    assert choose_workers(spec, work, 3) == (3, "--workers 3")
+    result = {"host": host_name(), "processes": 1, "measured_at": "2026-11-29T00:00:00Z"}
+    save_calibration({**result, "envelope": {"streams": 1, "chunks_per_s": 10.0}})
+    count, why = choose_workers(spec, work, None)
+    assert count == (os.cpu_count() or 1)
+    assert "one per core" in why
+    save_calibration({**result, "envelope": {"streams": 10_000, "chunks_per_s": 1e6}})
+    assert choose_workers(spec, work, None)[0] == 1
+
+
+INTERRUPT_WORKLOAD = """
+name: interrupt
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 20}
+    requests: 60
+    prompt_tokens: {dist: fixed, value: 5}
+    output_tokens: {dist: fixed, value: 20}
+    deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
+"""
+
+
+def slow_after_five(request):
+    """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
+    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
+        return simple_chat(20)
+    return simple_chat(20, gap_s=0.2)
+
+
+def start_run(tmp_path: Path, url: str, *extra: str) -> subprocess.Popen[bytes]:
+    workload = write_workload(tmp_path, INTERRUPT_WORKLOAD)
+    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url, "--out",
+               str(tmp_path), "--run-id", "r", "--workers", "2", "-q", *extra]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(process: subprocess.Popen[bytes], condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"condition not reached; loadgen said: {stderr.decode()[-2000:]}")
+        time.sleep(0.05)
+
+
+def test_ctrl_c_of_a_two_worker_run_records_every_plan(tmp_path: Path) -> None:
+    """SIGINT to the parent: both workers stop, cancel after the grace, all 60 recorded, 130."""
+    with ScriptedServer(slow_after_five) as server:
+        process = start_run(tmp_path, server.url, "--grace", "0.3")
+        wait_for(process, lambda: len(server.requests) >= 15)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    run_dir = tmp_path / "r"
+    records = pl.read_parquet(run_dir / "records.parquet")
+    assert records["request_id"].to_list() == list(range(60))
+    assert (records["outcome"] == "ok").sum() >= 5
+    assert (records["outcome"] == "cancelled").sum() >= 60 - len(server.requests)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["interrupted"], summary["generator"]["recorded"]) == (True, 60)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["interrupted"] is True
+    assert [p["records"] for p in info["workers"]["processes"]] == [30, 30]
+
+
+def test_a_killed_parent_leaves_every_record_for_recover(tmp_path: Path) -> None:
+    """SIGKILL to the parent: the workers see their pipe close, cancel and write every record;
+    `report --recover` joins all 60."""
+    with ScriptedServer(slow_after_five) as server:
+        process = start_run(tmp_path, server.url, "--grace", "60")
+        wait_for(process, lambda: len(server.requests) >= 15)
+        process.kill()
+        process.communicate(timeout=60)
+        run_dir = tmp_path / "r"
+        deadline = time.monotonic() + 30
+        while read_records(run_dir).height < 60 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the orphaned workers are writing their last parts
+    assert read_records(run_dir).height == 60
+    result = subprocess.run(
+        [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir), "--out",
+         str(tmp_path / "rep"), "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode in (0, 2), result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["interrupted"], summary["generator"]["recorded"]) == (True, 60)
