@@ -202,6 +202,25 @@ def check(
     show_default=True,
     help="Abort (exit 4) when nothing progresses this many seconds while requests are due.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Engine processes sharing the schedule (default 1; one per core when the expected "
+    "peak exceeds this host's calibrated envelope).",
+)
+@click.option(
+    "--shard",
+    "shard_text",
+    metavar="I/N",
+    help="Run only shard I (from 0) of N of the schedule; needs --start-at. Merge the N run "
+    "folders with `loadgen merge`.",
+)
+@click.option(
+    "--start-at",
+    "start_at_text",
+    metavar="EPOCH",
+    help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @clean_errors
 def run(
@@ -223,6 +242,9 @@ def run(
     no_preflight: bool,
     sim_trace: bool,
     watchdog_s: float,
+    workers: int | None,
+    shard_text: str | None,
+    start_at_text: str | None,
     quiet: bool,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
@@ -235,10 +257,14 @@ def run(
       loadgen run workloads/chat.yaml
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --rate 2x --requests 200
       loadgen run workloads/chat.yaml --url http://127.0.0.1:11434 --api ollama-chat --model tiny
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
     """
+    from loadgen.errors import ConfigError
     from loadgen.run import RunOptions, execute
+    from loadgen.shards import parse_share, parse_start_at
     from loadgen.spec import load, override
-    from loadgen.terminal import render_summary
+    from loadgen.terminal import render_processes, render_summary
     from loadgen.transport import split_url
 
     if url is not None:
@@ -246,6 +272,9 @@ def run(
             split_url(url)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--url") from None
+    if shard_text is not None and start_at_text is None:
+        raise ConfigError("command line", "--shard", "needs an agreed start",
+                          "add --start-at EPOCH, the same for every shard")  # fmt: skip
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     options = RunOptions(
@@ -261,10 +290,15 @@ def run(
         sim_trace=sim_trace,
         watchdog_s=watchdog_s,
         extra_headers=parse_headers(headers),
+        workers=workers,
+        shard=parse_share(shard_text) if shard_text is not None else None,
+        start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
     )
     result = execute(spec, options)
     console = output_console()
     console.print(render_summary(result.summary))
+    for line in render_processes(result.run_info):
+        console.print(line)
     console.print(f"records and summary: {result.run_dir}")
     if result.watchdog:
         console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
@@ -466,6 +500,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 from loadgen.cli_calibrate import calibrate  # noqa: E402
 from loadgen.cli_capacity import capacity  # noqa: E402
 from loadgen.cli_compare import compare  # noqa: E402
+from loadgen.cli_merge import merge  # noqa: E402
 from loadgen.cli_plan import plan  # noqa: E402
 from loadgen.sim.cli import sim  # noqa: E402
 
@@ -473,6 +508,7 @@ cli.add_command(sim)
 cli.add_command(plan)
 cli.add_command(compare)
 cli.add_command(capacity)
+cli.add_command(merge)
 cli.add_command(calibrate)
 
 
