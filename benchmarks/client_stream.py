@@ -69,6 +69,7 @@ from loadgen.sim.launch import running_sim
 from loadgen.spec import Deadlines
 from loadgen.transport import Pool, make_endpoint
 
+STAMPS = {"auto": None, "kernel": True, "user": False}  # --stamps: Pool(kernel_stamps=...)
 MODES = {  # --mode: defaults for --streams, --gap-ms, --tokens
     "cadence": (256, 20.0, 100),
     "hold": (1000, 200.0, 30),
@@ -119,7 +120,10 @@ def sim_args(streams: int, gap_ms: float) -> list[str]:
 
 
 def run_engine(
-    plans: Sequence[RequestPlan], url: str, profiler: cProfile.Profile | None
+    plans: Sequence[RequestPlan],
+    url: str,
+    profiler: cProfile.Profile | None,
+    kernel_stamps: bool | None = None,
 ) -> EngineRun:
     """Run the plans through Engine + Pool (as loadgen.testing.run_engine does), timed."""
     adapter = adapter_for("openai-chat")
@@ -135,7 +139,7 @@ def run_engine(
             await anyio.sleep(SAMPLE_S)
 
     async def main() -> None:
-        pool = Pool(endpoint)
+        pool = Pool(endpoint, kernel_stamps=kernel_stamps)
         try:
             t0_ns = perf_counter_ns() + START_DELAY_NS
             t0_box.append(t0_ns)
@@ -306,7 +310,7 @@ def run_once(args: argparse.Namespace, profiler: cProfile.Profile | None) -> dic
         trace_path = Path(tmp) / "sim.jsonl"
         with running_sim(sim_args(args.streams, args.gap_ms), trace_file=trace_path) as sim:
             before = machine_counters(sim.pid)
-            run = run_engine(plans, sim.url, profiler)
+            run = run_engine(plans, sim.url, profiler, STAMPS[args.stamps])
             after = machine_counters(sim.pid)
         trace = read_trace(trace_path)  # complete once the simulator has exited
     notes: list[str] = []
@@ -406,6 +410,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=8, help="prompt size (words)")
     parser.add_argument("--ramp-s", type=float, default=1.0, help="sends spread over this")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--stamps",
+        choices=sorted(STAMPS),
+        default="auto",
+        help="arrival stamps: kernel receive time (SO_TIMESTAMPNS; auto = on Linux over "
+        "plain HTTP) or user = perf_counter_ns when the loop reads the socket",
+    )
     parser.add_argument(
         "--profile",
         metavar="FILE",

@@ -18,11 +18,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import socket
 import ssl
+import struct
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -116,6 +120,10 @@ def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+SO_TIMESTAMPNS = 35  # Linux: SCM_TIMESTAMPNS ancillary data (struct timespec, CLOCK_REALTIME)
+KERNEL_STAMPS_AVAILABLE = sys.platform == "linux"
+READ_SIZE = 256 * 1024
+_TIMESPEC = struct.Struct("@qq")
 _HEX = re.compile(rb"[0-9A-Fa-f]+")  # a bare chunk size (int() would also accept spaces, _)
 
 
@@ -160,7 +168,11 @@ class Connection(asyncio.Protocol):
         # Stamp now, parse later: every socket readable in this loop iteration is stamped
         # before any of them is parsed (Pool._drain runs once the I/O callbacks are done),
         # so a burst of chunks on many streams is not stamped late by its own parsing.
-        self._rx.append((data, perf_counter_ns()))
+        self.received(data, perf_counter_ns())
+
+    def received(self, data: bytes, t_ns: int) -> None:
+        """Bytes that arrived at `t_ns` (the kernel's receive time, where it is known)."""
+        self._rx.append((data, t_ns))
         self._got_bytes = True
         if len(self._rx) == 1:
             self.pool.schedule(self)
@@ -343,10 +355,123 @@ class Connection(asyncio.Protocol):
         self._abort()
 
 
+class StampedSocket:
+    """The transport of a plain-HTTP connection that reads with the kernel's receive time.
+
+    A read stamped in user space is late by however long the process was busy or not
+    scheduled when the bytes arrived: on a loaded machine, several ms. With SO_TIMESTAMPNS
+    the kernel stamps each segment as it is received, and `recvmsg` hands back the time of
+    the last segment it read; a read that finds several chunks queued stamps them all with
+    the last one's time (still no later than a user-space stamp). The kernel clock is
+    CLOCK_REALTIME; it is moved onto perf_counter_ns by the offset between the two clocks
+    read at that moment, and never placed after the read itself.
+
+    Only the four calls `Connection` makes of a transport: write, abort, and the
+    `connection_lost` it reports back.
+    """
+
+    __slots__ = ("_closed", "_conn", "_fd", "_loop", "_pending", "_sock")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, conn: Connection
+    ) -> None:
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._conn = conn
+        self._pending = b""
+        self._closed = False
+
+    @classmethod
+    def attach(
+        cls, loop: asyncio.AbstractEventLoop, sock: socket.socket, conn: Connection
+    ) -> StampedSocket:
+        """Make `sock` the transport of `conn` and start reading."""
+        transport = cls(loop, sock, conn)
+        conn.connection_made(cast(asyncio.BaseTransport, transport))
+        loop.add_reader(transport._fd, transport._readable)
+        return transport
+
+    def _readable(self) -> None:
+        try:
+            data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(exc)
+            return
+        now_ns = perf_counter_ns()
+        if not data:
+            self._close(None)
+            return
+        t_ns = now_ns
+        if ancillary:
+            sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
+            kernel_ns = sec * 1_000_000_000 + nsec - (time.time_ns() - now_ns)
+            if now_ns - 10_000_000_000 < kernel_ns < now_ns:  # else the wall clock stepped
+                t_ns = kernel_ns
+        self._conn.received(data, t_ns)
+
+    def write(self, data: bytes) -> None:
+        """Send `data`; what the socket does not take now is sent when it is writable."""
+        if self._closed:
+            return
+        if self._pending:
+            self._pending += data
+            return
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._close(exc)
+            return
+        if sent < len(data):
+            self._pending = data[sent:]
+            self._loop.add_writer(self._fd, self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self._sock.send(self._pending)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(exc)
+            return
+        self._pending = self._pending[sent:]
+        if not self._pending:
+            self._loop.remove_writer(self._fd)
+
+    def abort(self) -> None:
+        """Close at once; the connection hears of it on the next loop iteration."""
+        if not self._closed:
+            self._shut()
+            self._loop.call_soon(self._conn.connection_lost, None)
+
+    def _close(self, exc: Exception | None) -> None:
+        if not self._closed:
+            self._shut()
+            self._conn.connection_lost(exc)
+
+    def _shut(self) -> None:
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        if self._pending:
+            self._loop.remove_writer(self._fd)
+            self._pending = b""
+        self._sock.close()
+
+
 class Pool:
     """Idle keep-alive connections to one endpoint; new ones are opened on demand."""
 
-    def __init__(self, endpoint: Endpoint, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        kernel_stamps: bool | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
@@ -357,6 +482,11 @@ class Pool:
         if endpoint.scheme == "https":
             self._ssl = ssl_context or ssl.create_default_context()
         self.opened = 0
+        # Plain HTTP on Linux: sockets of our own, read with the kernel's receive time.
+        if kernel_stamps is None:
+            kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
+        self.kernel_stamps = kernel_stamps
+        self._address: tuple[int, Any] | None = None  # (family, sockaddr), once resolved
 
     def take_idle(self) -> Connection | None:
         """An idle kept-alive connection (marked reused), or None."""
@@ -370,6 +500,12 @@ class Pool:
     async def connect(self) -> Connection:
         """A new connection. OSError when it cannot be opened."""
         loop = asyncio.get_running_loop()
+        if self.kernel_stamps:
+            conn = Connection(self)
+            StampedSocket.attach(loop, await self._open_socket(loop), conn)
+            self.opened += 1
+            self._open.add(conn)
+            return conn
         _, protocol = await loop.create_connection(
             lambda: Connection(self),
             self.endpoint.host,
@@ -380,6 +516,31 @@ class Pool:
         self.opened += 1
         self._open.add(protocol)
         return protocol
+
+    async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
+        """A connected non-blocking socket with kernel receive timestamps switched on.
+
+        The address is resolved once per pool (a name lookup per connection would cost a
+        thread-pool round trip each, at thousands of connections).
+        """
+        if self._address is None:
+            infos = await loop.getaddrinfo(
+                self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM
+            )
+            if not infos:
+                raise OSError(f"cannot resolve {self.endpoint.host}")
+            self._address = (infos[0][0], infos[0][4])
+        family, address = self._address
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def schedule(self, conn: Connection) -> None:
         """Parse `conn`'s reads once this loop iteration's I/O callbacks have run."""

@@ -24,6 +24,7 @@ from loadgen.calibrate import (
 from loadgen.plans import RequestPlan
 from loadgen.records import Outcome, RequestRecord
 from loadgen.spec import Deadlines, WorkloadSpec, loads
+from loadgen.transport import KERNEL_STAMPS_AVAILABLE, Pool, make_endpoint
 
 SPEC = """
 name: t
@@ -223,3 +224,50 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
         assert level["cpu_us_per_chunk"] > 0
     saved = json.loads(path.read_text())["hosts"][host_name()]["1"]
     assert saved["levels"] == found["levels"]
+
+
+@pytest.mark.skipif(not KERNEL_STAMPS_AVAILABLE, reason="SO_TIMESTAMPNS is Linux-only")
+def test_kernel_stamps_are_the_arrival_not_the_read() -> None:
+    """Bytes that arrive while the loop is blocked are stamped when they arrived, not read."""
+    import asyncio
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stamps: dict[str, int] = {}
+
+    class Sink:
+        def on_head(self, status: int, headers: object, t_ns: int) -> None:
+            stamps["head"] = t_ns
+
+        def on_body(self, data: bytes, t_ns: int) -> None:
+            stamps["body"] = t_ns
+
+        def on_end(self, t_ns: int) -> None:
+            stamps["end"] = t_ns
+
+        def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
+            stamps["lost"] = t_ns
+
+    async def main() -> tuple[int, int]:
+        pool = Pool(make_endpoint(f"http://127.0.0.1:{port}", "/v1", {}), kernel_stamps=True)
+        conn = await pool.connect()
+        server, _ = listener.accept()
+        conn.send(Sink(), b"GET / HTTP/1.1\r\n\r\n")
+        server.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        written_ns = time.perf_counter_ns()  # the kernel stamped the bytes before this
+        time.sleep(0.05)  # the loop is blocked: a user-space stamp would come after this
+        blocked_until_ns = time.perf_counter_ns()
+        while "end" not in stamps and "lost" not in stamps:
+            await asyncio.sleep(0.001)
+        server.close()
+        pool.close()
+        return written_ns, blocked_until_ns
+
+    written_ns, blocked_until_ns = asyncio.run(main())
+    listener.close()
+    assert "lost" not in stamps
+    assert stamps["head"] == stamps["body"] == stamps["end"]
+    assert stamps["body"] <= written_ns + 1_000_000  # clock conversion: well under 1 ms
+    assert stamps["body"] < blocked_until_ns
