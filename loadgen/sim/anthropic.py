@@ -51,10 +51,6 @@ _ERROR_TYPES = {
 PING = sse("ping", {"type": "ping"})
 
 
-def _system_words(system: object) -> int:
-    return content_words(system)
-
-
 def _thinking_cap(data: dict[str, Any]) -> int | None:
     """The thinking budget if the request enables thinking, else None."""
     thinking = data.get("thinking")
@@ -76,7 +72,7 @@ def parse_messages(body: bytes) -> SimRequest:
     return SimRequest(
         api="anthropic",
         stream=data.get("stream") is True,
-        prompt_tokens=messages_words(data.get("messages")) + _system_words(data.get("system")),
+        prompt_tokens=messages_words(data.get("messages")) + content_words(data.get("system")),
         max_tokens=max_tokens,
         forced=True,
         priority=priority(data),

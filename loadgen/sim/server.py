@@ -182,7 +182,8 @@ class SimServer:
                 dialect = replace(dialect, reasoning_tokens=reasoning_tokens(request, tokens))
             plan = plan_faults(http.headers, dialect, config.faults, self.rng, tokens)
         except (BadRequest, BadFaultHeader) as exc:
-            self.trace.write(_bad_request_record(seq_id, http, received_ns, str(exc)))
+            record = _bad_request_record(seq_id, http, received_ns, str(exc))
+            self.trace.write({**record, "api": api.name})
             body = api.error_body(400, str(exc))
             conn.send_simple(400, body, keep_alive=http.keep_alive)
             return
