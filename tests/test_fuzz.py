@@ -1,4 +1,5 @@
-"""Fuzz properties of the decoders on the per-chunk path: SSE, the adapters, HTTP framing.
+"""Fuzz properties of the decoders on the per-chunk path: SSE, NDJSON, the adapters, HTTP
+framing.
 
 Any bytes must end as data (an event, a Delta, MalformedEvent, on_lost), never as an
 exception out of a decoder, and how the bytes were split across reads must not change what
@@ -26,12 +27,26 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.adapters import Delta, MalformedEvent, adapter_for
+from loadgen.adapters import Adapter, Delta, MalformedEvent, adapter_for
+from loadgen.adapters.generic import generic_spec
+from loadgen.ndjson import NdjsonDecoder
 from loadgen.sse import SseDecoder
 from loadgen.transport import Connection, Pool, make_endpoint
 
 ENDPOINT = make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {})
-ADAPTERS = ["openai-chat", "openai-completions"]
+ADAPTERS = [
+    "openai-chat", "openai-completions", "openai-responses", "anthropic", "tgi", "ollama-chat",
+    "ollama-generate", "generic",
+]  # fmt: skip
+GENERIC = generic_spec(
+    {
+        "body": {"p": "$prompt", "n": "$max_tokens"}, "content": "choices[0].delta.content",
+        "reasoning": "choices[0].delta.reasoning", "done": {"path": "done", "equals": True},
+        "output_tokens": "usage.completion_tokens", "prompt_tokens": "usage.prompt_tokens",
+        "error": "error",
+    },
+    "fuzz.yaml",
+)  # fmt: skip
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- helpers ------------------------------------------------------------------------------
@@ -52,6 +67,16 @@ def decode_sse(pieces: list[bytes]) -> tuple[list[tuple[bytes, bytes]], int]:
     events = [event for piece in pieces for event in decoder.feed(piece)]
     events.extend(decoder.close())
     return events, decoder.comments
+
+
+def decode_ndjson(pieces: list[bytes]) -> list[tuple[bytes, bytes]]:
+    decoder = NdjsonDecoder()
+    events = [event for piece in pieces for event in decoder.feed(piece)]
+    return events + decoder.close()
+
+
+def adapter(api: str) -> Adapter:
+    return adapter_for(api, GENERIC)
 
 
 class FakeTransport:
@@ -146,13 +171,28 @@ sse_streams = st.one_of(st.binary(max_size=400), st.lists(sse_tokens, max_size=4
 
 OUTPUT_KEYS = ("choices", "delta", "content", "text", "reasoning", "reasoning_content")
 OTHER_KEYS = ("tool_calls", "usage", "completion_tokens", "prompt_tokens", "error", "message")
-json_keys = st.sampled_from([*OUTPUT_KEYS, *OTHER_KEYS, "finish_reason"]) | st.text(max_size=5)
+NEW_API_KEYS = (
+    "type", "index", "content_block", "partial_json", "thinking", "stop_reason", "input_tokens",
+    "output_tokens", "token", "special", "details", "generated_tokens", "generated_text",
+    "error_type", "response", "done", "eval_count", "prompt_eval_count", "eval_duration",
+    "total_duration", "incomplete_details", "reason",
+)  # fmt: skip
+EVENT_TYPES = (
+    "content_block_delta", "content_block_start", "message_start", "message_delta",
+    "message_stop", "text_delta", "thinking_delta", "input_json_delta", "tool_use", "error",
+    "response.output_text.delta", "response.reasoning_text.delta", "response.completed",
+    "response.incomplete", "response.failed", "max_output_tokens",
+)  # fmt: skip
+json_keys = st.sampled_from([*OUTPUT_KEYS, *OTHER_KEYS, *NEW_API_KEYS, "finish_reason"]) | st.text(
+    max_size=5
+)
 json_scalars = (
     st.none()
     | st.booleans()
     | st.integers(-(2**63), 2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=10)
+    | st.sampled_from(EVENT_TYPES)
 )
 json_values = st.recursive(
     json_scalars,
@@ -165,7 +205,9 @@ json_values = st.recursive(
 def envelopes(draw: st.DrawFn) -> Any:
     """A JSON value alone, or put where an OpenAI chunk has its choices, delta, usage or error."""
     value = draw(json_values)
-    place = draw(st.sampled_from(["top", "choices", "choice", "delta", "usage", "error"]))
+    places = ["top", "choices", "choice", "delta", "usage", "error", "typed", "token", "done"]
+    place = draw(st.sampled_from(places))
+    kind = draw(st.sampled_from(EVENT_TYPES))
     return {
         "top": value,
         "choices": {"choices": value},
@@ -173,6 +215,26 @@ def envelopes(draw: st.DrawFn) -> Any:
         "delta": {"choices": [{"delta": value, "text": value, "finish_reason": value}]},
         "usage": {"usage": value, "choices": []},
         "error": {"error": value},
+        # Anthropic / Responses: a typed event whose payload slots hold the value
+        "typed": {
+            "type": kind,
+            "delta": value,
+            "content_block": value,
+            "message": value,
+            "usage": value,
+            "response": value,
+            "error": value,
+        },
+        # TGI and Ollama
+        "token": {"token": value, "details": value, "generated_text": value},
+        "done": {
+            "done": True,
+            "message": value,
+            "response": value,
+            "eval_count": value,
+            "total_duration": value,
+            "prompt_eval_count": value,
+        },
     }[place]
 
 
@@ -226,12 +288,35 @@ def test_sse_any_bytes_decode_the_same_however_split(data: bytes, where: list[in
     assert decode_sse(byte_by_byte(data)) == whole
 
 
+# -- NDJSON -----------------------------------------------------------------------------------
+
+ndjson_tokens = st.sampled_from([b"\n", b"\r\n", b"\r", b" ", b"\t", b"{}", b'{"done":true}', b"x",
+                                 b"\xff", b"\n\n", b"\x0b"])  # fmt: skip
+ndjson_streams = st.one_of(
+    st.binary(max_size=400), st.lists(ndjson_tokens, max_size=40).map(b"".join)
+)
+
+
+@FUZZ
+@given(ndjson_streams, cuts)
+def test_ndjson_any_bytes_decode_the_same_however_split(data: bytes, where: list[int]) -> None:
+    """Any bytes decode without error to the same lines, whole, byte by byte or split anywhere;
+    no line is blank or padded, and every non-whitespace byte is kept, in order."""
+    whole = decode_ndjson([data])
+    assert decode_ndjson(split_at(data, where)) == whole
+    assert decode_ndjson(byte_by_byte(data)) == whole
+    assert all(line and line == line.strip() for _, line in whole)
+    space = b" \t\r\n\f\v"
+    kept = b"".join(line for _, line in whole)
+    assert bytes(b for b in kept if b not in space) == bytes(b for b in data if b not in space)
+
+
 # -- adapters ---------------------------------------------------------------------------------
 
 
 def parse_or_malformed(api: str, event: bytes, data: bytes) -> None:
     try:
-        delta = adapter_for(api).parse(event, data)
+        delta = adapter(api).parse(event, data)
     except MalformedEvent:
         return
     assert isinstance(delta, Delta)
@@ -249,8 +334,9 @@ def test_adapter_any_bytes_give_a_delta_or_malformed(api: str, event: bytes, dat
 @FUZZ
 @given(value=envelopes())
 @example(value={"choices": 1})
+@example(value={"type": "content_block_start", "content_block": {"type": {"a": 1}}})
 def test_adapter_any_json_value_gives_a_delta_or_malformed(api: str, value: Any) -> None:
-    """Any JSON value, alone or in an OpenAI chunk's slots, parses to a Delta or raises MalformedEvent."""
+    """Any JSON value, alone or in an API's event slots, parses to a Delta or raises MalformedEvent."""
     parse_or_malformed(api, b"", json.dumps(value).encode())
 
 

@@ -20,7 +20,7 @@ import orjson
 from loadgen.adapters import BodyOptions, Delta, MalformedEvent, Message, token_count
 
 API_VERSION = "2023-06-01"
-TOOL_BLOCKS = frozenset({"tool_use", "server_tool_use"})
+TOOL_BLOCKS = ("tool_use", "server_tool_use")
 
 
 class AnthropicMessages:
@@ -68,10 +68,10 @@ class AnthropicMessages:
             _message_delta(obj, delta)
         elif kind == "content_block_start":
             block = obj.get("content_block")
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "redacted_thinking":
+            block_type = block.get("type") if isinstance(block, dict) else None
+            if block_type == "redacted_thinking":
                 delta.reasoning_chars = 1  # encrypted reasoning: no text, still output
-            elif kind in TOOL_BLOCKS:
+            elif block_type in TOOL_BLOCKS:  # a tuple: `in` compares, never hashes JSON values
                 delta.has_tool_call = True
         elif kind == "message_start":
             message = obj.get("message")
