@@ -226,6 +226,7 @@ def test_ctrl_c_of_a_two_worker_run_records_every_plan(tmp_path: Path) -> None:
     assert [p["records"] for p in info["workers"]["processes"]] == [30, 30]
 
 
+@pytest.mark.slow  # ~10 s: spawn, kill, orphaned workers finish, recover
 def test_a_killed_parent_leaves_every_record_for_recover(tmp_path: Path) -> None:
     """SIGKILL to the parent: the workers see their pipe close, cancel and write every record;
     `report --recover` joins all 60."""
