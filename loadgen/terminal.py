@@ -196,7 +196,8 @@ def _generator_line(generator: Mapping[str, Any]) -> Text:
     if generator.get("client_errors"):
         line.append(
             f"\nCLIENT ERRORS: {generator['client_errors']} requests failed in the client itself "
-            "(out of file descriptors or local ports): the run is invalid; raise ulimit -n",
+            "(out of file descriptors or local ports, or a worker process died: see the "
+            "records' error): the run is invalid",
             style="bold red",
         )
     elif generator["fell_behind"]:

@@ -240,7 +240,7 @@ def run_workers(
     for worker in workers:
         worker.process.join(timeout=10)
     frame = join_parts(run_dir)
-    frame = _fill_missing(frame, workers, run_dir)
+    frame = _fill_missing(frame, workers, run_dir, log)
     done_t0 = [(w.done or {}).get("t0") or t0 for w in workers]
     run_info["t0"] = {**t0, "measured_unix_ns": done_t0[0].get("measured_unix_ns")}
     run_info["workers"]["processes"] = [
@@ -402,7 +402,9 @@ def merged_stats(workers: list[_Worker]) -> LiveStats:
     return total
 
 
-def _fill_missing(frame: pl.DataFrame, workers: list[_Worker], run_dir: Path) -> pl.DataFrame:
+def _fill_missing(
+    frame: pl.DataFrame, workers: list[_Worker], run_dir: Path, log: TextIO
+) -> pl.DataFrame:
     """A record for every plan of a worker that died before recording it (`client_error`):
     planned == recorded, and the run says the client failed."""
     have = set(frame.get_column("request_id").to_list())
@@ -412,6 +414,10 @@ def _fill_missing(frame: pl.DataFrame, workers: list[_Worker], run_dir: Path) ->
             f"worker {worker.index} (pid {worker.pid}) exited with code "
             f"{worker.process.exitcode} before recording this request"
         )
+        lost = [p for p in worker.share.plans if p.request_id not in have]
+        if lost:
+            print(f"{why.replace('this request', f'{len(lost)} of its requests')}: "
+                  "recorded as client_error", file=log)  # fmt: skip
         missing.extend(
             RequestRecord(
                 request_id=plan.request_id, class_name=plan.class_name,
@@ -419,8 +425,7 @@ def _fill_missing(frame: pl.DataFrame, workers: list[_Worker], run_dir: Path) ->
                 prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
                 session_id=plan.session_id, turn=plan.turn,
             )
-            for plan in worker.share.plans
-            if plan.request_id not in have
+            for plan in lost
         )  # fmt: skip
     if not missing:
         return frame

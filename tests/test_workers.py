@@ -248,3 +248,38 @@ def test_a_killed_parent_leaves_every_record_for_recover(tmp_path: Path) -> None
     assert result.returncode in (0, 2), result.stderr
     summary = json.loads(result.stdout)
     assert (summary["interrupted"], summary["generator"]["recorded"]) == (True, 60)
+
+
+def worker_pids(parent_pid: int) -> list[int]:
+    """The spawned workers among a process's children (Linux /proc)."""
+    children = Path(f"/proc/{parent_pid}/task/{parent_pid}/children").read_text().split()
+    return [
+        int(pid)
+        for pid in children
+        if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    ]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_a_dead_worker_loses_nothing_of_the_other_and_invalidates_the_run(tmp_path: Path) -> None:
+    """SIGKILL to one worker: the other's 30 records are ok, the dead one's unrecorded plans
+    are client_error records (planned == recorded), and the run exits 3."""
+    with ScriptedServer(lambda r: simple_chat(20, gap_s=0.05)) as server:
+        process = start_run(tmp_path, server.url)
+        wait_for(process, lambda: len(server.requests) >= 10)
+        os.kill(worker_pids(process.pid)[0], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 3, stderr.decode()
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records["request_id"].to_list() == list(range(60))
+    processes = json.loads((tmp_path / "r" / "run.json").read_text())["workers"]["processes"]
+    dead = next(p for p in processes if p["exit_code"] == -signal.SIGKILL)
+    alive = next(p for p in processes if p["exit_code"] == 0)
+    work = plan_work(load(tmp_path / "w.yaml"))
+    by_id = records.select("request_id", "outcome")
+    for info, expected in ((alive, {"ok"}), (dead, {"ok", "client_error"})):
+        ids = [p.request_id for p in split_work(work, Share(info["index"], 2)).plans]
+        outcomes = set(by_id.filter(pl.col("request_id").is_in(ids))["outcome"])
+        assert outcomes <= expected
+    assert (records["outcome"] == "client_error").sum() >= 1
+    assert "recorded as client_error" in stderr.decode()
