@@ -61,7 +61,8 @@ def test_check_accepts_the_target_overrides(tmp_path: Path) -> None:
                                   "--model", "tiny", "--no-force-output-tokens"])  # fmt: skip
     assert ok.exit_code == 0, ok.output
     bad = CliRunner().invoke(cli, ["check", str(write(tmp_path)), "--api", "mistral"])
-    assert bad.exit_code == 1 and "mistral" in bad.output
+    assert bad.exit_code == 1
+    assert "mistral" in bad.output
 
 
 def test_run_with_api_and_model_overrides_and_the_report(tmp_path: Path) -> None:
@@ -75,7 +76,8 @@ def test_run_with_api_and_model_overrides_and_the_report(tmp_path: Path) -> None
     assert {r.body["model"] for r in requests} == {"tiny"}
     assert requests[-1].body["options"] == {"num_predict": 2}
     chat = json.loads((tmp_path / "r" / "summary.json").read_text())["classes"]["chat"]
-    assert chat["reasoning_requests"] == 3 and chat["ttfvt_ms"]["count"] == 3
+    assert chat["reasoning_requests"] == 3
+    assert chat["ttfvt_ms"]["count"] == 3
     assert chat["server_timings_ms"]["prefill_ms"]["p50"] == 2.0
     report = CliRunner().invoke(cli, ["report", str(tmp_path / "r")])
     assert report.exit_code in (0, 2), report.output
@@ -91,13 +93,16 @@ def test_no_force_output_tokens_drops_ignore_eos(tmp_path: Path) -> None:
         result = run(tmp_path, server.url, "--no-force-output-tokens")
         bodies = [r.body for r in server.requests]
     assert result.exit_code == 0, result.output
-    assert bodies and not any("ignore_eos" in b or "min_tokens" in b for b in bodies)
+    assert bodies
+    assert not any("ignore_eos" in b or "min_tokens" in b for b in bodies)
 
 
 @pytest.mark.parametrize(
     ("api", "header", "value"),
-    [("anthropic", "x-api-key", "sk-canary-1"), ("ollama-chat", "authorization",
-                                                  "Bearer sk-canary-1")],
+    [
+        ("anthropic", "x-api-key", "sk-canary-1"),
+        ("ollama-chat", "authorization", "Bearer sk-canary-1"),
+    ],
 )
 def test_api_key_goes_where_the_api_expects_and_is_redacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str, header: str, value: str

@@ -46,14 +46,20 @@ def anthropic_stream(error: bool) -> list[Step]:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
                                                  "delta": {"type": kind, **fields}})  # fmt: skip
 
-    start = {"type": "message_start",
-             "message": {"role": "assistant", "content": [], "usage": {"input_tokens": 9}}}
+    start = {
+        "type": "message_start",
+        "message": {"role": "assistant", "content": [], "usage": {"input_tokens": 9}},
+    }
     steps = stream_steps([sse_event("message_start", start), sse_event("ping", {"type": "ping"}),
                           block("thinking_delta", thinking="hmm")], done=False)  # fmt: skip
     tail = [block("text_delta", text=" a"), block("text_delta", text=" b")]
     if error:
-        tail.append(sse_event("error", {"type": "error", "error": {"type": "overloaded_error",
-                                                                   "message": "Overloaded"}}))
+        tail.append(
+            sse_event(
+                "error",
+                {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            )
+        )
     else:
         tail += [sse_event("message_delta", {"type": "message_delta",
                                              "delta": {"stop_reason": "max_tokens"},
@@ -105,8 +111,12 @@ def responses_stream(error: bool) -> list[Step]:
                           event("response.reasoning_summary_text.delta", delta="plan")],
                          done=False)  # fmt: skip
     if error:
-        tail = [event("response.failed", response={**resp, "status": "failed",
-                                                   "error": {"message": "model crashed"}})]
+        tail = [
+            event(
+                "response.failed",
+                response={**resp, "status": "failed", "error": {"message": "model crashed"}},
+            )
+        ]
     else:
         usage = {"input_tokens": 9, "output_tokens": 5,
                  "output_tokens_details": {"reasoning_tokens": 3}}  # fmt: skip
@@ -116,7 +126,9 @@ def responses_stream(error: bool) -> list[Step]:
     return _with_pause(steps, tail)
 
 
-def _with_pause(head_steps: list[Step], tail: Sequence[bytes], pause: float = THINK_S) -> list[Step]:
+def _with_pause(
+    head_steps: list[Step], tail: Sequence[bytes], pause: float = THINK_S
+) -> list[Step]:
     """`head_steps` (a response whose body so far is chunked), a pause, then `tail` chunks."""
     from loadgen.testing import LAST_CHUNK, chunk
 
@@ -159,7 +171,8 @@ def test_each_api_through_the_engine(api: str) -> None:
     ok = [records[0], records[2]]
     for record in ok:
         assert record.outcome is Outcome.OK, record.error
-        assert record.first_token_ns is not None and record.first_content_ns is not None
+        assert record.first_token_ns is not None
+        assert record.first_content_ns is not None
         if api == "tgi":  # no reasoning: the first token is the first visible token
             assert record.first_reasoning_ns is None
             assert record.first_content_ns == record.first_token_ns
@@ -188,7 +201,8 @@ def test_ollama_server_timings_are_kept_and_summarized(tmp_path: Path) -> None:
     to_frame(records).write_parquet(path)
     back = from_frame(pl.read_parquet(path))  # every column round-trips through Parquet
     assert back == from_frame(to_frame(records))
-    assert back[0].server_timings == timings and back[1].server_timings is None
+    assert back[0].server_timings == timings
+    assert back[1].server_timings is None
     summary = summarize(to_frame(records), run_id="r", slos={"chat": SloTargets()}, planned=3)
     chat = summary["classes"]["chat"]
     assert chat["server_timings_ms"]["requests"] == 2
@@ -196,7 +210,8 @@ def test_ollama_server_timings_are_kept_and_summarized(tmp_path: Path) -> None:
     assert chat["server_timings_ms"]["queue_ms"]["count"] == 0
     assert chat["reasoning_requests"] == 2
     ttfvt, ttft = chat["ttfvt_ms"], chat["ttft_ms"]
-    assert ttfvt["count"] == 2 and ttfvt["p50"] - ttft["p50"] >= (THINK_S - 0.002) * 1e3
+    assert ttfvt["count"] == 2
+    assert ttfvt["p50"] - ttft["p50"] >= (THINK_S - 0.002) * 1e3
 
 
 def test_summary_without_reasoning_or_server_timings() -> None:

@@ -68,7 +68,8 @@ def test_workload_described_sse_api() -> None:
     deltas = [adapter.parse(e, d) for e, d in events]
     assert [(d.reasoning_chars, d.content_chars) for d in deltas[:2]] == [(2, 0), (0, 2)]
     assert (deltas[2].completion_tokens, deltas[2].prompt_tokens) == (2, 4)
-    assert deltas[3].done and not any(d.done for d in deltas[:3])
+    assert deltas[3].done
+    assert not any(d.done for d in deltas[:3])
     assert adapter.parse(b"", b'{"error": {"message": "busy"}}').error == "busy"
 
 
@@ -85,7 +86,8 @@ def test_ndjson_framing_and_a_done_path() -> None:
     }  # fmt: skip
     lines = new_decoder(adapter).feed(b'{"message":{"content":"a"},"done":false}\n{"done":true}\n')
     first, last = (adapter.parse(e, d) for e, d in lines)
-    assert first.content_chars == 1 and not first.done
+    assert first.content_chars == 1
+    assert not first.done
     assert last.done
 
 

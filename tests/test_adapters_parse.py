@@ -30,7 +30,13 @@ def kinds(deltas: list[Delta]) -> list[str]:
     out = []
     for d in deltas:
         out.append(
-            "c" if d.content_chars else "r" if d.reasoning_chars else "t" if d.has_tool_call else "-"
+            "c"
+            if d.content_chars
+            else "r"
+            if d.reasoning_chars
+            else "t"
+            if d.has_tool_call
+            else "-"
         )
     return out
 
@@ -81,7 +87,8 @@ def test_anthropic_stream_content_reasoning_tool_usage_and_stop() -> None:
     assert deltas[0].completion_tokens is None  # message_start's 1 is not the answer's N
     assert deltas[7].text == "Hello"
     assert (deltas[11].completion_tokens, deltas[11].finish_reason) == (15, "tool_use")
-    assert deltas[12].done and not any(d.done for d in deltas[:12])
+    assert deltas[12].done
+    assert not any(d.done for d in deltas[:12])
 
 
 def test_anthropic_error_event_mid_stream() -> None:
@@ -127,7 +134,8 @@ def test_tgi_tokens_special_eos_and_details() -> None:
     deltas = replay("tgi", body)
     assert kinds(deltas) == ["c", "c", "c", "-"]
     last = deltas[-1]
-    assert last.done and (last.completion_tokens, last.prompt_tokens) == (3, 7)
+    assert last.done
+    assert (last.completion_tokens, last.prompt_tokens) == (3, 7)
     assert last.finish_reason == "eos_token"
 
 
@@ -135,7 +143,8 @@ def test_tgi_length_stop_counts_every_token_and_errors() -> None:
     """A length stop's last token is output and counted; an error object fails the stream."""
     final = {"finish_reason": "length", "generated_tokens": 2, "seed": 1}
     deltas = replay("tgi", tgi("a") + tgi("b", final=final))
-    assert kinds(deltas) == ["c", "c"] and deltas[-1].completion_tokens == 2
+    assert kinds(deltas) == ["c", "c"]
+    assert deltas[-1].completion_tokens == 2
     error = b'data:{"error":"Out of available cache blocks","error_type":"generation"}\n\n'
     assert replay("tgi", error)[0].error == "generation: Out of available cache blocks"
 
@@ -178,7 +187,8 @@ def test_ollama_chat_thinking_content_and_server_timings() -> None:
     deltas = replay("ollama-chat", body)
     assert kinds(deltas) == ["r", "c", "-", "-"]
     last = deltas[-1]
-    assert last.done and (last.completion_tokens, last.prompt_tokens) == (3, 26)
+    assert last.done
+    assert (last.completion_tokens, last.prompt_tokens) == (3, 26)
     assert last.server_timings == ServerTimings(
         total_ms=4883.583458, load_ms=1.334875, prefill_ms=342.546, decode_ms=4535.599,
         prefill_tokens=26, decode_tokens=3,
@@ -193,7 +203,8 @@ def test_ollama_generate_and_error() -> None:
         {"response": "", "context": [1, 2], **OLLAMA_DONE},
     )
     deltas = replay("ollama-generate", body)
-    assert kinds(deltas) == ["r", "c", "-"] and deltas[-1].completion_tokens == 3
+    assert kinds(deltas) == ["r", "c", "-"]
+    assert deltas[-1].completion_tokens == 3
     assert replay("ollama-chat", b'{"error": "model \\"x\\" not found"}\n')[0].error == (
         'model "x" not found'
     )
@@ -251,7 +262,8 @@ def test_responses_stream() -> None:
     deltas = replay("openai-responses", body)
     assert kinds(deltas) == ["-", "-", "-", "r", "r", "-", "c", "-", "-", "t", "-"]
     last = deltas[-1]
-    assert last.done and (last.completion_tokens, last.prompt_tokens) == (30, 12)
+    assert last.done
+    assert (last.completion_tokens, last.prompt_tokens) == (30, 12)
 
 
 def test_responses_incomplete_failed_and_error() -> None:
@@ -260,7 +272,9 @@ def test_responses_incomplete_failed_and_error() -> None:
         **RESPONSE, "status": "incomplete", "usage": USAGE,
         "incomplete_details": {"reason": "max_output_tokens"}})  # fmt: skip
     (end,) = replay("openai-responses", at_length)
-    assert end.done and end.error is None and end.finish_reason == "length"
+    assert end.done
+    assert end.error is None
+    assert end.finish_reason == "length"
     filtered = responses("response.incomplete", response={
         **RESPONSE, "incomplete_details": {"reason": "content_filter"}})  # fmt: skip
     assert "content_filter" in str(replay("openai-responses", filtered)[0].error)
@@ -297,6 +311,6 @@ def test_ndjson_lines_blank_lines_crlf_and_a_last_line_without_newline() -> None
     """One event per non-blank line; CR before LF dropped; close() returns an unterminated line."""
     decoder = NdjsonDecoder()
     assert decoder.feed(b'{"a":1}\r\n\n  \n{"b"') == [(b"", b'{"a":1}')]
-    assert decoder.feed(b":2}\n{\"c\":3}") == [(b"", b'{"b":2}')]
+    assert decoder.feed(b':2}\n{"c":3}') == [(b"", b'{"b":2}')]
     assert decoder.close() == [(b"", b'{"c":3}')]
     assert decoder.close() == []

@@ -161,9 +161,7 @@ def test_api_model_and_force_output_tokens_overrides() -> None:
     assert unchanged.target == loads(SMOKE, "smoke.yaml").target
 
 
-@pytest.mark.parametrize(
-    ("api", "key"), [("mistral", "--api"), ("generic", "--api generic")]
-)
+@pytest.mark.parametrize(("api", "key"), [("mistral", "--api"), ("generic", "--api generic")])
 def test_api_override_errors(api: str, key: str) -> None:
     """An unknown API, or generic without a described API in the file, is a ConfigError."""
     with pytest.raises(ConfigError) as err:
