@@ -8,6 +8,9 @@ stall, load average) beside every figure, because on a shared box those decide t
   OpenAI chat adapter → the engine's `Exchange`), fed N chunks of the simulator's exact
   bytes; process CPU µs per chunk. The least noisy figure: it does not depend on the
   scheduler, so it is the one to compare before/after a hot-path change.
+* `io`: the same path behind a real loopback TCP socket in this process (one chunk
+  written, then read by the pool's transport, at a time): CPU µs per chunk including the
+  read syscall and the loop's dispatch (and the plain `send` that writes it).
 * `fidelity`: `loadgen calibrate`'s measurement at one level (default 512 streams × 50
   tokens/s, 4 s each, 2 engine processes): client CPU per chunk (all engine processes),
   timestamp error p50/p99/max, TTFT error p99, send lag p99, against the simulator's
@@ -111,6 +114,58 @@ def parse_once(chunks: int) -> dict[str, Any]:
     return {"parse_us_per_chunk": spent_s / chunks * 1e6}
 
 
+def io_once(chunks: int) -> dict[str, Any]:
+    """CPU µs per chunk of socket read + parse: a loopback TCP connection in this process,
+    one chunk written (plain socket send) and read (the pool's transport) at a time."""
+    import socket
+
+    frames = sim_frames(chunks)
+    adapter = adapter_for("openai-chat")
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        pool = Pool(make_endpoint(url, "/v1/chat/completions", {}))
+        conn = await pool.connect()
+        server, _ = listener.accept()
+        server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        plan = RequestPlan(request_id=0, class_name="b", intended_ns=0, prompt_tokens=1,
+                           output_tokens=chunks, deadlines=Deadlines())  # fmt: skip
+        exchange = Exchange(plan, adapter, 0)
+        conn.send(exchange, b"POST / HTTP/1.1\r\n\r\n")
+        server.sendall(HEAD)
+        while exchange.headers_ns is None:
+            await asyncio.sleep(0)
+        got = exchange.chunk_ns
+        start = time.process_time()
+        for i, data in enumerate(frames):
+            server.send(data)
+            while len(got) <= i:  # one chunk in flight: every read holds exactly one
+                await asyncio.sleep(0)
+        spent = time.process_time() - start
+        server.close()
+        pool.close()
+        del loop
+        return spent
+
+    from loadgen.run import backend_options
+
+    runner = asyncio.Runner(loop_factory=_loop_factory(backend_options()))
+    with runner:
+        spent_s = runner.run(main())
+    listener.close()
+    return {"io_us_per_chunk": spent_s / chunks * 1e6}
+
+
+def _loop_factory(options: dict[str, Any]) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if options.get("use_uvloop"):
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
 # -- fidelity and hold ---------------------------------------------------------------
 
 
@@ -170,9 +225,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n", 1)[0],
         epilog="Example: python benchmarks/hot_path.py --part fidelity --processes 2",
     )
-    parser.add_argument("--part", choices=["all", "parse", "fidelity", "hold"], default="all")
+    parser.add_argument("--part", choices=["all", "parse", "io", "fidelity", "hold"], default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=200_000, help="parse: chunks fed")
+    parser.add_argument("--io-chunks", type=int, default=50_000, help="io: chunks sent")
     parser.add_argument("--streams", type=int, default=512, help="fidelity: streams")
     parser.add_argument("--tokens-per-s", type=float, default=50.0, help="fidelity: per stream")
     parser.add_argument("--seconds", type=float, default=4.0, help="fidelity: stream length")
@@ -190,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = False
     if args.part in ("all", "parse"):
         run_part("parse", args.repeats, lambda: parse_once(args.chunks))
+    if args.part in ("all", "io"):
+        run_part("io", args.repeats, lambda: io_once(args.io_chunks))
     if args.part in ("all", "fidelity"):
         results = run_part("fidelity", args.repeats, lambda: fidelity_once(args))
         cpu = max(r["cpu_us_per_chunk"] for r in results)

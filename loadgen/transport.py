@@ -370,12 +370,13 @@ class StampedSocket:
     `connection_lost` it reports back.
     """
 
-    __slots__ = ("_closed", "_conn", "_fd", "_loop", "_pending", "_sock")
+    __slots__ = ("_buffer", "_closed", "_conn", "_fd", "_loop", "_pending", "_sock")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, conn: Connection
     ) -> None:
         self._loop = loop
+        self._buffer = conn.pool.read_buffer
         self._sock = sock
         self._fd = sock.fileno()
         self._conn = conn
@@ -394,16 +395,19 @@ class StampedSocket:
 
     def _readable(self) -> None:
         try:
-            data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, 64)
+            # Into the pool's one buffer: recvmsg(READ_SIZE) would allocate (and, at this
+            # size, mmap and unmap) a fresh READ_SIZE bytes object per read.
+            size, ancillary, _, _ = self._sock.recvmsg_into(self._buffer, 64)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._close(exc)
             return
         now_ns = perf_counter_ns()
-        if not data:
+        if not size:
             self._close(None)
             return
+        data = self._buffer[0][:size].tobytes()
         t_ns = now_ns
         if ancillary:
             sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
@@ -486,7 +490,9 @@ class Pool:
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
         self.kernel_stamps = kernel_stamps
-        self._address: tuple[int, Any] | None = None  # (family, sockaddr), once resolved
+        self._address: tuple[int, Any] | None = None
+        # Every StampedSocket reads into this and copies out what it got (one loop thread).
+        self.read_buffer = [memoryview(bytearray(READ_SIZE))]  # (family, sockaddr), once resolved
 
     def take_idle(self) -> Connection | None:
         """An idle kept-alive connection (marked reused), or None."""
