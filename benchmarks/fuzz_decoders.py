@@ -1,12 +1,12 @@
-"""Fuzz the per-chunk decoders: SSE, the two OpenAI adapters and the HTTP/1.1 framing.
+"""Fuzz the per-chunk decoders: SSE, NDJSON, every adapter and the HTTP/1.1 framing.
 
 For each decoder, `--inputs` generated cases (default 1,000,000): ~15 % random bytes, ~55 %
 mutations of valid streams (bit flips, interesting bytes, inserted / deleted / duplicated
 ranges, truncations, splices with other seeds, duplicated / removed / swapped delimiters,
-repeated blocks, rewritten numbers) and ~30 % structured cases (token soup for SSE, random
-JSON values in an OpenAI chunk's slots for the adapters, freshly built valid responses for
-HTTP). SSE and HTTP cases are decoded twice, whole and split at random (byte by byte,
-1-8 random cuts) into successive reads; the two results must agree.
+repeated blocks, rewritten numbers) and ~30 % structured cases (token soup for SSE and
+NDJSON, random JSON values in a seed event's slots for the adapters, freshly built valid
+responses for HTTP). SSE, NDJSON and HTTP cases are decoded twice, whole and split at random
+(byte by byte, 1-8 random cuts) into successive reads; the two results must agree.
 
 Per decoder it prints: inputs, crashes (any exception but the adapters' MalformedEvent, an
 adapter returning something that is not a Delta, or an HTTP sink seeing more than one
@@ -22,7 +22,8 @@ The HTTP framing is driven like the event loop drives it: a real `Pool`, a fake 
 iteration per case to let the pool's scheduled drain finish; `connection_lost(None)` ends it.
 
 Usage: python benchmarks/fuzz_decoders.py [--inputs 1000000] [--seed 0]
-       [--decoders sse,chat,completions,http] [--max-seconds S] [--out reports/fuzz]
+       [--decoders sse,chat,completions,http,ndjson,anthropic,tgi,ollama-chat,ollama-generate,
+       responses,generic] [--max-seconds S] [--out reports/fuzz]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.adapters import Delta, MalformedEvent, adapter_for
+from loadgen.adapters.generic import generic_spec
+from loadgen.ndjson import NdjsonDecoder
 from loadgen.sse import SseDecoder
 from loadgen.transport import MAX_HEAD_BYTES, Connection, Pool, make_endpoint
 
@@ -73,6 +76,83 @@ COMPLETION_PAYLOADS = [
     b'{"error":{"message":"bad"}}',
     b"[DONE]",
 ]
+ANTHROPIC_PAYLOADS = [
+    b'{"type":"message_start","message":{"id":"m","role":"assistant","content":[],'
+    b'"usage":{"input_tokens":25,"cache_read_input_tokens":3,"output_tokens":1}}}',
+    b'{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}',
+    b'{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Hm"}}',
+    b'{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"E"}}',
+    b'{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hello"}}',
+    b'{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t",'
+    b'"name":"f","input":{}}}',
+    b'{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta",'
+    b'"partial_json":"{\\"a\\": "}}',
+    b'{"type":"content_block_start","index":3,"content_block":{"type":"redacted_thinking"}}',
+    b'{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}',
+    b'{"type":"message_stop"}',
+    b'{"type":"ping"}',
+    b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
+]
+TGI_PAYLOADS = [
+    b'{"index":1,"token":{"id":1849,"text":" Deep","logprob":-0.5,"special":false},'
+    b'"generated_text":null,"details":null}',
+    b'{"index":4,"token":{"id":2,"text":"</s>","logprob":-0.1,"special":true},"generated_text":'
+    b'" Deep","details":{"finish_reason":"eos_token","generated_tokens":4,"seed":null,'
+    b'"input_length":7}}',
+    b'{"error":"Out of available cache blocks","error_type":"generation"}',
+]
+OLLAMA_CHAT_PAYLOADS = [
+    b'{"model":"m","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant",'
+    b'"content":"","thinking":"Hm"},"done":false}',
+    b'{"model":"m","message":{"role":"assistant","content":"The"},"done":false}',
+    b'{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":'
+    b'{"name":"f","arguments":{}}}]},"done":false}',
+    b'{"model":"m","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop",'
+    b'"total_duration":4883583458,"load_duration":1334875,"prompt_eval_count":26,'
+    b'"prompt_eval_duration":342546000,"eval_count":282,"eval_duration":4535599000}',
+    b'{"error":"model not found"}',
+]
+OLLAMA_GENERATE_PAYLOADS = [
+    b'{"model":"m","response":"","thinking":"a","done":false}',
+    b'{"model":"m","response":" b","done":false}',
+    b'{"model":"m","response":"","done":true,"context":[1,2],"done_reason":"length",'
+    b'"total_duration":10,"prompt_eval_count":2,"eval_count":3,"eval_duration":7}',
+    b'{"error":"bad"}',
+]
+RESPONSES_PAYLOADS = [
+    b'{"type":"response.created","sequence_number":0,"response":{"id":"r","status":'
+    b'"in_progress","output":[],"usage":null}}',
+    b'{"type":"response.reasoning_summary_text.delta","item_id":"rs","delta":"**Plan**"}',
+    b'{"type":"response.reasoning_text.delta","item_id":"rs","delta":"step"}',
+    b'{"type":"response.output_text.delta","item_id":"msg","output_index":1,"delta":"Hi"}',
+    b'{"type":"response.function_call_arguments.delta","delta":"{\\"a\\""}',
+    b'{"type":"response.output_text.done","text":"Hi"}',
+    b'{"type":"response.completed","response":{"status":"completed","usage":{"input_tokens":12,'
+    b'"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}',
+    b'{"type":"response.incomplete","response":{"incomplete_details":{"reason":'
+    b'"max_output_tokens"},"usage":{"output_tokens":8}}}',
+    b'{"type":"response.failed","response":{"error":{"message":"boom"}}}',
+    b'{"type":"error","code":"ERR","message":"Something went wrong"}',
+]
+GENERIC_PAYLOADS = [*CHAT_PAYLOADS, b'{"done":true,"usage":{"completion_tokens":3}}']
+GENERIC = generic_spec(
+    {
+        "body": {"p": "$prompt", "n": "$max_tokens"}, "content": "choices[0].delta.content",
+        "reasoning": "choices[0].delta.reasoning", "done": {"path": "done", "equals": True},
+        "output_tokens": "usage.completion_tokens", "prompt_tokens": "usage.prompt_tokens",
+        "error": "error",
+    },
+    "fuzz",
+)  # fmt: skip
+NDJSON_SEEDS = [
+    b"".join(p + b"\n" for p in OLLAMA_CHAT_PAYLOADS),
+    b"".join(p + b"\r\n" for p in OLLAMA_GENERATE_PAYLOADS),
+    b'{"a":1}\n\n  \n\t{"b":2}  \r\n{"c"',
+    b"\n\n\n",
+]
+NDJSON_TOKENS = [b"\n", b"\r\n", b"\r", b" ", b"\t", b"\x0b", b"\x0c", b"{}", b"x", b"\xff",
+                 b'{"done":true}']  # fmt: skip
+NDJSON_DELIMS = [b"\n", b"\r\n", b" ", b"{", b"}"]
 SSE_SEEDS = [
     b"".join(b"data: " + p + b"\n\n" for p in CHAT_PAYLOADS),
     b"".join(b"data: " + p + b"\r\n\r\n" for p in COMPLETION_PAYLOADS),
@@ -103,6 +183,10 @@ HTTP_DELIMS = [b"\r\n", b"\r\n\r\n", b"\n", b":", b" ", b";", b"HTTP/"]
 OPENAI_KEYS = ["choices", "delta", "content", "text", "reasoning", "reasoning_content"]
 OPENAI_KEYS += ["tool_calls", "usage", "completion_tokens", "prompt_tokens", "error"]
 OPENAI_KEYS += ["message", "finish_reason", "index", "role"]
+OPENAI_KEYS += ["type", "content_block", "partial_json", "thinking", "token", "special",
+                "details", "generated_tokens", "response", "done", "eval_count",
+                "total_duration", "incomplete_details", "reason", "input_tokens",
+                "output_tokens"]  # fmt: skip
 
 
 def http_response(
@@ -443,8 +527,33 @@ def make_adapter_case(payloads: list[bytes]) -> Callable[[random.Random, Mutator
     return make
 
 
+def make_ndjson(rng: random.Random, mut: Mutator) -> Case:
+    roll = rng.random()
+    if roll < 0.15:
+        data = random_bytes(rng)
+    elif roll < 0.7:
+        data = mut.mutate(rng.choice(mut.seeds))
+    else:
+        data = b"".join(rng.choice(NDJSON_TOKENS) for _ in range(rng.randint(0, 60)))
+    return Case(data, pieces=random_splits(rng, data))
+
+
+def decode_ndjson(pieces: list[bytes]) -> list[tuple[bytes, bytes]]:
+    decoder = NdjsonDecoder()
+    events = [event for piece in pieces for event in decoder.feed(piece)]
+    return events + decoder.close()
+
+
+def run_ndjson(case: Case) -> None:
+    whole = decode_ndjson([case.data])
+    if any(not line or line != line.strip() for _, line in whole):
+        raise InvariantBroken("a blank or padded NDJSON line")
+    if decode_ndjson(case.pieces) != whole:
+        raise SplitMismatch("NDJSON lines differ between whole and split")
+
+
 def make_adapter_run(api: str) -> Callable[[Case], None]:
-    adapter = adapter_for(api)
+    adapter = adapter_for(api, GENERIC)
 
     def run(case: Case) -> None:
         try:
@@ -507,7 +616,24 @@ def targets(rng: random.Random) -> dict[str, Target]:
             JSON_DELIMS,
         ),
         "http": Target("http", make_http, run_http, http_seeds, HTTP_TOKENS, HTTP_DELIMS),
-    }
+        "ndjson": Target(
+            "ndjson", make_ndjson, run_ndjson, NDJSON_SEEDS, NDJSON_TOKENS, NDJSON_DELIMS
+        ),
+        **{
+            name: Target(
+                name, make_adapter_case(payloads), make_adapter_run(api), payloads, JSON_TOKENS,
+                JSON_DELIMS,
+            )
+            for name, api, payloads in (
+                ("anthropic", "anthropic", ANTHROPIC_PAYLOADS),
+                ("tgi", "tgi", TGI_PAYLOADS),
+                ("ollama-chat", "ollama-chat", OLLAMA_CHAT_PAYLOADS),
+                ("ollama-generate", "ollama-generate", OLLAMA_GENERATE_PAYLOADS),
+                ("responses", "openai-responses", RESPONSES_PAYLOADS),
+                ("generic", "generic", GENERIC_PAYLOADS),
+            )
+        },
+    }  # fmt: skip
 
 
 # -- the fuzz loop ----------------------------------------------------------------------------
@@ -653,7 +779,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=1_000_000, help="cases per decoder")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decoders", default="sse,chat,completions,http")
+    parser.add_argument(
+        "--decoders",
+        default="sse,chat,completions,http,ndjson,anthropic,tgi,ollama-chat,ollama-generate,"
+        "responses,generic",
+    )
     parser.add_argument("--max-seconds", type=float, default=0, help="stop a decoder early (0: no)")
     parser.add_argument("--slow-ms", type=float, default=1000, help="count inputs slower than this")
     parser.add_argument("--hang-s", type=float, default=30, help="interrupt an input after this")
