@@ -30,6 +30,7 @@ from loadgen.calibrate import (
 )
 from loadgen.errors import ConfigError
 
+CONTENDED_STALL_MS = 500.0  # host CPU-pressure stall during a level above which we say so
 EXIT_HELP = """\b
 Exit codes:
   0    calibrated: at least the lowest level met every threshold
@@ -194,6 +195,10 @@ def _ms(value: float | None) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:.2f}"
 
 
+def _stall(value: object) -> str:
+    return f"{value:,.0f}" if isinstance(value, float) and math.isfinite(value) else "–"
+
+
 def levels_table(result: dict[str, object]) -> Table:
     """One row per level: load, the three judged figures (red when over), CPU, contention."""
     thresholds = result["thresholds"]
@@ -202,10 +207,11 @@ def levels_table(result: dict[str, object]) -> Table:
         box=box.SIMPLE_HEAD,
         title="loadgen calibrate",
         caption="ts = chunk timestamp error, TTFT = TTFT error, lag = send lag (ms); "
-        "CPU = client CPU per chunk; load = 1-min load average",
+        "CPU = client CPU per chunk; stall = time other tasks waited for a CPU (host "
+        "CPU pressure) during the level; load = 1-min load average",
     )
     for name in ("streams", "chunks/s", "ts p50", "ts p99", "ts max", "TTFT p99", "lag p99",
-                 "CPU µs", "failed", "steal ms", "load", "verdict"):  # fmt: skip
+                 "CPU µs", "failed", "stall ms", "load", "verdict"):  # fmt: skip
         table.add_column(name, justify="left" if name == "verdict" else "right")
     judged = {
         "timestamp_err_p99_ms": thresholds["timestamp_p99_ms"],
@@ -232,7 +238,7 @@ def levels_table(result: dict[str, object]) -> Table:
             cell("send_lag_p99_ms"),
             f"{level['cpu_us_per_chunk']:.1f}",
             str(level["failed"]),
-            _ms(level["steal_ms"] if isinstance(level["steal_ms"], float) else None),
+            _stall(level["cpu_stall_ms"]),
             f"{level['load_avg_1m']:.2f}",
             Text("met", style="green")
             if level["met"]
@@ -256,6 +262,19 @@ def conclusion(result: dict[str, object], saved: Path | None) -> list[str]:
             f"with {processes} engine process(es) "
             f"({envelope['streams']:,} streams, {envelope['chunks_per_s']:,.0f} chunks/s each)"
         ]
+    levels = result["levels"]
+    stalls = (
+        [lv["cpu_stall_ms"] for lv in levels if isinstance(lv, dict)]
+        if isinstance(levels, list)
+        else []
+    )
+    worst = max((v for v in stalls if isinstance(v, float) and math.isfinite(v)), default=0.0)
+    if worst > CONTENDED_STALL_MS:
+        lines.append(
+            f"note: the machine was busy with other work (tasks waited for a CPU up to "
+            f"{worst:,.0f} ms during a level): this envelope holds under that load; "
+            "calibrate on an idle machine for its own capacity"
+        )
     if saved is not None:
         lines.append(f"saved for host {result['host']} to {saved}")
     return lines

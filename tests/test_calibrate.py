@@ -145,7 +145,7 @@ def fake_level(streams: int, *, met: bool, processes: int = 1) -> Level:
         chunks=streams * 200, expected_chunks=streams * 200, failed=0, cpu_us_per_chunk=20.0,
         timestamp_err_p50_ms=0.5, timestamp_err_p99_ms=1.0 if met else 9.0,
         timestamp_err_max_ms=12.0, ttft_err_p99_ms=1.0, send_lag_p99_ms=1.0,
-        steal_ms=0.0, load_avg_1m=0.5, misses=() if met else ("timestamp p99",),
+        steal_ms=0.0, cpu_stall_ms=0.0, load_avg_1m=0.5, misses=() if met else ("ts p99",),
     )  # fmt: skip
 
 
@@ -200,7 +200,7 @@ def test_compare_judges_against_the_servers_write_times() -> None:
     assert level.chunks == level.expected_chunks == 4
     assert level.timestamp_err_max_ms == pytest.approx(6.0)
     assert level.cpu_us_per_chunk == pytest.approx(1000.0)
-    assert level.misses == ("timestamp p99", "TTFT p99")
+    assert level.misses == ("ts p99", "TTFT p99")
     loose = compare(2, ladder, Thresholds(timestamp_p99_ms=7, ttft_p99_ms=7), records, 0.0, t0,
                     trace)  # fmt: skip
     assert loose.met
