@@ -75,11 +75,14 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     help="Each stream's token phase; tokens per stream = rate × this.",
 )
 @click.option(
+    "--workers",
     "--processes",
+    "processes",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Engine processes, each with 1/N of the streams (the envelope is per process).",
+    help="Engine processes, each with every N-th stream, as `loadgen run --workers N` "
+    "splits a schedule (the saved envelope is per process).",
 )
 @click.option(
     "--max-timestamp-err-ms",
@@ -138,7 +141,7 @@ def calibrate(
     \b
     Example:
       loadgen calibrate
-      loadgen calibrate --levels 256,512,1024 --processes 2 --format json
+      loadgen calibrate --levels 256,512,1024 --workers 2 --format json
       loadgen calibrate --quick --no-save
     """
     from loadgen.cli import clean_errors
