@@ -340,7 +340,8 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
         f.read_bytes().decode("latin-1") for f in (tmp_path / "o").rglob("*") if f.is_file()
     ]
     log = (tmp_path / "o" / "c" / "loadgen.log").read_text()
-    assert "headers {" in log and "headers {" in result.output  # -vv logs every request's headers
+    assert "headers {" in log  # -vv logs every request's headers ...
+    assert "headers {" in result.output  # ... to the run's log and to stderr
     assert "<redacted>" in log
     assert any("bad auth" in text for text in outputs)  # the echoed errors are in the records
     assert any("<redacted>" in text for text in outputs)  # ... with the secrets taken out
