@@ -355,6 +355,17 @@ class Connection(asyncio.Protocol):
         self._abort()
 
 
+def _literal_address(host: str, port: int) -> tuple[int, Any] | None:
+    """(family, sockaddr) of an IP-literal host, without a lookup (None for a name)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family, ((host, port) if family == socket.AF_INET else (host, port, 0, 0))
+    return None
+
+
 class StampedSocket:
     """The transport of a plain-HTTP connection that reads with the kernel's receive time.
 
@@ -490,9 +501,9 @@ class Pool:
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
         self.kernel_stamps = kernel_stamps
-        self._address: tuple[int, Any] | None = None
+        self._addresses: list[tuple[int, Any]] = []  # (family, sockaddr), once resolved
         # Every StampedSocket reads into this and copies out what it got (one loop thread).
-        self.read_buffer = [memoryview(bytearray(READ_SIZE))]  # (family, sockaddr), once resolved
+        self.read_buffer = [memoryview(bytearray(READ_SIZE))]
 
     def take_idle(self) -> Connection | None:
         """An idle kept-alive connection (marked reused), or None."""
@@ -526,27 +537,41 @@ class Pool:
     async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
         """A connected non-blocking socket with kernel receive timestamps switched on.
 
-        The address is resolved once per pool (a name lookup per connection would cost a
-        thread-pool round trip each, at thousands of connections).
+        The name is resolved once per pool (a lookup per connection would cost a thread-pool
+        round trip each, at thousands of connections; an IP literal needs none). Addresses
+        are tried in order, as `create_connection` does; the one that connects is kept first.
         """
-        if self._address is None:
-            infos = await loop.getaddrinfo(
-                self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM
-            )
-            if not infos:
+        if not self._addresses:
+            literal = _literal_address(self.endpoint.host, self.endpoint.port)
+            if literal is not None:
+                self._addresses = [literal]
+            else:
+                infos = await loop.getaddrinfo(
+                    self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM
+                )
+                self._addresses = [(info[0], info[4]) for info in infos]
+            if not self._addresses:
                 raise OSError(f"cannot resolve {self.endpoint.host}")
-            self._address = (infos[0][0], infos[0][4])
-        family, address = self._address
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            await loop.sock_connect(sock, address)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        error: OSError | None = None
+        for index, (family, address) in enumerate(self._addresses):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            if index:
+                self._addresses.insert(0, self._addresses.pop(index))
+            return sock
+        assert error is not None
+        raise error
 
     def schedule(self, conn: Connection) -> None:
         """Parse `conn`'s reads once this loop iteration's I/O callbacks have run."""
