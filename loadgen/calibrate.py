@@ -367,6 +367,7 @@ def run_processes(
         parent, child = context.Pipe()
         proc = context.Process(target=_engine_process, args=(child, list(plans[k::processes]), url))
         proc.start()
+        child.close()  # the child has its own copy: a child that dies is then an EOFError
         pipes.append(parent)
         children.append(proc)
     try:
