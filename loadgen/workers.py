@@ -201,6 +201,7 @@ class _Worker:
     closed: bool = False
     counters: dict[str, int] | None = None
     ttft: str | None = None
+    heard: float = 0.0  # time.monotonic() of its last message
 
 
 def run_workers(
@@ -309,6 +310,7 @@ def _receive(workers: list[_Worker], timeout_s: float) -> None:
             worker.closed = True
             continue
         kind = message[0]
+        worker.heard = time.monotonic()
         if kind == "ready":
             worker.ready, worker.pid = True, int(message[1])
         elif kind == "stats":
@@ -328,10 +330,10 @@ def _wait_ready(workers: list[_Worker], signals: list[int]) -> None:
         if dead or signals or time.monotonic() > deadline:
             for worker in workers:
                 worker.process.terminate()
+            if signals:
+                raise KeyboardInterrupt  # Ctrl-C before anything was sent: exit 130
             why = (
-                "interrupted"
-                if signals
-                else f"worker {dead[0].index} exited with code {dead[0].process.exitcode}"
+                f"worker {dead[0].index} exited with code {dead[0].process.exitcode}"
                 if dead
                 else f"not every worker was ready after {READY_TIMEOUT_S:g} s"
             )
@@ -378,6 +380,7 @@ def _supervise(
         for worker in workers:
             if worker.done is None and not worker.process.is_alive():
                 worker.closed = True
+        _stop_silent(workers, state, options.watchdog_s, log)
         now = time.monotonic()
         if options.quiet or (not tty and now - last_line < 10):
             continue
@@ -388,6 +391,23 @@ def _supervise(
     if tty and not options.quiet:
         print(file=log)
     return state
+
+
+def _stop_silent(
+    workers: list[_Worker], state: dict[str, Any], limit_s: float, log: TextIO
+) -> None:
+    """A worker silent for `limit_s` (its loop is stuck: it reports twice a second) is
+    killed and the run stopped as by the watchdog; what it wrote is kept."""
+    now = time.monotonic()
+    for worker in workers:
+        if worker.done is None and not worker.closed and now - worker.heard > limit_s:
+            message = f"worker {worker.index} sent nothing for {limit_s:g} s (its loop is stuck)"
+            print(f"\nwatchdog: {message}; stopping, records kept", file=log)
+            state.setdefault("watchdog", message)
+            worker.process.kill()
+            worker.closed = True
+            for other in workers:
+                _send(other, ("cancel",))
 
 
 def merged_stats(workers: list[_Worker]) -> LiveStats:
