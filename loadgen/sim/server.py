@@ -284,6 +284,7 @@ def describe(config: SimConfig) -> str:
         f"max batch {engine.max_batch}; chunked prefill {chunk}; "
         f"queue cap {engine.queue_cap or 'none'}{pool}; speed {config.speed:g}x; "
         f"output {dist.kind} mean {dist.mean_tokens:g}; faults {faults}; seed {config.seed}; "
+        f"api {config.api}; "
         f"trace {config.trace_file or '-'}"
     )
 
