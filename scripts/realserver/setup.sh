@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Set up the two real servers that tests/test_realserver.py drives, from registry packages only:
+#
+#   llama   llama.cpp's llama-server, built from the llama.cpp source that ships inside the
+#           llama-cpp-python sdist on PyPI (server target only, portable -O1 AVX2 build), plus a
+#           tiny random-weight GGUF model written without torch (gguf + tokenizers + numpy).
+#   hf      Hugging Face `transformers serve` in its own venv (transformers[serving] + CPU torch),
+#           plus a tiny random-weight HF model dir. No model hub anywhere (HF_HUB_OFFLINE=1).
+#
+# Usage:  scripts/realserver/setup.sh [all|llama|hf]        (default: all)
+#
+# Everything goes to ${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver, outside the checkout, so
+# repeat CI runs skip the build (the compiled binary is keyed on llama.cpp version, CPU arch and
+# build flavour). Every step is idempotent. When done, each part writes a manifest
+# (llama-server.json, transformers.json) that the tests read.
+#
+# Knobs: LOADGEN_CACHE, JOBS [nproc], PYTHON [python3],
+#        LOADGEN_TORCH_INDEX: a pip --index-url for torch (e.g. PyTorch's CPU wheel index), for
+#        machines whose pip has no CPU torch at hand; without it, pip resolves torch==$TORCH_VERSION
+#        itself (see the README's "Real servers" section).
+#
+# The build recipe and the model makers follow working notes from an engineer who first built
+# both servers on a 2-core CPU-only machine with only package registries reachable.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+CACHE=${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver
+
+# Pinned versions, all from PyPI. The llama-cpp-python sdist vendors the whole llama.cpp tree,
+# tools/server included.
+LLAMA_CPP_PY_VERSION=0.3.36
+GGUF_VERSION=0.19.0
+TOKENIZERS_VERSION=0.23.3
+TRANSFORMERS_VERSION=5.24.0
+TORCH_VERSION=2.13.0
+MODEL_ARGS=(--hidden 256 --layers 4 --heads 4 --kv-heads 2 --vocab 8192)
+
+log() { echo "[realserver $(date -u +%H:%M:%S)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+stamp_of() {  # stamp_of FILE... -> short hash of the files plus the model shape (model cache key)
+  cat "$@" <(printf '%s\n' "${MODEL_ARGS[@]}") | sha256sum | cut -c1-12
+}
+
+mkvenv() {  # mkvenv DIR
+  if [ ! -x "$1/bin/python" ]; then
+    log "creating venv $1"
+    "$PYTHON" -m venv "$1"
+    "$1/bin/python" -m pip install --quiet --upgrade pip
+  fi
+}
+
+write_manifest() {  # write_manifest FILE key=value...
+  local out=$1; shift
+  "$PYTHON" - "$out" "$@" <<'PY'
+import json, sys
+out, pairs = sys.argv[1], sys.argv[2:]
+with open(out + ".tmp", "w") as f:
+    json.dump(dict(p.split("=", 1) for p in pairs), f, indent=2)
+import os; os.replace(out + ".tmp", out)
+PY
+  log "wrote $out"
+}
+
+# ------------------------------------------------------------------------------ build tools
+ensure_build_tools() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v ninja >/dev/null || missing+=(ninja-build)
+  command -v g++ >/dev/null || missing+=(g++)
+  command -v gcc >/dev/null || missing+=(gcc)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  elif ! command -v g++ >/dev/null; then
+    die "need a C++ compiler (g++), cmake and ninja; install them (Debian: apt-get install ${missing[*]})"
+  else
+    # cmake and ninja are also on PyPI; g++ is there, so no root is needed.
+    log "cmake/ninja missing and not root: installing them from PyPI into $CACHE/venv-tools"
+    mkvenv "$CACHE/venv-tools"
+    "$CACHE/venv-tools/bin/pip" install --quiet cmake ninja
+    export PATH="$CACHE/venv-tools/bin:$PATH"
+  fi
+}
+
+# ------------------------------------------------------------------------------ llama-server
+setup_llama() {
+  local t0=$SECONDS arch flavour bin_dir bin
+  arch=$(uname -m)
+  local cmake_cpu=(-DGGML_NATIVE=OFF)
+  if [ "$arch" = x86_64 ]; then
+    grep -qw avx2 /proc/cpuinfo || die "this x86_64 CPU has no AVX2; the portable build needs it"
+    cmake_cpu+=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+    flavour=avx2-O1
+  else
+    flavour=generic-O1
+  fi
+  bin_dir=$CACHE/llama-server/$LLAMA_CPP_PY_VERSION-$arch-$flavour
+  bin=$bin_dir/llama-server
+
+  # 1. the model maker's venv and the tiny GGUF model (~2 s; rebuilt when the maker changes)
+  mkvenv "$CACHE/venv-gguf"
+  if ! "$CACHE/venv-gguf/bin/python" -c "import gguf, tokenizers, numpy" 2>/dev/null; then
+    log "pip install gguf tokenizers numpy (GGUF maker, no torch)"
+    "$CACHE/venv-gguf/bin/pip" install --quiet "gguf==$GGUF_VERSION" \
+      "tokenizers==$TOKENIZERS_VERSION" "numpy<3"
+  fi
+  local model_key model
+  model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
+  model=$CACHE/models/tiny-$model_key.gguf
+  if [ ! -f "$model" ]; then
+    mkdir -p "$CACHE/models"
+    log "making tiny random-weight GGUF $model"
+    "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
+    mv "$model.part" "$model"
+    find "$CACHE/models" -maxdepth 1 -name 'tiny-*.gguf' ! -path "$model" -delete  # stale makers'
+  fi
+
+  # 2. llama-server, compiled once per (version, arch, flavour) and cached
+  if [ ! -x "$bin" ]; then
+    ensure_build_tools
+    local src_root=$CACHE/src build=$CACHE/build-llama-server-$flavour
+    local src=$src_root/llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp
+    if [ ! -d "$src/tools/server" ]; then
+      mkdir -p "$CACHE/dl" "$src_root"
+      log "pip download llama-cpp-python==$LLAMA_CPP_PY_VERSION sdist (the llama.cpp source)"
+      "$CACHE/venv-gguf/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$LLAMA_CPP_PY_VERSION" -d "$CACHE/dl"
+      tar xzf "$CACHE/dl/llama_cpp_python-$LLAMA_CPP_PY_VERSION.tar.gz" -C "$src_root"
+    fi
+    local generator=Ninja
+    command -v ninja >/dev/null || generator="Unix Makefiles"
+    log "building llama-server ($flavour, $JOBS jobs, niced; ~4-5 min on 2 cores)"
+    local b0=$SECONDS
+    # Server target only; no web UI (LLAMA_USE_PREBUILT_UI=OFF: CMake downloads nothing), no
+    # OpenSSL, static libs so the one binary is all that needs caching. -O1 halves the compile
+    # time; a test server needs no speed.
+    nice -n 19 cmake -S "$src" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
+      "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF "${cmake_cpu[@]}" \
+      >"$build.cmake.log" 2>&1 || { tail -30 "$build.cmake.log" >&2; die "cmake configure failed"; }
+    nice -n 19 cmake --build "$build" --target llama-server -j "$JOBS" >"$build.build.log" 2>&1 ||
+      { tail -30 "$build.build.log" >&2; die "llama-server build failed (log: $build.build.log)"; }
+    "$build/bin/llama-server" --version >/dev/null 2>&1 || die "the built llama-server does not run"
+    mkdir -p "$bin_dir"
+    cp "$build/bin/llama-server" "$bin.part" && mv "$bin.part" "$bin"
+    log "llama-server built in $((SECONDS - b0)) s; cached at $bin"
+    rm -rf "$build" "$src_root" "$CACHE/dl"   # ~400 MB that the cached binary no longer needs
+  else
+    log "llama-server cached: $bin"
+  fi
+  write_manifest "$CACHE/llama-server.json" "bin=$bin" "model=$model" "alias=tiny" \
+    "version=$LLAMA_CPP_PY_VERSION"
+  log "llama-server setup done in $((SECONDS - t0)) s"
+}
+
+# ------------------------------------------------------------------------------ transformers serve
+setup_hf() {
+  local t0=$SECONDS venv=$CACHE/venv-hf
+  mkvenv "$venv"
+  if ! "$venv/bin/python" -c "import torch, transformers, fastapi, uvicorn" 2>/dev/null; then
+    # torch FIRST and pinned, so transformers never makes pip pick a torch of its own.
+    if [ -n "${LOADGEN_TORCH_INDEX:-}" ]; then
+      log "pip install torch==$TORCH_VERSION from $LOADGEN_TORCH_INDEX"
+      "$venv/bin/pip" install --quiet --index-url "$LOADGEN_TORCH_INDEX" "torch==$TORCH_VERSION"
+    else
+      log "pip install torch==$TORCH_VERSION"
+      "$venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
+    fi
+    log "pip install transformers[serving]==$TRANSFORMERS_VERSION"
+    "$venv/bin/pip" install --quiet "transformers[serving]==$TRANSFORMERS_VERSION" \
+      "torch==$TORCH_VERSION"
+  fi
+  "$venv/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda:", torch.version.cuda)' >&2
+  local model_key name
+  model_key=$(stamp_of "$HERE/make_hf_model.py" "$HERE/tokenizer.py")
+  name=tiny-hf-$model_key
+  if [ ! -f "$CACHE/models/$name/model.safetensors" ]; then
+    mkdir -p "$CACHE/models"
+    rm -rf "$CACHE/models/$name.part"
+    log "making tiny random-weight HF model $CACHE/models/$name"
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$HERE/make_hf_model.py" \
+      "$CACHE/models/$name.part" "${MODEL_ARGS[@]}"
+    rm -rf "$CACHE/models/$name" && mv "$CACHE/models/$name.part" "$CACHE/models/$name"
+    find "$CACHE/models" -mindepth 1 -maxdepth 1 -type d -name 'tiny-hf-*' ! -name "$name" \
+      -exec rm -rf {} +  # models of earlier makers
+  fi
+  write_manifest "$CACHE/transformers.json" "bin=$venv/bin/transformers" \
+    "models_dir=$CACHE/models" "model=$name" "version=$TRANSFORMERS_VERSION"
+  log "transformers serve setup done in $((SECONDS - t0)) s"
+}
+
+mkdir -p "$CACHE"
+case "${1:-all}" in
+  all) setup_llama; setup_hf ;;
+  llama) setup_llama ;;
+  hf) setup_hf ;;
+  *) sed -n '2,/^set -euo/p' "$0" | grep '^#' >&2; exit 2 ;;
+esac
