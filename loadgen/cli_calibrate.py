@@ -210,8 +210,8 @@ def levels_table(result: dict[str, object]) -> Table:
         box=box.SIMPLE_HEAD,
         title="loadgen calibrate",
         caption="ts = chunk timestamp error, TTFT = TTFT error, lag = send lag (ms); "
-        "CPU = client CPU per chunk; stall = time other tasks waited for a CPU (host "
-        "CPU pressure) during the level; load = 1-min load average",
+        "CPU = client CPU per chunk; stall = time tasks waited for a CPU (host CPU "
+        "pressure) during the level; load = 1-min load average",
     )
     for name in ("streams", "chunks/s", "ts p50", "ts p99", "ts max", "TTFT p99", "lag p99",
                  "CPU µs", "failed", "stall ms", "load", "verdict"):  # fmt: skip
@@ -274,9 +274,9 @@ def conclusion(result: dict[str, object], saved: Path | None) -> list[str]:
     worst = max((v for v in stalls if isinstance(v, float) and math.isfinite(v)), default=0.0)
     if worst > CONTENDED_STALL_MS:
         lines.append(
-            f"note: the machine was busy with other work (tasks waited for a CPU up to "
-            f"{worst:,.0f} ms during a level): this envelope holds under that load; "
-            "calibrate on an idle machine for its own capacity"
+            f"note: the CPUs were contended (tasks, this calibration's own simulator and "
+            f"engines among them, waited for a CPU up to {worst:,.0f} ms during a level); "
+            "the load average column shows how much of that was other work"
         )
     if saved is not None:
         lines.append(f"saved for host {result['host']} to {saved}")
