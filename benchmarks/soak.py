@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import polars as pl
+
 from loadgen.sim.launch import running_sim
 
 WORKLOAD = """
@@ -91,6 +93,30 @@ def main() -> None:
         f"memory growth within 10 %: {'yes' if rss_growth <= 0.10 else 'NO'}; "
         f"fd growth: {'none' if last[2] <= first[2] else last[2] - first[2]}"
     )
+    # Kept-alive connections stay open for reuse, so the fd count follows the highest number
+    # of requests in flight so far; growth after the last new peak would be a leak.
+    peak, peak_s = peak_in_flight(folder / "soak" / "records.parquet")
+    after = [s for s in samples if s[0] >= peak_s + 2 * args.every_s and s[0] <= duration]
+    print(f"peak in flight: {peak} requests at {peak_s:.0f} s of the run", end="")
+    if len(after) >= 2:
+        start_fds, end_fds = after[0][2], after[-1][2]
+        growth = "none" if end_fds <= start_fds else end_fds - start_fds
+        print(f"; fds after it: {start_fds} → {end_fds} (max {max(s[2] for s in after)}), "
+              f"growth {growth}")  # fmt: skip
+    else:
+        print()
+
+
+def peak_in_flight(records_path: Path) -> tuple[int, float]:
+    """The most requests in flight at once (sent to end), and when (seconds from t0)."""
+    records = pl.read_parquet(records_path, columns=["sent_ns", "end_ns"]).drop_nulls()
+    events = sorted([(t, 1) for t in records["sent_ns"]] + [(t, -1) for t in records["end_ns"]])
+    peak, peak_ns, in_flight = 0, 0, 0
+    for t_ns, step in events:
+        in_flight += step
+        if in_flight > peak:
+            peak, peak_ns = in_flight, t_ns
+    return peak, peak_ns / 1e9
 
 
 if __name__ == "__main__":
