@@ -125,12 +125,37 @@ def _notes(classes: Mapping[str, Any]) -> list[RenderableType]:
         if kinds:
             lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
         lines.extend(_objective_lines(name, cls))
+        lines.extend(_reasoning_and_server_lines(name, cls))
         missed = [_missed_check(name, c) for c in cls["slo"]["checks"] if not c["passed"]]
         if cls["slo"].get("judged_by"):  # percentiles are diagnostic for batches and agents
             for line in missed:
                 line.stylize("dim")
                 line.append(" (diagnostic)")
         lines.extend(missed)
+    return lines
+
+
+def _reasoning_and_server_lines(name: str, cls: Mapping[str, Any]) -> list[Text]:
+    """TTFVT beside TTFT when reasoning streamed; the server's own timings when it sent any."""
+    lines = []
+    visible = cls.get("ttfvt_ms") or {}
+    if cls.get("reasoning_requests") and visible.get("count"):
+        lines.append(Text(
+            f"  {name}: reasoning streamed in {cls['reasoning_requests']} requests; time to "
+            f"first visible token p50/p99 {fmt_ms(visible['p50'])}/{fmt_ms(visible['p99'])} ms "
+            "(TTFT counts the first reasoning token)"
+        ))  # fmt: skip
+    server = cls.get("server_timings_ms") or {}
+    if server.get("requests"):
+        parts = [
+            f"{key.removesuffix('_ms')} p50 {fmt_ms(stats['p50'])}"
+            for key, stats in server.items()
+            if key.endswith("_ms") and isinstance(stats, Mapping) and stats.get("count")
+        ]
+        lines.append(Text(
+            f"  {name}: server-reported timings (ms, {server['requests']} responses): "
+            + ", ".join(parts), style="dim"
+        ))  # fmt: skip
     return lines
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -109,3 +110,24 @@ def test_fmt_ms() -> None:
         "123",
         "12.3s",
     ]
+
+
+def test_reasoning_runs_show_time_to_first_visible_token_beside_ttft() -> None:
+    """When reasoning streamed first, a line gives TTFVT, which TTFT (first token) does not."""
+    records = [
+        replace(
+            record(i, "chat"),
+            first_reasoning_ns=i * 10 * MS + 100 * MS,
+            first_content_ns=i * 10 * MS + 120 * MS,
+        )
+        for i in range(10)
+    ]
+    summary = summarize(
+        to_frame(records), run_id="r", slos={"chat": SloTargets(ttft_ms=200.0)}, planned=10
+    )
+    text = render(summary)
+    assert "reasoning streamed in 10 requests" in text
+    assert "first visible token p50/p99 120/120 ms" in text
+    plain = render(summarize(to_frame([record(i, "chat") for i in range(10)]), run_id="r",
+                             slos={"chat": SloTargets(ttft_ms=200.0)}, planned=10))  # fmt: skip
+    assert "first visible token" not in plain
