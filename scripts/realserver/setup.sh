@@ -26,7 +26,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
-CACHE=${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver
+CACHE=${LOADGEN_CACHE:-${HOME:-$(echo ~)}/.cache/loadgen}/realserver  # tests look here too
 
 # Pinned versions, all from PyPI. The llama-cpp-python sdist vendors the whole llama.cpp tree,
 # tools/server included.
@@ -111,13 +111,13 @@ setup_llama() {
   fi
   local model_key model
   model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
-  model=$CACHE/models/tiny-$model_key.gguf
-  if [ ! -f "$model" ]; then
+  model=$CACHE/models/tiny.gguf
+  if [ ! -f "$model" ] || [ "$(cat "$model.key" 2>/dev/null)" != "$model_key" ]; then
     mkdir -p "$CACHE/models"
     log "making tiny random-weight GGUF $model"
     "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
     mv "$model.part" "$model"
-    find "$CACHE/models" -maxdepth 1 -name 'tiny-*.gguf' ! -path "$model" -delete  # stale makers'
+    echo "$model_key" >"$model.key"  # the maker and shape it came from
   fi
 
   # 2. llama-server, compiled once per (version, arch, flavour) and cached
@@ -178,18 +178,17 @@ setup_hf() {
       "torch==$TORCH_VERSION"
   fi
   "$venv/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda:", torch.version.cuda)' >&2
-  local model_key name
+  local model_key name=tiny-hf  # served under this name: requests must send it (or none)
   model_key=$(stamp_of "$HERE/make_hf_model.py" "$HERE/tokenizer.py")
-  name=tiny-hf-$model_key
-  if [ ! -f "$CACHE/models/$name/model.safetensors" ]; then
+  if [ ! -f "$CACHE/models/$name/model.safetensors" ] ||
+    [ "$(cat "$CACHE/models/$name.key" 2>/dev/null)" != "$model_key" ]; then
     mkdir -p "$CACHE/models"
     rm -rf "$CACHE/models/$name.part"
     log "making tiny random-weight HF model $CACHE/models/$name"
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$HERE/make_hf_model.py" \
       "$CACHE/models/$name.part" "${MODEL_ARGS[@]}"
     rm -rf "$CACHE/models/$name" && mv "$CACHE/models/$name.part" "$CACHE/models/$name"
-    find "$CACHE/models" -mindepth 1 -maxdepth 1 -type d -name 'tiny-hf-*' ! -name "$name" \
-      -exec rm -rf {} +  # models of earlier makers
+    echo "$model_key" >"$CACHE/models/$name.key"
   fi
   write_manifest "$CACHE/transformers.json" "bin=$venv/bin/transformers" \
     "models_dir=$CACHE/models" "model=$name" "version=$TRANSFORMERS_VERSION"
