@@ -61,7 +61,9 @@ def cache_dir() -> Path:
 def unavailable(what: str) -> NoReturn:
     """Skip locally with the reason; fail under CI, where skipping would hide a broken setup."""
     if os.environ.get("CI"):
-        pytest.fail(f"{what}; CI is set, so the real-server tests must run ({SETUP})", False)
+        pytest.fail(
+            f"{what}; CI is set, so the real-server tests must run ({SETUP})", pytrace=False
+        )
     pytest.skip(f"{what} (run {SETUP}, or deselect with -m 'not realserver')")
 
 
@@ -110,12 +112,12 @@ def running(
         while True:
             if process.poll() is not None:
                 tail = log.read_text(errors="replace")[-2000:]
-                pytest.fail(f"{cmd[0]} exited with {process.returncode}:\n{tail}", False)
+                pytest.fail(f"{cmd[0]} exited with {process.returncode}:\n{tail}", pytrace=False)
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                pytest.fail(f"{cmd[0]} not healthy after 90 s; log: {log}", False)
+                pytest.fail(f"{cmd[0]} not healthy after 90 s; log: {log}", pytrace=False)
             time.sleep(0.2)
         yield Server(url=url, model=model, log=log, process=process)
     finally:
@@ -421,6 +423,24 @@ def test_hf_preflight_turns_422_into_the_force_output_tokens_fix(
     assert done.returncode == 1
     assert "--no-force-output-tokens" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_hf_cli_flags_the_hints_name_make_the_run_work(hf_server: Server, tmp_path: Path) -> None:
+    """A workload written for another server (model `sim`, forced lengths) runs against
+    transformers serve with the two flags the preflight names; usage gives N."""
+    path = workload(tmp_path, model="sim", requests=3, rate_per_s=2,
+                    prompt_tokens=16, output_tokens=12)  # fmt: skip
+    out = tmp_path / "reports"
+    done = run_cli("run", str(path), "--url", hf_server.url, "--model", hf_server.model,
+                   "--no-force-output-tokens", "--out", str(out), "--run-id", "cli", "-q")  # fmt: skip
+    assert done.returncode in (0, 3), done.stderr
+    records = from_frame(pl.read_parquet(out / "cli" / "records.parquet"))
+    assert_all_ok(records, 3)
+    for r in records:
+        assert r.token_source is TokenSource.USAGE
+        assert 1 <= r.output_tokens <= r.max_tokens == 12
 
 
 @pytest.mark.slow
