@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from loadgen.ndjson import NdjsonDecoder
 from loadgen.sse import SseDecoder
 
@@ -122,6 +124,17 @@ class StreamDecoder(Protocol):
 def new_decoder(adapter: Adapter) -> StreamDecoder:
     """A fresh decoder for one response body of `adapter`'s framing."""
     return NdjsonDecoder() if adapter.framing == "ndjson" else SseDecoder()
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """One event's payload as a JSON object, else MalformedEvent (what the adapters share)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+    return obj
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:

@@ -15,9 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
-from loadgen.adapters import BodyOptions, Delta, MalformedEvent, Message, token_count
+from loadgen.adapters import (
+    BodyOptions,
+    Delta,
+    MalformedEvent,
+    Message,
+    json_object,
+    token_count,
+)
 
 API_VERSION = "2023-06-01"
 TOOL_BLOCKS = ("tool_use", "server_tool_use")
@@ -60,7 +65,7 @@ class AnthropicMessages:
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One event, by its JSON `type`."""
         delta = Delta()
-        obj = _object(data)
+        obj = json_object(data)
         kind = obj.get("type")
         if kind == "content_block_delta":
             _block_delta(obj.get("delta"), delta, data)
@@ -85,16 +90,6 @@ class AnthropicMessages:
             message = error.get("message") if isinstance(error, dict) else error
             delta.error = str(message or "error event")[:500]
         return delta
-
-
-def _object(data: bytes) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
-    if not isinstance(obj, dict):
-        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
-    return obj
 
 
 def _block_delta(inner: object, delta: Delta, data: bytes) -> None:

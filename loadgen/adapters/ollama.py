@@ -13,15 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from loadgen.adapters import (
     BodyOptions,
     Delta,
-    MalformedEvent,
     Message,
     bearer_headers,
     flatten,
+    json_object,
     token_count,
 )
 from loadgen.records import ServerTimings
@@ -110,12 +108,7 @@ class OllamaGenerate(_Ollama):
 def _envelope(data: bytes) -> tuple[Delta, dict[str, Any]]:
     """Decode one line; fill in error, or done with its counts and timings."""
     delta = Delta()
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
-    if not isinstance(obj, dict):
-        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+    obj = json_object(data)
     error = obj.get("error")
     if error:
         delta.error = str(error)[:500]

@@ -16,14 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from loadgen.adapters import (
     BodyOptions,
     Delta,
-    MalformedEvent,
     Message,
     bearer_headers,
+    json_object,
     token_count,
 )
 
@@ -67,12 +65,7 @@ class OpenAIResponses:
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One event, by its JSON `type`."""
         delta = Delta()
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+        obj = json_object(data)
         kind = obj.get("type")
         if not isinstance(kind, str):
             return delta

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from loadgen.adapters import (
     BodyOptions,
     Delta,
@@ -24,6 +22,7 @@ from loadgen.adapters import (
     Message,
     bearer_headers,
     flatten,
+    json_object,
     token_count,
 )
 
@@ -59,12 +58,7 @@ class TgiGenerateStream:
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One token event, the final one with details, or an error."""
         delta = Delta()
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+        obj = json_object(data)
         error = obj.get("error")
         if error:
             kind = obj.get("error_type")
