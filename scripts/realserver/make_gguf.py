@@ -5,7 +5,6 @@ Needs gguf, tokenizers and numpy. Usage: make_gguf.py OUT.gguf [--hidden 256] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -18,16 +17,7 @@ import tokenizer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("out")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = tokenizer.model_arguments(__doc__)
 
     tok_json = json.loads(tokenizer.train(args.vocab).to_str())
     vocab: dict[str, int] = tok_json["model"]["vocab"]

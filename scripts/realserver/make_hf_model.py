@@ -6,7 +6,6 @@ Usage: make_hf_model.py OUT_DIR [--hidden 256] [--layers 4] ...
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -19,16 +18,7 @@ import tokenizer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("out")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = tokenizer.model_arguments(__doc__)
 
     tok = tokenizer.train(args.vocab)
     tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -7,6 +7,7 @@ running Python's own standard library sources: local text that every machine has
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import sysconfig
@@ -40,3 +41,17 @@ def train(vocab_size: int) -> Tokenizer:
     )
     tok.train(files, trainer)
     return tok
+
+
+def model_arguments(description: str | None) -> argparse.Namespace:
+    """The command line both model makers take: output path and the model's shape."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("out")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
