@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import os
 import re
 import socket
 import ssl
@@ -121,7 +123,9 @@ def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) ->
 
 
 SO_TIMESTAMPNS = 35  # Linux: SCM_TIMESTAMPNS ancillary data (struct timespec, CLOCK_REALTIME)
-KERNEL_STAMPS_AVAILABLE = sys.platform == "linux"
+# LOADGEN_KERNEL_STAMPS=0 turns them off (user-space stamps on the uvloop transport: ~4 µs
+# less client CPU per chunk, measured, and timestamps late by however busy the client is).
+KERNEL_STAMPS_AVAILABLE = sys.platform == "linux" and os.environ.get("LOADGEN_KERNEL_STAMPS") != "0"
 READ_SIZE = 256 * 1024
 _TIMESPEC = struct.Struct("@qq")
 _HEX = re.compile(rb"[0-9A-Fa-f]+")  # a bare chunk size (int() would also accept spaces, _)
@@ -558,7 +562,8 @@ class Pool:
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                with contextlib.suppress(OSError):  # refused: reads are stamped in user space
+                    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
                 await loop.sock_connect(sock, address)
             except OSError as exc:
                 sock.close()
