@@ -89,6 +89,9 @@ class Exchange:
         self.t0_ns = t0_ns
         self.decoder = new_decoder(adapter)  # SSE or NDJSON, by the adapter's framing
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # done.done() as a plain attribute: the per-chunk path asks after every event, and a
+        # method call on the future costs more than the attribute (finish() sets both).
+        self.settled = False
         self.outcome: Outcome | None = None
         self.error: str | None = None
         self.status: int | None = None
@@ -117,7 +120,7 @@ class Exchange:
         self.headers_ns = t_ns
 
     def on_body(self, data: bytes, t_ns: int) -> None:
-        if self.done.done():
+        if self.settled:
             return
         if self.status is None or self.status >= 300:
             if len(self.error_body) < MAX_ERROR_BODY:
@@ -125,7 +128,7 @@ class Exchange:
             return
         for event, payload in self.decoder.feed(data):
             self._event(event, payload, t_ns)
-            if self.done.done():
+            if self.settled:
                 return
 
     def on_end(self, t_ns: int) -> None:
@@ -183,8 +186,9 @@ class Exchange:
     # -- end ---------------------------------------------------------------------------
     def finish(self, t_ns: int, outcome: Outcome | None, error: str | None = None) -> None:
         """Settle the outcome once; later calls are ignored."""
-        if self.done.done():
+        if self.settled:
             return
+        self.settled = True
         self.end_ns = t_ns
         if outcome is None:
             outcome, error = self._clean_end_outcome()
@@ -555,6 +559,7 @@ class Engine:
                 self.stats.retries += 1
                 exchange.lost_before_response = False
                 exchange.done = loop.create_future()
+                exchange.settled = False
                 exchange.outcome = exchange.error = None
         finally:
             for timer in timers:
