@@ -153,6 +153,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.sink: ExchangeSink | None = None
         self._rx: list[tuple[bytes, int]] = []  # reads stamped but not yet parsed
+        # No read can arrive before its request was written, nor before the previous read:
+        # stamps are floored here, so an error in moving a kernel stamp between clocks can
+        # never make a latency or a gap negative.
+        self._floor_ns = 0
         self.closed = False
         self.reused = False
         self._reset_response()
@@ -180,6 +184,9 @@ class Connection(asyncio.Protocol):
 
     def received(self, data: bytes, t_ns: int) -> None:
         """Bytes that arrived at `t_ns` (the kernel's receive time, where it is known)."""
+        if t_ns < self._floor_ns:
+            t_ns = self._floor_ns
+        self._floor_ns = t_ns
         self._rx.append((data, t_ns))
         self._got_bytes = True
         if len(self._rx) == 1:
@@ -357,6 +364,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.sink = sink
         self._reset_response()
+        self._floor_ns = perf_counter_ns()
         self.transport.write(request)
 
     def detach(self) -> None:
@@ -376,22 +384,42 @@ def _literal_address(host: str, port: int) -> tuple[int, Any] | None:
     return None
 
 
+OFFSET_REFRESH_NS = 100_000_000
+
+
+def clock_offset_ns() -> int:
+    """CLOCK_REALTIME minus perf_counter_ns, from the narrowest of three bracketed reads."""
+    best_window_ns, best_ns = -1, 0
+    for _ in range(3):
+        before_ns = perf_counter_ns()
+        real_ns = time.time_ns()
+        after_ns = perf_counter_ns()
+        if best_window_ns < 0 or after_ns - before_ns < best_window_ns:
+            best_window_ns, best_ns = after_ns - before_ns, real_ns - (before_ns + after_ns) // 2
+        if best_window_ns < 2_000:  # not preempted: a clock read is ~0.1 µs
+            break
+    return best_ns
+
+
 class ReadClock:
     """Moves kernel receive times (CLOCK_REALTIME) onto perf_counter_ns, for one pool's reads.
 
     Each clock read costs ~0.1 µs on the VMs measured; a loop iteration that reads hundreds
-    of sockets needs them once. The first read after each drain reads both clocks: their
-    offset (the wall clock's slew within one iteration is nanoseconds), and `now_ns`, a
-    lower bound on the time of every later read before the next drain. A kernel time before
-    that bound is before its own read; one at or after it reads perf_counter_ns again, so a
-    stamp is still never placed after the read itself.
+    of sockets needs one. The first read after each drain reads perf_counter_ns: `now_ns`,
+    a lower bound on the time of every later read before the next drain. A kernel time
+    before that bound is before its own read; one at or after it reads perf_counter_ns
+    again, so a stamp is never placed after the read itself. The offset between the clocks
+    is measured every 100 ms (NTP slews the wall clock by at most 0.5 ms a second), from
+    the narrowest of three bracketed reads: a process preempted between reading its two
+    clocks would otherwise be off by the preemption, and stamp reads early.
     """
 
-    __slots__ = ("now_ns", "offset_ns")
+    __slots__ = ("now_ns", "offset_at_ns", "offset_ns")
 
     def __init__(self) -> None:
         self.now_ns = 0  # 0: not read since the last drain
         self.offset_ns = 0
+        self.offset_at_ns = 0  # when offset_ns was measured (0: never)
 
     def stamp(self, ancillary: list[tuple[int, int, bytes]]) -> int:
         """The arrival time of a read: the kernel's, from `recvmsg`'s ancillary data, where
@@ -399,7 +427,8 @@ class ReadClock:
         bound_ns = self.now_ns
         if not bound_ns:
             bound_ns = self.now_ns = perf_counter_ns()
-            self.offset_ns = time.time_ns() - bound_ns
+            if not self.offset_at_ns or bound_ns - self.offset_at_ns > OFFSET_REFRESH_NS:
+                self.offset_ns, self.offset_at_ns = clock_offset_ns(), bound_ns
         if not ancillary:
             return perf_counter_ns()
         sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from loadgen.calibrate import (
 from loadgen.plans import RequestPlan
 from loadgen.records import Outcome, RequestRecord
 from loadgen.spec import Deadlines, WorkloadSpec, loads
-from loadgen.transport import KERNEL_STAMPS_AVAILABLE, Pool, make_endpoint
+from loadgen.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
 
 SPEC = """
 name: t
@@ -229,10 +232,6 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
 @pytest.mark.skipif(not KERNEL_STAMPS_AVAILABLE, reason="SO_TIMESTAMPNS is Linux-only")
 def test_kernel_stamps_are_the_arrival_not_the_read() -> None:
     """Bytes that arrive while the loop is blocked are stamped when they arrived, not read."""
-    import asyncio
-    import socket
-    import time
-
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     stamps: dict[str, int] = {}
@@ -271,3 +270,45 @@ def test_kernel_stamps_are_the_arrival_not_the_read() -> None:
     assert stamps["head"] == stamps["body"] == stamps["end"]
     assert stamps["body"] <= written_ns + 1_000_000  # clock conversion: well under 1 ms
     assert stamps["body"] < blocked_until_ns
+
+
+def test_read_stamps_never_go_back_in_time_on_a_connection() -> None:
+    """A stamp moved wrongly between clocks is floored: never before the request was written,
+    never before the previous read, so no latency or gap can come out negative."""
+    seen: list[int] = []
+
+    class Sink:
+        def on_head(self, status: int, headers: object, t_ns: int) -> None:
+            seen.append(t_ns)
+
+        def on_body(self, data: bytes, t_ns: int) -> None:
+            seen.append(t_ns)
+
+        def on_end(self, t_ns: int) -> None:
+            seen.append(t_ns)
+
+        def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
+            raise AssertionError(reason)
+
+    class Wire:
+        def write(self, data: bytes) -> None:
+            pass
+
+    async def main() -> int:
+        conn = Connection(Pool(make_endpoint("http://127.0.0.1:9", "/v1", {})))
+        conn.transport = Wire()  # type: ignore[assignment]  # only write() is used
+        conn.send(Sink(), b"GET / HTTP/1.1\r\n\r\n")
+        sent_ns = time.perf_counter_ns()
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        conn.received(head, sent_ns - 5_000_000)  # "before the request was written"
+        conn.received(b"5\r\nhello\r\n", sent_ns + 2_000_000)
+        conn.received(b"5\r\nworld\r\n", sent_ns + 1_000_000)  # before the previous read
+        conn.received(b"0\r\n\r\n", sent_ns + 3_000_000)
+        conn.process()
+        return sent_ns
+
+    sent_ns = asyncio.run(main())
+    assert len(seen) == 4
+    assert seen[0] >= sent_ns - 1_000_000  # floored at the send (taken just before sent_ns)
+    assert seen[0] <= sent_ns
+    assert seen[1:] == [sent_ns + 2_000_000, sent_ns + 2_000_000, sent_ns + 3_000_000]
