@@ -16,6 +16,7 @@ close-delimited bodies) and keeps idle keep-alive connections for reuse.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import os
@@ -385,6 +386,31 @@ def _literal_address(host: str, port: int) -> tuple[int, Any] | None:
 
 
 OFFSET_REFRESH_NS = 100_000_000
+_timestamping_keeper: list[socket.socket] = []  # at most one, open for the process's life
+
+
+def keep_kernel_timestamping_on() -> None:
+    """Hold one socket with SO_TIMESTAMPNS open for the rest of the process.
+
+    Linux stamps received packets only while some socket asks for it, and turns that on
+    asynchronously (a deferred work item) when the first one does: segments received just
+    after are not stamped and their reads fall back to the time of the read. One socket
+    that keeps it on from the pool's creation (a run's t0 is 200 ms later) means every
+    request of the run gets kernel stamps, even when its connections come and go.
+    """
+    if _timestamping_keeper:
+        return
+    try:
+        keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        return  # reads are stamped when they are read, as without kernel stamps
+    try:
+        keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        keeper.close()
+        return
+    _timestamping_keeper.append(keeper)
+    atexit.register(keeper.close)
 
 
 def clock_offset_ns() -> int:
@@ -570,6 +596,8 @@ class Pool:
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
         self.kernel_stamps = kernel_stamps
+        if kernel_stamps:
+            keep_kernel_timestamping_on()
         self._addresses: list[tuple[int, Any]] = []  # (family, sockaddr), once resolved
         # Every StampedSocket reads into this and copies out what it got (one loop thread).
         self.read_buffer = [memoryview(bytearray(READ_SIZE))]

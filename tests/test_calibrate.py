@@ -251,6 +251,7 @@ def test_kernel_stamps_are_the_arrival_not_the_read() -> None:
 
     async def main() -> tuple[int, int]:
         pool = Pool(make_endpoint(f"http://127.0.0.1:{port}", "/v1", {}), kernel_stamps=True)
+        time.sleep(0.1)  # Linux turns packet stamping on asynchronously (the pool asked for it)
         conn = await pool.connect()
         server, _ = listener.accept()
         conn.send(Sink(), b"GET / HTTP/1.1\r\n\r\n")
