@@ -358,7 +358,9 @@ def test_llama_eight_concurrent_streams_overlap_via_cli(
 def test_hf_dialect_early_role_chunk_usage_in_finish_and_no_done(hf_server: Server) -> None:
     """transformers serve sends the role-only chunk before the request is queued (here,
     while another stream is still being served), usage with finish_reason, and no [DONE]."""
-    blocker_body = chat_body(hf_server.model, 48, **HF_EXACT_LENGTH)
+    # 256 tokens: ~1.5 s at this tiny model's fastest (~6 ms a token), so the blocker is
+    # still streaming when the queued request arrives 0.3 s later (48 tokens raced it).
+    blocker_body = chat_body(hf_server.model, 256, **HF_EXACT_LENGTH)
     blocker: list[RawStream] = []
     thread = threading.Thread(
         target=lambda: blocker.append(raw_stream(hf_server.url, blocker_body))
@@ -367,19 +369,22 @@ def test_hf_dialect_early_role_chunk_usage_in_finish_and_no_done(hf_server: Serv
     time.sleep(0.3)  # let the blocker be admitted first (FIFO); its stream takes far longer
     queued = raw_stream(hf_server.url, chat_body(hf_server.model, 8, **HF_EXACT_LENGTH))
     thread.join(60)
-    assert blocker
-    assert blocker[0].status == queued.status == 200
-    role_s, role = queued.events[0]
-    assert role["choices"][0]["delta"] == {"role": "assistant"}
-    blocker_end_s = blocker[0].events[-1][0]
-    assert role_s < blocker_end_s < queued.first_content_s()
-    last = queued.events[-1][1]
-    assert last["choices"][0]["finish_reason"] == "length"
-    assert last["usage"]["completion_tokens"] == 8
-    assert not queued.saw_done
-    assert not blocker[0].saw_done
-    queued.connection.close()
-    blocker[0].connection.close()
+    try:
+        assert blocker
+        assert blocker[0].status == queued.status == 200
+        role_s, role = queued.events[0]
+        assert role["choices"][0]["delta"] == {"role": "assistant"}
+        blocker_end_s = blocker[0].events[-1][0]
+        assert role_s < blocker_end_s < queued.first_content_s()
+        last = queued.events[-1][1]
+        assert last["choices"][0]["finish_reason"] == "length"
+        assert last["usage"]["completion_tokens"] == 8
+        assert not queued.saw_done
+        assert not blocker[0].saw_done
+    finally:  # a failed assertion must not leave sockets for the next test's GC to report
+        queued.connection.close()
+        for stream in blocker:
+            stream.connection.close()
 
 
 @pytest.mark.slow
