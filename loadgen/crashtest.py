@@ -4,7 +4,9 @@ The promise checked: every request the server finished more than `margin_s` befo
 is in the recovered records, as `ok`. Records go to Parquet parts at least once a second
 (and every 1,000 records), so one second is the most a kill can take. The server here is a
 `ScriptedServer` in this process, so its "finished" stamps and the kill share one clock.
-Used by tests/test_interrupt.py and benchmarks/sigkill.py.
+Also the pieces the interrupt tests share (a run of 60 requests of which the first five
+finish at once and the rest stream for 4 s; starting it; waiting for a condition).
+Used by tests/test_interrupt.py, tests/test_workers.py and benchmarks/sigkill.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter_ns
@@ -20,6 +23,48 @@ from time import perf_counter_ns
 import polars as pl
 
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
+
+INTERRUPT_WORKLOAD = """
+name: interrupt
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 20}
+    requests: 60
+    prompt_tokens: {dist: fixed, value: 5}
+    output_tokens: {dist: fixed, value: 20}
+    deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
+"""
+
+
+def slow_after_five(request: ReceivedRequest) -> list[Step]:
+    """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
+    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
+        return simple_chat(20)
+    return simple_chat(20, gap_s=0.2)
+
+
+def start_interrupt_run(tmp_path: Path, url: str, *extra: str) -> subprocess.Popen[bytes]:
+    """`loadgen run` of INTERRUPT_WORKLOAD into tmp_path/r, in its own process."""
+    workload = tmp_path / "w.yaml"
+    workload.write_text(INTERRUPT_WORKLOAD)
+    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url, "--out",
+               str(tmp_path), "--run-id", "r", "-q", *extra]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(
+    process: subprocess.Popen[bytes], condition: Callable[[], bool], timeout_s: float = 60.0
+) -> None:
+    """Poll until `condition()`; fail with the run's stderr if it ends or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"condition not reached; loadgen said: {stderr.decode()[-2000:]}")
+        time.sleep(0.05)
+
 
 WORKLOAD = """
 name: crash

@@ -12,52 +12,21 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.crashtest import kill_and_recover
+from loadgen.crashtest import (
+    INTERRUPT_WORKLOAD,
+    kill_and_recover,
+    slow_after_five,
+    start_interrupt_run,
+    wait_for,
+)
 from loadgen.records import read_records
-from loadgen.testing import ScriptedServer, head, simple_chat
-
-WORKLOAD = """
-name: interrupt
-target: {api: openai-chat, model: m}
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 20}
-    requests: 60
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 20}
-    deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
-"""
-
-
-def handler(request):
-    """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
-    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
-        return simple_chat(20)
-    return simple_chat(20, gap_s=0.2)
-
-
-def start_run(tmp_path: Path, url: str, grace_s: float) -> subprocess.Popen[bytes]:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD)
-    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url, "--out",
-               str(tmp_path), "--run-id", "r", "--grace", str(grace_s), "-q"]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def wait_for(process: subprocess.Popen[bytes], condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            _, stderr = process.communicate()
-            raise AssertionError(f"condition not reached; loadgen said: {stderr.decode()[-2000:]}")
-        time.sleep(0.05)
+from loadgen.testing import ScriptedServer, head
 
 
 def test_ctrl_c_records_every_plan_and_marks_the_run_interrupted(tmp_path: Path) -> None:
     """One SIGINT: sending stops, in-flight requests are cancelled after the grace, all 60 recorded."""
-    with ScriptedServer(handler) as server:
-        process = start_run(tmp_path, server.url, grace_s=0.3)
+    with ScriptedServer(slow_after_five) as server:
+        process = start_interrupt_run(tmp_path, server.url, "--grace", "0.3")
         wait_for(process, lambda: len(server.requests) >= 15)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
@@ -78,8 +47,8 @@ def test_ctrl_c_records_every_plan_and_marks_the_run_interrupted(tmp_path: Path)
 
 def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -> None:
     """Two SIGINTs: the process exits 130 without waiting the grace, and the parts stay readable."""
-    with ScriptedServer(handler) as server:
-        process = start_run(tmp_path, server.url, grace_s=60)
+    with ScriptedServer(slow_after_five) as server:
+        process = start_interrupt_run(tmp_path, server.url, "--grace", "60")
         wait_for(process, lambda: len(server.requests) >= 15)
         time.sleep(1.5)  # parts are written about once a second
         process.send_signal(signal.SIGINT)
@@ -97,8 +66,8 @@ def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -
 
 def test_a_run_killed_with_sigkill_is_recovered_from_its_parts(tmp_path: Path) -> None:
     """SIGKILL leaves Parquet parts; `report --recover` joins them, marks the run interrupted."""
-    with ScriptedServer(handler) as server:
-        process = start_run(tmp_path, server.url, grace_s=60)
+    with ScriptedServer(slow_after_five) as server:
+        process = start_interrupt_run(tmp_path, server.url, "--grace", "60")
         wait_for(process, lambda: len(server.requests) >= 15)
         time.sleep(1.5)  # parts are written about once a second
         process.kill()
@@ -127,7 +96,7 @@ def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> No
     """A server that goes silent, with deadlines longer than the job's patience: exit 4,
     every plan recorded, and the message says what the run was waiting for."""
     workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD.replace("first_token_s: 30, stall_s: 30, total_s: 60",
+    workload.write_text(INTERRUPT_WORKLOAD.replace("first_token_s: 30, stall_s: 30, total_s: 60",
                                          "first_token_s: 300, stall_s: 300, total_s: 600"))  # fmt: skip
     with ScriptedServer(lambda r: [head(), 60.0]) as server:
         command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", server.url,

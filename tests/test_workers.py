@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.cli import cli
+from loadgen.crashtest import slow_after_five, start_interrupt_run, wait_for
 from loadgen.plans import plan_run, plan_work
 from loadgen.records import read_records
 from loadgen.run import choose_workers
@@ -169,41 +170,8 @@ def test_default_workers_follow_the_calibrated_envelope(
     assert choose_workers(spec, work, None)[0] == 1
 
 
-INTERRUPT_WORKLOAD = """
-name: interrupt
-target: {api: openai-chat, model: m}
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 20}
-    requests: 60
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 20}
-    deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
-"""
-
-
-def slow_after_five(request):
-    """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
-    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
-        return simple_chat(20)
-    return simple_chat(20, gap_s=0.2)
-
-
 def start_run(tmp_path: Path, url: str, *extra: str) -> subprocess.Popen[bytes]:
-    workload = write_workload(tmp_path, INTERRUPT_WORKLOAD)
-    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url, "--out",
-               str(tmp_path), "--run-id", "r", "--workers", "2", "-q", *extra]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def wait_for(process: subprocess.Popen[bytes], condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            _, stderr = process.communicate()
-            raise AssertionError(f"condition not reached; loadgen said: {stderr.decode()[-2000:]}")
-        time.sleep(0.05)
+    return start_interrupt_run(tmp_path, url, "--workers", "2", *extra)
 
 
 def test_ctrl_c_of_a_two_worker_run_records_every_plan(tmp_path: Path) -> None:
