@@ -19,7 +19,7 @@ from typing import Any
 
 from loadgen.adapters.generic import GenericSpec
 from loadgen.plans import RequestPlan, Work
-from loadgen.records import RequestRecord
+from loadgen.records import Outcome, RequestRecord
 from loadgen.spec import Deadlines
 
 CLOSE = "close"  # step: close the connection gracefully (FIN)
@@ -139,6 +139,38 @@ def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) 
     if first_delay_s:
         steps.insert(2, first_delay_s)  # after the head and the role chunk
     return steps
+
+
+def streamed_record(
+    request_id: int,
+    *,
+    intended_ms: float = 0.0,
+    ttft_ms: float = 100.0,
+    gaps_ms: tuple[float, ...] = (10.0, 10.0),
+    lag_ms: float = 0.0,
+    class_name: str = "chat",
+    outcome: Outcome = Outcome.OK,
+) -> RequestRecord:
+    """A record with one token per chunk: first chunk at intended + ttft, then the gaps."""
+    ms = 1_000_000
+    intended = int(intended_ms * ms)
+    chunks = [intended + int(ttft_ms * ms)]
+    for gap in gaps_ms:
+        chunks.append(chunks[-1] + int(gap * ms))
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=outcome,
+        dispatched_ns=intended + int(lag_ms * ms),
+        sent_ns=intended + int(lag_ms * ms),
+        first_token_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1] + ms,
+        chunk_ns=tuple(chunks),
+        chunk_tokens=(1,) * len(chunks),
+        output_tokens=len(chunks),
+    )
 
 
 class ScriptedServer:

@@ -12,38 +12,9 @@ from hypothesis import strategies as st
 from loadgen import slo
 from loadgen.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.slo import SloTargets
+from loadgen.testing import streamed_record as streamed
 
 MS = 1_000_000
-
-
-def streamed(
-    request_id: int,
-    *,
-    intended_ms: float = 0.0,
-    ttft_ms: float = 100.0,
-    gaps_ms: tuple[float, ...] = (10.0, 10.0),
-    lag_ms: float = 0.0,
-    class_name: str = "chat",
-) -> RequestRecord:
-    """An ok request with one token per chunk: first chunk at intended + ttft, then the gaps."""
-    intended = int(intended_ms * MS)
-    chunks = [intended + int(ttft_ms * MS)]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + int(gap * MS))
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=Outcome.OK,
-        dispatched_ns=intended + int(lag_ms * MS),
-        sent_ns=intended + int(lag_ms * MS),
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + MS,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-    )
 
 
 def failed(
