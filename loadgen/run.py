@@ -40,7 +40,7 @@ from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
-from loadgen.records import RecordWriter, read_parts, write_parquet_atomic
+from loadgen.records import RecordWriter, RequestRecord, read_parts, write_parquet_atomic
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
@@ -699,10 +699,7 @@ async def _progress(
             await anyio.sleep(0.25)
             batch = writer.take_due()
             if batch:
-                try:
-                    await anyio.to_thread.run_sync(writer.write_part, batch)
-                except (OSError, PanicException):  # out of file descriptors: retry later
-                    writer.requeue(batch)
+                await _spill(writer, batch)
             now = time.monotonic()
             if quiet or (not tty and now - last_line < 10):
                 continue
@@ -712,6 +709,27 @@ async def _progress(
     finally:
         if tty and not quiet:
             print(file=log)
+
+
+async def _spill(writer: RecordWriter, batch: list[RequestRecord]) -> None:
+    """Write one batch as a part in a thread. A batch whose write fails (out of file
+    descriptors) goes back to the writer; so does one whose task is cancelled (the run is
+    ending) before the thread took it, for the final flush: never lost, never written twice."""
+    written = False
+
+    def write() -> None:
+        nonlocal written
+        writer.write_part(batch)
+        written = True
+
+    try:
+        await anyio.to_thread.run_sync(write)
+    except (OSError, PanicException):  # out of file descriptors: retry later
+        writer.requeue(batch)
+    except BaseException:
+        if not written:  # cancelled at the checkpoint before the (shielded) write began
+            writer.requeue(batch)
+        raise
 
 
 def progress_line(stats: LiveStats, elapsed_s: float) -> str:

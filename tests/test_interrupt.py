@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import polars as pl
 
 from loadgen.crashtest import (
@@ -131,3 +132,26 @@ def test_sigkill_at_random_moments_loses_nothing_finished_a_second_before(tmp_pa
         assert not result.missing, context
         assert result.interrupted, context
         assert result.recovered >= result.finished_before, context
+
+
+def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> None:
+    """The run ends (its tasks cancelled) just as a batch was taken for writing: the batch goes
+    back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
+    from loadgen.records import Outcome, RecordWriter, RequestRecord
+    from loadgen.run import _spill
+
+    def batch(first: int) -> list[RequestRecord]:
+        return [RequestRecord(request_id=i, class_name="chat", intended_ns=i,
+                              outcome=Outcome.CANCELLED) for i in range(first, first + 5)]  # fmt: skip
+
+    writer = RecordWriter(tmp_path)
+
+    async def spill_both() -> None:
+        await _spill(writer, batch(0))
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # cancelled before the thread takes the batch
+            await _spill(writer, batch(5))
+
+    anyio.run(spill_both)
+    frame = writer.close()
+    assert frame["request_id"].to_list() == list(range(10))
