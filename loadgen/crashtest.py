@@ -5,7 +5,8 @@ is in the recovered records, as `ok`. Records go to Parquet parts at least once 
 (and every 1,000 records), so one second is the most a kill can take. The server here is a
 `ScriptedServer` in this process, so its "finished" stamps and the kill share one clock.
 Also the pieces the interrupt tests share (a run of 60 requests of which the first five
-finish at once and the rest stream for 4 s; starting it; waiting for a condition).
+finish at once and the rest stream for 4 s; starting it; waiting for a condition; the
+process table of a run, to show no helper outlives it).
 Used by tests/test_interrupt.py, tests/test_workers.py and benchmarks/sigkill.py.
 """
 
@@ -142,6 +143,45 @@ def kill_and_recover(
         missing=tuple(sorted(finished - ok)),
         interrupted=bool(summary.get("interrupted")),
     )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc): the simulator, workers, their helpers."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:  # the task ended while we looked
+                continue
+            todo.extend(int(c) for c in children)
+            found.extend(int(c) for c in children)
+    return sorted(set(found))
+
+
+def still_running(pids: list[int]) -> list[str]:
+    """Of `pids`, those still running (a zombie waiting to be reaped is not), as
+    `pid command` lines: the process table's view."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            running.append(f"{pid} {command.strip()}")
+    return running
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 20.0) -> list[str]:
+    """Poll until none of `pids` runs (or `timeout_s` passes); what still runs then."""
+    deadline = time.monotonic() + timeout_s
+    while (left := still_running(pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def _wait_for_first_request(server: ScriptedServer, process: subprocess.Popen[bytes]) -> None:

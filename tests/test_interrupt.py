@@ -1,8 +1,13 @@
-"""Interrupted runs keep their measurements: Ctrl-C records the rest as cancelled, exit 130."""
+"""Interrupted runs keep their measurements: Ctrl-C records the rest as cancelled, exit 130.
+
+The built-in simulator and worker processes die with their run, however the run ends.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -12,16 +17,21 @@ from pathlib import Path
 
 import anyio
 import polars as pl
+import pytest
 
 from loadgen.crashtest import (
     INTERRUPT_WORKLOAD,
+    descendants,
     kill_and_recover,
     slow_after_five,
     start_interrupt_run,
     wait_for,
+    wait_until_gone,
 )
 from loadgen.records import read_records
 from loadgen.testing import ScriptedServer, head
+
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
 
 def test_ctrl_c_records_every_plan_and_marks_the_run_interrupted(tmp_path: Path) -> None:
@@ -132,6 +142,80 @@ def test_sigkill_at_random_moments_loses_nothing_finished_a_second_before(tmp_pa
         assert not result.missing, context
         assert result.interrupted, context
         assert result.recovered >= result.finished_before, context
+
+
+# --- no orphans ----------------------------------------------------------------------------
+
+SIM_WORKLOAD = """
+name: orphans
+target: {api: openai-chat, model: sim}
+sim: {speed: 1}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 10}
+    requests: 100
+    prompt_tokens: {dist: fixed, value: 20}
+    output_tokens: {dist: fixed, value: 200}
+    slo: {ttft_ms: 2000, percentile: 50}
+"""
+
+
+def start_sim_run(tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """`loadgen run` against the built-in simulator (no --url), until its run.json is written."""
+    workload = tmp_path / "sim.yaml"
+    workload.write_text(SIM_WORKLOAD)
+    command = [sys.executable, "-m", "loadgen", "run", str(workload), "--out", str(tmp_path),
+               "--run-id", "s", "--lag-bound-ms", "1000", *extra]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(process, lambda: (tmp_path / "s" / "run.json").exists())
+    time.sleep(1.0)  # requests in flight on the simulator
+    return process
+
+
+def reap(helpers: list[int]) -> list[str]:
+    """The helpers still running once they had time to die (killed then, so that a failing
+    test leaves no orphans behind either)."""
+    left = wait_until_gone(helpers)
+    for pid in helpers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def helper_commands(pids: list[int]) -> list[str]:
+    """Each process's command line."""
+    return [Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in pids]
+
+
+@LINUX_PROC
+@pytest.mark.parametrize("workers", [1, 2])
+def test_no_simulator_or_worker_outlives_a_killed_run(tmp_path: Path, workers: int) -> None:
+    """SIGKILL of `loadgen run` (1 and 2 workers): the simulator and every worker it started
+    are gone from the process table (they die with their parent)."""
+    process = start_sim_run(tmp_path, "--workers", str(workers))
+    helpers = descendants(process.pid)
+    commands = helper_commands(helpers)
+    assert sum("loadgen.sim" in c for c in commands) == 1
+    assert sum("spawn_main" in c for c in commands) == (workers if workers > 1 else 0)
+    process.kill()
+    process.communicate(timeout=60)
+    assert reap(helpers) == []
+
+
+@LINUX_PROC
+@pytest.mark.parametrize("workers", [1, 2])
+def test_no_simulator_or_worker_outlives_a_double_ctrl_c(tmp_path: Path, workers: int) -> None:
+    """Two SIGINTs (the second exits at once, skipping clean-up): exit 130, and the simulator
+    and workers are gone from the process table all the same."""
+    process = start_sim_run(tmp_path, "--workers", str(workers), "--grace", "60")
+    helpers = descendants(process.pid)
+    assert sum("loadgen.sim" in c for c in helper_commands(helpers)) == 1
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr.decode()
+    assert reap(helpers) == []
 
 
 def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> None:
