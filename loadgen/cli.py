@@ -1,7 +1,8 @@
 """The command line: thin commands that parse, call the library, and render.
 
 Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
-3 the generator fell behind (its numbers are not the server's); 130 interrupted.
+3 the generator fell behind (its numbers are not the server's); 4 stopped by the watchdog;
+5 incomplete (killed, then recovered); 130 interrupted. 4, 5 and 130 are no verdict.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ Exit codes:
   3    the generator fell behind (or the client ran out of resources): its numbers
        are not the server's
   4    the watchdog stopped a run where nothing progressed; records are written
-  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written"""
+  5    incomplete: a run killed outright, finished by report --recover (no verdict)
+  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
+       verdict: the figures are partial)"""
 
 
 def clean_errors(func: F) -> F:

@@ -33,7 +33,8 @@ class Outcome(enum.StrEnum):
     TIMEOUT_FIRST_TOKEN = "timeout_first_token"  # no generated token by the deadline
     TIMEOUT_STALL = "timeout_stall"  # a gap between tokens longer than the stall deadline
     TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
-    CANCELLED = "cancelled"  # the run was interrupted before this request finished
+    CANCELLED = "cancelled"  # sent, but the run was stopped (or killed) before it finished
+    NOT_SENT = "not_sent"  # never sent: the run was stopped (or killed) before its time came
     SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
     CLIENT_ERROR = "client_error"  # the client failed (no file descriptor, no local port)
 

@@ -44,16 +44,17 @@ from loadgen.records import RecordWriter, RequestRecord, read_parts, write_parqu
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
-from loadgen.slo import summarize
+from loadgen.slo import EXIT_INTERRUPTED, summarize
+from loadgen.slo import EXIT_WATCHDOG as EXIT_WATCHDOG  # where run's callers have found it
 from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 3  # 3: adapters (visible-token TTFT, server timings), workers/shards
+SCHEMA_VERSION = 4  # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
+# run.json stopped/watchdog
+# 3: adapters (visible-token TTFT, server timings), workers/shards
 # (run.json workers, shard, t0.measured_unix_ns)
 # 2: client_error outcome, generator.client_errors, host.open_files_limit
-EXIT_INTERRUPTED = 130
-EXIT_WATCHDOG = 4
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -91,12 +92,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """4 when the watchdog stopped it, 130 when interrupted, else the summary's verdict
-        (0 met, 2 missed, 3 fell behind)."""
-        if self.watchdog:
-            return EXIT_WATCHDOG
-        if self.interrupted:
-            return EXIT_INTERRUPTED
+        """The summary's verdict: 0 met, 2 missed, 3 fell behind; 4 stopped by the
+        watchdog, 130 interrupted (no verdict on the server)."""
         return int(self.summary["verdict"]["exit_code"])
 
 
@@ -529,6 +526,7 @@ def finish(
     run_id = run_dir.name
     watchdog = state.get("watchdog")
     interrupted = bool(state["interrupted"]) or watchdog is not None
+    stopped = "watchdog" if watchdog is not None else "interrupted" if interrupted else None
     if run_info.get("shard") is not None:
         t0 = run_info["t0"]
         run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
@@ -537,7 +535,7 @@ def finish(
         run_id=run_id,
         slos={name: cls.slo for name, cls in spec.classes.items()},
         planned=planned,
-        interrupted=interrupted,
+        stopped=stopped,
         lag_bound_ms=options.lag_bound_ms,
     )
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
@@ -546,7 +544,8 @@ def finish(
     write_json_atomic(run_dir / "summary.json", summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
-    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True}
+    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True,
+             "stopped": stopped, "watchdog": watchdog}  # fmt: skip
     write_json_atomic(run_dir / "run.json", final)
     return RunResult(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,

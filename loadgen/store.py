@@ -46,7 +46,7 @@ from loadgen.errors import LoadgenError
 from loadgen.histograms import HIGHEST_US, LatencyHistogram
 from loadgen.metrics import NS_PER_MS
 from loadgen.records import OUTCOMES, Outcome, read_records, write_parquet_atomic
-from loadgen.slo import SloTargets, per_request
+from loadgen.slo import STOPS, SloTargets, per_request
 
 HISTOGRAMS_FILE = "histograms.parquet"
 RUN_FILE = "run.json"
@@ -97,6 +97,23 @@ def read_run_entry(run_dir: Path) -> RunEntry:
         workload=str(workload.get("name", "")),
         slos=slos,
     )
+
+
+def run_stop(info: Mapping[str, Any]) -> str | None:
+    """How a run stopped before its end, from its run.json (a key of `slo.STOPS`), or None.
+
+    `incomplete`: killed outright (`finished: false`: it never wrote its end) or recovered
+    from its parts; `watchdog`: stopped by it; `interrupted`: Ctrl-C or SIGTERM. Runs
+    written before `stopped` was recorded are read from `interrupted` and `finished`.
+    """
+    if info.get("recovered") or not info.get("finished", True):
+        return "incomplete"
+    stopped = info.get("stopped")
+    if stopped in STOPS:
+        return str(stopped)
+    if info.get("watchdog"):
+        return "watchdog"
+    return "interrupted" if info.get("interrupted") else None
 
 
 def _read_run_json(run_dir: Path) -> dict[str, Any]:

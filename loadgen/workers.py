@@ -351,7 +351,8 @@ def _supervise(
 ) -> dict[str, Any]:
     """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
     line, until every worker has finished or died."""
-    from loadgen.run import EXIT_INTERRUPTED, progress_line
+    from loadgen.run import progress_line
+    from loadgen.slo import EXIT_INTERRUPTED
 
     state: dict[str, Any] = {"interrupted": False}
     handled = 0
