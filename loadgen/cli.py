@@ -353,8 +353,9 @@ def run(
 @click.option(
     "--recover",
     is_flag=True,
-    help="One run that was killed: join its record parts into records.parquet, mark it "
-    "interrupted, write its summary.json, then report.",
+    help="One run that was killed: join its record parts and give every planned request a "
+    "record (cancelled if it was due, not_sent if not), mark it incomplete (exit 5), write "
+    "its summary.json, then report.",
 )
 @clean_errors
 def report(
@@ -393,16 +394,25 @@ def report(
 
 
 def _recover(run_dir: Path) -> None:
-    """Join a killed run's parts, then write its summary and histograms as a run would."""
+    """Give a killed run one record per plan, then write its summary and histograms."""
+    from loadgen.recover import recover
     from loadgen.report import audit_run
-    from loadgen.run import recover, write_json_atomic
+    from loadgen.run import write_json_atomic
     from loadgen.store import write_histograms
 
-    kept = recover(run_dir)
+    done = recover(run_dir)
+    if done.nothing_to_do:
+        click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
+        return
     summary, frame, slos = audit_run(run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     write_histograms(run_dir, frame, slos)
-    click.echo(f"recovered {kept} records of {run_dir}; marked interrupted", err=True)
+    click.echo(
+        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
+        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
+        "not_sent; marked incomplete (no verdict, exit 5)",
+        err=True,
+    )
 
 
 def _report_run(

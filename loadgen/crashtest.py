@@ -1,9 +1,11 @@
 """Crash test: SIGKILL a `loadgen run` at a chosen moment, recover it, and count what survived.
 
-The promise checked: every request the server finished more than `margin_s` before the kill
-is in the recovered records, as `ok`. Records go to Parquet parts at least once a second
-(and every 1,000 records), so one second is the most a kill can take. The server here is a
-`ScriptedServer` in this process, so its "finished" stamps and the kill share one clock.
+The promises checked: every request the server finished more than `margin_s` before the
+kill is in the recovered records, as `ok`; every planned request has exactly one record;
+a request recovered as `cancelled` (sent, unfinished) really reached the server. Records
+go to Parquet parts at least once a second (and every 1,000 records), so one second is the
+most a kill can take. The server here is a `ScriptedServer` in this process, so its
+"finished" stamps and the kill share one clock.
 Also the pieces the interrupt tests share (a run of 60 requests of which the first five
 finish at once and the rest stream for 4 s; starting it; waiting for a condition; the
 process table of a run, to show no helper outlives it).
@@ -87,10 +89,16 @@ class KillResult:
 
     kill_after_s: float  # after the first request reached the server
     finished_before: int  # requests the server finished more than margin_s before the kill
+    planned: int
     recovered: int  # records in the recovered run (any outcome)
     recovered_ok: int  # of those, ok
+    cancelled: int  # recovered as sent but unfinished
+    not_sent: int  # recovered as never sent
     missing: tuple[int, ...]  # finished before the margin, yet not recovered as ok
+    false_cancelled: tuple[int, ...]  # recovered as cancelled (sent), yet never reached the server
     interrupted: bool  # the recovered summary says so
+    exit_code: int  # of `report --recover`
+    status: str  # the recovered summary's verdict.status
 
 
 def varied_stream(request: ReceivedRequest) -> list[Step]:
@@ -126,6 +134,7 @@ def kill_and_recover(
             for request_id, end_ns in server.finished.items()
             if request_id.startswith("loadgen-") and end_ns < kill_ns - margin_s * 1e9
         }
+        received = received_ids(server)
     recovery = subprocess.run(
         [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir),
          "--out", str(work_dir / "report"), "--format", "json"],
@@ -135,14 +144,24 @@ def kill_and_recover(
         raise AssertionError(f"recovery failed ({recovery.returncode}): {recovery.stderr[-2000:]}")
     summary = json.loads(recovery.stdout)
     records = pl.read_parquet(run_dir / "records.parquet")
-    ok = set(records.filter(pl.col("outcome") == "ok")["request_id"].to_list())
+
+    def ids(outcome: str) -> set[int]:
+        return set(records.filter(pl.col("outcome") == outcome)["request_id"].to_list())
+
+    ok, cancelled = ids("ok"), ids("cancelled")
     return KillResult(
         kill_after_s=kill_after_s,
         finished_before=len(finished),
+        planned=requests,
         recovered=records.height,
         recovered_ok=len(ok),
+        cancelled=len(cancelled),
+        not_sent=len(ids("not_sent")),
         missing=tuple(sorted(finished - ok)),
+        false_cancelled=tuple(sorted(cancelled - received)),
         interrupted=bool(summary.get("interrupted")),
+        exit_code=recovery.returncode,
+        status=str(summary["verdict"].get("status")),
     )
 
 

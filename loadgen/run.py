@@ -40,7 +40,13 @@ from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
-from loadgen.records import RecordWriter, RequestRecord, read_parts, write_parquet_atomic
+from loadgen.records import (
+    RecordWriter,
+    RequestRecord,
+    read_parts,
+    remove_parts,
+    write_parquet_atomic,
+)
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
@@ -570,11 +576,7 @@ def join_parts(run_dir: Path) -> pl.DataFrame:
     parts = run_dir / PARTS_DIR
     frame = read_parts(parts)
     write_parquet_atomic(frame, run_dir / RECORDS_FILE)
-    for part in parts.glob("part-*.parquet"):
-        part.unlink()
-    for leftover in parts.glob(".*"):  # a part being written when a process was killed
-        leftover.unlink()
-    parts.rmdir()
+    remove_parts(parts)
     return frame
 
 
@@ -743,23 +745,3 @@ def progress_line(stats: LiveStats, elapsed_s: float) -> str:
         f"[{max(0.0, elapsed_s):7.1f}s] sent {stats.sent}/{stats.planned}  "
         f"in flight {stats.in_flight}  ok {stats.ok}  failed {stats.failed}  {ttft_text}"
     )
-
-
-def recover(run_dir: Path) -> int:
-    """Finish a run that was killed: join its record parts into `records.parquet`, mark
-    `run.json` interrupted. Returns the number of records kept. A finished run is left as is.
-    """
-    from loadgen.records import PARTS_DIR, RECORDS_FILE
-
-    info_path = run_dir / "run.json"
-    if not info_path.exists():
-        raise LoadgenError(f"{run_dir} has no run.json: not a run folder")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
-    parts = run_dir / PARTS_DIR
-    if (run_dir / RECORDS_FILE).exists() and not parts.exists():
-        return int(info.get("planned", 0)) if info.get("finished") else 0
-    if not parts.exists():
-        raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
-    frame = join_parts(run_dir)  # every worker's parts, when it ran with --workers
-    write_json_atomic(info_path, {**info, "interrupted": True, "recovered": True})
-    return frame.height

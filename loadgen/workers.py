@@ -43,7 +43,7 @@ import polars as pl
 
 from loadgen.histograms import LatencyHistogram
 from loadgen.plans import Work
-from loadgen.records import PARTS_DIR, Outcome, RecordWriter, RequestRecord, to_frame
+from loadgen.records import HEARTBEAT, PARTS_DIR, Outcome, RecordWriter, RequestRecord, to_frame
 from loadgen.records import write_parquet_atomic as write_part_atomic
 from loadgen.runner import Engine, LiveStats
 from loadgen.shards import Share, split_work
@@ -81,6 +81,7 @@ class ShareWriter(RecordWriter):
         private.rmdir()
         self.parts_dir = run_dir / PARTS_DIR
         self.parts_dir.mkdir(exist_ok=True)
+        self.heartbeat = self.parts_dir / f"{HEARTBEAT}-w{index:03d}"
         self.index = index
         self._written = 0
 

@@ -1,7 +1,8 @@
 """Interrupted runs keep their measurements and judge nothing; no helper outlives a run.
 
 Ctrl-C/SIGTERM: exit 130, every plan recorded (not_sent, cancelled), verdict "interrupted".
-The built-in simulator and worker processes die with their run, however the run ends.
+SIGKILL: `report --recover` gives every plan a record and the run "incomplete" (exit 5).
+The built-in simulator dies with its run, however the run ends.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ from loadgen.crashtest import (
     wait_for,
     wait_until_gone,
 )
+from loadgen.plans import Flow, RequestPlan, Work
 from loadgen.records import read_records
+from loadgen.recover import fill_unrecorded
+from loadgen.spec import Deadlines
 from loadgen.testing import ScriptedServer, head
 
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 VERDICT_WORDS = ("SLO MET", "SLO MISSED", " MET", "MISSED")
 
 
@@ -40,7 +45,12 @@ def outcome_ids(records: pl.DataFrame, outcome: str) -> set[int]:
     return set(records.filter(pl.col("outcome") == outcome)["request_id"].to_list())
 
 
-LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def recover(run_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir), "--out",
+         str(tmp_path / "rep"), "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -95,33 +105,48 @@ def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -
     assert kept["request_id"].n_unique() == kept.height
 
 
-def test_a_run_killed_with_sigkill_is_recovered_from_its_parts(tmp_path: Path) -> None:
-    """SIGKILL leaves Parquet parts; `report --recover` joins them, marks the run interrupted."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_run_is_recovered_with_a_record_per_plan_and_no_verdict(
+    tmp_path: Path, workers: int
+) -> None:
+    """SIGKILL, then `report --recover`: 60 records for 60 plans, whatever the worker count;
+    a request recovered as cancelled (sent) really reached the server, one recovered as
+    not_sent comes after every cancelled one; exit 5, verdict "incomplete", never MET."""
     with ScriptedServer(slow_after_five) as server:
-        process = start_interrupt_run(tmp_path, server.url, "--grace", "60")
+        process = start_interrupt_run(tmp_path, server.url, "--grace", "60", "--workers",
+                                      str(workers))  # fmt: skip
         wait_for(process, lambda: len(server.requests) >= 15)
         time.sleep(1.5)  # parts are written about once a second
         process.kill()
         process.communicate(timeout=60)
+        received = received_ids(server)
     run_dir = tmp_path / "r"
     assert not (run_dir / "records.parquet").exists()
-    kept = read_records(run_dir)
-    assert (kept["outcome"] == "ok").sum() >= 5  # the five fast requests finished > 1 s before
-    result = subprocess.run(
-        [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir), "--out", str(tmp_path / "rep"),
-         "--format", "json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 5, result.stderr  # incomplete: no verdict
+    assert (read_records(run_dir)["outcome"] == "ok").sum() >= 5  # finished > 1 s before
+    result = recover(run_dir, tmp_path)
+    assert result.returncode == 5, result.stderr
+    assert "planned 60" in result.stderr
     summary = json.loads(result.stdout)
-    assert summary["interrupted"] is True
-    assert (summary["verdict"]["status"], summary["verdict"]["slo_met"]) == ("incomplete", None)
-    assert summary["generator"]["recorded"] == kept.height
-    assert pl.read_parquet(run_dir / "records.parquet").height == kept.height
+    assert summary["verdict"]["status"] == "incomplete"
+    assert summary["verdict"]["slo_met"] is None
+    assert summary["generator"]["recorded"] == summary["generator"]["planned"] == 60
+    records = pl.read_parquet(run_dir / "records.parquet")
+    assert records["request_id"].to_list() == list(range(60))
+    ok, cancelled = outcome_ids(records, "ok"), outcome_ids(records, "cancelled")
+    not_sent = outcome_ids(records, "not_sent")
+    assert ok | cancelled | not_sent == set(range(60))
+    assert ok == set(range(5))
+    assert cancelled, "requests sent 1.5 s before the kill are cancelled, not not_sent"
+    assert cancelled <= received
+    assert min(not_sent) > max(cancelled)  # singles are due in id order
     assert not (run_dir / "records.parts").exists()
-    assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True
+    assert json.loads((run_dir / "summary.json").read_text())["verdict"]["exit_code"] == 5
     info = json.loads((run_dir / "run.json").read_text())
-    assert (info["interrupted"], info["recovered"]) == (True, True)
+    assert (info["recovered"], info["stopped"]) == (True, "incomplete")
+    again = recover(run_dir, tmp_path)
+    assert again.returncode == 5  # a second --recover changes nothing and judges nothing
+    assert "nothing to recover" in again.stderr
+    assert pl.read_parquet(run_dir / "records.parquet").equals(records)
 
 
 def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> None:
@@ -153,7 +178,8 @@ def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> No
 
 def test_sigkill_at_random_moments_loses_nothing_finished_a_second_before(tmp_path: Path) -> None:
     """Three runs killed at random moments: each request the server finished > 1 s before its
-    kill is in the recovered records as ok, and the recovered run says it was interrupted."""
+    kill is in the recovered records as ok, every plan has a record, nothing recovered as sent
+    missed the server, and the recovered run is incomplete (exit 5)."""
     seed = time.time_ns() % 1_000_000
     rng = random.Random(seed)
     for run in range(3):
@@ -164,8 +190,52 @@ def test_sigkill_at_random_moments_loses_nothing_finished_a_second_before(tmp_pa
         context = f"seed {seed}, run {run}: {result}"
         assert result.finished_before > 0, context
         assert not result.missing, context
+        assert not result.false_cancelled, context
         assert result.interrupted, context
-        assert result.recovered >= result.finished_before, context
+        assert result.recovered == result.planned, context
+        assert (result.exit_code, result.status) == (5, "incomplete"), context
+
+
+# --- the recovery rules, on hand-made plans ----------------------------------------------
+
+DEADLINES = Deadlines()
+S = 1_000_000_000
+
+
+def plan(request_id: int, intended_s: float, *, session: int | None = None, turn: int | None = None,
+         delay_s: float = 0.0) -> RequestPlan:  # fmt: skip
+    return RequestPlan(request_id=request_id, class_name="chat", intended_ns=int(intended_s * S),
+                       prompt_tokens=5, output_tokens=5, deadlines=DEADLINES, session_id=session,
+                       turn=turn, delay_s=delay_s)  # fmt: skip
+
+
+def test_recovery_classifies_by_when_each_plan_became_due() -> None:
+    """Heartbeat at 10 s. Singles: due by then → cancelled, later → not_sent. A session whose
+    turn 0 ended ok at 8 s with 1 s think time: turn 1 due at 9 s → cancelled, so turn 2 (which
+    needed turn 1's answer) → not_sent; with turn 0 ending at 9.5 s, turn 1 is due at 10.5 s →
+    not_sent. A batch of concurrency 2 with one document done: the next two were running
+    (cancelled), the last waited (not_sent)."""
+    session = Flow(kind="session", class_name="chat", session_id=3, start_ns=2 * S, plans=(
+        plan(3, 2, session=3, turn=0), plan(4, 2, session=3, turn=1, delay_s=1.0),
+        plan(5, 2, session=3, turn=2, delay_s=1.0)))  # fmt: skip
+    late = Flow(kind="session", class_name="chat", session_id=6, start_ns=3 * S, plans=(
+        plan(6, 3, session=6, turn=0), plan(7, 3, session=6, turn=1, delay_s=1.0)))  # fmt: skip
+    batch = Flow(kind="batch", class_name="chat", session_id=8, start_ns=1 * S, concurrency=2,
+                 plans=tuple(plan(8 + i, 1, session=8, turn=i) for i in range(4)))  # fmt: skip
+    work = Work(singles=[plan(0, 1.0), plan(1, 9.99), plan(2, 10.01)], flows=[session, late, batch])
+    frame = pl.DataFrame(
+        {"request_id": [3, 6, 8], "outcome": ["ok", "ok", "ok"], "end_ns": [8 * S, int(9.5 * S), 5 * S]}
+    )  # fmt: skip
+    filled = fill_unrecorded(work, frame, {0: 10 * S}, processes=1)
+    got = {r.request_id: str(r.outcome) for r in filled}
+    assert got == {
+        0: "cancelled", 1: "cancelled", 2: "not_sent",
+        4: "cancelled", 5: "not_sent", 7: "not_sent",
+        9: "cancelled", 10: "cancelled", 11: "not_sent",
+    }  # fmt: skip
+    assert {r.request_id: r.intended_ns for r in filled}[4] == 9 * S  # when it was due
+    two = fill_unrecorded(work, frame, {0: 10 * S, 1: 0}, processes=2)  # worker 1 died at t0
+    assert {r.request_id: str(r.outcome) for r in two}[1] == "not_sent"  # worker 1's share
 
 
 # --- no orphans ----------------------------------------------------------------------------
@@ -215,7 +285,7 @@ def helper_commands(pids: list[int]) -> list[str]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_no_simulator_or_worker_outlives_a_killed_run(tmp_path: Path, workers: int) -> None:
     """SIGKILL of `loadgen run` (1 and 2 workers): the simulator and every worker it started
-    are gone from the process table (they die with their parent)."""
+    are gone from the process table (they die with their parent), and recover finds every plan."""
     process = start_sim_run(tmp_path, "--workers", str(workers))
     helpers = descendants(process.pid)
     commands = helper_commands(helpers)
@@ -224,6 +294,9 @@ def test_no_simulator_or_worker_outlives_a_killed_run(tmp_path: Path, workers: i
     process.kill()
     process.communicate(timeout=60)
     assert reap(helpers) == []
+    result = recover(tmp_path / "s", tmp_path)
+    assert result.returncode == 5, result.stderr
+    assert json.loads(result.stdout)["generator"]["recorded"] == 100
 
 
 @LINUX_PROC
