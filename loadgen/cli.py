@@ -332,6 +332,17 @@ def run(
 )
 @click.option("--class", "class_name", help="Results store: only this class.")
 @click.option(
+    "--workload",
+    "workload_name",
+    metavar="NAME",
+    help="Results store: only this workload (a name, or NAME@FINGERPRINT as the table shows).",
+)
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="Results store: also pool runs that stopped early (interrupted, watchdog, recovered).",
+)
+@click.option(
     "--exact",
     is_flag=True,
     help="Results store: also compute exact values from records, and the difference.",
@@ -364,6 +375,8 @@ def report(
     window_text: str | None,
     step_text: str | None,
     class_name: str | None,
+    workload_name: str | None,
+    include_incomplete: bool,
     exact: bool,
     out_dir: Path | None,
     fmt: str,
@@ -373,14 +386,17 @@ def report(
 
     For a run folder: re-audits it from its records alone (optionally against other SLOs)
     and writes report.html (self-contained, plots embedded), report.md and summary.json;
-    exits with the verdict. For a results store (a folder of runs): each class's
-    percentiles and attainment over a trailing window of runs, at every step.
+    exits with the verdict. For a results store (a folder of runs): each workload's
+    classes' percentiles and attainment over a trailing window of its runs, at every step;
+    two workloads (name + spec fingerprint) are never pooled, and runs that stopped early
+    are left out unless --include-incomplete.
 
     \b
     Example:
       loadgen report reports/20261129T101500Z-chat-1a2b
       loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
       loadgen report reports/ --window 30d --step 1d --class chat
+      loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
     """
     if (path / "run.json").exists():
@@ -389,8 +405,9 @@ def report(
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
     else:
         _report_store(
-            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt
-        )
+            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
+            workload=workload_name, include_incomplete=include_incomplete,
+        )  # fmt: skip
 
 
 def _recover(run_dir: Path) -> None:
@@ -460,7 +477,7 @@ def _report_run(
 
 def _report_store(
     store: Path, window_text: str, step_text: str, class_name: str | None, exact: bool,
-    out_dir: Path | None, fmt: str,
+    out_dir: Path | None, fmt: str, *, workload: str | None, include_incomplete: bool,
 ) -> None:  # fmt: skip
     import json
 
@@ -471,21 +488,28 @@ def _report_store(
         rolling_windows,
         to_json,
     )  # fmt: skip
-    from loadgen.store import discover_runs
+    from loadgen.store import discover_runs, select_runs
 
     runs = discover_runs(store)
     if not runs:
         raise LoadgenError(f"{store} holds no runs (no */run.json): give a run folder or the "
                            "results store that `loadgen run --out` writes to")  # fmt: skip
     window, step = parse_duration(window_text), parse_duration(step_text)
-    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact)
+    selected = select_runs(runs, workload=workload, include_incomplete=True)
+    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact,
+                            workload=workload, include_incomplete=include_incomplete)  # fmt: skip
     if fmt == "json":
         click.echo(json.dumps(to_json(frame), indent=2))
         return
-    output_console().print(render_rolling_table(frame))
+    console = output_console()
+    console.print(render_rolling_table(frame))
+    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
+    if stopped and not include_incomplete:
+        console.print("left out, stopped before their end (--include-incomplete pools them): "
+                      + ", ".join(f"{r.run_id} ({r.stopped})" for r in stopped))  # fmt: skip
     target = out_dir or store / "rolling-report"
     target.mkdir(parents=True, exist_ok=True)
-    slos = {name: slo for run in runs for name, slo in run.slos.items()}
+    slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
     for metric in ("ttft", "tpot"):
         png = target / f"rolling-{metric}.png"
         png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))

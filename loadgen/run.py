@@ -34,6 +34,7 @@ from polars.exceptions import PanicException
 from loadgen import __version__
 from loadgen.adapters import Adapter, BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError, TargetError
+from loadgen.identity import identity
 from loadgen.logs import LOGGER, run_log
 from loadgen.metrics import generator_health
 from loadgen.objectives import Objective, apply_objectives
@@ -57,7 +58,7 @@ from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
 SCHEMA_VERSION = 4  # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
-# run.json stopped/watchdog
+# run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
 # (run.json workers, shard, t0.measured_unix_ns)
 # 2: client_error outcome, generator.client_errors, host.open_files_limit
@@ -318,7 +319,13 @@ def _run_info(
         "loadgen_version": __version__,
         "seed": spec.seed if options.seed is None else options.seed,
         "planned": planned,
-        "workload": {"name": spec.name, "source": spec.source, "spec": resolved},
+        "workload": {
+            "name": spec.name,
+            "source": spec.source,
+            "spec": resolved,
+            # what the results store pools by (loadgen.identity): name + spec fingerprint
+            "identity": identity(spec, max_in_flight=options.max_in_flight),
+        },
         "target": {
             "url": redact_url(endpoint.origin + endpoint.target),
             "api": spec.target.api,
