@@ -534,10 +534,7 @@ def _run_table(report: RunReport) -> Table:
     cap = info.get("options", {}).get("max_in_flight")
     rows = [
         ("run id", str(summary["run_id"])),
-        (
-            "workload",
-            f"{workload.get('name', '?')} ({Path(str(workload.get('source', '?'))).name})",
-        ),
+        ("workload", f"{_workload_key(info)} ({Path(str(workload.get('source', '?'))).name})"),
         ("started", _utc(info.get("t0", {}).get("utc"))),
         ("target", f"{target.get('url', '?')}{sim}"),
         ("API · model", f"{target.get('api', '?')} · {target.get('model', '?')}"),
@@ -551,6 +548,16 @@ def _run_table(report: RunReport) -> Table:
         ("max in flight", "open loop (no cap)" if cap is None else str(cap)),
     ]
     return Table("Run", ("", ""), rows)
+
+
+def _workload_key(info: Mapping[str, Any]) -> str:
+    """`name@fingerprint`, what the results store pools this run by (`loadgen.identity`)."""
+    from loadgen.identity import identity_of_run
+
+    try:
+        return str(identity_of_run(info)["key"])
+    except LoadgenError:
+        return str(info.get("workload", {}).get("name", "?"))
 
 
 def _utc(text: object) -> str:

@@ -287,6 +287,7 @@ def test_html_shows_the_header_verdicts_and_tables(built: rpt.RunReport) -> None
         "2026-11-29 11:04:12 UTC",
         "http://127.0.0.1:8000/v1/chat/completions",
         "planned 50 · sent 44 · recorded 44",
+        f"synthetic {EVIL}@",  # the workload key the results store pools it by
         "GENERATOR FELL BEHIND",
         "Class chat: MET",  # p90 of 40 requests allows 4 failures; 3 failed
         f"Class {EVIL}: MISSED",  # p90 of 4 requests falls on its one failure
