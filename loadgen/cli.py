@@ -1,7 +1,8 @@
 """The command line: thin commands that parse, call the library, and render.
 
 Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
-3 the generator fell behind (its numbers are not the server's); 130 interrupted.
+3 the generator fell behind (its numbers are not the server's); 4 stopped by the watchdog;
+5 incomplete (killed, then recovered); 130 interrupted. 4, 5 and 130 are no verdict.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ Exit codes:
   3    the generator fell behind (or the client ran out of resources): its numbers
        are not the server's
   4    the watchdog stopped a run where nothing progressed; records are written
-  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written"""
+  5    incomplete: a run killed outright, finished by report --recover (no verdict)
+  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
+       verdict: the figures are partial)"""
 
 
 def clean_errors(func: F) -> F:
@@ -329,6 +332,17 @@ def run(
 )
 @click.option("--class", "class_name", help="Results store: only this class.")
 @click.option(
+    "--workload",
+    "workload_name",
+    metavar="NAME",
+    help="Results store: only this workload (a name, or NAME@FINGERPRINT as the table shows).",
+)
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="Results store: also pool runs that stopped early (interrupted, watchdog, recovered).",
+)
+@click.option(
     "--exact",
     is_flag=True,
     help="Results store: also compute exact values from records, and the difference.",
@@ -350,8 +364,9 @@ def run(
 @click.option(
     "--recover",
     is_flag=True,
-    help="One run that was killed: join its record parts into records.parquet, mark it "
-    "interrupted, write its summary.json, then report.",
+    help="One run that was killed: join its record parts and give every planned request a "
+    "record (cancelled if it was due, not_sent if not), mark it incomplete (exit 5), write "
+    "its summary.json, then report.",
 )
 @clean_errors
 def report(
@@ -360,6 +375,8 @@ def report(
     window_text: str | None,
     step_text: str | None,
     class_name: str | None,
+    workload_name: str | None,
+    include_incomplete: bool,
     exact: bool,
     out_dir: Path | None,
     fmt: str,
@@ -369,14 +386,17 @@ def report(
 
     For a run folder: re-audits it from its records alone (optionally against other SLOs)
     and writes report.html (self-contained, plots embedded), report.md and summary.json;
-    exits with the verdict. For a results store (a folder of runs): each class's
-    percentiles and attainment over a trailing window of runs, at every step.
+    exits with the verdict. For a results store (a folder of runs): each workload's
+    classes' percentiles and attainment over a trailing window of its runs, at every step;
+    two workloads (name + spec fingerprint) are never pooled, and runs that stopped early
+    are left out unless --include-incomplete.
 
     \b
     Example:
       loadgen report reports/20261129T101500Z-chat-1a2b
       loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
       loadgen report reports/ --window 30d --step 1d --class chat
+      loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
     """
     if (path / "run.json").exists():
@@ -385,21 +405,31 @@ def report(
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
     else:
         _report_store(
-            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt
-        )
+            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
+            workload=workload_name, include_incomplete=include_incomplete,
+        )  # fmt: skip
 
 
 def _recover(run_dir: Path) -> None:
-    """Join a killed run's parts, then write its summary and histograms as a run would."""
+    """Give a killed run one record per plan, then write its summary and histograms."""
+    from loadgen.recover import recover
     from loadgen.report import audit_run
-    from loadgen.run import recover, write_json_atomic
+    from loadgen.run import write_json_atomic
     from loadgen.store import write_histograms
 
-    kept = recover(run_dir)
+    done = recover(run_dir)
+    if done.nothing_to_do:
+        click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
+        return
     summary, frame, slos = audit_run(run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     write_histograms(run_dir, frame, slos)
-    click.echo(f"recovered {kept} records of {run_dir}; marked interrupted", err=True)
+    click.echo(
+        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
+        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
+        "not_sent; marked incomplete (no verdict, exit 5)",
+        err=True,
+    )
 
 
 def _report_run(
@@ -447,7 +477,7 @@ def _report_run(
 
 def _report_store(
     store: Path, window_text: str, step_text: str, class_name: str | None, exact: bool,
-    out_dir: Path | None, fmt: str,
+    out_dir: Path | None, fmt: str, *, workload: str | None, include_incomplete: bool,
 ) -> None:  # fmt: skip
     import json
 
@@ -458,21 +488,28 @@ def _report_store(
         rolling_windows,
         to_json,
     )  # fmt: skip
-    from loadgen.store import discover_runs
+    from loadgen.store import discover_runs, select_runs
 
     runs = discover_runs(store)
     if not runs:
         raise LoadgenError(f"{store} holds no runs (no */run.json): give a run folder or the "
                            "results store that `loadgen run --out` writes to")  # fmt: skip
     window, step = parse_duration(window_text), parse_duration(step_text)
-    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact)
+    selected = select_runs(runs, workload=workload, include_incomplete=True)
+    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact,
+                            workload=workload, include_incomplete=include_incomplete)  # fmt: skip
     if fmt == "json":
         click.echo(json.dumps(to_json(frame), indent=2))
         return
-    output_console().print(render_rolling_table(frame))
+    console = output_console()
+    console.print(render_rolling_table(frame))
+    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
+    if stopped and not include_incomplete:
+        console.print("left out, stopped before their end (--include-incomplete pools them): "
+                      + ", ".join(f"{r.run_id} ({r.stopped})" for r in stopped))  # fmt: skip
     target = out_dir or store / "rolling-report"
     target.mkdir(parents=True, exist_ok=True)
-    slos = {name: slo for run in runs for name, slo in run.slos.items()}
+    slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
     for metric in ("ttft", "tpot"):
         png = target / f"rolling-{metric}.png"
         png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))

@@ -41,7 +41,9 @@ from loadgen.terminal import fmt_ms
 EXIT_CODES_HELP = """\b
 Exit codes:
   0    no check regressed
-  1    usage error (missing run, no class in common, bad flag)
+  1    usage error (missing run, no class in common, bad flag), runs of different
+       workloads (without --force), or a run that stopped early (without
+       --include-incomplete)
   2    at least one check REGRESSED"""
 
 
@@ -106,6 +108,18 @@ class CompareCommand(click.Command):
     help="Also write a Markdown table (e.g. for $GITHUB_STEP_SUMMARY).",
 )
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Compare BASELINE and CURRENT even when they are runs of different workloads "
+    "(the output says so).",
+)
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="Also use runs that stopped early (interrupted, watchdog, recovered): in the "
+    "baseline window, or as BASELINE/CURRENT.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
@@ -122,6 +136,8 @@ def compare(
     class_names: tuple[str, ...],
     junit_path: Path | None,
     markdown_path: Path | None,
+    force: bool,
+    include_incomplete: bool,
     fmt: str,
 ) -> None:
     """Compare CURRENT with BASELINE per class and figure; exit 2 on a regression.
@@ -132,18 +148,25 @@ def compare(
     +1 pp, goodput -10 %) AND the confidence intervals of the two sides do not overlap
     (order-statistic intervals for percentiles, Wilson for shares). A percentile whose
     interval reaches beyond the sample (p99 under 368 requests at 95 %) is "not enough
-    data". Classes in only one side are listed, not compared.
+    data". Classes in only one side are listed, not compared. Only runs of one workload
+    (name + spec fingerprint) are compared: the baseline window pools CURRENT's workload
+    only; BASELINE of another workload needs --force. Runs that stopped early are left
+    out (refused as a side) unless --include-incomplete.
 
     \b
     Example:
       loadgen compare reports/run-a reports/run-b
       loadgen compare reports/run-b --baseline-window 30d --junit compare.xml
       loadgen compare reports/run-a reports/run-b --tolerance ttft_p99=20ms --format json
+      loadgen compare reports/chat-run reports/mixed-run --force
     """
     from loadgen.cli import clean_errors
 
     options = (window_text, store, tolerance_texts, confidence, class_names)
-    clean_errors(_compare)(runs, *options, junit_path, markdown_path, fmt)
+    clean_errors(_compare)(
+        runs, *options, junit_path, markdown_path, fmt, force=force,
+        include_incomplete=include_incomplete,
+    )  # fmt: skip
 
 
 def _compare(
@@ -156,6 +179,9 @@ def _compare(
     junit_path: Path | None,
     markdown_path: Path | None,
     fmt: str,
+    *,
+    force: bool = False,
+    include_incomplete: bool = False,
 ) -> None:
     from loadgen.cli import output_console
     from loadgen.rolling import parse_duration
@@ -169,6 +195,9 @@ def _compare(
         raise click.UsageError("with --baseline-window give only CURRENT", ctx)
     if store is not None and window_text is None:
         raise click.UsageError("--store only applies with --baseline-window", ctx)
+    if force and window_text is not None:
+        raise click.UsageError("--force applies to BASELINE CURRENT: a baseline window pools "
+                               "only CURRENT's workload", ctx)  # fmt: skip
     try:
         window = parse_duration(window_text) if window_text is not None else None
     except ConfigError as exc:  # parse_duration names --window; this flag is another
@@ -176,8 +205,9 @@ def _compare(
     tolerances = parse_tolerances(tolerance_texts)
     baseline_dir = runs[0] if window is None else None
     baseline, current, slos = load_sides(
-        runs[-1], baseline_dir=baseline_dir, window=window, store=store
-    )
+        runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,
+        include_incomplete=include_incomplete,
+    )  # fmt: skip
     comparison = compare_sides(
         baseline,
         current,
@@ -307,6 +337,17 @@ def verdict_line(comparison: Comparison) -> str:
 
 def _notes(comparison: Comparison) -> list[str]:
     notes = []
+    if comparison.forced:
+        notes.append(
+            f"FORCED: different workloads ({comparison.baseline_workload} vs "
+            f"{comparison.current_workload}); a change may be the workload's, not the server's"
+        )
+    if comparison.left_out:
+        notes.append(f"left out of the baseline window (another workload, or stopped early): "
+                     f"{', '.join(comparison.left_out)}")  # fmt: skip
+    if comparison.incomplete:
+        notes.append(f"includes runs that stopped early (partial figures): "
+                     f"{', '.join(comparison.incomplete)}")  # fmt: skip
     if comparison.only_in_baseline:
         notes.append(f"only in baseline, not compared: {', '.join(comparison.only_in_baseline)}")
     if comparison.only_in_current:
@@ -322,8 +363,13 @@ def _notes(comparison: Comparison) -> list[str]:
 
 
 def _title(comparison: Comparison) -> str:
+    workload = (
+        f"FORCED across workloads {comparison.baseline_workload} → {comparison.current_workload}"
+        if comparison.forced
+        else f"workload {comparison.current_workload}"
+    )
     return (
-        f"compare {comparison.baseline} → {comparison.current} · "
+        f"compare {comparison.baseline} → {comparison.current} · {workload} · "
         f"{comparison.confidence:.0%} intervals · latencies in ms"
     )
 
@@ -429,6 +475,9 @@ def _suite(name: str, results: Sequence[CheckResult], comparison: Comparison) ->
     shared = {
         "baseline": comparison.baseline,
         "current": comparison.current,
+        "baseline_workload": comparison.baseline_workload,
+        "current_workload": comparison.current_workload,
+        "forced": str(comparison.forced).lower(),
         "confidence": f"{comparison.confidence:g}",
     }
     for key, value in shared.items():

@@ -1,9 +1,10 @@
 """Compare: is CURRENT worse than BASELINE, per class and figure, beyond noise and tolerance?
 
 Sits after the records, beside the reports. `load_sides` reads the two sides from run
-folders (BASELINE one run, or every run of a trailing window pooled); everything else is
-a pure function of records frames: `compare_sides` computes each class's figures with
-confidence intervals and judges every change; `to_json` is the machine form.
+folders (BASELINE one run, or every run of CURRENT's workload in a trailing window,
+pooled); everything else is a pure function of records frames: `compare_sides` computes
+each class's figures with confidence intervals and judges every change; `to_json` is the
+machine form.
 
 Checks per class (ms figures as in the summary; percentiles nearest rank):
 `{ttft,tpot,itl,e2e}_p{50,90,99}` over ok requests (ITL over individual gaps);
@@ -12,6 +13,13 @@ Checks per class (ms figures as in the summary; percentiles nearest rank):
 all); `goodput_rps` and `goodput_tps` (requests and output tokens per second of requests
 meeting every threshold, over the summed durations of the side's runs). CURRENT's SLOs
 judge both sides, so attainment and goodput compare like with like.
+
+Like with like also means one workload (`loadgen.identity`: name + fingerprint of the
+resolved spec): a baseline window pools only runs of CURRENT's workload, and two runs of
+different workloads are not compared unless forced (and the comparison then says so). A
+run that stopped before its end (interrupted, watchdog, killed and recovered) is no
+measure of the server: it is left out of a baseline window, and refused as BASELINE or
+CURRENT, unless `include_incomplete`.
 
 Intervals (two-sided, at `confidence`):
 
@@ -348,6 +356,9 @@ class Side:
     run_ids: tuple[str, ...]
     frame: pl.DataFrame  # records.SCHEMA; runs concatenated
     duration_s: float  # the sum of each run's duration: goodput's denominator
+    workload: str = ""  # its workload key (`name@fingerprint`)
+    incomplete: tuple[str, ...] = ()  # its runs that stopped early (only when asked for)
+    left_out: tuple[str, ...] = ()  # runs of the window it did not pool, each with why
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -495,6 +506,15 @@ class Comparison:
     results: tuple[CheckResult, ...]
     only_in_baseline: tuple[str, ...] = ()
     only_in_current: tuple[str, ...] = ()
+    baseline_workload: str = ""
+    current_workload: str = ""
+    incomplete: tuple[str, ...] = ()  # runs on either side that stopped early (asked for)
+    left_out: tuple[str, ...] = ()  # runs of the baseline window not pooled, each with why
+
+    @property
+    def forced(self) -> bool:
+        """The sides are runs of different workloads, compared because --force asked."""
+        return self.baseline_workload != self.current_workload
 
     @property
     def regressions(self) -> tuple[CheckResult, ...]:
@@ -561,6 +581,10 @@ def compare_sides(
         results=tuple(results),
         only_in_baseline=tuple(n for n in names if n not in cur_samples),
         only_in_current=tuple(n for n in names if n not in base_samples),
+        baseline_workload=baseline.workload,
+        current_workload=current.workload,
+        incomplete=(*baseline.incomplete, *current.incomplete),
+        left_out=baseline.left_out,
     )
 
 
@@ -592,42 +616,97 @@ def load_sides(
     baseline_dir: Path | None = None,
     window: timedelta | None = None,
     store: Path | None = None,
+    force: bool = False,
+    include_incomplete: bool = False,
 ) -> tuple[Side, Side, dict[str, SloTargets]]:
     """(baseline, current, CURRENT's SLOs) read from run folders.
 
-    The baseline is BASELINE's run folder, or every run of `store` (default: CURRENT's
-    parent folder) whose t0 lies in [CURRENT's t0 - window, CURRENT's t0), CURRENT itself
-    excluded, their records pooled. LoadgenError when a folder is not a run or the window
-    holds no run.
+    The baseline is BASELINE's run folder, or every run of CURRENT's workload in `store`
+    (default: CURRENT's parent folder) whose t0 lies in [CURRENT's t0 - window, CURRENT's
+    t0), CURRENT itself excluded, their records pooled. Runs that stopped early are left
+    out of the window, and refused as a side, unless `include_incomplete`; a BASELINE of
+    another workload is refused unless `force`. LoadgenError when a folder is not a run,
+    a side is refused, or the window holds no run.
     """
     current_entry = _run_entry(current_dir)
+    _check_complete(current_entry, "CURRENT", include_incomplete)
     current = _read_side([current_entry], current_entry.run_id)
     if baseline_dir is not None:
         entries = [_run_entry(baseline_dir)]
+        _check_complete(entries[0], "BASELINE", include_incomplete)
+        _check_same_workload(entries[0], current_entry, force)
         label = entries[0].run_id
     elif window is not None:
         folder = current_dir.parent if store is None else store
-        end = current_entry.started_unix_ns
-        start = end - (window // timedelta(microseconds=1)) * 1000
-        this = current_dir.resolve()
-        entries = [
-            e
-            for e in discover_runs(folder)
-            if start <= e.started_unix_ns < end and e.run_dir.resolve() != this
-        ]
-        if not entries:
-            raise LoadgenError(
-                f"{folder}: no run started in the {window} before {current_entry.run_id} "
-                f"({current_entry.started:%Y-%m-%d %H:%M} UTC): widen --baseline-window, or "
-                "point --store at the folder holding the earlier runs"
-            )
+        entries, left_out = _window_runs(folder, current_entry, window, include_incomplete)
         label = (
             f"{len(entries)} run{'s' if len(entries) > 1 else ''} "
             f"{entries[0].started:%Y-%m-%d %H:%M}–{entries[-1].started:%Y-%m-%d %H:%M} UTC"
         )
+        side = replace(_read_side(entries, label), left_out=left_out)
+        return side, current, dict(current_entry.slos)
     else:
         raise ValueError("give baseline_dir or window")
     return _read_side(entries, label), current, dict(current_entry.slos)
+
+
+def _window_runs(
+    folder: Path, current: RunEntry, window: timedelta, include_incomplete: bool
+) -> tuple[list[RunEntry], tuple[str, ...]]:
+    """The runs of CURRENT's workload that started in the window before it, and the window's
+    other runs, each with why it was left out (its workload, or how it stopped)."""
+    end = current.started_unix_ns
+    start = end - (window // timedelta(microseconds=1)) * 1000
+    this = current.run_dir.resolve()
+    in_window = [
+        e
+        for e in discover_runs(folder)
+        if start <= e.started_unix_ns < end and e.run_dir.resolve() != this
+    ]
+    entries = [e for e in in_window if e.workload_key == current.workload_key
+               and (include_incomplete or e.is_complete)]  # fmt: skip
+    if not entries:
+        others = sorted(
+            {e.workload_key for e in in_window if e.workload_key != current.workload_key}
+        )
+        stopped = sum(not e.is_complete for e in in_window
+                      if e.workload_key == current.workload_key)  # fmt: skip
+        held = (f"; it holds {len(in_window)} other runs in that window"
+                + (f", of workloads {', '.join(others)}" if others else "")
+                + (f", {stopped} of this workload that stopped early (--include-incomplete "
+                   "pools them)" if stopped else "")) if in_window else ""  # fmt: skip
+        raise LoadgenError(
+            f"{folder}: no complete run of workload {current.workload_key} started in the "
+            f"{window} before {current.run_id} ({current.started:%Y-%m-%d %H:%M} UTC){held}: "
+            "widen --baseline-window, or point --store at the folder holding the earlier runs"
+        )
+    pooled = {e.run_id for e in entries}
+    left_out = tuple(
+        f"{e.run_id} ({e.workload_key if e.workload_key != current.workload_key else e.stopped})"
+        for e in in_window
+        if e.run_id not in pooled
+    )
+    return entries, left_out
+
+
+def _check_complete(entry: RunEntry, side: str, include_incomplete: bool) -> None:
+    if entry.stopped is not None and not include_incomplete:
+        raise LoadgenError(
+            f"{side} {entry.run_id} stopped before its end ({entry.stopped}): its unsent and "
+            "cancelled requests are not the server's, so it is no measure to compare; rerun "
+            "it, or add --include-incomplete to compare its partial figures anyway"
+        )
+
+
+def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> None:
+    if baseline.workload_key != current.workload_key and not force:
+        raise LoadgenError(
+            f"BASELINE {baseline.run_id} and CURRENT {current.run_id} are runs of different "
+            f"workloads ({baseline.workload_key} vs {current.workload_key}: name or spec "
+            "differs beyond seed, run length and URL, e.g. another rate or SLO), so a change "
+            "between them is not a regression; compare runs of one workload, or add --force "
+            "to compare them anyway (the output says so)"
+        )
 
 
 def _run_entry(run_dir: Path) -> RunEntry:
@@ -648,6 +727,8 @@ def _read_side(entries: Sequence[RunEntry], label: str) -> Side:
         run_ids=tuple(e.run_id for e in entries),
         frame=pl.concat(frames, how="diagonal_relaxed"),
         duration_s=sum(metrics.run_duration_s(f) for f in frames),
+        workload=entries[0].workload_key,
+        incomplete=tuple(e.run_id for e in entries if not e.is_complete),
     )
 
 
@@ -678,8 +759,19 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "reason": r.reason,
         }
     return {
-        "baseline": {"label": comparison.baseline, "runs": list(comparison.baseline_runs)},
-        "current": {"label": comparison.current, "runs": list(comparison.current_runs)},
+        "baseline": {
+            "label": comparison.baseline,
+            "runs": list(comparison.baseline_runs),
+            "workload": comparison.baseline_workload,
+            "left_out": list(comparison.left_out),
+        },
+        "current": {
+            "label": comparison.current,
+            "runs": list(comparison.current_runs),
+            "workload": comparison.current_workload,
+        },
+        "forced": comparison.forced,  # different workloads, compared because --force asked
+        "incomplete_runs": list(comparison.incomplete),
         "confidence": comparison.confidence,
         "classes": classes,
         "only_in_baseline": list(comparison.only_in_baseline),

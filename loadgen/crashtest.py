@@ -1,11 +1,14 @@
 """Crash test: SIGKILL a `loadgen run` at a chosen moment, recover it, and count what survived.
 
-The promise checked: every request the server finished more than `margin_s` before the kill
-is in the recovered records, as `ok`. Records go to Parquet parts at least once a second
-(and every 1,000 records), so one second is the most a kill can take. The server here is a
-`ScriptedServer` in this process, so its "finished" stamps and the kill share one clock.
+The promises checked: every request the server finished more than `margin_s` before the
+kill is in the recovered records, as `ok`; every planned request has exactly one record;
+a request recovered as `cancelled` (sent, unfinished) really reached the server. Records
+go to Parquet parts at least once a second (and every 1,000 records), so one second is the
+most a kill can take. The server here is a `ScriptedServer` in this process, so its
+"finished" stamps and the kill share one clock.
 Also the pieces the interrupt tests share (a run of 60 requests of which the first five
-finish at once and the rest stream for 4 s; starting it; waiting for a condition).
+finish at once and the rest stream for 4 s; starting it; waiting for a condition; the
+process table of a run, to show no helper outlives it).
 Used by tests/test_interrupt.py, tests/test_workers.py and benchmarks/sigkill.py.
 """
 
@@ -34,6 +37,7 @@ classes:
     prompt_tokens: {dist: fixed, value: 5}
     output_tokens: {dist: fixed, value: 20}
     deadlines: {first_token_s: 30, stall_s: 30, total_s: 60}
+    slo: {ttft_ms: 1000, percentile: 50}
 """
 
 
@@ -85,10 +89,16 @@ class KillResult:
 
     kill_after_s: float  # after the first request reached the server
     finished_before: int  # requests the server finished more than margin_s before the kill
+    planned: int
     recovered: int  # records in the recovered run (any outcome)
     recovered_ok: int  # of those, ok
+    cancelled: int  # recovered as sent but unfinished
+    not_sent: int  # recovered as never sent
     missing: tuple[int, ...]  # finished before the margin, yet not recovered as ok
+    false_cancelled: tuple[int, ...]  # recovered as cancelled (sent), yet never reached the server
     interrupted: bool  # the recovered summary says so
+    exit_code: int  # of `report --recover`
+    status: str  # the recovered summary's verdict.status
 
 
 def varied_stream(request: ReceivedRequest) -> list[Step]:
@@ -124,24 +134,83 @@ def kill_and_recover(
             for request_id, end_ns in server.finished.items()
             if request_id.startswith("loadgen-") and end_ns < kill_ns - margin_s * 1e9
         }
+        received = received_ids(server)
     recovery = subprocess.run(
         [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir),
          "--out", str(work_dir / "report"), "--format", "json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    if recovery.returncode not in (0, 2):
+    if not recovery.stdout.startswith("{"):
         raise AssertionError(f"recovery failed ({recovery.returncode}): {recovery.stderr[-2000:]}")
     summary = json.loads(recovery.stdout)
     records = pl.read_parquet(run_dir / "records.parquet")
-    ok = set(records.filter(pl.col("outcome") == "ok")["request_id"].to_list())
+
+    def ids(outcome: str) -> set[int]:
+        return set(records.filter(pl.col("outcome") == outcome)["request_id"].to_list())
+
+    ok, cancelled = ids("ok"), ids("cancelled")
     return KillResult(
         kill_after_s=kill_after_s,
         finished_before=len(finished),
+        planned=requests,
         recovered=records.height,
         recovered_ok=len(ok),
+        cancelled=len(cancelled),
+        not_sent=len(ids("not_sent")),
         missing=tuple(sorted(finished - ok)),
+        false_cancelled=tuple(sorted(cancelled - received)),
         interrupted=bool(summary.get("interrupted")),
+        exit_code=recovery.returncode,
+        status=str(summary["verdict"].get("status")),
     )
+
+
+def received_ids(server: ScriptedServer) -> set[int]:
+    """The request ids of every loadgen request the server received (not the preflight)."""
+    return {
+        int(r.headers["x-request-id"].rsplit("-", 1)[-1])
+        for r in server.requests
+        if r.headers.get("x-request-id", "").startswith("loadgen-")
+    }
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc): the simulator, workers, their helpers."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:  # the task ended while we looked
+                continue
+            todo.extend(int(c) for c in children)
+            found.extend(int(c) for c in children)
+    return sorted(set(found))
+
+
+def still_running(pids: list[int]) -> list[str]:
+    """Of `pids`, those still running (a zombie waiting to be reaped is not), as
+    `pid command` lines: the process table's view."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            running.append(f"{pid} {command.strip()}")
+    return running
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 20.0) -> list[str]:
+    """Poll until none of `pids` runs (or `timeout_s` passes); what still runs then."""
+    deadline = time.monotonic() + timeout_s
+    while (left := still_running(pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def _wait_for_first_request(server: ScriptedServer, process: subprocess.Popen[bytes]) -> None:

@@ -173,16 +173,32 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
         "shard": None,
         "workers": merged_workers(shards),
         "shards": shard_table(shards, start_ns),
-        "interrupted": any(bool(s.info.get("interrupted")) for s in shards),
+        **merged_stop(shards),
         "finished": True,
     }
     write_json_atomic(run_dir / "run.json", info)
     summary, frame, slos = audit_run(run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     write_histograms(run_dir, frame, slos)
-    behind = any(s.fell_behind for s in shards)
+    behind = any(s.fell_behind for s in shards) and info["stopped"] is None
     code = EXIT_FELL_BEHIND if behind else int(summary["verdict"]["exit_code"])
     return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
+
+
+def merged_stop(shards: Sequence[ShardRun]) -> dict[str, Any]:
+    """How the merged run stopped: as its most broken shard did (incomplete, then watchdog,
+    then interrupted), so that one stopped shard makes the whole run no verdict."""
+    from loadgen.store import run_stop
+
+    stops = [run_stop(s.info) for s in shards]
+    stopped = next((k for k in ("incomplete", "watchdog", "interrupted") if k in stops), None)
+    watchdog = next((s.info["watchdog"] for s in shards if s.info.get("watchdog")), None)
+    return {
+        "interrupted": stopped is not None,
+        "stopped": stopped,
+        "recovered": any(bool(s.info.get("recovered")) for s in shards),
+        "watchdog": watchdog,
+    }
 
 
 def merged_workers(shards: Sequence[ShardRun]) -> dict[str, Any]:

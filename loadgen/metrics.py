@@ -219,13 +219,15 @@ def run_duration_s(frame: pl.DataFrame) -> float:
     """max(end) - min(intended_ns) over the whole frame, in s; 0.0 for an empty frame.
 
     A record without end_ns falls back to its latest known moment (last token, first
-    token, send, intended), so an interrupted run still has a duration.
+    token, send, intended), so an interrupted run still has a duration; a `not_sent`
+    record (the run stopped before its time) has no moment at all and does not extend it.
     """
     if frame.height == 0:
         return 0.0
     end = pl.coalesce("end_ns", "last_token_ns", "first_token_ns", "sent_ns", "intended_ns")
-    span = frame.select((end.max() - pl.col("intended_ns").min()).alias("span")).item()
-    return max(int(span), 0) / NS_PER_S
+    happened = pl.col("outcome") != Outcome.NOT_SENT.value
+    span = frame.select(end.filter(happened).max() - pl.col("intended_ns").min()).item()
+    return max(int(span), 0) / NS_PER_S if span is not None else 0.0
 
 
 def rate_per_s(times_ns: pl.Series) -> float | None:

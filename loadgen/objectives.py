@@ -19,7 +19,7 @@ import polars as pl
 
 from loadgen.metrics import percentiles
 from loadgen.records import Outcome
-from loadgen.slo import SloTargets, exit_code, per_request
+from loadgen.slo import SloTargets, per_request, stop_of, verdict
 from loadgen.spec import ClassSpec
 
 
@@ -89,9 +89,10 @@ def apply_objectives(
             block["slo"]["met"] = block["trajectory"]["met"]
         elif cls.has_sessions:
             block["sessions"] = sessions_block(rows)
-    verdict = summary["verdict"]
-    verdict["slo_met"] = all(c["slo"]["met"] for c in summary["classes"].values())
-    verdict["exit_code"] = exit_code(slo_met=verdict["slo_met"], fell_behind=verdict["fell_behind"])
+    old = summary["verdict"]
+    summary["verdict"] = verdict(
+        summary["classes"], fell_behind=bool(old["fell_behind"]), stopped=stop_of(old)
+    )
     return summary
 
 

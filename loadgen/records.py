@@ -10,6 +10,7 @@ says why.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
@@ -33,7 +34,8 @@ class Outcome(enum.StrEnum):
     TIMEOUT_FIRST_TOKEN = "timeout_first_token"  # no generated token by the deadline
     TIMEOUT_STALL = "timeout_stall"  # a gap between tokens longer than the stall deadline
     TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
-    CANCELLED = "cancelled"  # the run was interrupted before this request finished
+    CANCELLED = "cancelled"  # sent, but the run was stopped (or killed) before it finished
+    NOT_SENT = "not_sent"  # never sent: the run was stopped (or killed) before its time came
     SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
     CLIENT_ERROR = "client_error"  # the client failed (no file descriptor, no local port)
 
@@ -201,6 +203,7 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
 
 RECORDS_FILE = "records.parquet"
 PARTS_DIR = "records.parts"
+HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `heartbeat-w000`
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
@@ -220,14 +223,25 @@ class RecordWriter:
     and writes it with `write_part`, in a worker thread so the loop keeps stamping chunks.
     `close()` joins the parts into `records.parquet`. A run killed mid-way keeps every part
     already renamed into place.
+
+    Each `take_due` also touches the process's heartbeat file in the parts folder: its
+    modification time is the last moment the run was seen alive, which is how `loadgen
+    report --recover` tells a plan that was due (sent) before a kill from one that never
+    came (`loadgen.recover`).
     """
 
     def __init__(
-        self, run_dir: Path, *, flush_every: int = 1000, flush_interval_s: float = 1.0
+        self,
+        run_dir: Path,
+        *,
+        flush_every: int = 1000,
+        flush_interval_s: float = 1.0,
+        heartbeat: str = HEARTBEAT,
     ) -> None:
         self.run_dir = run_dir
         self.parts_dir = run_dir / PARTS_DIR
         self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat = self.parts_dir / heartbeat
         self.flush_every = flush_every
         self.flush_interval_s = flush_interval_s
         self._pending: list[RequestRecord] = []
@@ -246,8 +260,20 @@ class RecordWriter:
         self._pending.append(record)
         self.count += 1
 
+    def beat(self) -> None:
+        """Touch the heartbeat file (a failure to is not worth a lost record: ignored)."""
+        try:
+            os.utime(self.heartbeat)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                self.heartbeat.touch()
+        except OSError:
+            pass
+
     def take_due(self) -> list[RequestRecord]:
-        """The pending records if a batch is full or the interval has passed, else []."""
+        """The pending records if a batch is full or the interval has passed, else [].
+        Touches the heartbeat (see the class docstring)."""
+        self.beat()
         now = time.monotonic()
         if len(self._pending) >= self.flush_every or (
             self._pending and now - self._last_take >= self.flush_interval_s
@@ -281,10 +307,17 @@ class RecordWriter:
         self.flush()
         frame = read_parts(self.parts_dir)
         write_parquet_atomic(frame, self.run_dir / RECORDS_FILE)
-        for part in self.parts_dir.glob("part-*.parquet"):
-            part.unlink()
-        self.parts_dir.rmdir()
+        remove_parts(self.parts_dir)
         return frame
+
+
+def remove_parts(parts_dir: Path) -> None:
+    """Remove a parts folder once its records are joined: parts, heartbeats, and the temp
+    file of a part being written when a process was killed."""
+    for name in ("part-*.parquet", f"{HEARTBEAT}*", ".*"):
+        for path in parts_dir.glob(name):
+            path.unlink()
+    parts_dir.rmdir()
 
 
 def read_parts(parts_dir: Path) -> pl.DataFrame:

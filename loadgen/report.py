@@ -31,7 +31,8 @@ from loadgen.objectives import Objective, apply_objectives
 from loadgen.records import Outcome, read_records
 from loadgen.run import SCHEMA_VERSION, write_json_atomic
 from loadgen.slo import METRICS_MS, SloTargets, per_request, summarize
-from loadgen.terminal import with_unit
+from loadgen.store import run_stop
+from loadgen.terminal import STOP_TEXT, stop_of, with_unit
 from loadgen.windows import time_windows
 
 SLO_FIELDS = (*METRICS_MS, "percentile")
@@ -160,9 +161,10 @@ def audit_run(
 ) -> tuple[dict[str, Any], pl.DataFrame, dict[str, SloTargets]]:
     """Re-audit one run: (summary, records frame, the SLOs used), without figures.
 
-    The SLOs are run.json's, with `slos` replacing whole classes' targets. planned,
-    interrupted and the lag bound come from run.json, so without `slos` the summary equals
-    the one the run wrote. Raises LoadgenError when the folder has no run.json or records.
+    The SLOs are run.json's, with `slos` replacing whole classes' targets. planned, how the
+    run stopped (`store.run_stop`) and the lag bound come from run.json, so without `slos`
+    the summary equals the one the run wrote. Raises LoadgenError when the folder has no
+    run.json or records.
     """
     info = read_run_info(run_dir)
     if not (run_dir / "records.parquet").exists() and not (run_dir / "records.parts").is_dir():
@@ -174,8 +176,7 @@ def audit_run(
         run_id=str(info.get("run_id", run_dir.name)),
         slos=effective,
         planned=int(info.get("planned", frame.height)),
-        # a run killed before it finished left run.json with finished: false
-        interrupted=bool(info.get("interrupted", False)) or not info.get("finished", True),
+        stopped=run_stop(info),
         lag_bound_ms=float(info.get("options", {}).get("lag_bound_ms", 5.0)),
     )
     summary = apply_objectives(summary, frame, Objective.from_run_info(info, effective))
@@ -485,11 +486,13 @@ def _banners(report: RunReport) -> list[Block]:
     summary, generator = report.summary, report.summary["generator"]
     verdict = summary["verdict"]
     banners: list[Block] = []
-    if summary.get("interrupted"):
+    stop = stop_of(summary)
+    if stop is not None:
         banners.append(
             Para(
-                "INTERRUPTED: the run was stopped early; requests it never finished are "
-                "recorded as cancelled and count as failures.",
+                f"PARTIAL: the run stopped before its end ({STOP_TEXT[stop]}). Requests it never "
+                "sent are recorded as not_sent, those it sent but never saw finish as "
+                "cancelled; every figure below is partial and no SLO is judged.",
                 "bad",
             )
         )
@@ -512,8 +515,12 @@ def _banners(report: RunReport) -> list[Block]:
                 "warn",
             )
         )
-    word = "GENERATOR FELL BEHIND" if verdict["fell_behind"] else None
-    word = word or ("SLO MET" if verdict["slo_met"] else "SLO MISSED")
+    if stop is not None:
+        word = f"none ({STOP_TEXT[stop]}: partial figures)"
+    elif verdict["fell_behind"]:
+        word = "GENERATOR FELL BEHIND"
+    else:
+        word = "SLO MET" if verdict["slo_met"] else "SLO MISSED"
     tone = "" if verdict["exit_code"] == 0 else "bad"
     banners.append(Para(f"Verdict: {word} (exit {verdict['exit_code']})", tone or "good"))
     return banners
@@ -527,10 +534,7 @@ def _run_table(report: RunReport) -> Table:
     cap = info.get("options", {}).get("max_in_flight")
     rows = [
         ("run id", str(summary["run_id"])),
-        (
-            "workload",
-            f"{workload.get('name', '?')} ({Path(str(workload.get('source', '?'))).name})",
-        ),
+        ("workload", f"{_workload_key(info)} ({Path(str(workload.get('source', '?'))).name})"),
         ("started", _utc(info.get("t0", {}).get("utc"))),
         ("target", f"{target.get('url', '?')}{sim}"),
         ("API · model", f"{target.get('api', '?')} · {target.get('model', '?')}"),
@@ -544,6 +548,16 @@ def _run_table(report: RunReport) -> Table:
         ("max in flight", "open loop (no cap)" if cap is None else str(cap)),
     ]
     return Table("Run", ("", ""), rows)
+
+
+def _workload_key(info: Mapping[str, Any]) -> str:
+    """`name@fingerprint`, what the results store pools this run by (`loadgen.identity`)."""
+    from loadgen.identity import identity_of_run
+
+    try:
+        return str(identity_of_run(info)["key"])
+    except LoadgenError:
+        return str(info.get("workload", {}).get("name", "?"))
 
 
 def _utc(text: object) -> str:
@@ -627,7 +641,7 @@ def _objective_tables(cls: Mapping[str, Any]) -> list[Block]:
             ("deadline", "none" if deadline is None else _num(deadline, " s")),
             ("input tokens/s", _num(batch["input_tokens_per_s"])),
             ("output tokens/s", _num(batch["output_tokens_per_s"])),
-            ("verdict", "MET" if batch["met"] else "MISSED"),
+            ("verdict", _met_word(batch["met"])),
         ]))  # fmt: skip
     trajectory = cls.get("trajectory")
     if trajectory and trajectory["trajectories"]:
@@ -680,6 +694,9 @@ def _checks_table(slo: Mapping[str, Any]) -> Table:
     if not rows:
         rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
     headers = ("check", "percentile", "value", "target", "population", "result", "note")
+    if slo["met"] is None:  # a run that stopped early: the checks' figures are partial
+        return Table("SLO checks on partial figures (failures ranked worst; judge nothing)",
+                     headers, rows)  # fmt: skip
     return Table("SLO checks (failures ranked worst)", headers, rows)
 
 
@@ -805,9 +822,14 @@ def _windows_table(windows: pl.DataFrame) -> Table:
 
 
 def _verdict(slo: Mapping[str, Any]) -> str:
-    if not slo["checks"]:
+    if not slo["checks"] and slo["met"] is not None:
         return "no SLO"
-    return "MET" if slo["met"] else "MISSED"
+    return _met_word(slo["met"])
+
+
+def _met_word(met: bool | None) -> str:
+    """MET / MISSED; "partial" where nothing was judged (a run that stopped early)."""
+    return "partial" if met is None else ("MET" if met else "MISSED")
 
 
 def _pct(value: float | None) -> str:

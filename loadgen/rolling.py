@@ -1,11 +1,16 @@
 """Rolling windows over the results store: per class, percentiles and attainment over time.
 
-Reads the store (`store.py`) and feeds the reports: for every step, each class's figures
-over the TRAILING window, pooled over every request of every run in it. Pooling merges
-the runs' per-minute histograms; it never averages per-run percentiles (a bad night of
-1,000 requests and 29 good nights of 100,000 pool to a p99 set by the good nights, while
-an average of p99s is pulled up by the bad one: only pooling answers "what did 99 % of
-our users see this month").
+Reads the store (`store.py`) and feeds the reports: for every step, each workload's
+classes' figures over the TRAILING window, pooled over every request of every run of that
+workload in it. A workload is a name and a fingerprint of its resolved spec
+(`loadgen.identity`): two runs that differ in anything but seed, run length and target URL
+are two workloads, and a class named "chat" in each is two rows, never one. Runs that
+stopped before their end (interrupted, watchdog, killed and recovered) are left out unless
+`include_incomplete`: their unsent and cancelled requests are not the server's failures.
+Pooling merges the runs' per-minute histograms; it never averages per-run percentiles (a
+bad night of 1,000 requests and 29 good nights of 100,000 pool to a p99 set by the good
+nights, while an average of p99s is pulled up by the bad one: only pooling answers "what
+did 99 % of our users see this month").
 
 - Windows end on multiples of `step` (UTC, counted from the epoch: midnight for `1d`), or
   on `end`, `end - step`, ... when `end` is given. Window k covers [end_k - window, end_k).
@@ -59,6 +64,7 @@ from loadgen.store import (
     load_histograms,
     metric_values,
     request_measures,
+    select_runs,
 )
 from loadgen.terminal import fmt_ms
 
@@ -95,7 +101,7 @@ class _Bin:
 
     counts: dict[str, int] = field(default_factory=dict)
     histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
-    run_ids: set[str] = field(default_factory=set)
+    run_ids: set[str] = field(default_factory=set)  # its runs (all of one workload)
     values_ms: dict[str, list[npt.NDArray[np.float64]]] = field(default_factory=dict)  # exact
 
 
@@ -107,23 +113,27 @@ def rolling_windows(
     class_name: str | None = None,
     exact: bool = False,
     end: datetime | None = None,
+    workload: str | None = None,
+    include_incomplete: bool = False,
 ) -> pl.DataFrame:
-    """One row per (window end, class): see the module docstring for every column."""
+    """One row per (window end, workload, class): see the module docstring for every column.
+
+    `workload` selects by name (every fingerprint of it, each its own rows) or by key
+    (`name@fingerprint`); `include_incomplete` pools runs that stopped early too.
+    """
     window_ns, step_ns = _whole_minutes_ns(window, "--window"), _whole_minutes_ns(step, "--step")
-    runs = discover_runs(store_dir)
-    if not runs:
-        raise LoadgenError(f"{store_dir}: no runs found (no folder with a run.json)")
+    runs = pooled_runs(store_dir, workload=workload, include_incomplete=include_incomplete)
     minutes, fallback = _load_minutes(runs)
-    classes = sorted(set(minutes.get_column("class").to_list()))
+    keys = sorted(set(minutes.select("workload", "class").iter_rows()))
     if class_name is not None:
-        if class_name not in classes:
+        if class_name not in {c for _, c in keys}:
             raise ConfigError(
                 "command line",
                 "--class",
                 f"no run in {store_dir} has class {class_name!r}",
-                f"classes found: {', '.join(classes) or 'none'}",
+                f"classes found: {', '.join(sorted({c for _, c in keys})) or 'none'}",
             )
-        classes = [class_name]
+        keys = [k for k in keys if k[1] == class_name]
         minutes = minutes.filter(pl.col("class") == class_name)
     ends = _window_ends(minutes, runs, step_ns, end)
     if not ends:
@@ -132,19 +142,20 @@ def rolling_windows(
     anchor = ends[-1]
     bins = _bin_minutes(minutes, anchor, slot_ns)
     if exact:
-        _add_exact_values(bins, runs, classes, anchor, slot_ns)
+        _add_exact_values(bins, runs, sorted({c for _, c in keys}), anchor, slot_ns)
     started = {r.run_id: r.started for r in runs}
     rows = []
     for end_ns in ends:
         first, last = (end_ns - window_ns - anchor) // slot_ns, (end_ns - anchor) // slot_ns
-        for cls in classes:
-            parts = [bins[(cls, s)] for s in range(first, last) if (cls, s) in bins]
+        for key in keys:
+            parts = [bins[(*key, s)] for s in range(first, last) if (*key, s) in bins]
             row = _window_row(parts, exact=exact)
             run_ids = sorted(set().union(*(p.run_ids for p in parts)), key=started.__getitem__)
             row |= {
                 "window_start": end_ns - window_ns,
                 "window_end": end_ns,
-                "class": cls,
+                "workload": key[0],
+                "class": key[1],
                 "runs": len(run_ids),
                 "run_ids": run_ids,
                 "run_started": [started[r] for r in run_ids],
@@ -152,6 +163,30 @@ def rolling_windows(
             }
             rows.append(row)
     return _frame(rows, exact=exact)
+
+
+def pooled_runs(
+    store_dir: Path, *, workload: str | None = None, include_incomplete: bool = False
+) -> list[RunEntry]:
+    """The store's runs a window may pool (`store.select_runs`); LoadgenError/ConfigError,
+    saying what the store holds, when none qualifies."""
+    every = discover_runs(store_dir)
+    if not every:
+        raise LoadgenError(f"{store_dir}: no runs found (no folder with a run.json)")
+    runs = select_runs(every, workload=workload, include_incomplete=include_incomplete)
+    if not runs:
+        held = sorted({r.workload_key for r in every})
+        stopped = sum(not r.is_complete for r in every)
+        raise ConfigError(
+            "command line",
+            "--workload" if workload is not None else "--include-incomplete",
+            f"no complete run in {store_dir}"
+            + (f" of workload {workload!r}" if workload is not None else "")
+            + f" ({len(every)} runs, {stopped} of them stopped early)",
+            f"workloads found: {', '.join(held)}; pick one with --workload NAME, or add "
+            "--include-incomplete to pool runs that stopped early",
+        )
+    return runs
 
 
 def _whole_minutes_ns(value: timedelta, option: str) -> int:
@@ -176,7 +211,8 @@ def _load_minutes(runs: Sequence[RunEntry]) -> tuple[pl.DataFrame, set[str]]:
             minutes = build_histograms(
                 read_records(run.run_dir), t0_unix_ns=run.started_unix_ns, slos=run.slos
             )
-        frames.append(minutes.with_columns(pl.lit(run.run_id).alias("run_id")))
+        frames.append(minutes.with_columns(pl.lit(run.run_id).alias("run_id"),
+                                           pl.lit(run.workload_key).alias("workload")))  # fmt: skip
     return pl.concat(frames, how="diagonal_relaxed"), fallback
 
 
@@ -195,15 +231,17 @@ def _window_ends(
     return list(range(last_end, first, -step_ns))[::-1]
 
 
-def _bin_minutes(minutes: pl.DataFrame, anchor: int, slot_ns: int) -> dict[tuple[str, int], _Bin]:
-    """Merge the per-minute rows into one `_Bin` per (class, slot)."""
+def _bin_minutes(
+    minutes: pl.DataFrame, anchor: int, slot_ns: int
+) -> dict[tuple[str, str, int], _Bin]:
+    """Merge the per-minute rows into one `_Bin` per (workload, class, slot)."""
     slotted = minutes.with_columns(
         ((pl.col("minute_start_unix_ns") - anchor) // slot_ns).alias("slot")
     )
     count_columns = ["requests", *OUTCOMES, "meets_slo"]
-    bins: dict[tuple[str, int], _Bin] = {}
+    bins: dict[tuple[str, str, int], _Bin] = {}
     for row in slotted.iter_rows(named=True):
-        b = bins.setdefault((row["class"], row["slot"]), _Bin())
+        b = bins.setdefault((row["workload"], row["class"], row["slot"]), _Bin())
         b.run_ids.add(row["run_id"])
         for name in count_columns:
             b.counts[name] = b.counts.get(name, 0) + (row.get(name) or 0)
@@ -215,13 +253,14 @@ def _bin_minutes(minutes: pl.DataFrame, anchor: int, slot_ns: int) -> dict[tuple
 
 
 def _add_exact_values(
-    bins: dict[tuple[str, int], _Bin],
+    bins: dict[tuple[str, str, int], _Bin],
     runs: Sequence[RunEntry],
     classes: Sequence[str],
     anchor: int,
     slot_ns: int,
 ) -> None:
-    """Every run's measures from its records, kept per (class, slot) for exact percentiles."""
+    """Every run's measures from its records, kept per (workload, class, slot) for exact
+    percentiles."""
     for run in runs:
         records = read_records(run.run_dir).filter(pl.col("class").is_in(classes))
         rows, gaps = request_measures(records, t0_unix_ns=run.started_unix_ns, slos=run.slos)
@@ -230,7 +269,7 @@ def _add_exact_values(
         )
         groups = values.partition_by(["class", "slot", "metric"], as_dict=True)
         for (cls, slot, metric), part in groups.items():
-            b = bins.get((str(cls), int(slot)))
+            b = bins.get((run.workload_key, str(cls), int(slot)))
             if b is not None:
                 array = part.get_column("value_ms").to_numpy()
                 b.values_ms.setdefault(str(metric), []).append(array)
@@ -332,6 +371,7 @@ def _frame(rows: Sequence[Mapping[str, Any]], *, exact: bool) -> pl.DataFrame:
     schema: dict[str, Any] = {
         "window_start": pl.Int64,
         "window_end": pl.Int64,
+        "workload": pl.String,
         "class": pl.String,
         "runs": pl.Int64,
         "run_ids": pl.List(pl.String),
@@ -385,6 +425,7 @@ def render_rolling_table(frame: pl.DataFrame) -> RenderableType:
         collapse_padding=True,
     )
     table.add_column("window end", no_wrap=True)
+    table.add_column("workload", no_wrap=True)
     table.add_column("class", no_wrap=True)
     for header in ("runs", "reqs", "failed"):
         table.add_column(header, justify="right", no_wrap=True)
@@ -426,6 +467,7 @@ def _table_row(row: Mapping[str, Any]) -> list[RenderableType]:
     failed = row["failures"]
     cells: list[RenderableType] = [
         end.strftime("%Y-%m-%d") if end.hour == end.minute == 0 else end.strftime("%Y-%m-%d %H:%M"),
+        row["workload"],
         row["class"],
         str(row["runs"]),
         str(row["requests"]),
@@ -456,10 +498,12 @@ def _ms_or_fail(value: float | None, requests: int) -> Text:
 
 
 def rolling_plot(
-    frame: pl.DataFrame, *, slo_ms: Mapping[str, SloTargets], metric: str = "ttft"
+    frame: pl.DataFrame, *, slo_ms: Mapping[Any, SloTargets], metric: str = "ttft"
 ) -> bytes:
     """PNG: the windowed percentile of `metric` (top) and attainment (bottom) against the
-    window end, each class with its SLO threshold, and a tick per run at its t0.
+    window end, each workload's class with its SLO threshold (`slo_ms` keyed by
+    (workload key, class), or by class name), and a tick per run at its t0. A line is
+    labelled by its class, and by its workload too when the frame holds several.
 
     The percentile is the class's SLO percentile when the frame has it (else p99), with
     failures ranked worst where the metric allows it (ITL does not); a window whose
@@ -474,9 +518,12 @@ def rolling_plot(
     FigureCanvasAgg(figure)
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     plotted: list[float] = []
-    for index, (cls, part) in enumerate(frame.partition_by("class", as_dict=True).items()):
-        slo = slo_ms.get(str(cls[0]))
-        plotted += _plot_class(top, bottom, str(cls[0]), part, slo, metric, f"C{index}")
+    series = frame.partition_by("workload", "class", as_dict=True, maintain_order=True)
+    several = frame.get_column("workload").n_unique() > 1
+    for index, ((workload, cls), part) in enumerate(series.items()):
+        slo = slo_ms.get((str(workload), str(cls)), slo_ms.get(str(cls)))
+        label = f"{cls} · {workload}" if several else str(cls)
+        plotted += _plot_class(top, bottom, label, part, slo, metric, f"C{index}")
     for axis in (top, bottom):
         _rug(axis, frame)
         axis.grid(True, alpha=0.3)

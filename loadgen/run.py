@@ -34,26 +34,34 @@ from polars.exceptions import PanicException
 from loadgen import __version__
 from loadgen.adapters import Adapter, BodyOptions, adapter_for
 from loadgen.errors import ConfigError, LoadgenError, TargetError
+from loadgen.identity import identity
 from loadgen.logs import LOGGER, run_log
 from loadgen.metrics import generator_health
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
 from loadgen.preflight import preflight
 from loadgen.prompts import PromptMaker
-from loadgen.records import RecordWriter, read_parts, write_parquet_atomic
+from loadgen.records import (
+    RecordWriter,
+    RequestRecord,
+    read_parts,
+    remove_parts,
+    write_parquet_atomic,
+)
 from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
-from loadgen.slo import summarize
+from loadgen.slo import EXIT_INTERRUPTED, summarize
+from loadgen.slo import EXIT_WATCHDOG as EXIT_WATCHDOG  # where run's callers have found it
 from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 3  # 3: adapters (visible-token TTFT, server timings), workers/shards
+SCHEMA_VERSION = 4  # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
+# run.json stopped/watchdog/workload.identity
+# 3: adapters (visible-token TTFT, server timings), workers/shards
 # (run.json workers, shard, t0.measured_unix_ns)
 # 2: client_error outcome, generator.client_errors, host.open_files_limit
-EXIT_INTERRUPTED = 130
-EXIT_WATCHDOG = 4
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -91,12 +99,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """4 when the watchdog stopped it, 130 when interrupted, else the summary's verdict
-        (0 met, 2 missed, 3 fell behind)."""
-        if self.watchdog:
-            return EXIT_WATCHDOG
-        if self.interrupted:
-            return EXIT_INTERRUPTED
+        """The summary's verdict: 0 met, 2 missed, 3 fell behind; 4 stopped by the
+        watchdog, 130 interrupted (no verdict on the server)."""
         return int(self.summary["verdict"]["exit_code"])
 
 
@@ -315,7 +319,13 @@ def _run_info(
         "loadgen_version": __version__,
         "seed": spec.seed if options.seed is None else options.seed,
         "planned": planned,
-        "workload": {"name": spec.name, "source": spec.source, "spec": resolved},
+        "workload": {
+            "name": spec.name,
+            "source": spec.source,
+            "spec": resolved,
+            # what the results store pools by (loadgen.identity): name + spec fingerprint
+            "identity": identity(spec, max_in_flight=options.max_in_flight),
+        },
         "target": {
             "url": redact_url(endpoint.origin + endpoint.target),
             "api": spec.target.api,
@@ -529,6 +539,7 @@ def finish(
     run_id = run_dir.name
     watchdog = state.get("watchdog")
     interrupted = bool(state["interrupted"]) or watchdog is not None
+    stopped = "watchdog" if watchdog is not None else "interrupted" if interrupted else None
     if run_info.get("shard") is not None:
         t0 = run_info["t0"]
         run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
@@ -537,7 +548,7 @@ def finish(
         run_id=run_id,
         slos={name: cls.slo for name, cls in spec.classes.items()},
         planned=planned,
-        interrupted=interrupted,
+        stopped=stopped,
         lag_bound_ms=options.lag_bound_ms,
     )
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
@@ -546,7 +557,8 @@ def finish(
     write_json_atomic(run_dir / "summary.json", summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
-    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True}
+    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True,
+             "stopped": stopped, "watchdog": watchdog}  # fmt: skip
     write_json_atomic(run_dir / "run.json", final)
     return RunResult(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
@@ -571,11 +583,7 @@ def join_parts(run_dir: Path) -> pl.DataFrame:
     parts = run_dir / PARTS_DIR
     frame = read_parts(parts)
     write_parquet_atomic(frame, run_dir / RECORDS_FILE)
-    for part in parts.glob("part-*.parquet"):
-        part.unlink()
-    for leftover in parts.glob(".*"):  # a part being written when a process was killed
-        leftover.unlink()
-    parts.rmdir()
+    remove_parts(parts)
     return frame
 
 
@@ -699,10 +707,7 @@ async def _progress(
             await anyio.sleep(0.25)
             batch = writer.take_due()
             if batch:
-                try:
-                    await anyio.to_thread.run_sync(writer.write_part, batch)
-                except (OSError, PanicException):  # out of file descriptors: retry later
-                    writer.requeue(batch)
+                await _spill(writer, batch)
             now = time.monotonic()
             if quiet or (not tty and now - last_line < 10):
                 continue
@@ -712,6 +717,27 @@ async def _progress(
     finally:
         if tty and not quiet:
             print(file=log)
+
+
+async def _spill(writer: RecordWriter, batch: list[RequestRecord]) -> None:
+    """Write one batch as a part in a thread. A batch whose write fails (out of file
+    descriptors) goes back to the writer; so does one whose task is cancelled (the run is
+    ending) before the thread took it, for the final flush: never lost, never written twice."""
+    written = False
+
+    def write() -> None:
+        nonlocal written
+        writer.write_part(batch)
+        written = True
+
+    try:
+        await anyio.to_thread.run_sync(write)
+    except (OSError, PanicException):  # out of file descriptors: retry later
+        writer.requeue(batch)
+    except BaseException:
+        if not written:  # cancelled at the checkpoint before the (shielded) write began
+            writer.requeue(batch)
+        raise
 
 
 def progress_line(stats: LiveStats, elapsed_s: float) -> str:
@@ -726,23 +752,3 @@ def progress_line(stats: LiveStats, elapsed_s: float) -> str:
         f"[{max(0.0, elapsed_s):7.1f}s] sent {stats.sent}/{stats.planned}  "
         f"in flight {stats.in_flight}  ok {stats.ok}  failed {stats.failed}  {ttft_text}"
     )
-
-
-def recover(run_dir: Path) -> int:
-    """Finish a run that was killed: join its record parts into `records.parquet`, mark
-    `run.json` interrupted. Returns the number of records kept. A finished run is left as is.
-    """
-    from loadgen.records import PARTS_DIR, RECORDS_FILE
-
-    info_path = run_dir / "run.json"
-    if not info_path.exists():
-        raise LoadgenError(f"{run_dir} has no run.json: not a run folder")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
-    parts = run_dir / PARTS_DIR
-    if (run_dir / RECORDS_FILE).exists() and not parts.exists():
-        return int(info.get("planned", 0)) if info.get("finished") else 0
-    if not parts.exists():
-        raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
-    frame = join_parts(run_dir)  # every worker's parts, when it ran with --workers
-    write_json_atomic(info_path, {**info, "interrupted": True, "recovered": True})
-    return frame.height

@@ -340,7 +340,7 @@ class Engine:
         """Send every plan at t0 + its intended time; return when each has a record.
 
         After `stop()`, or when `requests` is cancelled, every plan that has no record yet
-        is recorded as cancelled: planned == recorded, always.
+        was never sent and is recorded as not_sent: planned == recorded, always.
         """
         self.t0_ns = t0_ns
         with self.requests:
@@ -350,9 +350,7 @@ class Engine:
         for plan in self.plans:
             if not self._recorded[plan.request_id]:
                 self._emit(
-                    self._unsent(
-                        plan, Outcome.CANCELLED, "run interrupted before this request was sent"
-                    )
+                    self._unsent(plan, Outcome.NOT_SENT, "run stopped before this request was sent")
                 )
 
     async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
@@ -458,7 +456,7 @@ class Engine:
             if index:
                 due += int(plan.delay_s * 1e9)
                 if not await self._wait_unless_stopped(due):
-                    return  # the rest are recorded as cancelled by run()
+                    return  # the rest are recorded as not_sent by run()
             if budget_end is not None and perf_counter_ns() >= budget_end:
                 self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
                 return
@@ -506,7 +504,7 @@ class Engine:
             self._emit(self._unsent(plan, Outcome.SKIPPED, f"skipped: {reason}"))
 
     def _unsent(self, plan: RequestPlan, outcome: Outcome, error: str) -> RequestRecord:
-        """The record of a plan that was never sent (skipped, or cancelled by an interrupt)."""
+        """The record of a plan that was never sent (skipped, or not sent: the run stopped)."""
         intended = plan.intended_ns
         if plan.turn:  # a later turn has no intended time of its own: say when it was given up
             intended = max(intended, perf_counter_ns() - self.t0_ns)

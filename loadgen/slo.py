@@ -24,6 +24,11 @@ Breach accounting (every non-ok outcome is a miss of every SLO of its class):
   max(end) - min(intended_ns) over the WHOLE frame, the same denominator for every class.
 - exit code: 3 when the generator fell behind (its numbers are not the server's), else 2
   when any class missed, else 0.
+- a stopped run is no verdict on the server: interrupted (Ctrl-C/SIGTERM, exit 130),
+  stopped by the watchdog (exit 4) or incomplete (killed outright and recovered, exit 5).
+  Its figures are kept, as partial figures, but `met` and `slo_met` are null: requests it
+  never sent or finished would otherwise count as the server's failures (or, missing, as
+  its successes).
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttfvt_ms", "tpot_ms", "e2e_ms")
 WITH_FAILURES = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})
 EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
+EXIT_WATCHDOG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 4, 5, 130
+# How a run can stop before its end, and the exit code that says so (`verdict.status`).
+STOPS: Mapping[str, int] = {
+    "interrupted": EXIT_INTERRUPTED,  # Ctrl-C or SIGTERM: sending stopped, the rest recorded
+    "watchdog": EXIT_WATCHDOG,  # nothing progressed for --watchdog seconds
+    "incomplete": EXIT_INCOMPLETE,  # killed outright (SIGKILL, OOM); `report --recover`
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,12 +119,14 @@ def summarize(
     planned: int,
     interrupted: bool = False,
     lag_bound_ms: float = 5.0,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
     """The run's summary: generator health, one audit per class, and the verdict.
 
-    Every class of `slos` appears (even with no records), then any other class found in
-    the frame, audited without targets. JSON-ready: no NaN or inf (a percentile that falls
-    on a failure is None).
+    `stopped` (a key of `STOPS`; `interrupted` alone means "interrupted") withholds the
+    verdict: see `verdict`. Every class of `slos` appears (even with no records), then any
+    other class found in the frame, audited without targets. JSON-ready: no NaN or inf (a
+    percentile that falls on a failure is None).
     """
     rows = per_request(frame, slos=slos)
     by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
@@ -129,20 +143,46 @@ def summarize(
         )
         for name in [*slos, *sorted(set(by_class) - set(slos))]
     }
-    slo_met = all(c["slo"]["met"] for c in classes.values())
-    fell_behind = bool(generator["fell_behind"])
+    if interrupted and stopped is None:
+        stopped = "interrupted"
     return {
         "run_id": run_id,
-        "interrupted": interrupted,
+        "interrupted": stopped is not None,
         "duration_s": round(duration_s, 6),
         "generator": generator,
         "classes": classes,
-        "verdict": {
-            "slo_met": slo_met,
-            "fell_behind": fell_behind,
-            "exit_code": exit_code(slo_met=slo_met, fell_behind=fell_behind),
-        },
+        "verdict": verdict(classes, fell_behind=bool(generator["fell_behind"]), stopped=stopped),
     }
+
+
+def verdict(
+    classes: Mapping[str, Any], *, fell_behind: bool, stopped: str | None = None
+) -> dict[str, Any]:
+    """The run's verdict from its classes' `met`: `{status, slo_met, fell_behind, exit_code}`.
+
+    status is `met` (exit 0), `missed` (2) or `fell_behind` (3); a stopped run's is its stop
+    (`interrupted` 130, `watchdog` 4, `incomplete` 5), with `slo_met` and every class's
+    `slo.met` set to null: its figures are partial and judge nothing.
+    """
+    if stopped is not None:
+        if stopped not in STOPS:
+            raise ValueError(f"stopped must be one of {', '.join(STOPS)} (got {stopped!r})")
+        for cls in classes.values():
+            for block in (cls["slo"], cls.get("batch"), cls.get("trajectory")):
+                if block is not None:
+                    block["met"] = None
+        return {"status": stopped, "slo_met": None, "fell_behind": fell_behind,
+                "exit_code": STOPS[stopped]}  # fmt: skip
+    slo_met = all(c["slo"]["met"] for c in classes.values())
+    status = "fell_behind" if fell_behind else ("met" if slo_met else "missed")
+    return {"status": status, "slo_met": slo_met, "fell_behind": fell_behind,
+            "exit_code": exit_code(slo_met=slo_met, fell_behind=fell_behind)}  # fmt: skip
+
+
+def stop_of(verdict: Mapping[str, Any]) -> str | None:
+    """The stop a verdict records (None for a run that ran to its end)."""
+    status = verdict.get("status")
+    return str(status) if status in STOPS else None
 
 
 def exit_code(*, slo_met: bool, fell_behind: bool) -> int:

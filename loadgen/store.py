@@ -32,7 +32,7 @@ nothing (a bucket is the histogram's resolution) and records ~10x fewer values.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +46,7 @@ from loadgen.errors import LoadgenError
 from loadgen.histograms import HIGHEST_US, LatencyHistogram
 from loadgen.metrics import NS_PER_MS
 from loadgen.records import OUTCOMES, Outcome, read_records, write_parquet_atomic
-from loadgen.slo import SloTargets, per_request
+from loadgen.slo import STOPS, SloTargets, per_request
 
 HISTOGRAMS_FILE = "histograms.parquet"
 RUN_FILE = "run.json"
@@ -65,8 +65,18 @@ class RunEntry:
     run_dir: Path
     run_id: str
     started_unix_ns: int  # t0 on the wall clock
-    workload: str
+    workload: str  # its name
     slos: Mapping[str, SloTargets] = field(default_factory=dict)
+    workload_key: str = ""  # `name@fingerprint`: what the store pools by (`loadgen.identity`)
+    offered_rate_per_s: float | None = None
+    stopped: str | None = (
+        None  # `run_stop`: interrupted, watchdog, incomplete; None: ran to its end
+    )
+
+    @property
+    def is_complete(self) -> bool:
+        """Ran to its end: a stopped run is left out of windows and baselines unless asked."""
+        return self.stopped is None
 
     @property
     def started(self) -> datetime:
@@ -80,6 +90,19 @@ def discover_runs(store_dir: Path) -> list[RunEntry]:
     return sorted(entries, key=lambda e: (e.started_unix_ns, e.run_id))
 
 
+def select_runs(
+    runs: Sequence[RunEntry], *, workload: str | None = None, include_incomplete: bool = False
+) -> list[RunEntry]:
+    """The runs a pooled report may use: complete ones (unless `include_incomplete`), of the
+    workload `workload` names (a name, which may cover several fingerprints, each still its
+    own workload, or one `name@fingerprint` key) when given."""
+    chosen = [r for r in runs if include_incomplete or r.is_complete]
+    if workload is not None:
+        chosen = [r for r in chosen if workload in (r.workload, r.workload_key)
+                  or (("@" in workload) and r.workload_key.startswith(workload))]  # fmt: skip
+    return chosen
+
+
 def read_run_entry(run_dir: Path) -> RunEntry:
     """A run's `run.json` as a `RunEntry` (LoadgenError if it is unreadable or has no t0)."""
     info = _read_run_json(run_dir)
@@ -90,13 +113,45 @@ def read_run_entry(run_dir: Path) -> RunEntry:
         slos = {str(name): _slo_targets(cls.get("slo") or {}) for name, cls in classes.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LoadgenError(f"{run_dir / RUN_FILE}: not a loadgen run.json ({exc!r})") from None
+    ident = _identity(info)
     return RunEntry(
         run_dir=run_dir,
         run_id=str(info.get("run_id", run_dir.name)),
         started_unix_ns=started,
         workload=str(workload.get("name", "")),
         slos=slos,
+        workload_key=str(ident.get("key") or f"{workload.get('name', '')}@unknown"),
+        offered_rate_per_s=ident.get("offered_rate_per_s"),
+        stopped=run_stop(info),
     )
+
+
+def _identity(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's workload identity; for a run whose stored spec this loadgen cannot rebuild,
+    none (its key is then `name@unknown`: a workload of its own)."""
+    from loadgen.identity import identity_of_run
+
+    try:
+        return identity_of_run(info)
+    except LoadgenError:
+        return {}
+
+
+def run_stop(info: Mapping[str, Any]) -> str | None:
+    """How a run stopped before its end, from its run.json (a key of `slo.STOPS`), or None.
+
+    `incomplete`: killed outright (`finished: false`: it never wrote its end) or recovered
+    from its parts; `watchdog`: stopped by it; `interrupted`: Ctrl-C or SIGTERM. Runs
+    written before `stopped` was recorded are read from `interrupted` and `finished`.
+    """
+    if info.get("recovered") or not info.get("finished", True):
+        return "incomplete"
+    stopped = info.get("stopped")
+    if stopped in STOPS:
+        return str(stopped)
+    if info.get("watchdog"):
+        return "watchdog"
+    return "interrupted" if info.get("interrupted") else None
 
 
 def _read_run_json(run_dir: Path) -> dict[str, Any]:

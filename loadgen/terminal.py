@@ -3,7 +3,9 @@
 Last stage for a person at a terminal: it reads only the summary dict that
 `slo.summarize` returns (so it can render a stored `summary.json` too) and returns a
 renderable; printing is the CLI's job. Latencies are ms; "p99·all" is the p99 with
-failures ranked worst, shown as "fail" when it falls on a failed request.
+failures ranked worst, shown as "fail" when it falls on a failed request. A run that
+stopped before its end (interrupted, watchdog, killed and recovered) shows its figures
+labelled partial and no verdict: nothing says MET or MISSED.
 """
 
 from __future__ import annotations
@@ -16,20 +18,37 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+# `verdict.status` of a run that stopped before its end -> what the title and verdict say.
+STOP_TEXT = {
+    "interrupted": "interrupted by Ctrl-C or SIGTERM",
+    "watchdog": "stopped by the watchdog",
+    "incomplete": "killed, then recovered from its record parts",
+}
+
 
 def render_summary(summary: Mapping[str, Any]) -> RenderableType:
     """One table row per class; then failures and failed checks, the generator, the verdict."""
     parts: list[RenderableType] = [_class_table(summary)]
-    parts.extend(_notes(summary["classes"]))
+    parts.extend(_notes(summary["classes"], partial=stop_of(summary) is not None))
     parts.append(_generator_line(summary["generator"]))
-    parts.append(_verdict_line(summary["verdict"]))
+    parts.append(_verdict_line(summary["verdict"], stop_of(summary)))
     return Group(*parts)
 
 
+def stop_of(summary: Mapping[str, Any]) -> str | None:
+    """How the run stopped before its end (a key of `STOP_TEXT`), or None; summaries
+    written before `verdict.status` existed say only `interrupted`."""
+    status = summary["verdict"].get("status")
+    if status in STOP_TEXT:
+        return str(status)
+    return "interrupted" if summary.get("interrupted") else None
+
+
 def _class_table(summary: Mapping[str, Any]) -> Table:
-    interrupted = " (interrupted)" if summary.get("interrupted") else ""
+    stop = stop_of(summary)
+    stopped = f" · stopped early ({STOP_TEXT[stop]}): PARTIAL figures" if stop else ""
     duration = f"{summary['duration_s']:.1f} s"
-    title = f"run {summary['run_id']}{interrupted} · {duration} · latencies in ms"
+    title = f"run {summary['run_id']}{stopped} · {duration} · latencies in ms"
     table = Table(
         title=title,
         title_justify="left",
@@ -104,7 +123,10 @@ def _rate(value: float | None) -> str:
 
 
 def _verdict_cell(slo: Mapping[str, Any]) -> Text:
-    """MET / MISSED with the failed metrics named / "no SLO" for a class without targets."""
+    """MET / MISSED with the failed metrics named / "no SLO" for a class without targets /
+    "partial" in a run that stopped before its end (`met` is null: nothing was judged)."""
+    if slo["met"] is None:
+        return Text("partial", style="bold yellow")
     judged_by = slo.get("judged_by")
     if judged_by:  # a batch or trajectory objective, shown on its own line below the table
         return Text(f"{'MET' if slo['met'] else 'MISSED'}\n({judged_by})",
@@ -117,8 +139,9 @@ def _verdict_cell(slo: Mapping[str, Any]) -> Text:
     return Text(f"MISSED\n{','.join(failed)}", style="bold red")
 
 
-def _notes(classes: Mapping[str, Any]) -> list[RenderableType]:
-    """Per class: failures by kind, then each failed check against its target."""
+def _notes(classes: Mapping[str, Any], *, partial: bool = False) -> list[RenderableType]:
+    """Per class: failures by kind, then each failed check against its target (not for
+    partial figures: their checks judge nothing)."""
     lines: list[RenderableType] = []
     for name, cls in classes.items():
         kinds = [f"{n} {k}" for k, n in cls["outcomes"].items() if k != "ok" and n]
@@ -127,6 +150,8 @@ def _notes(classes: Mapping[str, Any]) -> list[RenderableType]:
         lines.extend(_objective_lines(name, cls))
         lines.extend(_reasoning_and_server_lines(name, cls))
         missed = [_missed_check(name, c) for c in cls["slo"]["checks"] if not c["passed"]]
+        if partial:
+            continue
         if cls["slo"].get("judged_by"):  # percentiles are diagnostic for batches and agents
             for line in missed:
                 line.stylize("dim")
@@ -170,8 +195,8 @@ def _objective_lines(name: str, cls: Mapping[str, Any]) -> list[RenderableType]:
             f"{'-' if took is None else f'{took:,.1f}'} s{deadline} · "
             f"{_rate(batch['input_tokens_per_s'])} input tok/s · "
             f"{_rate(batch['output_tokens_per_s'])} output tok/s · "
-            f"{'MET' if batch['met'] else 'MISSED'}",
-            style="green" if batch["met"] else "red",
+            f"{_met_text(batch['met'])}",
+            style=_met_style(batch["met"]),
         ))  # fmt: skip
     trajectory = cls.get("trajectory")
     if trajectory and trajectory["trajectories"]:
@@ -184,7 +209,7 @@ def _objective_lines(name: str, cls: Mapping[str, Any]) -> list[RenderableType]:
             f"{trajectory['failed_hops']} failed, {trajectory['skipped_hops']} skipped hops · "
             f"time in ttft {split['ttft']:,.1f} s, decode {split['decode']:,.1f} s, "
             f"tools {split['tool']:,.1f} s",
-            style="green" if trajectory["met"] else "red",
+            style=_met_style(trajectory["met"]),
         ))  # fmt: skip
     if sessions := cls.get("sessions"):
         lines.append(Text(
@@ -192,6 +217,14 @@ def _objective_lines(name: str, cls: Mapping[str, Any]) -> list[RenderableType]:
             f"turn ok), {sessions['turns']} turns",
         ))  # fmt: skip
     return lines
+
+
+def _met_text(met: bool | None) -> str:
+    return "partial" if met is None else ("MET" if met else "MISSED")
+
+
+def _met_style(met: bool | None) -> str:
+    return "yellow" if met is None else ("green" if met else "red")
 
 
 def _missed_check(name: str, check: Mapping[str, Any]) -> Text:
@@ -234,7 +267,13 @@ def _generator_line(generator: Mapping[str, Any]) -> Text:
     return line
 
 
-def _verdict_line(verdict: Mapping[str, Any]) -> Text:
+def _verdict_line(verdict: Mapping[str, Any], stop: str | None) -> Text:
+    if stop is not None:
+        return Text(
+            f"verdict: none: the run stopped before its end ({STOP_TEXT[stop]}); the figures "
+            f"above are partial and judge nothing (exit {verdict['exit_code']})",
+            "bold yellow",
+        )
     if verdict["fell_behind"]:
         return Text(f"verdict: GENERATOR FELL BEHIND (exit {verdict['exit_code']})", "bold red")
     if verdict["slo_met"]:

@@ -16,8 +16,11 @@ read two clocks (`t0_skew_us` in run.json).
 Failure rules: a worker that dies loses at most its last second of records; its plans
 without a record become `client_error` records (the client failed: the run is invalid,
 exit 3); the others' records are kept. A worker whose watchdog fires stops the run (exit
-4). A parent killed outright leaves workers that see their pipe close: they cancel what is
-in flight, write every record and exit, so `loadgen report --recover` finds all of them.
+4). A parent killed outright takes its workers with it (`loadgen.lifeline`: SIGKILL the
+moment it dies, on Linux), so a killed multi-process run leaves what a killed single
+process leaves, the parts written so far, and `loadgen report --recover` finishes both the
+same way. Where the kernel cannot do that, a worker sees its pipe close (or its parent
+change) and stops: it cancels what is in flight, writes every record and exits.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import polars as pl
 
 from loadgen.histograms import LatencyHistogram
 from loadgen.plans import Work
-from loadgen.records import PARTS_DIR, Outcome, RecordWriter, RequestRecord, to_frame
+from loadgen.records import HEARTBEAT, PARTS_DIR, Outcome, RecordWriter, RequestRecord, to_frame
 from loadgen.records import write_parquet_atomic as write_part_atomic
 from loadgen.runner import Engine, LiveStats
 from loadgen.shards import Share, split_work
@@ -64,6 +67,7 @@ class WorkerTask:
     base_url: str
     share: Work
     run_dir: Path
+    parent_pid: int
 
 
 class ShareWriter(RecordWriter):
@@ -77,6 +81,7 @@ class ShareWriter(RecordWriter):
         private.rmdir()
         self.parts_dir = run_dir / PARTS_DIR
         self.parts_dir.mkdir(exist_ok=True)
+        self.heartbeat = self.parts_dir / f"{HEARTBEAT}-w{index:03d}"
         self.index = index
         self._written = 0
 
@@ -94,8 +99,10 @@ class ShareWriter(RecordWriter):
 
 def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
     """Entry point of a worker process: set up, report ready, run from the parent's t0."""
+    from loadgen.lifeline import die_with_parent
     from loadgen.run import client_setup, drive, engine_setup, raise_open_files_limit
 
+    die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run (no orphans)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     options = task.options
@@ -268,7 +275,7 @@ def _spawn(
         share = split_work(work, Share(index, count))
         task = WorkerTask(
             index=index, spec=spec, options=options, base_url=base_url, share=share,
-            run_dir=run_dir,
+            run_dir=run_dir, parent_pid=os.getpid(),
         )  # fmt: skip
         parent_end, child_end = context.Pipe()
         process = context.Process(
@@ -345,7 +352,8 @@ def _supervise(
 ) -> dict[str, Any]:
     """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
     line, until every worker has finished or died."""
-    from loadgen.run import EXIT_INTERRUPTED, progress_line
+    from loadgen.run import progress_line
+    from loadgen.slo import EXIT_INTERRUPTED
 
     state: dict[str, Any] = {"interrupted": False}
     handled = 0

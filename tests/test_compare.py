@@ -103,17 +103,33 @@ def verdicts(comparison: Comparison, cls: str = "chat") -> dict[str, Verdict]:
     return {r.check.name: r.verdict for r in comparison.results if r.class_name == cls}
 
 
-def write_run(store: Path, run_id: str, t0: datetime, recs: list[RequestRecord]) -> Path:
-    """A run folder shaped like `loadgen run` leaves: run.json (t0, workload spec SLOs) and records."""
+def write_run(
+    store: Path,
+    run_id: str,
+    t0: datetime,
+    recs: list[RequestRecord],
+    *,
+    workload: str = "chat",
+    rate_per_s: float = 10.0,
+    stopped: str | None = None,
+) -> Path:
+    """A run folder shaped like `loadgen run` leaves: run.json (t0, workload spec SLOs) and
+    records. `workload` and `rate_per_s` make its identity; `stopped` marks it stopped early."""
     run_dir = store / run_id
     run_dir.mkdir(parents=True)
-    classes = {name: {"slo": SLO} for name in sorted({r.class_name for r in recs})}
+    classes = {
+        name: {"slo": SLO, "arrival": {"process": "poisson", "rate_per_s": rate_per_s}}
+        for name in sorted({r.class_name for r in recs})
+    }
     info = {
         "schema_version": 1,
         "run_id": run_id,
         "planned": len(recs),
-        "workload": {"name": "chat", "source": "chat.yaml", "spec": {"classes": classes}},
+        "workload": {"name": workload, "source": "chat.yaml", "spec": {"classes": classes}},
         "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
+        "interrupted": stopped is not None,
+        "recovered": stopped == "incomplete",
+        "stopped": stopped,
     }
     (run_dir / "run.json").write_text(json.dumps(info), encoding="utf-8")
     to_frame(recs).write_parquet(run_dir / "records.parquet")
@@ -481,12 +497,14 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     [
         (["{tmp}/missing", "{tmp}/a"], "not a run folder"),
         (["{tmp}/a"], "BASELINE and CURRENT"),
-        (["{tmp}/a", "{tmp}/batch"], "no class to compare"),
+        (["{tmp}/a", "{tmp}/batch"], "different workloads"),
+        (["{tmp}/a", "{tmp}/batch", "--force"], "no class to compare"),
+        (["{tmp}/a", "--baseline-window", "1d", "--force"], "--force applies to BASELINE"),
         (["{tmp}/a", "{tmp}/a", "--tolerance", "ttft_p99=5"], "--tolerance"),
         (["{tmp}/a", "{tmp}/a", "--confidence", "1.5"], "confidence"),
         (["{tmp}/a", "{tmp}/a", "--baseline-window", "30d"], "only CURRENT"),
         (["{tmp}/a", "--baseline-window", "soon"], "--baseline-window"),
-        (["{tmp}/a", "--baseline-window", "1d"], "no run started"),
+        (["{tmp}/a", "--baseline-window", "1d"], "no complete run of workload chat@"),
         (["{tmp}/a", "{tmp}/a", "--bogus"], "No such option"),
     ],
 )
@@ -519,6 +537,70 @@ def test_baseline_window_pools_the_runs_before_current(tmp_path: Path) -> None:
     moved = write_run(elsewhere, "now", T0, records(20, 200))
     code, out, _ = invoke(moved, "--baseline-window", "7d", "--store", tmp_path, "--format", "json")
     assert json.loads(out)["baseline"]["runs"] == ["d-5", "d-3", "d-1"]
+
+
+def test_runs_of_different_workloads_are_not_compared_unless_forced(tmp_path: Path) -> None:
+    """Another name, or the same name at 3x the rate: exit 1 naming both workloads; --force
+    compares them and says so in the table, the JSON and the JUnit properties."""
+    a = write_run(tmp_path, "a", T0, records(1, 500))
+    fast = write_run(tmp_path, "fast", T0 + timedelta(hours=1), records(2, 500), rate_per_s=30.0)
+    other = write_run(tmp_path, "other", T0 + timedelta(hours=2), records(3, 500),
+                      workload="chat-smoke")  # fmt: skip
+    for b in (fast, other):
+        code, _, err = invoke(a, b)
+        assert code == 1
+        assert "different workloads" in err
+        assert "--force" in err
+    code, out, _ = invoke(a, fast, "--force")
+    assert code == 0
+    assert "FORCED" in out
+    junit = tmp_path / "j.xml"
+    code, out, _ = invoke(a, fast, "--force", "--format", "json", "--junit", junit)
+    data = json.loads(out)
+    assert data["forced"] is True
+    assert data["baseline"]["workload"] != data["current"]["workload"]
+    assert data["baseline"]["workload"].startswith("chat@")
+    names = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    assert names["forced"] == "true"
+    code, out, _ = invoke(a, write_run(tmp_path, "same", T0 + timedelta(hours=3), records(4, 500)),
+                          "--format", "json")  # fmt: skip
+    assert (code, json.loads(out)["forced"]) == (0, False)
+
+
+def test_baseline_window_pools_only_currents_workload_and_complete_runs(tmp_path: Path) -> None:
+    """In one store, three workloads each with a class "chat": the window pools only CURRENT's,
+    leaves out its interrupted and recovered runs unless --include-incomplete, and names the
+    workload. Pooling any of the 3x-slower runs would move the baseline p50 by ~3x."""
+    hour = timedelta(hours=1)
+    write_run(tmp_path, "w1-a", T0 - 5 * hour, records(1, 700))
+    write_run(tmp_path, "w1-b", T0 - 4 * hour, records(2, 700))
+    write_run(tmp_path, "w2", T0 - 3 * hour, records(3, 700, slower=3.0), workload="chat-smoke")
+    write_run(tmp_path, "w3", T0 - 2.5 * hour, records(4, 700, slower=3.0), rate_per_s=30.0)
+    write_run(tmp_path, "w1-int", T0 - 2 * hour, records(5, 100, slower=3.0), stopped="interrupted")
+    write_run(tmp_path, "w1-rec", T0 - hour, records(6, 100, slower=3.0), stopped="incomplete")
+    current = write_run(tmp_path, "now", T0, records(7, 700))
+    code, out, _ = invoke(current, "--baseline-window", "1d", "--format", "json")
+    data = json.loads(out)
+    assert data["baseline"]["runs"] == ["w1-a", "w1-b"]
+    assert data["baseline"]["workload"] == data["current"]["workload"]
+    left_out = data["baseline"]["left_out"]
+    assert [r.split(" ")[0] for r in left_out] == ["w2", "w3", "w1-int", "w1-rec"]
+    assert left_out[0].startswith("w2 (chat-smoke@")
+    assert left_out[2:] == ["w1-int (interrupted)", "w1-rec (incomplete)"]
+    assert data["incomplete_runs"] == []
+    assert code == 0, out  # the same distribution: nothing regressed
+    base_p50 = data["classes"]["chat"]["ttft_p50"]["baseline"]["value"]
+    assert 150 < base_p50 < 260  # median 200 ms; a pooled 3x-slower run would lift it
+    code, out, _ = invoke(current, "--baseline-window", "1d", "--format", "json",
+                          "--include-incomplete")  # fmt: skip
+    assert json.loads(out)["baseline"]["runs"] == ["w1-a", "w1-b", "w1-int", "w1-rec"]
+    assert json.loads(out)["incomplete_runs"] == ["w1-int", "w1-rec"]
+    code, _, err = invoke(tmp_path / "w1-rec", tmp_path / "now")
+    assert code == 1
+    assert "stopped before its end (incomplete)" in err
+    code, _, err = invoke(tmp_path / "w2", "--baseline-window", "1d")
+    assert code == 1
+    assert "no complete run of workload chat-smoke@" in err
 
 
 def test_help_has_an_example() -> None:

@@ -216,6 +216,16 @@ def test_run_duration_spans_first_intended_to_last_end() -> None:
     assert metrics.run_duration_s(to_frame([])) == 0.0
 
 
+def test_a_request_never_sent_does_not_extend_the_duration() -> None:
+    """An interrupted run's not_sent records (planned for later) leave the duration at the
+    last thing that happened; a run of nothing but not_sent lasted 0 s."""
+    never = RequestRecord(request_id=3, class_name="chat", intended_ns=60 * 10**9,
+                          outcome=Outcome.NOT_SENT)  # fmt: skip
+    frame = to_frame([streamed(1, intended_ms=1000.0), streamed(2, intended_ms=3000.0), never])
+    assert metrics.run_duration_s(frame) == pytest.approx(2.121)
+    assert metrics.run_duration_s(to_frame([never])) == 0.0
+
+
 @pytest.mark.parametrize(
     ("times_ns", "rate"),
     [

@@ -187,9 +187,9 @@ def nearest_rank(values: list[float], p: float) -> float:
 def built(tmp_path_factory: pytest.TempPathFactory) -> rpt.RunReport:
     """The synthetic run's report with 5 s tumbling windows (built once: figures take time).
 
-    Its run.json says 50 planned, interrupted, and a lag bound (0.5 ms) below the 1 ms lag.
+    Its run.json says 50 planned and a lag bound (0.5 ms) below the 1 ms lag.
     """
-    run_dir = make_run(tmp_path_factory.mktemp("r"), planned=50, interrupted=True, lag_bound_ms=0.5)
+    run_dir = make_run(tmp_path_factory.mktemp("r"), planned=50, lag_bound_ms=0.5)
     return rpt.build_run_report(run_dir, window_s=5.0)
 
 
@@ -287,7 +287,7 @@ def test_html_shows_the_header_verdicts_and_tables(built: rpt.RunReport) -> None
         "2026-11-29 11:04:12 UTC",
         "http://127.0.0.1:8000/v1/chat/completions",
         "planned 50 · sent 44 · recorded 44",
-        "INTERRUPTED",
+        f"synthetic {EVIL}@",  # the workload key the results store pools it by
         "GENERATOR FELL BEHIND",
         "Class chat: MET",  # p90 of 40 requests allows 4 failures; 3 failed
         f"Class {EVIL}: MISSED",  # p90 of 4 requests falls on its one failure
@@ -342,13 +342,43 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     assert tightened["classes"]["chat"]["slo"]["targets"]["tpot_ms"] == 20.0
 
 
-def test_run_json_decides_planned_interrupted_and_lag_bound(built: rpt.RunReport) -> None:
-    """planned, interrupted and the lag bound come from run.json, not from the records."""
+def test_run_json_decides_planned_and_lag_bound(built: rpt.RunReport) -> None:
+    """planned and the lag bound come from run.json, not from the records."""
     assert built.summary["generator"]["planned"] == 50
-    assert built.summary["interrupted"] is True
+    assert built.summary["interrupted"] is False
     assert built.summary["generator"]["fell_behind"] is True  # lag 1 ms > bound 0.5 ms
     assert built.summary["verdict"]["exit_code"] == 3
+    assert built.summary["verdict"]["status"] == "fell_behind"
     assert built.slos_overridden == ()
+
+
+@pytest.mark.parametrize(
+    ("info", "status", "code"),
+    [
+        ({"interrupted": True}, "interrupted", 130),
+        ({"interrupted": True, "stopped": "watchdog", "watchdog": "nothing progressed"},
+         "watchdog", 4),
+        ({"interrupted": True, "recovered": True, "stopped": "incomplete"}, "incomplete", 5),
+        ({"finished": False}, "incomplete", 5),  # killed, never recovered
+    ],
+)  # fmt: skip
+def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
+    tmp_path: Path, info: dict[str, Any], status: str, code: int
+) -> None:
+    """Interrupted, watchdog, killed: the re-audit's verdict is the stop (no MET/MISSED
+    anywhere on the page), every class's met is null, and the figures are labelled partial."""
+    run_dir = make_run(tmp_path, planned=50)
+    path = run_dir / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **info}))
+    report = rpt.build_run_report(run_dir, window_s=5.0)
+    verdict = report.summary["verdict"]
+    assert (verdict["status"], verdict["exit_code"], verdict["slo_met"]) == (status, code, None)
+    assert all(c["slo"]["met"] is None for c in report.summary["classes"].values())
+    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", rpt.render_html(report))  # the text, no PNGs
+    assert "PARTIAL" in page
+    assert html_text("Class chat: partial") in page
+    assert "MET" not in page
+    assert "MISSED" not in page
 
 
 def test_an_override_is_announced(built: rpt.RunReport) -> None:

@@ -66,17 +66,31 @@ def request(
 
 
 def write_run(
-    store: Path, t0: datetime, records: list[RequestRecord], *, histograms: bool = True
+    store: Path,
+    t0: datetime,
+    records: list[RequestRecord],
+    *,
+    histograms: bool = True,
+    workload: str = "chat",
+    rate_per_s: float = 4.0,
+    stopped: str | None = None,
 ) -> Path:
-    """A run folder like `loadgen run` leaves (run.json with t0, records), plus its histograms."""
-    run_id = t0.strftime("%Y%m%dT%H%M%SZ-chat")
+    """A run folder like `loadgen run` leaves (run.json with t0, records), plus its histograms.
+    `workload` and `rate_per_s` make its identity; `stopped` marks it stopped early."""
+    run_id = t0.strftime(f"%Y%m%dT%H%M%SZ-{workload}-{rate_per_s:g}")
     run_dir = store / run_id
     run_dir.mkdir(parents=True)
     slo = {"ttft_ms": CHAT.ttft_ms, "tpot_ms": CHAT.tpot_ms, "percentile": CHAT.percentile}
+    arrival = {"process": "poisson", "rate_per_s": rate_per_s}
     info = {
         "run_id": run_id,
-        "workload": {"name": "chat", "spec": {"classes": {"chat": {"slo": slo}}}},
+        "workload": {
+            "name": workload,
+            "spec": {"classes": {"chat": {"slo": slo, "arrival": arrival}}},
+        },
         "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
+        "interrupted": stopped is not None,
+        "stopped": stopped,
     }
     (run_dir / "run.json").write_text(json.dumps(info), encoding="utf-8")
     to_frame(records).write_parquet(run_dir / "records.parquet")
@@ -232,6 +246,57 @@ def test_windows_must_be_whole_minutes(tmp_path: Path) -> None:
         rolling_windows(tmp_path, window=DAY, step=timedelta(seconds=30))
 
 
+def test_three_workloads_with_a_class_named_chat_are_never_pooled(tmp_path: Path) -> None:
+    """chat-smoke, the same at 3x the rate, and mixed, each with a class "chat": one row per
+    workload and window, each holding exactly its own runs' requests and their p50 (100, 300,
+    900 ms; pooled they would give one p50 of 300 ms); the JSON names each workload."""
+    write_run(tmp_path, day(1, 1), same_ttft(100, 100.0), workload="chat-smoke")
+    write_run(tmp_path, day(1, 2), same_ttft(50, 100.0), workload="chat-smoke")
+    write_run(tmp_path, day(1, 3), same_ttft(80, 300.0), workload="chat-smoke", rate_per_s=12.0)
+    write_run(tmp_path, day(1, 4), same_ttft(60, 900.0), workload="mixed")
+    frame = rolling_windows(tmp_path, window=DAY, step=DAY)
+    rows = {r["workload"].split("@")[0] + f" {r['requests']}": r for r in to_json(frame)}
+    assert sorted(rows) == ["chat-smoke 150", "chat-smoke 80", "mixed 60"]
+    assert {r["class"] for r in rows.values()} == {"chat"}
+    assert [rows[k]["ttft_ms_p50"] for k in ("chat-smoke 150", "chat-smoke 80", "mixed 60")] == [
+        pytest.approx(100.0, rel=1e-3), pytest.approx(300.0, rel=1e-3), pytest.approx(900.0, rel=1e-3)
+    ]  # fmt: skip
+    assert rows["chat-smoke 150"]["runs"] == 2
+    assert len({r["workload"] for r in rows.values()}) == 3
+    chosen = rolling_windows(tmp_path, window=DAY, step=DAY, workload="mixed")
+    assert chosen.get_column("requests").to_list() == [60]
+    key = rows["chat-smoke 80"]["workload"]
+    assert rolling_windows(tmp_path, window=DAY, step=DAY, workload=key)["requests"].to_list() == [
+        80
+    ]
+    by_name = rolling_windows(tmp_path, window=DAY, step=DAY, workload="chat-smoke")
+    assert sorted(by_name.get_column("requests").to_list()) == [80, 150]  # two workloads, two rows
+    with pytest.raises(ConfigError, match="workloads found: chat-smoke@"):
+        rolling_windows(tmp_path, window=DAY, step=DAY, workload="agent")
+    console = Console(width=200, record=True)
+    console.print(render_rolling_table(frame))
+    assert "mixed@" in console.export_text()
+
+
+def test_runs_that_stopped_early_are_left_out_unless_asked(tmp_path: Path) -> None:
+    """An interrupted and a recovered run (their p50 1 s) do not count in the window; with
+    include_incomplete they do; a store of only stopped runs says how to include them."""
+    write_run(tmp_path, day(1, 1), same_ttft(100, 100.0))
+    write_run(tmp_path, day(1, 2), same_ttft(40, 1000.0), stopped="interrupted")
+    write_run(tmp_path, day(1, 3), same_ttft(40, 1000.0), stopped="incomplete")
+    row = rolling_windows(tmp_path, window=DAY, step=DAY).row(0, named=True)
+    assert (row["requests"], row["runs"]) == (100, 1)
+    assert row["ttft_ms_p50"] == pytest.approx(100.0, rel=1e-3)
+    row = rolling_windows(tmp_path, window=DAY, step=DAY, include_incomplete=True).row(
+        0, named=True
+    )
+    assert (row["requests"], row["runs"]) == (180, 3)
+    only_stopped = tmp_path / "stopped"
+    write_run(only_stopped, day(1, 2), same_ttft(40, 1000.0), stopped="watchdog")
+    with pytest.raises(ConfigError, match="--include-incomplete"):
+        rolling_windows(only_stopped, window=DAY, step=DAY)
+
+
 def test_plot_is_a_png(tmp_path: Path) -> None:
     """The plot renders to PNG bytes, failures and empty windows included."""
     for n in (1, 3):
@@ -243,3 +308,31 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     frame = rolling_windows(tmp_path, window=DAY, step=DAY)
     assert rolling_plot(frame, slo_ms={"chat": CHAT}).startswith(b"\x89PNG")
     assert rolling_plot(frame, slo_ms={}, metric="itl").startswith(b"\x89PNG")
+
+
+def test_report_store_cli_selects_a_workload_and_names_what_it_left_out(tmp_path: Path) -> None:
+    """`report STORE --workload NAME --format json` has only that workload's rows, each naming
+    it; the table says which runs were left out for stopping early."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    write_run(tmp_path, day(1, 1), same_ttft(30, 100.0), workload="chat-smoke")
+    write_run(tmp_path, day(1, 2), same_ttft(20, 900.0), workload="mixed")
+    stopped = write_run(tmp_path, day(1, 3), same_ttft(5, 100.0), workload="chat-smoke",
+                        stopped="interrupted")  # fmt: skip
+    args = ["report", str(tmp_path), "--window", "1d", "--step", "1d"]
+    result = CliRunner().invoke(cli, [*args, "--workload", "mixed", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["workload"].split("@")[0], r["requests"]) for r in rows] == [("mixed", 20)]
+    result = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    assert (
+        f"left out, stopped before their end (--include-incomplete pools them): {stopped.name}"
+        in said
+    )
+    result = CliRunner().invoke(cli, [*args, "--workload", "agent"])
+    assert result.exit_code == 1
+    assert "workloads found" in result.stderr

@@ -204,3 +204,26 @@ def test_merge_refuses_folders_that_are_not_the_n_shards_of_one_run(
                     "not a shard"):  # fmt: skip
         assert problem in said, said
     assert not (tmp_path / "out").exists()
+
+
+def test_a_merge_with_a_recovered_shard_is_incomplete_and_judges_nothing(
+    sharded: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """One shard recovered after a kill makes the merged run incomplete: exit 5, verdict
+    "incomplete", no slo_met; an interrupted one makes it interrupted (130)."""
+    _, _, dirs = sharded
+    for stop, code in (({"recovered": True, "stopped": "incomplete"}, 5),
+                       ({"interrupted": True, "stopped": "interrupted"}, 130)):  # fmt: skip
+        copies = []
+        for source in dirs:
+            target = tmp_path / str(code) / source.name
+            shutil.copytree(source, target)
+            copies.append(target)
+        info_path = copies[2] / "run.json"
+        info_path.write_text(json.dumps({**json.loads(info_path.read_text()), **stop}))
+        args = ["merge", *map(str, copies), "--out", str(tmp_path / str(code)), "--run-id", "m"]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == code, result.output
+        summary = json.loads((tmp_path / str(code) / "m" / "summary.json").read_text())
+        assert summary["verdict"]["status"] == stop["stopped"]
+        assert summary["verdict"]["slo_met"] is None

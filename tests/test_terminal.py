@@ -131,3 +131,20 @@ def test_reasoning_runs_show_time_to_first_visible_token_beside_ttft() -> None:
     plain = render(summarize(to_frame([record(i, "chat") for i in range(10)]), run_id="r",
                              slos={"chat": SloTargets(ttft_ms=200.0)}, planned=10))  # fmt: skip
     assert "first visible token" not in plain
+
+
+def test_a_run_that_stopped_early_says_partial_and_no_verdict() -> None:
+    """Interrupted, watchdog, incomplete: the title says PARTIAL, the class cell "partial", the
+    verdict line "none" with the stop's exit code, and no MET or MISSED anywhere, though the
+    same records, run to their end, miss the SLO (a rejected request at p99)."""
+    records = [record(i, "chat") for i in range(10)] + [record(10, "chat", ok=False)]
+    slos = {"chat": SloTargets(ttft_ms=200.0)}
+    assert "MISSED" in render(summarize(to_frame(records), run_id="r", slos=slos, planned=11))
+    for stop, code in (("interrupted", 130), ("watchdog", 4), ("incomplete", 5)):
+        summary = summarize(to_frame(records), run_id="r", slos=slos, planned=11, stopped=stop)
+        text = " ".join(render(summary).split())
+        assert "PARTIAL figures" in text
+        assert f"judge nothing (exit {code})" in text
+        assert "partial" in text
+        assert "MET" not in text
+        assert "MISSED" not in text

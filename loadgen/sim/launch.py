@@ -1,7 +1,9 @@
 """Run the simulator as a subprocess: the embedded default target of the client CLI.
 
 A separate process, so the simulator never competes with the client's event loop and
-the client's timing is measured against a server it does not share a GIL with.
+the client's timing is measured against a server it does not share a GIL with. It dies
+with the process that started it, whatever kills that one (`loadgen.lifeline`: SIGTERM,
+so it still flushes its trace), so a killed `loadgen run` never leaves a simulator behind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from loadgen import lifeline
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.sim.config import format_decode_table, validate
 
@@ -113,10 +116,15 @@ def running_sim(
     trace_file: Path | None = None,
     startup_timeout_s: float = 15.0,
 ) -> Iterator[SimProcess]:
-    """Start `python -m loadgen.sim --host 127.0.0.1 --port 0 *args`; stop it on exit."""
+    """Start `python -m loadgen.sim --host 127.0.0.1 --port 0 *args`; stop it on exit.
+
+    Start it from the main thread: it dies when the thread that started it does (see
+    `loadgen.lifeline`), which for the main thread means when this process does.
+    """
     command = [sys.executable, "-m", "loadgen.sim", "--host", "127.0.0.1", "--port", "0", *args]
     if trace_file is not None:
         command += ["--trace-file", str(trace_file)]
+    command = lifeline.wrap(command, signal.SIGTERM)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(
