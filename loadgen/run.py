@@ -52,7 +52,7 @@ from loadgen.runner import Engine, EngineConfig, LiveStats
 from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
 from loadgen.slo import summarize
-from loadgen.spec import WorkloadSpec
+from loadgen.spec import WorkloadSpec, header_problem
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
@@ -151,7 +151,13 @@ def resolve_headers(
             )
         env_values.append(key)
     # The API's own headers and the key where it expects it (Bearer; Anthropic: x-api-key).
-    return {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
+    resolved = {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
+    for name, value in resolved.items():  # a value read from the environment: CR/LF, ...
+        if problem := header_problem(name, value):
+            problem = problem.replace("a header value", "its value")
+            fix = "check the environment variable it is read from"
+            raise ConfigError(source, f"header {name}", problem, fix)
+    return resolved
 
 
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:

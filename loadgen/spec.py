@@ -483,6 +483,8 @@ def _target(node: _Node) -> TargetSpec:
     url = node.value.get("url")
     if url is not None and (problem := url_problem(url)):
         raise node.error("url", problem)
+    if node.has("path") and (problem := path_problem(node.string("path"))):
+        raise node.error("path", problem)
     api = node.string("api", "openai-chat", choices=APIS)
     if api == "generic" and not node.has("path"):
         raise node.error("path", "is required for api: generic", "e.g. path: /v1/generate")
@@ -520,8 +522,9 @@ def url_problem(url: object) -> str:
         return f"has no host, e.g. http://127.0.0.1:8000 (got {url!r:.80})"
     if port == 0:
         return f"port must be 1-65535 (got {url!r:.80})"
-    if any(c in url for c in "\r\n\t\x00 "):
-        return f"must not contain spaces or control characters (got {url!r:.80})"
+    if any(c in url for c in "\r\n\t\x00 ") or not url.isascii():
+        return (f"must be ASCII without spaces or control characters (percent-encode "
+                f"others) (got {url!r:.80})")  # fmt: skip
     return ""
 
 
@@ -535,6 +538,18 @@ def header_problem(name: str, value: str) -> str:
         return f"{name!r:.60} is not a header name (letters, digits and !#$%&'*+-.^_`|~)"
     if any(c in value for c in "\r\n\x00"):
         return "a header value must not contain CR, LF or NUL"
+    try:
+        value.encode("latin-1")  # how the request head is written
+    except UnicodeEncodeError:
+        return "a header value must be ASCII (or Latin-1) text"
+    return ""
+
+
+def path_problem(path: str) -> str:
+    """What is wrong with a request path (it goes into the request line as is), or ""."""
+    if not path.startswith("/") or not path.isascii() or any(c in path for c in " \r\n\t\x00"):
+        rule = "must start with / and be ASCII without spaces (percent-encode others)"
+        return f"{rule} (got {path!r:.80})"
     return ""
 
 
