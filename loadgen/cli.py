@@ -240,7 +240,11 @@ def _check_memory(spec: Any, seed: int | None, max_memory_gb: float | None) -> s
     show_default=True,
     help="Results store; the run lands in OUT/<run-id>/.",
 )
-@click.option("--run-id", help="Name of the run folder (default: UTC time, workload name, random).")
+@click.option(
+    "--run-id",
+    help="Name of the run folder: letters, digits and -_. (default: UTC time, workload name, "
+    "random).",
+)
 @click.option(
     "--max-in-flight",
     type=click.IntRange(min=1, max=1_000_000),

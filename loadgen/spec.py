@@ -415,7 +415,7 @@ def check_schedule(spec: WorkloadSpec, after: str = "") -> None:
             how = (f"{_num(cls.requests)} requests at {_num(rate)} req/s" if cls.requests and rate
                    and cls.duration_s is None else "its schedule")  # fmt: skip
             raise ConfigError(
-                spec.source, key, f"{how}{after} would span ~{span:,.{2 if span < 1e7 else 0}f} s: "
+                spec.source, key, f"{how}{after} would span ~{_span_text(span)} s: "
                 f"more than {_num(MAX_SPAN_S)} s ({SPAN_WHY})",
                 "raise the rate or lower requests / duration_s / start_s",
             )  # fmt: skip
@@ -427,6 +427,11 @@ def check_schedule(spec: WorkloadSpec, after: str = "") -> None:
                     f"over its ~{_num(round(span))} s span (limit {_num(MAX_PERIODS)})",
                     "lengthen on_mean_s / off_mean_s",
                 )  # fmt: skip
+
+
+def _span_text(span_s: float) -> str:
+    """Whole seconds, unless that would round down to the limit it exceeds."""
+    return f"{span_s:,.0f}" if round(span_s) > MAX_SPAN_S else f"{span_s:,.2f}"
 
 
 def _expected_span_s(cls: ClassSpec) -> float:

@@ -245,9 +245,7 @@ def test_the_span_of_a_schedule_is_checked_before_planning() -> None:
     spec = loads(at_limit)
     assert spec.classes["chat"].requests == MAX_SPAN_S + 1
     over = at_limit.replace("requests: 2678401", "requests: 2678402")
-    with pytest.raises(
-        ConfigError, match=r"2,678,402 requests at 1 req/s would span ~2,678,401\.00 s"
-    ):
+    with pytest.raises(ConfigError, match="2,678,402 requests at 1 req/s would span ~2,678,401 s"):
         loads(over)
 
 
