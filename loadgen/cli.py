@@ -1,14 +1,18 @@
 """The command line: thin commands that parse, call the library, and render.
 
 Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
-3 the generator fell behind (its numbers are not the server's); 4 stopped by the watchdog;
-5 incomplete (killed, then recovered); 130 interrupted. 4, 5 and 130 are no verdict.
+3 the generator fell behind or the client failed (its numbers are not the server's);
+4 stopped by the watchdog; 5 incomplete (killed, then recovered); 130 interrupted.
+4, 5 and 130 are no verdict.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,8 +30,8 @@ Exit codes:
   0    every SLO of every class met
   1    usage or configuration error (bad file, unreachable target)
   2    an SLO was missed
-  3    the generator fell behind (or the client ran out of resources): its numbers
-       are not the server's
+  3    the generator fell behind, or the client failed (out of disk space, file
+       descriptors or permission mid-run): its numbers are not the server's
   4    the watchdog stopped a run where nothing progressed; records are written
   5    incomplete: a run killed outright, finished by report --recover (no verdict)
   130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
@@ -35,7 +39,8 @@ Exit codes:
 
 
 def clean_errors(func: F) -> F:
-    """Turn a LoadgenError into its message on stderr and exit code 1, never a traceback."""
+    """Turn a LoadgenError into its message on stderr and its exit code (1 for a bad input,
+    3 for a client-side failure mid-run), never a traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -43,9 +48,64 @@ def clean_errors(func: F) -> F:
             return func(*args, **kwargs)
         except LoadgenError as exc:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature
+
+
+class FiniteFloat(click.ParamType):  # type: ignore[type-arg]  # generic only in click's stubs
+    """A finite number in [low, high] (or (low, high] with `low_open`): click's FloatRange
+    lets `nan` through, and `inf` wherever there is no upper bound."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, *, low_open: bool = False) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        low_ok = number > self.low if self.low_open else number >= self.low
+        if not (math.isfinite(number) and low_ok and number <= self.high):
+            bound = ">" if self.low_open else ">="
+            span = f"{bound} {self.low:g} and <= {self.high:,.0f}"
+            self.fail(f"must be a finite number {span} (got {value!r})", param, ctx)
+        return number
+
+
+MAX_WAIT_S = 31 * 86_400  # = loadgen.spec.MAX_SPAN_S (loadgen.spec is imported lazily)
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: str | None) -> None:
+    """A run id names one folder inside --out: letters, digits and `-_.`, never a path."""
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise click.BadParameter(
+            f"{run_id!r:.80} is not a safe folder name: use letters, digits and -_. (starting "
+            "with a letter or digit, at most 128 characters), e.g. nightly-2026-11-29",
+            param_hint="--run-id",
+        )
+
+
+def check_url(url: str | None) -> None:
+    """A base URL that can be connected to: http(s), a host, a port in 1-65535."""
+    from loadgen.spec import url_problem
+
+    if url is not None and (problem := url_problem(url)):
+        raise click.BadParameter(f"it {problem}", param_hint="--url")
+
+
+def memory_cap(max_memory_gb: float | None) -> tuple[int, str]:
+    """The plan memory cap in bytes, and where it came from (for the error)."""
+    from loadgen.plans import default_memory_cap
+
+    if max_memory_gb is not None:
+        return round(max_memory_gb * 1024**3), f"--max-memory-gb {max_memory_gb:g}"
+    return default_memory_cap()
 
 
 class LoadgenGroup(click.Group):
@@ -67,14 +127,15 @@ def workload_options(func: F) -> F:
     """--requests, --duration, --rate, --seed, --api, --model, --force-output-tokens: what
     `check` and `run` both change (applied by `spec.override`)."""
     from loadgen.adapters import APIS
+    from loadgen.spec import MAX_REQUESTS, MAX_SEED, MAX_SPAN_S
 
     options = [
-        click.option("--requests", type=click.IntRange(min=1),
+        click.option("--requests", type=click.IntRange(min=1, max=MAX_REQUESTS),
                      help="Requests (or sessions, trajectories) per class, replacing the file's."),
-        click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+        click.option("--duration", type=FiniteFloat(0, MAX_SPAN_S, low_open=True),
                      help="Seconds of arrivals per class, replacing the file's."),
         click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
-        click.option("--seed", type=int,
+        click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED),
                      help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."),
         click.option("--api", type=click.Choice(APIS),
                      help="API family, replacing target.api; the path follows it unless "
@@ -83,6 +144,9 @@ def workload_options(func: F) -> F:
         click.option("--force-output-tokens/--no-force-output-tokens", default=None,
                      help="Send ignore_eos + min_tokens (OpenAI APIs), replacing "
                      "target.force_output_tokens; servers that reject them answer HTTP 422."),
+        click.option("--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
+                     help="Refuse a plan whose estimated client memory (plans, records and "
+                     "their audit) exceeds this many GiB (default: half of this host's memory)."),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
@@ -127,6 +191,7 @@ def check(
     api: str | None,
     model: str | None,
     force_output_tokens: bool | None,
+    max_memory_gb: float | None,
     show_schedule: bool,
 ) -> None:
     """Validate a workload file and print its plan; sends nothing.
@@ -139,12 +204,27 @@ def check(
     """
     from loadgen.plan_view import render_plan
     from loadgen.plans import plan_run
+    from loadgen.sim.launch import sim_args_from_mapping
     from loadgen.spec import load, override
 
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+    sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
+    memory = _check_memory(spec, seed, max_memory_gb)
     plans = plan_run(spec, seed)
-    output_console().print(render_plan(spec, plans, show_schedule=show_schedule))
+    console = output_console()
+    console.print(render_plan(spec, plans, show_schedule=show_schedule))
+    console.print(memory)
+
+
+def _check_memory(spec: Any, seed: int | None, max_memory_gb: float | None) -> str:
+    """Refuse a plan over the memory cap (before building it); the line `check` prints."""
+    from loadgen.inputs import size_text
+    from loadgen.plans import check_memory
+
+    cap, source = memory_cap(max_memory_gb)
+    estimate = check_memory(spec, cap, source, seed)
+    return f"client memory: {estimate.text()} (cap {size_text(cap)}: {source})"
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -163,15 +243,19 @@ def check(
     show_default=True,
     help="Results store; the run lands in OUT/<run-id>/.",
 )
-@click.option("--run-id", help="Name of the run folder (default: UTC time, workload name, random).")
+@click.option(
+    "--run-id",
+    help="Name of the run folder: letters, digits and -_. (default: UTC time, workload name, "
+    "random).",
+)
 @click.option(
     "--max-in-flight",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=1_000_000),
     help="Cap on concurrent requests; waits for a slot count in latency.",
 )
 @click.option(
     "--lag-bound-ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(0, 3_600_000, low_open=True),
     default=5.0,
     show_default=True,
     help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3.",
@@ -179,7 +263,7 @@ def check(
 @click.option(
     "--grace",
     "grace_s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(0, 86_400),
     default=5.0,
     show_default=True,
     help="Seconds in-flight requests get to finish after Ctrl-C.",
@@ -200,14 +284,14 @@ def check(
 @click.option(
     "--watchdog",
     "watchdog_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(0, MAX_WAIT_S, low_open=True),
     default=300.0,
     show_default=True,
     help="Abort (exit 4) when nothing progresses this many seconds while requests are due.",
 )
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=256),
     help="Engine processes sharing the schedule (default 1; one per core when the expected "
     "peak exceeds this host's calibrated envelope).",
 )
@@ -225,6 +309,12 @@ def check(
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate everything the run would use (file, flags, URL, headers, run folder, "
+    "memory), print the plan, then stop: nothing is sent or written.",
+)
 @clean_errors
 def run(
     workload: Path,
@@ -249,6 +339,8 @@ def run(
     shard_text: str | None,
     start_at_text: str | None,
     quiet: bool,
+    max_memory_gb: float | None,
+    dry_run: bool,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
 
@@ -262,24 +354,22 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:11434 --api ollama-chat --model tiny
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
     """
     from loadgen.errors import ConfigError
     from loadgen.run import RunOptions, execute
     from loadgen.shards import parse_share, parse_start_at
     from loadgen.spec import load, override
     from loadgen.terminal import render_processes, render_summary
-    from loadgen.transport import split_url
 
-    if url is not None:
-        try:
-            split_url(url)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--url") from None
+    check_url(url)
+    check_run_id(run_id)
     if shard_text is not None and start_at_text is None:
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+    memory = _check_memory(spec, seed, max_memory_gb)
     options = RunOptions(
         url=url,
         seed=seed,
@@ -297,6 +387,9 @@ def run(
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
     )
+    if dry_run:
+        _dry_run(spec, options, memory)
+        return
     result = execute(spec, options)
     console = output_console()
     console.print(render_summary(result.summary))
@@ -408,6 +501,42 @@ def report(
             path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
             workload=workload_name, include_incomplete=include_incomplete,
         )  # fmt: skip
+
+
+def _dry_run(spec: Any, options: Any, memory: str) -> None:
+    """Everything `run` checks before it sends (plans, shard, headers and their ${VAR}s, the
+    simulator profile, the run folder), then the plan; nothing is sent or written."""
+    from loadgen.errors import ConfigError
+    from loadgen.plan_view import render_plan
+    from loadgen.plans import plan_work
+    from loadgen.run import client_setup
+    from loadgen.shards import check_start_at, split_work
+    from loadgen.sim.launch import sim_args_from_mapping
+
+    work = plan_work(spec, options.seed)
+    if options.shard is not None:
+        work = split_work(work, options.shard)
+    if options.start_at_unix_ns is not None:
+        check_start_at(options.start_at_unix_ns, time.time_ns())
+    if not work.plans:
+        raise ConfigError(
+            spec.source, "classes", "plans no requests", "raise requests or duration_s"
+        )
+    _, _, _, url = client_setup(spec, options)
+    if url is None:
+        sim_args_from_mapping(spec.sim, spec.source)
+    folder = options.out_dir / options.run_id if options.run_id is not None else None
+    if folder is not None and folder.exists():
+        raise ConfigError(
+            "command line", "--run-id", f"{folder} already exists",
+            "runs are never overwritten: choose another --run-id",
+        )  # fmt: skip
+    console = output_console()
+    console.print(render_plan(spec, work.plans))
+    console.print(memory)
+    target = url or "the built-in simulator"
+    count = len(work.plans)
+    console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")
 
 
 def _recover(run_dir: Path) -> None:
@@ -525,11 +654,15 @@ def output_console() -> Console:
 
 def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     """`NAME:VALUE` strings as a dict; a malformed one is a usage error."""
+    from loadgen.spec import header_problem
+
     headers = {}
     for value in values:
         name, sep, rest = value.partition(":")
         if not sep or not name.strip():
             raise click.BadParameter(f"{value!r} is not NAME:VALUE", param_hint="--header")
+        if problem := header_problem(name.strip(), rest.strip()):
+            raise click.BadParameter(f"{value!r:.80}: {problem}", param_hint="--header")
         headers[name.strip()] = rest.strip()
     return headers
 

@@ -1,14 +1,20 @@
 """The project's own exceptions: a bad input is an exception, a failed request is data.
 
 A `LoadgenError` carries a message that says what is wrong, where, and how to fix it;
-the CLI prints it and exits with code 1, never with a traceback.
+the CLI prints it and exits with its `exit_code` (1, or 3 for a `ClientFailure`), never
+with a traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class LoadgenError(Exception):
-    """Base of every error the CLI turns into exit code 1 with a clear message."""
+    """Base of every error the CLI turns into a clear message and an exit code."""
+
+    exit_code = 1  # usage or configuration: fix the job, not the server
 
 
 class ConfigError(LoadgenError):
@@ -28,3 +34,47 @@ class ConfigError(LoadgenError):
 
 class TargetError(LoadgenError):
     """The target endpoint is unreachable or does not speak the expected streaming API."""
+
+
+class ClientFailure(LoadgenError):
+    """The client itself failed mid-run (no space left, permission denied, out of file
+    descriptors): the run is not a measurement of the server, exit 3."""
+
+    exit_code = 3
+
+
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})
+
+
+def describe_os_error(exc: OSError, path: object) -> str:
+    """One line naming what ran out and where: the path, or the limit and how to raise it."""
+    code = exc.errno
+    if code == errno.ENOSPC:
+        return f"no space left on the device holding {path}"
+    if code == errno.EDQUOT:
+        return f"disk quota exceeded writing {path}"
+    if code == errno.EFBIG:
+        return f"file size limit exceeded writing {path}{_limit_text('RLIMIT_FSIZE', 'f')}"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied writing {path}"
+    if code == errno.EROFS:
+        return f"read-only file system: cannot write {path}"
+    if code == errno.EMFILE:
+        return f"too many open files writing {path}{_limit_text('RLIMIT_NOFILE', 'n')}"
+    if code == errno.ENFILE:
+        return f"the system's open-file table is full (fs.file-max) writing {path}"
+    reason = exc.strerror or (os.strerror(code) if code else type(exc).__name__)
+    return f"{reason} writing {path}"
+
+
+def _limit_text(name: str, flag: str) -> str:
+    """` (limit 1,024: ulimit -n)` for the soft limit `name`, where the platform has one."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return ""
+    soft, _ = resource.getrlimit(getattr(resource, name))
+    if soft == resource.RLIM_INFINITY:
+        return f" (ulimit -{flag} is unlimited)"
+    unit = " bytes" if flag == "f" else ""
+    return f" (limit {soft:,}{unit}: raise it with ulimit -{flag})"

@@ -47,6 +47,25 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic
         pass
 
 
+class RunLogHandler(logging.FileHandler):
+    """`<run>/loadgen.log`; a failed write (disk full) stops the file, says so once on
+    stderr, and never raises: the log is a diagnostic, the records are the measurement
+    (their own writes end the run with exit 3 if the disk stays full)."""
+
+    failed: str | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # logging.Handler names it so
+        exc = sys.exc_info()[1]
+        if self.failed is None:
+            self.failed = str(exc)
+            print(f"warning: {self.baseFilename}: {exc}; the run log stops here", file=sys.stderr)
+        self.setLevel(logging.CRITICAL + 1)  # nothing more to this file
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # flushing the last lines onto a full disk
+            super().close()
+
+
 def configure(verbosity: int) -> None:
     """Send loadgen's log to stderr at the level `-v` count asks for (none: warnings only)."""
     level = LEVELS.get(verbosity, logging.DEBUG)
@@ -65,7 +84,7 @@ def run_log(run_dir: Path, redact: Callable[[str], str]) -> Iterator[None]:
     """During a run: redact with this run's secrets, and copy the log to `<run>/loadgen.log`
     (info and up; debug too under `-vv`)."""
     level = min(LOGGER.getEffectiveLevel(), logging.INFO)
-    handler = logging.FileHandler(run_dir / RUN_LOG, encoding="utf-8")
+    handler = RunLogHandler(run_dir / RUN_LOG, encoding="utf-8")
     handler.setFormatter(RedactingFormatter(FORMAT))
     handler.setLevel(level)
     previous = LOGGER.level

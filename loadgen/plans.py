@@ -17,13 +17,26 @@ answer delays the next turn exactly as it would delay a user.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from loadgen.arrivals import Arrival, class_rng, class_times_s, trace_requests
-from loadgen.spec import ClassSpec, Deadlines, LengthDist, SecondsDist, WorkloadSpec
+from loadgen.errors import ConfigError
+from loadgen.inputs import MIB, size_text
+from loadgen.spec import (
+    MAX_SPAN_S,
+    SPAN_WHY,
+    ClassSpec,
+    Deadlines,
+    LengthDist,
+    SecondsDist,
+    WorkloadSpec,
+)
 
 NS_PER_S = 1_000_000_000
 
@@ -124,7 +137,7 @@ def plan_work(spec: WorkloadSpec, seed: int | None = None) -> Work:
     run_seed = spec.seed if seed is None else seed
     starts: list[_Start] = []
     for index, cls in enumerate(spec.classes.values()):
-        starts.extend(_class_starts(cls, index, run_seed))
+        starts.extend(_class_starts(cls, index, run_seed, spec.source))
     starts.sort(key=lambda s: (s.time_ns, s.class_index))
     work = Work()
     next_id = 0
@@ -132,10 +145,23 @@ def plan_work(spec: WorkloadSpec, seed: int | None = None) -> Work:
         made = start.make(next_id)  # type: ignore[operator]  # a closure built below
         if isinstance(made, Flow):
             work.flows.append(made)
+            if made.plans:
+                _check_span(spec.source, made.class_name, made.plans[-1].intended_ns / NS_PER_S)
         else:
             work.singles.append(made)
         next_id += start.size
     return work
+
+
+def _check_span(source: str, class_name: str, last_s: float) -> None:
+    """Every intended send lies within `MAX_SPAN_S` of t0 (ns since t0 are int64 columns)."""
+    if not last_s <= MAX_SPAN_S:  # also NaN
+        raise ConfigError(
+            source, f"classes.{class_name}",
+            f"its schedule reaches {last_s:,.0f} s after t0: more than "
+            f"{MAX_SPAN_S:,} s ({SPAN_WHY})",
+            "raise the rate, or lower requests, think/tool times or (traces) raise speed",
+        )  # fmt: skip
 
 
 def plan_run(spec: WorkloadSpec, seed: int | None = None) -> list[RequestPlan]:
@@ -179,10 +205,13 @@ def _lengths(cls: ClassSpec, count: int, seed: int) -> tuple[np.ndarray, np.ndar
     )
 
 
-def _class_starts(cls: ClassSpec, class_index: int, seed: int) -> list[_Start]:
+def _class_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> list[_Start]:
     if cls.concurrency is not None:
         return [_batch_start(cls, class_index, seed)]
-    times_ns = np.round(class_times_s(cls, seed) * NS_PER_S).astype(np.int64)
+    times_s = class_times_s(cls, seed)
+    if times_s.size:
+        _check_span(source, cls.name, float(times_s.max()))
+    times_ns = np.round(times_s * NS_PER_S).astype(np.int64)
     if cls.turns is None and cls.kind != "agent":
         prompt, output = _lengths(cls, len(times_ns), seed)
         prefixes: list[tuple[int, ...]] = [()] * len(times_ns)
@@ -276,3 +305,131 @@ def _batch_start(cls: ClassSpec, class_index: int, seed: int) -> _Start:
 def singles_of(plans: Sequence[RequestPlan]) -> Work:
     """A Work of independent requests (tests and benchmarks that make plans by hand)."""
     return Work(singles=sorted(plans, key=lambda p: (p.intended_ns, p.request_id)))
+
+
+# ---------------------------------------------------------------- memory estimate
+
+# What one planned request costs the client at its peak, the end of the run, when the joined
+# records are audited and written as per-minute histograms (benchmarks/plan_memory.py):
+PLAN_BYTES = 750  # its plan, held all run (tracemalloc peak of plan_work: ~720 B)
+RECORD_BYTES = 8_000  # its record through the audit, before its tokens (measured 2-7 KB)
+TOKEN_BYTES = 220  # per output token: chunk times and ITL gaps in the frame, the audit and
+# the histograms (measured 170-210 B)
+TRACE_TOKENS = 256  # output tokens assumed per request of a trace too big to read first
+TRACE_READ_FIRST = 16 * MIB  # a trace up to this size is read to count its requests exactly
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """The client memory a run of the plan needs at its peak (plans, records and their audit).
+
+    bytes = requests × (PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES × tokens), with `requests`
+    the expected count (an upper bound for a large trace: every row, times rate_scale) and
+    `tokens` their mean output length.
+    """
+
+    requests: int
+    output_tokens: float  # mean per request
+    bytes: int
+
+    def text(self) -> str:
+        """`~1.2 GiB for 200,000 requests of ~100 output tokens`."""
+        return (f"~{size_text(self.bytes)} for {self.requests:,} requests of "
+                f"~{self.output_tokens:,.0f} output tokens")  # fmt: skip
+
+
+def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstimate:
+    """The estimate, from the spec alone (nothing is sampled; small traces are read)."""
+    run_seed = spec.seed if seed is None else seed
+    counts, tokens = [], []
+    for cls in spec.classes.values():
+        count, mean_tokens = _expected_class(cls, run_seed)
+        counts.append(count)
+        tokens.append(count * mean_tokens)
+    requests = sum(counts)
+    mean = sum(tokens) / requests if requests else 0.0
+    per_request = PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES * mean
+    return MemoryEstimate(requests=round(requests), output_tokens=mean,
+                          bytes=round(requests * per_request))  # fmt: skip
+
+
+def _expected_class(cls: ClassSpec, seed: int) -> tuple[float, float]:
+    """Expected requests of a class and their mean output tokens."""
+    if cls.arrival.process == "trace":
+        return _expected_trace(cls, seed)
+    if cls.requests is not None:
+        starts = float(cls.requests)
+    else:
+        starts = (cls.arrival.mean_rate_per_s or 0.0) * (cls.duration_s or 0.0)
+    flows = cls.turns if cls.turns is not None else cls.hops
+    if cls.concurrency is None and flows is not None:
+        starts *= _clamped_mean(flows)
+    return starts, _clamped_mean(cls.output_tokens)
+
+
+def _clamped_mean(dist: LengthDist) -> float:
+    return min(max(dist.expected, dist.min, 1), dist.max)
+
+
+def _expected_trace(cls: ClassSpec, seed: int) -> tuple[float, float]:
+    """A small trace is read (plans reuse it); a large one counts as every row, scaled."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    path = Path(trace.path)
+    if path.stat().st_size <= TRACE_READ_FIRST:
+        rows = trace_requests(cls, seed)  # cached: the plans read the same
+        count = float(len(rows))
+        mean = sum(r.output_tokens for r in rows) / count if rows else 0.0
+    else:
+        count, mean = _line_count(path) * trace.rate_scale, float(TRACE_TOKENS)
+    for limit in (trace.limit, cls.requests):
+        if limit is not None:
+            count = min(count, float(limit))
+    return count, mean
+
+
+def _line_count(path: Path) -> int:
+    """Newlines in a file, read in 1 MiB blocks (an upper bound on a trace's rows)."""
+    lines = 0
+    with path.open("rb") as file:
+        while block := file.read(MIB):
+            lines += block.count(b"\n")
+    return lines + 1
+
+
+def host_memory_bytes() -> int | None:
+    """This host's memory as the process may use it: physical RAM, or a smaller cgroup limit."""
+    limits = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # not on this platform
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def default_memory_cap() -> tuple[int, str]:
+    """Half of this host's memory (4 GiB where it cannot be read), and where it came from."""
+    host = host_memory_bytes()
+    if host is None:
+        return 4 * 1024 * MIB, "this host's memory is unknown"
+    return host // 2, f"half of this host's {size_text(host)}"
+
+
+def check_memory(
+    spec: WorkloadSpec, cap_bytes: int, cap_source: str, seed: int | None = None
+) -> MemoryEstimate:
+    """The estimate; a `ConfigError` with the figure when it exceeds `cap_bytes`."""
+    estimate = estimate_memory(spec, seed)
+    if estimate.bytes > cap_bytes:
+        raise ConfigError(
+            spec.source, "",
+            f"this plan needs {estimate.text()}: over the {size_text(cap_bytes)} memory cap "
+            f"({cap_source})",
+            "lower --requests, --duration or --rate, or raise the cap with --max-memory-gb",
+        )  # fmt: skip
+    return estimate

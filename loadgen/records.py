@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import io
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from loadgen.errors import TRANSIENT_ERRNOS
 
 
 class Outcome(enum.StrEnum):
@@ -207,12 +210,31 @@ HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `h
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
-    """Write to a temp name in the same folder, fsync, rename: readers never see half a file."""
+    """Write to a temp name in the same folder, fsync, rename: readers never see half a file.
+
+    polars encodes into memory and Python writes the bytes, so a failing write raises the
+    kernel's own `OSError` (ENOSPC, EACCES, EFBIG, EMFILE with `filename` = `path`), where
+    polars writing to the path would say only "Invalid thrift: transport error". A temp
+    file left by a failed write is removed (it would hold disk space and look like a part).
+    """
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    write_file_atomic(path, buffer.getbuffer())
+
+
+def write_file_atomic(path: Path, data: bytes | memoryview) -> None:
+    """`data` to a temp name beside `path`, fsync, rename; an `OSError` names `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
-    frame.write_parquet(tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 class RecordWriter:
@@ -248,11 +270,12 @@ class RecordWriter:
         self._part_count = 0
         self._part_lock = threading.Lock()
         self._last_take = time.monotonic()
-        self.count = 0
+        self.count = 0  # records taken
+        self.written = 0  # records in parts on disk
         # Start polars' I/O runtime now, while file descriptors are plentiful: started
         # mid-run it needs some, and a run short of them must still be able to write.
         warm = self.parts_dir / ".warm-up.parquet"
-        empty_frame().write_parquet(warm)
+        write_parquet_atomic(empty_frame(), warm)
         warm.unlink()
 
     def add(self, record: RequestRecord) -> None:
@@ -291,6 +314,12 @@ class RecordWriter:
             self._part_count += 1
             part = self.parts_dir / f"part-{self._part_count:06d}.parquet"
         write_parquet_atomic(to_frame(batch), part)
+        self.written += len(batch)
+
+    @property
+    def pending(self) -> int:
+        """Records taken but not yet in a part on disk."""
+        return len(self._pending)
 
     def requeue(self, batch: list[RequestRecord]) -> None:
         """Put back a batch whose write failed (e.g. out of file descriptors); it goes out
@@ -298,15 +327,23 @@ class RecordWriter:
         self._pending[:0] = batch
 
     def flush(self) -> None:
-        """Write every pending record now."""
+        """Write every pending record now (a failed write keeps them pending)."""
         batch, self._pending = self._pending, []
-        self.write_part(batch)
+        try:
+            self.write_part(batch)
+        except BaseException:
+            self.requeue(batch)
+            raise
 
     def close(self) -> pl.DataFrame:
-        """Flush, join every part into `records.parquet`, remove the parts; return the frame."""
-        self.flush()
+        """Flush, join every part into `records.parquet`, remove the parts; return the frame.
+
+        Out of file descriptors is retried for a few seconds (the run's sockets are closing);
+        any other failed write raises its `OSError`, and the parts stay for `--recover`.
+        """
+        retry_transient(self.flush)
         frame = read_parts(self.parts_dir)
-        write_parquet_atomic(frame, self.run_dir / RECORDS_FILE)
+        retry_transient(lambda: write_parquet_atomic(frame, self.run_dir / RECORDS_FILE))
         remove_parts(self.parts_dir)
         return frame
 
@@ -318,6 +355,21 @@ def remove_parts(parts_dir: Path) -> None:
         for path in parts_dir.glob(name):
             path.unlink()
     parts_dir.rmdir()
+
+
+def retry_transient(
+    write: Callable[[], None], *, attempts: int = 20, pause_s: float = 0.25
+) -> None:
+    """Call `write`, again after `pause_s` while it fails with a transient error (EMFILE,
+    ENFILE, EAGAIN, EINTR), at most `attempts` times; any other `OSError` at once."""
+    for attempt in range(attempts):
+        try:
+            write()
+            return
+        except OSError as exc:
+            if exc.errno not in TRANSIENT_ERRNOS or attempt == attempts - 1:
+                raise
+        time.sleep(pause_s)
 
 
 def read_parts(parts_dir: Path) -> pl.DataFrame:

@@ -33,7 +33,14 @@ from polars.exceptions import PanicException
 
 from loadgen import __version__
 from loadgen.adapters import Adapter, BodyOptions, adapter_for
-from loadgen.errors import ConfigError, LoadgenError, TargetError
+from loadgen.errors import (
+    TRANSIENT_ERRNOS,
+    ClientFailure,
+    ConfigError,
+    LoadgenError,
+    TargetError,
+    describe_os_error,
+)
 from loadgen.identity import identity
 from loadgen.logs import LOGGER, run_log
 from loadgen.metrics import generator_health
@@ -53,7 +60,7 @@ from loadgen.secrets import Redactor, run_secrets
 from loadgen.shards import Share, check_start_at, split_work, utc_text
 from loadgen.slo import EXIT_INTERRUPTED, summarize
 from loadgen.slo import EXIT_WATCHDOG as EXIT_WATCHDOG  # where run's callers have found it
-from loadgen.spec import WorkloadSpec
+from loadgen.spec import WorkloadSpec, header_problem
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
@@ -148,7 +155,13 @@ def resolve_headers(
             )
         env_values.append(key)
     # The API's own headers and the key where it expects it (Bearer; Anthropic: x-api-key).
-    return {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
+    resolved = {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
+    for name, value in resolved.items():  # a value read from the environment: CR/LF, ...
+        if problem := header_problem(name, value):
+            problem = problem.replace("a header value", "its value")
+            fix = "check the environment variable it is read from"
+            raise ConfigError(source, f"header {name}", problem, fix)
+    return resolved
 
 
 def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
@@ -392,18 +405,63 @@ def _run(
     async def control(engine: Engine, state: dict[str, Any]) -> None:
         await _watch_signals(engine, options.grace_s, writer, state, log)
 
-    state = drive(
-        work, endpoint, config, writer, stats, options,
-        start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
-        quiet=options.quiet, log=log,
-    )  # fmt: skip
-    frame = writer.close()
-    run_info["t0"] = state["t0"]
-    run_info["workers"]["processes"] = [
-        process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"], parent_t0=state["t0"],
-                     lag_bound_ms=options.lag_bound_ms)
-    ]  # fmt: skip
-    return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state)
+    with client_failures(run_dir, writer, stats, run_info):
+        state = drive(
+            work, endpoint, config, writer, stats, options,
+            start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
+            quiet=options.quiet, log=log,
+        )  # fmt: skip
+        if state.get("client_failure") is not None:
+            raise state["client_failure"]
+        frame = writer.close()
+        run_info["t0"] = state["t0"]
+        run_info["workers"]["processes"] = [
+            process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"],
+                         parent_t0=state["t0"], lag_bound_ms=options.lag_bound_ms)
+        ]  # fmt: skip
+        return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state)
+
+
+@contextlib.contextmanager
+def client_failures(
+    run_dir: Path, writer: RecordWriter, stats: LiveStats, run_info: dict[str, Any]
+) -> Iterator[None]:
+    """Turn a failed write (no space left, permission denied, out of file descriptors,
+    file too large) into a `ClientFailure` (exit 3); see `client_failure`.
+
+    The engine was already stopped (see `drive`); what is still pending is written if the
+    resource is back, and counted as lost if not.
+    """
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # still failing: counted as lost below
+            writer.flush()
+        raise client_failure(
+            describe_os_error(exc, exc.filename or run_dir), run_dir, run_info,
+            written=writer.written, planned=stats.planned, lost=writer.pending, sent=stats.sent,
+        ) from None  # fmt: skip
+
+
+def client_failure(
+    what: str, run_dir: Path, run_info: Mapping[str, Any], *, written: int, planned: int,
+    lost: int = 0, sent: int | None = None,
+) -> ClientFailure:  # fmt: skip
+    """The one-line error of a run the client could not finish: what failed (the path or
+    the limit), how many records are on disk, and how to finish them (`loadgen report
+    --recover`). run.json says what happened, if it still can be written."""
+    with contextlib.suppress(OSError):
+        info = {"run_id": run_dir.name, **run_info, "interrupted": True, "finished": False}
+        write_json_atomic(run_dir / "run.json", {**info, "client_failure": what})
+    kept = f"{written:,} of {planned:,} planned records are on disk"
+    if lost:
+        kept += f" ({lost:,} more could not be written)"
+    stopped = f"the run stopped ({sent:,} sent)" if sent is not None else "the run stopped"
+    return ClientFailure(
+        f"{what}; {stopped}: the client failed, so this is not a measurement of the server "
+        f"(exit 3). {kept}; once the cause is fixed, `loadgen report --recover {run_dir}` "
+        "finishes them"
+    )
 
 
 def drive(
@@ -434,6 +492,16 @@ def drive(
     async def main() -> None:
         pool = Pool(endpoint)
         engine = Engine(work, pool, config, writer.add, stats)
+
+        def client_failed(exc: OSError) -> None:
+            """A record write failed for good: stop sending, end what is in flight."""
+            if state.get("client_failure") is None:
+                state["client_failure"] = exc
+                what = describe_os_error(exc, exc.filename)
+                print(f"\nclient failure: {what}; stopping the run", file=log)
+            engine.stop()
+            engine.requests.cancel()
+
         start = start_at_unix_ns if wait_start is None else await wait_start()
         state["t0"] = t0 = choose_t0(start)
         t0_ns = int(t0["perf_counter_ns"])
@@ -444,7 +512,7 @@ def drive(
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(control, engine, state)
-                tg.start_soon(_progress, stats, writer, quiet, t0_ns, log)
+                tg.start_soon(_progress, stats, writer, quiet, t0_ns, log, client_failed)
                 tg.start_soon(_watchdog, engine, pool, options.watchdog_s, state, log)
                 tg.start_soon(_measure_anchor, t0)
                 await engine.run(t0_ns)
@@ -697,9 +765,15 @@ async def _watchdog(
 
 
 async def _progress(
-    stats: LiveStats, writer: RecordWriter, quiet: bool, t0_ns: int, log: TextIO
-) -> None:
-    """Spill records about once a second (in a thread) and redraw the progress line."""
+    stats: LiveStats, writer: RecordWriter, quiet: bool, t0_ns: int, log: TextIO,
+    client_failed: Callable[[OSError], None],
+) -> None:  # fmt: skip
+    """Spill records about once a second (in a thread) and redraw the progress line.
+
+    A write that fails for want of file descriptors is retried with the next batch (they
+    come back as requests end); any other failed write (no space, permission, file size
+    limit) stops the run through `client_failed`.
+    """
     tty = log.isatty()
     last_line = 0.0
     try:
@@ -707,7 +781,7 @@ async def _progress(
             await anyio.sleep(0.25)
             batch = writer.take_due()
             if batch:
-                await _spill(writer, batch)
+                await _spill(writer, batch, client_failed)
             now = time.monotonic()
             if quiet or (not tty and now - last_line < 10):
                 continue
@@ -719,10 +793,14 @@ async def _progress(
             print(file=log)
 
 
-async def _spill(writer: RecordWriter, batch: list[RequestRecord]) -> None:
-    """Write one batch as a part in a thread. A batch whose write fails (out of file
-    descriptors) goes back to the writer; so does one whose task is cancelled (the run is
-    ending) before the thread took it, for the final flush: never lost, never written twice."""
+async def _spill(
+    writer: RecordWriter, batch: list[RequestRecord], client_failed: Callable[[OSError], None]
+) -> None:
+    """Write one batch as a part in a thread. A batch whose write fails goes back to the
+    writer (out of file descriptors: retried later; any other OSError, such as no space
+    left, also stops the run through `client_failed`); so does one whose task is cancelled
+    (the run is ending) before the thread took it, for the final flush: never lost, never
+    written twice."""
     written = False
 
     def write() -> None:
@@ -732,8 +810,12 @@ async def _spill(writer: RecordWriter, batch: list[RequestRecord]) -> None:
 
     try:
         await anyio.to_thread.run_sync(write)
-    except (OSError, PanicException):  # out of file descriptors: retry later
+    except PanicException:  # polars short of file descriptors: retry later
         writer.requeue(batch)
+    except OSError as exc:
+        writer.requeue(batch)
+        if exc.errno not in TRANSIENT_ERRNOS:
+            client_failed(exc)
     except BaseException:
         if not written:  # cancelled at the checkpoint before the (shielded) write began
             writer.requeue(batch)

@@ -81,7 +81,7 @@ def parse_start_at(text: str) -> int:
     (`2026-11-29T12:00:00Z`; without an offset the time is UTC)."""
     try:
         return round(float(text) * NS_PER_S)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number; inf, nan
         pass
     try:
         moment = datetime.fromisoformat(text.strip())
@@ -107,7 +107,15 @@ def check_start_at(start_unix_ns: int, now_unix_ns: int) -> float:
             f"the agreed start {utc_text(start_unix_ns)} was {-wait_s:,.1f} s ago",
             "agree on a start far enough ahead for every shard to be launched and ready",
         )
+    if wait_s > MAX_WAIT_S:
+        raise ConfigError(
+            "command line", "--start-at", f"the agreed start is {wait_s / 86_400:,.1f} days away",
+            f"agree on a start within {MAX_WAIT_S // 86_400} days",
+        )  # fmt: skip
     return wait_s
+
+
+MAX_WAIT_S = 31 * 86_400  # a start further ahead is a typo (or seconds given as ms)
 
 
 def utc_text(unix_ns: int) -> str:

@@ -9,23 +9,41 @@ key is read from the environment variable the file names (`target.api_key_env`).
 from __future__ import annotations
 
 import difflib
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import yaml
+import orjson
 
 from loadgen.adapters import APIS
 from loadgen.adapters.generic import GenericSpec, generic_spec
 from loadgen.errors import ConfigError
+from loadgen.inputs import TRACE_MAX_BYTES, WORKLOAD_MAX_BYTES, load_yaml, read_text, size_text
 from loadgen.slo import SloTargets
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
 TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
+
+# Sane ranges: past these a plan is a typo, an overflow (ns since t0 are int64) or a plan
+# no host can hold. Each limit's reason is printed with the error.
+MAX_REQUESTS = 100_000_000  # per class (the memory estimate usually refuses far fewer)
+MAX_SPAN_S = 31 * 86_400  # every intended send within 31 days of t0; also caps any duration
+MAX_RATE_PER_S = 1_000_000.0
+MAX_TOKENS = 10_000_000  # any token count (prompt, output, system prompt)
+MAX_TURNS = 10_000  # turns of a chat session, hops of a trajectory
+MAX_CV = 100.0
+MIN_CV = 0.001
+MAX_CONCURRENCY = 100_000
+MAX_RATE_SCALE = 1_000.0  # copies of a trace superposed
+MAX_PERIODS = 1_000_000  # on/off periods over a class's span
+SPAN_WHY = "31 days, the longest schedule loadgen plans"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,32 +265,58 @@ class _Node:
         return value
 
     def number(
-        self, name: str, default: float | None = None, *, positive: bool = False, minimum: float = 0
-    ) -> float:
+        self, name: str, default: float | None = None, *, positive: bool = False,
+        minimum: float = 0, maximum: float = math.inf, why: str = "",
+    ) -> float:  # fmt: skip
+        """A finite number in range; `why` says where `maximum` comes from."""
         value = self.value.get(name, default)
         if value is None:
             raise self.error(name, "is required", f"add '{name}: <number>'")
+        self._not_quoted(name, value)
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
         ):
             raise self.error(name, f"must be a number, got {_kind(value)}")
-        if positive and value <= 0:
-            raise self.error(name, f"must be > 0 (got {value})")
-        if value < minimum:
-            raise self.error(name, f"must be >= {minimum} (got {value})")
+        self._in_range(name, value, minimum, maximum, why, positive=positive)
         return float(value)
 
-    def integer(self, name: str, default: int | None = None, *, minimum: int = 0) -> int:
+    def integer(
+        self, name: str, default: int | None = None, *, minimum: int = 0,
+        maximum: float = math.inf, why: str = "",
+    ) -> int:  # fmt: skip
+        """An integer in range; a whole float (YAML `1e6`) counts as one."""
         value = self.value.get(name, default)
         if value is None:
             raise self.error(name, "is required", f"add '{name}: <integer>'")
+        self._not_quoted(name, value)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(name, f"must be an integer, got {_kind(value)}")
-        if value < minimum:
-            raise self.error(name, f"must be >= {minimum} (got {value})")
+        self._in_range(name, value, minimum, maximum, why)
         return value
+
+    def _not_quoted(self, name: str, value: object) -> None:
+        """A number written as a string (`"1e-12"`, `'40'`) gets the exact fix."""
+        if isinstance(value, str) and _NUMBER.match(value.strip()):
+            raise self.error(
+                name, f"must be a number, got the string {value!r}",
+                f"write it without quotes: {name}: {value.strip()}",
+            )  # fmt: skip
+
+    def _in_range(
+        self, name: str, value: float, minimum: float, maximum: float, why: str,
+        *, positive: bool = False,
+    ) -> None:  # fmt: skip
+        if positive and value <= 0:
+            raise self.error(name, f"must be > 0 (got {_num(value)})")
+        if value < minimum:
+            raise self.error(name, f"must be >= {_num(minimum)} (got {_num(value)})")
+        if value > maximum:
+            reason = f" ({why})" if why else ""
+            raise self.error(name, f"must be <= {_num(maximum)}{reason} (got {_num(value)})")
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.value.get(name, default)
@@ -287,32 +331,37 @@ def _kind(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
+_NUMBER = re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
+
+
+def _num(value: float) -> str:
+    """A number as a person writes it: `2,678,400`, `0.5`, `1e-12`."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:g}"
+
+
 def _choices_fix(choices: tuple[str, ...]) -> str:
     return f"use one of: {', '.join(choices)}" if choices else ""
 
 
 def load(path: str | Path) -> WorkloadSpec:
-    """Read and validate a workload file."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(source, "", "file not found", "check the path") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read file: {exc.strerror}") from None
-    return loads(text, source)
+    """Read and validate a workload file (at most `WORKLOAD_MAX_BYTES`, UTF-8)."""
+    text = read_text(
+        Path(path), cap_bytes=WORKLOAD_MAX_BYTES, what="workload file",
+        fix="a workload describes traffic in a few KB; replay request data from a trace "
+        "file (arrival: {process: trace, path: ...})",
+    )  # fmt: skip
+    return loads(text, str(path))
 
 
 def loads(text: str, source: str = "<workload>") -> WorkloadSpec:
-    """Validate workload YAML text; `source` names it in errors."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(source, where, f"YAML syntax error: {problem}") from None
-    return parse(raw, source)
+    """Validate workload YAML text; `source` names it in errors.
+
+    YAML 1.2 floats are numbers (`1e-12`), and a document whose aliases would expand past
+    the node budget is refused (see `loadgen.inputs`).
+    """
+    return parse(load_yaml(text, source), source)
 
 
 def parse(raw: object, source: str) -> WorkloadSpec:
@@ -328,15 +377,74 @@ def parse(raw: object, source: str) -> WorkloadSpec:
     sim = top.value.get("sim") or {}
     if not isinstance(sim, Mapping):
         raise top.error("sim", f"must be a mapping, got {_kind(sim)}")
-    return WorkloadSpec(
+    spec = WorkloadSpec(
         name=top.string("name"),
         source=source,
         target=_target(top.child("target") if top.has("target") else _Node(source, "target", {})),
         classes=classes,
-        seed=top.integer("seed", 0),
+        seed=top.integer("seed", 0, maximum=MAX_SEED),
         sim=dict(sim),
         raw=dict(top.value),
     )
+    check_schedule(spec)
+    return spec
+
+
+MAX_SEED = 2**63 - 1
+
+
+def check_schedule(spec: WorkloadSpec, after: str = "") -> None:
+    """Every class's schedule fits the ranges (`MAX_SPAN_S`, `MAX_RATE_PER_S`, periods):
+    checked on the file and again after the command line's overrides (`after` names them).
+
+    A class bounded by `requests` spans about start_s + (requests − 1) / mean rate; one
+    bounded by `duration_s` spans start_s + duration_s. The plans check the real times.
+    """
+    for name, cls in spec.classes.items():
+        key = f"classes.{name}"
+        arrival = cls.arrival
+        rates = [arrival.rate_per_s, arrival.on_rate_per_s, arrival.off_rate_per_s]
+        rates += [rate for rate, _ in arrival.steps]
+        if max(rates) > MAX_RATE_PER_S:
+            problem = f"a rate of {_num(max(rates))} req/s{after} is over the limit"
+            fix = f"at most {_num(MAX_RATE_PER_S)} req/s"
+            raise ConfigError(spec.source, f"{key}.arrival", problem, fix)
+        span = _expected_span_s(cls)
+        if span > MAX_SPAN_S:
+            rate = arrival.mean_rate_per_s
+            how = (f"{_num(cls.requests)} requests at {_num(rate)} req/s" if cls.requests and rate
+                   and cls.duration_s is None else "its schedule")  # fmt: skip
+            raise ConfigError(
+                spec.source, key, f"{how}{after} would span ~{_span_text(span)} s: "
+                f"more than {_num(MAX_SPAN_S)} s ({SPAN_WHY})",
+                "raise the rate or lower requests / duration_s / start_s",
+            )  # fmt: skip
+        if arrival.process == "onoff":
+            periods = span / (arrival.on_mean_s + arrival.off_mean_s)
+            if periods > MAX_PERIODS:
+                raise ConfigError(
+                    spec.source, f"{key}.arrival", f"~{_num(round(periods))} on/off periods "
+                    f"over its ~{_num(round(span))} s span (limit {_num(MAX_PERIODS)})",
+                    "lengthen on_mean_s / off_mean_s",
+                )  # fmt: skip
+
+
+def _span_text(span_s: float) -> str:
+    """Whole seconds, unless that would round down to the limit it exceeds."""
+    return f"{span_s:,.0f}" if round(span_s) > MAX_SPAN_S else f"{span_s:,.2f}"
+
+
+def _expected_span_s(cls: ClassSpec) -> float:
+    """Seconds from t0 to the class's last intended arrival, on average (0 if unknown)."""
+    start = cls.arrival.start_s
+    if cls.duration_s is not None:
+        return start + cls.duration_s
+    rate = cls.arrival.mean_rate_per_s
+    if cls.requests is None or cls.concurrency is not None or not rate:
+        return start
+    if cls.arrival.process == "ramp":
+        return start + sum(d for _, d in cls.arrival.steps)
+    return start + (cls.requests - 1) / rate
 
 
 def _target(node: _Node) -> TargetSpec:
@@ -359,7 +467,9 @@ def _target(node: _Node) -> TargetSpec:
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         raise node.error("headers", "must map header names to string values")
-    for name in headers:
+    for name, value in headers.items():
+        if problem := header_problem(name, value):
+            raise node.error(f"headers.{name}", problem)
         if name.lower() in ("authorization", "x-api-key", "api-key"):
             raise node.error(
                 f"headers.{name}",
@@ -369,9 +479,17 @@ def _target(node: _Node) -> TargetSpec:
     extra_body = node.value.get("extra_body") or {}
     if not isinstance(extra_body, Mapping):
         raise node.error("extra_body", "must be a mapping of JSON fields added to every request")
+    try:  # as the request body (orjson) and as run.json (json) will be written
+        orjson.dumps(extra_body)
+        json.dumps(extra_body, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        fix = "use strings, numbers, booleans, lists and string-keyed mappings"
+        raise node.error("extra_body", f"is not JSON: {exc}", fix) from None
     url = node.value.get("url")
-    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        raise node.error("url", f"must start with http:// or https:// (got {url!r})")
+    if url is not None and (problem := url_problem(url)):
+        raise node.error("url", problem)
+    if node.has("path") and (problem := path_problem(node.string("path"))):
+        raise node.error("path", problem)
     api = node.string("api", "openai-chat", choices=APIS)
     if api == "generic" and not node.has("path"):
         raise node.error("path", "is required for api: generic", "e.g. path: /v1/generate")
@@ -394,6 +512,50 @@ def _target(node: _Node) -> TargetSpec:
         if node.has("generic")
         else None,
     )
+
+
+def url_problem(url: object) -> str:
+    """What is wrong with a base URL (scheme, host, port), or "" if nothing."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return f"must look like http://host:port or https://host:port (got {url!r:.80})"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number in 0-65535, a bad IPv6 literal
+        return f"is not a valid URL ({exc}), e.g. http://127.0.0.1:8000 (got {url!r:.80})"
+    if not parts.hostname:
+        return f"has no host, e.g. http://127.0.0.1:8000 (got {url!r:.80})"
+    if port == 0:
+        return f"port must be 1-65535 (got {url!r:.80})"
+    if any(c in url for c in "\r\n\t\x00 ") or not url.isascii():
+        return (f"must be ASCII without spaces or control characters (percent-encode "
+                f"others) (got {url!r:.80})")  # fmt: skip
+    return ""
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field-name characters
+
+
+def header_problem(name: str, value: str) -> str:
+    """What is wrong with a request header (a name that is not a token, a value with CR/LF
+    that would inject another header), or "" if nothing."""
+    if not _TOKEN.match(name):
+        return f"{name!r:.60} is not a header name (letters, digits and !#$%&'*+-.^_`|~)"
+    if any(c in value for c in "\r\n\x00"):
+        return "a header value must not contain CR, LF or NUL"
+    try:
+        value.encode("latin-1")  # how the request head is written
+    except UnicodeEncodeError:
+        return "a header value must be ASCII (or Latin-1) text"
+    return ""
+
+
+def path_problem(path: str) -> str:
+    """What is wrong with a request path (it goes into the request line as is), or ""."""
+    if not path.startswith("/") or not path.isascii() or any(c in path for c in " \r\n\t\x00"):
+        rule = "must start with / and be ASCII without spaces (percent-encode others)"
+        return f"{rule} (got {path!r:.80})"
+    return ""
 
 
 def _local_path(node: _Node, key: str) -> str:
@@ -431,9 +593,18 @@ def _class(node: _Node, name: str) -> ClassSpec:
         )  # fmt: skip
     if arrival.process == "ramp" and not has_requests and not has_duration:
         has_duration = True  # the ramp's own length
-    concurrency = node.integer("concurrency", minimum=1) if node.has("concurrency") else None
+    concurrency = (
+        node.integer("concurrency", minimum=1, maximum=MAX_CONCURRENCY)
+        if node.has("concurrency") else None
+    )  # fmt: skip
     if concurrency is not None and not has_requests:
         raise node.error("requests", "a closed-loop batch (concurrency) needs 'requests' documents")
+    if arrival.process == "trace" and (kind == "agent" or node.has("turns") or concurrency):
+        what = "turns" if node.has("turns") else "concurrency" if concurrency else "kind: agent"
+        raise node.error(
+            "arrival.process", f"a trace cannot drive {what}: each trace row is one request",
+            "replay the trace as a chat class without turns, or give this class its own arrivals",
+        )  # fmt: skip
     empty = _Node(node.source, node.key("slo"), {})
 
     def optional(key: str) -> _Node | None:
@@ -446,9 +617,12 @@ def _class(node: _Node, name: str) -> ClassSpec:
         name=name,
         kind=kind,
         arrival=arrival,
-        requests=node.integer("requests", minimum=1) if has_requests else None,
+        requests=node.integer(
+            "requests", minimum=1, maximum=MAX_REQUESTS, why="per class"
+        ) if has_requests else None,
         duration_s=(
-            node.number("duration_s", positive=True) if node.has("duration_s")
+            node.number("duration_s", positive=True, maximum=MAX_SPAN_S, why=SPAN_WHY)
+            if node.has("duration_s")
             else sum(d for _, d in arrival.steps) if has_duration else None
         ),
         prompt_tokens=_length(node.child("prompt_tokens")) if node.has("prompt_tokens") or
@@ -460,11 +634,12 @@ def _class(node: _Node, name: str) -> ClassSpec:
             node.child("deadlines") if node.has("deadlines")
             else _Node(node.source, node.key("deadlines"), {})
         ),
-        priority=node.integer("priority", minimum=-(2**31)) if node.has("priority") else None,
-        turns=_length(turns) if turns else None,
+        priority=node.integer("priority", minimum=-(2**31), maximum=2**31 - 1)
+        if node.has("priority") else None,
+        turns=_length(turns, MAX_TURNS) if turns else None,
         think_time_s=_seconds(think) if think else None,
-        system_prompt_tokens=node.integer("system_prompt_tokens", 0),
-        hops=_length(hops) if hops else (DEFAULT_HOPS if kind == "agent" else None),
+        system_prompt_tokens=node.integer("system_prompt_tokens", 0, maximum=MAX_TOKENS),
+        hops=_length(hops, MAX_TURNS) if hops else (DEFAULT_HOPS if kind == "agent" else None),
         tool_time_s=_seconds(tool) if tool else None,
         trajectory_budget_s=_optional_number(node, "trajectory_budget_s"),
         concurrency=concurrency,
@@ -476,7 +651,19 @@ DEFAULT_HOPS = LengthDist(dist="fixed", value=8)
 
 
 def _optional_number(node: _Node, key: str) -> float | None:
-    return node.number(key, positive=True) if node.has(key) else None
+    return _seconds_key(node, key) if node.has(key) else None
+
+
+def _seconds_key(node: _Node, key: str, default: float | None = None, *,
+                 positive: bool = True) -> float:  # fmt: skip
+    """A duration in seconds: > 0 (or >= 0), at most `MAX_SPAN_S`."""
+    return node.number(key, default, positive=positive, maximum=MAX_SPAN_S, why=SPAN_WHY)
+
+
+def _rate_key(node: _Node, key: str, *, positive: bool = True) -> float:
+    """A rate in req/s, at most `MAX_RATE_PER_S`."""
+    default = None if positive else 0.0
+    return node.number(key, default, positive=positive, maximum=MAX_RATE_PER_S)
 
 
 ARRIVAL_KEYS = {
@@ -493,22 +680,22 @@ ARRIVAL_KEYS = {
 def _arrival(node: _Node, source: str) -> ArrivalSpec:
     process = node.string("process", choices=ARRIVAL_PROCESSES)
     node.allow("process", "start_s", *ARRIVAL_KEYS[process])
-    start_s = node.number("start_s", 0.0)
+    start_s = _seconds_key(node, "start_s", 0.0, positive=False)
     if process in ("constant", "poisson", "gamma"):
         return ArrivalSpec(
             process=process,
-            rate_per_s=node.number("rate_per_s", positive=True),
-            cv=node.number("cv", 1.0, positive=True),
+            rate_per_s=_rate_key(node, "rate_per_s"),
+            cv=node.number("cv", 1.0, minimum=MIN_CV, maximum=MAX_CV),
             start_s=start_s,
         )
     if process == "onoff":
         return ArrivalSpec(
             process=process,
             start_s=start_s,
-            on_rate_per_s=node.number("on_rate_per_s", positive=True),
-            off_rate_per_s=node.number("off_rate_per_s", 0.0),
-            on_mean_s=node.number("on_mean_s", positive=True),
-            off_mean_s=node.number("off_mean_s", positive=True),
+            on_rate_per_s=_rate_key(node, "on_rate_per_s"),
+            off_rate_per_s=_rate_key(node, "off_rate_per_s", positive=False),
+            on_mean_s=_seconds_key(node, "on_mean_s"),
+            off_mean_s=_seconds_key(node, "off_mean_s"),
         )
     if process == "ramp":
         return ArrivalSpec(process=process, start_s=start_s, steps=_ramp_steps(node))
@@ -527,11 +714,14 @@ def _ramp_steps(node: _Node) -> tuple[tuple[float, float], ...]:
     for index, item in enumerate(steps):
         step = _Node(node.source, node.key(f"steps[{index}]"), item)
         step.allow("rate_per_s", "duration_s")
-        result.append(
-            (step.number("rate_per_s", minimum=0), step.number("duration_s", positive=True))
-        )
+        result.append((_rate_key(step, "rate_per_s", positive=False),
+                       _seconds_key(step, "duration_s")))  # fmt: skip
     if not any(rate > 0 for rate, _ in result):
         raise node.error("steps", "every step has rate 0: nothing would be sent")
+    total = sum(d for _, d in result)
+    if total > MAX_SPAN_S:
+        raise node.error("steps", f"the steps last {_num(total)} s: more than "
+                         f"{_num(MAX_SPAN_S)} s ({SPAN_WHY})")  # fmt: skip
     return tuple(result)
 
 
@@ -539,31 +729,46 @@ def _trace(node: _Node, source: str) -> TraceSpec:
     path = node.string("path")
     base = Path(source).parent
     resolved = (base / path) if not Path(path).is_absolute() else Path(path)
-    if not resolved.exists():
+    if not resolved.is_file():
         raise node.error("path", f"trace file {resolved} not found",
                          "paths are relative to the workload file")  # fmt: skip
-    window = node.value.get("window_s")
-    start, end = 0.0, None
-    if window is not None:
-        if not (isinstance(window, list) and len(window) == 2):
-            raise node.error(
-                "window_s", "must be [start, end] in seconds of the trace, e.g. [0, 600]"
-            )
-        start = float(window[0])
-        end = float(window[1])
-        if end <= start:
-            raise node.error("window_s", f"end must be after start (got {window})")
+    size = resolved.stat().st_size
+    if size > TRACE_MAX_BYTES:
+        raise node.error(
+            "path", f"trace file {resolved} is {size_text(size)}: over the "
+            f"{size_text(TRACE_MAX_BYTES)} cap (a trace is read whole)",
+            "cut the rows you replay into a smaller file (window_s still reads the whole file)",
+        )  # fmt: skip
+    start, end = _trace_window(node)
     return TraceSpec(
         path=str(resolved),
         format=node.string("format", "auto", choices=TRACE_FORMATS),
         start_s=start,
         end_s=end,
-        speed=node.number("speed", 1.0, positive=True),
-        rate_scale=node.number("rate_scale", 1.0, positive=True),
-        spread_s=node.number("spread_s", 0.0),
+        speed=node.number("speed", 1.0, positive=True, maximum=MAX_RATE_PER_S),
+        rate_scale=node.number(
+            "rate_scale", 1.0, positive=True, maximum=MAX_RATE_SCALE, why="copies superposed"
+        ),
+        spread_s=_seconds_key(node, "spread_s", 0.0, positive=False),
         include_failed=node.boolean("include_failed", False),
-        limit=node.integer("limit", minimum=1) if node.has("limit") else None,
+        limit=node.integer("limit", minimum=1, maximum=MAX_REQUESTS) if node.has("limit") else None,
     )
+
+
+def _trace_window(node: _Node) -> tuple[float, float | None]:
+    """`window_s: [start, end]` in seconds of the trace, or the whole trace."""
+    window = node.value.get("window_s")
+    if window is None:
+        return 0.0, None
+    fix = "e.g. window_s: [0, 600] (seconds of the trace)"
+    if not (isinstance(window, list) and len(window) == 2):
+        raise node.error("window_s", f"must be [start, end], got {_kind(window)}", fix)
+    pair = _Node(node.source, node.key("window_s"), {"[0]": window[0], "[1]": window[1]})
+    limit = 100 * MAX_SPAN_S  # trace seconds: the replay is then divided by speed
+    start, end = (pair.number(k, maximum=limit) for k in ("[0]", "[1]"))
+    if end <= start:
+        raise node.error("window_s", f"end must be after start (got {window})", fix)
+    return start, end
 
 
 def _seconds(node: _Node) -> SecondsDist:
@@ -575,20 +780,22 @@ def _seconds(node: _Node) -> SecondsDist:
         "exponential": ("mean", "min", "max"),
     }[dist]
     node.allow("dist", *allowed)
-    lo, hi = node.number("min", 0.0), node.number("max", 86_400.0)
+    lo = _seconds_key(node, "min", 0.0, positive=False)
+    hi = _seconds_key(node, "max", 86_400.0, positive=False)
     if hi < lo:
         raise node.error("max", f"must be >= min ({lo}), got {hi}")
+    lognormal_or_exp = dist in ("lognormal", "exponential")
     return SecondsDist(
         dist=dist,
-        value=node.number("value", 0.0) if dist == "fixed" else 0.0,
-        mean=node.number("mean", positive=True) if dist in ("lognormal", "exponential") else 0.0,
-        cv=node.number("cv", positive=True) if dist == "lognormal" else 1.0,
+        value=_seconds_key(node, "value", 0.0, positive=False) if dist == "fixed" else 0.0,
+        mean=_seconds_key(node, "mean") if lognormal_or_exp else 0.0,
+        cv=node.number("cv", positive=True, maximum=MAX_CV) if dist == "lognormal" else 1.0,
         min=lo,
         max=hi,
     )
 
 
-def _length(node: _Node) -> LengthDist:
+def _length(node: _Node, maximum: int = MAX_TOKENS) -> LengthDist:
     dist = node.string("dist", choices=LENGTH_DISTS)
     allowed = {
         "fixed": ("value",),
@@ -597,17 +804,18 @@ def _length(node: _Node) -> LengthDist:
         "exponential": ("mean", "min", "max"),
     }[dist]
     node.allow("dist", *allowed)
-    lo = node.integer("min", 1, minimum=1)
-    hi = node.integer("max", 1_000_000, minimum=1)
+    lo = node.integer("min", 1, minimum=1, maximum=maximum)
+    hi = node.integer("max", min(1_000_000, maximum), minimum=1, maximum=maximum)
     if dist == "uniform" and not (node.has("min") and node.has("max")):
         raise node.error("min", "uniform needs both 'min' and 'max'")
     if hi < lo:
         raise node.error("max", f"must be >= min ({lo}), got {hi}")
+    lognormal_or_exp = dist in ("lognormal", "exponential")
     return LengthDist(
         dist=dist,
-        value=node.integer("value", minimum=1) if dist == "fixed" else 0,
-        mean=node.number("mean", positive=True) if dist in ("lognormal", "exponential") else 0.0,
-        cv=node.number("cv", positive=True) if dist == "lognormal" else 1.0,
+        value=node.integer("value", minimum=1, maximum=maximum) if dist == "fixed" else 0,
+        mean=node.number("mean", positive=True, maximum=maximum) if lognormal_or_exp else 0.0,
+        cv=node.number("cv", positive=True, maximum=MAX_CV) if dist == "lognormal" else 1.0,
         min=lo,
         max=hi,
     )
@@ -620,7 +828,9 @@ def _slo(node: _Node) -> SloTargets:
         raise node.error("percentile", f"must be in (0, 100] (got {percentile})")
 
     def opt(key: str) -> float | None:
-        return node.number(key, positive=True) if node.has(key) else None
+        if not node.has(key):
+            return None
+        return node.number(key, positive=True, maximum=MAX_SPAN_S * 1000.0, why=SPAN_WHY)
 
     return SloTargets(
         ttft_ms=opt("ttft_ms"),
@@ -632,13 +842,27 @@ def _slo(node: _Node) -> SloTargets:
 
 
 def _deadlines(node: _Node) -> Deadlines:
+    """The three deadlines; an unset first-token or stall deadline is the default, but never
+    longer than `total_s`, and a set one longer than `total_s` is an error: it could never
+    fire (the total deadline ends the request first)."""
     node.allow("first_token_s", "stall_s", "total_s")
     default = Deadlines()
-    return Deadlines(
-        first_token_s=node.number("first_token_s", default.first_token_s, positive=True),
-        stall_s=node.number("stall_s", default.stall_s, positive=True),
-        total_s=node.number("total_s", default.total_s, positive=True),
-    )
+    total = _seconds_key(node, "total_s", default.total_s)
+    values = {}
+    for key in ("first_token_s", "stall_s"):
+        if not node.has(key):
+            values[key] = min(getattr(default, key), total)
+            continue
+        values[key] = _seconds_key(node, key)
+        if values[key] > total:
+            how = f"total_s: {_num(total)}" if node.has("total_s") else \
+                f"total_s (default {_num(total)})"  # fmt: skip
+            raise node.error(
+                key, f"{_num(values[key])} s is longer than {how}: it can never fire, the "
+                "total deadline ends the request first",
+                f"make {key} <= total_s, or raise total_s",
+            )  # fmt: skip
+    return Deadlines(total_s=total, **values)
 
 
 def override(
@@ -662,6 +886,12 @@ def override(
     """
     if requests is not None and duration_s is not None:
         raise ConfigError("command line", "--requests/--duration", "give one, not both")
+    if requests is not None and not 1 <= requests <= MAX_REQUESTS:
+        raise ConfigError("command line", "--requests",
+                          f"must be 1 to {_num(MAX_REQUESTS)} (got {_num(requests)})")  # fmt: skip
+    if duration_s is not None and not 0 < duration_s <= MAX_SPAN_S:
+        raise ConfigError("command line", "--duration", f"must be > 0 and <= {_num(MAX_SPAN_S)}"
+                          f" s ({SPAN_WHY}) (got {duration_s:g})")  # fmt: skip
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {}
@@ -674,7 +904,12 @@ def override(
         classes[name] = replace(
             cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration
         )
-    return replace(spec, classes=classes)
+    spec = replace(spec, classes=classes)
+    given = [flag for flag, value in (("--requests", requests), ("--duration", duration_s),
+                                      ("--rate", rate)) if value is not None]  # fmt: skip
+    if given:
+        check_schedule(spec, after=f" with {'/'.join(given)}")
+    return spec
 
 
 def _override_target(

@@ -137,6 +137,12 @@ def read_trace(path: Path, options: TraceOptions, *, seed: int = 0) -> Trace:
     output = np.maximum(output, 1)
     wrap = _wrap_window(t_s, options)
     times, pick, copy = _rate_scaled(t_s, wrap, options.rate_scale, seed)
+    if not len(times):
+        kept = f"rate_scale {options.rate_scale:g} kept none" if len(t_s) else "all failed"
+        raise ConfigError(
+            str(path), "", f"no requests to replay: the window holds {len(order)} rows and {kept}",
+            "widen window_s, raise rate_scale, or set include_failed",
+        )  # fmt: skip
     times = (times - times[0]) / options.speed
     if options.limit is not None:
         times, pick, copy = times[: options.limit], pick[: options.limit], copy[: options.limit]

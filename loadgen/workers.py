@@ -99,6 +99,7 @@ class ShareWriter(RecordWriter):
 
 def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
     """Entry point of a worker process: set up, report ready, run from the parent's t0."""
+    from loadgen.errors import describe_os_error
     from loadgen.lifeline import die_with_parent
     from loadgen.run import client_setup, drive, engine_setup, raise_open_files_limit
 
@@ -130,8 +131,14 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
         start_at_unix_ns=None, started=lambda t0: None, control=control,
         quiet=True, log=sys.stderr, wait_start=wait_start,
     )  # fmt: skip
-    writer.flush()
+    failure = state.pop("client_failure", None)
+    try:
+        writer.flush()
+    except OSError as exc:  # the disk is full (or the like): the parent names it, exit 3
+        failure = failure or exc
     done = {k: state.get(k) for k in ("interrupted", "watchdog", "t0")}
+    if failure is not None:
+        done["client_failure"] = describe_os_error(failure, failure.filename)
     with contextlib.suppress(OSError):  # the parent is gone; the records are on disk
         conn.send(("done", os.getpid(), done))
 
@@ -222,7 +229,16 @@ def run_workers(
     log: TextIO,
 ) -> RunResult:
     """Send `work` from `count` processes; write the run folder as a single process would."""
-    from loadgen.run import choose_t0, finish, join_parts, process_info, write_json_atomic
+    from loadgen.errors import describe_os_error
+    from loadgen.records import read_parts
+    from loadgen.run import (
+        choose_t0,
+        client_failure,
+        finish,
+        join_parts,
+        process_info,
+        write_json_atomic,
+    )
 
     per_worker = _per_worker_options(options, count)
     workers = _spawn(work, count, spec, per_worker, base_url, run_dir)
@@ -247,8 +263,17 @@ def run_workers(
             signal.signal(sig, handler)
     for worker in workers:
         worker.process.join(timeout=10)
-    frame = join_parts(run_dir)
-    frame = _fill_missing(frame, workers, run_dir, log)
+    # A worker whose writes failed (disk full, ...) or a failed join: exit 3, parts kept.
+    failed = [w.done["client_failure"] for w in workers if w.done and w.done.get("client_failure")]
+    joined: pl.DataFrame | None = None
+    try:
+        joined = join_parts(run_dir)
+    except OSError as exc:
+        failed.append(describe_os_error(exc, exc.filename or run_dir))
+    if failed or joined is None:
+        written = joined.height if joined is not None else read_parts(run_dir / PARTS_DIR).height
+        raise client_failure(failed[0], run_dir, run_info, written=written, planned=len(work.plans))
+    frame = _fill_missing(joined, workers, run_dir, log)
     done_t0 = [(w.done or {}).get("t0") or t0 for w in workers]
     run_info["t0"] = {**t0, "measured_unix_ns": done_t0[0].get("measured_unix_ns")}
     run_info["workers"]["processes"] = [
