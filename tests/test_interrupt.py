@@ -326,13 +326,15 @@ def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> N
                               outcome=Outcome.CANCELLED) for i in range(first, first + 5)]  # fmt: skip
 
     writer = RecordWriter(tmp_path)
+    failures: list[OSError] = []
 
     async def spill_both() -> None:
-        await _spill(writer, batch(0))
+        await _spill(writer, batch(0), failures.append)
         with anyio.CancelScope() as scope:
             scope.cancel()  # cancelled before the thread takes the batch
-            await _spill(writer, batch(5))
+            await _spill(writer, batch(5), failures.append)
 
     anyio.run(spill_both)
     frame = writer.close()
     assert frame["request_id"].to_list() == list(range(10))
+    assert failures == []
