@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import SseDecoder
+from loadgen.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder
 
 if TYPE_CHECKING:
     from loadgen.adapters.generic import GenericSpec
@@ -121,9 +121,12 @@ class StreamDecoder(Protocol):
         ...
 
 
-def new_decoder(adapter: Adapter) -> StreamDecoder:
-    """A fresh decoder for one response body of `adapter`'s framing."""
-    return NdjsonDecoder() if adapter.framing == "ndjson" else SseDecoder()
+def new_decoder(adapter: Adapter, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StreamDecoder:
+    """A fresh decoder for one response body of `adapter`'s framing (events capped at
+    `max_event_bytes`: a longer one raises `EventTooLarge`)."""
+    if adapter.framing == "ndjson":
+        return NdjsonDecoder(max_event_bytes)
+    return SseDecoder(max_event_bytes)
 
 
 def json_object(data: bytes) -> dict[str, Any]:
