@@ -57,7 +57,8 @@ from loadgen.spec import WorkloadSpec
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 4  # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
+SCHEMA_VERSION = 5  # 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+# 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
 # (run.json workers, shard, t0.measured_unix_ns)
@@ -259,7 +260,8 @@ def engine_setup(
         max_in_flight=options.max_in_flight,
         priority_header=spec.target.priority_header,
         prompts=PromptMaker(seed, spec.target.tokenizer),
-        redact=redactor.redact,
+        redactor=redactor,
+        max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
     )
     return endpoint, config
 
