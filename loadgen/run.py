@@ -39,7 +39,7 @@ from loadgen.logs import LOGGER, run_log
 from loadgen.metrics import generator_health
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
-from loadgen.preflight import preflight
+from loadgen.preflight import preflight, preflight_deadline
 from loadgen.prompts import PromptMaker
 from loadgen.records import (
     RecordWriter,
@@ -79,6 +79,7 @@ class RunOptions:
     lag_bound_ms: float = 5.0
     grace_s: float = 5.0
     check_target: bool = True
+    preflight_timeout_s: float | None = None  # None: from the class deadlines (preflight.py)
     sim_trace: bool = False
     watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
     extra_headers: Mapping[str, str] = field(default_factory=dict)
@@ -185,8 +186,13 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
                     endpoint.origin, endpoint.target)  # fmt: skip
         if options.check_target:
+            timeout_s, why = preflight_deadline(
+                spec, options.preflight_timeout_s, options.watchdog_s
+            )
             try:
-                preflight(endpoint, adapter, config.body_options)
+                preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
+                          deadline_why=why, redactor=redactor,
+                          max_event_bytes=max(config.max_event_bytes.values()))  # fmt: skip
             except LoadgenError as exc:
                 raise TargetError(redactor.redact(str(exc))) from None
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
