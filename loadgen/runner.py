@@ -9,7 +9,10 @@ mapped to an `Outcome` in one place (`Exchange.outcome`), never raised.
 
 Per-request deadlines (from the intended time): no generated token by `first_token_s`,
 a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop timers
-(`call_later`), not a task per request, so the per-chunk path stays a callback.
+(`call_later`), not a task per request, so the per-chunk path stays a callback; and they
+are not read timeouts, so no server behaviour (a byte a second, heartbeats) stretches them.
+Memory per request is capped too: one stream event at its class's `max_event_bytes`, an
+error body at `MAX_ERROR_BODY`; past a cap the request ends and its connection closes.
 """
 
 from __future__ import annotations
