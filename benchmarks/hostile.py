@@ -5,7 +5,7 @@ a scripted server in this process plays the case to every request; `loadgen run`
 a subprocess (so its peak RSS is its own: its VmHWM, which it writes as it exits) with
 `--no-preflight`, `--requests` requests at 20 req/s and the suite's short deadlines
 (first token 1 s, stall 0.5 s, total 2 s); then again with the preflight on
-(`--preflight-timeout 1`), whose exit code and wall time are reported too. Each case is
+(`--preflight-timeout 1`), whose exit code, wall time and peak RSS are reported too. Each case is
 repeated `--repeats` times; the table shows the median and (min–max) of each figure.
 
 Usage (from the repository root):
@@ -100,6 +100,7 @@ def one_case(script: Script, requests: int) -> dict[str, Any]:
         "planned": planned,
         "pre_exit": pre["exit"],
         "pre_wall_s": pre["wall_s"],
+        "pre_rss_mib": pre["rss_mib"],
         "pre_error": next((line for line in pre_error if line.startswith("error:")), ""),
     }
 
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{DEADLINES.total_s:g} s; median (min–max) of {args.repeats} repeats; "
           f"load average {os.getloadavg()[0]:.2f}\n")  # fmt: skip
     header = ("case", "outcome (records)", "recorded/planned", "peak RSS MiB", "wall s",
-              "with preflight: exit", "with preflight: wall s")  # fmt: skip
+              "with preflight: exit", "wall s", "peak RSS MiB")  # fmt: skip
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     errors = {}
@@ -140,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spread([r["wall_s"] for r in repeats], ".1f"),
             " ".join(sorted({str(r["pre_exit"]) for r in repeats})),
             spread([r["pre_wall_s"] for r in repeats], ".1f"),
+            spread([r["pre_rss_mib"] for r in repeats], ".0f"),
         ]), flush=True)  # fmt: skip
         errors[name] = last["pre_error"]
     print("\npreflight errors (last repeat):")
