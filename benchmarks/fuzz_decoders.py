@@ -6,7 +6,9 @@ ranges, truncations, splices with other seeds, duplicated / removed / swapped de
 repeated blocks, rewritten numbers) and ~30 % structured cases (token soup for SSE and
 NDJSON, random JSON values in a seed event's slots for the adapters, freshly built valid
 responses for HTTP). SSE, NDJSON and HTTP cases are decoded twice, whole and split at random
-(byte by byte, 1-8 random cuts) into successive reads; the two results must agree.
+(byte by byte, 1-8 random cuts) into successive reads; the two results must agree. SSE and
+NDJSON are decoded again under a small event cap (8-520 bytes, from the input's length):
+whether the cap ends the stream, and the events before it, must agree too.
 
 Per decoder it prints: inputs, crashes (any exception but the adapters' MalformedEvent, an
 adapter returning something that is not a Delta, or an HTTP sink seeing more than one
@@ -46,7 +48,7 @@ from typing import Any
 from loadgen.adapters import Delta, MalformedEvent, adapter_for
 from loadgen.adapters.generic import generic_spec
 from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import SseDecoder
+from loadgen.sse import EventTooLarge, SseDecoder
 from loadgen.transport import MAX_HEAD_BYTES, Connection, Pool, make_endpoint
 
 NS_PER_MS = 1_000_000
@@ -503,10 +505,31 @@ def make_sse(rng: random.Random, mut: Mutator) -> Case:
     return Case(data, pieces=random_splits(rng, data))
 
 
+def decode_capped(decoder: SseDecoder | NdjsonDecoder, pieces: list[bytes]) -> tuple[Any, ...]:
+    """Events, comments and whether the event cap ended the stream."""
+    events: list[tuple[bytes, bytes]] = []
+    try:
+        for piece in pieces:
+            events.extend(decoder.feed(piece))
+        events.extend(decoder.close())
+    except EventTooLarge as exc:
+        return events + exc.events, decoder.comments, True
+    return events, decoder.comments, False
+
+
+def check_cap(case: Case, make: Callable[[int], SseDecoder | NdjsonDecoder]) -> None:
+    """Under a small cap (from the input's length: 8 to 520 bytes), the verdict and the events
+    before it do not depend on the split either."""
+    cap = 8 + len(case.data) % 513
+    if decode_capped(make(cap), case.pieces) != decode_capped(make(cap), [case.data]):
+        raise SplitMismatch(f"capped at {cap} bytes, events or verdict differ")
+
+
 def run_sse(case: Case) -> None:
     whole = decode_sse([case.data])
     if decode_sse(case.pieces) != whole:
         raise SplitMismatch("SSE events or comments differ between whole and split")
+    check_cap(case, SseDecoder)
 
 
 def make_adapter_case(payloads: list[bytes]) -> Callable[[random.Random, Mutator], Case]:
@@ -550,6 +573,7 @@ def run_ndjson(case: Case) -> None:
         raise InvariantBroken("a blank or padded NDJSON line")
     if decode_ndjson(case.pieces) != whole:
         raise SplitMismatch("NDJSON lines differ between whole and split")
+    check_cap(case, NdjsonDecoder)
 
 
 def make_adapter_run(api: str) -> Callable[[Case], None]:

@@ -277,6 +277,13 @@ def _check_memory(spec: Any, seed: int | None, max_memory_gb: float | None) -> s
 )
 @click.option("--no-preflight", is_flag=True, help="Skip the one-request check of the target.")
 @click.option(
+    "--preflight-timeout",
+    "preflight_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The preflight's overall deadline in seconds (default: the longest "
+    "deadlines.first_token_s of the classes; never more than --watchdog).",
+)
+@click.option(
     "--sim-trace",
     is_flag=True,
     help="With the built-in simulator, keep its server-side trace in the run folder.",
@@ -333,6 +340,7 @@ def run(
     grace_s: float,
     headers: tuple[str, ...],
     no_preflight: bool,
+    preflight_timeout_s: float | None,
     sim_trace: bool,
     watchdog_s: float,
     workers: int | None,
@@ -380,6 +388,7 @@ def run(
         lag_bound_ms=lag_bound_ms,
         grace_s=grace_s,
         check_target=not no_preflight,
+        preflight_timeout_s=preflight_timeout_s,
         sim_trace=sim_trace,
         watchdog_s=watchdog_s,
         extra_headers=parse_headers(headers),

@@ -3,9 +3,9 @@ headers), to stderr and, during a run, to `<run>/loadgen.log`.
 
 Every line passes through the run's `Redactor` in the formatter, after the message is
 built, so no log call can leak a credential however it was formatted: the key, header
-values read from the environment, URL user-info and query values, and their base64 forms
-come out as `<redacted>`. The per-chunk path never logs; the per-request debug line is
-built only when debug is enabled.
+values read from the environment, URL user-info and query values, their base64 forms, and
+any run of 8 or more of their characters come out as `<redacted>`. The per-chunk path never
+logs; the per-request debug line is built only when debug is enabled.
 """
 
 from __future__ import annotations

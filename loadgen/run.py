@@ -46,7 +46,7 @@ from loadgen.logs import LOGGER, run_log
 from loadgen.metrics import generator_health
 from loadgen.objectives import Objective, apply_objectives
 from loadgen.plans import Work, plan_work
-from loadgen.preflight import preflight
+from loadgen.preflight import preflight, preflight_deadline
 from loadgen.prompts import PromptMaker
 from loadgen.records import (
     RecordWriter,
@@ -64,7 +64,8 @@ from loadgen.spec import WorkloadSpec, header_problem
 from loadgen.store import write_histograms
 from loadgen.transport import Endpoint, Pool, make_endpoint, redact_url
 
-SCHEMA_VERSION = 4  # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
+SCHEMA_VERSION = 5  # 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+# 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
 # (run.json workers, shard, t0.measured_unix_ns)
@@ -85,6 +86,7 @@ class RunOptions:
     lag_bound_ms: float = 5.0
     grace_s: float = 5.0
     check_target: bool = True
+    preflight_timeout_s: float | None = None  # None: from the class deadlines (preflight.py)
     sim_trace: bool = False
     watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
     extra_headers: Mapping[str, str] = field(default_factory=dict)
@@ -197,8 +199,13 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
                     endpoint.origin, endpoint.target)  # fmt: skip
         if options.check_target:
+            timeout_s, why = preflight_deadline(
+                spec, options.preflight_timeout_s, options.watchdog_s
+            )
             try:
-                preflight(endpoint, adapter, config.body_options)
+                preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
+                          deadline_why=why, redactor=redactor,
+                          max_event_bytes=max(config.max_event_bytes.values()))  # fmt: skip
             except LoadgenError as exc:
                 raise TargetError(redactor.redact(str(exc))) from None
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
@@ -272,7 +279,8 @@ def engine_setup(
         max_in_flight=options.max_in_flight,
         priority_header=spec.target.priority_header,
         prompts=PromptMaker(seed, spec.target.tokenizer),
-        redact=redactor.redact,
+        redactor=redactor,
+        max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
     )
     return endpoint, config
 

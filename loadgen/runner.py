@@ -9,7 +9,10 @@ mapped to an `Outcome` in one place (`Exchange.outcome`), never raised.
 
 Per-request deadlines (from the intended time): no generated token by `first_token_s`,
 a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop timers
-(`call_later`), not a task per request, so the per-chunk path stays a callback.
+(`call_later`), not a task per request, so the per-chunk path stays a callback; and they
+are not read timeouts, so no server behaviour (a byte a second, heartbeats) stretches them.
+Memory per request is capped too: one stream event at its class's `max_event_bytes`, an
+error body at `MAX_ERROR_BODY`; past a cap the request ends and its connection closes.
 """
 
 from __future__ import annotations
@@ -33,10 +36,17 @@ from loadgen.logs import LOGGER
 from loadgen.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.prompts import PromptMaker
 from loadgen.records import Outcome, RequestRecord, ServerTimings, TokenSource
+from loadgen.secrets import Redactor
 from loadgen.spec import Deadlines
+from loadgen.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.transport import Connection, Pool, encode_request
 
+# An error response's body is read up to this many bytes, then the request ends (with its
+# HTTP outcome: the status already said what happened) and the connection is closed.
 MAX_ERROR_BODY = 2048
+QUOTE_CHARS = 300  # server text shown in a record's error (a body, an error event, a reason)
+QUOTE_EVENT_CHARS = 120  # of a malformed event's payload
+NO_SECRETS = Redactor()
 # The client's own limits, not the server's failures: too many open files (process or
 # system), no free local port, no buffer memory. They make the run invalid (exit 3).
 CLIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS})
@@ -68,17 +78,28 @@ class EngineConfig:
     headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
     priority_header: str | None = None  # send plan.priority as this header, not in the body
     prompts: PromptMaker | None = None  # default: words, seeded by `seed`
-    redact: Callable[[str], str] | None = None  # hides secrets in error text from the server
+    redactor: Redactor = NO_SECRETS  # quotes server text into errors, secrets hidden
+    # The cap on one stream event or line, by class name (`limits.max_event_bytes`).
+    max_event_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 class Exchange:
     """One request's measurement: the sink its connection reports to, and its timers.
 
     Clock values are absolute perf_counter_ns; `record()` makes them relative to t0.
+    Every piece of server text that reaches `error` is quoted through `redactor` as it
+    comes in (redacted, then cut); nothing the server sent is cut before that.
     """
 
     def __init__(
-        self, plan: RequestPlan, adapter: Adapter, t0_ns: int, *, keep_text: bool = False
+        self,
+        plan: RequestPlan,
+        adapter: Adapter,
+        t0_ns: int,
+        *,
+        keep_text: bool = False,
+        redactor: Redactor = NO_SECRETS,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         self.plan = plan
         self.keep_text = keep_text  # flows build the next prompt from this answer
@@ -87,7 +108,8 @@ class Exchange:
         self.reused_connection = False
         self.adapter = adapter
         self.t0_ns = t0_ns
-        self.decoder = new_decoder(adapter)  # SSE or NDJSON, by the adapter's framing
+        self.redactor = redactor
+        self.decoder = new_decoder(adapter, max_event_bytes)  # SSE or NDJSON, by framing
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # done.done() as a plain attribute: the per-chunk path asks after every event, and a
         # method call on the future costs more than the attribute (finish() sets both).
@@ -95,6 +117,7 @@ class Exchange:
         self.outcome: Outcome | None = None
         self.error: str | None = None
         self.status: int | None = None
+        self.content_type = ""
         self.sent_ns: int | None = None
         self.headers_ns: int | None = None
         self.first_token_ns: int | None = None
@@ -118,25 +141,55 @@ class Exchange:
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
         self.status = status
         self.headers_ns = t_ns
+        self.content_type = headers.get("content-type", "")
 
     def on_body(self, data: bytes, t_ns: int) -> None:
         if self.settled:
             return
         if self.status is None or self.status >= 300:
-            if len(self.error_body) < MAX_ERROR_BODY:
-                self.error_body += data[: MAX_ERROR_BODY - len(self.error_body)]
+            self._error_body(data, t_ns)
             return
-        for event, payload in self.decoder.feed(data):
+        try:
+            events = self.decoder.feed(data)
+        except EventTooLarge as exc:
+            self._too_large(exc, t_ns)
+            return
+        for event, payload in events:
             self._event(event, payload, t_ns)
             if self.settled:
                 return
+
+    def _error_body(self, data: bytes, t_ns: int) -> None:
+        """Keep an error response's body up to the cap; past it, end the request."""
+        room = MAX_ERROR_BODY - len(self.error_body)
+        self.error_body += data[:room]
+        if len(data) > room:
+            outcome, message = self._clean_end_outcome()
+            cap = size_text(MAX_ERROR_BODY)
+            self.finish(t_ns, outcome, f"{message} (error body over the {cap} cap: not read on)")
+
+    def _too_large(self, exc: EventTooLarge, t_ns: int) -> None:
+        """The events before the one over the cap count; then the stream is abandoned."""
+        for event, payload in exc.events:
+            self._event(event, payload, t_ns)
+            if self.settled:
+                return
+        where = f"limits.max_event_bytes of class {self.plan.class_name}"
+        self.finish(t_ns, Outcome.STREAM_ERROR, f"{exc} ({where}): connection closed")
 
     def on_end(self, t_ns: int) -> None:
         if self.done.done():
             return
         if self.status is not None and self.status < 300:
-            for event, payload in self.decoder.close():
+            try:
+                events = self.decoder.close()
+            except EventTooLarge as exc:
+                self._too_large(exc, t_ns)
+                events = []
+            for event, payload in events:
                 self._event(event, payload, t_ns)
+                if self.settled:
+                    break
         self.conn = None
         self.finish(t_ns, None)
 
@@ -146,19 +199,20 @@ class Exchange:
         self.conn = None
         if not got_response_bytes:
             self.lost_before_response = True
-        self.finish(
-            t_ns, Outcome.STREAM_ERROR if got_response_bytes else Outcome.CONNECT_ERROR, reason
-        )
+        outcome = Outcome.STREAM_ERROR if got_response_bytes else Outcome.CONNECT_ERROR
+        self.finish(t_ns, outcome, self.redactor.quote(reason, QUOTE_CHARS))
 
     # -- per event (hot path) ------------------------------------------------------------
     def _event(self, event: bytes, payload: bytes, t_ns: int) -> None:
         try:
             delta = self.adapter.parse(event, payload)
         except MalformedEvent as exc:
-            self.finish(t_ns, Outcome.STREAM_ERROR, f"malformed event: {exc}")
+            shown = self.redactor.quote(exc.data, QUOTE_EVENT_CHARS)
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"malformed event: {exc}: {shown}")
             return
         if delta.error is not None:
-            self.finish(t_ns, Outcome.STREAM_ERROR, f"server error event: {delta.error}")
+            shown = self.redactor.quote(delta.error, QUOTE_CHARS)
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"server error event: {shown}")
             return
         if delta.content_chars or delta.reasoning_chars or delta.has_tool_call:
             if self.first_token_ns is None:
@@ -202,11 +256,15 @@ class Exchange:
     def _clean_end_outcome(self) -> tuple[Outcome, str | None]:
         status = self.status
         if status is not None and status >= 300:
-            body = self.error_body.decode("utf-8", "replace").strip()
-            message = f"HTTP {status}" + (f": {body[:300]}" if body else "")
+            body = self.redactor.quote(self.error_body.strip(), QUOTE_CHARS).strip()
+            message = f"HTTP {status}" + (f": {body}" if body else "")
             return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
         if self.first_token_ns is None:
-            return Outcome.STREAM_ERROR, "stream ended without any generated output"
+            message = "stream ended without any generated output"
+            kind = self.content_type.split(";", 1)[0].strip()
+            if kind and kind not in ("text/event-stream", "application/x-ndjson"):
+                message += f" (content-type {self.redactor.quote(kind, 80)!r})"
+            return Outcome.STREAM_ERROR, message
         return Outcome.OK, None
 
     def timeout(self, outcome: Outcome, message: str) -> None:
@@ -400,7 +458,11 @@ class Engine:
             text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
             messages = [("user", text)]
         body = self._body(plan, messages)
-        exchange = Exchange(plan, self.config.adapter, self.t0_ns, keep_text=keep_text)
+        config = self.config
+        exchange = Exchange(
+            plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
+            max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
+        )  # fmt: skip
         try:
             if self._limiter is not None:
                 async with self._limiter:
@@ -415,8 +477,8 @@ class Engine:
                 exchange.outcome = Outcome.CANCELLED
                 exchange.error = "run interrupted while this request was in flight"
                 exchange.end_ns = perf_counter_ns()
-            if exchange.error and self.config.redact is not None:
-                exchange.error = self.config.redact(exchange.error)
+            if exchange.error:  # quoted on the way in; this pass guards the composed message
+                exchange.error = config.redactor.redact(exchange.error)
             self._emit(exchange.record(dispatched_ns))
             if LOGGER.isEnabledFor(logging.DEBUG):
                 LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", plan.request_id,

@@ -173,6 +173,19 @@ class Deadlines:
     total_s: float = 600.0
 
 
+MAX_EVENT_BYTES_DEFAULT = 1 << 20  # loadgen.sse's default, restated: spec imports no decoder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What one response may make the client hold: the longest stream event or line (bytes).
+
+    Past it the request ends as `stream_error` naming the cap, and its connection closes.
+    """
+
+    max_event_bytes: int = MAX_EVENT_BYTES_DEFAULT
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClassSpec:
     """One workload class: how requests arrive, how big they are, and what they must meet."""
@@ -185,6 +198,7 @@ class ClassSpec:
     output_tokens: LengthDist
     slo: SloTargets
     deadlines: Deadlines
+    limits: Limits = field(default_factory=Limits)
     kind: str = "chat"  # chat | summarization | agent: how the class is judged
     priority: int | None = None  # sent as the body's `priority` (vLLM) or target.priority_header
     # chat sessions: turns per session (None = single requests), think time between turns,
@@ -576,7 +590,7 @@ KIND_KEYS = {
 }
 COMMON_CLASS_KEYS = (
     "kind", "arrival", "requests", "duration_s", "prompt_tokens", "output_tokens", "slo",
-    "deadlines", "priority",
+    "deadlines", "priority", "limits",
 )  # fmt: skip
 
 
@@ -636,6 +650,7 @@ def _class(node: _Node, name: str) -> ClassSpec:
         ),
         priority=node.integer("priority", minimum=-(2**31), maximum=2**31 - 1)
         if node.has("priority") else None,
+        limits=_limits(node.child("limits")) if node.has("limits") else Limits(),
         turns=_length(turns, MAX_TURNS) if turns else None,
         think_time_s=_seconds(think) if think else None,
         system_prompt_tokens=node.integer("system_prompt_tokens", 0, maximum=MAX_TOKENS),
@@ -863,6 +878,14 @@ def _deadlines(node: _Node) -> Deadlines:
                 f"make {key} <= total_s, or raise total_s",
             )  # fmt: skip
     return Deadlines(total_s=total, **values)
+
+
+def _limits(node: _Node) -> Limits:
+    node.allow("max_event_bytes")
+    size = node.integer("max_event_bytes", MAX_EVENT_BYTES_DEFAULT, minimum=64)
+    if size > 1 << 30:
+        raise node.error("max_event_bytes", f"must be at most 1 GiB (got {size})")
+    return Limits(max_event_bytes=size)
 
 
 def override(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
@@ -39,7 +39,7 @@ class ReceivedRequest:
     received_ns: int
 
 
-Handler = Callable[[ReceivedRequest], Sequence[Step]]
+Handler = Callable[[ReceivedRequest], Iterable[Step]]  # a generator may play for ever
 
 
 def sse(obj: Mapping[str, Any] | str) -> bytes:
@@ -255,7 +255,7 @@ class ScriptedServer:
         body = json.loads(body_bytes) if body_bytes else None
         return ReceivedRequest(method, path, headers, body, index, perf_counter_ns())
 
-    async def _play(self, steps: Sequence[Step], writer: asyncio.StreamWriter) -> bool:
+    async def _play(self, steps: Iterable[Step], writer: asyncio.StreamWriter) -> bool:
         """Play one script; False when it closed the connection."""
         for step in steps:
             if isinstance(step, bytes):

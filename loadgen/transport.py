@@ -32,7 +32,12 @@ from time import perf_counter_ns
 from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+# Caps on what one response may make the client hold: its status line and headers, and
+# one line of chunked framing (a size line, a trailer). Past one, the exchange ends as a
+# broken stream naming the cap, and the connection is closed.
 MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE = 4096
+MAX_CHUNK_SIZE_DIGITS = 16  # hex digits: a size past 2**64 bytes is not a size
 DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
 
 
@@ -246,7 +251,8 @@ class Connection(asyncio.Protocol):
             end = self._head.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
             if end < 0:
                 if len(self._head) > MAX_HEAD_BYTES:  # the same limit however bytes are split
-                    self._fail(sink, "response headers too large or not HTTP", t_ns)
+                    cap = f"{MAX_HEAD_BYTES // 1024} KiB"
+                    self._fail(sink, f"response headers over the {cap} cap (or not HTTP)", t_ns)
                 return b""
             head, self._head = self._head[:end], self._head[end + 4 :]
             lines = head.decode("latin-1").split("\r\n")
@@ -256,7 +262,8 @@ class Connection(asyncio.Protocol):
                 or not status_line[0].startswith("HTTP/")
                 or not _digits(status_line[1])
             ):
-                self._fail(sink, f"not an HTTP response: {lines[0][:60]!r}", t_ns)
+                # The whole line (under the cap): the exchange redacts, then cuts it.
+                self._fail(sink, f"not an HTTP response: {lines[0]!r}", t_ns)
                 return b""
             status = int(status_line[1])
             if not 100 <= status < 200:
@@ -307,16 +314,17 @@ class Connection(asyncio.Protocol):
             newline = data.find(b"\n", pos)
             if newline < 0:
                 self._line += data[pos:]
-                if len(self._line) > 4096:
-                    self._fail(sink, "malformed chunked encoding", t_ns)
+                if len(self._line) > MAX_CHUNK_LINE:
+                    reason = f"malformed chunked encoding (a line over {MAX_CHUNK_LINE} bytes)"
+                    self._fail(sink, reason, t_ns)
                 return
             line = (self._line + data[pos:newline]).rstrip(b"\r")
             self._line = b""
             pos = newline + 1
             if state == 0:  # chunk size line (optional ;extensions)
                 size_text = line.split(b";", 1)[0].strip()
-                if not _HEX.fullmatch(size_text):
-                    self._fail(sink, f"malformed chunk size {line[:20]!r}", t_ns)
+                if not _HEX.fullmatch(size_text) or len(size_text) > MAX_CHUNK_SIZE_DIGITS:
+                    self._fail(sink, f"malformed chunk size {line!r}", t_ns)
                     return
                 self._remaining = int(size_text, 16)
                 self._chunk_state = 1 if self._remaining > 0 else 3

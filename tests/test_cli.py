@@ -10,12 +10,27 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from loadgen.adapters import BodyOptions, adapter_for
 from loadgen.cli import cli
+from loadgen.errors import TargetError
+from loadgen.hostile import (
+    CUT_HEADER,
+    CUT_KEY,
+    CUTS,
+    artifact_texts,
+    cut_echo,
+    echo_cuts,
+    key_pieces,
+    leaks,
+)
 from loadgen.plans import plan_run
+from loadgen.preflight import preflight
 from loadgen.records import OUTCOMES
+from loadgen.secrets import Redactor, run_secrets
 from loadgen.spec import load
 from loadgen.store import write_histograms
 from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
+from loadgen.transport import make_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
@@ -348,3 +363,77 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
     for text in outputs:
         for form in forms:
             assert form not in text
+
+
+def test_a_secret_cut_at_any_offset_leaves_no_8_characters_in_any_artifact(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The server echoes the key (and its base64) into error bodies, error events, bad
+    payloads and status lines, placed so loadgen's cut falls at every offset of it, or cut
+    by the server itself: no artifact holds any 8 characters of the key or its base64."""
+    monkeypatch.setenv("CUT_KEY", CUT_KEY)
+    path = write_tiny(tmp_path, requests=len(CUTS))
+    text = path.read_text().replace("model: m}", "model: m, api_key_env: CUT_KEY}")
+    path.write_text(text.replace("rate_per_s: 50", "rate_per_s: 400"))
+    out = tmp_path / "o"
+    headers_seen = set()
+
+    def echo(request: ReceivedRequest) -> list:
+        headers_seen.add(request.headers["authorization"])
+        return echo_cuts(request)
+
+    with ScriptedServer(echo) as server:
+        runs = [CliRunner().invoke(cli, ["-vv", "run", str(path), "--url", server.url,
+                                         "--out", str(out), "--run-id", run_id, *LAX, *extra])
+                for run_id, extra in (("cut", ("--no-preflight",)), ("pre", ()))]  # fmt: skip
+    assert headers_seen == {CUT_HEADER}
+    assert runs[0].exit_code == 2, runs[0].output
+    assert runs[1].exit_code == 1, runs[1].output  # the preflight's 500 stops the run
+    assert "answered HTTP 500: eeee" in runs[1].output
+    assert "<redacted>" in runs[1].output
+    run_dir = out / "cut"
+    later = [
+        CliRunner().invoke(cli, ["report", str(run_dir), "--out", str(out / "rep")]),
+        CliRunner().invoke(cli, ["compare", str(run_dir), str(run_dir), "--junit",
+                                 str(out / "junit.xml"), "--markdown", str(out / "cmp.md")]),
+    ]  # fmt: skip
+    assert all(r.exit_code in (0, 2) for r in later), [r.output for r in later]  # verdicts
+    records = pl.read_parquet(run_dir / "records.parquet")
+    assert records.height == len(CUTS)  # every cut was played and recorded
+    errors = records.sort("request_id")["error"].to_list()
+    for (channel, echo_kind, offset), error in zip(CUTS, errors, strict=True):
+        assert not leaks(error), (channel, echo_kind, offset, error, leaks(error))
+        if channel == "server-cut":  # its prefix or its suffix is 8+ characters long
+            assert "bad key" in error, error
+            assert "<redacted>" in error, error
+        else:  # the echo reached the record, cut where it was placed, redacted first
+            assert "eeee" in error, error
+            assert echo_kind == "b64" or not key_pieces(error), (offset, error)
+    texts = artifact_texts(out)
+    texts |= {f"terminal output {i}": r.output for i, r in enumerate(runs + later)}
+    expected = {"loadgen.log", "records.parquet", "run.json", "summary.json",
+                "histograms.parquet", "report.html", "report.md", "junit.xml", ".png"}  # fmt: skip
+    names = " ".join(texts)
+    assert all(name in names for name in expected), names  # every kind of artifact was read
+    found = {name: leaks(text) for name, text in texts.items() if leaks(text)}
+    assert not found
+
+
+def test_the_preflight_quotes_a_secret_cut_at_any_offset_without_8_characters_of_it() -> None:
+    """Every cut the run test plays, played to the preflight: its error holds no 8
+    characters of the key or its base64 (and says what the server sent)."""
+    redactor = Redactor(run_secrets({"Authorization": CUT_HEADER}, [CUT_KEY], None))
+    adapter = adapter_for("openai-chat")
+    playing = [CUTS[0]]
+    with ScriptedServer(lambda r: cut_echo(*playing[0])) as server:
+        endpoint = make_endpoint(server.url, adapter.default_path, {})
+        for cut in CUTS:
+            playing[0] = cut
+            with pytest.raises(TargetError) as caught:
+                preflight(endpoint, adapter, BodyOptions(model="m"), redactor=redactor,
+                          timeout_s=10)  # fmt: skip
+            message = str(caught.value)
+            assert not leaks(message), (cut, message)
+            assert ("bad key" if cut[0] == "server-cut" else "eeee") in message, (cut, message)
+            if cut[0] != "server-cut" and cut[1] == "raw":
+                assert not key_pieces(message), (cut, message)

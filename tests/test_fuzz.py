@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from loadgen.adapters import Adapter, Delta, MalformedEvent, adapter_for
 from loadgen.adapters.generic import generic_spec
 from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import SseDecoder
+from loadgen.sse import EventTooLarge, SseDecoder
 from loadgen.transport import Connection, Pool, make_endpoint
 
 ENDPOINT = make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {})
@@ -286,6 +286,33 @@ def test_sse_any_bytes_decode_the_same_however_split(data: bytes, where: list[in
     whole = decode_sse([data])
     assert decode_sse(split_at(data, where)) == whole
     assert decode_sse(byte_by_byte(data)) == whole
+
+
+def decode_capped(
+    decoder: SseDecoder | NdjsonDecoder, pieces: list[bytes]
+) -> tuple[list[tuple[bytes, bytes]], int, bool]:
+    """Events, comments and whether the cap ended the stream."""
+    events: list[tuple[bytes, bytes]] = []
+    try:
+        for piece in pieces:
+            events.extend(decoder.feed(piece))
+        events.extend(decoder.close())
+    except EventTooLarge as exc:
+        return events + exc.events, decoder.comments, True
+    return events, decoder.comments, False
+
+
+@FUZZ
+@given(sse_streams, cuts, st.sampled_from([8, 16, 64, 256]))
+def test_sse_and_ndjson_caps_decide_the_same_however_split(
+    data: bytes, where: list[int], cap: int
+) -> None:
+    """Under a small event cap, any bytes give the same events, comments and verdict (capped
+    or not), whole, byte by byte or split anywhere."""
+    for make in (SseDecoder, NdjsonDecoder):
+        whole = decode_capped(make(cap), [data])
+        assert decode_capped(make(cap), split_at(data, where)) == whole
+        assert decode_capped(make(cap), byte_by_byte(data)) == whole
 
 
 # -- NDJSON -----------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ orderings, never upper bounds on wall-clock time, so they hold on a loaded machi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +21,7 @@ from loadgen.testing import (
     PlanFactory,
     ReceivedRequest,
     ScriptedServer,
+    Step,
     chat_chunk,
     chunk,
     head,
@@ -315,3 +318,50 @@ def test_a_bug_parsing_one_connection_does_not_stall_the_others() -> None:
     statuses, errors = asyncio.run(main())
     assert statuses == [200]
     assert len(errors) == 1  # the bug is reported, not swallowed
+
+
+def test_an_error_body_past_its_cap_ends_the_request_at_the_cap() -> None:
+    """A 429 or 500 whose body never ends keeps its HTTP outcome and says the body was cut
+    at the cap: the client stops reading there (read on, it would end at the 6 s total
+    deadline as timeout_total)."""
+
+    def endless_error(status: int) -> Iterator[Step]:
+        yield head(status, chunked=False, length=1 << 40)
+        while True:
+            yield b"<p>" + b"x" * 65_533
+            yield 0.05
+
+    records, _ = run_cases({"429": endless_error(429), "500": endless_error(500)}, ["429", "500"])
+    assert [r.outcome for r in records] == [Outcome.REJECTED, Outcome.HTTP_ERROR]
+    for record in records:
+        assert record.error.startswith(f"HTTP {record.http_status}: <p>xxx"), record.error
+        assert record.error.endswith("(error body over the 2 KiB cap: not read on)")
+
+
+def test_a_200_that_is_not_a_stream_says_its_content_type() -> None:
+    """A web page answered with 200 fails as a stream that carried no output, naming
+    what it was."""
+    page = b"<html><body>hello</body></html>"
+    html = [b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(page), page)]  # fmt: skip
+    records, _ = run_cases({"html": html}, ["html"])
+    assert records[0].outcome is Outcome.STREAM_ERROR
+    assert (
+        records[0].error == "stream ended without any generated output (content-type 'text/html')"
+    )
+
+
+def test_an_event_over_the_cap_ends_the_request_and_keeps_the_tokens_before_it() -> None:
+    """Tokens, then a 2 MiB event: the tokens count, and the request is a stream_error
+    naming the cap and the class's key (not the stall timeout it would reach waiting)."""
+    big = b"data: " + b"x" * (2 << 20) + b"\n\n"
+    steps = [head(), chunk(chat_chunk(role="assistant")), chunk(chat_chunk(" a")),
+             chunk(chat_chunk(" b")), chunk(big), 0.5, *simple_chat(1)[1:]]  # fmt: skip
+    records, _ = run_cases({"big": steps}, ["big"])
+    record = records[0]
+    assert record.outcome is Outcome.STREAM_ERROR
+    assert record.error == (
+        "a stream event over the 1 MiB cap (limits.max_event_bytes of class chat): "
+        "connection closed"
+    )
+    assert len(record.chunk_ns) == 2  # " a" and " b"

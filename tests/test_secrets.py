@@ -1,8 +1,11 @@
-"""Secret redaction: every known secret and its base64 form are hidden, ordinary text is not."""
+"""Secret redaction: every known secret, its base64 forms and any 8 characters of them are
+hidden, before any cut; ordinary text is not."""
 
 from __future__ import annotations
 
 import base64
+
+import pytest
 
 from loadgen.secrets import REDACTED, Redactor, run_secrets
 
@@ -38,3 +41,55 @@ def test_run_secrets_come_from_credential_headers_env_values_and_the_url() -> No
 def test_short_values_are_not_treated_as_secrets() -> None:
     """Values under four characters would redact ordinary words; they are left alone."""
     assert Redactor(["ab"]).redact("a lab about abs") == "a lab about abs"
+
+
+KEY = "sk-SuperSecret-7f3a9b2c1"
+
+
+@pytest.mark.parametrize("offset", range(len(KEY) + 1))
+def test_quote_redacts_before_it_cuts_so_no_piece_of_the_key_survives(offset: int) -> None:
+    """A key placed so the cut falls `offset` characters into it leaves none of it: the
+    shown text is the padding and <redacted> (what of it fits), then what followed."""
+    shown = Redactor([f"Bearer {KEY}"]).quote("e" * (50 - offset) + KEY + " tail", 50)
+    assert shown == ("e" * (50 - offset) + REDACTED + " tail")[:50]
+
+
+def test_runs_of_eight_or_more_characters_of_a_secret_are_redacted_anywhere() -> None:
+    """What a server's own cut left (a prefix, a suffix, a middle) is redacted from 8
+    characters on; 7 are not (they would match ordinary text)."""
+    redactor = Redactor([KEY])
+    assert redactor.redact(f"got {KEY[:8]}!") == f"got {REDACTED}!"
+    assert redactor.redact(f"got {KEY[-9:]} and {KEY[5:15]}") == f"got {REDACTED} and {REDACTED}"
+    assert redactor.redact(f"got {KEY[:7]}") == f"got {KEY[:7]}"
+
+
+def test_the_scheme_of_a_bearer_value_is_not_a_secret() -> None:
+    """`Bearer x`: x and its pieces are redacted, the word Bearer in other text is not."""
+    redactor = Redactor([f"Bearer {KEY}"])
+    assert redactor.redact("Bearer token required") == "Bearer token required"
+    assert redactor.redact(f"Bearer {KEY[:12]}") == f"Bearer {REDACTED}"
+
+
+@pytest.mark.parametrize("prefix", [b"", b"u", b"us", b"usr:"])
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+def test_the_key_inside_longer_base64_is_redacted_at_any_alignment(prefix: bytes, encode) -> None:
+    """Basic auth (`user:key`) or any base64 text holding the key: whatever bytes come
+    before it, no 8 characters fixed by the key's bytes survive."""
+    redactor = Redactor([KEY])
+    encoded = encode(prefix + KEY.encode() + b";tail").decode()
+    shown = redactor.redact(encoded)
+    assert REDACTED in shown
+    core = encode(b"\0" * (len(prefix) % 3) + KEY.encode()).decode()[4:-4]
+    assert not any(core[i : i + 8] in shown for i in range(len(core) - 7))
+
+
+def test_quote_reads_bytes_as_utf8_and_shows_bad_bytes() -> None:
+    """Bytes are decoded for the message; invalid UTF-8 shows as \\xNN escapes."""
+    assert Redactor([KEY]).quote(b"bad \xff " + KEY.encode(), 100) == f"bad \\xff {REDACTED}"
+
+
+def test_quote_of_a_huge_text_looks_only_at_what_it_can_show() -> None:
+    """A 10 MB text is quoted from its first `limit` + (longest secret) characters: a key
+    just past the cut is still redacted, the rest is never decoded."""
+    huge = b"e" * 290 + KEY.encode() + b"\xff" * 10_000_000
+    assert Redactor([KEY]).quote(huge, 300) == "e" * 290 + REDACTED

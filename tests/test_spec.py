@@ -176,3 +176,32 @@ def test_every_api_name_is_accepted() -> None:
     with pytest.raises(ConfigError) as err:
         loads(_bad("api: openai-chat", "api: generic"), "w.yaml")
     assert err.value.key == "target.path"
+
+
+def test_limits_set_the_event_cap_per_class_with_a_1_mib_default() -> None:
+    """`limits: {max_event_bytes}` is read per class; a class without it gets 1 MiB."""
+    two = SMOKE.replace(
+        "    deadlines: {first_token_s: 10, stall_s: 5, total_s: 60}\n",
+        "    deadlines: {first_token_s: 10, stall_s: 5, total_s: 60}\n"
+        "    limits: {max_event_bytes: 4096}\n",
+    )
+    assert loads(two).classes["chat"].limits.max_event_bytes == 4096
+    assert loads(SMOKE).classes["chat"].limits.max_event_bytes == 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("limits", "fragment"),
+    [
+        ("{max_event_bytes: 10}", "max_event_bytes: must be >= 64 (got 10)"),
+        ("{max_event_bytes: 2000000000}", "must be at most 1 GiB"),
+        ("{max_event_bytes: 1.5}", "must be an integer"),
+        ("{max_bytes: 100}", "unknown key (did you mean 'max_event_bytes'?)"),
+    ],
+)
+def test_bad_limits_name_the_key(limits: str, fragment: str) -> None:
+    """A cap too small, too large, not an integer or misspelt is a config error."""
+    text = SMOKE.replace("    requests: 40\n", f"    requests: 40\n    limits: {limits}\n")
+    with pytest.raises(ConfigError) as caught:
+        loads(text, "w.yaml")
+    assert "classes.chat.limits" in str(caught.value)
+    assert fragment in str(caught.value)

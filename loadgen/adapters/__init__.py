@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import SseDecoder
+from loadgen.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder
 
 if TYPE_CHECKING:
     from loadgen.adapters.generic import GenericSpec
@@ -40,7 +40,8 @@ class Delta:
     `content_chars`/`reasoning_chars`/`has_tool_call` say whether the event carried generated
     output (and so counts for TTFT and ITL); `done` marks an explicit end of stream
     (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
-    server error event (the stream failed). Usage-only events carry only the token counts;
+    server error event (the stream failed), in the server's words, uncut (see
+    MalformedEvent). Usage-only events carry only the token counts;
     `server_timings` what the server reported about its own work (Ollama's durations).
     """
 
@@ -79,7 +80,16 @@ Message = tuple[str, str]  # (role: system | user | assistant, text)
 
 
 class MalformedEvent(ValueError):
-    """An event that is not what the API family sends (bad JSON, wrong shape)."""
+    """An event that is not what the API family sends (bad JSON, wrong shape).
+
+    The message says what is wrong; `data` is the event as received, uncut: it is server
+    text, so whoever shows it quotes it through the run's `Redactor` (which redacts it
+    before cutting it: a cut made here could leave most of an echoed key unrecognised).
+    """
+
+    def __init__(self, reason: str, data: bytes = b"") -> None:
+        super().__init__(reason)
+        self.data = data
 
 
 class Adapter(Protocol):
@@ -121,9 +131,12 @@ class StreamDecoder(Protocol):
         ...
 
 
-def new_decoder(adapter: Adapter) -> StreamDecoder:
-    """A fresh decoder for one response body of `adapter`'s framing."""
-    return NdjsonDecoder() if adapter.framing == "ndjson" else SseDecoder()
+def new_decoder(adapter: Adapter, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StreamDecoder:
+    """A fresh decoder for one response body of `adapter`'s framing (events capped at
+    `max_event_bytes`: a longer one raises `EventTooLarge`)."""
+    if adapter.framing == "ndjson":
+        return NdjsonDecoder(max_event_bytes)
+    return SseDecoder(max_event_bytes)
 
 
 def json_object(data: bytes) -> dict[str, Any]:
@@ -131,9 +144,9 @@ def json_object(data: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+        raise MalformedEvent("not JSON", data) from None
     if not isinstance(obj, dict):
-        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+        raise MalformedEvent("not a JSON object", data)
     return obj
 
 

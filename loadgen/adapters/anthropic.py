@@ -88,13 +88,13 @@ class AnthropicMessages:
         elif kind == "error":
             error = obj.get("error")
             message = error.get("message") if isinstance(error, dict) else error
-            delta.error = str(message or "error event")[:500]
+            delta.error = str(message or "error event")
         return delta
 
 
 def _block_delta(inner: object, delta: Delta, data: bytes) -> None:
     if not isinstance(inner, dict):
-        raise MalformedEvent(f"content_block_delta without a delta object: {data[:80]!r}")
+        raise MalformedEvent("content_block_delta without a delta object", data)
     kind = inner.get("type")
     if kind == "text_delta":
         text = inner.get("text")

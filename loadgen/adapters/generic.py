@@ -104,12 +104,12 @@ class GenericAdapter:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+            raise MalformedEvent("not JSON", data) from None
         if spec.error is not None:
             error = walk(obj, spec.error)
             if error:
                 message = error.get("message") if isinstance(error, dict) else None
-                delta.error = str(message or error)[:500]
+                delta.error = str(message or error)
                 return delta
         text = walk(obj, spec.content)
         if isinstance(text, str) and text:

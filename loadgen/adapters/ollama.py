@@ -111,7 +111,7 @@ def _envelope(data: bytes) -> tuple[Delta, dict[str, Any]]:
     obj = json_object(data)
     error = obj.get("error")
     if error:
-        delta.error = str(error)[:500]
+        delta.error = str(error)
         return delta, {}
     if obj.get("done") is True:
         delta.done = True

@@ -37,13 +37,13 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise MalformedEvent(f"not JSON: {data[:80]!r}") from None
+        raise MalformedEvent("not JSON", data) from None
     if not isinstance(obj, dict):
-        raise MalformedEvent(f"not a JSON object: {data[:80]!r}")
+        raise MalformedEvent("not a JSON object", data)
     error = obj.get("error")
     if error:
         message = error.get("message") if isinstance(error, dict) else error
-        delta.error = str(message)[:500]
+        delta.error = str(message)
         return delta, None
     usage = obj.get("usage")
     if isinstance(usage, dict):
@@ -56,10 +56,10 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
     if not choices:
         return delta, None
     if not isinstance(choices, list):
-        raise MalformedEvent(f"choices is not a list: {data[:80]!r}")
+        raise MalformedEvent("choices is not a list", data)
     choice = choices[0]
     if not isinstance(choice, dict):
-        raise MalformedEvent(f"choice is not an object: {data[:80]!r}")
+        raise MalformedEvent("choice is not an object", data)
     finish = choice.get("finish_reason")
     if finish:
         delta.finish_reason = str(finish)

@@ -85,7 +85,7 @@ class OpenAIResponses:
             _end(kind, obj.get("response"), delta)
         elif kind == "error":
             message = obj.get("message") or obj.get("code") or "error event"
-            delta.error = str(message)[:500]
+            delta.error = str(message)
         return delta
 
 
@@ -109,4 +109,4 @@ def _end(kind: str, response: object, delta: Delta) -> None:
         return
     error = response.get("error")
     message = error.get("message") if isinstance(error, dict) else error
-    delta.error = str(message or f"{kind} ({reason or 'no reason given'})")[:500]
+    delta.error = str(message or f"{kind} ({reason or 'no reason given'})")

@@ -62,13 +62,13 @@ class TgiGenerateStream:
         error = obj.get("error")
         if error:
             kind = obj.get("error_type")
-            delta.error = (f"{kind}: {error}" if kind else str(error))[:500]
+            delta.error = f"{kind}: {error}" if kind else str(error)
             return delta
         token = obj.get("token")
         special = False
         if token is not None:
             if not isinstance(token, dict):
-                raise MalformedEvent(f"token is not an object: {data[:80]!r}")
+                raise MalformedEvent("token is not an object", data)
             special = token.get("special") is True
             text = token.get("text")
             if not special and isinstance(text, str) and text:
