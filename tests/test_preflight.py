@@ -78,7 +78,7 @@ def test_a_stuck_preflight_fails_by_its_deadline_saying_why_under_quiet(
 def test_the_flag_sets_the_preflight_deadline(tmp_path: Path) -> None:
     """--preflight-timeout 0.5 ends the wait on heartbeats at 0.5 s and says so."""
     path = tmp_path / "w.yaml"
-    path.write_text(TWO_CLASSES.replace("FIRST", "60"))
+    path.write_text(TWO_CLASSES.replace("FIRST", "9"))
     with ScriptedServer(heartbeats_forever) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
                                           str(tmp_path), "-q", "--preflight-timeout", "0.5"])  # fmt: skip
