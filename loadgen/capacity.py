@@ -479,6 +479,7 @@ def audit_step(
     status, note, capacity = _status(
         summary, classes, steady, fell_behind, load=load, min_lifetimes=min_lifetimes,
         closed_loop=from_send, steady_checks=steady_checks,
+        served_load=served_load(frame, spec, load, cut, end),
     )  # fmt: skip
     step = _step_of(summary, classes, load, status, note, kept, run_dir)
     first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
@@ -486,6 +487,28 @@ def audit_step(
         step, steady=steady, warmup_s=(cut - first) / NS_PER_S, min_lifetimes=min_lifetimes,
         capacity_load=capacity,
     )  # fmt: skip
+
+
+def served_load(
+    frame: pl.DataFrame, spec: WorkloadSpec, load: float, cut_ns: int, end_ns: int
+) -> float | None:
+    """The load (in search units) the server served in [cut, end]: the ok completions of
+    the classes the load scales, over their nominal rate at this load, × the load. Against
+    the nominal rate, not the offered count, so a Poisson lull does not inflate it."""
+    scaled = [name for name, cls in spec.classes.items() if cls.concurrency is None]
+    rates = [spec.classes[name].arrival.mean_rate_per_s for name in scaled]
+    window_s = (end_ns - cut_ns) / NS_PER_S
+    mine = frame.filter(pl.col("class").is_in(scaled))
+    served = mine.filter(
+        (pl.col("outcome") == "ok") & (pl.col("end_ns") > cut_ns) & (pl.col("end_ns") <= end_ns)
+    ).height
+    if None in rates:  # a trace replay: its own offered count is the nominal
+        nominal = mine.filter(pl.col("intended_ns").is_between(cut_ns, end_ns)).height / window_s
+    else:
+        nominal = sum(r for r in rates if r is not None)
+    if window_s <= 0 or nominal <= 0:
+        return None
+    return load * served / window_s / nominal
 
 
 def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
@@ -528,6 +551,7 @@ def _status(
     min_lifetimes: float,
     closed_loop: bool,
     steady_checks: bool,
+    served_load: float | None,
 ) -> tuple[str, str, float | None]:
     """(status, reason, capacity load if over-saturated), the checks in the module's order."""
     if fell_behind or summary["verdict"]["fell_behind"]:
@@ -543,7 +567,7 @@ def _status(
     capacity = None
     share = steady.completed_share
     if steady_checks and not closed_loop and is_over_saturated(steady):
-        capacity = load * steady.served_per_s / steady.offered_per_s or None
+        capacity = served_load or None
         reasons.append(
             f"over-saturated: completed {steady.completed_per_s:.3g} of "
             f"{steady.offered_per_s:.3g} req/s offered ({share:.0%}), short by "
@@ -562,15 +586,15 @@ def _status(
     return PASS, "steady, every SLO met" if steady_checks else "every SLO met", None
 
 
-def shortfall(steady: Steadiness) -> float:
+def shortfall(steady: Steadiness) -> int:
     """Requests offered over the judged part that it did not complete (its in-flight growth)."""
-    return (steady.offered_per_s - steady.completed_per_s) * steady.window_s
+    return steady.offered - steady.completed
 
 
 def allowed_shortfall(steady: Steadiness) -> float:
-    """RATE_TOLERANCE of the offered requests, or the noise allowance when larger."""
-    offered = steady.offered_per_s * steady.window_s
-    return max(RATE_TOLERANCE * offered, steady.shortfall_allowance)
+    """RATE_TOLERANCE of the offered requests, or the noise allowance, or one request (the
+    in-flight count is whole: less is no queue at all), whichever is largest."""
+    return max(RATE_TOLERANCE * steady.offered, steady.shortfall_allowance, 1.0)
 
 
 def is_over_saturated(steady: Steadiness) -> bool:
@@ -627,6 +651,7 @@ def step_runner(
     warmup_s: float | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
     lag_bound_ms: float = 5.0,
+    on_start: Callable[[float, WorkloadSpec], None] | None = None,
 ) -> RunStep:
     """The real step function: plan the step, run it with `run_one`, audit it.
 
@@ -634,9 +659,11 @@ def step_runner(
     whether the generator fell behind, whether the run was interrupted, and its folder.
     Each step is planned on the lifetime measured at the highest passing step so far (×
     LIFETIME_CUSHION); one that comes out too short is run once more on its own lifetime.
+    `on_start(load, step_spec)` is told before each run (to say how long it will take).
     """
     count = 0
     passed: dict[float, float] = {}  # load -> mean lifetime of a passing step
+    replays_trace = any(c.arrival.process == "trace" for c in spec.classes.values())
 
     def attempt(load: float, lifetime_s: float | None, count_scale: float = 1.0) -> Step:
         nonlocal count
@@ -645,6 +672,8 @@ def step_runner(
             spec, load, param=param, min_tail=min_tail, warmup_s=warmup_s,
             lifetime_s=lifetime_s, min_lifetimes=min_lifetimes, count_scale=count_scale,
         )  # fmt: skip
+        if on_start is not None:
+            on_start(load, spec_at)
         frame, fell_behind, interrupted, run_dir = run_one(spec_at, cap, f"step-{count:02d}")
         if interrupted:
             return Step(load=load, status=INTERRUPTED, note="interrupted", run_dir=str(run_dir))
@@ -658,6 +687,9 @@ def step_runner(
         below = [life for at, life in passed.items() if at <= load]
         known = max(below or passed.values(), default=None)
         step = attempt(load, None if known is None else known * LIFETIME_CUSHION)
+        if step.status == SHORT and replays_trace:
+            why = "a trace replay lasts as long as its trace (replay a longer one)"
+            return replace(step, status=FAIL, note=f"{step.note}: {why}")
         if step.status == SHORT:
             measured = step.steady.lifetime_s if step.steady else None
             first = step.note
@@ -682,6 +714,20 @@ def _short_by(step: Step) -> float:
         if c.required is not None and c.requests < c.required
     ]
     return max(ratios, default=1.0)
+
+
+def planned_size(spec: WorkloadSpec) -> tuple[float, float]:
+    """(seconds of sending, requests) a step spec plans, roughly: open-loop classes at their
+    mean rate for their duration, closed loops their request counts (no duration)."""
+    seconds, requests = 0.0, 0.0
+    for cls in spec.classes.values():
+        rate = cls.arrival.mean_rate_per_s
+        if cls.duration_s is not None:
+            seconds = max(seconds, cls.duration_s)
+            requests += (rate or 0.0) * cls.duration_s
+        elif cls.requests is not None:
+            requests += cls.requests
+    return seconds, requests
 
 
 def highest_pass_req_s(found: Search, base_rate: float | None) -> float | None:

@@ -39,6 +39,7 @@ from loadgen.capacity import (
     geometric_loads,
     judge,
     knee_png,
+    planned_size,
     required_requests,
     search,
     step_runner,
@@ -218,6 +219,12 @@ def capacity(
     for rule in rule_lines(spec, min_tail, min_lifetimes, warmup_s, param):
         console.print(rule, highlight=False)
 
+    def on_start(load: float, spec_at: WorkloadSpec) -> None:
+        seconds, requests = planned_size(spec_at)
+        length = f"{seconds:,.0f} s of sending, " if seconds else ""
+        console.print(f"running {_label(load, param, scale)}: {length}~{requests:,.0f} requests",
+                      highlight=False)  # fmt: skip
+
     def on_step(step: Step) -> None:
         console.print(Text.assemble(f"step {_label(step.load, param, scale)}: ",
                                     _status_text(step)))  # fmt: skip
@@ -227,7 +234,8 @@ def capacity(
     with _target_url(url, spec, quiet) as base_url:
         run_one = _run_one(base_url, seed, out / "steps", lag_bound_ms, quiet)
         run_step = step_runner(spec, run_one, param=param, min_tail=min_tail, warmup_s=warmup_s,
-                               min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms)  # fmt: skip
+                               min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms,
+                               on_start=on_start)  # fmt: skip
         found = search(run_step, loads, resolution=resolution, integer=integer, on_step=on_step)
     verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
     console.print(steps_table(found, param, scale))

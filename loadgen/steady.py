@@ -72,6 +72,8 @@ class Steadiness:
     """The steady-state evidence of one step's judged part."""
 
     window_s: float
+    offered: int  # requests intended in the judged part
+    completed: int  # requests (any outcome) that ended in it
     offered_per_s: float
     completed_per_s: float  # any outcome
     served_per_s: float  # ok only: what an over-saturated server can actually serve
@@ -134,6 +136,8 @@ def steadiness(frame: pl.DataFrame, cut_ns: int, end_ns: int) -> Steadiness:
         trends.append(_fit("ttft_ms", ttft_means(frame, edges), edges, ttft_floor))
     return Steadiness(
         window_s=window_s,
+        offered=offered,
+        completed=completed,
         offered_per_s=offered / window_s,
         completed_per_s=completed_per_s,
         served_per_s=served / window_s,

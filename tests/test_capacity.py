@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -189,7 +190,7 @@ name: knee
 target: {api: openai-chat, model: sim}
 classes:
   chat:
-    arrival: {process: %(process)s, rate_per_s: 16}
+    arrival: {process: %(process)s, rate_per_s: %(rate)g}
     requests: 50
     prompt_tokens: {dist: fixed, value: 16}
     output_tokens: {dist: fixed, value: %(tokens)d}
@@ -202,7 +203,8 @@ sim: {speed: %(speed)g, max_batch: %(batch)d, decode_step_ms: %(step_ms)g, prefi
 def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
     """The workload file and its μ = B / (N·d) × speed in req/s (negligible prefill)."""
     values: dict[str, float | str] = {"process": "constant", "tokens": 20, "ttft_ms": 5000,
-                                      "speed": 1, "batch": 8, "step_ms": 25, **physics}  # fmt: skip
+                                      "speed": 1, "batch": 8, "step_ms": 25, "rate": 16,
+                                      **physics}  # fmt: skip
     path = tmp_path / "knee.yaml"
     path.write_text(KNEE_WORKLOAD % values, encoding="utf-8")
     tokens, step_ms = float(values["tokens"]), float(values["step_ms"])
@@ -288,3 +290,57 @@ def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], messag
     assert result.exit_code == 1, result.output
     assert message in result.stderr
     assert "Traceback" not in result.output
+
+
+def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignore[no-untyped-def]
+    """Constant arrivals at `rate` for `seconds`, each served in `lifetime_s`, no queue."""
+    from loadgen.records import to_frame
+    from loadgen.testing import streamed_record
+
+    n = int(rate * seconds)
+    gaps = (lifetime_s * 1000 / 20,) * 20  # 21 tokens over the lifetime, TTFT 0
+    return to_frame(
+        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps) for i in range(n)
+    )
+
+
+def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: Path) -> None:
+    """A first step planned by counts alone that lasted fewer lifetimes than the rule is
+    run once more, planned on the lifetime it measured, and passes on the second run."""
+    from loadgen.capacity import step_runner
+    from loadgen.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+    spec = load(workload)
+    asked: list[float] = []
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        seconds = spec_at.classes["chat"].duration_s
+        asked.append(seconds)
+        return steady_frame(16.0, seconds, 1.0), False, False, tmp_path / run_id
+
+    step = step_runner(spec, run_one, param="rate")(1.0)
+    assert len(asked) == 2
+    assert asked[1] >= 20 * 1.0 * 1.25  # min_lifetimes × the measured lifetime × cushion
+    assert step.status == PASS, step.note
+    assert step.attempts == 2
+    assert "first run shorter than the rule" in step.note
+
+
+def test_a_short_trace_replay_fails_without_a_pointless_rerun(tmp_path: Path) -> None:
+    """A trace replay lasts as long as its trace: too short is a failure that says so."""
+    from loadgen.capacity import step_runner
+    from loadgen.spec import load
+
+    spec = load(Path(__file__).resolve().parent.parent / "workloads" / "trace-azure-conv.yaml")
+    calls: list[str] = []
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        calls.append(run_id)
+        frame = steady_frame(2.0, 10.0, 1.0).with_columns(pl.lit("conversation").alias("class"))
+        return frame, False, False, tmp_path / run_id
+
+    step = step_runner(spec, run_one, param="rate")(1.0)
+    assert calls == ["step-01"]
+    assert step.status == FAIL
+    assert "a trace replay lasts as long as its trace" in step.note

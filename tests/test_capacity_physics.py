@@ -19,6 +19,7 @@ from loadgen import spec as specs
 from loadgen.capacity import (
     FAIL,
     LIFETIME_CUSHION,
+    MIN_LIFETIMES,
     PASS,
     audit_step,
     geometric_loads,
@@ -127,6 +128,10 @@ def test_poisson_arrivals_knee_never_exceeds_mu(
     knee = found.highest_pass * mu  # the file's rate is μ, so a load is a share of it
     assert knee <= mu, [(s.load, s.status, s.note) for s in found.steps]
     assert knee >= 0.5 * mu  # queueing below 0.5 μ is mild: the search is not timid
+    if found.capacity is not None:  # an over-saturated step served μ, against its nominal rate
+        # completions come up to B at a time, once per T_hold = B / μ, so a judged part of
+        # >= 20 lifetimes counts them to within B / (20 B): 1/20
+        assert found.capacity == pytest.approx(1.0, rel=1 / MIN_LIFETIMES)
 
 
 def test_closed_loop_knee_is_the_batch_size() -> None:
