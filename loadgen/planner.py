@@ -36,6 +36,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -622,10 +623,10 @@ def _prefill_why(prompt: pl.Series, fit: tuple[float, float] | None) -> str | No
 class DecodeFloor:
     """The prefill-free decode step read off the inter-token gaps."""
 
-    step_ms: float  # the floor at the batch most gaps were measured at (gap-weighted median)
+    step_ms: float  # the floor at the batch most steps ran at (step-weighted median)
     batch: float  # that batch: sequences decoding, counted from the records
     by_batch: tuple[tuple[int, float], ...]  # every batch with enough gaps: its floor (ms)
-    gaps: int  # gaps used
+    steps: int  # server steps observed
     source: str
 
 
@@ -634,20 +635,21 @@ def decode_floor(frames: Sequence[pl.DataFrame], class_name: str | None) -> Deco
 
     Every gap between two chunks of an ok request is one decode step of the server's batch
     (per token, when a chunk carries several), plus whatever prompt chunk that step also
-    prefilled for another request (chunked prefill), which only ever adds time. Each gap is
-    tagged with the batch decoding in it: the requests of the same run (every class: they
-    share the server) between their first and last token at the gap's middle. Per batch
-    with at least FLOOR_MIN_GAPS gaps, the floor is the median of the gaps at or below their
-    ENVELOPE_QUANTILE quantile (it assumes at least that share of steps prefill nothing),
-    and no larger than any larger batch's floor (`_non_decreasing`); the decode step is the
-    gap-weighted median of those floors, at its batch. None without gaps.
+    prefilled for another request (chunked prefill), which only ever adds time. The gaps
+    of one step (every request decoding in it sees it) count once (`_steps`), tagged with
+    the batch decoding in it: the requests of the same run (every class: they share the
+    server) between their first and last token at the gap's middle. Per batch with at
+    least FLOOR_MIN_STEPS steps, the floor is the centre of its lowest cluster of steps
+    (`_floor`; it assumes at least ENVELOPE_QUANTILE of them prefilled nothing), and no
+    larger than any larger batch's floor (`_non_decreasing`); the decode step is the
+    step-weighted median of those floors, at its batch. None without gaps.
     """
     pooled = _pooled_gaps(frames, class_name)
     if not pooled:
         return None
-    by_batch = {b: _floor(g) for b, g in pooled.items() if len(g) >= FLOOR_MIN_GAPS}
+    by_batch = {b: _floor(g) for b, g in pooled.items() if len(g) >= FLOOR_MIN_STEPS}
     weights = {b: len(pooled[b]) for b in by_batch}
-    if not by_batch:  # too few gaps for any batch alone: one floor over them all
+    if not by_batch:  # too few steps for any batch alone: one floor over them all
         every = [gap for g in pooled.values() for gap in g]
         batch = round(statistics.median([b for b, g in pooled.items() for _ in g]))
         by_batch, weights = {batch: _floor(every)}, {batch: len(every)}
@@ -657,7 +659,7 @@ def decode_floor(frames: Sequence[pl.DataFrame], class_name: str | None) -> Deco
         step_ms=step,
         batch=float(at),
         by_batch=tuple(sorted(by_batch.items())),
-        gaps=sum(len(g) for g in pooled.values()),
+        steps=sum(len(g) for g in pooled.values()),
         source="lower envelope of ITL (gaps without a prefill chunk)",
     )
 
@@ -686,13 +688,30 @@ def _weighted_median(items: Sequence[tuple[float, int, int]]) -> tuple[float, in
     return ordered[-1][0], ordered[-1][2]
 
 
-FLOOR_MIN_GAPS = 20  # gaps a batch size needs for a floor of its own
+FLOOR_MIN_STEPS = 20  # steps a batch size needs for a floor of its own
+FLOOR_WINDOW = 3.0  # half-width of the floor's window, in lower-tail spreads
 
 
 def _floor(gaps: Sequence[float]) -> float:
-    """The median of the gaps at or below their ENVELOPE_QUANTILE quantile."""
-    cut = _quantile(gaps, ENVELOPE_QUANTILE)
-    return float(statistics.median([g for g in gaps if g <= cut]))
+    """The centre of the lowest cluster of gaps: the steps that prefilled nothing.
+
+    Start at the lower envelope (the median of the gaps at or below their
+    ENVELOPE_QUANTILE quantile), which the stamps' noise pulls low; then move to the
+    median of the gaps within ±FLOOR_WINDOW × the lower tail's spread (envelope − 2nd
+    percentile) until it stays put. Noise is two-sided (a late stamp lengthens one gap and
+    shortens the next), prefill one-sided and further off, so this settles on the steps
+    without a chunk, as far from a chunk's cluster as the noise allows.
+    """
+    ordered = np.sort(np.asarray(gaps, dtype=np.float64))
+    centre = float(np.median(ordered[ordered <= _quantile(gaps, ENVELOPE_QUANTILE)]))
+    half = FLOOR_WINDOW * max(centre - float(np.quantile(ordered, 0.02)), 1e-6)
+    for _ in range(50):
+        window = ordered[(ordered >= centre - half) & (ordered <= centre + half)]
+        moved = float(np.median(window))
+        if abs(moved - centre) <= 1e-9:
+            break
+        centre = moved
+    return centre
 
 
 def _pooled_gaps(frames: Sequence[pl.DataFrame], class_name: str | None) -> dict[int, list[float]]:
@@ -703,11 +722,22 @@ def _pooled_gaps(frames: Sequence[pl.DataFrame], class_name: str | None) -> dict
     return pooled
 
 
+def _distinct_reads(chunks: Sequence[int], tokens: Sequence[int] | None) -> tuple[Any, Any]:
+    """Chunks with the same stamp merged, their tokens summed: chunks read together (the
+    client fell a token gap behind) carry one time, so the gap before them spans them all
+    and the gap between them (0) is no step at all."""
+    times = np.asarray(chunks, dtype=np.int64)
+    counts = np.asarray(tokens, dtype=np.float64) if tokens else np.ones(len(times))
+    last = np.append(np.diff(times) > 0, True)  # the last chunk of each run of equal stamps
+    run = np.concatenate([[0], np.cumsum(last)[:-1]])  # run index of every chunk
+    return times[last], np.bincount(run, weights=counts)
+
+
 def _gaps_by_batch(frame: pl.DataFrame, class_name: str | None) -> dict[int, list[float]]:
-    """Per-token ITL gaps (ms) of ok requests (of `class_name`), by the decoding batch in
-    each gap: the ok requests of the run between their first and last token at its middle
-    (tokens come at step ends, so mid-step the count is the step's batch, whatever the
-    stamps' jitter at the ends)."""
+    """Per-token ITL gaps (ms) of ok requests (of `class_name`), one per server step, by the
+    decoding batch in each: the ok requests of the run between their first and last token
+    at the gap's middle (tokens come at step ends, so mid-step the count is the step's
+    batch, whatever the stamps' jitter at the ends)."""
     ok = frame.filter(
         (pl.col("outcome") == Outcome.OK.value) & pl.col("first_token_ns").is_not_null()
     )
@@ -716,25 +746,45 @@ def _gaps_by_batch(frame: pl.DataFrame, class_name: str | None) -> dict[int, lis
     first = np.sort(ok["first_token_ns"].to_numpy())
     last = np.sort(ok.select(pl.coalesce("last_token_ns", "first_token_ns")).to_series().to_numpy())
     mine = ok if class_name is None else ok.filter(pl.col("class") == class_name)
-    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
     gaps: list[np.ndarray] = []
     for chunks, tokens in zip(mine["chunk_ns"].to_list(), mine["chunk_tokens"].to_list(),
                               strict=True):  # fmt: skip
         if chunks is None or len(chunks) < 2:
             continue
-        times = np.asarray(chunks, dtype=np.int64)
-        per = np.asarray(tokens[1:], dtype=np.float64) if tokens else np.ones(len(times) - 1)
-        starts.append(times[:-1] + np.diff(times) // 2)  # mid-gap: no one's token is due
-        gaps.append(np.diff(times) / 1e6 / np.maximum(per, 1))
+        times, per = _distinct_reads(chunks, tokens)
+        if len(times) < 2:
+            continue
+        ends.append(times[1:])
+        gaps.append(np.diff(times) / 1e6 / np.maximum(per[1:], 1))
     if not gaps:
         return {}
-    at = np.concatenate(starts)
-    batch = np.searchsorted(first, at, side="right") - np.searchsorted(last, at, side="right")
-    values = np.concatenate(gaps)
+    end = np.concatenate(ends)
+    value = np.concatenate(gaps)
+    mid = end - (value * 1e6 / 2).astype(np.int64)  # mid-gap: no one's token is due
+    batch = np.searchsorted(first, mid, side="right") - np.searchsorted(last, mid, side="right")
     out: dict[int, list[float]] = {}
-    for b in np.unique(batch):
-        out[int(b)] = values[batch == b].tolist()
+    for step_batch, step_gap in _steps(end, value, batch):
+        out.setdefault(step_batch, []).append(step_gap)
     return out
+
+
+STEP_MATCH = 0.05  # gaps ending within this share of a gap of each other end one step
+
+
+def _steps(end: Any, gap: Any, batch: Any) -> list[tuple[int, float]]:
+    """One (batch, gap) per server step: every request decoding in a step sees the same gap
+    end at about the same time, so gaps whose ends lie within STEP_MATCH of a gap of the
+    first are one observation (their median), not B of them."""
+    order = np.argsort(end, kind="stable")
+    end, gap, batch = end[order], gap[order], batch[order]
+    steps: list[tuple[int, float]] = []
+    start = 0
+    for i in range(1, len(end) + 1):
+        if i == len(end) or end[i] - end[start] > STEP_MATCH * gap[start] * 1e6:
+            steps.append((int(np.median(batch[start:i])), float(np.median(gap[start:i]))))
+            start = i
+    return steps
 
 
 def _ok_rows(frame: pl.DataFrame, class_name: str | None) -> pl.DataFrame:
