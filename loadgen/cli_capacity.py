@@ -38,7 +38,6 @@ from loadgen.capacity import (
     exit_code,
     geometric_loads,
     judge,
-    knee_png,
     planned_size,
     required_requests,
     search,
@@ -46,6 +45,7 @@ from loadgen.capacity import (
     to_json,
 )
 from loadgen.errors import ConfigError
+from loadgen.knee_plot import knee_png
 from loadgen.spec import WorkloadSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
