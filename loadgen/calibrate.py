@@ -66,6 +66,7 @@ class Envelope:
     processes: int
     measured_at: str  # ISO UTC
     host: str
+    quick: bool = False  # from `calibrate --quick` (a smoke check, saved only with --save)
 
 
 def calibration_path(path: Path | None = None) -> Path:
@@ -119,6 +120,7 @@ def envelope_of(result: Mapping[str, Any]) -> Envelope | None:
             processes=int(result["processes"]),
             measured_at=str(result["measured_at"]),
             host=str(result["host"]),
+            quick=bool(result.get("quick", False)),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -192,10 +194,11 @@ def envelope_warning(
     if not peak.exceeds(capacity):
         return None
     when = envelope.measured_at[:16].replace("T", " ")
+    how = "loadgen calibrate --quick, a smoke check" if envelope.quick else "loadgen calibrate"
     return (
         f"warning: expected peak load ({peak}) exceeds this machine's calibrated envelope "
         f"for {processes} client process{'es' if processes > 1 else ''} ({capacity}; "
-        f"loadgen calibrate, {when} UTC): client timestamps may be late, so latencies "
+        f"{how}, {when} UTC): client timestamps may be late, so latencies "
         "would be over-reported"
     )
 
@@ -227,6 +230,7 @@ class Ladder:
     ramp_s: float = 1.0  # sends spread evenly over this
     processes: int = 1  # engine processes, each with 1/N of the streams
     all_levels: bool = False  # else stop after the first level that misses
+    quick: bool = False  # `--quick`: a smoke check, not this host's envelope unless saved
 
     @property
     def tokens(self) -> int:
@@ -234,7 +238,7 @@ class Ladder:
         return max(1, round(self.tokens_per_s * self.stream_s))
 
 
-QUICK_LADDER = Ladder(streams=(8, 16), stream_s=1.0, ramp_s=0.2)  # tests, smoke checks
+QUICK_LADDER = Ladder(streams=(8, 16), stream_s=1.0, ramp_s=0.2, quick=True)  # smoke checks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -549,6 +553,15 @@ def result_json(
         "processes": ladder.processes,
         "tokens_per_s": ladder.tokens_per_s,
         "stream_s": ladder.stream_s,
+        "quick": ladder.quick,
+        "ladder": {
+            "levels": sorted(set(ladder.streams)),
+            "tokens_per_s": ladder.tokens_per_s,
+            "stream_s": ladder.stream_s,
+            "ramp_s": ladder.ramp_s,
+            "processes": ladder.processes,
+            "all_levels": ladder.all_levels,
+        },
         "thresholds": asdict(thresholds),
         "levels": [_jsonable({**asdict(lv), "met": lv.met}) for lv in levels],
         "envelope": None if envelope is None else asdict(envelope.per_process()),

@@ -30,6 +30,7 @@ from loadgen.calibrate import (
 )
 from loadgen.errors import ConfigError
 
+DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
 CONTENDED_STALL_MS = 500.0  # host CPU-pressure stall during a level above which we say so
 EXIT_HELP = """\b
 Exit codes:
@@ -106,7 +107,11 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     help="Threshold: send lag p99.",
 )
 @click.option("--all-levels", is_flag=True, help="Go on past the first level that misses.")
-@click.option("--quick", is_flag=True, help="A smoke check: 8 and 16 streams, 1 s each.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="A smoke check: 8 and 16 streams, 1 s each; not saved unless --save is given.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -118,15 +123,17 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
 @click.option(
     "--save",
     "save_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Calibration file to update (default $LOADGEN_CALIBRATION, else "
-    "${XDG_CACHE_HOME:-~/.cache}/loadgen/calibration.json).",
+    is_flag=False,
+    flag_value=DEFAULT_FILE,
+    metavar="[PATH]",
+    help="Save the envelope (the default without --quick) to PATH, or without PATH to "
+    "$LOADGEN_CALIBRATION, else ${XDG_CACHE_HOME:-~/.cache}/loadgen/calibration.json.",
 )
 @click.option("--no-save", is_flag=True, help="Do not save (loadgen run will not see it).")
 def calibrate(
     levels: str | None, tokens_per_s: float, seconds: float, processes: int,
     max_timestamp_err_ms: float, max_ttft_err_ms: float, max_send_lag_ms: float,
-    all_levels: bool, quick: bool, fmt: str, save_path: Path | None, no_save: bool,
+    all_levels: bool, quick: bool, fmt: str, save_path: str | None, no_save: bool,
 ) -> None:  # fmt: skip
     """Find the highest load this machine's client measures truthfully (its envelope).
 
@@ -142,7 +149,7 @@ def calibrate(
     Example:
       loadgen calibrate
       loadgen calibrate --levels 256,512,1024 --workers 2 --format json
-      loadgen calibrate --quick --no-save
+      loadgen calibrate --quick
     """
     from loadgen.cli import clean_errors
 
@@ -154,6 +161,7 @@ def calibrate(
             ramp_s=QUICK_LADDER.ramp_s if quick else Ladder().ramp_s,
             processes=processes,
             all_levels=all_levels,
+            quick=quick,
         ),
         Thresholds(
             timestamp_p99_ms=max_timestamp_err_ms,
@@ -161,12 +169,25 @@ def calibrate(
             send_lag_p99_ms=max_send_lag_ms,
         ),
         fmt,
-        None if no_save else calibration_path(save_path),
+        (save_path, no_save),
     )
 
 
-def _calibrate(ladder: Ladder, thresholds: Thresholds, fmt: str, save: Path | None) -> None:
+def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | None:
+    """Where to save: nowhere with --no-save, or with --quick unless --save was given."""
+    if save_path is not None and no_save:
+        raise ConfigError("command line", "--save/--no-save", "are contradictory", "give one")
+    if no_save or (quick and save_path is None):
+        return None
+    return calibration_path(None if save_path in (None, DEFAULT_FILE) else Path(save_path))
+
+
+def _calibrate(
+    ladder: Ladder, thresholds: Thresholds, fmt: str, saving: tuple[str | None, bool]
+) -> None:
     from loadgen.cli import output_console
+
+    save = save_target(saving[0], quick=ladder.quick, no_save=saving[1])
 
     def progress(level: Level) -> None:
         if fmt == "table":
@@ -174,9 +195,10 @@ def _calibrate(ladder: Ladder, thresholds: Thresholds, fmt: str, save: Path | No
             print(f"{level.streams:>6} streams: {verdict}", file=sys.stderr, flush=True)
 
     if fmt == "table":
+        kind = " (--quick: a smoke check)" if ladder.quick else ""
         print(
-            f"calibrating: {ladder.tokens_per_s:g} tokens/s per stream, {ladder.stream_s:g} s "
-            f"streams, {ladder.processes} engine process(es)",
+            f"calibrating{kind}: {ladder.tokens_per_s:g} tokens/s per stream, "
+            f"{ladder.stream_s:g} s streams, {ladder.processes} engine process(es)",
             file=sys.stderr,
             flush=True,
         )
@@ -279,5 +301,8 @@ def conclusion(result: dict[str, object], saved: Path | None) -> list[str]:
             "the load average column shows how much of that was other work"
         )
     if saved is not None:
-        lines.append(f"saved for host {result['host']} to {saved}")
+        kind = " (a --quick smoke check: loadgen run will use it)" if result.get("quick") else ""
+        lines.append(f"saved for host {result['host']} to {saved}{kind}")
+    elif result.get("quick"):
+        lines.append("not saved: --quick is a smoke check (give --save to keep it anyway)")
     return lines

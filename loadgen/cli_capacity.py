@@ -26,8 +26,11 @@ from rich.text import Text
 from loadgen.capacity import (
     FAIL,
     INVALID,
+    MIN_LIFETIMES,
     PARAMS,
     PASS,
+    RATE_TOLERANCE,
+    WARMUP_LIFETIMES,
     Search,
     Step,
     Verdict,
@@ -35,13 +38,14 @@ from loadgen.capacity import (
     exit_code,
     geometric_loads,
     judge,
-    knee_png,
+    planned_size,
     required_requests,
     search,
     step_runner,
     to_json,
 )
 from loadgen.errors import ConfigError
+from loadgen.knee_plot import knee_png
 from loadgen.spec import WorkloadSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -134,10 +138,18 @@ class CapacityCommand(click.Command):
     help="Requests each class needs beyond its SLO percentile (p99: n >= 10/0.01).",
 )
 @click.option(
+    "--min-lifetimes",
+    type=click.FloatRange(min=1),
+    default=MIN_LIFETIMES,
+    show_default=True,
+    help="Mean request lifetimes (intended → end) each step's judged part must last.",
+)
+@click.option(
     "--warmup-s",
     type=click.FloatRange(min=0),
     default=None,
-    help="Seconds at the start of each step left out of the audit (default 10 %).",
+    help="Seconds at the start of each step left out of the audit "
+    f"(default the larger of 10 % and {WARMUP_LIFETIMES:g} lifetimes).",
 )
 @click.option(
     "--proposed-limit",
@@ -171,17 +183,21 @@ class CapacityCommand(click.Command):
 def capacity(
     workload: Path, url: str | None, param: str, start: str | None, maximum: str | None,
     factor: float, steps_text: str | None, resolution: float, min_tail: int,
-    warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
+    min_lifetimes: float, warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
     out_dir: Path | None, seed: int | None, lag_bound_ms: float, quiet: bool,
 ) -> None:  # fmt: skip
-    """Find the highest load at which every SLO of every class holds (the knee).
+    """Find the highest load the server sustains with every SLO of every class met (the knee).
 
-    Steps the load up geometrically (or through --steps) until a step misses an SLO,
-    then bisects between the last passing and the first failing load. Each step sends
-    enough requests that every class's SLO percentile rests on --min-tail requests
-    beyond it, and its warm-up is left out. A step whose generator fell behind is
-    invalid, not failed: the search stops raising load there. Goodput (requests and
-    tokens within SLO) is the objective; raw throughput is shown beside it.
+    Steps the load up geometrically (or through --steps) until a step fails, then
+    bisects between the highest passing and the lowest failing load. A step passes only
+    at a steady state: long enough (every class's SLO percentile rests on --min-tail
+    requests beyond it, and the judged part lasts --min-lifetimes mean request
+    lifetimes), completing within 3 % of the offered rate, with no rise in requests in
+    flight or TTFT beyond what noise allows, and every SLO met; its warm-up is left out.
+    An over-saturated step (completing less than offered) bounds the search: no load
+    above what it served is run. A step whose generator fell behind is invalid, not
+    failed: the search stops raising load there. Goodput (requests and tokens within
+    SLO) is the objective; raw throughput is shown beside it.
 
     \b
     Example:
@@ -200,19 +216,33 @@ def capacity(
     out = out_dir or Path("reports") / f"capacity-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     console = output_console()
     scale, unit = _x_axis(spec, param)
-    console.print(_rule_line(spec, min_tail, warmup_s))
+    for rule in rule_lines(spec, min_tail, min_lifetimes, warmup_s, param):
+        console.print(rule, highlight=False)
+
+    def on_start(load: float, spec_at: WorkloadSpec) -> None:
+        seconds, requests = planned_size(spec_at)
+        length = f"{seconds:,.0f} s of sending, " if seconds else ""
+        console.print(f"running {_label(load, param, scale)}: {length}~{requests:,.0f} requests",
+                      highlight=False)  # fmt: skip
 
     def on_step(step: Step) -> None:
-        console.print(f"step {_label(step.load, param, scale)}: {_status_text(step)}")
+        console.print(Text.assemble(f"step {_label(step.load, param, scale)}: ",
+                                    _status_text(step)))  # fmt: skip
+        if step.steady is not None:
+            console.print(f"  {evidence_line(step)}", highlight=False)
 
     with _target_url(url, spec, quiet) as base_url:
         run_one = _run_one(base_url, seed, out / "steps", lag_bound_ms, quiet)
-        run_step = step_runner(spec, run_one, param=param, min_tail=min_tail, warmup_s=warmup_s)
+        run_step = step_runner(spec, run_one, param=param, min_tail=min_tail, warmup_s=warmup_s,
+                               min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms,
+                               on_start=on_start)  # fmt: skip
         found = search(run_step, loads, resolution=resolution, integer=integer, on_step=on_step)
     verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
     console.print(steps_table(found, param, scale))
-    _write(out, found, verdict, scale, unit, locals_for_json(param, loads, resolution, min_tail,
-           warmup_s, safety_margin, proposed, scale))  # fmt: skip
+    base_rate = base_rate_per_s(spec) if param == "rate" else None
+    settings = locals_for_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
+                               safety_margin, proposed, base_rate)  # fmt: skip
+    _write(out, found, verdict, (scale, unit, base_rate), settings)
     for line in _conclusion(found, verdict, param, scale, safety_margin):
         console.print(line)
     console.print(f"knee plot, capacity.json and step runs: {out}")
@@ -285,18 +315,65 @@ def _label(load: float, param: str, scale: float) -> str:
     return f"{load:.3g}x ({load * scale:.3g} req/s)" if scale != 1.0 else f"{load:.3g}x"
 
 
-def _rule_line(spec: WorkloadSpec, min_tail: int, warmup_s: float | None) -> str:
-    """Which request counts each step plans for, and why."""
+def rule_lines(
+    spec: WorkloadSpec, min_tail: int, min_lifetimes: float, warmup_s: float | None, param: str
+) -> list[str]:
+    """The rules every step is judged by, stated before the first step runs."""
     required = required_requests(spec, min_tail)
     parts = [
         f"{name} p{spec.classes[name].slo.percentile:g} needs >= {n:,} judged requests"
         for name, n in required.items()
     ]
-    warmup = f"the first {warmup_s:g} s" if warmup_s is not None else "the first 10 %"
-    return (
-        f"each step: {'; '.join(parts) or 'no percentile SLOs'} ({min_tail} beyond the "
-        f"percentile: n >= {min_tail}/(1 - p/100)), {warmup} of each step excluded as warm-up"
+    warmup = (
+        f"the first {warmup_s:g} s"
+        if warmup_s is not None
+        else f"the first 10 % or {WARMUP_LIFETIMES:g} mean lifetimes, whichever is longer,"
     )
+    lines = [
+        f"each step: {'; '.join(parts) or 'no percentile SLOs'} ({min_tail} beyond the "
+        f"percentile: n >= {min_tail}/(1 - p/100)), and its judged part lasts >= "
+        f"{min_lifetimes:g} mean lifetimes (intended → end) of its own requests; {warmup} "
+        "of each step is warm-up, left out",
+    ]
+    if param == "rate":
+        lines.append(
+            f"a step passes only at a steady state: completed within {RATE_TOLERANCE:.0%} of "
+            "the offered rate, requests in flight and TTFT from intended not rising across "
+            "the judged part (10 slices; beyond a 99.9 % one-sided bound from their scatter "
+            "and beyond one request's worth), and every SLO met"
+        )
+    else:
+        lines.append(
+            "a closed loop sends as fast as it completes, so every step is steady at its cap; "
+            "latencies are judged from the send, and every SLO must be met"
+        )
+    return lines
+
+
+def evidence_line(step: Step) -> str:
+    """One step's steady-state evidence: rates, lifetimes, trends."""
+    steady = step.steady
+    assert steady is not None
+    share = steady.completed_share
+    parts = [
+        f"offered {steady.offered_per_s:.3g} req/s, completed {steady.completed_per_s:.3g}"
+        + (f" ({share:.1%})" if share is not None else ""),
+        f"judged {steady.window_s:.1f} s = "
+        + (f"{steady.lifetimes:.1f} lifetimes of {steady.lifetime_s:.3g} s"
+           if steady.lifetimes is not None and steady.lifetime_s is not None
+           else "no lifetime measured"),
+        f"mean in flight {steady.mean_in_flight:.3g}",
+    ]  # fmt: skip
+    for trend in steady.trends:
+        unit = " ms" if trend.series == "ttft_ms" else ""
+        name = "TTFT" if trend.series == "ttft_ms" else "in flight"
+        parts.append(
+            f"{name} {trend.rise:+.3g}{unit} (bound {trend.allowance:.2g}, floor "
+            f"{trend.floor:.2g}){' RISING' if trend.rising else ''}"
+        )
+    if step.attempts > 1:
+        parts.append("run twice (the first was too short)")
+    return " · ".join(parts)
 
 
 @contextlib.contextmanager
@@ -348,11 +425,14 @@ def _status_text(step: Step) -> Text:
 def steps_table(found: Search, param: str, scale: float) -> Table:
     """One row per step, in load order: counts, attainment, goodput vs throughput, latencies."""
     names = sorted({n for s in found.steps for n in s.classes})
-    table = Table(box=box.SIMPLE_HEAD, title="capacity steps (after warm-up)")
+    required = max((c.required or 0 for s in found.steps for c in s.classes.values()), default=0)
+    title = "capacity steps (after warm-up" + (f"; judged >= {required:,}" if required else "")
+    table = Table(box=box.SIMPLE_HEAD, title=title + "; latencies in ms)")
     table.add_column("load", justify="right")
     if param == "rate" and scale != 1.0:
         table.add_column("req/s", justify="right")
-    for heading in ("judged", "attain.", "good req/s", "good tok/s", "thru tok/s"):
+    for heading in ("judged", "done\n%", "life-\ntimes", "in flight\nrise", "TTFT\nrise",
+                    "attain.", "good\ntok/s", "thru\ntok/s"):  # fmt: skip
         table.add_column(heading, justify="right")
     for name in names:
         p = next(s.classes[name].percentile for s in found.steps if name in s.classes)
@@ -364,9 +444,9 @@ def steps_table(found: Search, param: str, scale: float) -> Table:
         if param == "rate" and scale != 1.0:
             cells.append(f"{step.load * scale:.3g}")
         cells += [
-            _count(step),
+            f"{step.requests:,}",
+            *_steady_cells(step),
             "—" if step.attainment is None else f"{step.attainment:.1%}",
-            _num(step.goodput_req_per_s),
             _num(step.goodput_tok_per_s),
             _num(step.throughput_tok_per_s),
         ]
@@ -379,9 +459,26 @@ def steps_table(found: Search, param: str, scale: float) -> Table:
     return table
 
 
-def _count(step: Step) -> str:
-    required = [c.required for c in step.classes.values() if c.required is not None]
-    return f"{step.requests:,} (≥{max(required):,})" if required else f"{step.requests:,}"
+def _steady_cells(step: Step) -> list[str | Text]:
+    """Completed req/s (share of offered), lifetimes judged, in-flight and TTFT rise."""
+    steady = step.steady
+    if steady is None:
+        return ["—"] * 4
+    share = steady.completed_share
+    done = "—" if share is None else f"{share:.0%}"
+    trends = {t.series: t for t in steady.trends}
+    cells: list[str | Text] = [
+        Text(done, style="red") if step.over_saturated else done,
+        "—" if steady.lifetimes is None else f"{steady.lifetimes:.0f}",
+    ]
+    for series, form in (("in_flight", "{:+,.1f}"), ("ttft_ms", "{:+,.0f}")):
+        trend = trends.get(series)
+        if trend is None:
+            cells.append("—")
+            continue
+        text = form.format(trend.rise)
+        cells.append(Text(text, style="red") if trend.rising else text)
+    return cells
 
 
 def _num(value: float | None) -> str:
@@ -395,7 +492,7 @@ def _ms(figures: Any, metric: str) -> str | Text:
     slo = getattr(figures, f"{metric}_slo_ms")
     if value is None:
         return Text("fail", style="red") if figures.requests else "—"
-    text = f"{value:,.1f} ms"
+    text = f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
     return Text(text, style="red") if slo is not None and value > slo else text
 
 
@@ -409,16 +506,26 @@ def _conclusion(
             f"stopped at {_label(stopped.load, param, scale)}: {stopped.note}; the search "
             "went no further, so loads above the highest pass stay unjudged", style="yellow",
         ))  # fmt: skip
+    if found.capacity is not None:
+        lines.append(Text(
+            f"over-saturated, the server served at most {_label(found.capacity, param, scale)}; "
+            f"no load at or above {_label(found.ceiling or 0, param, scale)} "
+            f"({1 - RATE_TOLERANCE:.0%} of it) can pass"
+        ))  # fmt: skip
     if found.highest_pass is None:
         lines.append(Text("no load passed every SLO: lower --start", style="bold red"))
-    elif found.first_fail is None:
+    elif found.upper is None:
         lines.append(Text(f"highest passing load {_label(found.highest_pass, param, scale)}; "
                           "no step failed, so the knee lies above it: raise --max"))  # fmt: skip
     else:
-        fail_label = _label(found.first_fail, param, scale)
+        bound = (
+            f"the first failing load {_label(found.first_fail, param, scale)}"
+            if found.first_fail is not None and found.upper == found.first_fail
+            else f"the capacity bound {_label(found.upper, param, scale)}"
+        )
         lines.append(Text(
             f"highest passing load {_label(found.highest_pass, param, scale)}, "
-            f"{found.margin:.1%} below the first failing load {fail_label}", style="bold",
+            f"{found.margin:.1%} below {bound}", style="bold",
         ))  # fmt: skip
     if verdict is not None:
         lines.append(_verdict_line(verdict, param, scale, safety_margin))
@@ -439,23 +546,26 @@ def _verdict_line(verdict: Verdict, param: str, scale: float, safety_margin: flo
 
 
 def locals_for_json(
-    param: str, loads: list[float], resolution: float, min_tail: int, warmup_s: float | None,
-    safety_margin: float, proposed: float | None, scale: float,
+    param: str, loads: list[float], resolution: float, min_tail: int, min_lifetimes: float,
+    warmup_s: float | None, safety_margin: float, proposed: float | None,
+    base_rate: float | None,
 ) -> dict[str, Any]:  # fmt: skip
     """The settings capacity.json records beside the steps."""
     return {
         "param": param, "loads": loads, "resolution": resolution, "min_tail": min_tail,
-        "warmup_s": warmup_s, "safety_margin": safety_margin, "proposed_limit": proposed,
+        "min_lifetimes": min_lifetimes, "rate_tolerance": RATE_TOLERANCE, "warmup_s": warmup_s,
+        "safety_margin": safety_margin, "proposed_limit": proposed,
         "load_unit": "max_in_flight" if param == "max_in_flight" else "rate multiplier",
-        "base_rate_per_s": scale if param == "rate" and scale != 1.0 else None,
+        "base_rate_per_s": base_rate,
     }  # fmt: skip
 
 
 def _write(
-    out: Path, found: Search, verdict: Verdict | None, scale: float, unit: str,
+    out: Path, found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
     settings: dict[str, Any],
 ) -> None:  # fmt: skip
+    scale, unit, base_rate = axis
     out.mkdir(parents=True, exist_ok=True)
-    data = to_json(found, verdict, settings)
+    data = to_json(found, verdict, settings, base_rate)
     (out / "capacity.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     (out / "knee.png").write_bytes(knee_png(found, x_scale=scale, x_label=unit))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,9 @@ def _plan(
 
     table = parse_decode_table(table_text) if table_text is not None else ()
     measured, layers = _from_runs(run_dirs, class_name, given) if run_dirs else (None, [])
-    inputs, sources = resolve(given, layers, table)
+    unmeasured = dict(measured.unmeasured) if measured else {}
+    inputs, sources = resolve(given, layers, table, unmeasured=unmeasured,
+                              from_run=bool(run_dirs))  # fmt: skip
     validate(inputs, sources)
     result = make_plan(inputs)
     notes = plan_notes(inputs, result, measured)
@@ -137,6 +140,9 @@ def _plan(
         return
     console = output_console()
     console.print(inputs_table(inputs, sources, measured))
+    if measured and measured.decode_steps_by_batch:
+        by_batch = steps_text(measured.decode_steps_by_batch)
+        console.print(f"decode step by decoding batch (lower envelope of ITL): {by_batch}")
     console.print(plan_table(inputs, result))
     for note in notes:
         console.print(f"note: {note}")
@@ -178,11 +184,39 @@ def _from_runs(
                 "choose one with --class or the flag",
             )
         recorded[field] = min(values)
+    estimates = measured.as_inputs()
+    decode = estimates.pop("decode_step_ms", None)
     layers: list[tuple[Mapping[str, float | None], str]] = [
-        (measured.as_inputs(), f"measured (from {names})"),
+        (estimates, f"measured (from {names})"),
         (recorded, f"recorded SLO (from {names})"),
     ]
+    if decode is not None:
+        at = f" at batch {measured.decode_batch:g}" if measured.decode_batch else ""
+        label = f"measured: {measured.decode_source}{at} (from {names})"
+        layers.insert(0, ({"decode_step_ms": decode}, label))
+    slots = simulator_slots(infos)
+    if slots is not None:
+        label = f"configured (the built-in simulator's --max-batch, from {names})"
+        layers.append(({"slots_per_replica": float(slots)}, label))
     return measured, layers
+
+
+def simulator_slots(infos: Sequence[Mapping[str, Any]]) -> int | None:
+    """The built-in simulator's --max-batch when every run used it with the same one."""
+    from loadgen.sim.engine import EngineConfig
+
+    found: set[int] = set()
+    for info in infos:
+        target = info.get("target") or {}
+        if not target.get("builtin_sim"):
+            return None
+        args = [str(a) for a in target.get("sim_args") or []]
+        value = args[args.index("--max-batch") + 1] if "--max-batch" in args[:-1] else None
+        try:
+            found.add(int(value) if value is not None else EngineConfig().max_batch)
+        except ValueError:
+            return None
+    return found.pop() if len(found) == 1 else None
 
 
 # --- rendering ----------------------------------------------------------------------------
@@ -245,11 +279,19 @@ def plan_notes(inputs: PlanInputs, result: Plan, measured: Measured | None) -> l
             f"{inputs.slots_per_replica} slots per replica exceeds the goodput-optimal "
             f"batch {best}: at full batch the TPOT SLO is missed"
         )
-    conc = measured.decode_concurrency if measured else None
-    if conc is not None and conc < inputs.slots_per_replica:
+    batch = measured.decode_batch if measured else None
+    if batch is not None and batch < inputs.slots_per_replica:
         notes.append(
-            f"the decode step was measured at a mean {conc:.1f} requests in flight, "
-            f"below {inputs.slots_per_replica} slots: T_hold may be optimistic"
+            f"the decode step was measured at a batch of {batch:g} decoding, below "
+            f"{inputs.slots_per_replica} slots: at a full batch it may be longer, and T_hold "
+            "with it (give --decode-step-ms at the planned batch, or --decode-table)"
+        )
+    tpot = measured.tpot_p50_ms if measured else None
+    if measured and measured.decode_step_ms and tpot and tpot > 1.2 * measured.decode_step_ms:
+        notes.append(
+            f"median TPOT ({tpot:.3g} ms) is {tpot / measured.decode_step_ms:.1f}× the "
+            f"prefill-free step ({measured.decode_step_ms:.3g} ms): other requests' prefill "
+            "chunks lengthened the steps these requests decoded in"
         )
     return notes
 
@@ -278,10 +320,14 @@ def inputs_table(
             "intercept of the prefill fit",
         )
         table.add_row(
-            "(mean in flight)",
-            _num(measured.decode_concurrency),
-            "where the decode step was measured",
+            "(mean in flight)", _num(measured.decode_concurrency), "Σ time in flight / span"
         )
+        table.add_row(
+            "(TPOT p50)",
+            _num(measured.tpot_p50_ms, " ms"),
+            "median request TPOT: others' prefill chunks included",
+        )
+
     return table
 
 
@@ -446,6 +492,25 @@ _UNITS = {
     "gpu_hour_usd": " $/h",
     "slots_per_replica": " slots",
 }
+
+
+def steps_text(by_batch: Sequence[tuple[int, float]]) -> str:
+    """`1–16: 20 ms, 17–19: 20.6–21.9 ms, …`: runs of batches, at most ~6 groups."""
+    groups: list[list[tuple[int, float]]] = []
+    for batch, ms in by_batch:
+        if groups and abs(ms - groups[-1][0][1]) <= 0.02 * groups[-1][0][1]:
+            groups[-1].append((batch, ms))
+        else:
+            groups.append([(batch, ms)])
+    step = max(1, math.ceil(len(groups) / 6))
+    merged = [[p for g in groups[i : i + step] for p in g] for i in range(0, len(groups), step)]
+    parts = []
+    for group in merged:
+        batches = f"{group[0][0]}" if len(group) == 1 else f"{group[0][0]}–{group[-1][0]}"
+        lo, hi = min(m for _, m in group), max(m for _, m in group)
+        value = f"{lo:.3g}" if hi - lo < 0.01 * lo else f"{lo:.3g}–{hi:.3g}"
+        parts.append(f"{batches}: {value}")
+    return ", ".join(parts) + " ms"
 
 
 def _num(value: float | None, unit: str = "") -> str:

@@ -227,6 +227,74 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
         assert level["cpu_us_per_chunk"] > 0
     saved = json.loads(path.read_text())["hosts"][host_name()]["1"]
     assert saved["levels"] == found["levels"]
+    assert saved["quick"] is True  # saved because --save was given, and says what it was
+    assert saved["ladder"] == {"levels": [8, 16], "tokens_per_s": 50.0, "stream_s": 1.0,
+                               "ramp_s": 0.2, "processes": 1, "all_levels": False}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "saved"),
+    [
+        (["--quick"], False),  # a smoke check is not this host's envelope
+        (["--quick", "--save"], True),  # unless asked
+        ([], True),  # the full ladder saves by default
+        (["--no-save"], False),
+    ],
+)
+def test_quick_saves_only_with_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], saved: bool
+) -> None:
+    """`--quick` leaves the calibration file alone unless `--save` (with or without a PATH)
+    is given; a saved entry records its ladder and whether it was quick."""
+    from click.testing import CliRunner
+
+    import loadgen.cli_calibrate as cli_calibrate
+    from loadgen.calibrate import calibrate as real_calibrate
+    from loadgen.cli import cli
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))
+    monkeypatch.setattr(
+        cli_calibrate, "run_calibration",
+        lambda ladder, thresholds, progress: real_calibrate(
+            ladder, thresholds, progress, measure=lambda n, _l, _t: fake_level(n, met=True)),
+    )  # fmt: skip
+    out = CliRunner().invoke(cli, ["calibrate", *args])
+    assert out.exit_code == 0, out.output
+    assert path.exists() is saved
+    if "--quick" in args and not saved:
+        assert "not saved: --quick is a smoke check" in out.output
+    if saved:
+        entry = json.loads(path.read_text())["hosts"][host_name()]["1"]
+        assert entry["quick"] is ("--quick" in args)
+        assert entry["ladder"]["levels"] == ([8, 16] if "--quick" in args else
+                                             [64, 128, 256, 512, 1024])  # fmt: skip
+
+
+def test_save_and_no_save_together_are_refused(tmp_path: Path) -> None:
+    """--save PATH --no-save is a usage error (exit 1), nothing measured."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    out = CliRunner().invoke(cli, ["calibrate", "--save", str(tmp_path / "c.json"), "--no-save"])
+    assert out.exit_code == 1
+    assert "--save/--no-save" in out.output
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_the_warning_says_when_the_envelope_came_from_a_quick_check(tmp_path: Path) -> None:
+    """An envelope saved from --quick is used, and the warning says it was a smoke check."""
+    path = tmp_path / "calibration.json"
+    save_calibration({**result(host_name(), 1, 16, "2026-11-01T00:00:00+00:00"), "quick": True},
+                     path)  # fmt: skip
+    envelope = last_envelope(path)
+    assert envelope is not None
+    assert envelope.quick
+    plans = [plan(i, i * 0.01, 100) for i in range(200)]
+    warning = envelope_warning(spec(), plans, path=path)
+    assert warning is not None
+    assert "--quick, a smoke check" in warning
 
 
 @pytest.mark.skipif(not KERNEL_STAMPS_AVAILABLE, reason="SO_TIMESTAMPNS is Linux-only")

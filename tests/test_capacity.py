@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -13,6 +14,7 @@ from loadgen.capacity import (
     FAIL,
     INVALID,
     PASS,
+    RATE_TOLERANCE,
     Search,
     Step,
     exit_code,
@@ -88,6 +90,49 @@ def test_an_invalid_step_during_bisection_ends_it_with_the_bracket_so_far() -> N
     assert exit_code(found, None) == 0  # a knee is bracketed, only more coarsely
 
 
+def saturating_server(mu: float, *, lucky: tuple[float, ...] = ()):  # type: ignore[no-untyped-def]
+    """A step function for a server that serves at most `mu`: loads above it are
+    over-saturated (serving `mu`), except `lucky` loads, which pass by chance."""
+    asked: list[float] = []
+
+    def run_step(load: float) -> Step:
+        asked.append(load)
+        if load <= mu or load in lucky:
+            return Step(load=load, status=PASS, note="steady")
+        return Step(load=load, status=FAIL, note="over-saturated", capacity_load=mu)
+
+    return run_step, asked
+
+
+def test_an_over_saturated_step_bounds_the_bisection() -> None:
+    """After a step serves only μ, no load at or above μ × (1 − tolerance) is run: the
+    bisection works below that ceiling and stops sooner than it would up to the fail."""
+    run_step, asked = saturating_server(5.0)
+    found = search(run_step, [1, 2, 4, 8], resolution=0.05)
+    ceiling = 5.0 * (1 - RATE_TOLERANCE)
+    assert found.capacity == 5.0
+    assert found.ceiling == pytest.approx(ceiling)
+    assert all(load < ceiling for load in asked if load != 8)
+    assert found.highest_pass is not None
+    assert found.upper == pytest.approx(ceiling)
+    assert found.upper <= found.highest_pass * 1.05
+    assert found.knee_found
+
+
+def test_a_lucky_pass_above_the_measured_capacity_is_rejudged() -> None:
+    """A step that passed by chance above what an over-saturated step later showed the
+    server can serve is re-judged a failure, with the reason, and the knee stays below μ."""
+    run_step, _ = saturating_server(3.0, lucky=(4.0,))
+    seen: list[Step] = []
+    found = search(run_step, [1, 2, 4, 8], resolution=0.05, on_step=seen.append)
+    four = [s for s in found.steps if s.load == 4.0]
+    assert four[0].status == FAIL
+    assert "re-judged" in four[0].note
+    assert any(s.load == 4.0 and s.status == FAIL for s in seen)  # the caller is told
+    assert found.highest_pass is not None
+    assert found.highest_pass < 3.0
+
+
 @pytest.mark.parametrize(
     ("highest_pass", "proposed", "margin", "passed"),
     [
@@ -145,45 +190,77 @@ name: knee
 target: {api: openai-chat, model: sim}
 classes:
   chat:
-    arrival: {process: constant, rate_per_s: 10}
+    arrival: {process: %(process)s, rate_per_s: %(rate)g}
     requests: 50
-    prompt_tokens: {dist: fixed, value: 40}
-    output_tokens: {dist: fixed, value: 50}
-    slo: {ttft_ms: 100, percentile: 90}
-sim: {speed: 20, max_batch: 4, queue_cap: 0, decode_step_ms: 40}
+    prompt_tokens: {dist: fixed, value: 16}
+    output_tokens: {dist: fixed, value: %(tokens)d}
+    slo: {ttft_ms: %(ttft_ms)g, percentile: 90}
+    deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
+sim: {speed: %(speed)g, max_batch: %(batch)d, decode_step_ms: %(step_ms)g, prefill_tokens_per_s: 1000000000}
 """
 
 
-@pytest.mark.slow
-def test_knee_against_the_simulator_matches_the_physics(tmp_path: Path) -> None:
-    """The found knee is near μ = max_batch / T_hold, the simulator's throughput capacity.
+def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
+    """The workload file and its μ = B / (N·d) × speed in req/s (negligible prefill)."""
+    values: dict[str, float | str] = {"process": "constant", "tokens": 20, "ttft_ms": 5000,
+                                      "speed": 1, "batch": 8, "step_ms": 25, "rate": 16,
+                                      **physics}  # fmt: skip
+    path = tmp_path / "knee.yaml"
+    path.write_text(KNEE_WORKLOAD % values, encoding="utf-8")
+    tokens, step_ms = float(values["tokens"]), float(values["step_ms"])
+    mu = float(values["batch"]) / (tokens * step_ms / 1000) * float(values["speed"])
+    return path, mu
 
-    In simulated time a request waits ~half a step to join (20 ms), is prefilled in a
-    45 ms step (40 ms decode + 40 tokens at 8,000 tok/s) and decodes 49 more tokens at
-    ~40.2 ms: T_hold ≈ 2.04 s, so μ = 4 / 2.04 × speed 20 ≈ 39 req/s. Arrivals are
-    constant and service deterministic, so nobody queues below μ (TTFT ≈ 3 ms) and the
-    backlog grows without bound above it (p90 TTFT past 100 ms within 50 requests).
-    The lag bound is loose: with ~60 requests a step's p99 lag is its single worst send.
-    """
+
+def run_capacity(workload: Path, out: Path, *args: str) -> dict:  # type: ignore[type-arg]
+    """`loadgen capacity` on the built-in simulator; capacity.json (the exit code must be 0)."""
     from loadgen.cli_capacity import capacity
 
-    workload = tmp_path / "knee.yaml"
-    workload.write_text(KNEE_WORKLOAD, encoding="utf-8")
-    out = tmp_path / "out"
-    args = [str(workload), "--steps", "2x,4x,8x", "--min-tail", "5", "--resolution", "0.15",
-            "--out", str(out), "--proposed-limit", "20", "--lag-bound-ms", "50", "-q"]  # fmt: skip
-    result = CliRunner().invoke(capacity, args)
+    result = CliRunner().invoke(capacity, [str(workload), "--out", str(out), "-q",
+                                           "--lag-bound-ms", "50", *args])  # fmt: skip
     assert result.exit_code == 0, result.output
-    data = json.loads((out / "capacity.json").read_text())
-    mu = 4 / (0.020 + 0.045 + 49 * 0.0402) * 20
-    knee = data["highest_pass"] * data["settings"]["base_rate_per_s"]
-    assert 0.6 * mu <= knee <= 1.2 * mu, (knee, mu)
-    assert data["verdict"]["passed"]
     assert (out / "knee.png").read_bytes()[:4] == b"\x89PNG"
-    assert "highest passing load" in result.output
-    failing = [s for s in data["steps"] if s["status"] == FAIL]
-    assert failing
-    assert all(s["throughput_tok_per_s"] > s["goodput_tok_per_s"] for s in failing)
+    return json.loads((out / "capacity.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_knee_against_the_simulator_lies_just_below_mu(tmp_path: Path) -> None:
+    """Constant arrivals, B = 8 slots, d = 25 ms, N = 20 tokens, negligible prefill: μ =
+    8 / (20 × 0.025 s) = 16 req/s. The 1.2x step is over-saturated and serves μ; the knee
+    lies in [0.85 μ, μ] (the lag bound is loose: the machine is shared, not measured)."""
+    workload, mu = knee_workload(tmp_path)
+    data = run_capacity(workload, tmp_path / "out", "--steps", "0.6x,1.2x", "--resolution",
+                        "0.1", "--proposed-limit", "12")  # fmt: skip
+    assert 0.85 * mu <= data["highest_pass_req_s"] <= mu, data["highest_pass_req_s"]
+    assert data["capacity"] * 16 == pytest.approx(mu, rel=0.05)
+    over = [s for s in data["steps"] if s["over_saturated"]]
+    assert [s["load"] for s in over] == [1.2]
+    assert over[0]["steady"]["trends"]["in_flight"]["rising"]
+    assert data["verdict"]["passed"]
+    passing = [s for s in data["steps"] if s["status"] == PASS]
+    assert all(s["steady"]["lifetimes"] >= s["min_lifetimes"] for s in passing)
+
+
+@pytest.mark.slow
+def test_poisson_knee_against_the_simulator_never_exceeds_mu(tmp_path: Path) -> None:
+    """Poisson arrivals on the same physics: the knee is found, and it is below μ."""
+    workload, mu = knee_workload(tmp_path, process="poisson")
+    data = run_capacity(workload, tmp_path / "out", "--steps", "0.6x,1.2x", "--resolution",
+                        "0.1", "--seed", "3")  # fmt: skip
+    assert data["knee_found"]
+    assert 0.5 * mu <= data["highest_pass_req_s"] <= mu, data["highest_pass_req_s"]
+
+
+@pytest.mark.slow
+def test_max_in_flight_knee_against_the_simulator_is_the_batch_size(tmp_path: Path) -> None:
+    """B = 4 slots, T_hold = 40 × 20 ms / speed 4 = 200 ms: a cap <= B is served at once
+    (TTFT ≈ one step), a cap of B + 1 keeps a request waiting for a slot (>= T_hold / B =
+    50 ms); with a 25 ms TTFT SLO the knee is B, the first failing cap B + 1."""
+    workload, _ = knee_workload(tmp_path, batch=4, step_ms=20, tokens=40, speed=4, ttft_ms=25)
+    data = run_capacity(workload, tmp_path / "out", "--param", "max_in_flight", "--steps",
+                        "2,4,8", "--min-tail", "5")  # fmt: skip
+    assert (data["highest_pass"], data["first_fail"]) == (4, 5)
+    assert data["highest_pass_req_s"] == pytest.approx(4 / 0.2, rel=0.1)  # B / T_hold
 
 
 def test_help_has_an_example_and_the_exit_codes() -> None:
@@ -208,9 +285,62 @@ def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], messag
     """A bad flag is a usage error: exit 1, the reason on stderr, no traceback, nothing run."""
     from loadgen.cli_capacity import capacity
 
-    workload = tmp_path / "knee.yaml"
-    workload.write_text(KNEE_WORKLOAD, encoding="utf-8")
+    workload, _ = knee_workload(tmp_path)
     result = CliRunner().invoke(capacity, [str(workload), *args])
     assert result.exit_code == 1, result.output
     assert message in result.stderr
     assert "Traceback" not in result.output
+
+
+def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignore[no-untyped-def]
+    """Constant arrivals at `rate` for `seconds`, each served in `lifetime_s`, no queue."""
+    from loadgen.records import to_frame
+    from loadgen.testing import streamed_record
+
+    n = int(rate * seconds)
+    gaps = (lifetime_s * 1000 / 20,) * 20  # 21 tokens over the lifetime, TTFT 0
+    return to_frame(
+        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps) for i in range(n)
+    )
+
+
+def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: Path) -> None:
+    """A first step planned by counts alone that lasted fewer lifetimes than the rule is
+    run once more, planned on the lifetime it measured, and passes on the second run."""
+    from loadgen.capacity import step_runner
+    from loadgen.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+    spec = load(workload)
+    asked: list[float] = []
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        seconds = spec_at.classes["chat"].duration_s
+        asked.append(seconds)
+        return steady_frame(16.0, seconds, 1.0), False, False, tmp_path / run_id
+
+    step = step_runner(spec, run_one, param="rate")(1.0)
+    assert len(asked) == 2
+    assert asked[1] >= 20 * 1.0 * 1.25  # min_lifetimes × the measured lifetime × cushion
+    assert step.status == PASS, step.note
+    assert step.attempts == 2
+    assert "first run shorter than the rule" in step.note
+
+
+def test_a_short_trace_replay_fails_without_a_pointless_rerun(tmp_path: Path) -> None:
+    """A trace replay lasts as long as its trace: too short is a failure that says so."""
+    from loadgen.capacity import step_runner
+    from loadgen.spec import load
+
+    spec = load(Path(__file__).resolve().parent.parent / "workloads" / "trace-azure-conv.yaml")
+    calls: list[str] = []
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        calls.append(run_id)
+        frame = steady_frame(2.0, 10.0, 1.0).with_columns(pl.lit("conversation").alias("class"))
+        return frame, False, False, tmp_path / run_id
+
+    step = step_runner(spec, run_one, param="rate")(1.0)
+    assert calls == ["step-01"]
+    assert step.status == FAIL
+    assert "a trace replay lasts as long as its trace" in step.note

@@ -196,21 +196,26 @@ def test_help_has_example() -> None:
 # --- estimation from a run folder ---------------------------------------------------------
 
 
-def synthetic_run(tmp_path: Path, n: int = 200) -> Path:
-    """A run folder whose TTFT from send is 50 ms + P/8000 s and TPOT 30 ms, some queued."""
+def synthetic_run(tmp_path: Path, n: int = 200, *, sim_args: list[str] | None = None,
+                  builtin_sim: bool = True) -> Path:  # fmt: skip
+    """A run folder whose TTFT from send is 50 ms + P/8000 s, some queued; its decode steps
+    are 30 ms, and every fourth also prefills a 20 ms chunk for someone (TPOT p50 35 ms)."""
     records = []
     for i in range(n):
         prompt, out = 200 + 37 * (i % 100), 50 + 7 * (i % 40)
         sent = i * 500 * MS
         queued = (i % 3) * 80 * MS  # a third unqueued, the rest waited 80 or 160 ms
         first = sent + queued + 50 * MS + prompt * 125_000  # P / 8000 s = P × 125 µs
-        last = first + (out - 1) * 30 * MS
+        gaps = [(50 if (i + k) % 4 == 0 else 30) * MS for k in range(out - 1)]
+        chunks = [first + sum(gaps[:k]) for k in range(out)]
+        last = chunks[-1]
         records.append(
             RequestRecord(
                 request_id=i, class_name="chat", intended_ns=sent, outcome=Outcome.OK,
                 dispatched_ns=sent, sent_ns=sent, first_token_ns=first, last_token_ns=last,
                 end_ns=last, output_tokens=out, token_source=TokenSource.USAGE,
                 prompt_tokens=prompt, prompt_tokens_target=prompt, max_tokens=out,
+                chunk_ns=tuple(chunks), chunk_tokens=(1,) * out,
             )
         )  # fmt: skip
     run_dir = tmp_path / "run-1"
@@ -225,7 +230,7 @@ def synthetic_run(tmp_path: Path, n: int = 200) -> Path:
         "workload": {"name": "synthetic", "source": "synthetic.yaml",
                      "spec": {"classes": {"chat": {"kind": "chat", "slo": slo}}}},
         "target": {"url": "http://127.0.0.1:8000/v1/chat/completions", "api": "openai-chat",
-                   "model": "sim", "builtin_sim": True, "sim_args": []},
+                   "model": "sim", "builtin_sim": builtin_sim, "sim_args": sim_args or []},
         "options": {"max_in_flight": None, "lag_bound_ms": 5.0, "grace_s": 5.0},
     }  # fmt: skip
     (run_dir / "run.json").write_text(json.dumps(info))
@@ -233,16 +238,41 @@ def synthetic_run(tmp_path: Path, n: int = 200) -> Path:
 
 
 def test_estimate_recovers_prefill_and_decode(tmp_path: Path) -> None:
-    """The lower-envelope fit recovers 8,000 tok/s and 50 ms; median TPOT is 30 ms."""
+    """The lower-envelope fits recover 8,000 tok/s, 50 ms overhead and the 30 ms decode
+    step, though every fourth step carried a prefill chunk (TPOT p50 35 ms)."""
     import polars as pl
 
     measured = planner.estimate([pl.read_parquet(synthetic_run(tmp_path) / "records.parquet")])
     assert measured.prefill_tokens_per_s == pytest.approx(8000, rel=0.03)
     assert measured.ttft_overhead_ms == pytest.approx(50, rel=0.03)
-    assert measured.decode_step_ms == pytest.approx(30, rel=0.01)
+    assert measured.decode_step_ms == pytest.approx(30, rel=0.001)
+    assert measured.decode_source is not None
+    assert "lower envelope of ITL" in measured.decode_source
+    assert measured.tpot_p50_ms == pytest.approx(35, rel=0.01)
     assert measured.long_prompt_tokens == 200 + 37 * 99
     assert measured.decode_concurrency is not None
     assert measured.decode_concurrency > 1
+    assert not measured.unmeasured
+
+
+def test_chunks_read_together_are_not_zero_length_steps(tmp_path: Path) -> None:
+    """A client a token behind reads two chunks at once and stamps both with one time:
+    a quarter of the gaps 0 ms and their neighbours 60 ms. Merged, the floor is still 30 ms."""
+    import polars as pl
+
+    frame = pl.read_parquet(synthetic_run(tmp_path) / "records.parquet")
+
+    def coalesce(chunks: list[int]) -> list[int]:
+        out = list(chunks)
+        for k in range(1, len(out) - 1, 4):
+            out[k] = out[k + 1]  # chunk k arrived late, with chunk k + 1
+        return out
+
+    frame = frame.with_columns(
+        pl.col("chunk_ns").map_elements(coalesce, return_dtype=pl.List(pl.Int64))
+    )
+    measured = planner.estimate([frame])
+    assert measured.decode_step_ms == pytest.approx(30, rel=0.001)
 
 
 def test_cli_from_run_labels_sources(tmp_path: Path) -> None:
@@ -255,6 +285,7 @@ def test_cli_from_run_labels_sources(tmp_path: Path) -> None:
     assert inputs["prefill_tokens_per_s"]["value"] == pytest.approx(8000, rel=0.03)
     assert inputs["prefill_tokens_per_s"]["source"] == f"measured (from {run_dir})"
     assert inputs["decode_step_ms"]["value"] == pytest.approx(30, rel=0.01)
+    assert inputs["decode_step_ms"]["source"].startswith("measured: lower envelope of ITL")
     assert inputs["ttft_slo_ms"]["source"] == f"recorded SLO (from {run_dir})"
     assert inputs["slots_per_replica"]["source"] == "assumed (--slots-per-replica)"
     assert inputs["service_cv"]["source"].startswith("measured")
@@ -272,3 +303,127 @@ def test_bad_input_raises_config_error() -> None:
     inputs, sources = planner.resolve({**SEED_FLAGS, "percentile": 100.0})
     with pytest.raises(ConfigError, match="--percentile"):
         planner.validate(inputs, sources)
+
+
+# --- the decode step under chunked prefill, against the simulator's engine ---------------
+
+CHUNKED = """\
+name: chunked
+target: {{api: openai-chat, model: sim}}
+classes:
+  chat:
+    arrival: {{process: poisson, rate_per_s: {rate}}}
+    duration_s: 60
+    prompt_tokens: {{dist: lognormal, mean: 1500, cv: 0.6, min: 100, max: 4000}}
+    output_tokens: {{dist: lognormal, mean: 60, cv: 0.5, min: 8, max: 200}}
+    slo: {{ttft_ms: 3000, tpot_ms: 50, percentile: 99}}
+sim: {{chunk_tokens: 512, prefill_tokens_per_s: 8000, decode_step_ms: "{steps}", max_batch: 32}}
+"""
+
+
+def chunked_frame(rate: float, steps: str, seed: int = 1):  # type: ignore[no-untyped-def]
+    """The records of a virtual-time run of CHUNKED on the simulator's engine."""
+    from virtual_server import open_loop_frame
+
+    from loadgen.spec import loads
+
+    return open_loop_frame(loads(CHUNKED.format(rate=rate, steps=steps)), seed)
+
+
+def test_decode_step_under_chunked_prefill_is_the_simulators() -> None:
+    """512-token chunks at 8,000 tok/s add 64 ms to the 20 ms steps that carry them: TPOT
+    p50 lies far above 20 ms, but the lower envelope of ITL is the true 20 ms step."""
+    measured = planner.estimate([chunked_frame(2.0, "20")])
+    assert measured.tpot_p50_ms is not None
+    assert measured.tpot_p50_ms > 30  # what the old estimate (median TPOT) would have said
+    assert measured.decode_step_ms == pytest.approx(20.0, abs=0.3)  # the stamp jitter
+    assert measured.prefill_tokens_per_s == pytest.approx(8000, rel=0.1)
+
+
+def test_decode_steps_by_batch_follow_the_simulators_table() -> None:
+    """With a step of 10 ms at batch ≤ 4 rising linearly to 30 ms at 12, the floor at
+    each batch with enough gaps is the table's step there, and the decode step reported is
+    the one at the batch the run mostly decoded at, to within the clients' stamp jitter."""
+    from virtual_server import JITTER_MS
+
+    from loadgen.sim.engine import DecodeTable
+
+    table = DecodeTable(((4, 10.0), (12, 30.0)))
+    measured = planner.estimate([chunked_frame(2.5, "4:10,12:30")])
+    assert len(measured.decode_steps_by_batch) >= 5
+    tolerance = JITTER_MS
+    for batch, floor in measured.decode_steps_by_batch:
+        assert floor == pytest.approx(table.step_ms(batch), abs=tolerance), (batch, floor)
+    assert measured.decode_batch is not None
+    expected = table.step_ms(round(measured.decode_batch))
+    assert measured.decode_step_ms == pytest.approx(expected, abs=tolerance)
+
+
+def test_fixed_prompts_say_why_the_prefill_rate_is_missing(tmp_path: Path) -> None:
+    """Every prompt the same length: the error names that reason and the flag to give."""
+    run_dir = synthetic_run(tmp_path)
+    import polars as pl
+
+    frame = pl.read_parquet(run_dir / "records.parquet").with_columns(
+        pl.lit(200).alias("prompt_tokens"), pl.lit(200).alias("prompt_tokens_target")
+    )
+    frame.write_parquet(run_dir / "records.parquet")
+    result = CliRunner().invoke(plan, ["--from-run", str(run_dir)])
+    assert result.exit_code == 1
+    assert "every prompt has the same length (200 tokens)" in result.output
+    assert "--prefill-tokens-per-s" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_slots_error_does_not_offer_from_run_when_it_cannot_help(tmp_path: Path) -> None:
+    """--slots-per-replica missing: the reason says no run measures it, and --from-run is
+    suggested only for the inputs a run can give, never once one was given."""
+    alone = CliRunner().invoke(
+        plan, [a for a in SEED_ARGS if a not in ("--slots-per-replica", "32")]
+    )
+    assert alone.exit_code == 1
+    assert "no run can measure it" in alone.output
+    assert "--from-run" not in alone.output  # nothing else is missing: it would not help
+    run_dir = synthetic_run(tmp_path, builtin_sim=False)
+    from_run = CliRunner().invoke(plan, ["--from-run", str(run_dir)])
+    assert from_run.exit_code == 1
+    assert "--slots-per-replica: not given, and no run can measure it" in from_run.output
+    assert "or --from-run" not in from_run.output
+    fewer = CliRunner().invoke(plan, ["--prefill-tokens-per-s", "8000"])
+    assert "or --from-run RUN_DIR for --decode-step-ms" in fewer.output
+    assert "for --decode-step-ms, --slots-per-replica" not in fewer.output
+
+
+def test_built_in_simulator_runs_give_their_configured_slots(tmp_path: Path) -> None:
+    """A run on the built-in simulator records its --max-batch: the plan uses it, labelled."""
+    run_dir = synthetic_run(tmp_path, sim_args=["--max-batch", "8", "--chunk-tokens", "512"])
+    result = CliRunner().invoke(plan, ["--from-run", str(run_dir), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    slots = json.loads(result.output)["inputs"]["slots_per_replica"]
+    assert slots["value"] == 8
+    assert slots["source"].startswith("configured (the built-in simulator's --max-batch")
+
+
+@pytest.mark.slow
+def test_plan_from_a_chunked_prefill_run_on_the_simulator(tmp_path: Path) -> None:
+    """A real run on the built-in simulator (512-token chunks at 8,000 tok/s on a flat 20 ms
+    step): --from-run plans with the 20 ms step, says how it measured it, and still has a
+    safe chunk, where median TPOT (well above 20 ms) would have left none."""
+    from loadgen.cli import cli
+
+    workload = tmp_path / "chunked.yaml"
+    workload.write_text(CHUNKED.format(rate=2.0, steps="20").replace("duration_s: 60",
+                                                                     "duration_s: 15"))  # fmt: skip
+    out = tmp_path / "runs"
+    ran = CliRunner().invoke(cli, ["run", str(workload), "--out", str(out), "--run-id", "r", "-q",
+                                   "--lag-bound-ms", "50"])  # fmt: skip  # a shared machine
+    assert ran.exit_code in (0, 2), ran.output
+    result = CliRunner().invoke(plan, ["--from-run", str(out / "r"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    decode = data["inputs"]["decode_step_ms"]
+    assert decode["value"] == pytest.approx(20.0, abs=1.0)
+    assert "lower envelope of ITL" in decode["source"]
+    assert data["measured"]["tpot_p50_ms"] > 25
+    assert data["chunk_tokens"] > 0
+    assert data["inputs"]["slots_per_replica"]["value"] == 32  # the simulator's --max-batch
