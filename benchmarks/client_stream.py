@@ -1,6 +1,7 @@
 """What does loadgen's streaming client cost, and how true are its timestamps?
 
-Drives the real engine (`loadgen.runner.Engine` on a `loadgen.transport.Pool`, wired as
+Drives the real engine (`loadgen.engine.runner.Engine` on a
+`loadgen.engine.transport.Pool`, wired as
 `loadgen.testing.run_engine` wires them, on uvloop when installed) against `loadgen sim`
 in its own process (`running_sim`), and checks every client timestamp against the
 simulator's trace. Each repeat starts a fresh simulator with a clean token cadence (flat
@@ -60,14 +61,15 @@ from typing import Any
 import anyio
 import numpy as np
 
-from loadgen.adapters import BodyOptions, adapter_for
-from loadgen.plans import RequestPlan
-from loadgen.records import Outcome, RequestRecord
-from loadgen.run import backend_options, quiet_gc
-from loadgen.runner import Engine, EngineConfig
-from loadgen.sim.launch import running_sim
-from loadgen.spec import Deadlines
-from loadgen.transport import Pool, make_endpoint
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine.host import backend_options, quiet_gc
+from loadgen.engine.runner import Engine, EngineConfig
+from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.results.records import Outcome, RequestRecord
+from loadgen.run.simulator import running_sim
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines
 
 STAMPS = {"auto": None, "kernel": True, "user": False}  # --stamps: Pool(kernel_stamps=...)
 MODES = {  # --mode: defaults for --streams, --gap-ms, --tokens

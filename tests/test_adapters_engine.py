@@ -16,9 +16,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from loadgen.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
-from loadgen.slo import SloTargets, summarize
-from loadgen.spec import Deadlines
+from loadgen.analysis.slo import summarize
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
 from loadgen.testing import (
     PlanFactory,
     ReceivedRequest,
@@ -27,6 +26,7 @@ from loadgen.testing import (
     run_engine,
     stream_steps,
 )
+from loadgen.workload.spec import Deadlines, SloTargets
 
 MS = 1_000_000
 THINK_S = 0.05  # the scripted pause between the reasoning and the first content

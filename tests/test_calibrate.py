@@ -10,24 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.calibrate import (
+from loadgen.engine.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
+from loadgen.results.records import Outcome, RequestRecord
+from loadgen.run.envelope import (
     Envelope,
-    Ladder,
-    Level,
     Load,
-    Thresholds,
-    calibrate,
-    compare,
     envelope_warning,
     expected_peak_load,
     host_name,
     last_envelope,
     save_calibration,
 )
-from loadgen.plans import RequestPlan
-from loadgen.records import Outcome, RequestRecord
-from loadgen.spec import Deadlines, WorkloadSpec, loads
-from loadgen.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
+from loadgen.studies.calibrate import Ladder, Level, Thresholds, calibrate, compare
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines, WorkloadSpec, loads
 
 SPEC = """
 name: t
@@ -76,7 +72,7 @@ def test_peak_load_of_back_to_back_streams_is_one() -> None:
 
 def test_peak_load_of_the_parsed_workload_matches_rate_times_duration() -> None:
     """A constant 10/s with 5 s streams holds ~50 open (Little's law) once it is steady."""
-    from loadgen.plans import plan_work
+    from loadgen.workload.plans import plan_work
 
     long = loads(SPEC.replace("requests: 10", "requests: 200"))
     peak = expected_peak_load(long, plan_work(long, 0).plans)
@@ -248,9 +244,9 @@ def test_quick_saves_only_with_save(
     is given; a saved entry records its ladder and whether it was quick."""
     from click.testing import CliRunner
 
-    import loadgen.cli_calibrate as cli_calibrate
-    from loadgen.calibrate import calibrate as real_calibrate
+    import loadgen.cli.calibrate as cli_calibrate
     from loadgen.cli import cli
+    from loadgen.studies.calibrate import calibrate as real_calibrate
 
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))

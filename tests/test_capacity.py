@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen import metrics
-from loadgen.capacity import (
+from loadgen.analysis import metrics
+from loadgen.studies.capacity import (
     FAIL,
     INVALID,
     PASS,
@@ -214,7 +214,7 @@ def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
 
 def run_capacity(workload: Path, out: Path, *args: str) -> dict:  # type: ignore[type-arg]
     """`loadgen capacity` on the built-in simulator; capacity.json (the exit code must be 0)."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     result = CliRunner().invoke(capacity, [str(workload), "--out", str(out), "-q",
                                            "--lag-bound-ms", "50", *args])  # fmt: skip
@@ -265,7 +265,7 @@ def test_max_in_flight_knee_against_the_simulator_is_the_batch_size(tmp_path: Pa
 
 def test_help_has_an_example_and_the_exit_codes() -> None:
     """`capacity --help` shows an Example: block and the exit codes."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     result = CliRunner().invoke(capacity, ["--help"])
     assert result.exit_code == 0
@@ -283,7 +283,7 @@ def test_help_has_an_example_and_the_exit_codes() -> None:
 )
 def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad flag is a usage error: exit 1, the reason on stderr, no traceback, nothing run."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     workload, _ = knee_workload(tmp_path)
     result = CliRunner().invoke(capacity, [str(workload), *args])
@@ -294,7 +294,7 @@ def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], messag
 
 def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignore[no-untyped-def]
     """Constant arrivals at `rate` for `seconds`, each served in `lifetime_s`, no queue."""
-    from loadgen.records import to_frame
+    from loadgen.results.records import to_frame
     from loadgen.testing import streamed_record
 
     n = int(rate * seconds)
@@ -307,8 +307,8 @@ def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignor
 def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: Path) -> None:
     """A first step planned by counts alone that lasted fewer lifetimes than the rule is
     run once more, planned on the lifetime it measured, and passes on the second run."""
-    from loadgen.capacity import step_runner
-    from loadgen.spec import load
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
 
     workload, _ = knee_workload(tmp_path, rate=16)
     spec = load(workload)
@@ -329,8 +329,8 @@ def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: 
 
 def test_a_short_trace_replay_fails_without_a_pointless_rerun(tmp_path: Path) -> None:
     """A trace replay lasts as long as its trace: too short is a failure that says so."""
-    from loadgen.capacity import step_runner
-    from loadgen.spec import load
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
 
     spec = load(Path(__file__).resolve().parent.parent / "workloads" / "trace-azure-conv.yaml")
     calls: list[str] = []

@@ -10,10 +10,17 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.minutes import write_histograms
 from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.secrets import Redactor, run_secrets
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.hostile import (
+from loadgen.results.records import OUTCOMES
+from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
+from loadgen.testing.hostile import (
     CUT_HEADER,
     CUT_KEY,
     CUTS,
@@ -23,14 +30,8 @@ from loadgen.hostile import (
     key_pieces,
     leaks,
 )
-from loadgen.plans import plan_run
-from loadgen.preflight import preflight
-from loadgen.records import OUTCOMES
-from loadgen.secrets import Redactor, run_secrets
-from loadgen.spec import load
-from loadgen.store import write_histograms
-from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
-from loadgen.transport import make_endpoint
+from loadgen.workload.plans import plan_run
+from loadgen.workload.spec import load
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
@@ -58,7 +59,9 @@ def write_tiny(tmp_path: Path, requests: int = 10) -> Path:
 def all_commands() -> list[tuple[str, click.Command]]:
     group = cli
     assert isinstance(group, click.Group)
-    return [("loadgen", group), *((f"loadgen {n}", c) for n, c in group.commands.items())]
+    ctx = click.Context(group)
+    named = ((n, group.get_command(ctx, n)) for n in group.list_commands(ctx))
+    return [("loadgen", group), *((f"loadgen {n}", c) for n, c in named if c is not None)]
 
 
 @pytest.mark.parametrize(

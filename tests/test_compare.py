@@ -16,9 +16,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen import metrics
-from loadgen.cli_compare import compare, render_junit, render_markdown, render_table
-from loadgen.compare import (
+from loadgen.analysis import metrics
+from loadgen.analysis.compare import (
     CHECKS,
     Comparison,
     Estimate,
@@ -35,9 +34,10 @@ from loadgen.compare import (
     tolerance_for,
     wilson,
 )
+from loadgen.cli.compare import compare, render_junit, render_markdown, render_table
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.workload.spec import SloTargets
 
 NS_PER_MS = 1_000_000
 SLO = {"ttft_ms": 400.0, "tpot_ms": 50.0, "percentile": 99.0}

@@ -16,14 +16,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+from loadgen.analysis.objectives import Objective, batch_block, trajectory_block
 from loadgen.errors import ConfigError
-from loadgen.objectives import Objective, batch_block, trajectory_block
-from loadgen.plans import plan_work
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.sim.launch import running_sim
-from loadgen.spec import loads
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.run.simulator import running_sim
 from loadgen.testing import ScriptedServer, run_engine, simple_chat
-from loadgen.traces import TraceOptions, load_trace, trace_stats
+from loadgen.workload.plans import plan_work
+from loadgen.workload.spec import loads
+from loadgen.workload.traces import TraceOptions, load_trace, trace_stats
 
 NS = 1_000_000_000
 
@@ -313,7 +313,7 @@ def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> No
     )
     path = tmp_path / "tokenizer.json"
     tokenizer.save(str(path))
-    from loadgen.prompts import PromptMaker
+    from loadgen.workload.prompts import PromptMaker
 
     maker = PromptMaker(0, str(path))
     for request_id, tokens in enumerate([1, 20, 77, 300, 1000]):
@@ -325,7 +325,7 @@ def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> No
 
 def test_fell_behind_judges_the_schedule_not_the_reaction_time_of_chained_turns() -> None:
     """A later turn's lag is reported as chained_lag_ms and does not make the run invalid."""
-    from loadgen.metrics import generator_health
+    from loadgen.analysis.metrics import generator_health
 
     def rec(rid: int, turn: int, lag_ms: float) -> RequestRecord:
         return RequestRecord(request_id=rid, class_name="c", intended_ns=rid * NS, outcome=Outcome.OK,

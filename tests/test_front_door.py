@@ -23,13 +23,13 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-import loadgen.inputs as inputs
-import loadgen.records as records
+import loadgen.results.records as records
+import loadgen.workload.inputs as inputs
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
-from loadgen.plans import PLAN_BYTES, RECORD_BYTES, TOKEN_BYTES, estimate_memory, plan_work
-from loadgen.spec import MAX_SPAN_S, loads
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.workload.plans import PLAN_BYTES, RECORD_BYTES, TOKEN_BYTES, estimate_memory, plan_work
+from loadgen.workload.spec import MAX_SPAN_S, loads
 
 BASE = """\
 name: front-door
@@ -166,7 +166,7 @@ def test_an_endless_file_is_read_only_to_the_cap() -> None:
 
 def test_trace_file_over_the_cap_is_refused_at_check(tmp_path: Path, monkeypatch) -> None:
     """A trace over the cap is refused by name, size and cap before it is read."""
-    import loadgen.spec as spec_module
+    import loadgen.workload.spec as spec_module
 
     monkeypatch.setattr(spec_module, "TRACE_MAX_BYTES", 64)
     trace = tmp_path / "t.csv"
@@ -311,9 +311,10 @@ AUDIT_PEAK = """
 import re, sys
 from pathlib import Path
 import polars as pl
-from loadgen.records import SCHEMA, read_parts, write_parquet_atomic
-from loadgen.slo import SloTargets, summarize
-from loadgen.store import build_histograms
+from loadgen.results.records import SCHEMA, read_parts, write_parquet_atomic
+from loadgen.analysis.slo import summarize
+from loadgen.workload.spec import SloTargets
+from loadgen.analysis.minutes import build_histograms
 
 def peak() -> int:
     return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) * 1024
@@ -366,7 +367,7 @@ def test_a_plan_over_the_memory_cap_is_refused_with_the_figure_and_the_flag(tmp_
     path = tmp_path / "w.yaml"
     path.write_text(_with("rate_per_s: 50", "rate_per_s: 1000"))
     spec = loads(path.read_text())
-    from loadgen.spec import override
+    from loadgen.workload.spec import override
 
     need = estimate_memory(override(spec, requests=10_000_000)).bytes
     for command in ("check", "run"):

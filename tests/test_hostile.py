@@ -13,14 +13,15 @@ import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
 from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.hostile import CASES, DEADLINES, HostileCase
-from loadgen.preflight import preflight
-from loadgen.records import Outcome
+from loadgen.results.records import Outcome
 from loadgen.testing import ScriptedServer, chat_chunk, simple_chat, stream_steps
-from loadgen.transport import make_endpoint
+from loadgen.testing.hostile import CASES, DEADLINES, HostileCase
 
 REQUESTS = 3
 WORKLOAD = f"""

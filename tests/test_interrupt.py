@@ -21,7 +21,10 @@ import anyio
 import polars as pl
 import pytest
 
-from loadgen.crashtest import (
+from loadgen.results.records import read_records
+from loadgen.results.recover import fill_unrecorded
+from loadgen.testing import ScriptedServer, head
+from loadgen.testing.crashtest import (
     INTERRUPT_WORKLOAD,
     descendants,
     kill_and_recover,
@@ -31,11 +34,8 @@ from loadgen.crashtest import (
     wait_for,
     wait_until_gone,
 )
-from loadgen.plans import Flow, RequestPlan, Work
-from loadgen.records import read_records
-from loadgen.recover import fill_unrecorded
-from loadgen.spec import Deadlines
-from loadgen.testing import ScriptedServer, head
+from loadgen.workload.plans import Flow, RequestPlan, Work
+from loadgen.workload.spec import Deadlines
 
 LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 VERDICT_WORDS = ("SLO MET", "SLO MISSED", " MET", "MISSED")
@@ -318,8 +318,8 @@ def test_no_simulator_or_worker_outlives_a_double_ctrl_c(tmp_path: Path, workers
 def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> None:
     """The run ends (its tasks cancelled) just as a batch was taken for writing: the batch goes
     back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
-    from loadgen.records import Outcome, RecordWriter, RequestRecord
-    from loadgen.run import _spill
+    from loadgen.results.records import Outcome, RecordWriter, RequestRecord
+    from loadgen.run.execute import _spill
 
     def batch(first: int) -> list[RequestRecord]:
         return [RequestRecord(request_id=i, class_name="chat", intended_ns=i,

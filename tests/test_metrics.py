@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen import metrics
-from loadgen.records import Outcome, RequestRecord, to_frame
+from loadgen.analysis import metrics
+from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.testing import streamed_record as streamed
 
 MS = 1_000_000

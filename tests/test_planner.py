@@ -10,11 +10,17 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from loadgen import planner
 from loadgen.cli import LoadgenGroup
-from loadgen.cli_plan import plan
+from loadgen.cli.plan import plan
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, TokenSource, to_frame, write_parquet_atomic
+from loadgen.results.records import (
+    Outcome,
+    RequestRecord,
+    TokenSource,
+    to_frame,
+    write_parquet_atomic,
+)
+from loadgen.studies import planner
 
 SEED_FLAGS = {
     "prefill_tokens_per_s": 8000.0,
@@ -325,7 +331,7 @@ def chunked_frame(rate: float, steps: str, seed: int = 1):  # type: ignore[no-un
     """The records of a virtual-time run of CHUNKED on the simulator's engine."""
     from virtual_server import open_loop_frame
 
-    from loadgen.spec import loads
+    from loadgen.workload.spec import loads
 
     return open_loop_frame(loads(CHUNKED.format(rate=rate, steps=steps)), seed)
 

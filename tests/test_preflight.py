@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.cli import cli
-from loadgen.hostile import heartbeats_forever, silent_socket
-from loadgen.preflight import preflight_deadline
-from loadgen.spec import loads
+from loadgen.engine.preflight import preflight_deadline
 from loadgen.testing import ScriptedServer
+from loadgen.testing.hostile import heartbeats_forever, silent_socket
+from loadgen.workload.spec import loads
 
 TWO_CLASSES = """
 name: two

@@ -2,7 +2,7 @@
 
 Both are built from registry packages with tiny random-weight models by
 `scripts/realserver/setup.sh`, started here on a free loopback port with one compute thread,
-and driven by the real engine (`loadgen.run.execute`) and the real `loadgen run` command.
+and driven by the real engine (`loadgen.run.execute.execute`) and the real `loadgen run` command.
 They stream differently in ways that catch wrong decoders: transformers serve sends a
 role-only chunk before the request is even queued, sends no `[DONE]`, puts usage in the
 finish chunk and rejects unknown fields (HTTP 422); llama-server sends `content: null` with
@@ -38,13 +38,14 @@ import polars as pl
 import pytest
 import yaml
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine.preflight import preflight
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.preflight import preflight
-from loadgen.records import RequestRecord, TokenSource, from_frame
-from loadgen.run import RunOptions, RunResult, execute
-from loadgen.spec import load
-from loadgen.transport import make_endpoint
+from loadgen.results.records import RequestRecord, TokenSource, from_frame
+from loadgen.run.execute import RunOptions, RunResult, execute
+from loadgen.workload.spec import load
 
 SETUP = "scripts/realserver/setup.sh"
 # What makes transformers serve give exactly max_tokens: EOS made unreachable (the model's

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from loadgen import report as rpt
+from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
-from loadgen.run import SCHEMA_VERSION
-from loadgen.slo import SloTargets
+from loadgen.render import report as rpt
+from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
+from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -329,13 +330,13 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     """run.json's SLOs decide the verdict unless `--slo` (here: only TPOT) overrides them."""
     ok = [ok_record(i, intended_ms=i * 100.0, ttft_ms=100.0, gaps_ms=(30.0,)) for i in range(10)]
     run_dir = make_run(tmp_path, ok)
-    as_run, _, _ = rpt.audit_run(run_dir)
+    as_run, _, _ = audit.audit_run(run_dir)
     assert as_run["classes"]["chat"]["slo"]["met"] is True
     assert as_run["verdict"]["exit_code"] == 0
-    fields = rpt.parse_slo_override("tpot_ms=20")
-    slos = rpt.apply_slo_override(rpt.run_slos(rpt.read_run_info(run_dir)), fields)
+    fields = audit.parse_slo_override("tpot_ms=20")
+    slos = audit.apply_slo_override(audit.run_slos(read_run_info(run_dir)), fields)
     assert slos["chat"] == SloTargets(ttft_ms=1000.0, tpot_ms=20.0, percentile=90.0)
-    tightened, _, used = rpt.audit_run(run_dir, slos=slos)
+    tightened, _, used = audit.audit_run(run_dir, slos=slos)
     assert used == slos
     assert tightened["classes"]["chat"]["slo"]["met"] is False
     assert tightened["verdict"]["exit_code"] == 2
@@ -401,7 +402,7 @@ def test_an_override_is_announced(built: rpt.RunReport) -> None:
 )
 def test_parse_slo_override_accepts(text: str, expected: dict[str, float | None]) -> None:
     """Comma-separated field=value pairs become SloTargets fields."""
-    assert rpt.parse_slo_override(text) == expected
+    assert audit.parse_slo_override(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -421,7 +422,7 @@ def test_parse_slo_override_accepts(text: str, expected: dict[str, float | None]
 def test_parse_slo_override_rejects(text: str, problem: str) -> None:
     """Bad --slo text is a ConfigError naming --slo, the problem and an example."""
     with pytest.raises(ConfigError, match="--slo") as info:
-        rpt.parse_slo_override(text)
+        audit.parse_slo_override(text)
     assert problem in info.value.problem
     assert "ttft_ms=800" in info.value.fix
 

@@ -12,17 +12,13 @@ import polars as pl
 import pytest
 from rich.console import Console
 
+from loadgen.analysis.minutes import HISTOGRAMS_FILE, write_histograms
+from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.rolling import (
-    parse_duration,
-    render_rolling_table,
-    rolling_plot,
-    rolling_windows,
-    to_json,
-)
-from loadgen.slo import SloTargets, per_request
-from loadgen.store import HISTOGRAMS_FILE, write_histograms
+from loadgen.render.rolling_view import render_rolling_table, rolling_plot
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.workload.spec import SloTargets
 
 NS_PER_MS = 1_000_000
 CHAT = SloTargets(ttft_ms=500, tpot_ms=50, percentile=99)

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.records import Outcome, TokenSource
-from loadgen.runner import apportion
-from loadgen.spec import Deadlines
+from loadgen.engine.runner import apportion
+from loadgen.results.records import Outcome, TokenSource
 from loadgen.testing import (
     CLOSE,
     LAST_CHUNK,
@@ -31,6 +30,7 @@ from loadgen.testing import (
     stream_steps,
     usage,
 )
+from loadgen.workload.spec import Deadlines
 
 MS = 1_000_000
 FAST = Deadlines(first_token_s=3, stall_s=0.4, total_s=6)
@@ -278,7 +278,7 @@ def test_a_bug_parsing_one_connection_does_not_stall_the_others() -> None:
     """If one connection's parsing raises, the pool still parses every other connection."""
     import asyncio
 
-    from loadgen.transport import Connection, Pool, make_endpoint
+    from loadgen.engine.transport import Connection, Pool, make_endpoint
 
     class Transport:
         def write(self, data: bytes) -> None: ...

@@ -10,7 +10,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from loadgen.cli import cli
-from loadgen.run import SCHEMA_VERSION
+from loadgen.results.runfolder import SCHEMA_VERSION
 from loadgen.testing import ScriptedServer, simple_chat
 
 SNAPSHOT = Path(__file__).parent / "schema" / "keys.json"
@@ -68,7 +68,7 @@ def test_artifact_keys_match_the_snapshot_of_this_schema_version(tmp_path: Path)
         removed = sorted(set(snapshot[name]) - set(paths))
         message = (
             f"{name} keys changed without a schema_version bump: added {added}, removed {removed}. "
-            "Bump loadgen.run.SCHEMA_VERSION and regenerate the snapshot."
+            "Bump loadgen.run.execute.SCHEMA_VERSION and regenerate the snapshot."
         )
         assert not added, message
         assert not removed, message

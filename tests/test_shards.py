@@ -15,15 +15,15 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.compare import order_statistic_ranks
+from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
-from loadgen.compare import order_statistic_ranks
 from loadgen.errors import ConfigError
-from loadgen.plans import plan_work
-from loadgen.records import read_records
-from loadgen.shards import Share, check_start_at, parse_share, parse_start_at, share_ids
-from loadgen.sim.launch import running_sim
-from loadgen.spec import load
-from loadgen.store import build_histograms, load_histograms
+from loadgen.results.records import read_records
+from loadgen.run.simulator import running_sim
+from loadgen.workload.plans import plan_work
+from loadgen.workload.shards import Share, check_start_at, parse_share, parse_start_at, share_ids
+from loadgen.workload.spec import load
 
 WORKLOAD = """
 name: shards

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadgen.sim.launch import SimProcess, running_sim
+from loadgen.run.simulator import SimProcess, running_sim
 
 SPEED = 50.0
 PROMPT = "one two three four"  # 4 prompt tokens
@@ -690,7 +690,7 @@ def assert_ttft_is_the_first_token_write(record: Any, server: dict[str, Any]) ->
 
 def test_e2e_planned_equals_recorded_and_outcomes(e2e: E2eRun) -> None:
     """Every plan has one record: two ok with N = 20 from the server's count, one stream_error."""
-    from loadgen.records import Outcome, TokenSource
+    from loadgen.results.records import Outcome, TokenSource
 
     assert [r.request_id for r in e2e.records] == [p.request_id for p in e2e.plans]
     outcomes = [r.outcome for r in e2e.records]
@@ -757,7 +757,7 @@ def test_e2e_generic_adapter_decodes_ollama_ndjson(tmp_path: Path) -> None:
     if "generic" not in _adapters():
         pytest.skip("no generic client adapter yet")
     from loadgen.adapters.generic import generic_spec
-    from loadgen.records import Outcome, TokenSource
+    from loadgen.results.records import Outcome, TokenSource
 
     spec = generic_spec(
         {

@@ -36,11 +36,11 @@ from typing import Any
 
 import pytest
 
-from loadgen.plans import RequestPlan
-from loadgen.records import Outcome, RequestRecord, TokenSource
-from loadgen.sim.launch import SimProcess, running_sim
-from loadgen.spec import Deadlines
+from loadgen.results.records import Outcome, RequestRecord, TokenSource
+from loadgen.run.simulator import SimProcess, running_sim
 from loadgen.testing import PlanFactory, run_engine
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines
 
 SPEED = 4.0
 MS = 1_000_000  # ns per ms

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen import slo
-from loadgen.records import OUTCOMES, Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
+from loadgen.analysis import slo
+from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.testing import streamed_record as streamed
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 

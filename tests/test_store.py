@@ -11,19 +11,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from loadgen.errors import LoadgenError
-from loadgen.histograms import LatencyHistogram
-from loadgen.metrics import nearest_rank
-from loadgen.records import OUTCOMES, Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets, per_request
-from loadgen.store import (
+from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.analysis.metrics import nearest_rank
+from loadgen.analysis.minutes import (
     HISTOGRAMS_FILE,
     build_histograms,
-    discover_runs,
     load_histograms,
-    read_run_entry,
     write_histograms,
 )
+from loadgen.analysis.slo import per_request
+from loadgen.errors import LoadgenError
+from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
+from loadgen.results.store import discover_runs, read_run_entry
+from loadgen.workload.spec import SloTargets
 
 NS_PER_MS = 1_000_000
 CHAT = SloTargets(ttft_ms=500, tpot_ms=50, percentile=99)

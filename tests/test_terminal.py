@@ -7,9 +7,10 @@ from typing import Any
 
 from rich.console import Console
 
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets, summarize
-from loadgen.terminal import fmt_ms, render_summary
+from loadgen.analysis.slo import summarize
+from loadgen.render.terminal import fmt_ms, render_summary
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 

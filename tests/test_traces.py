@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.errors import ConfigError
-from loadgen.traces import (
+from loadgen.workload.traces import (
     TraceOptions,
     TraceRequest,
     detect_format,

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
-from loadgen.windows import SCHEMA, time_windows
+from loadgen.analysis.windows import SCHEMA, time_windows
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 S = 1_000_000_000

@@ -1,0 +1,352 @@
+"""Test fixtures others can reuse: a scripted streaming server and a one-call engine run.
+
+`ScriptedServer` is a raw-socket HTTP/1.1 server on loopback, in its own thread and event
+loop, whose every response is a script of steps (bytes to write, pauses, a close or a
+reset). It exists to produce exactly the byte sequences real servers produce (early role
+chunks, heartbeats, coalesced tokens, missing `[DONE]`, closes after each stream, resets
+mid-stream), which a well-behaved simulator would not. It shares no code with the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any
+
+import anyio
+
+from loadgen.adapters import adapter_for
+from loadgen.adapters.generic import GenericSpec
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine.host import backend_options
+from loadgen.engine.runner import Engine, EngineConfig
+from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.results.records import Outcome, RequestRecord
+from loadgen.workload.plans import RequestPlan, Work
+from loadgen.workload.spec import Deadlines
+
+CLOSE = "close"  # step: close the connection gracefully (FIN)
+RESET = "reset"  # step: abort the connection (RST)
+Step = bytes | float | str  # bytes: write; float: sleep seconds; CLOSE / RESET
+
+
+@dataclass(slots=True)
+class ReceivedRequest:
+    """What the scripted server saw: method, path, headers (lower-case), JSON body."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    connection: int  # which accepted connection carried it (0, 1, ...)
+    received_ns: int
+
+
+Handler = Callable[[ReceivedRequest], Iterable[Step]]  # a generator may play for ever
+
+
+def sse(obj: Mapping[str, Any] | str) -> bytes:
+    """One SSE event: `data: <json>` (or a raw string such as `[DONE]`) and a blank line."""
+    payload = obj if isinstance(obj, str) else json.dumps(obj)
+    return f"data: {payload}\n\n".encode()
+
+
+def chat_chunk(
+    content: str | None = None,
+    *,
+    role: str | None = None,
+    reasoning: str | None = None,
+    finish: str | None = None,
+    usage: Mapping[str, int] | None = None,
+    no_choices: bool = False,
+) -> bytes:
+    """An OpenAI chat.completion.chunk event."""
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+        delta["content"] = content
+    elif content is not None:
+        delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
+    obj: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    obj["choices"] = [] if no_choices else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    if usage is not None:
+        obj["usage"] = dict(usage)
+    return sse(obj)
+
+
+def usage(completion: int, prompt: int = 10) -> dict[str, int]:
+    """An OpenAI usage object."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def head(
+    status: int = 200, *, chunked: bool = True, close: bool = False, length: int | None = None
+) -> bytes:
+    """Response status line and headers."""
+    reason = {200: "OK", 429: "Too Many Requests", 500: "Internal Server Error"}.get(status, "X")
+    lines = [f"HTTP/1.1 {status} {reason}", "Content-Type: text/event-stream"]
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk of a chunked body."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def stream_steps(
+    events: Sequence[bytes],
+    *,
+    gap_s: float = 0.0,
+    first_delay_s: float = 0.0,
+    done: bool = True,
+    chunked: bool = True,
+    close: bool = False,
+) -> list[Step]:
+    """A 200 streaming response: events `gap_s` apart, `[DONE]`, and the end of the body."""
+    steps: list[Step] = [head(chunked=chunked, close=close or not chunked)]
+    if first_delay_s:
+        steps.append(first_delay_s)
+    body = [*events, sse("[DONE]")] if done else list(events)
+    for i, event in enumerate(body):
+        if i and gap_s:
+            steps.append(gap_s)
+        steps.append(chunk(event) if chunked else event)
+    if chunked:
+        steps.append(LAST_CHUNK)
+    if close or not chunked:
+        steps.append(CLOSE)
+    return steps
+
+
+def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) -> list[Step]:
+    """A well-behaved chat stream: role chunk, `tokens` one-word chunks, finish, usage, DONE."""
+    events = [chat_chunk(role="assistant")]
+    events += [chat_chunk(f" w{i}") for i in range(tokens)]
+    events += [chat_chunk(finish="stop"), chat_chunk(usage=usage(tokens), no_choices=True)]
+    steps = stream_steps(events, gap_s=gap_s)
+    if first_delay_s:
+        steps.insert(2, first_delay_s)  # after the head and the role chunk
+    return steps
+
+
+def streamed_record(
+    request_id: int,
+    *,
+    intended_ms: float = 0.0,
+    ttft_ms: float = 100.0,
+    gaps_ms: tuple[float, ...] = (10.0, 10.0),
+    lag_ms: float = 0.0,
+    class_name: str = "chat",
+    outcome: Outcome = Outcome.OK,
+) -> RequestRecord:
+    """A record with one token per chunk: first chunk at intended + ttft, then the gaps."""
+    ms = 1_000_000
+    intended = int(intended_ms * ms)
+    chunks = [intended + int(ttft_ms * ms)]
+    for gap in gaps_ms:
+        chunks.append(chunks[-1] + int(gap * ms))
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=outcome,
+        dispatched_ns=intended + int(lag_ms * ms),
+        sent_ns=intended + int(lag_ms * ms),
+        first_token_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1] + ms,
+        chunk_ns=tuple(chunks),
+        chunk_tokens=(1,) * len(chunks),
+        output_tokens=len(chunks),
+    )
+
+
+class ScriptedServer:
+    """A loopback HTTP/1.1 server whose responses come from `handler(request)` scripts."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[ReceivedRequest] = []
+        self.finished: dict[str, int] = {}  # X-Request-Id → when its script's last step was played
+        self.connections = 0
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:PORT."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("scripted server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = self.connections
+        self.connections += 1
+        try:
+            while True:
+                request = await self._read_request(reader, index)
+                if request is None:
+                    return
+                self.requests.append(request)
+                played = await self._play(self.handler(request), writer)
+                self.finished[request.headers.get("x-request-id", "")] = perf_counter_ns()
+                if not played:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # the client went away, or the server is shutting down
+        finally:
+            if not writer.is_closing():
+                writer.close()
+
+    async def _read_request(
+        self, reader: asyncio.StreamReader, index: int
+    ) -> ReceivedRequest | None:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        lines = raw.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        body_bytes = await reader.readexactly(int(headers.get("content-length", "0")))
+        body = json.loads(body_bytes) if body_bytes else None
+        return ReceivedRequest(method, path, headers, body, index, perf_counter_ns())
+
+    async def _play(self, steps: Iterable[Step], writer: asyncio.StreamWriter) -> bool:
+        """Play one script; False when it closed the connection."""
+        for step in steps:
+            if isinstance(step, bytes):
+                writer.write(step)
+                await writer.drain()
+            elif isinstance(step, float | int):
+                await asyncio.sleep(step)
+            elif step == CLOSE:
+                writer.close()
+                return False
+            elif step == RESET:
+                transport = writer.transport
+                transport.abort()
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFactory:
+    """Makes plans for engine tests: one class, fixed sizes, given intended times."""
+
+    class_name: str = "chat"
+    prompt_tokens: int = 8
+    output_tokens: int = 4
+    deadlines: Deadlines = field(default_factory=Deadlines)
+
+    def at(self, *times_s: float) -> list[RequestPlan]:
+        """One plan per intended time (seconds since t0)."""
+        return [
+            RequestPlan(
+                request_id=i,
+                class_name=self.class_name,
+                intended_ns=int(t * 1e9),
+                prompt_tokens=self.prompt_tokens,
+                output_tokens=self.output_tokens,
+                deadlines=self.deadlines,
+            )
+            for i, t in enumerate(times_s)
+        ]
+
+
+def run_engine(
+    plans: Sequence[RequestPlan] | Work,
+    url: str,
+    *,
+    api: str = "openai-chat",
+    max_in_flight: int | None = None,
+    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None,
+    path: str | None = None,
+    priority_header: str | None = None,
+    stop_after_s: float | None = None,
+    generic: GenericSpec | None = None,
+) -> list[RequestRecord]:
+    """Run plans through the real engine against `url`; records sorted by request id."""
+
+    adapter = adapter_for(api, generic)
+    endpoint = make_endpoint(url, path or adapter.default_path, adapter.headers(None))
+    config = EngineConfig(
+        adapter=adapter,
+        body_options=BodyOptions(model="m"),
+        seed=0,
+        max_in_flight=max_in_flight,
+        headers_for=headers_for,
+        priority_header=priority_header,
+    )
+    records: list[RequestRecord] = []
+
+    async def main() -> None:
+        pool = Pool(endpoint)
+        engine = Engine(plans, pool, config, records.append)
+
+        async def stop_later(delay_s: float) -> None:
+            await anyio.sleep(delay_s)
+            engine.stop()
+            engine.requests.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                if stop_after_s is not None:
+                    tg.start_soon(stop_later, stop_after_s)
+                await engine.run(perf_counter_ns() + 20_000_000)
+                tg.cancel_scope.cancel()
+        finally:
+            pool.close()
+
+    anyio.run(main, backend="asyncio", backend_options=backend_options())
+    return sorted(records, key=lambda r: r.request_id)
