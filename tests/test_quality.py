@@ -1,4 +1,4 @@
-"""The lint gate runs with the tests: ruff (check and format) and mypy --strict on the package."""
+"""The lint gate runs with the tests: ruff (check and format), mypy --strict, and the layering."""
 
 from __future__ import annotations
 
@@ -38,3 +38,11 @@ def test_mypy_strict_is_clean() -> None:
     """`mypy --strict` (configured in pyproject.toml) passes on loadgen/."""
     result = run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_stage_packages_import_only_downward() -> None:
+    """import-linter's contracts in pyproject.toml hold: the stages are layers, the simulator
+    imports nothing of the client, nothing of the tool imports test support."""
+    result = run(str(Path(sys.executable).parent / "lint-imports"), "--no-cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
