@@ -1,7 +1,10 @@
-"""The audit of one run: its records and run.json → the summary, with objectives applied.
+"""The audit of one run: its records and objectives → the summary, with its schema stamp.
 
-One function serves every place a run is judged after the fact (`loadgen report`,
-`loadgen merge`); the SLOs come from run.json unless `--slo` replaces them.
+`audit` is the one audit every command judges a run by (the end of `loadgen run`, a
+capacity step, `loadgen report` and `loadgen merge`): the SLO audit (`slo.summarize`), the
+class objectives on top (`objectives.apply_objectives`), the schema version. `audit_run`
+re-audits a run folder from its records and run.json; the SLOs come from run.json unless
+`--slo` replaces them.
 """
 
 from __future__ import annotations
@@ -85,6 +88,28 @@ def apply_slo_override(
     return merged
 
 
+def audit(
+    frame: pl.DataFrame,
+    *,
+    run_id: str,
+    objectives: Mapping[str, Objective],
+    planned: int,
+    lag_bound_ms: float = 5.0,
+    stopped: str | None = None,
+) -> dict[str, Any]:
+    """The run's summary: `slo.summarize` over each objective's SLO targets, the objectives
+    applied, stamped with the schema and loadgen versions (what summary.json holds).
+
+    `stopped` (a key of `runfolder.STOPS`) withholds the verdict: see `slo.verdict`.
+    """
+    slos = {name: objective.slo for name, objective in objectives.items()}
+    summary = summarize(
+        frame, run_id=run_id, slos=slos, planned=planned, stopped=stopped, lag_bound_ms=lag_bound_ms
+    )
+    summary = apply_objectives(summary, frame, objectives)
+    return {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
+
+
 def audit_run(
     run_dir: Path, *, slos: Mapping[str, SloTargets] | None = None
 ) -> tuple[dict[str, Any], pl.DataFrame, dict[str, SloTargets]]:
@@ -100,14 +125,17 @@ def audit_run(
         raise LoadgenError(f"{run_dir} has no records.parquet (nor records.parts)")
     frame = read_records(run_dir)
     effective = {**run_slos(info), **(slos or {})}
-    summary = summarize(
+    recorded = Objective.from_run_info(info, effective)
+    objectives = {
+        name: recorded.get(name, Objective(name=name, slo=targets))
+        for name, targets in effective.items()
+    }
+    summary = audit(
         frame,
         run_id=str(info.get("run_id", run_dir.name)),
-        slos=effective,
+        objectives=objectives,
         planned=int(info.get("planned", frame.height)),
         stopped=run_stop(info),
         lag_bound_ms=float(info.get("options", {}).get("lag_bound_ms", 5.0)),
     )
-    summary = apply_objectives(summary, frame, Objective.from_run_info(info, effective))
-    summary = {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
     return summary, frame, effective

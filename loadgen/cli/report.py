@@ -17,7 +17,7 @@ from loadgen.render.report import build_run_report, write_run_report
 from loadgen.render.rolling_view import render_rolling_table, rolling_plot
 from loadgen.render.terminal import render_summary
 from loadgen.results.recover import recover
-from loadgen.results.runfolder import read_run_info, write_json_atomic
+from loadgen.results.runfolder import read_run_info, write_summary
 from loadgen.results.store import discover_runs, select_runs
 
 
@@ -131,7 +131,7 @@ def _recover(run_dir: Path) -> None:
         click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
         return
     summary, frame, slos = audit_run(run_dir)
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_summary(run_dir, summary)
     write_histograms(run_dir, frame, slos)
     click.echo(
         f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "

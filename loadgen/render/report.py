@@ -32,7 +32,7 @@ from loadgen.errors import LoadgenError
 from loadgen.render import plots
 from loadgen.render.terminal import STOP_TEXT, stop_of, with_unit
 from loadgen.results.records import Outcome
-from loadgen.results.runfolder import read_run_info, write_json_atomic
+from loadgen.results.runfolder import SUMMARY_FILE, read_run_info, write_summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import SloTargets
 
@@ -844,8 +844,8 @@ def write_run_report(report: RunReport, out_dir: Path) -> list[Path]:
         written.append(_write_atomic(out_dir / f"{name}.png", png))
     written.append(_write_atomic(out_dir / "report.md", render_markdown(report).encode()))
     written.append(_write_atomic(out_dir / "report.html", render_html(report).encode()))
-    write_json_atomic(out_dir / "summary.json", report.summary)
-    written.append(out_dir / "summary.json")
+    write_summary(out_dir, report.summary)
+    written.append(out_dir / SUMMARY_FILE)
     return written
 
 

@@ -46,6 +46,11 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    """The run's `summary.json` (the audit's, or a report's re-audit in its own folder)."""
+    write_json_atomic(run_dir / SUMMARY_FILE, summary)
+
+
 def read_run_info(run_dir: Path) -> dict[str, Any]:
     """`run.json` of a run folder; a LoadgenError when the folder is not a run."""
     path = run_dir / RUN_FILE

@@ -30,10 +30,10 @@ from polars.exceptions import PanicException
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import Adapter, BodyOptions
+from loadgen.analysis.audit import audit
 from loadgen.analysis.metrics import generator_health
 from loadgen.analysis.minutes import write_histograms
-from loadgen.analysis.objectives import Objective, apply_objectives
-from loadgen.analysis.slo import summarize
+from loadgen.analysis.objectives import Objective
 from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
@@ -62,6 +62,7 @@ from loadgen.results.runfolder import (
     SCHEMA_VERSION,
     new_run_id,
     write_json_atomic,
+    write_summary,
 )
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.simulator import running_sim, sim_args_from_mapping
@@ -600,18 +601,16 @@ def finish(
     if run_info.get("shard") is not None:
         t0 = run_info["t0"]
         run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
-    summary = summarize(
+    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
+    summary = audit(
         frame,
         run_id=run_id,
-        slos={name: cls.slo for name, cls in spec.classes.items()},
+        objectives=objectives,
         planned=planned,
         stopped=stopped,
         lag_bound_ms=options.lag_bound_ms,
     )
-    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
-    summary = apply_objectives(summary, frame, objectives)
-    summary = {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
     final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True,

@@ -35,6 +35,7 @@ from loadgen.results.runfolder import (
     read_run_info,
     run_stop,
     write_json_atomic,
+    write_summary,
 )
 from loadgen.workload.shards import utc_text
 
@@ -183,7 +184,7 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     }
     write_json_atomic(run_dir / "run.json", info)
     summary, frame, slos = audit_run(run_dir)
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_summary(run_dir, summary)
     write_histograms(run_dir, frame, slos)
     behind = any(s.fell_behind for s in shards) and info["stopped"] is None
     code = EXIT_FELL_BEHIND if behind else int(summary["verdict"]["exit_code"])

@@ -55,8 +55,8 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.analysis.objectives import Objective, apply_objectives
-from loadgen.analysis.slo import summarize
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import ConfigError
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
@@ -465,10 +465,10 @@ def audit_step(
     if warmup_s is None and steady_checks:
         cut = max(cut, _lifetime_cut(frame, end))
     kept = frame.filter(pl.col("intended_ns") >= cut)
-    slos = {name: cls.slo for name, cls in spec.classes.items()}
-    summary = summarize(kept, run_id="step", slos=slos, planned=kept.height,
-                        lag_bound_ms=lag_bound_ms)  # fmt: skip
-    summary = apply_objectives(summary, kept, {n: Objective.of(c) for n, c in spec.classes.items()})
+    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
+    summary = audit(
+        kept, run_id="step", objectives=objectives, planned=kept.height, lag_bound_ms=lag_bound_ms
+    )
     required = required_requests(spec, min_tail)
     classes = {
         name: _class_figures(block, required.get(name))
