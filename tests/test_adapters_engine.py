@@ -16,7 +16,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from loadgen.analysis.slo import summarize
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
 from loadgen.results.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
 from loadgen.testing import (
     PlanFactory,
@@ -203,22 +204,23 @@ def test_ollama_server_timings_are_kept_and_summarized(tmp_path: Path) -> None:
     assert back == from_frame(to_frame(records))
     assert back[0].server_timings == timings
     assert back[1].server_timings is None
-    summary = summarize(to_frame(records), run_id="r", slos={"chat": SloTargets()}, planned=3)
-    chat = summary["classes"]["chat"]
-    assert chat["server_timings_ms"]["requests"] == 2
-    assert chat["server_timings_ms"]["prefill_ms"]["p50"] == 20.0
-    assert chat["server_timings_ms"]["queue_ms"]["count"] == 0
-    assert chat["reasoning_requests"] == 2
-    ttfvt, ttft = chat["ttfvt_ms"], chat["ttft_ms"]
-    assert ttfvt["count"] == 2
-    assert ttfvt["p50"] - ttft["p50"] >= (THINK_S - 0.002) * 1e3
+    objectives = {"chat": Objective(name="chat", slo=SloTargets())}
+    summary = audit(to_frame(records), run_id="r", objectives=objectives, planned=3)
+    chat = summary.classes["chat"]
+    assert chat.server_timings_ms.requests == 2
+    assert chat.server_timings_ms.prefill_ms.p50 == 20.0
+    assert chat.server_timings_ms.queue_ms.count == 0
+    assert chat.reasoning_requests == 2
+    ttfvt, ttft = chat.ttfvt_ms, chat.ttft_ms
+    assert ttfvt.count == 2
+    assert ttfvt.p50 - ttft.p50 >= (THINK_S - 0.002) * 1e3
 
 
 def test_summary_without_reasoning_or_server_timings() -> None:
     """An API that reports neither: TTFVT equals TTFT, no reasoning, empty server block."""
     records, _ = run_api("tgi")
-    chat = summarize(to_frame(records), run_id="r", slos={}, planned=3)["classes"]["chat"]
-    assert chat["reasoning_requests"] == 0
-    assert chat["ttfvt_ms"]["p50"] == chat["ttft_ms"]["p50"]
-    assert chat["server_timings_ms"]["requests"] == 0
-    assert chat["server_timings_ms"]["prefill_ms"]["p50"] is None
+    chat = audit(to_frame(records), run_id="r", objectives={}, planned=3).classes["chat"]
+    assert chat.reasoning_requests == 0
+    assert chat.ttfvt_ms.p50 == chat.ttft_ms.p50
+    assert chat.server_timings_ms.requests == 0
+    assert chat.server_timings_ms.prefill_ms.p50 is None

@@ -312,7 +312,8 @@ import re, sys
 from pathlib import Path
 import polars as pl
 from loadgen.results.records import SCHEMA, read_parts, write_parquet_atomic
-from loadgen.analysis.slo import summarize
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
 from loadgen.workload.spec import SloTargets
 from loadgen.analysis.minutes import build_histograms
 
@@ -321,6 +322,7 @@ def peak() -> int:
 
 n, tokens, parts = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 slos = {"chat": SloTargets(ttft_ms=1000, tpot_ms=50, percentile=99)}
+objectives = {"chat": Objective(name="chat", slo=slos["chat"])}
 for start in range(0, n, 1000):  # the parts a run spills, 1,000 records each
     ids = pl.int_range(start, start + 1000, eager=True)
     first = ids * 2_000_000 + 50_000_000
@@ -337,10 +339,10 @@ for start in range(0, n, 1000):  # the parts a run spills, 1,000 records each
     part = part.with_columns(pl.lit(None, d).alias(c) for c, d in SCHEMA.items() if c not in part.columns)
     write_parquet_atomic(part.select(list(SCHEMA)).cast(SCHEMA), parts / f"part-{start:06d}.parquet")
     del part, chunks
-summarize(pl.DataFrame(schema=SCHEMA), run_id="x", slos=slos, planned=0, interrupted=False, lag_bound_ms=5)
+audit(pl.DataFrame(schema=SCHEMA), run_id="x", objectives=objectives, planned=0, lag_bound_ms=5)
 base = peak()
 frame = read_parts(parts)  # what the end of a run does: join, audit, per-minute histograms
-summarize(frame, run_id="x", slos=slos, planned=n, interrupted=False, lag_bound_ms=5)
+audit(frame, run_id="x", objectives=objectives, planned=n, lag_bound_ms=5)
 build_histograms(frame, t0_unix_ns=1_764_417_600 * 10**9, slos=slos)
 print(peak() - base)
 """

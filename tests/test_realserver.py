@@ -214,7 +214,7 @@ def assert_all_ok(records: list[RequestRecord], planned: int) -> None:
 def assert_retries_counted(result: RunResult, records: list[RequestRecord]) -> None:
     """Retries are at most one per request, and the summary counts every one of them."""
     assert all(r.retries in (0, 1) for r in records)
-    assert result.summary["generator"]["retries"] == sum(r.retries for r in records)
+    assert result.summary.generator.retries == sum(r.retries for r in records)
 
 
 # -- raw streams (the server's own dialect, without loadgen) ------------------------------
@@ -327,7 +327,7 @@ def test_llama_closed_connections_cause_no_spurious_failures(
     result, records = run_engine(path, llama_server.url, tmp_path)
     assert_all_ok(records, 24)
     assert_retries_counted(result, records)
-    assert result.summary["classes"]["c"]["outcomes"]["ok"] == 24
+    assert result.summary.classes["c"].outcomes["ok"] == 24
 
 
 @pytest.mark.slow

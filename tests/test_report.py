@@ -16,6 +16,7 @@ import pytest
 from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render import report as rpt
+from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
 from loadgen.workload.spec import SloTargets
@@ -201,18 +202,18 @@ def test_summary_percentiles_match_a_direct_computation(built: rpt.RunReport) ->
     ttft = [(r.first_token_ns - r.intended_ns) / MS for r in ok]  # type: ignore[operator]
     tpot = [(r.last_token_ns - r.first_token_ns) / MS / (r.output_tokens - 1) for r in ok]  # type: ignore[operator]
     gaps = [(b - a) / MS for r in ok for a, b in zip(r.chunk_ns, r.chunk_ns[1:], strict=False)]
-    cls = built.summary["classes"]["chat"]
+    cls = built.summary.classes["chat"]
     for p in (50, 90, 99):
-        assert cls["ttft_ms"][f"p{p}"] == pytest.approx(nearest_rank(ttft, p), abs=1e-3)
-        assert cls["tpot_ms"][f"p{p}"] == pytest.approx(nearest_rank(tpot, p), abs=1e-3)
-        assert cls["itl_ms"][f"p{p}"] == pytest.approx(nearest_rank(gaps, p), abs=1e-3)
+        assert getattr(cls.ttft_ms, f"p{p}") == pytest.approx(nearest_rank(ttft, p), abs=1e-3)
+        assert getattr(cls.tpot_ms, f"p{p}") == pytest.approx(nearest_rank(tpot, p), abs=1e-3)
+        assert getattr(cls.itl_ms, f"p{p}") == pytest.approx(nearest_rank(gaps, p), abs=1e-3)
     with_failures = ttft + [math.inf] * 3
-    assert cls["ttft_ms_with_failures"]["p50"] == pytest.approx(nearest_rank(with_failures, 50))
+    assert cls.ttft_ms_with_failures.p50 == pytest.approx(nearest_rank(with_failures, 50))
     assert nearest_rank(with_failures, 99) == math.inf
-    assert cls["ttft_ms_with_failures"]["p99"] is None  # falls on a failure
-    assert cls["outcomes"]["rejected"] == 2
-    assert cls["outcomes"]["timeout_stall"] == 1
-    assert cls["slo"]["attainment"] == pytest.approx(37 / 40)
+    assert cls.ttft_ms_with_failures.p99 is None  # falls on a failure
+    assert cls.outcomes["rejected"] == 2
+    assert cls.outcomes["timeout_stall"] == 1
+    assert cls.slo.attainment == pytest.approx(37 / 40)
 
 
 def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
@@ -239,13 +240,13 @@ def test_details_count_prompt_tokens_chunks_and_errors(built: rpt.RunReport) -> 
     ok = [r for r in synthetic_records() if r.class_name == "chat" and r.outcome is Outcome.OK]
     details = built.classes["chat"]
     reported = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    assert details.prompt_tokens["requests"] == len(ok)
-    assert details.prompt_tokens["reported_mean"] == pytest.approx(sum(reported) / len(reported))
-    assert details.prompt_tokens["target_mean"] == pytest.approx(100.0)
+    assert details.prompt_tokens.requests == len(ok)
+    assert details.prompt_tokens.reported_mean == pytest.approx(sum(reported) / len(reported))
+    assert details.prompt_tokens.target_mean == pytest.approx(100.0)
     rel = sum((p - 100) / 100 for p in reported) / len(reported)
-    assert details.prompt_tokens["mean_relative_diff"] == pytest.approx(rel)
+    assert details.prompt_tokens.mean_relative_diff == pytest.approx(rel)
     assert dict(details.chunks_by_tokens) == {1: sum(len(r.chunk_ns) for r in ok)}
-    top = [(e["count"], e["outcome"], e["error"]) for e in details.top_errors]
+    top = [(e.count, e.outcome, e.error) for e in details.top_errors]
     assert top == [(2, "rejected", "queue full"), (1, "timeout_stall", "stall")]
 
 
@@ -320,7 +321,7 @@ def test_markdown_links_pngs_beside_it_and_summary_is_written(
         assert (tmp_path / "out" / link).read_bytes().startswith(PNG_MAGIC)
     assert "<script" not in md
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary == json.loads(json.dumps(built.summary))
+    assert summary == to_json(built.summary)
     assert summary["schema_version"] == SCHEMA_VERSION
     assert summary["loadgen_version"]
     assert not list((tmp_path / "out").glob(".*.tmp"))
@@ -331,25 +332,25 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     ok = [ok_record(i, intended_ms=i * 100.0, ttft_ms=100.0, gaps_ms=(30.0,)) for i in range(10)]
     run_dir = make_run(tmp_path, ok)
     as_run, _, _ = audit.audit_run(run_dir)
-    assert as_run["classes"]["chat"]["slo"]["met"] is True
-    assert as_run["verdict"]["exit_code"] == 0
+    assert as_run.classes["chat"].slo.met is True
+    assert as_run.verdict.exit_code == 0
     fields = audit.parse_slo_override("tpot_ms=20")
-    slos = audit.apply_slo_override(audit.run_slos(read_run_info(run_dir)), fields)
+    slos = audit.apply_slo_override(read_run_info(run_dir).slos(), fields)
     assert slos["chat"] == SloTargets(ttft_ms=1000.0, tpot_ms=20.0, percentile=90.0)
     tightened, _, used = audit.audit_run(run_dir, slos=slos)
     assert used == slos
-    assert tightened["classes"]["chat"]["slo"]["met"] is False
-    assert tightened["verdict"]["exit_code"] == 2
-    assert tightened["classes"]["chat"]["slo"]["targets"]["tpot_ms"] == 20.0
+    assert tightened.classes["chat"].slo.met is False
+    assert tightened.verdict.exit_code == 2
+    assert tightened.classes["chat"].slo.targets.tpot_ms == 20.0
 
 
 def test_run_json_decides_planned_and_lag_bound(built: rpt.RunReport) -> None:
     """planned and the lag bound come from run.json, not from the records."""
-    assert built.summary["generator"]["planned"] == 50
-    assert built.summary["interrupted"] is False
-    assert built.summary["generator"]["fell_behind"] is True  # lag 1 ms > bound 0.5 ms
-    assert built.summary["verdict"]["exit_code"] == 3
-    assert built.summary["verdict"]["status"] == "fell_behind"
+    assert built.summary.generator.planned == 50
+    assert built.summary.interrupted is False
+    assert built.summary.generator.fell_behind is True  # lag 1 ms > bound 0.5 ms
+    assert built.summary.verdict.exit_code == 3
+    assert built.summary.verdict.status == "fell_behind"
     assert built.slos_overridden == ()
 
 
@@ -372,9 +373,9 @@ def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
     path = run_dir / "run.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **info}))
     report = rpt.build_run_report(run_dir, window_s=5.0)
-    verdict = report.summary["verdict"]
-    assert (verdict["status"], verdict["exit_code"], verdict["slo_met"]) == (status, code, None)
-    assert all(c["slo"]["met"] is None for c in report.summary["classes"].values())
+    verdict = report.summary.verdict
+    assert (verdict.status, verdict.exit_code, verdict.slo_met) == (status, code, None)
+    assert all(c.slo.met is None for c in report.summary.classes.values())
     page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", rpt.render_html(report))  # the text, no PNGs
     assert "PARTIAL" in page
     assert html_text("Class chat: partial") in page

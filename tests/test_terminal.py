@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
+import polars as pl
 from rich.console import Console
 
-from loadgen.analysis.slo import summarize
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
 from loadgen.render.terminal import fmt_ms, render_summary
 from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.summary import Summary
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
@@ -46,7 +48,16 @@ def record(
     )
 
 
-def render(summary: dict[str, Any]) -> str:
+def summarize(
+    frame: pl.DataFrame, *, run_id: str, slos: dict[str, SloTargets], planned: int,
+    stopped: str | None = None,
+) -> Summary:  # fmt: skip
+    """The audit of `frame` with each class judged by its percentile targets alone."""
+    objectives = {name: Objective(name=name, slo=targets) for name, targets in slos.items()}
+    return audit(frame, run_id=run_id, objectives=objectives, planned=planned, stopped=stopped)
+
+
+def render(summary: Summary) -> str:
     """The summary as plain text at 100 columns."""
     console = Console(record=True, width=100, color_system=None)
     console.print(render_summary(summary))

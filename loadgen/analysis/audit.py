@@ -1,10 +1,10 @@
 """The audit of one run: its records and objectives → the summary, with its schema stamp.
 
 `audit` is the one audit every command judges a run by (the end of `loadgen run`, a
-capacity step, `loadgen report` and `loadgen merge`): the SLO audit (`slo.summarize`), the
-class objectives on top (`objectives.apply_objectives`), the schema version. `audit_run`
-re-audits a run folder from its records and run.json; the SLOs come from run.json unless
-`--slo` replaces them.
+capacity step, `loadgen report` and `loadgen merge`): each class's SLO audit
+(`slo.audit_class`), its objective on top (`objectives.judge_by_objective`), the generator's
+health and the verdict, as one typed `Summary`. `audit_run` re-audits a run folder from its
+records and run.json; the SLOs come from run.json unless `--slo` replaces them.
 """
 
 from __future__ import annotations
@@ -17,24 +17,14 @@ from typing import Any
 import polars as pl
 
 from loadgen import __version__
-from loadgen.analysis.objectives import Objective, apply_objectives
-from loadgen.analysis.slo import summarize
+from loadgen.analysis import metrics
+from loadgen.analysis.objectives import Objective, judge_by_objective
+from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.results.records import read_records
-from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info, run_stop
-from loadgen.workload.spec import METRICS_MS, SloTargets
-
-SLO_FIELDS = (*METRICS_MS, "percentile")
-
-
-def run_slos(run_info: Mapping[str, Any]) -> dict[str, SloTargets]:
-    """Each class's SloTargets as recorded in run.json (workload.spec.classes.<name>.slo)."""
-    classes = run_info.get("workload", {}).get("spec", {}).get("classes", {})
-    slos = {}
-    for name, cls in classes.items():
-        raw = cls.get("slo") or {}
-        slos[str(name)] = SloTargets(**{k: raw[k] for k in SLO_FIELDS if raw.get(k) is not None})
-    return slos
+from loadgen.results.runfolder import SCHEMA_VERSION, SLO_FIELDS, RunInfo, read_run_info
+from loadgen.results.summary import ClassAudit, Summary, TokensPerChunk
+from loadgen.workload.spec import SloTargets
 
 
 def parse_slo_override(text: str) -> dict[str, float | None]:
@@ -96,27 +86,61 @@ def audit(
     planned: int,
     lag_bound_ms: float = 5.0,
     stopped: str | None = None,
-) -> dict[str, Any]:
-    """The run's summary: `slo.summarize` over each objective's SLO targets, the objectives
-    applied, stamped with the schema and loadgen versions (what summary.json holds).
+) -> Summary:
+    """The run's summary: generator health, one audit per class, and the verdict.
 
-    `stopped` (a key of `runfolder.STOPS`) withholds the verdict: see `slo.verdict`.
+    Every class of `objectives` appears (even with no records), then any other class found
+    in the frame, audited without targets. `stopped` (a key of `runfolder.STOPS`) withholds
+    the verdict: the figures are kept, as partial figures, and nothing is judged (see
+    `slo.verdict`).
     """
-    slos = {name: objective.slo for name, objective in objectives.items()}
-    summary = summarize(
-        frame, run_id=run_id, slos=slos, planned=planned, stopped=stopped, lag_bound_ms=lag_bound_ms
+    duration_s = metrics.run_duration_s(frame)
+    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms)
+    classes = class_audits(frame, objectives, duration_s=duration_s)
+    if stopped is not None:
+        classes = {name: withheld(block) for name, block in classes.items()}
+    return Summary(
+        schema_version=SCHEMA_VERSION,
+        loadgen_version=__version__,
+        run_id=run_id,
+        interrupted=stopped is not None,
+        duration_s=round(duration_s, 6),
+        generator=generator,
+        classes=classes,
+        verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
     )
-    summary = apply_objectives(summary, frame, objectives)
-    return {"schema_version": SCHEMA_VERSION, "loadgen_version": __version__, **summary}
+
+
+def class_audits(
+    frame: pl.DataFrame, objectives: Mapping[str, Objective], *, duration_s: float
+) -> dict[str, ClassAudit]:
+    """Each class's block, judged by its objective: `objectives`' classes first, in order."""
+    rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
+    by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
+    chunking = metrics.tokens_per_chunk(frame)
+    classes = {}
+    for name in [*objectives, *sorted(set(by_class) - set(objectives))]:
+        objective = objectives.get(name)
+        block = audit_class(
+            by_class.get(name, rows.clear()),
+            metrics.itl_gaps_ms(frame, name),
+            tokens_per_chunk=chunking.get(name, TokensPerChunk()),
+            targets=objective.slo if objective else NO_TARGETS,
+            duration_s=duration_s,
+        )
+        if objective is not None:
+            block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective)
+        classes[name] = block
+    return classes
 
 
 def audit_run(
     run_dir: Path, *, slos: Mapping[str, SloTargets] | None = None
-) -> tuple[dict[str, Any], pl.DataFrame, dict[str, SloTargets]]:
+) -> tuple[Summary, pl.DataFrame, dict[str, SloTargets]]:
     """Re-audit one run: (summary, records frame, the SLOs used), without figures.
 
     The SLOs are run.json's, with `slos` replacing whole classes' targets. planned, how the
-    run stopped (`runfolder.run_stop`) and the lag bound come from run.json, so without `slos`
+    run stopped (`RunInfo.stop`) and the lag bound come from run.json, so without `slos`
     the summary equals the one the run wrote. Raises LoadgenError when the folder has no
     run.json or records.
     """
@@ -124,18 +148,25 @@ def audit_run(
     if not (run_dir / "records.parquet").exists() and not (run_dir / "records.parts").is_dir():
         raise LoadgenError(f"{run_dir} has no records.parquet (nor records.parts)")
     frame = read_records(run_dir)
-    effective = {**run_slos(info), **(slos or {})}
-    recorded = Objective.from_run_info(info, effective)
-    objectives = {
-        name: recorded.get(name, Objective(name=name, slo=targets))
-        for name, targets in effective.items()
-    }
+    effective = {**info.slos(), **(slos or {})}
     summary = audit(
         frame,
-        run_id=str(info.get("run_id", run_dir.name)),
-        objectives=objectives,
-        planned=int(info.get("planned", frame.height)),
-        stopped=run_stop(info),
-        lag_bound_ms=float(info.get("options", {}).get("lag_bound_ms", 5.0)),
+        run_id=info.run_id,
+        objectives=recorded_objectives(info, effective),
+        planned=frame.height if info.planned is None else info.planned,
+        stopped=info.stop,
+        lag_bound_ms=info.lag_bound_ms,
     )
     return summary, frame, effective
+
+
+def recorded_objectives(info: RunInfo, slos: Mapping[str, SloTargets]) -> dict[str, Objective]:
+    """Each class of `slos` judged as run.json records it (its kind and limits), with the
+    targets of `slos`; a class run.json does not know is judged by its targets alone."""
+    recorded = info.classes()
+    return {
+        name: Objective.recorded(recorded[name], targets)
+        if name in recorded
+        else Objective(name=name, slo=targets)
+        for name, targets in slos.items()
+    }

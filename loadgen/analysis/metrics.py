@@ -33,17 +33,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
 
 import polars as pl
 
 from loadgen.results.records import Outcome, with_all_columns
+from loadgen.results.summary import (
+    FailureRankedStats,
+    GeneratorHealth,
+    LagStats,
+    LatencyStats,
+    OutputTokens,
+    TokensPerChunk,
+)
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
-Stats = dict[str, Any]  # JSON-ready: str -> float | int | bool | None
 SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
 
 
@@ -83,30 +89,30 @@ def round_ms(value: float | None) -> float | None:
     return round(value, 3)
 
 
-def latency_stats(values_ms: pl.Series) -> Stats:
+def latency_stats(values_ms: pl.Series) -> LatencyStats:
     """p50/p90/p95/p99/max/mean/count of completed requests' values in ms (None when empty)."""
     present = values_ms.drop_nulls()
-    points = percentiles(present, (*PERCENTILES, 100.0))
-    stats: Stats = {f"p{p:g}": round_ms(v) for p, v in zip(PERCENTILES, points, strict=False)}
-    stats["max"] = round_ms(points[-1])
+    p50, p90, p95, p99, peak = (round_ms(v) for v in percentiles(present, (*PERCENTILES, 100.0)))
     mean = present.mean() if present.len() else None
-    stats["mean"] = round_ms(float(mean)) if isinstance(mean, int | float) else None
-    stats["count"] = present.len()
-    return stats
+    return LatencyStats(
+        p50=p50, p90=p90, p95=p95, p99=p99, max=peak,
+        mean=round_ms(float(mean)) if isinstance(mean, int | float) else None,
+        count=present.len(),
+    )  # fmt: skip
 
 
-def latency_stats_with_failures(values_ms: pl.Series, *, failures: int) -> Stats:
+def latency_stats_with_failures(values_ms: pl.Series, *, failures: int) -> FailureRankedStats:
     """p50/p90/p95/p99/max with `failures` ranked worst; None where a percentile is a failure.
 
     `count` is the whole population (values + failures); `failures` how many of them failed.
     """
     present = values_ms.drop_nulls()
     points = percentiles(present, (*PERCENTILES, 100.0), failures=failures)
-    stats: Stats = {f"p{p:g}": round_ms(v) for p, v in zip(PERCENTILES, points, strict=False)}
-    stats["max"] = round_ms(points[-1])
-    stats["count"] = present.len() + failures
-    stats["failures"] = failures
-    return stats
+    p50, p90, p95, p99, peak = (round_ms(v) for v in points)
+    return FailureRankedStats(
+        p50=p50, p90=p90, p95=p95, p99=p99, max=peak, count=present.len() + failures,
+        failures=failures,
+    )  # fmt: skip
 
 
 def derive(frame: pl.DataFrame) -> pl.DataFrame:
@@ -175,20 +181,20 @@ def itl_gaps_ms(frame: pl.DataFrame, class_name: str) -> pl.Series:
     return (gaps_ns.cast(pl.Float64) / NS_PER_MS).set_sorted()
 
 
-def output_token_stats(output_tokens: pl.Series) -> Stats:
+def output_token_stats(output_tokens: pl.Series) -> OutputTokens:
     """mean/p50/max/total of output tokens (callers pass completed requests' counts)."""
     p50 = percentiles(output_tokens, (50.0,))[0]
     mean = output_tokens.mean() if output_tokens.len() else None
     peak = output_tokens.max() if output_tokens.len() else None
-    return {
-        "mean": round(float(mean), 3) if isinstance(mean, int | float) else None,
-        "p50": int(p50) if p50 is not None else None,
-        "max": int(peak) if isinstance(peak, int | float) else None,
-        "total": int(output_tokens.sum()),
-    }
+    return OutputTokens(
+        mean=round(float(mean), 3) if isinstance(mean, int | float) else None,
+        p50=int(p50) if p50 is not None else None,
+        max=int(peak) if isinstance(peak, int | float) else None,
+        total=int(output_tokens.sum()),
+    )
 
 
-def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, Stats]:
+def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, TokensPerChunk]:
     """mean and max tokens carried per output chunk, over the chunks of ok requests, by class.
 
     1.0 means one token per chunk (ITL is then a per-token gap); more means the server
@@ -207,10 +213,10 @@ def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, Stats]:
         .collect()
     )
     return {
-        str(row["class"]): {
-            "mean": round(row["tokens"] / row["chunks"], 3) if row["chunks"] else None,
-            "max": int(row["max"]) if row["max"] is not None else None,
-        }
+        str(row["class"]): TokensPerChunk(
+            mean=round(row["tokens"] / row["chunks"], 3) if row["chunks"] else None,
+            max=int(row["max"]) if row["max"] is not None else None,
+        )
         for row in per_class.iter_rows(named=True)
     }
 
@@ -256,7 +262,9 @@ def late_sends(lags_ms: pl.Series, bound_ms: float) -> bool:
     return late > max(1.0, 0.01 * present.len())
 
 
-def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float = 5.0) -> Stats:
+def generator_health(
+    frame: pl.DataFrame, *, planned: int, lag_bound_ms: float = 5.0
+) -> GeneratorHealth:
     """How well the generator kept to its schedule: lag, and target vs achieved rate.
 
     lag = dispatched_ns - intended_ns (sent_ns where a record has no dispatch time): how
@@ -283,27 +291,26 @@ def generator_health(frame: pl.DataFrame, *, planned: int, lag_bound_ms: float =
     )
     client_errors = int((frame.get_column("outcome") == Outcome.CLIENT_ERROR.value).sum())
     scheduled = lags.filter(~pl.col("chained")).get_column("lag")
-    p50, p99, peak = percentiles(scheduled, (50.0, 99.0, 100.0))
     reaction = lags.filter(pl.col("chained")).get_column("lag")
-    r50, r99, r_peak = percentiles(reaction, (50.0, 99.0, 100.0))
-    send_p50, send_p99, send_peak = percentiles(lags.get_column("send_lag"), (50.0, 99.0, 100.0))
     target = rate_per_s(frame.get_column("intended_ns"))
     achieved = rate_per_s(lags.get_column("started_ns"))
-    return {
-        "planned": planned,
-        "sent": int(frame.get_column("sent_ns").is_not_null().sum()),
-        "recorded": frame.height,
-        "retries": int(frame.get_column("retries").fill_null(0).sum()),
-        "lag_ms": {"p50": round_ms(p50), "p99": round_ms(p99), "max": round_ms(peak)},
-        "send_lag_ms": {
-            "p50": round_ms(send_p50),
-            "p99": round_ms(send_p99),
-            "max": round_ms(send_peak),
-        },
-        "chained_lag_ms": {"p50": round_ms(r50), "p99": round_ms(r99), "max": round_ms(r_peak)},
-        "target_rate_per_s": round(target, 3) if target is not None else None,
-        "achieved_rate_per_s": round(achieved, 3) if achieved is not None else None,
-        "client_errors": client_errors,
-        "fell_behind": late_sends(scheduled, lag_bound_ms) or client_errors > 0,
-        "lag_bound_ms": lag_bound_ms,
-    }
+    return GeneratorHealth(
+        planned=planned,
+        sent=int(frame.get_column("sent_ns").is_not_null().sum()),
+        recorded=frame.height,
+        retries=int(frame.get_column("retries").fill_null(0).sum()),
+        lag_ms=lag_stats(scheduled),
+        send_lag_ms=lag_stats(lags.get_column("send_lag")),
+        chained_lag_ms=lag_stats(reaction),
+        target_rate_per_s=round(target, 3) if target is not None else None,
+        achieved_rate_per_s=round(achieved, 3) if achieved is not None else None,
+        client_errors=client_errors,
+        fell_behind=late_sends(scheduled, lag_bound_ms) or client_errors > 0,
+        lag_bound_ms=lag_bound_ms,
+    )
+
+
+def lag_stats(lags_ms: pl.Series) -> LagStats:
+    """Nearest-rank p50, p99 and the max of lags in ms (nulls, never-started, left out)."""
+    p50, p99, peak = (round_ms(v) for v in percentiles(lags_ms, (50.0, 99.0, 100.0)))
+    return LagStats(p50=p50, p99=p99, max=peak)

@@ -1,6 +1,7 @@
 """Per-class objectives beyond request percentiles: batches, trajectories, sessions.
 
-Part of the audit stage, after `slo.summarize`. The seed's three product shapes are judged
+Part of the audit stage, after `slo.audit_class` (`analysis.audit.audit` calls
+`judge_by_objective` for every class). The seed's three product shapes are judged
 differently: chat by TTFT/TPOT percentiles (the summary as it is, plus a `sessions` block
 when the class has multi-turn sessions); summarization by whether the whole batch finished
 by its deadline, and its input/output token throughput (TTFT/TPOT kept for diagnosis only);
@@ -11,15 +12,22 @@ Pure functions of the records frame and the spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import polars as pl
 
 from loadgen.analysis.metrics import percentiles
-from loadgen.analysis.slo import per_request, stop_of, verdict
+from loadgen.analysis.slo import per_request
 from loadgen.results.records import Outcome
+from loadgen.results.runfolder import RecordedClass
+from loadgen.results.summary import (
+    BatchAudit,
+    ClassAudit,
+    DurationStats,
+    SessionsAudit,
+    TimeSplit,
+    TrajectoryAudit,
+)
 from loadgen.workload.spec import ClassSpec, SloTargets
 
 
@@ -27,7 +35,8 @@ from loadgen.workload.spec import ClassSpec, SloTargets
 class Objective:
     """What a class is judged by: its kind, SLO targets and kind-specific limits.
 
-    Built from the spec during a run, or from `run.json` when a report re-audits a run.
+    Built from the spec during a run (`of`), or from run.json when a report re-audits a run
+    (`recorded`).
     """
 
     name: str
@@ -48,20 +57,13 @@ class Objective:
         )  # fmt: skip
 
     @classmethod
-    def from_run_info(
-        cls, run_info: Mapping[str, Any], slos: Mapping[str, SloTargets]
-    ) -> dict[str, Objective]:
-        """Each class's objective as `run.json` recorded it, with `slos` as its targets."""
-        classes = run_info.get("workload", {}).get("spec", {}).get("classes", {})
-        return {
-            name: cls(
-                name=name, kind=str(c.get("kind", "chat")), slo=slos.get(name, SloTargets()),
-                has_sessions=c.get("turns") is not None,
-                batch_deadline_s=c.get("batch_deadline_s"), concurrency=c.get("concurrency"),
-                trajectory_budget_s=c.get("trajectory_budget_s"),
-            )
-            for name, c in classes.items()
-        }  # fmt: skip
+    def recorded(cls, recorded: RecordedClass, slo: SloTargets) -> Objective:
+        """A class's objective as run.json recorded it, judged against `slo`."""
+        return cls(
+            name=recorded.name, kind=recorded.kind, slo=slo, has_sessions=recorded.has_turns,
+            batch_deadline_s=recorded.batch_deadline_s, concurrency=recorded.concurrency,
+            trajectory_budget_s=recorded.trajectory_budget_s,
+        )  # fmt: skip
 
 
 NS_PER_MS = 1_000_000
@@ -69,34 +71,25 @@ NS_PER_S = 1_000_000_000
 NOT_FAILED = [Outcome.OK.value, Outcome.SKIPPED.value]  # a skipped hop is counted separately
 
 
-def apply_objectives(
-    summary: dict[str, Any], frame: pl.DataFrame, classes: Mapping[str, Objective]
-) -> dict[str, Any]:
-    """Add each class's objective block, judge summarization and agent classes by it, and
-    recompute the run's verdict."""
-    for name, cls in classes.items():
-        block = summary["classes"].get(name)
-        if block is None:
-            continue
-        rows = frame.filter(pl.col("class") == name)
-        if cls.kind == "summarization":
-            block["batch"] = batch_block(rows, cls)
-            block["slo"]["judged_by"] = "batch"
-            block["slo"]["met"] = block["batch"]["met"]
-        elif cls.kind == "agent":
-            block["trajectory"] = trajectory_block(rows, cls)
-            block["slo"]["judged_by"] = "trajectory"
-            block["slo"]["met"] = block["trajectory"]["met"]
-        elif cls.has_sessions:
-            block["sessions"] = sessions_block(rows)
-    old = summary["verdict"]
-    summary["verdict"] = verdict(
-        summary["classes"], fell_behind=bool(old["fell_behind"]), stopped=stop_of(old)
-    )
-    return summary
+def judge_by_objective(block: ClassAudit, rows: pl.DataFrame, cls: Objective) -> ClassAudit:
+    """A class's block with its objective's: a summarization class judged by its batch, an
+    agent class by its trajectories, a chat class with sessions given their counts.
+
+    `rows` are the class's records.
+    """
+    if cls.kind == "summarization":
+        batch = batch_block(rows, cls)
+        return replace(block, batch=batch, slo=replace(block.slo, judged_by="batch", met=batch.met))
+    if cls.kind == "agent":
+        trajectory = trajectory_block(rows, cls)
+        slo = replace(block.slo, judged_by="trajectory", met=trajectory.met)
+        return replace(block, trajectory=trajectory, slo=slo)
+    if cls.has_sessions:
+        return replace(block, sessions=sessions_block(rows))
+    return block
 
 
-def batch_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
+def batch_block(rows: pl.DataFrame, cls: Objective) -> BatchAudit:
     """Did the batch finish by its deadline, how long it took, tokens per second in and out.
 
     Completion time runs from the first document's intended send to the last document's end.
@@ -116,20 +109,20 @@ def batch_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
     in_time = cls.batch_deadline_s is None or (
         completion_s is not None and completion_s <= cls.batch_deadline_s
     )
-    return {
-        "documents": documents,
-        "ok": ok.height,
-        "completion_time_s": _round(completion_s),
-        "deadline_s": cls.batch_deadline_s,
-        "met_deadline": bool(all_ok and in_time),
-        "met": bool(all_ok and in_time),
-        "input_tokens_per_s": _rate(prompt, completion_s),
-        "output_tokens_per_s": _rate(output, completion_s),
-        "concurrency": cls.concurrency,
-    }
+    return BatchAudit(
+        documents=documents,
+        ok=ok.height,
+        completion_time_s=_round(completion_s),
+        deadline_s=cls.batch_deadline_s,
+        met_deadline=bool(all_ok and in_time),
+        met=bool(all_ok and in_time),
+        input_tokens_per_s=_rate(prompt, completion_s),
+        output_tokens_per_s=_rate(output, completion_s),
+        concurrency=cls.concurrency,
+    )
 
 
-def trajectory_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
+def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
     """Trajectory attainment, per-hop duration percentiles and the time split.
 
     A trajectory is ok when every hop is ok, it ended within its budget (last hop end −
@@ -138,7 +131,7 @@ def trajectory_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
     `decode` (first → last token) and `tool` (previous hop's end → this hop's intended time).
     """
     if rows.height == 0:
-        return {"trajectories": 0, "ok": 0, "attainment": None, "met": False}
+        return TrajectoryAudit(trajectories=0, ok=0, attainment=None, met=False)
     meets = per_request(rows, slos={cls.name: cls.slo}).select("request_id", "meets_slo")
     hops = rows.join(meets, on="request_id", how="left").sort("session_id", "turn")
     hops = hops.with_columns(
@@ -163,47 +156,46 @@ def trajectory_block(rows: pl.DataFrame, cls: Objective) -> dict[str, Any]:
     good = int(per_trajectory["ok"].sum())
     attainment = good / count
     ok_hops = hops.filter(pl.col("outcome") == Outcome.OK.value)
-    return {
-        "trajectories": count,
-        "ok": good,
-        "attainment": round(attainment, 6),
-        "target_attainment": cls.slo.percentile / 100,
-        "met": attainment >= cls.slo.percentile / 100,
-        "budget_s": budget,
-        "failed_hops": hops.filter(~pl.col("outcome").is_in(NOT_FAILED)).height,
-        "skipped_hops": int(per_trajectory["skipped"].sum()),
-        "duration_s": _stats(per_trajectory.filter(pl.col("all_ok"))["duration_s"]),
-        "per_hop_ms": {
+    return TrajectoryAudit(
+        trajectories=count,
+        ok=good,
+        attainment=round(attainment, 6),
+        target_attainment=cls.slo.percentile / 100,
+        met=attainment >= cls.slo.percentile / 100,
+        budget_s=budget,
+        failed_hops=hops.filter(~pl.col("outcome").is_in(NOT_FAILED)).height,
+        skipped_hops=int(per_trajectory["skipped"].sum()),
+        duration_s=_stats(per_trajectory.filter(pl.col("all_ok"))["duration_s"]),
+        per_hop_ms={
             str(hop): _stats(group["duration_ms"])
             for (hop,), group in ok_hops.group_by("turn", maintain_order=True)
         },
-        "time_split_s": {
-            "ttft": _sum_s(ok_hops["first_token_ns"] - ok_hops["intended_ns"]),
-            "decode": _sum_s(ok_hops["last_token_ns"] - ok_hops["first_token_ns"]),
-            "tool": round(float(ok_hops["tool_s"].fill_null(0).sum()), 3),
-        },
-    }  # fmt: skip
+        time_split_s=TimeSplit(
+            ttft=_sum_s(ok_hops["first_token_ns"] - ok_hops["intended_ns"]),
+            decode=_sum_s(ok_hops["last_token_ns"] - ok_hops["first_token_ns"]),
+            tool=round(float(ok_hops["tool_s"].fill_null(0).sum()), 3),
+        ),
+    )
 
 
-def sessions_block(rows: pl.DataFrame) -> dict[str, Any]:
+def sessions_block(rows: pl.DataFrame) -> SessionsAudit:
     """How many sessions there were and how many completed every turn ok."""
     per_session = rows.group_by("session_id").agg(
         (pl.col("outcome") == Outcome.OK.value).all().alias("all_ok"), pl.len().alias("turns")
     )
-    return {
-        "sessions": per_session.height,
-        "completed": int(per_session["all_ok"].sum()) if per_session.height else 0,
-        "turns": rows.height,
-        "turns_per_session_mean": round(rows.height / per_session.height, 3)
-        if per_session.height
-        else None,
-    }
+    sessions = per_session.height
+    return SessionsAudit(
+        sessions=sessions,
+        completed=int(per_session["all_ok"].sum()) if sessions else 0,
+        turns=rows.height,
+        turns_per_session_mean=round(rows.height / sessions, 3) if sessions else None,
+    )
 
 
-def _stats(values: pl.Series) -> dict[str, Any]:
+def _stats(values: pl.Series) -> DurationStats:
     clean = values.drop_nulls().sort()
     p50, p90, p99 = percentiles(clean, [50, 90, 99])
-    return {"p50": _round(p50), "p90": _round(p90), "p99": _round(p99), "count": clean.len()}
+    return DurationStats(p50=_round(p50), p90=_round(p90), p99=_round(p99), count=clean.len())
 
 
 def _sum_s(values_ns: pl.Series) -> float:

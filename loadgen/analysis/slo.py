@@ -1,8 +1,9 @@
 """SLO audit: per-class targets, attainment, goodput and the run's verdict.
 
-Sits after `analysis.metrics` and before the reports: `summarize` turns a records frame into the
-run's summary (the JSON a nightly gate reads), and `per_request` is the one place where a
-request is judged against its class's thresholds. Pure functions; no I/O.
+Sits after `analysis.metrics` and before the reports: `audit_class` turns one class's records
+into its block of the run's summary (`analysis.audit.audit` assembles the whole), `verdict`
+judges the run, and `per_request` is the one place where a request is judged against its
+class's thresholds. Pure functions; no I/O.
 
 Breach accounting (every non-ok outcome is a miss of every SLO of its class):
 
@@ -35,18 +36,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
 
 import polars as pl
 
 from loadgen.analysis import metrics
-from loadgen.analysis.metrics import Stats
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED, STOPS
+from loadgen.results.summary import (
+    Check,
+    ClassAudit,
+    Goodput,
+    ServerTimings,
+    SloAudit,
+    TokensPerChunk,
+    Verdict,
+)
 from loadgen.workload.spec import METRICS_MS, SloTargets
 
 LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttfvt_ms", "tpot_ms", "e2e_ms")
-WITH_FAILURES = frozenset({"ttft_ms", "tpot_ms", "e2e_ms"})
+WITH_FAILURES = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 NO_TARGETS = SloTargets()
 
@@ -75,78 +84,40 @@ def per_request(
     return derived.with_columns(meets.alias("meets_slo")).select(columns)
 
 
-def summarize(
-    frame: pl.DataFrame,
-    *,
-    run_id: str,
-    slos: Mapping[str, SloTargets],
-    planned: int,
-    interrupted: bool = False,
-    lag_bound_ms: float = 5.0,
-    stopped: str | None = None,
-) -> dict[str, Any]:
-    """The run's summary: generator health, one audit per class, and the verdict.
-
-    `stopped` (a key of `STOPS`; `interrupted` alone means "interrupted") withholds the
-    verdict: see `verdict`. Every class of `slos` appears (even with no records), then any
-    other class found in the frame, audited without targets. JSON-ready: no NaN or inf (a
-    percentile that falls on a failure is None).
-    """
-    rows = per_request(frame, slos=slos)
-    by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
-    chunking = metrics.tokens_per_chunk(frame)
-    duration_s = metrics.run_duration_s(frame)
-    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms)
-    classes = {
-        name: audit_class(
-            by_class.get(name, rows.clear()),
-            metrics.itl_gaps_ms(frame, name),
-            tokens_per_chunk=chunking.get(name, {"mean": None, "max": None}),
-            targets=slos.get(name, NO_TARGETS),
-            duration_s=duration_s,
-        )
-        for name in [*slos, *sorted(set(by_class) - set(slos))]
-    }
-    if interrupted and stopped is None:
-        stopped = "interrupted"
-    return {
-        "run_id": run_id,
-        "interrupted": stopped is not None,
-        "duration_s": round(duration_s, 6),
-        "generator": generator,
-        "classes": classes,
-        "verdict": verdict(classes, fell_behind=bool(generator["fell_behind"]), stopped=stopped),
-    }
-
-
 def verdict(
-    classes: Mapping[str, Any], *, fell_behind: bool, stopped: str | None = None
-) -> dict[str, Any]:
-    """The run's verdict from its classes' `met`: `{status, slo_met, fell_behind, exit_code}`.
+    classes: Mapping[str, ClassAudit], *, fell_behind: bool, stopped: str | None = None
+) -> Verdict:
+    """The run's verdict from its classes' `slo.met`.
 
     status is `met` (exit 0), `missed` (2) or `fell_behind` (3); a stopped run's is its stop
-    (`interrupted` 130, `watchdog` 4, `incomplete` 5), with `slo_met` and every class's
-    `slo.met` set to null: its figures are partial and judge nothing.
+    (`interrupted` 130, `watchdog` 4, `incomplete` 5), with `slo_met` null: its figures are
+    partial and judge nothing (its classes are `withheld`).
     """
     if stopped is not None:
         if stopped not in STOPS:
             raise ValueError(f"stopped must be one of {', '.join(STOPS)} (got {stopped!r})")
-        for cls in classes.values():
-            for block in (cls["slo"], cls.get("batch"), cls.get("trajectory")):
-                if block is not None:
-                    block["met"] = None
-        return {"status": stopped, "slo_met": None, "fell_behind": fell_behind,
-                "exit_code": STOPS[stopped]}  # fmt: skip
-    slo_met = all(c["slo"]["met"] for c in classes.values())
+        return Verdict(status=stopped, slo_met=None, fell_behind=fell_behind,
+                       exit_code=STOPS[stopped])  # fmt: skip
+    slo_met = all(c.slo.met for c in classes.values())
     status = "fell_behind" if fell_behind else ("met" if slo_met else "missed")
-    return {"status": status, "slo_met": slo_met, "fell_behind": fell_behind,
-            "exit_code": exit_code(slo_met=slo_met, fell_behind=fell_behind)}  # fmt: skip
+    return Verdict(status=status, slo_met=slo_met, fell_behind=fell_behind,
+                   exit_code=exit_code(slo_met=slo_met, fell_behind=fell_behind))  # fmt: skip
 
 
-def stop_of(verdict: Mapping[str, Any]) -> str | None:
+def withheld(block: ClassAudit) -> ClassAudit:
+    """A class of a run that stopped before its end: every `met` null (slo, batch,
+    trajectory), its figures kept as partial figures."""
+    return replace(
+        block,
+        slo=replace(block.slo, met=None),
+        batch=replace(block.batch, met=None) if block.batch else None,
+        trajectory=replace(block.trajectory, met=None) if block.trajectory else None,
+    )
+
+
+def stop_of(verdict: Verdict) -> str | None:
     """The stop a verdict records (None for a run that ran to its end)."""
-    status = verdict.get("status")
-    return str(status) if status in STOPS else None
+    return verdict.status if verdict.status in STOPS else None
 
 
 def exit_code(*, slo_met: bool, fell_behind: bool) -> int:
@@ -160,10 +131,10 @@ def audit_class(
     rows: pl.DataFrame,
     itl_ms: pl.Series,
     *,
-    tokens_per_chunk: Stats,
+    tokens_per_chunk: TokensPerChunk,
     targets: SloTargets,
     duration_s: float,
-) -> Stats:
+) -> ClassAudit:
     """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
 
     `rows` are the class's `per_request` rows, `itl_ms` the gaps of its ok requests,
@@ -174,36 +145,36 @@ def audit_class(
     failures = rows.height - ok.height
     ok_ms = {name: ok.get_column(name).drop_nulls().sort() for name in LATENCY_COLUMNS}
     ok_ms["itl_ms"] = itl_ms.drop_nulls().sort()
-    return {
-        "requests": rows.height,
-        "outcomes": outcome_counts(rows.get_column("outcome")),
-        **latency_block(ok_ms, failures=failures),
-        "output_tokens": metrics.output_token_stats(ok.get_column("output_tokens")),
-        "reasoning_requests": int(ok.get_column("has_reasoning").sum()),
-        "server_timings_ms": server_timings(ok),
-        "tokens_per_chunk": tokens_per_chunk,
-        "slo": audit(
-            ok_ms,
-            requests=rows.height,
-            failures=failures,
-            meeting=int(rows.get_column("meets_slo").sum()),
-            targets=targets,
-        ),
-        "goodput": goodput(rows, duration_s=duration_s),
-    }
+    stats = {name: metrics.latency_stats(values) for name, values in ok_ms.items()}
+    ranked = {name: metrics.latency_stats_with_failures(ok_ms[name], failures=failures)
+              for name in WITH_FAILURES}  # fmt: skip
+    return ClassAudit(
+        requests=rows.height,
+        outcomes=outcome_counts(rows.get_column("outcome")),
+        ttft_ms=stats["ttft_ms"], ttft_ms_with_failures=ranked["ttft_ms"],
+        ttft_from_send_ms=stats["ttft_from_send_ms"], ttfvt_ms=stats["ttfvt_ms"],
+        tpot_ms=stats["tpot_ms"], tpot_ms_with_failures=ranked["tpot_ms"],
+        e2e_ms=stats["e2e_ms"], e2e_ms_with_failures=ranked["e2e_ms"], itl_ms=stats["itl_ms"],
+        output_tokens=metrics.output_token_stats(ok.get_column("output_tokens")),
+        reasoning_requests=int(ok.get_column("has_reasoning").sum()),
+        server_timings_ms=server_timings(ok),
+        tokens_per_chunk=tokens_per_chunk,
+        slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
+                      meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
+        goodput=goodput(rows, duration_s=duration_s),
+    )  # fmt: skip
 
 
-def server_timings(ok: pl.DataFrame) -> Stats:
+def server_timings(ok: pl.DataFrame) -> ServerTimings:
     """Stats of what the server reported about its own work, over ok requests that carried it.
 
     `requests` counts them (0: the API reports nothing, and every stat is null).
     """
     with_timings = ok.filter(pl.any_horizontal(pl.col(f"server_{f}").is_not_null()
                                                for f in metrics.SERVER_MS_FIELDS))  # fmt: skip
-    block: Stats = {"requests": with_timings.height}
-    for name in metrics.SERVER_MS_FIELDS:
-        block[name] = metrics.latency_stats(with_timings.get_column(f"server_{name}"))
-    return block
+    stats = {name: metrics.latency_stats(with_timings.get_column(f"server_{name}"))
+             for name in metrics.SERVER_MS_FIELDS}  # fmt: skip
+    return ServerTimings(requests=with_timings.height, **stats)
 
 
 def outcome_counts(outcomes: pl.Series) -> dict[str, int]:
@@ -214,25 +185,14 @@ def outcome_counts(outcomes: pl.Series) -> dict[str, int]:
     return counts
 
 
-def latency_block(ok_ms: Mapping[str, pl.Series], *, failures: int) -> Stats:
-    """Stats of each measure over ok requests, and for TTFT/TPOT/E2E with failures worst."""
-    block: Stats = {}
-    for name in (*LATENCY_COLUMNS, "itl_ms"):
-        block[name] = metrics.latency_stats(ok_ms[name])
-        if name in WITH_FAILURES:
-            stats = metrics.latency_stats_with_failures(ok_ms[name], failures=failures)
-            block[f"{name}_with_failures"] = stats
-    return block
-
-
-def audit(
+def slo_audit(
     ok_ms: Mapping[str, pl.Series],
     *,
     requests: int,
     failures: int,
     meeting: int,
     targets: SloTargets,
-) -> Stats:
+) -> SloAudit:
     """attainment, met and the checks behind it, for one class.
 
     `ok_ms` holds each measure's values over ok requests (ITL: over their gaps),
@@ -245,18 +205,18 @@ def audit(
     ]
     if checks and requests == 0:
         checks = [_unjudgeable_check()]
-    return {
-        "targets": {
-            "ttft_ms": _float(targets.ttft_ms),
-            "tpot_ms": _float(targets.tpot_ms),
-            "itl_ms": _float(targets.itl_ms),
-            "e2e_ms": _float(targets.e2e_ms),
-            "percentile": float(p),
-        },
-        "attainment": round(meeting / requests, 6) if requests else None,
-        "met": all(c["passed"] for c in checks),
-        "checks": checks,
-    }
+    return SloAudit(
+        targets=SloTargets(
+            ttft_ms=_float(targets.ttft_ms),
+            tpot_ms=_float(targets.tpot_ms),
+            itl_ms=_float(targets.itl_ms),
+            e2e_ms=_float(targets.e2e_ms),
+            percentile=float(p),
+        ),
+        attainment=round(meeting / requests, 6) if requests else None,
+        met=all(c.passed for c in checks),
+        checks=tuple(checks),
+    )
 
 
 def _float(value: float | None) -> float | None:
@@ -265,7 +225,7 @@ def _float(value: float | None) -> float | None:
 
 def _check(
     name: str, limit_ms: float, values: pl.Series, requests: int, failures: int, p: float
-) -> Stats:
+) -> Check:
     """One population target: the p-th percentile of `name`, failures ranked worst, <= limit."""
     note = None
     if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
@@ -282,36 +242,36 @@ def _check(
         note = "no values to judge"
     elif math.isinf(value) and note is None:
         note = f"p{p:g} falls on a failed request"
-    return {
-        "metric": name,
-        "percentile": float(p),
-        "target_ms": float(limit_ms),
-        "value_ms": metrics.round_ms(value),
-        "passed": value is None or value <= limit_ms,
-        "population": population,
-        "note": note,
-    }
+    return Check(
+        metric=name,
+        percentile=float(p),
+        target_ms=float(limit_ms),
+        value_ms=metrics.round_ms(value),
+        passed=value is None or value <= limit_ms,
+        population=population,
+        note=note,
+    )
 
 
-def _unjudgeable_check() -> Stats:
+def _unjudgeable_check() -> Check:
     """The check a class with targets but no recorded requests gets: it cannot pass."""
-    return {
-        "metric": "requests",
-        "percentile": None,
-        "target_ms": None,
-        "value_ms": None,
-        "passed": False,
-        "population": 0,
-        "note": "no recorded requests: the class cannot be judged",
-    }
+    return Check(
+        metric="requests",
+        percentile=None,
+        target_ms=None,
+        value_ms=None,
+        passed=False,
+        population=0,
+        note="no recorded requests: the class cannot be judged",
+    )
 
 
-def goodput(rows: pl.DataFrame, *, duration_s: float) -> Stats:
+def goodput(rows: pl.DataFrame, *, duration_s: float) -> Goodput:
     """Requests and output tokens per second from requests that met every threshold."""
     good = rows.filter(pl.col("meets_slo"))
     if duration_s <= 0:
-        return {"requests_per_s": None, "output_tokens_per_s": None}
-    return {
-        "requests_per_s": round(good.height / duration_s, 3),
-        "output_tokens_per_s": round(int(good.get_column("output_tokens").sum()) / duration_s, 3),
-    }
+        return Goodput(requests_per_s=None, output_tokens_per_s=None)
+    return Goodput(
+        requests_per_s=round(good.height / duration_s, 3),
+        output_tokens_per_s=round(int(good.get_column("output_tokens").sum()) / duration_s, 3),
+    )

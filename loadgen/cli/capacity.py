@@ -382,7 +382,7 @@ def _run_one(
         )  # fmt: skip
         first[0] = False
         result = execute(spec, options)
-        fell_behind = bool(result.summary["verdict"]["fell_behind"])
+        fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 
     return run_one

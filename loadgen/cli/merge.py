@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.render.terminal import render_summary
+from loadgen.results.runfolder import ShardTable
 from loadgen.run.merge import merge_shards
 
 MERGE_EXIT_CODES = """\b
@@ -58,22 +58,23 @@ def _merge(dirs: tuple[Path, ...], out_dir: Path, run_id: str | None) -> None:
     result = merge_shards(dirs, out_dir, run_id)
     console = output_console()
     console.print(render_summary(result.summary))
-    for line in shard_lines(result.run_info["shards"]):
-        console.print(line)
+    if result.run_info.shards is not None:
+        for line in shard_lines(result.run_info.shards):
+            console.print(line)
     console.print(f"merged run: {result.run_dir}")
     sys.exit(result.exit_code)
 
 
-def shard_lines(table: dict[str, Any]) -> list[str]:
+def shard_lines(table: ShardTable) -> list[str]:
     """One line per shard (records, skew, whether it fell behind) and the spread."""
     lines = [
-        f"shard {row['index']}/{table['count']}: {row['records']} records · host {row['host']} · "
-        f"t0 skew {row['skew_ms']:+.3f} ms · reached t0 {row['reached_late_ms']} ms late"
-        + (" · FELL BEHIND" if row["fell_behind"] else "")
-        for row in table["shards"]
+        f"shard {row.index}/{table.count}: {row.records} records · host {row.host} · "
+        f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
+        + (" · FELL BEHIND" if row.fell_behind else "")
+        for row in table.shards
     ]
     lines.append(
-        f"shards: t0 anchors within {table['spread_ms']:.3f} ms of each other, at most "
-        f"{table['max_abs_skew_ms']:.3f} ms from the agreed start"
+        f"shards: t0 anchors within {table.spread_ms:.3f} ms of each other, at most "
+        f"{table.max_abs_skew_ms:.3f} ms from the agreed start"
     )
     return lines

@@ -12,11 +12,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from loadgen.analysis.audit import run_slos
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError
 from loadgen.results.records import read_records
-from loadgen.results.runfolder import read_run_info
+from loadgen.results.runfolder import RunInfo, read_run_info
 from loadgen.sim.engine import EngineConfig
 from loadgen.studies.planner import (
     FLAGS,
@@ -164,7 +163,7 @@ def _from_runs(
         )
     slos: dict[str, set[float]] = {}
     for info in infos:
-        for name, slo in run_slos(info).items():
+        for name, slo in info.slos().items():
             if class_name is None or name == class_name:
                 for key, value in dataclasses.asdict(slo).items():
                     if value is not None:
@@ -197,15 +196,14 @@ def _from_runs(
     return measured, layers
 
 
-def simulator_slots(infos: Sequence[Mapping[str, Any]]) -> int | None:
+def simulator_slots(infos: Sequence[RunInfo]) -> int | None:
     """The built-in simulator's --max-batch when every run used it with the same one."""
 
     found: set[int] = set()
     for info in infos:
-        target = info.get("target") or {}
-        if not target.get("builtin_sim"):
+        if info.target is None or not info.target.builtin_sim:
             return None
-        args = [str(a) for a in target.get("sim_args") or []]
+        args = [str(a) for a in info.target.sim_args or ()]
         value = args[args.index("--max-batch") + 1] if "--max-batch" in args[:-1] else None
         try:
             found.add(int(value) if value is not None else EngineConfig().max_batch)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from loadgen.analysis.audit import apply_slo_override, audit_run, parse_slo_override, run_slos
+from loadgen.analysis.audit import apply_slo_override, audit_run, parse_slo_override
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
@@ -16,6 +16,7 @@ from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.report import build_run_report, write_run_report
 from loadgen.render.rolling_view import render_rolling_table, rolling_plot
 from loadgen.render.terminal import render_summary
+from loadgen.results import codec
 from loadgen.results.recover import recover
 from loadgen.results.runfolder import read_run_info, write_summary
 from loadgen.results.store import discover_runs, select_runs
@@ -148,7 +149,7 @@ def _report_run(
 
     slos = None
     if slo_text:
-        slos = apply_slo_override(run_slos(read_run_info(run_dir)), parse_slo_override(slo_text))
+        slos = apply_slo_override(read_run_info(run_dir).slos(), parse_slo_override(slo_text))
     try:
         window_s = float(window_text) if window_text else 10.0
         step_s = float(step_text) if step_text else None
@@ -162,14 +163,14 @@ def _report_run(
         ) from None
     written = write_run_report(built, out_dir or run_dir / "report")
     if fmt == "json":
-        click.echo(json.dumps(built.summary, indent=2))
+        click.echo(json.dumps(codec.to_json(built.summary), indent=2))
     else:
         console = output_console()
         console.print(render_summary(built.summary))
         for file in written:
             if file.suffix in (".html", ".md", ".json"):
                 console.print(f"wrote {file}")
-    sys.exit(int(built.summary["verdict"]["exit_code"]))
+    sys.exit(built.summary.verdict.exit_code)
 
 
 def _report_store(

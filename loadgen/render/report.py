@@ -1,7 +1,7 @@
 """Run report: one run re-audited from its folder, rendered as HTML, Markdown and JSON.
 
 Last stage of the pipeline. `build_run_report` reads only `run.json` and the records
-(never the stored summary), recomputes the summary with `slo.summarize`, the time windows
+(never the stored summary), recomputes the summary with `analysis.audit`, the time windows
 with `windows.time_windows` and every figure from the same frame, so everything a report
 shows is recomputable from the records. `write_run_report` writes `report.html` (one
 self-contained file: inline CSS, PNGs as data URIs, no network loads; every string from the
@@ -19,26 +19,63 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis import metrics
-from loadgen.analysis.audit import audit_run, run_slos
-from loadgen.analysis.slo import per_request
+from loadgen.analysis.audit import audit_run
+from loadgen.analysis.slo import per_request, stop_of
 from loadgen.analysis.windows import time_windows
 from loadgen.errors import LoadgenError
 from loadgen.render import plots
-from loadgen.render.terminal import STOP_TEXT, stop_of, with_unit
+from loadgen.render.terminal import STOP_TEXT, with_unit
 from loadgen.results.records import Outcome
-from loadgen.results.runfolder import SUMMARY_FILE, read_run_info, write_summary
-from loadgen.workload.identity import identity_of_run
+from loadgen.results.runfolder import (
+    SUMMARY_FILE,
+    RecordedClass,
+    RunInfo,
+    TargetInfo,
+    read_run_info,
+    write_summary,
+)
+from loadgen.results.summary import (
+    BatchAudit,
+    ClassAudit,
+    FailureRankedStats,
+    GeneratorHealth,
+    LatencyStats,
+    ServerTimings,
+    SessionsAudit,
+    SloAudit,
+    Summary,
+    TrajectoryAudit,
+)
 from loadgen.workload.spec import SloTargets
 
 TOP_ERRORS = 10
 ERROR_TEXT_CHARS = 300  # an error message longer than this is cut in the report (not the JSON)
-Stats = dict[str, Any]
+Percentiles = LatencyStats | FailureRankedStats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptTokens:
+    """Planned vs server-reported prompt tokens, over the requests whose server reported them."""
+
+    requests: int
+    target_mean: float | None
+    reported_mean: float | None
+    mean_relative_diff: float | None  # mean of (reported - target) / target
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorCount:
+    """How many failed requests share one (outcome, HTTP status, error message)."""
+
+    count: int
+    outcome: str
+    http_status: int | None
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,9 +91,9 @@ class ClassDetails:
 
     name: str
     slug: str
-    prompt_tokens: Stats
+    prompt_tokens: PromptTokens
     chunks_by_tokens: Mapping[int, int]
-    top_errors: Sequence[Stats]
+    top_errors: Sequence[ErrorCount]
     figures: Sequence[str]
 
 
@@ -64,8 +101,8 @@ class ClassDetails:
 class RunReport:
     """One run, re-audited: the summary, the windows frame and the figures (PNG bytes)."""
 
-    run_info: Mapping[str, Any]  # run.json as stored
-    summary: Mapping[str, Any]  # what summary.json holds
+    run_info: RunInfo  # run.json as stored
+    summary: Summary  # what summary.json holds
     windows: pl.DataFrame  # `windows.time_windows` of the run
     window_s: float
     step_s: float | None  # None: tumbling windows
@@ -94,27 +131,27 @@ def build_run_report(
     """
     info = read_run_info(run_dir)
     summary, frame, effective = audit_run(run_dir, slos=slos)
-    recorded = run_slos(info)
-    overridden = tuple(n for n in effective if recorded.get(n) != effective[n])
+    recorded, slos_as_run = info.classes(), info.slos()
+    overridden = tuple(n for n in effective if slos_as_run.get(n) != effective[n])
     windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
     rows = per_request(frame, slos=effective)
-    kinds = info.get("workload", {}).get("spec", {}).get("classes", {})
     figures: dict[str, bytes] = {}
     captions: dict[str, str] = {}
     details: dict[str, ClassDetails] = {}
-    slugs = _unique_slugs(summary["classes"])
-    for name in summary["classes"]:
+    slugs = _unique_slugs(summary.classes)
+    for name in summary.classes:
+        as_run = recorded.get(name, RecordedClass(name=name))
         view = ClassView(
             name=name,
-            kind=str(kinds.get(name, {}).get("kind", "chat")),
+            kind=as_run.kind,
             frame=frame.filter(pl.col("class") == name),
             rows=rows.filter(pl.col("class") == name),
             itl_ms=metrics.itl_gaps_ms(frame, name),
             windows=windows.filter(pl.col("class") == name),
             targets=effective.get(name, SloTargets()),
             step_s=sliding_step_s or window_s,
-            budget_s=kinds.get(name, {}).get("trajectory_budget_s"),
-            deadline_s=kinds.get(name, {}).get("batch_deadline_s"),
+            budget_s=as_run.trajectory_budget_s,
+            deadline_s=as_run.batch_deadline_s,
         )
         names = []
         for kind, (caption, png) in class_figures(view).items():
@@ -262,7 +299,7 @@ def _class_details(view: ClassView, slug: str, figures: list[str]) -> ClassDetai
     )
 
 
-def _prompt_token_stats(frame: pl.DataFrame) -> Stats:
+def _prompt_token_stats(frame: pl.DataFrame) -> PromptTokens:
     """Planned vs server-reported prompt tokens over requests whose server reported them."""
     reported = frame.filter(pl.col("prompt_tokens").is_not_null())
     target, got = pl.col("prompt_tokens_target"), pl.col("prompt_tokens")
@@ -271,7 +308,7 @@ def _prompt_token_stats(frame: pl.DataFrame) -> Stats:
         got.mean().alias("reported_mean"),
         pl.when(target > 0).then((got - target) / target).mean().alias("mean_relative_diff"),
     ).row(0, named=True)
-    return {"requests": reported.height, **row}
+    return PromptTokens(requests=reported.height, **row)
 
 
 def _chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
@@ -283,7 +320,7 @@ def _chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
     return {int(k): int(n) for k, n in counts.iter_rows()}
 
 
-def _top_errors(frame: pl.DataFrame) -> list[Stats]:
+def _top_errors(frame: pl.DataFrame) -> list[ErrorCount]:
     failed = frame.filter(pl.col("outcome") != Outcome.OK.value)
     top = (
         failed.group_by("outcome", "http_status", "error")
@@ -291,7 +328,7 @@ def _top_errors(frame: pl.DataFrame) -> list[Stats]:
         .sort(["count", "outcome"], descending=[True, False])
         .head(TOP_ERRORS)
     )
-    return list(top.iter_rows(named=True))
+    return [ErrorCount(**row) for row in top.iter_rows(named=True)]
 
 
 def _unique_slugs(names: Iterable[str]) -> dict[str, str]:
@@ -343,33 +380,23 @@ class Details:
 
 
 Block = Heading | Para | Table | Figure | Details
-PERCENTILE_ROWS: tuple[tuple[str, str, str | None], ...] = (
-    ("TTFT", "ttft_ms", "ttft_ms"),
-    ("TTFT, failures worst", "ttft_ms_with_failures", "ttft_ms"),
-    ("TTFT from send", "ttft_from_send_ms", None),
-    ("TPOT", "tpot_ms", "tpot_ms"),
-    ("TPOT, failures worst", "tpot_ms_with_failures", "tpot_ms"),
-    ("ITL (per gap)", "itl_ms", "itl_ms"),
-    ("E2E", "e2e_ms", "e2e_ms"),
-    ("E2E, failures worst", "e2e_ms_with_failures", "e2e_ms"),
-)
 
 
 def document(report: RunReport) -> list[Block]:
     """The report's content, in order, as plain-text blocks (escaped by each renderer)."""
     summary, info = report.summary, report.run_info
-    blocks: list[Block] = [Heading(1, f"loadgen report · {summary['run_id']}")]
+    blocks: list[Block] = [Heading(1, f"loadgen report · {summary.run_id}")]
     blocks.extend(_banners(report))
     blocks.append(_run_table(report))
-    blocks.append(_generator_table(summary["generator"]))
-    blocks.append(_classes_table(summary["classes"]))
-    for name, cls in summary["classes"].items():
+    blocks.append(_generator_table(summary.generator))
+    blocks.append(_classes_table(summary.classes))
+    for name, cls in summary.classes.items():
         blocks.extend(_class_blocks(name, cls, report))
     mode = f"sliding, step {report.step_s:g} s" if report.step_s else "tumbling"
     blocks.append(
         Para(
             f"Re-audited by loadgen {__version__} from records.parquet and run.json "
-            f"(run written by loadgen {info.get('loadgen_version', '?')}). Latencies are "
+            f"(run written by loadgen {info.loadgen_version or '?'}). Latencies are "
             "measured from the intended send time; percentiles are nearest rank; "
             "'failures worst' ranks every failed request as +∞ and shows 'fail' where a "
             f"percentile falls on one. Windows: {report.window_s:g} s, {mode}, requests by "
@@ -380,10 +407,9 @@ def document(report: RunReport) -> list[Block]:
 
 
 def _banners(report: RunReport) -> list[Block]:
-    summary, generator = report.summary, report.summary["generator"]
-    verdict = summary["verdict"]
+    generator, verdict = report.summary.generator, report.summary.verdict
     banners: list[Block] = []
-    stop = stop_of(summary)
+    stop = stop_of(verdict)
     if stop is not None:
         banners.append(
             Para(
@@ -393,13 +419,13 @@ def _banners(report: RunReport) -> list[Block]:
                 "bad",
             )
         )
-    if report.run_info.get("finished") is False:
+    if not report.run_info.finished:
         banners.append(Para("The run never finished: these are the records its parts kept.", "bad"))
-    if generator["fell_behind"]:
+    if generator.fell_behind:
         banners.append(
             Para(
-                f"GENERATOR FELL BEHIND: send lag p99 {with_unit(generator['lag_ms']['p99'])} "
-                f"> bound {generator['lag_bound_ms']:g} ms. These latencies describe the load "
+                f"GENERATOR FELL BEHIND: send lag p99 {with_unit(generator.lag_ms.p99)} "
+                f"> bound {generator.lag_bound_ms:g} ms. These latencies describe the load "
                 "generator, not the server.",
                 "bad",
             )
@@ -414,46 +440,45 @@ def _banners(report: RunReport) -> list[Block]:
         )
     if stop is not None:
         word = f"none ({STOP_TEXT[stop]}: partial figures)"
-    elif verdict["fell_behind"]:
+    elif verdict.fell_behind:
         word = "GENERATOR FELL BEHIND"
     else:
-        word = "SLO MET" if verdict["slo_met"] else "SLO MISSED"
-    tone = "" if verdict["exit_code"] == 0 else "bad"
-    banners.append(Para(f"Verdict: {word} (exit {verdict['exit_code']})", tone or "good"))
+        word = "SLO MET" if verdict.slo_met else "SLO MISSED"
+    tone = "" if verdict.exit_code == 0 else "bad"
+    banners.append(Para(f"Verdict: {word} (exit {verdict.exit_code})", tone or "good"))
     return banners
 
 
 def _run_table(report: RunReport) -> Table:
-    info, summary, generator = report.run_info, report.summary, report.summary["generator"]
-    target = info.get("target", {})
-    workload = info.get("workload", {})
-    sim = " (built-in simulator)" if target.get("builtin_sim") else ""
-    cap = info.get("options", {}).get("max_in_flight")
+    info, summary, generator = report.run_info, report.summary, report.summary.generator
+    target = info.target or TargetInfo(url="?", api="?", model="?")
+    source = info.workload.source if info.workload else None
+    sim = " (built-in simulator)" if target.builtin_sim else ""
+    cap = info.options.max_in_flight if info.options else None
     rows = [
-        ("run id", str(summary["run_id"])),
-        ("workload", f"{_workload_key(info)} ({Path(str(workload.get('source', '?'))).name})"),
-        ("started", _utc(info.get("t0", {}).get("utc"))),
-        ("target", f"{target.get('url', '?')}{sim}"),
-        ("API · model", f"{target.get('api', '?')} · {target.get('model', '?')}"),
-        ("duration", f"{summary['duration_s']:.1f} s (first intended send → last end)"),
+        ("run id", summary.run_id),
+        ("workload", f"{_workload_key(info)} ({Path(source or '?').name})"),
+        ("started", _utc(info.t0.utc if info.t0 else None)),
+        ("target", f"{target.url}{sim}"),
+        ("API · model", f"{target.api} · {target.model}"),
+        ("duration", f"{summary.duration_s:.1f} s (first intended send → last end)"),
         (
             "requests",
-            f"planned {generator['planned']} · sent {generator['sent']} · "
-            f"recorded {generator['recorded']}",
+            f"planned {generator.planned} · sent {generator.sent} · recorded {generator.recorded}",
         ),
-        ("seed", str(info.get("seed", "?"))),
+        ("seed", "?" if info.seed is None else str(info.seed)),
         ("max in flight", "open loop (no cap)" if cap is None else str(cap)),
     ]
     return Table("Run", ("", ""), rows)
 
 
-def _workload_key(info: Mapping[str, Any]) -> str:
+def _workload_key(info: RunInfo) -> str:
     """`name@fingerprint`: what the results store pools this run by (`workload.identity`)."""
 
     try:
-        return str(identity_of_run(info)["key"])
+        return str(info.identity()["key"])
     except LoadgenError:
-        return str(info.get("workload", {}).get("name", "?"))
+        return info.workload.name if info.workload else "?"
 
 
 def _utc(text: object) -> str:
@@ -463,59 +488,50 @@ def _utc(text: object) -> str:
         return "unknown"
 
 
-def _generator_table(generator: Mapping[str, Any]) -> Table:
-    lag, send = generator["lag_ms"], generator["send_lag_ms"]
-    health = "FELL BEHIND" if generator["fell_behind"] else "OK"
+def _generator_table(generator: GeneratorHealth) -> Table:
+    lag, send = generator.lag_ms, generator.send_lag_ms
+    health = "FELL BEHIND" if generator.fell_behind else "OK"
     rows = [
-        ("health", f"{health} (late: over {generator['lag_bound_ms']:g} ms; fails at > 1 %)"),
-        ("start lag p50 / p99 / max", " / ".join(with_unit(lag[k]) for k in ("p50", "p99", "max"))),
-        ("send lag p50 / p99 / max", " / ".join(with_unit(send[k]) for k in ("p50", "p99", "max"))),
+        ("health", f"{health} (late: over {generator.lag_bound_ms:g} ms; fails at > 1 %)"),
+        ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
+        ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         (
             "rate target / achieved",
-            f"{_num(generator['target_rate_per_s'], ' req/s')} / "
-            f"{_num(generator['achieved_rate_per_s'], ' req/s')}",
+            f"{_num(generator.target_rate_per_s, ' req/s')} / "
+            f"{_num(generator.achieved_rate_per_s, ' req/s')}",
         ),
-        ("retries", str(generator["retries"])),
+        ("retries", str(generator.retries)),
     ]
     return Table("Generator health", ("", ""), rows)
 
 
-def _classes_table(classes: Mapping[str, Any]) -> Table:
-    rows = []
-    for name, cls in classes.items():
-        failed = cls["requests"] - cls["outcomes"]["ok"]
-        rows.append(
-            (
-                name,
-                str(cls["requests"]),
-                str(failed),
-                _pct(cls["slo"]["attainment"]),
-                _num(cls["goodput"]["requests_per_s"], " req/s"),
-                _verdict(cls["slo"]),
-            )
-        )
+def _classes_table(classes: Mapping[str, ClassAudit]) -> Table:
+    rows = [
+        (name, str(cls.requests), str(cls.failed), _pct(cls.slo.attainment),
+         _num(cls.goodput.requests_per_s, " req/s"), _verdict(cls.slo))
+        for name, cls in classes.items()
+    ]  # fmt: skip
     return Table("Classes", ("class", "requests", "failed", "attainment", "goodput", "SLO"), rows)
 
 
-def _class_blocks(name: str, cls: Mapping[str, Any], report: RunReport) -> list[Block]:
+def _class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
     details = report.classes[name]
-    slo = cls["slo"]
-    goodput = cls["goodput"]
+    slo, goodput = cls.slo, cls.goodput
     blocks: list[Block] = [
         Heading(2, f"Class {name}: {_verdict(slo)}"),
         *_objective_tables(cls),
         _checks_table(slo),
         Para(
-            f"Attainment {_pct(slo['attainment'])} of {cls['requests']} requests met every "
-            f"threshold of the class. Goodput {_num(goodput['requests_per_s'], ' req/s')}, "
-            f"{_num(goodput['output_tokens_per_s'], ' output tokens/s')}."
+            f"Attainment {_pct(slo.attainment)} of {cls.requests} requests met every "
+            f"threshold of the class. Goodput {_num(goodput.requests_per_s, ' req/s')}, "
+            f"{_num(goodput.output_tokens_per_s, ' output tokens/s')}."
         ),
         _outcomes_table(cls),
         _percentile_table(cls),
         _tokens_table(cls, details),
     ]
-    if (server := cls.get("server_timings_ms")) and server["requests"]:
-        blocks.append(_server_table(server, cls))
+    if cls.server_timings_ms.requests:
+        blocks.append(_server_table(cls.server_timings_ms, cls))
     if details.top_errors:
         blocks.append(_errors_table(details.top_errors))
     blocks.extend(Figure(f, report.captions.get(f, f)) for f in details.figures)
@@ -525,161 +541,179 @@ def _class_blocks(name: str, cls: Mapping[str, Any], report: RunReport) -> list[
     return blocks
 
 
-def _objective_tables(cls: Mapping[str, Any]) -> list[Block]:
+def _objective_tables(cls: ClassAudit) -> list[Block]:
     """The batch, trajectory or sessions block of a class (summarization, agent, chat)."""
     blocks: list[Block] = []
-    if batch := cls.get("batch"):
-        deadline = batch["deadline_s"]
-        blocks.append(Table("Batch (judges this class; latency checks below are diagnostic)",
-                            ("measure", "value"), [
-            ("documents ok", f"{batch['ok']} / {batch['documents']}"),
-            ("completion time", _num(batch["completion_time_s"], " s")),
-            ("deadline", "none" if deadline is None else _num(deadline, " s")),
-            ("input tokens/s", _num(batch["input_tokens_per_s"])),
-            ("output tokens/s", _num(batch["output_tokens_per_s"])),
-            ("verdict", _met_word(batch["met"])),
-        ]))  # fmt: skip
-    trajectory = cls.get("trajectory")
-    if trajectory and trajectory["trajectories"]:
-        split = trajectory["time_split_s"]
-        blocks.append(Table("Trajectories (judge this class; latency checks below are diagnostic)",
-                            ("measure", "value"), [
-            ("trajectories ok", f"{trajectory['ok']} / {trajectory['trajectories']}"),
-            ("attainment / target", f"{_pct(trajectory['attainment'])} / "
-                                    f"{_pct(trajectory['target_attainment'])}"),
-            ("budget", _num(trajectory["budget_s"], " s")),
-            ("failed / skipped hops",
-             f"{trajectory['failed_hops']} / {trajectory['skipped_hops']}"),
-            ("duration p50 / p99", f"{_num(trajectory['duration_s']['p50'], ' s')} / "
-                                   f"{_num(trajectory['duration_s']['p99'], ' s')}"),
-            ("time in TTFT / decode / tools",
-             f"{split['ttft']} s / {split['decode']} s / {split['tool']} s"),
-        ]))  # fmt: skip
-        blocks.append(Table("Per-hop duration (intended send → end, ok hops)",
-                            ("hop", "p50", "p90", "p99", "n"), [
-            (hop, _num(v["p50"], " ms"), _num(v["p90"], " ms"), _num(v["p99"], " ms"),
-             str(v["count"]))
-            for hop, v in trajectory["per_hop_ms"].items()
-        ]))  # fmt: skip
-    if sessions := cls.get("sessions"):
-        blocks.append(Table("Sessions", ("measure", "value"), [
-            ("sessions", str(sessions["sessions"])),
-            ("with every turn ok", str(sessions["completed"])),
-            ("turns", str(sessions["turns"])),
-        ]))  # fmt: skip
+    if cls.batch:
+        blocks.append(_batch_table(cls.batch))
+    trajectory = cls.trajectory
+    if trajectory and trajectory.trajectories:
+        blocks.extend(_trajectory_tables(trajectory))
+    if sessions := cls.sessions:
+        blocks.append(_sessions_table(sessions))
     return blocks
 
 
-def _checks_table(slo: Mapping[str, Any]) -> Table:
+def _batch_table(batch: BatchAudit) -> Table:
+    deadline = batch.deadline_s
+    return Table("Batch (judges this class; latency checks below are diagnostic)",
+                 ("measure", "value"), [
+        ("documents ok", f"{batch.ok} / {batch.documents}"),
+        ("completion time", _num(batch.completion_time_s, " s")),
+        ("deadline", "none" if deadline is None else _num(deadline, " s")),
+        ("input tokens/s", _num(batch.input_tokens_per_s)),
+        ("output tokens/s", _num(batch.output_tokens_per_s)),
+        ("verdict", _met_word(batch.met)),
+    ])  # fmt: skip
+
+
+def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
+    split, duration = trajectory.time_split_s, trajectory.duration_s
+    summary = Table("Trajectories (judge this class; latency checks below are diagnostic)",
+                    ("measure", "value"), [
+        ("trajectories ok", f"{trajectory.ok} / {trajectory.trajectories}"),
+        ("attainment / target", f"{_pct(trajectory.attainment)} / "
+                                f"{_pct(trajectory.target_attainment)}"),
+        ("budget", _num(trajectory.budget_s, " s")),
+        ("failed / skipped hops", f"{trajectory.failed_hops} / {trajectory.skipped_hops}"),
+        ("duration p50 / p99", f"{_num(duration.p50, ' s')} / {_num(duration.p99, ' s')}"),
+        ("time in TTFT / decode / tools",
+         f"{split.ttft} s / {split.decode} s / {split.tool} s"),
+    ])  # fmt: skip
+    hops = Table("Per-hop duration (intended send → end, ok hops)",
+                 ("hop", "p50", "p90", "p99", "n"), [
+        (hop, _num(v.p50, " ms"), _num(v.p90, " ms"), _num(v.p99, " ms"), str(v.count))
+        for hop, v in trajectory.per_hop_ms.items()
+    ])  # fmt: skip
+    return [summary, hops]
+
+
+def _sessions_table(sessions: SessionsAudit) -> Table:
+    return Table("Sessions", ("measure", "value"), [
+        ("sessions", str(sessions.sessions)),
+        ("with every turn ok", str(sessions.completed)),
+        ("turns", str(sessions.turns)),
+    ])  # fmt: skip
+
+
+def _checks_table(slo: SloAudit) -> Table:
     rows = []
-    for check in slo["checks"]:
-        p = check["percentile"]
-        value = check["value_ms"]
-        shown = with_unit(value) if value is not None or check["population"] == 0 else "fail"
+    for check in slo.checks:
+        p, value = check.percentile, check.value_ms
+        shown = with_unit(value) if value is not None or check.population == 0 else "fail"
         rows.append(
             (
-                str(check["metric"]).removesuffix("_ms").upper(),
+                check.metric.removesuffix("_ms").upper(),
                 f"p{p:g}" if p is not None else "—",
                 shown,
-                f"≤ {with_unit(check['target_ms'])}" if check["target_ms"] is not None else "—",
-                str(check["population"]),
-                "PASS" if check["passed"] else "FAIL",
-                check["note"] or "",
+                f"≤ {with_unit(check.target_ms)}" if check.target_ms is not None else "—",
+                str(check.population),
+                "PASS" if check.passed else "FAIL",
+                check.note or "",
             )
         )
     if not rows:
         rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
     headers = ("check", "percentile", "value", "target", "population", "result", "note")
-    if slo["met"] is None:  # a run that stopped early: the checks' figures are partial
+    if slo.met is None:  # a run that stopped early: the checks' figures are partial
         return Table("SLO checks on partial figures (failures ranked worst; judge nothing)",
                      headers, rows)  # fmt: skip
     return Table("SLO checks (failures ranked worst)", headers, rows)
 
 
-def _outcomes_table(cls: Mapping[str, Any]) -> Table:
-    total = cls["requests"]
+def _outcomes_table(cls: ClassAudit) -> Table:
+    total = cls.requests
     rows = [
         (outcome, str(n), _pct(n / total if total else None))
-        for outcome, n in cls["outcomes"].items()
+        for outcome, n in cls.outcomes.items()
         if n or outcome == Outcome.OK.value
     ]
     return Table("Outcomes", ("outcome", "requests", "share"), rows)
 
 
-def _percentile_table(cls: Mapping[str, Any]) -> Table:
-    targets = cls["slo"]["targets"]
-    p = targets["percentile"]
+def _percentile_rows(cls: ClassAudit) -> list[tuple[str, Percentiles, float | None]]:
+    """(label, stats, SLO target) per measure; TTFVT only where reasoning streamed."""
+    t = cls.slo.targets
+    rows: list[tuple[str, Percentiles, float | None]] = [
+        ("TTFT", cls.ttft_ms, t.ttft_ms),
+        ("TTFT, failures worst", cls.ttft_ms_with_failures, t.ttft_ms),
+        ("TTFT from send", cls.ttft_from_send_ms, None),
+        ("TPOT", cls.tpot_ms, t.tpot_ms),
+        ("TPOT, failures worst", cls.tpot_ms_with_failures, t.tpot_ms),
+        ("ITL (per gap)", cls.itl_ms, t.itl_ms),
+        ("E2E", cls.e2e_ms, t.e2e_ms),
+        ("E2E, failures worst", cls.e2e_ms_with_failures, t.e2e_ms),
+    ]
+    if cls.reasoning_requests:  # reasoning streamed: the visible answer came later
+        label = f"TTFVT (first visible token; {cls.reasoning_requests} with reasoning)"
+        rows.insert(3, (label, cls.ttfvt_ms, None))
+    return rows
+
+
+def _percentile_table(cls: ClassAudit) -> Table:
+    p = cls.slo.targets.percentile
     rows = []
-    shown = list(PERCENTILE_ROWS)
-    if cls.get("reasoning_requests"):  # reasoning streamed: the visible answer came later
-        shown.insert(3, (f"TTFVT (first visible token; {cls['reasoning_requests']} "
-                         "with reasoning)", "ttfvt_ms", None))  # fmt: skip
-    for label, key, target_key in shown:
-        stats = cls[key]
-        missing = "fail" if stats["count"] else "—"
-        cells = [
-            with_unit(stats[k]) if stats[k] is not None else missing
-            for k in ("p50", "p90", "p95", "p99", "max")
-        ]
-        target = targets.get(target_key) if target_key else None
+    for label, stats, target in _percentile_rows(cls):
+        missing = "fail" if stats.count else "—"
+        points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
+        cells = [with_unit(v) if v is not None else missing for v in points]
         target_text = f"≤ {with_unit(target)} at p{p:g}" if target is not None else ""
-        rows.append((label, str(stats["count"]), *cells, target_text))
+        rows.append((label, str(stats.count), *cells, target_text))
     headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
     return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
 
 
-SERVER_ROWS = (
-    ("server queue", "queue_ms"),
-    ("server model load", "load_ms"),
-    ("server prefill (prompt eval)", "prefill_ms"),
-    ("server decode (eval)", "decode_ms"),
-    ("server total", "total_ms"),
-)
+SERVER_LABELS = {
+    "queue_ms": "server queue",
+    "load_ms": "server model load",
+    "prefill_ms": "server prefill (prompt eval)",
+    "decode_ms": "server decode (eval)",
+    "total_ms": "server total",
+}
 
 
-def _server_table(server: Mapping[str, Any], cls: Mapping[str, Any]) -> Table:
+def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
     """What the server reported about its own work, beside the client's TTFT and E2E."""
+    measured = [(SERVER_LABELS[name], stats) for name, stats in server.measured().items()]
+    client = [("client TTFT from send", cls.ttft_from_send_ms), ("client E2E", cls.e2e_ms)]
     rows = []
-    client = (("client TTFT from send", cls["ttft_from_send_ms"]), ("client E2E", cls["e2e_ms"]))
-    measured = [(label, server[key]) for label, key in SERVER_ROWS if server[key]["count"]]
     for label, stats in [*measured, *client]:
-        cells = [with_unit(stats[k]) if stats[k] is not None else "—"
-                 for k in ("p50", "p90", "p99", "max")]  # fmt: skip
-        rows.append((label, str(stats["count"]), *cells))
-    title = (f"Server-reported timings ({server['requests']} ok requests), "
-             "beside the client's own")  # fmt: skip
+        cells = [with_unit(v) if v is not None else "—"
+                 for v in (stats.p50, stats.p90, stats.p99, stats.max)]  # fmt: skip
+        rows.append((label, str(stats.count), *cells))
+    title = f"Server-reported timings ({server.requests} ok requests), beside the client's own"
     return Table(title, ("measure", "n", "p50", "p90", "p99", "max"), rows)
 
 
-def _tokens_table(cls: Mapping[str, Any], details: ClassDetails) -> Table:
-    out, chunking, prompt = cls["output_tokens"], cls["tokens_per_chunk"], details.prompt_tokens
-    diff = prompt["mean_relative_diff"]
+def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
+    out, chunking, prompt = cls.output_tokens, cls.tokens_per_chunk, details.prompt_tokens
+    diff = prompt.mean_relative_diff
     rows = [
         (
             "output tokens (ok) mean / p50 / max / total",
-            f"{_num(out['mean'])} / {_num(out['p50'])} / {_num(out['max'])} / {_num(out['total'])}",
+            f"{_num(out.mean)} / {_num(out.p50)} / {_num(out.max)} / {_num(out.total)}",
         ),
         (
             "prompt tokens planned vs server-reported (mean)",
-            f"{_num(prompt['target_mean'])} vs {_num(prompt['reported_mean'])} "
-            f"over {prompt['requests']} requests with usage",
+            f"{_num(prompt.target_mean)} vs {_num(prompt.reported_mean)} "
+            f"over {prompt.requests} requests with usage",
         ),
         ("prompt tokens mean relative difference", f"{diff:+.2%}" if diff is not None else "—"),
-        ("tokens per chunk mean / max", f"{_num(chunking['mean'])} / {_num(chunking['max'])}"),
+        ("tokens per chunk mean / max", f"{_num(chunking.mean)} / {_num(chunking.max)}"),
     ]
-    if chunking["mean"] is not None and chunking["mean"] > 1:
+    if chunking.mean is not None and chunking.mean > 1:
         rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
     return Table("Tokens", ("", ""), rows)
 
 
-def _errors_table(errors: Sequence[Stats]) -> Table:
+def _errors_table(errors: Sequence[ErrorCount]) -> Table:
     rows = []
     for e in errors:
-        message = str(e["error"] or "(no message)")
+        message = e.error or "(no message)"
         if len(message) > ERROR_TEXT_CHARS:
             message = message[:ERROR_TEXT_CHARS] + "…"
-        status = str(e["http_status"]) if e["http_status"] is not None else "—"
-        rows.append((str(e["count"]), str(e["outcome"]), status, message))
+        status = str(e.http_status) if e.http_status is not None else "—"
+        rows.append((str(e.count), e.outcome, status, message))
     return Table("Top errors", ("count", "outcome", "HTTP", "message"), rows)
 
 
@@ -717,10 +751,10 @@ def _windows_table(windows: pl.DataFrame) -> Table:
     return Table("Time windows (ok requests' percentiles)", headers, rows)
 
 
-def _verdict(slo: Mapping[str, Any]) -> str:
-    if not slo["checks"] and slo["met"] is not None:
+def _verdict(slo: SloAudit) -> str:
+    if not slo.checks and slo.met is not None:
         return "no SLO"
-    return _met_word(slo["met"])
+    return _met_word(slo.met)
 
 
 def _met_word(met: bool | None) -> str:
@@ -764,7 +798,7 @@ def render_html(report: RunReport) -> str:
     """One self-contained HTML page: inline CSS, PNGs as data URIs, every text escaped."""
     e = html.escape
     body = "\n".join(_html_block(b, report) for b in document(report))
-    title = e(f"loadgen report · {report.summary['run_id']}")
+    title = e(f"loadgen report · {report.summary.run_id}")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{title}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"

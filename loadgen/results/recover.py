@@ -25,11 +25,9 @@ loadgen) is judged by the latest moment its records show.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -45,7 +43,7 @@ from loadgen.results.records import (
     to_frame,
     write_parquet_atomic,
 )
-from loadgen.results.runfolder import write_json_atomic
+from loadgen.results.runfolder import RunInfo, read_run_info, write_run_info
 from loadgen.workload.identity import spec_from_resolved
 from loadgen.workload.plans import Flow, RequestPlan, Work, plan_work
 from loadgen.workload.shards import Share, split_work
@@ -66,14 +64,11 @@ class Recovery:
 
 def recover(run_dir: Path) -> Recovery:
     """Finish a killed run (see the module docstring); a finished run is left as it is."""
-    info_path = run_dir / "run.json"
-    if not info_path.exists():
-        raise LoadgenError(f"{run_dir} has no run.json: not a run folder")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
+    info = read_run_info(run_dir)
     parts = run_dir / PARTS_DIR
     if not parts.exists():
         if (run_dir / RECORDS_FILE).exists():
-            planned = int(info.get("planned", 0))
+            planned = info.planned or 0
             return Recovery(planned=planned, kept=planned, cancelled=0, not_sent=0,
                             nothing_to_do=True)  # fmt: skip
         raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
@@ -85,47 +80,44 @@ def recover(run_dir: Path) -> Recovery:
     write_parquet_atomic(joined, run_dir / RECORDS_FILE)
     remove_parts(parts)
 
-    marked = {**info, "interrupted": True, "recovered": True, "stopped": "incomplete"}
-    write_json_atomic(info_path, marked)
+    write_run_info(run_dir, replace(info, interrupted=True, recovered=True, stopped="incomplete"))
     counts = {o: sum(r.outcome is o for r in filled) for o in (Outcome.CANCELLED, Outcome.NOT_SENT)}
     return Recovery(planned=len(work.plans), kept=frame.height, cancelled=counts[Outcome.CANCELLED],
                     not_sent=counts[Outcome.NOT_SENT])  # fmt: skip
 
 
-def rebuild_work(info: Mapping[str, Any], run_dir: Path) -> Work:
+def rebuild_work(info: RunInfo, run_dir: Path) -> Work:
     """The run's plan from its run.json: spec + seed, and the shard's share of it."""
-    workload = info.get("workload") or {}
     try:
-        spec = spec_from_resolved(workload.get("spec") or {})
-        work = plan_work(spec, int(info.get("seed", spec.seed)))
+        spec = spec_from_resolved(info.workload.spec if info.workload else {})
+        work = plan_work(spec, spec.seed if info.seed is None else info.seed)
     except (LoadgenError, OSError) as exc:
         raise LoadgenError(
             f"{run_dir}: cannot rebuild the run's plan from run.json, so the requests it never "
             f"recorded cannot be accounted for: {exc}. If a file the workload reads (a trace) "
             "moved, put it back where run.json says and run --recover again"
         ) from None
-    shard = info.get("shard")
-    if shard:
-        work = split_work(work, Share(int(shard["index"]), int(shard["count"])))
-    planned = info.get("planned")
-    if planned is not None and int(planned) != len(work.plans):
+    if info.shard:
+        work = split_work(work, Share(info.shard.index, info.shard.count))
+    planned = info.planned
+    if planned is not None and planned != len(work.plans):
         raise LoadgenError(
             f"{run_dir}: the rebuilt plan has {len(work.plans)} requests, run.json says "
             f"{planned}: this loadgen plans the workload differently from the one that ran it "
-            f"({info.get('loadgen_version', '?')}); recover it with that version"
+            f"({info.loadgen_version or '?'}); recover it with that version"
         )
     return work
 
 
-def _process_count(info: Mapping[str, Any]) -> int:
-    return max(1, int((info.get("workers") or {}).get("count") or 1))
+def _process_count(info: RunInfo) -> int:
+    return max(1, info.workers.count if info.workers else 1)
 
 
-def last_alive_ns(parts: Path, info: Mapping[str, Any], frame: pl.DataFrame) -> dict[int, int]:
+def last_alive_ns(parts: Path, info: RunInfo, frame: pl.DataFrame) -> dict[int, int]:
     """Per engine process (0 for a single-process run), the last moment it was seen alive,
     in ns since t0: its heartbeat's modification time, else the latest time in the records."""
-    t0 = info.get("t0") or {}
-    t0_unix_ns = int(t0.get("measured_unix_ns") or t0.get("unix_ns") or 0)
+    t0 = info.t0
+    t0_unix_ns = (t0.measured_unix_ns or t0.unix_ns or 0) if t0 else 0
     alive: dict[int, int] = {}
     for path in parts.glob(f"{HEARTBEAT}*"):
         suffix = path.name.removeprefix(HEARTBEAT).removeprefix("-w")

@@ -8,16 +8,14 @@ asked. The per-minute histograms beside each run's records are `loadgen.analysis
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from loadgen.errors import LoadgenError
-from loadgen.results.runfolder import RUN_FILE, run_stop
-from loadgen.workload.identity import identity_of_run
+from loadgen.results.runfolder import RUN_FILE, RunInfo, read_run_info
 from loadgen.workload.spec import SloTargets
 
 
@@ -32,9 +30,7 @@ class RunEntry:
     slos: Mapping[str, SloTargets] = field(default_factory=dict)
     workload_key: str = ""  # `name@fingerprint`: what the store pools by (workload.identity)
     offered_rate_per_s: float | None = None
-    stopped: str | None = (
-        None  # `run_stop`: interrupted, watchdog, incomplete; None: ran to its end
-    )
+    stopped: str | None = None  # `RunInfo.stop`: interrupted, watchdog, incomplete, or None
 
     @property
     def is_complete(self) -> bool:
@@ -68,48 +64,32 @@ def select_runs(
 
 def read_run_entry(run_dir: Path) -> RunEntry:
     """A run's `run.json` as a `RunEntry` (LoadgenError if it is unreadable or has no t0)."""
-    info = _read_run_json(run_dir)
+    info = read_run_info(run_dir)
     try:
-        started = int(info["t0"]["unix_ns"])
-        workload = info["workload"]
-        classes = workload.get("spec", {}).get("classes", {})
-        slos = {str(name): _slo_targets(cls.get("slo") or {}) for name, cls in classes.items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if info.t0 is None or info.workload is None:
+            raise ValueError("no t0 or no workload")
+        started = int(info.t0.unix_ns)
+        slos = info.slos()
+    except (TypeError, ValueError) as exc:
         raise LoadgenError(f"{run_dir / RUN_FILE}: not a loadgen run.json ({exc!r})") from None
     ident = _identity(info)
     return RunEntry(
         run_dir=run_dir,
-        run_id=str(info.get("run_id", run_dir.name)),
+        run_id=info.run_id,
         started_unix_ns=started,
-        workload=str(workload.get("name", "")),
+        workload=info.workload.name,
         slos=slos,
-        workload_key=str(ident.get("key") or f"{workload.get('name', '')}@unknown"),
+        workload_key=str(ident.get("key") or f"{info.workload.name}@unknown"),
         offered_rate_per_s=ident.get("offered_rate_per_s"),
-        stopped=run_stop(info),
+        stopped=info.stop,
     )
 
 
-def _identity(info: Mapping[str, Any]) -> dict[str, Any]:
+def _identity(info: RunInfo) -> dict[str, Any]:
     """The run's workload identity; for a run whose stored spec this loadgen cannot rebuild,
     none (its key is then `name@unknown`: a workload of its own)."""
 
     try:
-        return identity_of_run(info)
+        return info.identity()
     except LoadgenError:
         return {}
-
-
-def _read_run_json(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LoadgenError(f"{path}: cannot read run.json ({exc})") from None
-    if not isinstance(info, dict):
-        raise LoadgenError(f"{path}: not a loadgen run.json (not an object)")
-    return info
-
-
-def _slo_targets(slo: Mapping[str, Any]) -> SloTargets:
-    known = {f.name for f in fields(SloTargets)}
-    return SloTargets(**{k: v for k, v in slo.items() if k in known and v is not None})

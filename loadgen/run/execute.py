@@ -48,6 +48,7 @@ from loadgen.errors import (
     TargetError,
     describe_os_error,
 )
+from loadgen.results.codec import from_json
 from loadgen.results.records import (
     PARTS_DIR,
     RECORDS_FILE,
@@ -60,10 +61,13 @@ from loadgen.results.records import (
 from loadgen.results.runfolder import (
     EXIT_INTERRUPTED,
     SCHEMA_VERSION,
+    RunInfo,
     new_run_id,
     write_json_atomic,
+    write_run_info,
     write_summary,
 )
+from loadgen.results.summary import Summary
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.simulator import running_sim, sim_args_from_mapping
 from loadgen.workload.identity import identity
@@ -102,17 +106,16 @@ class RunResult:
     """What a finished (or interrupted) run left behind."""
 
     run_dir: Path
-    summary: dict[str, Any]
+    summary: Summary
     interrupted: bool
-
+    run_info: RunInfo  # run.json as written
     watchdog: str | None = None  # what the run was waiting for when the watchdog stopped it
-    run_info: Mapping[str, Any] = field(default_factory=dict)  # run.json as written
 
     @property
     def exit_code(self) -> int:
         """The summary's verdict: 0 met, 2 missed, 3 fell behind; 4 stopped by the
         watchdog, 130 interrupted (no verdict on the server)."""
-        return int(self.summary["verdict"]["exit_code"])
+        return self.summary.verdict.exit_code
 
 
 def resolve_headers(
@@ -565,9 +568,9 @@ def process_info(
         "pid": pid,
         "exit_code": exit_code,
         "records": mine.height,
-        "lag_ms_p99": health["lag_ms"]["p99"],
+        "lag_ms_p99": health.lag_ms.p99,
         "late_share": late_share(mine, lag_bound_ms),
-        "fell_behind": health["fell_behind"],
+        "fell_behind": health.fell_behind,
         "t0_skew_us": round(skew_ns / 1e3, 3),
         "reached_late_ms": t0.get("reached_late_ms"),
     }
@@ -613,9 +616,9 @@ def finish(
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
-    final = {"run_id": run_id, **run_info, "interrupted": interrupted, "finished": True,
-             "stopped": stopped, "watchdog": watchdog}  # fmt: skip
-    write_json_atomic(run_dir / "run.json", final)
+    ended = {"interrupted": interrupted, "finished": True, "stopped": stopped, "watchdog": watchdog}
+    final = from_json(RunInfo, {"run_id": run_id, **run_info, **ended})
+    write_run_info(run_dir, final)
     return RunResult(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
         run_info=final,

@@ -48,7 +48,7 @@ between the unqueued TTFT and the wait for a slot.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import ConfigError
+from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
@@ -472,7 +473,7 @@ def audit_step(
     required = required_requests(spec, min_tail)
     classes = {
         name: _class_figures(block, required.get(name))
-        for name, block in summary["classes"].items()
+        for name, block in summary.classes.items()
         if name in spec.classes
     }
     steady = steadiness(frame, cut, end)
@@ -523,26 +524,29 @@ def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
     return first + min(round(WARMUP_LIFETIMES * mean_ns), longest)
 
 
-def _class_figures(block: Mapping[str, Any], required: int | None) -> ClassFigures:
-    slo = block["slo"]
-    targets = slo["targets"]
-    p = float(targets["percentile"])
-    key = f"p{p:g}" if f"p{p:g}" in block["ttft_ms_with_failures"] else "p99"
+def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
+    targets = block.slo.targets
     return ClassFigures(
-        requests=int(block["requests"]),
+        requests=block.requests,
         required=required,
-        percentile=p,
-        attainment=slo["attainment"],
-        met=bool(slo["met"]),
-        ttft_ms=block["ttft_ms_with_failures"][key],
-        tpot_ms=block["tpot_ms_with_failures"][key],
-        ttft_slo_ms=targets["ttft_ms"],
-        tpot_slo_ms=targets["tpot_ms"],
+        percentile=targets.percentile,
+        attainment=block.slo.attainment,
+        met=bool(block.slo.met),
+        ttft_ms=_at_percentile(block.ttft_ms_with_failures, targets.percentile),
+        tpot_ms=_at_percentile(block.tpot_ms_with_failures, targets.percentile),
+        ttft_slo_ms=targets.ttft_ms,
+        tpot_slo_ms=targets.tpot_ms,
     )
 
 
+def _at_percentile(stats: FailureRankedStats, percentile: float) -> float | None:
+    """The summary's figure at the SLO percentile (it holds p50/90/95/99; p99 otherwise)."""
+    shown = {50.0: stats.p50, 90.0: stats.p90, 95.0: stats.p95, 99.0: stats.p99}
+    return shown.get(percentile, stats.p99)
+
+
 def _status(
-    summary: Mapping[str, Any],
+    summary: Summary,
     classes: Mapping[str, ClassFigures],
     steady: Steadiness,
     fell_behind: bool,
@@ -554,7 +558,7 @@ def _status(
     served_load: float | None,
 ) -> tuple[str, str, float | None]:
     """(status, reason, capacity load if over-saturated), the checks in the module's order."""
-    if fell_behind or summary["verdict"]["fell_behind"]:
+    if fell_behind or summary.verdict.fell_behind:
         return INVALID, "the generator fell behind (late sends, or client errors)", None
     short = [
         f"{name} {c.requests}/{c.required} requests"
@@ -611,7 +615,7 @@ def _rise(trend: Trend) -> str:
 
 
 def _step_of(
-    summary: Mapping[str, Any],
+    summary: Summary,
     classes: Mapping[str, ClassFigures],
     load: float,
     status: str,
@@ -619,22 +623,22 @@ def _step_of(
     kept: pl.DataFrame,
     run_dir: str | None,
 ) -> Step:
-    duration_s = float(summary["duration_s"])
+    duration_s = summary.duration_s
     judged = sum(c.requests for c in classes.values())
     meeting = sum((c.attainment or 0.0) * c.requests for c in classes.values())
-    goodput = [b["goodput"] for b in summary["classes"].values()]
+    goodput = [b.goodput for b in summary.classes.values()]
     tokens = int(kept["output_tokens"].fill_null(0).sum()) if kept.height else 0
     return Step(
         load=load, status=status, note=note, requests=judged, duration_s=duration_s,
         attainment=round(meeting / judged, 6) if judged else None,
-        goodput_req_per_s=_total(g["requests_per_s"] for g in goodput),
-        goodput_tok_per_s=_total(g["output_tokens_per_s"] for g in goodput),
+        goodput_req_per_s=_total(g.requests_per_s for g in goodput),
+        goodput_tok_per_s=_total(g.output_tokens_per_s for g in goodput),
         throughput_tok_per_s=round(tokens / duration_s, 3) if duration_s > 0 else None,
         classes=classes, run_dir=run_dir,
     )  # fmt: skip
 
 
-def _total(values: Any) -> float | None:
+def _total(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return round(sum(present), 3) if present else None
 
