@@ -1,7 +1,7 @@
 """The knee plot of a capacity search (`knee.png`): the steps' verdicts and figures vs load.
 
-Drawn from a finished `loadgen.studies.capacity.Search` alone (matplotlib is imported inside
-`knee_png`, only when a plot is written); the search itself never needs it.
+Drawn from a finished `loadgen.studies.capacity.Search` alone, with the house colours and
+`plots.figure_png`; the search itself never imports matplotlib.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure  # no pyplot: nothing global to clean up
 
-from loadgen.render.plots import METRIC_COLOURS, _png  # the house colours, DPI and closing
+from loadgen.render.plots import METRIC_COLOURS, figure_png
 from loadgen.studies.capacity import FAIL, INVALID, PASS, Search, Step
 
 
@@ -53,7 +53,7 @@ def knee_png(found: Search, *, x_scale: float = 1.0, x_label: str = "load") -> b
     if found.highest_pass is not None:
         title += f" — highest passing load {found.highest_pass * x_scale:.3g}"
     fig.suptitle(title)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def _rates_panel(ax: Any, steps: Sequence[Step], x: Sequence[float]) -> None:

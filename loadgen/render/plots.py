@@ -90,7 +90,7 @@ def cdf_png(
     ax.set_ylabel("share of requests ≤ x")
     ax.set_title(title)
     ax.legend(loc="lower right")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def itl_histogram_png(
@@ -120,7 +120,7 @@ def itl_histogram_png(
     ax.set_title(title)
     if gaps.size or target_ms is not None:
         ax.legend(loc="upper right")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def tokens_per_chunk_png(chunks_by_tokens: Mapping[int, int], *, title: str) -> bytes:
@@ -137,7 +137,7 @@ def tokens_per_chunk_png(chunks_by_tokens: Mapping[int, int], *, title: str) -> 
     ax.set_xlabel("tokens in the chunk")
     ax.set_ylabel("chunks")
     ax.set_title(title)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def timeline_png(
@@ -206,7 +206,7 @@ def timeline_png(
     bottom.set_xlabel("time since run start (s), by intended send time")
     bottom.set_ylim(0, max([1, *failed]) * 1.15)
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    return _png(fig)
+    return figure_png(fig)
 
 
 def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> None:
@@ -251,7 +251,7 @@ def hop_boxplot_png(
     ax.set_xlabel("hop (0 = first call of the trajectory)")
     ax.set_ylabel("hop duration (ms)")
     ax.set_title(title)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def batch_progress_png(
@@ -270,7 +270,7 @@ def batch_progress_png(
     ax.set_ylabel("documents completed ok")
     ax.set_title(title)
     ax.legend(loc="lower right")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def _figure() -> tuple[Figure, Axes]:
@@ -280,8 +280,9 @@ def _figure() -> tuple[Figure, Axes]:
     return fig, ax
 
 
-def _png(fig: Figure) -> bytes:
-    """The figure as PNG bytes; the figure is closed whatever happens."""
+def figure_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes at the house DPI; the figure is closed whatever happens (a
+    pyplot figure or a bare `Figure`, as `knee_plot` draws)."""
     try:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=DPI)
