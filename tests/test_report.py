@@ -15,7 +15,9 @@ import pytest
 
 from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.render import report as rpt
+from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.html import render_html
+from loadgen.render.report.model import RunReport, build_run_report
 from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
@@ -186,16 +188,16 @@ def nearest_rank(values: list[float], p: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> rpt.RunReport:
+def built(tmp_path_factory: pytest.TempPathFactory) -> RunReport:
     """The synthetic run's report with 5 s tumbling windows (built once: figures take time).
 
     Its run.json says 50 planned and a lag bound (0.5 ms) below the 1 ms lag.
     """
     run_dir = make_run(tmp_path_factory.mktemp("r"), planned=50, lag_bound_ms=0.5)
-    return rpt.build_run_report(run_dir, window_s=5.0)
+    return build_run_report(run_dir, window_s=5.0)
 
 
-def test_summary_percentiles_match_a_direct_computation(built: rpt.RunReport) -> None:
+def test_summary_percentiles_match_a_direct_computation(built: RunReport) -> None:
     """TTFT/TPOT p50/p90/p99 (ok, and failures worst) equal nearest rank over the raw records."""
     chat = [r for r in synthetic_records() if r.class_name == "chat"]
     ok = [r for r in chat if r.outcome is Outcome.OK]
@@ -216,7 +218,7 @@ def test_summary_percentiles_match_a_direct_computation(built: rpt.RunReport) ->
     assert cls.slo.attainment == pytest.approx(37 / 40)
 
 
-def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
+def test_windows_match_a_direct_computation(built: RunReport) -> None:
     """Per 5 s window: requests by intended time, in-flight at the end, TTFT p99 and failures."""
     chat = [r for r in synthetic_records() if r.class_name == "chat"]
     windows = built.windows.filter(built.windows["class"] == "chat")
@@ -235,7 +237,7 @@ def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
         assert w["ttft_p99_ms"] == (pytest.approx(expected) if expected is not None else None)
 
 
-def test_details_count_prompt_tokens_chunks_and_errors(built: rpt.RunReport) -> None:
+def test_details_count_prompt_tokens_chunks_and_errors(built: RunReport) -> None:
     """Prompt token means, tokens per chunk and top errors are counted from the records."""
     ok = [r for r in synthetic_records() if r.class_name == "chat" and r.outcome is Outcome.OK]
     details = built.classes["chat"]
@@ -250,7 +252,7 @@ def test_details_count_prompt_tokens_chunks_and_errors(built: rpt.RunReport) -> 
     assert top == [(2, "rejected", "queue full"), (1, "timeout_stall", "stall")]
 
 
-def test_every_figure_is_a_png_and_named_per_class(built: rpt.RunReport) -> None:
+def test_every_figure_is_a_png_and_named_per_class(built: RunReport) -> None:
     """Each class has its five figures, all valid PNGs, with file-name-safe names."""
     assert len(built.figures) == 10
     for name, png in built.figures.items():
@@ -267,10 +269,10 @@ def test_every_figure_is_a_png_and_named_per_class(built: rpt.RunReport) -> None
 
 
 def test_html_escapes_injected_text_and_loads_nothing_from_the_network(
-    built: rpt.RunReport,
+    built: RunReport,
 ) -> None:
     """A class name, error message or model `<script>` is escaped, and no src/href leaves the file."""
-    page = rpt.render_html(built)
+    page = render_html(built)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
@@ -281,9 +283,9 @@ def test_html_escapes_injected_text_and_loads_nothing_from_the_network(
     assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in images)
 
 
-def test_html_shows_the_header_verdicts_and_tables(built: rpt.RunReport) -> None:
+def test_html_shows_the_header_verdicts_and_tables(built: RunReport) -> None:
     """The page names the run, date, target and verdicts, with percentile and window tables."""
-    page = rpt.render_html(built)
+    page = render_html(built)
     for text in (
         "20261129T110412Z-synthetic-0000",
         "2026-11-29 11:04:12 UTC",
@@ -308,10 +310,10 @@ def html_text(text: str) -> str:
 
 
 def test_markdown_links_pngs_beside_it_and_summary_is_written(
-    built: rpt.RunReport, tmp_path: Path
+    built: RunReport, tmp_path: Path
 ) -> None:
     """write_run_report writes report.html, report.md + PNGs it links, and summary.json."""
-    written = rpt.write_run_report(built, tmp_path / "out")
+    written = write_run_report(built, tmp_path / "out")
     names = {p.name for p in written}
     assert {"report.html", "report.md", "summary.json"} <= names
     md = (tmp_path / "out" / "report.md").read_text()
@@ -344,7 +346,7 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     assert tightened.classes["chat"].slo.targets.tpot_ms == 20.0
 
 
-def test_run_json_decides_planned_and_lag_bound(built: rpt.RunReport) -> None:
+def test_run_json_decides_planned_and_lag_bound(built: RunReport) -> None:
     """planned and the lag bound come from run.json, not from the records."""
     assert built.summary.generator.planned == 50
     assert built.summary.interrupted is False
@@ -372,20 +374,20 @@ def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
     run_dir = make_run(tmp_path, planned=50)
     path = run_dir / "run.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **info}))
-    report = rpt.build_run_report(run_dir, window_s=5.0)
+    report = build_run_report(run_dir, window_s=5.0)
     verdict = report.summary.verdict
     assert (verdict.status, verdict.exit_code, verdict.slo_met) == (status, code, None)
     assert all(c.slo.met is None for c in report.summary.classes.values())
-    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", rpt.render_html(report))  # the text, no PNGs
+    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", render_html(report))  # the text, no PNGs
     assert "PARTIAL" in page
     assert html_text("Class chat: partial") in page
     assert "MET" not in page
     assert "MISSED" not in page
 
 
-def test_an_override_is_announced(built: rpt.RunReport) -> None:
+def test_an_override_is_announced(built: RunReport) -> None:
     """A report whose SLOs are not the workload's says so at the top."""
-    page = rpt.render_html(dataclasses.replace(built, slos_overridden=("chat",)))
+    page = render_html(dataclasses.replace(built, slos_overridden=("chat",)))
     assert "SLO targets overridden (not the workload&#x27;s) for: chat" in page
 
 
@@ -431,4 +433,4 @@ def test_parse_slo_override_rejects(text: str, problem: str) -> None:
 def test_a_folder_without_run_json_is_a_clear_error(tmp_path: Path) -> None:
     """Pointing the report at a folder that is not a run says so."""
     with pytest.raises(LoadgenError, match=r"no run\.json"):
-        rpt.build_run_report(tmp_path)
+        build_run_report(tmp_path)

@@ -13,7 +13,8 @@ from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.render.report import build_run_report, write_run_report
+from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import render_rolling_table, rolling_plot
 from loadgen.render.terminal import render_summary
 from loadgen.results import codec
