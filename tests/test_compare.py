@@ -34,8 +34,10 @@ from loadgen.analysis.compare import (
     tolerance_for,
     wilson,
 )
-from loadgen.cli.compare import compare, render_junit, render_markdown, render_table
+from loadgen.cli.compare import compare
 from loadgen.errors import ConfigError
+from loadgen.render.compare_view import render_markdown, render_table
+from loadgen.render.junit import render_junit
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.workload.spec import SloTargets
 
