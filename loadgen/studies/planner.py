@@ -2,8 +2,9 @@
 
 Sits beside the audit, after the records: `estimate` reads parameters off measured runs
 (records frames and their `run.json`), `resolve` merges them with command-line values and
-defaults (labelling where each came from), and `make_plan` does the arithmetic. Pure
-functions; no I/O (the CLI in `loadgen.cli.plan` reads the files and renders).
+defaults (labelling where each came from; `from_runs` turns runs into such layers), and
+`make_plan` does the arithmetic; `to_json` is the plan for machines. Pure functions; no
+I/O (`loadgen.cli.plan` reads the files, `render.planner_view` draws the tables).
 
 The arithmetic (P = prompt tokens, r = prefill tokens/s, t_d = decode step, N = output
 tokens, λ = arrival rate, μ = drain rate of one replica):
@@ -35,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,8 @@ import polars as pl
 from loadgen.analysis.metrics import derive, percentiles
 from loadgen.errors import ConfigError
 from loadgen.results.records import Outcome
+from loadgen.results.runfolder import RunInfo
+from loadgen.sim.engine import EngineConfig
 
 CHECK_UTILIZATIONS: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
 MM1_KNEE = 0.8  # the seed: "a fleet you would run at 0.8 under exponential assumptions"
@@ -847,3 +850,115 @@ def lower_envelope_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, f
 def _quantile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+# --- inputs from run folders --------------------------------------------------------------
+
+Layer = tuple[Mapping[str, float | None], str]  # (values, where they came from): see `resolve`
+
+
+def from_runs(
+    frames: Sequence[pl.DataFrame],
+    infos: Sequence[RunInfo],
+    *,
+    class_name: str | None,
+    given: Mapping[str, float | None],
+    source: str,
+) -> tuple[Measured, list[Layer]]:
+    """Estimates from runs' records and the SLOs their run.json recorded, as `resolve`
+    layers: the decode step first, then the other estimates, the recorded SLOs, and the
+    built-in simulator's batch slots. `source` names the runs in labels and errors."""
+    measured = estimate(frames, class_name)
+    if measured.requests == 0:
+        which = f"of class {class_name!r} " if class_name else ""
+        raise ConfigError(source, "records", f"hold no ok request {which}with a first token",
+                          "plan from a run that served requests, or give the flags")  # fmt: skip
+    estimates = measured.as_inputs()
+    decode = estimates.pop("decode_step_ms", None)
+    layers: list[Layer] = [
+        (estimates, f"measured (from {source})"),
+        (recorded_slos(infos, class_name, given, source), f"recorded SLO (from {source})"),
+    ]
+    if decode is not None:
+        at = f" at batch {measured.decode_batch:g}" if measured.decode_batch else ""
+        layers.insert(0, ({"decode_step_ms": decode},
+                          f"measured: {measured.decode_source}{at} (from {source})"))  # fmt: skip
+    slots = simulator_slots(infos)
+    if slots is not None:
+        label = f"configured (the built-in simulator's --max-batch, from {source})"
+        layers.append(({"slots_per_replica": float(slots)}, label))
+    return measured, layers
+
+
+def recorded_slos(
+    infos: Sequence[RunInfo],
+    class_name: str | None,
+    given: Mapping[str, float | None],
+    source: str,
+) -> dict[str, float | None]:
+    """The runs' recorded SLO targets (of `class_name`, or every class) as plan inputs; a
+    ConfigError where classes or runs disagree on one that no flag gives."""
+    slos: dict[str, set[float]] = {}
+    for info in infos:
+        for name, slo in info.slos().items():
+            if class_name is None or name == class_name:
+                for key, value in asdict(slo).items():
+                    if value is not None:
+                        slos.setdefault(key, set()).add(float(value))
+    recorded: dict[str, float | None] = {}
+    for key, values in slos.items():
+        field = key.replace("_ms", "_slo_ms") if key != "percentile" else key
+        if len(values) > 1 and given.get(field) is None:
+            raise ConfigError(source, f"slo.{key}", f"classes or runs disagree ({sorted(values)})",
+                              "choose one with --class or the flag")  # fmt: skip
+        recorded[field] = min(values)
+    return recorded
+
+
+def simulator_slots(infos: Sequence[RunInfo]) -> int | None:
+    """The built-in simulator's --max-batch when every run used it with the same one."""
+
+    found: set[int] = set()
+    for info in infos:
+        if info.target is None or not info.target.builtin_sim:
+            return None
+        args = [str(a) for a in info.target.sim_args or ()]
+        value = args[args.index("--max-batch") + 1] if "--max-batch" in args[:-1] else None
+        try:
+            found.add(int(value) if value is not None else EngineConfig().max_batch)
+        except ValueError:
+            return None
+    return found.pop() if len(found) == 1 else None
+
+
+# --- the plan as JSON ---------------------------------------------------------------------
+
+SECTIONS: dict[str, type] = {"chunking": Chunking, "fleet": Fleet, "cost": Cost}
+
+
+def to_json(
+    inputs: PlanInputs,
+    sources: Mapping[str, str],
+    result: Plan,
+    measured: Measured | None,
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """The plan flat (sections' fields at the top, null when a section is absent), inputs beside."""
+    flat: dict[str, Any] = {}
+    for f in fields(result):
+        value = getattr(result, f.name)
+        if f.name in SECTIONS:
+            names = [g.name for g in fields(SECTIONS[f.name])]
+            flat.update(asdict(value) if value else dict.fromkeys(names))
+        elif isinstance(value, tuple):
+            flat[f.name] = [asdict(v) for v in value]
+        else:
+            flat[f.name] = value
+    values = asdict(inputs)
+    values["decode_table"] = [list(pair) for pair in inputs.decode_table] or None
+    return {
+        **flat,
+        "inputs": {k: {"value": values[k], "source": sources.get(k)} for k in values},
+        "measured": asdict(measured) if measured else None,
+        "notes": list(notes),
+    }
