@@ -59,7 +59,9 @@ from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import ConfigError
+from loadgen.results.records import read_records
 from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
+from loadgen.run.execute import RunOptions, execute
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
@@ -710,6 +712,28 @@ def step_runner(
     return run_step
 
 
+def run_one_against(
+    url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool
+) -> RunOne:
+    """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
+    its folder in `out`; only the first checks the target (preflight)."""
+    first = [True]
+
+    def run_one(
+        spec: WorkloadSpec, cap: int | None, run_id: str
+    ) -> tuple[pl.DataFrame, bool, bool, Path]:
+        options = RunOptions(
+            url=url, seed=seed, out_dir=out, run_id=run_id, max_in_flight=cap, quiet=quiet,
+            lag_bound_ms=lag_bound_ms, check_target=first[0],
+        )  # fmt: skip
+        first[0] = False
+        result = execute(spec, options)
+        fell_behind = result.summary.verdict.fell_behind
+        return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
+
+    return run_one
+
+
 def _short_by(step: Step) -> float:
     """How much longer a short step's counts must be: the worst required / judged ratio."""
     ratios = [
@@ -800,3 +824,18 @@ def steady_json(steady: Steadiness) -> dict[str, Any]:
         for t in steady.trends
     }
     return data
+
+
+def settings_json(
+    param: str, loads: list[float], resolution: float, min_tail: int, min_lifetimes: float,
+    warmup_s: float | None, safety_margin: float, proposed: float | None,
+    base_rate: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The settings capacity.json records beside the steps."""
+    return {
+        "param": param, "loads": loads, "resolution": resolution, "min_tail": min_tail,
+        "min_lifetimes": min_lifetimes, "rate_tolerance": RATE_TOLERANCE, "warmup_s": warmup_s,
+        "safety_margin": safety_margin, "proposed_limit": proposed,
+        "load_unit": "max_in_flight" if param == "max_in_flight" else "rate multiplier",
+        "base_rate_per_s": base_rate,
+    }  # fmt: skip
