@@ -2,23 +2,21 @@
 
 A thin command: parse the flags into a `Ladder` and `Thresholds`, let
 `loadgen.studies.calibrate.calibrate` drive the levels (printing each as it lands), render the
-table or JSON, and save the result for `loadgen run`'s envelope warning.
+table or JSON (`render.calibrate_view`), and save the result for `loadgen run`'s envelope
+warning.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 import click
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError
+from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
 from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds
 from loadgen.studies.calibrate import (
@@ -26,7 +24,6 @@ from loadgen.studies.calibrate import (
 )
 
 DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
-CONTENDED_STALL_MS = 500.0  # host CPU-pressure stall during a level above which we say so
 EXIT_HELP = """\b
 Exit codes:
   0    calibrated: at least the lowest level met every threshold
@@ -183,17 +180,10 @@ def _calibrate(
 
     def progress(level: Level) -> None:
         if fmt == "table":
-            verdict = "met" if level.met else "missed: " + ", ".join(level.misses)
-            print(f"{level.streams:>6} streams: {verdict}", file=sys.stderr, flush=True)
+            print(level_line(level), file=sys.stderr, flush=True)
 
     if fmt == "table":
-        kind = " (--quick: a smoke check)" if ladder.quick else ""
-        print(
-            f"calibrating{kind}: {ladder.tokens_per_s:g} tokens/s per stream, "
-            f"{ladder.stream_s:g} s streams, {ladder.processes} engine process(es)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(start_line(ladder), file=sys.stderr, flush=True)
     result = run_calibration(ladder, thresholds, progress)
     if save is not None:
         save_calibration(result, save)
@@ -206,95 +196,3 @@ def _calibrate(
             console.print(line)
     if result["envelope"] is None:
         sys.exit(2)
-
-
-def _ms(value: float | None) -> str:
-    return "–" if value is None or not math.isfinite(value) else f"{value:.2f}"
-
-
-def _stall(value: object) -> str:
-    return f"{value:,.0f}" if isinstance(value, float) and math.isfinite(value) else "–"
-
-
-def levels_table(result: dict[str, object]) -> Table:
-    """One row per level: load, the three judged figures (red when over), CPU, contention."""
-    thresholds = result["thresholds"]
-    assert isinstance(thresholds, dict)
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        title="loadgen calibrate",
-        caption="ts = chunk timestamp error, TTFT = TTFT error, lag = send lag (ms); "
-        "CPU = client CPU per chunk; stall = time tasks waited for a CPU (host CPU "
-        "pressure) during the level; load = 1-min load average",
-    )
-    for name in ("streams", "chunks/s", "ts p50", "ts p99", "ts max", "TTFT p99", "lag p99",
-                 "CPU µs", "failed", "stall ms", "load", "verdict"):  # fmt: skip
-        table.add_column(name, justify="left" if name == "verdict" else "right")
-    judged = {
-        "timestamp_err_p99_ms": thresholds["timestamp_p99_ms"],
-        "ttft_err_p99_ms": thresholds["ttft_p99_ms"],
-        "send_lag_p99_ms": thresholds["send_lag_p99_ms"],
-    }
-    levels = result["levels"]
-    assert isinstance(levels, list)
-    for level in levels:
-
-        def cell(key: str, level: dict[str, object] = level) -> Text:
-            value = level[key]
-            over = key in judged and not (isinstance(value, float) and value <= judged[key])
-            return Text(_ms(value if isinstance(value, float) else None),
-                        style="red" if over else "")  # fmt: skip
-
-        table.add_row(
-            f"{level['streams']:,}",
-            f"{level['chunks_per_s']:,.0f}",
-            cell("timestamp_err_p50_ms"),
-            cell("timestamp_err_p99_ms"),
-            cell("timestamp_err_max_ms"),
-            cell("ttft_err_p99_ms"),
-            cell("send_lag_p99_ms"),
-            f"{level['cpu_us_per_chunk']:.1f}",
-            str(level["failed"]),
-            _stall(level["cpu_stall_ms"]),
-            f"{level['load_avg_1m']:.2f}",
-            Text("met", style="green")
-            if level["met"]
-            else Text(
-                "missed: " + ", ".join(level["misses"]),
-                style="red",
-            ),
-        )
-    return table
-
-
-def conclusion(result: dict[str, object], saved: Path | None) -> list[str]:
-    """The envelope in one sentence, and where it was saved."""
-    envelope, total = result["envelope"], result["envelope_total"]
-    processes = result["processes"]
-    if not isinstance(envelope, dict) or not isinstance(total, dict):
-        lines = ["envelope: no level met the thresholds on this machine"]
-    else:
-        lines = [
-            f"envelope: {total['streams']:,} streams, {total['chunks_per_s']:,.0f} chunks/s "
-            f"with {processes} engine process(es) "
-            f"({envelope['streams']:,} streams, {envelope['chunks_per_s']:,.0f} chunks/s each)"
-        ]
-    levels = result["levels"]
-    stalls = (
-        [lv["cpu_stall_ms"] for lv in levels if isinstance(lv, dict)]
-        if isinstance(levels, list)
-        else []
-    )
-    worst = max((v for v in stalls if isinstance(v, float) and math.isfinite(v)), default=0.0)
-    if worst > CONTENDED_STALL_MS:
-        lines.append(
-            f"note: the CPUs were contended (tasks, this calibration's own simulator and "
-            f"engines among them, waited for a CPU up to {worst:,.0f} ms during a level); "
-            "the load average column shows how much of that was other work"
-        )
-    if saved is not None:
-        kind = " (a --quick smoke check: loadgen run will use it)" if result.get("quick") else ""
-        lines.append(f"saved for host {result['host']} to {saved}{kind}")
-    elif result.get("quick"):
-        lines.append("not saved: --quick is a smoke check (give --save to keep it anyway)")
-    return lines
