@@ -4,7 +4,8 @@
 capacity step, `loadgen report` and `loadgen merge`): each class's SLO audit
 (`slo.audit_class`), its objective on top (`objectives.judge_by_objective`), the generator's
 health and the verdict, as one typed `Summary`. `audit_run` re-audits a run folder from its
-records and run.json; the SLOs come from run.json unless `--slo` replaces them.
+records and run.json (the SLOs come from run.json unless `--slo` replaces them), and
+`write_audit` writes that re-audit into the folder.
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis import metrics
+from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.results.records import read_records
-from loadgen.results.runfolder import SCHEMA_VERSION, SLO_FIELDS, RunInfo, read_run_info
+from loadgen.results.runfolder import (
+    SCHEMA_VERSION,
+    SLO_FIELDS,
+    RunInfo,
+    read_run_info,
+    write_summary,
+)
 from loadgen.results.summary import ClassAudit, Summary, TokensPerChunk
 from loadgen.workload.spec import SloTargets
 
@@ -158,6 +166,15 @@ def audit_run(
         lag_bound_ms=info.lag_bound_ms,
     )
     return summary, frame, effective
+
+
+def write_audit(run_dir: Path) -> Summary:
+    """`audit_run`, then the folder's summary.json and histograms.parquet: how a merged or
+    recovered run folder is finished (the end of `loadgen run` writes the same from memory)."""
+    summary, frame, slos = audit_run(run_dir)
+    write_summary(run_dir, summary)
+    write_histograms(run_dir, frame, slos)
+    return summary
 
 
 def recorded_objectives(info: RunInfo, slos: Mapping[str, SloTargets]) -> dict[str, Objective]:

@@ -1,4 +1,5 @@
-"""`loadgen merge`: parse the shard folders, call `merge`, render the merged run's summary."""
+"""`loadgen merge`: parse the shard folders, call `run.merge`, render the merged run's summary
+and its shards (`render.terminal`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from pathlib import Path
 import click
 
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.render.terminal import render_summary
-from loadgen.results.runfolder import ShardTable
+from loadgen.render.terminal import render_summary, shard_lines
 from loadgen.run.merge import merge_shards
 
 MERGE_EXIT_CODES = """\b
@@ -63,18 +63,3 @@ def _merge(dirs: tuple[Path, ...], out_dir: Path, run_id: str | None) -> None:
             console.print(line)
     console.print(f"merged run: {result.run_dir}")
     sys.exit(result.exit_code)
-
-
-def shard_lines(table: ShardTable) -> list[str]:
-    """One line per shard (records, skew, whether it fell behind) and the spread."""
-    lines = [
-        f"shard {row.index}/{table.count}: {row.records} records · host {row.host} · "
-        f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
-        + (" · FELL BEHIND" if row.fell_behind else "")
-        for row in table.shards
-    ]
-    lines.append(
-        f"shards: t0 anchors within {table.spread_ms:.3f} ms of each other, at most "
-        f"{table.max_abs_skew_ms:.3f} ms from the agreed start"
-    )
-    return lines

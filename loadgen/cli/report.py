@@ -8,18 +8,17 @@ from pathlib import Path
 
 import click
 
-from loadgen.analysis.audit import apply_slo_override, audit_run, parse_slo_override
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.model import build_run_report
-from loadgen.render.rolling_view import render_rolling_table, rolling_plot
-from loadgen.render.terminal import render_summary
+from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
+from loadgen.render.terminal import recovery_line, render_summary
 from loadgen.results import codec
 from loadgen.results.recover import recover
-from loadgen.results.runfolder import read_run_info, write_summary
+from loadgen.results.runfolder import read_run_info
 from loadgen.results.store import discover_runs, select_runs
 
 
@@ -132,15 +131,8 @@ def _recover(run_dir: Path) -> None:
     if done.nothing_to_do:
         click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
         return
-    summary, frame, slos = audit_run(run_dir)
-    write_summary(run_dir, summary)
-    write_histograms(run_dir, frame, slos)
-    click.echo(
-        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
-        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
-        "not_sent; marked incomplete (no verdict, exit 5)",
-        err=True,
-    )
+    write_audit(run_dir)
+    click.echo(recovery_line(run_dir, done), err=True)
 
 
 def _report_run(
@@ -194,14 +186,7 @@ def _report_store(
     console.print(render_rolling_table(frame))
     stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
     if stopped and not include_incomplete:
-        console.print("left out, stopped before their end (--include-incomplete pools them): "
-                      + ", ".join(f"{r.run_id} ({r.stopped})" for r in stopped))  # fmt: skip
-    target = out_dir or store / "rolling-report"
-    target.mkdir(parents=True, exist_ok=True)
+        console.print(left_out_line(stopped))
     slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
-    for metric in ("ttft", "tpot"):
-        png = target / f"rolling-{metric}.png"
-        png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))
-        click.echo(f"wrote {png}")
-    (target / "rolling.json").write_text(json.dumps(to_json(frame), indent=2) + "\n")
-    click.echo(f"wrote {target / 'rolling.json'}")
+    for path in write_rolling_report(out_dir or store / "rolling-report", frame, slos):
+        click.echo(f"wrote {path}")

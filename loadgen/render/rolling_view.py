@@ -7,9 +7,11 @@ them (p99 and attainment per class against the SLO, each run marked).
 from __future__ import annotations
 
 import io
+import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -21,8 +23,9 @@ from rich.text import Text
 from loadgen.analysis.minutes import (
     METRICS,
 )
-from loadgen.analysis.rolling import WITH_FAILURES
+from loadgen.analysis.rolling import WITH_FAILURES, to_json
 from loadgen.render.terminal import fmt_ms
+from loadgen.results.store import RunEntry
 from loadgen.workload.spec import SloTargets
 
 
@@ -108,6 +111,27 @@ def _ms_or_fail(value: float | None, requests: int) -> Text:
     if value is not None and math.isinf(value):
         return Text("fail", style="bold red")
     return Text(_ms(value))
+
+
+def left_out_line(stopped: Sequence[RunEntry]) -> str:
+    """The runs a window left out because they stopped before their end."""
+    return "left out, stopped before their end (--include-incomplete pools them): " + ", ".join(
+        f"{r.run_id} ({r.stopped})" for r in stopped
+    )
+
+
+def write_rolling_report(
+    target: Path, frame: pl.DataFrame, slos: Mapping[Any, SloTargets]
+) -> Iterator[Path]:
+    """rolling-ttft.png, rolling-tpot.png and rolling.json in `target`, each path as it is
+    written (`slos` as `rolling_plot` takes them)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for metric in ("ttft", "tpot"):
+        png = target / f"rolling-{metric}.png"
+        png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))
+        yield png
+    (target / "rolling.json").write_text(json.dumps(to_json(frame), indent=2) + "\n")
+    yield target / "rolling.json"
 
 
 def rolling_plot(

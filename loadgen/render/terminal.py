@@ -1,4 +1,5 @@
-"""Terminal report: the run's summary as a compact rich table, readable in 100 columns.
+"""Terminal report: the run's summary as a compact rich table, readable in 100 columns, and
+the lines beside it (each engine process, each shard of a merge, what a recovery did).
 
 Last stage for a person at a terminal: it reads only the typed `Summary` that
 `analysis.audit.audit` returns (or `runfolder.read_summary` reads back) and returns a
@@ -11,6 +12,7 @@ shows its figures labelled partial and no verdict: nothing says MET or MISSED.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -18,7 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.analysis.slo import stop_of
-from loadgen.results.runfolder import RunInfo
+from loadgen.results.recover import Recovery
+from loadgen.results.runfolder import RunInfo, ShardTable
 from loadgen.results.summary import (
     Check,
     ClassAudit,
@@ -297,3 +300,27 @@ def render_processes(run_info: RunInfo) -> list[Text]:
             f"t0 anchor skew {'—' if skew is None else f'{skew:g} ms'}"
         ))  # fmt: skip
     return lines
+
+
+def shard_lines(table: ShardTable) -> list[str]:
+    """One line per shard (records, skew, whether it fell behind) and the spread."""
+    lines = [
+        f"shard {row.index}/{table.count}: {row.records} records · host {row.host} · "
+        f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
+        + (" · FELL BEHIND" if row.fell_behind else "")
+        for row in table.shards
+    ]
+    lines.append(
+        f"shards: t0 anchors within {table.spread_ms:.3f} ms of each other, at most "
+        f"{table.max_abs_skew_ms:.3f} ms from the agreed start"
+    )
+    return lines
+
+
+def recovery_line(run_dir: Path, done: Recovery) -> str:
+    """What `report --recover` did: the records it kept and the plans it recorded, and how."""
+    return (
+        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
+        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
+        "not_sent; marked incomplete (no verdict, exit 5)"
+    )

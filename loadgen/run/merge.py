@@ -24,8 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.analysis.audit import audit_run
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.audit import write_audit
 from loadgen.errors import LoadgenError
 from loadgen.results.records import RECORDS_FILE, write_parquet_atomic
 from loadgen.results.runfolder import (
@@ -41,7 +40,6 @@ from loadgen.results.runfolder import (
     read_run_info,
     read_summary,
     write_run_info,
-    write_summary,
 )
 from loadgen.results.summary import Summary
 from loadgen.workload.shards import utc_text
@@ -184,9 +182,7 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     run_dir.mkdir(parents=True)
     write_parquet_atomic(frame, run_dir / RECORDS_FILE)
     write_run_info(run_dir, info)
-    summary, frame, slos = audit_run(run_dir)
-    write_summary(run_dir, summary)
-    write_histograms(run_dir, frame, slos)
+    summary = write_audit(run_dir)
     behind = any(s.fell_behind for s in shards) and info.stopped is None
     code = EXIT_FELL_BEHIND if behind else summary.verdict.exit_code
     return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
