@@ -14,12 +14,11 @@ Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
 from __future__ import annotations
 
 import importlib
-import sys
-from typing import Any
 
 import click
 
 from loadgen import __version__
+from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.engine.logs import configure
 
 # command name -> "module:attribute" of its click command, in the order `--help` lists them
@@ -36,7 +35,7 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LoadgenGroup(click.Group):
+class LoadgenGroup(UsageErrorsExitOne, click.Group):
     """The `loadgen` group: commands imported on first use, and usage errors exiting with 1,
     not click's 2 (2 means an SLO missed)."""
 
@@ -51,17 +50,6 @@ class LoadgenGroup(click.Group):
         command = getattr(importlib.import_module(module), name)
         assert isinstance(command, click.Command), target
         return command
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            return super().main(*args, **kwargs)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.ClickException as exc:
-            exc.show()
-            sys.exit(1)
 
 
 @click.group(cls=LoadgenGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.options import check_url, clean_errors, output_console
 from loadgen.errors import ConfigError
 from loadgen.render.capacity_view import (
@@ -58,23 +59,10 @@ Exit codes:
   130  interrupted"""
 
 
-class CapacityCommand(click.Command):
-    """Usage errors exit 1 when the command runs on its own too (click's 2 reads as "fails")."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            return super().main(*args, **kwargs)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.ClickException as exc:
-            exc.show()
-            sys.exit(1)
-
-
 @click.command(
-    cls=CapacityCommand, epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]}
+    cls=UsageErrorsExitOne,
+    epilog=EXIT_HELP,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -17,6 +16,7 @@ from loadgen.analysis.compare import (
     to_json,
 )
 from loadgen.analysis.rolling import parse_duration
+from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.compare_view import render_markdown, render_table
@@ -31,24 +31,8 @@ Exit codes:
   2    at least one check REGRESSED"""
 
 
-class CompareCommand(click.Command):
-    """Usage errors exit 1 when the command runs on its own, as under the `loadgen` group
-    (click's own 2 would read as "regressed")."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            return super().main(*args, **kwargs)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.ClickException as exc:
-            exc.show()
-            sys.exit(1)
-
-
 @click.command(
-    cls=CompareCommand,
+    cls=UsageErrorsExitOne,
     epilog=EXIT_CODES_HELP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
