@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen.analysis import metrics
+from loadgen.percentiles import nearest_rank
 from loadgen.studies.capacity import (
     FAIL,
     INVALID,
@@ -169,8 +169,8 @@ def test_min_requests_leave_the_tail_beyond_the_percentile(
     """n = ⌈10/(1 − p/100)⌉ is the least n with 10 requests beyond the nearest-rank percentile."""
     n = min_requests(percentile, 10)
     assert n == expected
-    assert n - metrics.nearest_rank(percentile, n) >= 10
-    assert (n - 1) - metrics.nearest_rank(percentile, n - 1) < 10
+    assert n - nearest_rank(percentile, n) >= 10
+    assert (n - 1) - nearest_rank(percentile, n - 1) < 10
 
 
 def test_min_requests_refuses_the_maximum() -> None:

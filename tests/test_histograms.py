@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.analysis.histograms import LatencyHistogram
-from loadgen.analysis.metrics import nearest_rank
+from loadgen.percentiles import nearest_rank
 
 HOUR_MS = 3_600_000.0
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadgen.analysis import metrics
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.summary import (
     FailureRankedStats,
@@ -40,7 +41,7 @@ MS = 1_000_000
 )
 def test_nearest_rank(percentile: float, n: int, rank: int) -> None:
     """The rank is ceil(p/100 * n), exact despite float noise, clamped to [1, n]."""
-    assert metrics.nearest_rank(percentile, n) == rank
+    assert nearest_rank(percentile, n) == rank
 
 
 @pytest.mark.parametrize(

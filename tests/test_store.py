@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 
 from loadgen.analysis.histograms import LatencyHistogram
-from loadgen.analysis.metrics import nearest_rank
 from loadgen.analysis.minutes import (
     HISTOGRAMS_FILE,
     build_histograms,
@@ -21,6 +20,7 @@ from loadgen.analysis.minutes import (
 )
 from loadgen.analysis.slo import per_request
 from loadgen.errors import LoadgenError
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.results.store import discover_runs, read_run_entry
 from loadgen.workload.spec import SloTargets

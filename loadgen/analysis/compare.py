@@ -71,6 +71,7 @@ import polars as pl
 from loadgen.analysis import metrics
 from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import PARTS_DIR, RECORDS_FILE, Outcome, read_records
 from loadgen.results.runfolder import RUN_FILE
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry
@@ -307,7 +308,7 @@ def percentile_estimate(
 
     lower, upper = order_statistic_ranks(n, p / 100.0, confidence)
     return Estimate(
-        value=at(metrics.nearest_rank(p, n)),
+        value=at(nearest_rank(p, n)),
         low=at(lower),
         high=at(upper),
         n=n,

@@ -28,7 +28,7 @@ from typing import Self
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from loadgen.analysis.metrics import nearest_rank
+from loadgen.percentiles import nearest_rank
 
 LOWEST_US = 1
 HIGHEST_US = 3_600_000_000  # 1 hour

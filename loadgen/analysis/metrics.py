@@ -21,21 +21,21 @@ Definitions (times are int ns since the run's t0; results are float ms):
   measured to end_ns instead (its TTFT, TPOT and ITL do not exist).
 - Send lag = sent_ns - intended_ns: the generator's own health, not the server's.
 
-Percentiles, everywhere in loadgen (here and in `analysis.histograms`), use the nearest-rank
-definition: the p-th percentile of n values is the value at 1-based rank ceil(p/100 * n)
-of the sorted values (p = 100 is the maximum). It never interpolates, so every reported
-percentile is a value that was really observed. A population "with failures" adds one
-+inf per failed request, ranked worst: a failure can never improve a percentile.
+Percentiles, everywhere in loadgen, use the nearest-rank definition (`loadgen.percentiles`):
+the p-th percentile of n values is the value at 1-based rank ceil(p/100 * n) of the sorted
+values (p = 100 is the maximum). It never interpolates, so every reported percentile is a
+value that was really observed. A population "with failures" adds one +inf per failed
+request, ranked worst: a failure can never improve a percentile.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 
 import polars as pl
 
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome, with_all_columns
 from loadgen.results.summary import (
     FailureRankedStats,
@@ -51,20 +51,6 @@ NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
 SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
-
-
-def nearest_rank(percentile: float, n: int) -> int:
-    """The 1-based rank ceil(percentile/100 * n), clamped to [1, n], for n >= 1.
-
-    Computed with exact fractions, so float noise (0.29 * 100 = 28.999...) cannot move a
-    rank.
-    """
-    if not 0.0 <= percentile <= 100.0:
-        raise ValueError(f"percentile must be in [0, 100] (got {percentile})")
-    if n < 1:
-        raise ValueError(f"a percentile needs at least one value (got n={n})")
-    rank = math.ceil(Fraction(str(percentile)) * n / 100)
-    return min(max(rank, 1), n)
 
 
 def percentiles(values: pl.Series, ps: Sequence[float], *, failures: int = 0) -> list[float | None]:

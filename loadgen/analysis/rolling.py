@@ -46,7 +46,7 @@ import numpy.typing as npt
 import polars as pl
 
 from loadgen.analysis.histograms import LatencyHistogram
-from loadgen.analysis.metrics import PERCENTILES, nearest_rank
+from loadgen.analysis.metrics import PERCENTILES
 from loadgen.analysis.minutes import (
     METRICS,
     NS_PER_MINUTE,
@@ -56,6 +56,7 @@ from loadgen.analysis.minutes import (
     request_measures,
 )
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome, read_records
 from loadgen.results.store import RunEntry, discover_runs, select_runs
 

@@ -41,6 +41,7 @@ from dataclasses import replace
 import polars as pl
 
 from loadgen.analysis import metrics
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED, STOPS
 from loadgen.results.summary import (
@@ -231,7 +232,7 @@ def _check(
     if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
         population = values.len()
         value = metrics.percentiles(values, (p,))[0]
-        allowance = requests - metrics.nearest_rank(p, requests) if requests else 0
+        allowance = requests - nearest_rank(p, requests) if requests else 0
         if failures > allowance:
             value = math.inf
             note = f"failed requests ({failures}) exceed the p{p:g} allowance ({allowance})"

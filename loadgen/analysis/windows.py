@@ -144,7 +144,7 @@ def _nearest_rank_of_sorted(values: pl.Expr, percentile: float) -> pl.Expr:
     """Nearest-rank percentile of a sorted list column, null when the list is empty.
 
     rank = ceil(p/100 · n) in integer arithmetic (p as an exact fraction), as
-    `metrics.nearest_rank` does, so float noise cannot move a rank.
+    `loadgen.percentiles.nearest_rank` does, so float noise cannot move a rank.
     """
     p = Fraction(str(percentile)) / 100
     n = values.list.len()

@@ -31,7 +31,7 @@ from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from loadgen.analysis.metrics import nearest_rank
+from loadgen.percentiles import nearest_rank
 from loadgen.render.terminal import with_unit
 
 FloatArray = npt.NDArray[np.float64]
