@@ -37,6 +37,7 @@ import orjson
 import polars as pl
 
 from loadgen.errors import ConfigError
+from loadgen.percentiles import nearest_rank
 
 FORMATS = ("azure", "burstgpt", "mooncake", "plain")
 PREFIX_BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
@@ -603,7 +604,8 @@ def trace_stats(requests: Sequence[TraceRequest]) -> dict[str, float]:
     """Count, duration, rate and shape of a request list, to compare a replay with its trace.
 
     rate_per_s = count / duration_s (first to last request); gap_cv = std/mean of the
-    inter-arrival gaps (population std; Poisson = 1); percentiles are numpy's linear ones.
+    inter-arrival gaps (population std; Poisson = 1); percentiles are nearest rank
+    (`loadgen.percentiles`), as everywhere in loadgen: observed token counts.
     """
     times = np.array([r.t_s for r in requests], dtype=np.float64)
     prompt = np.array([r.prompt_tokens for r in requests], dtype=np.float64)
@@ -617,10 +619,15 @@ def trace_stats(requests: Sequence[TraceRequest]) -> dict[str, float]:
     for name, values in (("prompt_tokens", prompt), ("output_tokens", output)):
         empty = len(values) == 0
         stats[f"{name}_mean"] = math.nan if empty else float(values.mean())
-        stats[f"{name}_p50"] = math.nan if empty else float(np.percentile(values, 50))
-        stats[f"{name}_p99"] = math.nan if empty else float(np.percentile(values, 99))
+        stats[f"{name}_p50"] = math.nan if empty else _percentile(values, 50)
+        stats[f"{name}_p99"] = math.nan if empty else _percentile(values, 99)
         stats[f"{name}_cv"] = _cv(values)
     return stats
+
+
+def _percentile(values: FloatArray, percentile: float) -> float:
+    """The nearest-rank percentile of a non-empty array."""
+    return float(np.sort(values)[nearest_rank(percentile, len(values)) - 1])
 
 
 def _cv(values: FloatArray) -> float:
