@@ -29,6 +29,12 @@ tokens, λ = arrival rate, μ = drain rate of one replica):
 - goodput: for each (B, t(B)) of a decode table, tokens/s = B/t(B), and it counts only
   when t(B) ≤ TPOT_slo; the optimum is the feasible B with the most tokens/s.
 - cost: replicas × GPUs × $/GPU-hour over the SLO-meeting output tokens per hour (λ·N).
+
+Every percentile read off records here (the envelope fits' cuts, the decode floor's lower
+tail, TPOT p50, prompt and output token p50 and max, the decoding batch) is nearest rank
+(`loadgen.percentiles`): an observed value, never an interpolation. The decode floor's
+centre is a location estimate, the midpoint median (`_location`); the p99 of the queue
+model is the exponential's, ln(100)·W_q, not a sample percentile.
 """
 
 from __future__ import annotations
@@ -44,13 +50,14 @@ import polars as pl
 
 from loadgen.analysis.metrics import derive, percentiles
 from loadgen.errors import ConfigError
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import RunInfo
 from loadgen.sim.engine import EngineConfig
 
 CHECK_UTILIZATIONS: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
 MM1_KNEE = 0.8  # the seed: "a fleet you would run at 0.8 under exponential assumptions"
-ENVELOPE_QUANTILE = 0.2  # lower-envelope fit keeps points below this residual quantile
+ENVELOPE_PERCENTILE = 20.0  # lower-envelope fits keep points at or below this percentile
 ENVELOPE_ROUNDS = 5
 DEFAULTS: dict[str, float] = {"service_cv": 1.0, "beta": 2.0, "percentile": 99.0}
 DecodeTable = tuple[tuple[int, float], ...]
@@ -598,7 +605,7 @@ def estimate(frames: Sequence[pl.DataFrame], class_name: str | None = None) -> M
         decode_source=floor.source if floor else None,
         decode_batch=floor.batch if floor else None,
         decode_steps_by_batch=floor.by_batch if floor else (),
-        tpot_p50_ms=float(statistics.median(tpot.to_list())) if tpot.len() else None,
+        tpot_p50_ms=percentiles(tpot, (50.0,))[0],
         decode_concurrency=busy / span if span > 0 else None,
         service_cv=statistics.pstdev(e2e) / statistics.fmean(e2e) if len(e2e) > 1 else None,
         prompt_tokens=percentiles(prompt, (50.0,))[0],
@@ -643,7 +650,7 @@ def decode_floor(frames: Sequence[pl.DataFrame], class_name: str | None) -> Deco
     the batch decoding in it: the requests of the same run (every class: they share the
     server) between their first and last token at the gap's middle. Per batch with at
     least FLOOR_MIN_STEPS steps, the floor is the centre of its lowest cluster of steps
-    (`_floor`; it assumes at least ENVELOPE_QUANTILE of them prefilled nothing), and no
+    (`_floor`; it assumes at least ENVELOPE_PERCENTILE % of them prefilled nothing), and no
     larger than any larger batch's floor (`_non_decreasing`); the decode step is the
     step-weighted median of those floors, at its batch. None without gaps.
     """
@@ -654,7 +661,7 @@ def decode_floor(frames: Sequence[pl.DataFrame], class_name: str | None) -> Deco
     weights = {b: len(pooled[b]) for b in by_batch}
     if not by_batch:  # too few steps for any batch alone: one floor over them all
         every = [gap for g in pooled.values() for gap in g]
-        batch = round(statistics.median([b for b, g in pooled.items() for _ in g]))
+        batch = round(_percentile([b for b, g in pooled.items() for _ in g], 50.0))
         by_batch, weights = {batch: _floor(every)}, {batch: len(every)}
     by_batch = _non_decreasing(by_batch)
     step, at = _weighted_median([(floor, weights[b], b) for b, floor in by_batch.items()])
@@ -670,7 +677,7 @@ def decode_floor(frames: Sequence[pl.DataFrame], class_name: str | None) -> Deco
 def _non_decreasing(floors: dict[int, float]) -> dict[int, float]:
     """Each batch's floor lowered to the lowest floor of any larger batch: a step never gets
     faster with more sequences, so a floor above a larger batch's is a batch whose steps
-    mostly carried a prefill chunk (more than 1 − ENVELOPE_QUANTILE of them)."""
+    mostly carried a prefill chunk (more than 1 − ENVELOPE_PERCENTILE % of them)."""
     lowest = math.inf
     out: dict[int, float] = {}
     for batch in sorted(floors, reverse=True):
@@ -699,18 +706,18 @@ def _floor(gaps: Sequence[float]) -> float:
     """The centre of the lowest cluster of gaps: the steps that prefilled nothing.
 
     Start at the lower envelope (the median of the gaps at or below their
-    ENVELOPE_QUANTILE quantile), which the stamps' noise pulls low; then move to the
+    ENVELOPE_PERCENTILE-th percentile), which the stamps' noise pulls low; then move to the
     median of the gaps within ±FLOOR_WINDOW × the lower tail's spread (envelope − 2nd
     percentile) until it stays put. Noise is two-sided (a late stamp lengthens one gap and
     shortens the next), prefill one-sided and further off, so this settles on the steps
     without a chunk, as far from a chunk's cluster as the noise allows.
     """
     ordered = np.sort(np.asarray(gaps, dtype=np.float64))
-    centre = float(np.median(ordered[ordered <= _quantile(gaps, ENVELOPE_QUANTILE)]))
-    half = FLOOR_WINDOW * max(centre - float(np.quantile(ordered, 0.02)), 1e-6)
+    centre = _location(ordered[ordered <= _percentile(ordered, ENVELOPE_PERCENTILE)])
+    half = FLOOR_WINDOW * max(centre - _percentile(ordered, 2.0), 1e-6)
     for _ in range(50):
         window = ordered[(ordered >= centre - half) & (ordered <= centre + half)]
-        moved = float(np.median(window))
+        moved = _location(window)
         if abs(moved - centre) <= 1e-9:
             break
         centre = moved
@@ -785,7 +792,7 @@ def _steps(end: Any, gap: Any, batch: Any) -> list[tuple[int, float]]:
     start = 0
     for i in range(1, len(end) + 1):
         if i == len(end) or end[i] - end[start] > STEP_MATCH * gap[start] * 1e6:
-            steps.append((int(np.median(batch[start:i])), float(np.median(gap[start:i]))))
+            steps.append((int(_location(batch[start:i])), _location(gap[start:i])))
             start = i
     return steps
 
@@ -828,7 +835,7 @@ def _prefill_fit(rows: pl.DataFrame) -> tuple[float, float] | None:
 def lower_envelope_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
     """(slope, intercept) of the line under the cloud: a cheap low-quantile regression.
 
-    Fit least squares, keep the points whose residual is at or below the 20 % quantile of
+    Fit least squares, keep the points whose residual is at or below the 20th percentile of
     the residuals, refit; repeat a few times. Points that only ever gained time (queued
     behind others) drop out, the unqueued floor remains. None when x does not vary.
     """
@@ -838,7 +845,7 @@ def lower_envelope_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, f
     slope, intercept = statistics.linear_regression(xs, ys)
     for _ in range(ENVELOPE_ROUNDS):
         residuals = [b - (slope * a + intercept) for a, b in zip(xs, ys, strict=True)]
-        cut = _quantile(residuals, ENVELOPE_QUANTILE)
+        cut = _percentile(residuals, ENVELOPE_PERCENTILE)
         kept = [(a, b) for a, b, r in zip(xs, ys, residuals, strict=True) if r <= cut]
         if len({a for a, _ in kept}) < 2 or len(kept) == len(xs):
             break
@@ -847,9 +854,17 @@ def lower_envelope_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, f
     return slope, intercept
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+def _location(values: Any) -> float:
+    """The centre of a cluster of values: their median, the mean of the two middle ones
+    for an even count. A location estimate, not a reported percentile: the iterations of
+    `_floor` recentre on it, and the lower of the two middle values would walk them down."""
+    return float(np.median(values))
+
+
+def _percentile(values: Sequence[float] | Any, percentile: float) -> float:
+    """The nearest-rank percentile of a non-empty list or array (`loadgen.percentiles`)."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    return float(ordered[nearest_rank(percentile, len(ordered)) - 1])
 
 
 # --- inputs from run folders --------------------------------------------------------------
