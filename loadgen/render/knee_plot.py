@@ -104,7 +104,7 @@ def _latency_panel(
                 ax.axhline(slo, color=colours[metric], linestyle="--", linewidth=1,
                            label=f"{name} {metric.upper()} SLO {slo:g} ms")  # fmt: skip
     ax.set_yscale("log")
-    ax.set_ylabel("latency at the SLO percentile (ms)\n(missing: falls on a failure)")
+    ax.set_ylabel("latency at the SLO percentile (ms, nearest rank)\n(missing: falls on a failure)")
 
 
 def _mark_bracket(ax: Any, found: Search, x_scale: float, *, labelled: bool) -> None:

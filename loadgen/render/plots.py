@@ -6,7 +6,8 @@ already in ms (or counts) and return PNG bytes, and never touch files. Matplotli
 the Agg backend and every figure is closed after it is saved.
 
 Conventions: times in ms on the x axis; a log x axis when the values span more than two
-decades; SLO targets drawn as dashed lines with their value in the label.
+decades; SLO targets drawn as dashed lines with their value in the label; every percentile
+drawn is nearest rank (`loadgen.percentiles`), and its label says so.
 
 Extension point: per-hop duration boxplots (agent classes) and batch progress
 (summarization classes) arrive with those workload classes. They belong here as further
@@ -19,6 +20,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -182,7 +184,7 @@ def timeline_png(
             )
     if present and _spans_decades(np.asarray(present), TIMELINE_LOG_SPAN):
         _log_scale(top, "y")
-    top.set_ylabel("p99 per window (ms)")
+    top.set_ylabel("p99 per window (ms, nearest rank)")
     fig.suptitle(title)
     rate_axis = top.twinx()
     rate_axis.plot(x, arrival_rate_per_s, color="grey", alpha=0.6, linewidth=1, label="arrivals")
@@ -225,7 +227,7 @@ def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) ->
         )
         return
     value = float(values[rank - 1])
-    ax.plot([value], [rank / n], "o", color="black", label=f"{label} = {_ms(value)}")
+    ax.plot([value], [rank / n], "o", color="black", label=f"{label} = {_ms(value)} (nearest rank)")
 
 
 def hop_boxplot_png(
@@ -233,13 +235,15 @@ def hop_boxplot_png(
 ) -> bytes:
     """Per-hop duration (intended send → end of ok hops) as boxplots, one box per hop index.
 
-    Whiskers at the 1st and 99th percentiles; the trajectory budget divided by the number
-    of hops is drawn as a reference (the equal split the seed warns against planning by).
+    Boxes from the 25th to the 75th percentile around the median, whiskers at the 1st and
+    99th, the hops beyond them as points: all nearest rank (`_box`, not matplotlib's
+    interpolated quartiles). The trajectory budget divided by the number of hops is drawn
+    as a reference (the equal split the seed warns against planning by).
     """
     fig, ax = _figure()
     hops = sorted(h for h, values in durations_ms.items() if len(values))
     if hops:
-        ax.boxplot([list(durations_ms[h]) for h in hops], whis=(1, 99), showfliers=True)
+        ax.bxp([_box(durations_ms[h]) for h in hops], showfliers=True)
         ax.set_xticks(range(1, len(hops) + 1), [str(h) for h in hops])
         if budget_s:
             share = budget_s * 1000 / len(hops)
@@ -248,10 +252,27 @@ def hop_boxplot_png(
             ax.legend(loc="upper left")
     else:
         ax.text(0.5, 0.5, "no ok hops", transform=ax.transAxes, ha="center")
-    ax.set_xlabel("hop (0 = first call of the trajectory)")
+    ax.set_xlabel(
+        "hop (0 = first call of the trajectory); boxes p25–p75 around the median, "
+        "whiskers p1–p99 (nearest rank)"
+    )
     ax.set_ylabel("hop duration (ms)")
     ax.set_title(title)
     return figure_png(fig)
+
+
+def _box(values: Sequence[float]) -> dict[str, Any]:
+    """One box of `Axes.bxp`: nearest-rank p25, p50, p75, whiskers at p1 and p99, and the
+    values beyond the whiskers."""
+    ordered = sorted(values)
+
+    def at(percentile: float) -> float:
+        return ordered[nearest_rank(percentile, len(ordered)) - 1]
+
+    low, high = at(1.0), at(99.0)
+    fliers = [v for v in ordered if v < low or v > high]
+    return {"med": at(50.0), "q1": at(25.0), "q3": at(75.0), "whislo": low, "whishi": high,
+            "fliers": fliers}  # fmt: skip
 
 
 def batch_progress_png(

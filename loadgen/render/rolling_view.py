@@ -1,7 +1,8 @@
 """The rolling-window views: `loadgen report STORE` as a terminal table and as plots.
 
 The windows themselves are computed by `loadgen.analysis.rolling`; this module only draws
-them (p99 and attainment per class against the SLO, each run marked).
+them (p99 and attainment per class against the SLO, each run marked). Percentiles are
+nearest rank (`analysis.histograms` over the runs' per-minute histograms, or exact).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def rolling_plot(
         _rug(axis, frame)
         axis.grid(True, alpha=0.3)
         axis.legend(loc="upper left", fontsize=8)
-    top.set_ylabel(f"{metric.upper()} (ms)")
+    top.set_ylabel(f"{metric.upper()} percentile (ms, nearest rank)")
     _scale_latency_axis(top, plotted)
     bottom.set_ylabel("attainment (%)")
     bottom.set_xlabel("window end (UTC); | = a run")
