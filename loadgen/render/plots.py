@@ -1,18 +1,14 @@
 """Plots for people: PNG bytes from plain arrays, one figure per function.
 
 Last stage, beside `loadgen.render.report`, which computes every input from the records (so each
-figure is recomputable) and embeds the PNGs. These functions only draw: they take values
-already in ms (or counts) and return PNG bytes, and never touch files. Matplotlib runs on
+figure is recomputable) and embeds the PNGs (`report.figures` picks each class's). These
+functions only draw: they take values already in ms (or counts) and return PNG bytes
+(`figure_png`, which the knee plot uses too), and never touch files. Matplotlib runs on
 the Agg backend and every figure is closed after it is saved.
 
 Conventions: times in ms on the x axis; a log x axis when the values span more than two
 decades; SLO targets drawn as dashed lines with their value in the label; every percentile
 drawn is nearest rank (`loadgen.percentiles`), and its label says so.
-
-Extension point: per-hop duration boxplots (agent classes) and batch progress
-(summarization classes) arrive with those workload classes. They belong here as further
-`*_png` functions fed by the report's per-class figure list (`report.class_figures`); none
-is drawn until the records carry hops and batches.
 """
 
 from __future__ import annotations
