@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from time import perf_counter_ns
 from typing import Any, TextIO
 
 import anyio
@@ -34,7 +34,9 @@ from loadgen.analysis.metrics import generator_health
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, apply_objectives
 from loadgen.analysis.slo import summarize
-from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
+from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.harness import run_beside, run_engine
+from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
@@ -478,10 +480,7 @@ def drive(
     """
     state: dict[str, Any] = {"interrupted": False}
 
-    async def main() -> None:
-        pool = Pool(endpoint)
-        engine = Engine(work, pool, config, writer.add, stats)
-
+    async def session(engine: Engine) -> None:
         def client_failed(exc: OSError) -> None:
             """A record write failed for good: stop sending, end what is in flight."""
             if state.get("client_failure") is None:
@@ -492,32 +491,28 @@ def drive(
             engine.requests.cancel()
 
         start = start_at_unix_ns if wait_start is None else await wait_start()
-        state["t0"] = t0 = choose_t0(start)
+        state["t0"] = t0 = choose_t0(start, engine.clock)
         t0_ns = int(t0["perf_counter_ns"])
         if start is not None and not quiet:
-            wait_s = (t0_ns - perf_counter_ns()) / 1e9
+            wait_s = (t0_ns - engine.clock.now_ns()) / 1e9
             print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
         started(t0)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(control, engine, state)
-                tg.start_soon(_progress, stats, writer, quiet, t0_ns, log, client_failed)
-                tg.start_soon(_watchdog, engine, pool, options.watchdog_s, state, log)
-                tg.start_soon(_measure_anchor, t0)
-                await engine.run(t0_ns)
-                tg.cancel_scope.cancel()
-        finally:
-            pool.close()
+        await run_beside(
+            engine, t0_ns,
+            partial(control, engine, state),
+            partial(_progress, stats, writer, quiet, t0_ns, log, client_failed, engine.clock),
+            partial(_watchdog, engine, options.watchdog_s, state, log),
+            partial(_measure_anchor, t0, engine.clock),
+        )  # fmt: skip
 
-    with quiet_gc():
-        anyio.run(main, backend="asyncio", backend_options=backend_options())
+    run_engine(work, Pool(endpoint), config, writer.add, session, stats=stats)
     return state
 
 
-def choose_t0(start_at_unix_ns: int | None) -> dict[str, Any]:
+def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """t0 on both clocks: 200 ms from now (time for the tasks and first imports to settle),
     or the agreed wall-clock start converted to this process's monotonic clock."""
-    perf_now, unix_now = perf_counter_ns(), time.time_ns()
+    perf_now, unix_now = clock.now_ns(), clock.wall_ns()
     if start_at_unix_ns is None:
         t0_ns = perf_now + 200_000_000
         unix_ns = unix_now + 200_000_000
@@ -526,16 +521,16 @@ def choose_t0(start_at_unix_ns: int | None) -> dict[str, Any]:
     return {"perf_counter_ns": t0_ns, "unix_ns": unix_ns, "utc": utc_text(unix_ns)}
 
 
-async def _measure_anchor(t0: dict[str, Any]) -> None:
+async def _measure_anchor(t0: dict[str, Any], clock: Clock) -> None:
     """At t0, read the wall clock again: `measured_unix_ns` is the wall-clock time of t0 as
     read when the monotonic clock got there (what `loadgen merge` aligns shards by; it
     differs from `unix_ns` by any wall-clock adjustment during the wait), and
     `reached_late_ms` how late this process woke for it."""
     t0_ns = int(t0["perf_counter_ns"])
-    delay_ns = t0_ns - perf_counter_ns()
+    delay_ns = t0_ns - clock.now_ns()
     if delay_ns > 0:
         await anyio.sleep(delay_ns / 1e9)
-    unix_now, perf_now = time.time_ns(), perf_counter_ns()
+    unix_now, perf_now = clock.wall_ns(), clock.now_ns()
     t0["measured_unix_ns"] = unix_now - (perf_now - t0_ns)
     t0["reached_late_ms"] = round(max(0, perf_now - t0_ns) / 1e6, 3)
 
@@ -671,9 +666,7 @@ async def _watch_signals(
             engine.requests.cancel()
 
 
-async def _watchdog(
-    engine: Engine, pool: Pool, limit_s: float, state: dict[str, Any], log: TextIO
-) -> None:
+async def _watchdog(engine: Engine, limit_s: float, state: dict[str, Any], log: TextIO) -> None:
     """Abort the run when nothing has progressed for `limit_s` while work is due.
 
     Progress is a send, a byte received or a request ending. Work is due when requests are
@@ -681,11 +674,11 @@ async def _watchdog(
     requests; this catches what they cannot (a client bug, deadlines set longer than the
     patience of the job). Everything not finished is recorded as cancelled.
     """
-    stats = engine.stats
+    stats, connector = engine.stats, engine.connector
     while True:
         await anyio.sleep(min(1.0, limit_s / 4))
-        now = perf_counter_ns()
-        last = max(stats.last_progress_ns, pool.last_read_ns, engine.t0_ns)
+        now = engine.clock.now_ns()
+        last = max(stats.last_progress_ns, connector.last_read_ns, engine.t0_ns)
         due = engine.next_due_ns is not None and engine.next_due_ns <= now
         if (stats.in_flight or due) and now - last > limit_s * 1e9:
             waiting = (f"{stats.in_flight} requests in flight" if stats.in_flight
@@ -702,7 +695,7 @@ async def _watchdog(
 
 async def _progress(
     stats: LiveStats, writer: RecordWriter, quiet: bool, t0_ns: int, log: TextIO,
-    client_failed: Callable[[OSError], None],
+    client_failed: Callable[[OSError], None], clock: Clock,
 ) -> None:  # fmt: skip
     """Spill records about once a second (in a thread) and redraw the progress line.
 
@@ -722,7 +715,7 @@ async def _progress(
             if quiet or (not tty and now - last_line < 10):
                 continue
             last_line = now
-            line = progress_line(stats, (perf_counter_ns() - t0_ns) / 1e9)
+            line = progress_line(stats, (clock.now_ns() - t0_ns) / 1e9)
             print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
     finally:
         if tty and not quiet:

@@ -32,8 +32,10 @@ import loadgen.engine.runner  # noqa: F401  # imported for its import time
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine import harness
+from loadgen.engine.harness import from_t0
 from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
-from loadgen.engine.runner import Engine, EngineConfig
+from loadgen.engine.runner import EngineConfig
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.errors import LoadgenError
 from loadgen.results.records import RequestRecord
@@ -146,25 +148,18 @@ def sim_args(streams: int, tokens_per_s: float) -> list[str]:
 
 
 def run_engine(plans: Sequence[RequestPlan], url: str, t0_ns: int) -> tuple[list[Any], float]:
-    """Run the plans through Engine + Pool as `loadgen run` does (uvloop, quiet GC), with
-    t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost."""
+    """Run the plans through the engine harness as `loadgen run` does (uvloop, quiet GC),
+    with t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost."""
 
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
     endpoint = make_endpoint(url, adapter.default_path, {})
     config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0)
     records: list[RequestRecord] = []
-
-    async def main() -> None:
-        pool = Pool(endpoint)
-        try:
-            await Engine(plans, pool, config, records.append).run(t0_ns)
-        finally:
-            pool.close()
-
-    with quiet_gc():
+    with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         before_s = time.process_time()  # user + system, ns resolution
-        anyio.run(main, backend="asyncio", backend_options=backend_options())
+        harness.run_engine(plans, Pool(endpoint), config, records.append, from_t0(t0_ns),
+                           quiet=False)  # fmt: skip
         cpu_s = time.process_time() - before_s
     return records, cpu_s
 

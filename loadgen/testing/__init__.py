@@ -1,5 +1,9 @@
 """Test fixtures others can reuse: a scripted streaming server and a one-call engine run.
 
+`run_engine` runs plans through the engine harness (`loadgen.engine.harness`, as `loadgen
+run` does) against a URL in real time; `loadgen.testing.virtual` runs the same scripts
+without sockets, in virtual time, where every interval is exact.
+
 `ScriptedServer` is a raw-socket HTTP/1.1 server on loopback, in its own thread and event
 loop, whose every response is a script of steps (bytes to write, pauses, a close or a
 reset). It exists to produce exactly the byte sequences real servers produce (early role
@@ -22,9 +26,10 @@ import anyio
 from loadgen.adapters import adapter_for
 from loadgen.adapters.generic import GenericSpec
 from loadgen.adapters.protocol import BodyOptions
-from loadgen.engine.host import backend_options
+from loadgen.engine import harness
+from loadgen.engine.harness import run_beside
 from loadgen.engine.runner import Engine, EngineConfig
-from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.engine.transport import Connector, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.workload.plans import RequestPlan, Work
 from loadgen.workload.spec import Deadlines
@@ -304,6 +309,52 @@ class PlanFactory:
         ]
 
 
+def engine_config(
+    api: str = "openai-chat",
+    *,
+    max_in_flight: int | None = None,
+    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None,
+    priority_header: str | None = None,
+    generic: GenericSpec | None = None,
+) -> EngineConfig:
+    """The engine configuration the test harness runs with (model "m", seed 0)."""
+    return EngineConfig(
+        adapter=adapter_for(api, generic),
+        body_options=BodyOptions(model="m"),
+        seed=0,
+        max_in_flight=max_in_flight,
+        headers_for=headers_for,
+        priority_header=priority_header,
+    )
+
+
+def run_through(
+    plans: Sequence[RequestPlan] | Work,
+    connector: Connector,
+    config: EngineConfig,
+    *,
+    stop_after_s: float | None = None,
+    loop_options: Mapping[str, Any] | None = None,
+) -> list[RequestRecord]:
+    """Run plans through the engine harness on `connector`, t0 20 ms after the loop is up
+    (and `engine.stop()` plus a cancel after `stop_after_s`); records by request id."""
+    records: list[RequestRecord] = []
+
+    async def session(engine: Engine) -> None:
+        async def stop_later() -> None:
+            assert stop_after_s is not None
+            await anyio.sleep(stop_after_s)
+            engine.stop()
+            engine.requests.cancel()
+
+        companions = [stop_later] if stop_after_s is not None else []
+        await run_beside(engine, engine.clock.now_ns() + 20_000_000, *companions)
+
+    harness.run_engine(plans, connector, config, records.append, session, quiet=False,
+                       loop_options=loop_options)  # fmt: skip
+    return sorted(records, key=lambda r: r.request_id)
+
+
 def run_engine(
     plans: Sequence[RequestPlan] | Work,
     url: str,
@@ -316,37 +367,10 @@ def run_engine(
     stop_after_s: float | None = None,
     generic: GenericSpec | None = None,
 ) -> list[RequestRecord]:
-    """Run plans through the real engine against `url`; records sorted by request id."""
-
-    adapter = adapter_for(api, generic)
+    """Run plans through the real engine against `url` (loopback, real time); records
+    sorted by request id."""
+    config = engine_config(api, max_in_flight=max_in_flight, headers_for=headers_for,
+                           priority_header=priority_header, generic=generic)  # fmt: skip
+    adapter = config.adapter
     endpoint = make_endpoint(url, path or adapter.default_path, adapter.headers(None))
-    config = EngineConfig(
-        adapter=adapter,
-        body_options=BodyOptions(model="m"),
-        seed=0,
-        max_in_flight=max_in_flight,
-        headers_for=headers_for,
-        priority_header=priority_header,
-    )
-    records: list[RequestRecord] = []
-
-    async def main() -> None:
-        pool = Pool(endpoint)
-        engine = Engine(plans, pool, config, records.append)
-
-        async def stop_later(delay_s: float) -> None:
-            await anyio.sleep(delay_s)
-            engine.stop()
-            engine.requests.cancel()
-
-        try:
-            async with anyio.create_task_group() as tg:
-                if stop_after_s is not None:
-                    tg.start_soon(stop_later, stop_after_s)
-                await engine.run(perf_counter_ns() + 20_000_000)
-                tg.cancel_scope.cancel()
-        finally:
-            pool.close()
-
-    anyio.run(main, backend="asyncio", backend_options=backend_options())
-    return sorted(records, key=lambda r: r.request_id)
+    return run_through(plans, Pool(endpoint), config, stop_after_s=stop_after_s)
