@@ -14,7 +14,6 @@ the event loop's polling what limits the first.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import tempfile
 import time
@@ -41,6 +40,7 @@ from loadgen.errors import LoadgenError
 from loadgen.results.records import RequestRecord
 from loadgen.run.envelope import Load, host_name
 from loadgen.run.simulator import running_sim
+from loadgen.run.spawn import ready_then_wait, spawn, start_all, wait_ready
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 
@@ -171,11 +171,12 @@ def warm_up() -> None:
     anyio.run(anyio.sleep, 0, backend="asyncio", backend_options=backend_options())
 
 
-def _engine_process(conn: Any, plans: list[RequestPlan], url: str) -> None:
+def _engine_process(plans: list[RequestPlan], url: str, conn: Any) -> None:
     """A spawned engine process: warm up, say ready, wait for t0, run, send records back."""
     warm_up()
-    conn.send("ready")
-    t0_ns = conn.recv()
+    t0_ns = ready_then_wait(conn)
+    if t0_ns is None:  # the parent gave up before the start
+        return
     conn.send(run_engine(plans, url, t0_ns))
     conn.close()
 
@@ -191,35 +192,25 @@ def run_processes(
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         own, own_cpu_s = run_engine(plans, url, t0_ns)
         return own, own_cpu_s, t0_ns
-    context = multiprocessing.get_context("spawn")  # no inherited loop or locks
-    pipes, children = [], []
-    for k in range(processes):
-        parent, child = context.Pipe()
-        proc = context.Process(target=_engine_process, args=(child, list(plans[k::processes]), url))
-        proc.start()
-        child.close()  # the child has its own copy: a child that dies is then an EOFError
-        pipes.append(parent)
-        children.append(proc)
+    shares = [(list(plans[k::processes]), url) for k in range(processes)]
+    children = spawn(_engine_process, shares, "loadgen-calibrate")
     try:
-        for pipe in pipes:
-            if pipe.recv() != "ready":
-                raise LoadgenError("a calibrate engine process did not start")
+        wait_ready(children, "calibrate engine")
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
-        for pipe in pipes:
-            pipe.send(t0_ns)
+        start_all(children, t0_ns)
         records: list[Any] = []
         cpu_s = 0.0
-        for pipe in pipes:
-            part, part_cpu_s = pipe.recv()
+        for child in children:
+            part, part_cpu_s = child.conn.recv()
             records += part
             cpu_s += part_cpu_s
     except EOFError:
         raise LoadgenError("a calibrate engine process died (see its error above)") from None
     finally:
-        for proc in children:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+        for child in children:
+            child.process.join(timeout=10)
+            if child.process.is_alive():
+                child.process.kill()
     return records, cpu_s, t0_ns
 
 
