@@ -66,7 +66,7 @@ from loadgen.results.runfolder import (
     write_json_atomic,
 )
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
-from loadgen.run.simulator import running_sim, sim_args_from_mapping
+from loadgen.run.simulator import target_url
 from loadgen.workload.identity import identity
 from loadgen.workload.plans import Work, plan_work
 from loadgen.workload.prompts import PromptMaker
@@ -183,13 +183,15 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
     adapter, headers, redactor, url = client_setup(spec, options)
     open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
-    with (
-        run_log(run_dir, redactor.redact),
-        _target(url, spec, run_dir, options, log) as (
-            base_url,
-            sim_args,
-        ),
-    ):
+    trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
+    with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
+        base_url, sim_args = target
+        if sim_args is not None and not options.quiet:
+            print(
+                f"no --url given: started the built-in simulator (loadgen sim) at {base_url}"
+                f"{' with ' + ' '.join(sim_args) if sim_args else ' with the seed parameters'}",
+                file=log,
+            )
         endpoint, config = engine_setup(spec, options, base_url, adapter, headers, redactor)
         LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
                     endpoint.origin, endpoint.target)  # fmt: skip
@@ -213,7 +215,9 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         else:
             result = _run(work, endpoint, config, run_dir, run_info, spec, options, log)
         LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
-        return result
+    if sim_args is not None and not options.quiet:
+        print("stopped the built-in simulator", file=log)
+    return result
 
 
 def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tuple[int, str]:
@@ -274,29 +278,6 @@ def engine_setup(
         max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
     )
     return endpoint, config
-
-
-@contextlib.contextmanager
-def _target(
-    url: str | None, spec: WorkloadSpec, run_dir: Path, options: RunOptions, log: TextIO
-) -> Iterator[tuple[str, list[str] | None]]:
-    """The given URL, or the built-in simulator started for this run and stopped after it."""
-    if url:
-        yield url, None
-        return
-
-    args = sim_args_from_mapping(spec.sim, spec.source)
-    trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
-    with running_sim(args, trace_file=trace) as sim:
-        if not options.quiet:
-            print(
-                f"no --url given: started the built-in simulator (loadgen sim) at {sim.url}"
-                f"{' with ' + ' '.join(args) if args else ' with the seed parameters'}",
-                file=log,
-            )
-        yield sim.url, args
-    if not options.quiet:
-        print("stopped the built-in simulator", file=log)
 
 
 def _make_run_dir(out_dir: Path, run_id: str) -> Path:
