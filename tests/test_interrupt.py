@@ -319,7 +319,7 @@ def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> N
     """The run ends (its tasks cancelled) just as a batch was taken for writing: the batch goes
     back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
     from loadgen.results.records import Outcome, RecordWriter, RequestRecord
-    from loadgen.run.execute import _spill
+    from loadgen.run.drive import spill
 
     def batch(first: int) -> list[RequestRecord]:
         return [RequestRecord(request_id=i, class_name="chat", intended_ns=i,
@@ -329,10 +329,10 @@ def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> N
     failures: list[OSError] = []
 
     async def spill_both() -> None:
-        await _spill(writer, batch(0), failures.append)
+        await spill(writer, batch(0), failures.append)
         with anyio.CancelScope() as scope:
             scope.cancel()  # cancelled before the thread takes the batch
-            await _spill(writer, batch(5), failures.append)
+            await spill(writer, batch(5), failures.append)
 
     anyio.run(spill_both)
     frame = writer.close()

@@ -1,17 +1,18 @@
 """`loadgen run --workers N`: one schedule sent by N engine processes on one host.
 
-Sits beside `loadgen.run.execute`, which calls `run_workers` instead of its single-process loop. The
-parent splits the planned work with `shards.split_work` (whole flows per process, every
-N-th start), starts N processes (`run.spawn`), waits until each has imported and built
-its engine, then picks t0 — 500 ms ahead on the wall clock, or the agreed `--start-at` —
-and sends it to all. Each worker converts it to its own
-monotonic clock and runs the same `Engine` a single-process run uses, spilling its records
-as `records.parts/part-w<i>-<n>.parquet` into the one run folder, and reports counters to the
-parent twice a second over a pipe. The parent draws one progress line for all, owns the
-signals (workers ignore SIGINT/SIGTERM: the parent tells them to stop, cancel or exit), joins
-every part into `records.parquet`, and writes one summary. Records keep the plan's intended
-times on the common t0; each worker's t0 differs from the parent's by the µs it takes to
-read two clocks (`t0_skew_us` in run.json).
+Sits below `loadgen.run.execute`, which calls `run_workers` instead of its single-process
+loop and writes the summary of both alike. The parent splits the planned work with
+`shards.split_work` (whole flows per process, every N-th start), starts N processes
+(`run.spawn`), waits until each has imported and built its engine, then picks t0 — 500 ms
+ahead on the wall clock, or the agreed `--start-at` — and sends it to all. Each worker
+converts it to its own monotonic clock and runs the same `Engine` a single-process run
+uses (`run.drive`), spilling its records as `records.parts/part-w<i>-<n>.parquet` into
+the one run folder, and reports counters to the parent twice a second over a pipe. The
+parent draws one progress line for all, owns the signals (workers ignore SIGINT/SIGTERM:
+the parent tells them to stop, cancel or exit) and joins every part into
+`records.parquet`. Records keep the plan's intended times on the common t0; each worker's
+t0 differs from the parent's by the µs it takes to read two clocks (`t0_skew_us` in
+run.json).
 
 Failure rules: a worker that dies loses at most its last second of records; its plans
 without a record become `client_error` records (the client failed: the run is invalid,
@@ -31,16 +32,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter_ns
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import anyio
 import polars as pl
 
 from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
 from loadgen.errors import describe_os_error
@@ -52,19 +55,21 @@ from loadgen.results.records import (
     RecordWriter,
     RequestRecord,
     read_parts,
+    remove_parts,
     to_frame,
     write_parquet_atomic,
 )
 from loadgen.results.records import write_parquet_atomic as write_part_atomic
 from loadgen.results.runfolder import EXIT_INTERRUPTED, write_json_atomic
+from loadgen.run.drive import choose_t0, drive, progress_line
+from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
+from loadgen.run.options import RunOptions
+from loadgen.run.setup import client_setup, engine_setup
 from loadgen.run.spawn import Child, ready_then_wait, receive, send, spawn, start_all, wait_ready
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import Share, split_work
 from loadgen.workload.spec import WorkloadSpec
-
-if TYPE_CHECKING:
-    from loadgen.run.execute import RunOptions, RunResult
 
 STATS_EVERY_S = 0.5
 START_LEAD_NS = 500_000_000  # t0 this far after the last worker is ready
@@ -112,8 +117,6 @@ class ShareWriter(RecordWriter):
 
 def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
     """Entry point of a worker process: set up, report ready, run from the parent's t0."""
-    from loadgen.run.execute import client_setup, drive, engine_setup
-
     die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run (no orphans)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -229,10 +232,9 @@ def run_workers(
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
-) -> RunResult:
-    """Send `work` from `count` processes; write the run folder as a single process would."""
-    from loadgen.run.execute import choose_t0, client_failure, finish, join_parts, process_info
-
+) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
+    """Send `work` from `count` processes; the joined records, run.json's content and the
+    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's."""
     per_worker = _per_worker_options(options, count)
     workers = _spawn(work, count, spec, per_worker, base_url, run_dir)
     children = [w.child for w in workers]
@@ -257,6 +259,15 @@ def run_workers(
             signal.signal(sig, handler)
     for child in children:
         child.process.join(timeout=10)
+    return _joined(work, workers, run_dir, run_info, t0, options, log), run_info, state
+
+
+def _joined(
+    work: Work, workers: list[_Worker], run_dir: Path, run_info: dict[str, Any],
+    t0: dict[str, Any], options: RunOptions, log: TextIO,
+) -> pl.DataFrame:  # fmt: skip
+    """Every worker's parts joined into records.parquet (a record for each plan of a worker
+    that died first), and each worker's share of the run in run_info."""
     # A worker whose writes failed (disk full, ...) or a failed join: exit 3, parts kept.
     failed = [w.done["client_failure"] for w in workers if w.done and w.done.get("client_failure")]
     joined: pl.DataFrame | None = None
@@ -276,7 +287,7 @@ def run_workers(
                      exit_code=w.child.process.exitcode)
         for w, wt0 in zip(workers, done_t0, strict=True)
     ]  # fmt: skip
-    return finish(frame, run_dir, run_info, spec, options, planned=len(work.plans), state=state)
+    return frame
 
 
 def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
@@ -325,8 +336,6 @@ def _supervise(
 ) -> dict[str, Any]:
     """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
     line, until every worker has finished or died."""
-    from loadgen.run.execute import progress_line
-
     state: dict[str, Any] = {"interrupted": False}
     children = [w.child for w in workers]
     listen = _listener(workers)
@@ -450,3 +459,57 @@ def _fill_missing(
     joined = pl.concat([frame, to_frame(missing)]).sort("request_id")
     write_parquet_atomic(joined, run_dir / RECORDS_FILE)
     return joined
+
+
+# -- each process's share, and the joined records -----------------------------------------
+
+
+def process_info(
+    frame: pl.DataFrame,
+    ids: Sequence[int] | None,
+    *,
+    index: int,
+    pid: int,
+    t0: Mapping[str, Any],
+    parent_t0: Mapping[str, Any],
+    lag_bound_ms: float,
+    exit_code: int | None = 0,
+) -> dict[str, Any]:
+    """One engine process's share of the run: its records, send lag and t0 skew.
+
+    `t0_skew_us` is its t0 on the monotonic clock minus the parent's (one host, one clock:
+    the cost of converting the agreed wall-clock start on each side).
+    """
+    mine = frame if ids is None else frame.filter(pl.col("request_id").is_in(list(ids)))
+    health = generator_health(mine, planned=mine.height, lag_bound_ms=lag_bound_ms)
+    skew_ns = int(t0["perf_counter_ns"]) - int(parent_t0["perf_counter_ns"])
+    return {
+        "index": index,
+        "pid": pid,
+        "exit_code": exit_code,
+        "records": mine.height,
+        "lag_ms_p99": health["lag_ms"]["p99"],
+        "late_share": late_share(mine, lag_bound_ms),
+        "fell_behind": health["fell_behind"],
+        "t0_skew_us": round(skew_ns / 1e3, 3),
+        "reached_late_ms": t0.get("reached_late_ms"),
+    }
+
+
+def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
+    """Share of the schedule's sends (singles and first turns) later than the bound."""
+    lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
+    scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
+    lags = scheduled.get_column("lag").drop_nulls()
+    if not lags.len():
+        return None
+    return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)
+
+
+def join_parts(run_dir: Path) -> pl.DataFrame:
+    """Every part in the run's parts folder as `records.parquet`; the parts are removed."""
+    parts = run_dir / PARTS_DIR
+    frame = read_parts(parts)
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    remove_parts(parts)
+    return frame
