@@ -31,6 +31,7 @@ import loadgen.engine.runner  # noqa: F401  # imported for its import time
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.metrics import nearest_rank
 from loadgen.engine import harness
 from loadgen.engine.harness import from_t0
 from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
@@ -325,7 +326,12 @@ def compare(
 
 
 def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
+    """The nearest-rank percentile (`analysis.metrics.nearest_rank`), as in every figure of
+    loadgen; NaN when nothing was measured."""
+    if not values.size:
+        return math.nan
+    rank = nearest_rank(q, values.size)
+    return float(np.partition(values, rank - 1)[rank - 1])
 
 
 # -- the ladder ------------------------------------------------------------------------
