@@ -335,9 +335,11 @@ def run_through(
     *,
     stop_after_s: float | None = None,
     loop_options: Mapping[str, Any] | None = None,
+    t0_ns: int | None = None,
 ) -> list[RequestRecord]:
-    """Run plans through the engine harness on `connector`, t0 20 ms after the loop is up
-    (and `engine.stop()` plus a cancel after `stop_after_s`); records by request id."""
+    """Run plans through the engine harness on `connector` from `t0_ns` (absolute, on the
+    connector's clock; default 20 ms after the loop is up), with `engine.stop()` plus a
+    cancel after `stop_after_s`; records by request id."""
     records: list[RequestRecord] = []
 
     async def session(engine: Engine) -> None:
@@ -348,7 +350,8 @@ def run_through(
             engine.requests.cancel()
 
         companions = [stop_later] if stop_after_s is not None else []
-        await run_beside(engine, engine.clock.now_ns() + 20_000_000, *companions)
+        start_ns = engine.clock.now_ns() + 20_000_000 if t0_ns is None else t0_ns
+        await run_beside(engine, start_ns, *companions)
 
     harness.run_engine(plans, connector, config, records.append, session, quiet=False,
                        loop_options=loop_options)  # fmt: skip
@@ -366,11 +369,13 @@ def run_engine(
     priority_header: str | None = None,
     stop_after_s: float | None = None,
     generic: GenericSpec | None = None,
+    t0_ns: int | None = None,
 ) -> list[RequestRecord]:
-    """Run plans through the real engine against `url` (loopback, real time); records
-    sorted by request id."""
+    """Run plans through the real engine against `url` (loopback, real time) from `t0_ns`
+    (absolute perf_counter_ns; default 20 ms after the loop is up); records sorted by
+    request id."""
     config = engine_config(api, max_in_flight=max_in_flight, headers_for=headers_for,
                            priority_header=priority_header, generic=generic)  # fmt: skip
     adapter = config.adapter
     endpoint = make_endpoint(url, path or adapter.default_path, adapter.headers(None))
-    return run_through(plans, Pool(endpoint), config, stop_after_s=stop_after_s)
+    return run_through(plans, Pool(endpoint), config, stop_after_s=stop_after_s, t0_ns=t0_ns)
