@@ -11,25 +11,11 @@ from hypothesis import strategies as st
 
 from loadgen.analysis import slo
 from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
+from loadgen.testing import failed_record as failed
 from loadgen.testing import streamed_record as streamed
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
-
-
-def failed(
-    request_id: int, *, outcome: Outcome = Outcome.REJECTED, class_name: str = "chat"
-) -> RequestRecord:
-    """A request that failed right after it was sent."""
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=0,
-        outcome=outcome,
-        dispatched_ns=0,
-        sent_ns=0,
-        end_ns=MS,
-    )
 
 
 def summary(records: list[RequestRecord], **slos: SloTargets) -> dict[str, Any]:

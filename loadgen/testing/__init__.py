@@ -30,7 +30,10 @@ from loadgen.engine import harness
 from loadgen.engine.harness import run_beside
 from loadgen.engine.runner import Engine, EngineConfig
 from loadgen.engine.transport import Connector, Pool, make_endpoint
-from loadgen.results.records import Outcome, RequestRecord
+from loadgen.results.records import RequestRecord
+from loadgen.testing.builders import failed_record as failed_record
+from loadgen.testing.builders import streamed_record as streamed_record
+from loadgen.testing.builders import write_run as write_run
 from loadgen.workload.plans import RequestPlan, Work
 from loadgen.workload.spec import Deadlines
 
@@ -151,38 +154,6 @@ def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) 
     if first_delay_s:
         steps.insert(2, first_delay_s)  # after the head and the role chunk
     return steps
-
-
-def streamed_record(
-    request_id: int,
-    *,
-    intended_ms: float = 0.0,
-    ttft_ms: float = 100.0,
-    gaps_ms: tuple[float, ...] = (10.0, 10.0),
-    lag_ms: float = 0.0,
-    class_name: str = "chat",
-    outcome: Outcome = Outcome.OK,
-) -> RequestRecord:
-    """A record with one token per chunk: first chunk at intended + ttft, then the gaps."""
-    ms = 1_000_000
-    intended = int(intended_ms * ms)
-    chunks = [intended + int(ttft_ms * ms)]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + int(gap * ms))
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=outcome,
-        dispatched_ns=intended + int(lag_ms * ms),
-        sent_ns=intended + int(lag_ms * ms),
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + ms,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-    )
 
 
 class ScriptedServer:
