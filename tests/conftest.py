@@ -1,10 +1,13 @@
-"""Fixtures the suites share: the engine against scripted responses, workload files."""
+"""Fixtures the suites share: the engine against scripted responses.
+
+Builders of records, run folders and workload files live in `loadgen.testing.builders`,
+plain functions that module-scoped fixtures and benchmarks can call too.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,22 +44,3 @@ class EngineRun:
 def engine_run(request: pytest.FixtureRequest) -> EngineRun:
     """The engine against scripts, once over loopback and once in virtual time."""
     return EngineRun(exact=request.param == "virtual")
-
-
-@pytest.fixture
-def virtual_run() -> EngineRun:
-    """The engine against scripts in virtual time only (exact intervals, no socket)."""
-    return EngineRun(exact=True)
-
-
-@pytest.fixture
-def write_workload(tmp_path: Path) -> Callable[..., Path]:
-    """`write_workload(text, name="w.yaml")`: the workload YAML written into the test's
-    tmp_path, and its path."""
-
-    def write(text: str, name: str = "w.yaml") -> Path:
-        path = tmp_path / name
-        path.write_text(text, encoding="utf-8")
-        return path
-
-    return write

@@ -23,6 +23,7 @@ from loadgen.studies.capacity import (
     min_requests,
     search,
 )
+from loadgen.testing.builders import workload_file
 
 
 def fake_server(knee: float, *, invalid: tuple[float, float] | None = None):  # type: ignore[no-untyped-def]
@@ -205,8 +206,7 @@ def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
     values: dict[str, float | str] = {"process": "constant", "tokens": 20, "ttft_ms": 5000,
                                       "speed": 1, "batch": 8, "step_ms": 25, "rate": 16,
                                       **physics}  # fmt: skip
-    path = tmp_path / "knee.yaml"
-    path.write_text(KNEE_WORKLOAD % values, encoding="utf-8")
+    path = workload_file(tmp_path, KNEE_WORKLOAD % values, "knee.yaml")
     tokens, step_ms = float(values["tokens"]), float(values["step_ms"])
     mu = float(values["batch"]) / (tokens * step_ms / 1000) * float(values["speed"])
     return path, mu

@@ -1,9 +1,11 @@
-"""Records and run folders for tests, shaped like what `loadgen run` writes: one builder each.
+"""Records, run folders and workload files for tests, shaped like the real ones.
 
 `streamed_record` and `failed_record` build the two kinds of request record the suites
 need (times in ms, relative to t0); `write_run` writes a run folder (run.json with t0 and
 the workload's classes, records.parquet, and the per-minute histograms if asked) that the
 results store, rolling windows and `compare` read as they read a real one.
+`chat_workload` is the one-class workload most command tests run, as YAML, and
+`workload_file` writes any workload text into a test's folder.
 """
 
 from __future__ import annotations
@@ -143,3 +145,41 @@ def write_run(
         write_histograms(run_dir)
     return run_dir
 
+
+def chat_workload(
+    name: str = "tiny",
+    *,
+    target: str | None = "{api: openai-chat, model: m}",
+    rate_per_s: float = 50,
+    requests: int = 20,
+    prompt_tokens: int = 5,
+    output_tokens: int = 3,
+    slo: str | None = "{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}",
+    deadlines: str | None = "{first_token_s: 5, stall_s: 5, total_s: 10}",
+) -> str:
+    """The workload most command tests need, as YAML: one class `chat` at a constant rate
+    with fixed prompt and output sizes. A section given as None is left out (its defaults
+    apply); tests edit the text further with `str.replace`."""
+    lines = [f"name: {name}"]
+    if target is not None:
+        lines.append(f"target: {target}")
+    lines += [
+        "classes:",
+        "  chat:",
+        f"    arrival: {{process: constant, rate_per_s: {rate_per_s:g}}}",
+        f"    requests: {requests}",
+        f"    prompt_tokens: {{dist: fixed, value: {prompt_tokens}}}",
+        f"    output_tokens: {{dist: fixed, value: {output_tokens}}}",
+    ]
+    if slo is not None:
+        lines.append(f"    slo: {slo}")
+    if deadlines is not None:
+        lines.append(f"    deadlines: {deadlines}")
+    return "\n".join(lines) + "\n"
+
+
+def workload_file(folder: Path, text: str, name: str = "w.yaml") -> Path:
+    """`text` written as the workload file `name` in `folder`; its path."""
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
