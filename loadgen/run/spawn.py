@@ -103,6 +103,8 @@ def wait_ready(
         dead = [c for c in children if not c.ready and (c.closed or not c.process.is_alive())]
         stop = interrupted()
         if dead or stop or time.monotonic() > deadline:
+            if dead:  # exiting on its own (its pipe closes first): its code, not our SIGTERM
+                dead[0].process.join(timeout=5)
             for child in children:
                 child.process.terminate()
             if stop:
