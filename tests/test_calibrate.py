@@ -246,6 +246,25 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
                                "ramp_s": 0.2, "processes": 1, "all_levels": False}  # fmt: skip
 
 
+def test_quick_calibration_on_two_engine_processes_measures_every_chunk() -> None:
+    """`calibrate --quick --processes 2`: each level's streams are split over two spawned
+    engine processes started at one t0, and every chunk of both is measured."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    out = CliRunner().invoke(
+        cli, ["calibrate", "--quick", "--processes", "2", "--format", "json", "--no-save"]
+    )
+    assert out.exit_code in (0, 2), out.output
+    found = json.loads(out.output)
+    assert found["processes"] == 2
+    for level in found["levels"]:
+        assert level["processes"] == 2
+        assert level["chunks"] == level["expected_chunks"] == level["streams"] * 50
+        assert level["failed"] == 0
+
+
 @pytest.mark.parametrize(
     ("args", "saved"),
     [

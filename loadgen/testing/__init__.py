@@ -2,7 +2,9 @@
 
 `run_engine` runs plans through the engine harness (`loadgen.engine.harness`, as `loadgen
 run` does) against a URL in real time; `loadgen.testing.virtual` runs the same scripts
-without sockets, in virtual time, where every interval is exact.
+without sockets, in virtual time, where every interval is exact. Records, run folders and
+workload files are built by `loadgen.testing.builders` (its record builders and
+`write_run` are exported here too).
 
 `ScriptedServer` is a raw-socket HTTP/1.1 server on loopback, in its own thread and event
 loop, whose every response is a script of steps (bytes to write, pauses, a close or a
