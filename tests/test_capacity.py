@@ -23,6 +23,7 @@ from loadgen.studies.capacity import (
     min_requests,
     search,
 )
+from loadgen.testing.builders import workload_file
 
 
 def fake_server(knee: float, *, invalid: tuple[float, float] | None = None):  # type: ignore[no-untyped-def]
@@ -205,8 +206,7 @@ def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
     values: dict[str, float | str] = {"process": "constant", "tokens": 20, "ttft_ms": 5000,
                                       "speed": 1, "batch": 8, "step_ms": 25, "rate": 16,
                                       **physics}  # fmt: skip
-    path = tmp_path / "knee.yaml"
-    path.write_text(KNEE_WORKLOAD % values, encoding="utf-8")
+    path = workload_file(tmp_path, KNEE_WORKLOAD % values, "knee.yaml")
     tokens, step_ms = float(values["tokens"]), float(values["step_ms"])
     mu = float(values["batch"]) / (tokens * step_ms / 1000) * float(values["speed"])
     return path, mu
@@ -292,16 +292,38 @@ def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], messag
     assert "Traceback" not in result.output
 
 
-def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignore[no-untyped-def]
-    """Constant arrivals at `rate` for `seconds`, each served in `lifetime_s`, no queue."""
+def steady_frame(rate: float, seconds: float, lifetime_s: float, lag_ms: float = 0.0):  # type: ignore[no-untyped-def]
+    """Constant arrivals at `rate` for `seconds`, each sent `lag_ms` late and served in
+    `lifetime_s`, no queue."""
     from loadgen.results.records import to_frame
     from loadgen.testing import streamed_record
 
     n = int(rate * seconds)
     gaps = (lifetime_s * 1000 / 20,) * 20  # 21 tokens over the lifetime, TTFT 0
     return to_frame(
-        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps) for i in range(n)
+        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps, lag_ms=lag_ms)
+        for i in range(n)
     )
+
+
+@pytest.mark.parametrize(("lag_bound_ms", "status"), [(50.0, PASS), (5.0, INVALID)])
+def test_the_step_re_audit_judges_the_generator_by_the_runs_lag_bound(
+    tmp_path: Path, lag_bound_ms: float, status: str
+) -> None:
+    """Every send 20 ms late: within --lag-bound-ms 50 the step is judged on its SLOs, and
+    only a 5 ms bound makes it invalid. (The re-audit once used the default 5 ms whatever
+    the flag said: steps went invalid at random on a loaded machine, and capacity exited 3.)"""
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        seconds = spec_at.classes["chat"].duration_s
+        return steady_frame(16.0, seconds, 0.1, lag_ms=20.0), False, False, tmp_path / run_id
+
+    step = step_runner(load(workload), run_one, param="rate", lag_bound_ms=lag_bound_ms)(1.0)
+    assert step.status == status, step.note
 
 
 def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: Path) -> None:

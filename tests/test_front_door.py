@@ -28,20 +28,11 @@ import loadgen.workload.inputs as inputs
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.workload.plans import PLAN_BYTES, RECORD_BYTES, TOKEN_BYTES, estimate_memory, plan_work
 from loadgen.workload.spec import MAX_SPAN_S, loads
 
-BASE = """\
-name: front-door
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 50}
-    requests: 20
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 3}
-    slo: {ttft_ms: 2000, tpot_ms: 1000, percentile: 90}
-    deadlines: {first_token_s: 5, stall_s: 5, total_s: 10}
-"""
+BASE = chat_workload("front-door", target=None)
 LAX = ("--lag-bound-ms", "1000")  # these tests are not about the generator's own lag
 
 
@@ -116,8 +107,7 @@ BAD_INPUTS = [
 
 def _check(tmp_path: Path, text: str | None, args: list[str]) -> tuple[int, str, object]:
     (tmp_path / "t.csv").write_text("t_s,prompt_tokens,output_tokens\n0,5,3\n1,5,3\n2,5,3\n")
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE if text is None else text, encoding="utf-8")
+    path = workload_file(tmp_path, BASE if text is None else text)
     result = CliRunner().invoke(cli, ["check", str(path), *args])
     return result.exit_code, result.output, result.exception
 
@@ -366,8 +356,7 @@ def test_record_bytes_bound_the_end_of_run_audit(tmp_path: Path) -> None:
 def test_a_plan_over_the_memory_cap_is_refused_with_the_figure_and_the_flag(tmp_path) -> None:
     """10,000,000 requests: refused in `check` and `run` at once with the estimate and the
     cap; `--max-memory-gb` above the estimate lets `check` go on (to its plan)."""
-    path = tmp_path / "w.yaml"
-    path.write_text(_with("rate_per_s: 50", "rate_per_s: 1000"))
+    path = workload_file(tmp_path, _with("rate_per_s: 50", "rate_per_s: 1000"))
     spec = loads(path.read_text())
     from loadgen.workload.spec import override
 
@@ -414,8 +403,7 @@ def test_run_flags_are_validated_before_anything_starts(
     tmp_path: Path, args: list[str], fragment: str
 ) -> None:
     """A bad --url, --run-id, --header or number exits 1 with the reason; nothing is written."""
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["run", str(path), "--out", str(out), *args])
     assert result.exit_code == 1, result.output
@@ -428,8 +416,7 @@ def test_run_flags_are_validated_before_anything_starts(
 @pytest.mark.parametrize("run_id", ["nightly-2026-11-29", "a", "A.b_c-1", "x" * 128])
 def test_safe_run_ids_are_accepted_by_dry_run(tmp_path: Path, run_id: str) -> None:
     """Letters, digits and -_. pass; the dry run validates, prints the plan, writes nothing."""
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     out = tmp_path / "out"
     result = CliRunner().invoke(
         cli, ["run", str(path), "--out", str(out), "--run-id", run_id, "--dry-run"]
@@ -443,8 +430,7 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
     """A header's missing ${VAR}, a ${VAR} holding CR/LF (header injection) and an existing
     run folder fail the dry run as they would fail the run."""
     monkeypatch.delenv("FRONT_DOOR_TOKEN", raising=False)
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     missing = CliRunner().invoke(
         cli, ["run", str(path), "--dry-run", "--header", "X-Token:${FRONT_DOOR_TOKEN}"]
     )
@@ -469,8 +455,7 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
 
 
 def _run(tmp_path: Path, requests: int, handler, *extra: str) -> tuple[int, str, Path]:
-    path = tmp_path / "w.yaml"
-    path.write_text(_with("requests: 20", f"requests: {requests}"))
+    path = workload_file(tmp_path, _with("requests: 20", f"requests: {requests}"))
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
             cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "out"),
@@ -555,9 +540,8 @@ def test_a_real_file_size_limit_at_the_join_exits_3_and_recover_finishes(tmp_pat
     """A real kernel error: under `ulimit -f` of 32 KiB each ~1 s part fits but the joined
     records.parquet (~60 KiB for 300 records of 32 chunks) does not: EFBIG names the file
     and the limit, exit 3, every part stays on disk, and `report --recover` joins them all."""
-    path = tmp_path / "w.yaml"
-    path.write_text(
-        _with("rate_per_s: 50", "rate_per_s: 50").replace("requests: 20", "requests: 300")
+    path = workload_file(
+        tmp_path, _with("rate_per_s: 50", "rate_per_s: 50").replace("requests: 20", "requests: 300")
     )
     out = tmp_path / "out"
     with ScriptedServer(lambda r: simple_chat(32, gap_s=0.002)) as server:

@@ -21,6 +21,7 @@ from loadgen.results.records import (
     write_parquet_atomic,
 )
 from loadgen.studies import planner
+from loadgen.testing.builders import workload_file
 
 SEED_FLAGS = {
     "prefill_tokens_per_s": 8000.0,
@@ -417,9 +418,8 @@ def test_plan_from_a_chunked_prefill_run_on_the_simulator(tmp_path: Path) -> Non
     safe chunk, where median TPOT (well above 20 ms) would have left none."""
     from loadgen.cli import cli
 
-    workload = tmp_path / "chunked.yaml"
-    workload.write_text(CHUNKED.format(rate=2.0, steps="20").replace("duration_s: 60",
-                                                                     "duration_s: 15"))  # fmt: skip
+    workload = workload_file(tmp_path, CHUNKED.format(rate=2.0, steps="20").replace("duration_s: 60",
+                                                                     "duration_s: 15"), "chunked.yaml")  # fmt: skip
     out = tmp_path / "runs"
     ran = CliRunner().invoke(cli, ["run", str(workload), "--out", str(out), "--run-id", "r", "-q",
                                    "--lag-bound-ms", "50"])  # fmt: skip  # a shared machine

@@ -21,6 +21,7 @@ from loadgen.render.report.model import RunReport, build_run_report
 from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
+from loadgen.testing import builders, streamed_record
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
@@ -38,29 +39,12 @@ def ok_record(
     class_name: str = "chat",
     prompt: tuple[int, int | None] = (100, 100),
 ) -> RequestRecord:
-    """An ok streamed request: first chunk at intended + ttft, then one chunk per gap."""
-    intended = int(intended_ms * MS)
-    chunks = [intended + int(ttft_ms * MS)]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + int(gap * MS))
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=Outcome.OK,
-        dispatched_ns=intended + MS,  # 1 ms late: the generator's lag
-        sent_ns=intended + MS,
-        first_token_ns=chunks[0],
-        first_content_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + MS,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-        prompt_tokens_target=prompt[0],
-        prompt_tokens=prompt[1],
-        http_status=200,
-    )
+    """An ok streamed request, sent 1 ms late (the generator's lag): first chunk at intended
+    + ttft, then one chunk per gap, answered with HTTP 200 and the prompt's target and count."""
+    return streamed_record(request_id, intended_ms=intended_ms, ttft_ms=ttft_ms, gaps_ms=gaps_ms,
+                           lag_ms=1.0, class_name=class_name, content=True,
+                           prompt_tokens_target=prompt[0], prompt_tokens=prompt[1],
+                           http_status=200)  # fmt: skip
 
 
 def failed_record(
@@ -73,19 +57,9 @@ def failed_record(
     status: int | None = 429,
 ) -> RequestRecord:
     """A request that failed 5 ms after its intended time."""
-    intended = int(intended_ms * MS)
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=outcome,
-        dispatched_ns=intended,
-        sent_ns=intended,
-        end_ns=intended + 5 * MS,
-        http_status=status,
-        error=error,
-        prompt_tokens_target=100,
-    )
+    return builders.failed_record(request_id, intended_ms=intended_ms, outcome=outcome,
+                                  end_after_ms=5.0, class_name=class_name, http_status=status,
+                                  error=error, prompt_tokens_target=100)  # fmt: skip
 
 
 def synthetic_records() -> list[RequestRecord]:

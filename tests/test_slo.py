@@ -14,25 +14,11 @@ from loadgen.analysis.objectives import Objective
 from loadgen.results.codec import to_json
 from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.results.summary import Goodput, Summary
+from loadgen.testing import failed_record as failed
 from loadgen.testing import streamed_record as streamed
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
-
-
-def failed(
-    request_id: int, *, outcome: Outcome = Outcome.REJECTED, class_name: str = "chat"
-) -> RequestRecord:
-    """A request that failed right after it was sent."""
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=0,
-        outcome=outcome,
-        dispatched_ns=0,
-        sent_ns=0,
-        end_ns=MS,
-    )
 
 
 def chat_objectives(slos: dict[str, SloTargets]) -> dict[str, Objective]:

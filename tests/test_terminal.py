@@ -10,8 +10,9 @@ from rich.console import Console
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.render.terminal import fmt_ms, render_summary
-from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.records import RequestRecord, to_frame
 from loadgen.results.summary import Summary
+from loadgen.testing import failed_record, streamed_record
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
@@ -21,31 +22,12 @@ def record(
     request_id: int, class_name: str, *, lag_ms: float = 0.0, ok: bool = True
 ) -> RequestRecord:
     """An ok three-token request with TTFT 100 ms and 10 ms gaps, or a rejected one."""
-    intended = request_id * 10 * MS
-    sent = intended + int(lag_ms * MS)
+    intended_ms = request_id * 10.0
     if not ok:
-        return RequestRecord(
-            request_id=request_id,
-            class_name=class_name,
-            intended_ns=intended,
-            outcome=Outcome.REJECTED,
-            sent_ns=sent,
-            end_ns=sent + MS,
-        )
-    chunks = (intended + 100 * MS, intended + 110 * MS, intended + 120 * MS)
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=Outcome.OK,
-        sent_ns=sent,
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1],
-        chunk_ns=chunks,
-        chunk_tokens=(1, 1, 1),
-        output_tokens=3,
-    )
+        return failed_record(request_id, intended_ms=intended_ms, lag_ms=lag_ms,
+                             class_name=class_name)  # fmt: skip
+    return streamed_record(request_id, intended_ms=intended_ms, lag_ms=lag_ms,
+                           class_name=class_name, end_after_ms=0.0)  # fmt: skip
 
 
 def summarize(

@@ -17,6 +17,7 @@ from loadgen.cli import cli
 from loadgen.results.records import read_records
 from loadgen.run.execute import choose_workers
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import workload_file
 from loadgen.testing.crashtest import received_ids, slow_after_five, start_interrupt_run, wait_for
 from loadgen.workload.plans import plan_run, plan_work
 from loadgen.workload.shards import Share, split_work
@@ -58,9 +59,7 @@ PLAN_COLUMNS = ["request_id", "class", "max_tokens", "session_id", "turn"]
 
 
 def write_workload(tmp_path: Path, text: str = WORKLOAD) -> Path:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(text)
-    return workload
+    return workload_file(tmp_path, text)
 
 
 def run_cli(tmp_path: Path, url: str, run_id: str, *extra: str) -> tuple[int, str, Path]:

@@ -30,7 +30,7 @@ from loadgen.render.capacity_view import (
     write_capacity,
     x_axis,
 )
-from loadgen.run.simulator import running_sim, sim_args_from_mapping
+from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
     MIN_LIFETIMES,
     PARAMS,
@@ -259,12 +259,7 @@ def _loads(
 @contextlib.contextmanager
 def _target_url(url: str | None, spec: WorkloadSpec, quiet: bool) -> Iterator[str]:
     """The URL, the file's, or one built-in simulator kept up for every step."""
-    if url or spec.target.url:
-        yield url or spec.target.url or ""
-        return
-
-    args = sim_args_from_mapping(spec.sim, spec.source)
-    with running_sim(args) as sim:
-        if not quiet:
-            click.echo(f"started the built-in simulator at {sim.url} {' '.join(args)}", err=True)
-        yield sim.url
+    with target_url(url, spec) as (base_url, args):
+        if args is not None and not quiet:
+            click.echo(f"started the built-in simulator at {base_url} {' '.join(args)}", err=True)
+        yield base_url

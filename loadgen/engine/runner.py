@@ -24,7 +24,6 @@ import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from time import perf_counter_ns
 from typing import Any
 
 import anyio
@@ -40,9 +39,10 @@ from loadgen.adapters.protocol import (
 )
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
-from loadgen.engine.transport import Connection, Pool, encode_request
+from loadgen.engine.transport import Connector, Link, encode_request
 from loadgen.results.records import Outcome, RequestRecord, TokenSource
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.workload.prompts import PromptMaker
@@ -93,7 +93,7 @@ class EngineConfig:
 class Exchange:
     """One request's measurement: the sink its connection reports to, and its timers.
 
-    Clock values are absolute perf_counter_ns; `record()` makes them relative to t0.
+    Clock values are absolute (the connector's clock); `record()` makes them relative to t0.
     Every piece of server text that reaches `error` is quoted through `redactor` as it
     comes in (redacted, then cut); nothing the server sent is cut before that.
     """
@@ -107,8 +107,10 @@ class Exchange:
         keep_text: bool = False,
         redactor: Redactor = NO_SECRETS,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.plan = plan
+        self._now = clock.now_ns
         self.keep_text = keep_text  # flows build the next prompt from this answer
         self.texts: list[str] = []
         self.stall_ns = int(plan.deadlines.stall_s * 1e9)
@@ -140,7 +142,7 @@ class Exchange:
         self.saw_done = False
         self.error_body = b""
         self.retries = 0
-        self.conn: Connection | None = None
+        self.conn: Link | None = None
         self.lost_before_response = False
         self._stall_timer: asyncio.TimerHandle | None = None
 
@@ -276,7 +278,7 @@ class Exchange:
 
     def timeout(self, outcome: Outcome, message: str) -> None:
         """A deadline fired: settle as that timeout (the connection is dropped)."""
-        self.finish(perf_counter_ns(), outcome, message)
+        self.finish(self._now(), outcome, message)
 
     def start_stall_watch(self) -> None:
         """Check, at the last token + stall, that a newer token arrived; else time out.
@@ -285,11 +287,12 @@ class Exchange:
         """
         loop = asyncio.get_running_loop()
         stall_ns = self.stall_ns
+        now = self._now
 
         def check() -> None:
             if self.done.done():
                 return
-            overdue_ns = (self.last_token_ns or 0) + stall_ns - perf_counter_ns()
+            overdue_ns = (self.last_token_ns or 0) + stall_ns - now()
             if overdue_ns <= 0:
                 self.timeout(Outcome.TIMEOUT_STALL, f"no token for {stall_ns / 1e9:g} s")
             else:
@@ -370,19 +373,24 @@ def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
 
 
 class Engine:
-    """Runs planned work against one endpoint pool and emits exactly one record per plan."""
+    """Runs planned work through one connector and emits exactly one record per plan.
+
+    Every time it takes is on the connector's clock, the one its connections stamp reads on.
+    """
 
     def __init__(
         self,
         work: Work | Sequence[RequestPlan],
-        pool: Pool,
+        connector: Connector,
         config: EngineConfig,
         on_record: Callable[[RequestRecord], None],
         stats: LiveStats | None = None,
     ) -> None:
         self.work = work if isinstance(work, Work) else singles_of(work)
         self.plans = self.work.plans
-        self.pool = pool
+        self.connector = connector
+        self.clock = connector.clock
+        self._now = connector.clock.now_ns
         self.config = config
         self.on_record = on_record
         self.stats = stats or LiveStats()
@@ -431,20 +439,20 @@ class Engine:
                 tg.start_soon(self._flow, self.work.flows[index])
             else:
                 plan = self.work.singles[index]
-                tg.start_soon(self._request, plan, perf_counter_ns(), None, False)
+                tg.start_soon(self._request, plan, self._now(), None, False)
         self.next_due_ns = None
 
-    @staticmethod
-    async def _sleep_until(due_ns: int) -> None:
-        delay_ns = due_ns - perf_counter_ns()
+    async def _sleep_until(self, due_ns: int) -> None:
+        now = self._now
+        delay_ns = due_ns - now()
         if delay_ns > 0:
             await anyio.sleep(delay_ns / 1e9)
-            while perf_counter_ns() < due_ns:  # loop timers may fire up to ~1 ms early
+            while now() < due_ns:  # loop timers may fire up to ~1 ms early
                 await anyio.sleep(0)
 
     async def _wait_unless_stopped(self, due_ns: int) -> bool:
         """Sleep until `due_ns` (a think or tool time); False when the run is stopping."""
-        delay_ns = due_ns - perf_counter_ns()
+        delay_ns = due_ns - self._now()
         if delay_ns > 0:
             with anyio.move_on_after(delay_ns / 1e9):
                 await self._stopping.wait()
@@ -469,6 +477,7 @@ class Engine:
         exchange = Exchange(
             plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
             max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
+            clock=self.clock,
         )  # fmt: skip
         try:
             if self._limiter is not None:
@@ -483,7 +492,7 @@ class Engine:
                     exchange.conn.detach()
                 exchange.outcome = Outcome.CANCELLED
                 exchange.error = "run interrupted while this request was in flight"
-                exchange.end_ns = perf_counter_ns()
+                exchange.end_ns = self._now()
             if exchange.error:  # quoted on the way in; this pass guards the composed message
                 exchange.error = config.redactor.redact(exchange.error)
             self._emit(exchange.record(dispatched_ns))
@@ -526,7 +535,7 @@ class Engine:
                 due += int(plan.delay_s * 1e9)
                 if not await self._wait_unless_stopped(due):
                     return  # the rest are recorded as not_sent by run()
-            if budget_end is not None and perf_counter_ns() >= budget_end:
+            if budget_end is not None and self._now() >= budget_end:
                 self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
                 return
             new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
@@ -543,7 +552,7 @@ class Engine:
                 prompt_tokens=sum(self.prompts.count(text) for _, text in messages),
                 deadlines=_within_budget(plan.deadlines, budget_end, due),
             )
-            exchange = await self._request(sent, perf_counter_ns(), messages, True)
+            exchange = await self._request(sent, self._now(), messages, True)
             if exchange.outcome is not Outcome.OK:
                 step = "hop" if flow.kind == "trajectory" else "turn"
                 reason = f"{step} {index} ended {exchange.outcome}"
@@ -551,7 +560,7 @@ class Engine:
                 return
             previous_output = "".join(exchange.texts)
             history.append(("assistant", previous_output))
-            due = exchange.end_ns or perf_counter_ns()
+            due = exchange.end_ns or self._now()
 
     async def _batch(self, flow: Flow) -> None:
         """Documents sent closed-loop: `concurrency` workers, each taking the next when done."""
@@ -561,7 +570,7 @@ class Engine:
             for plan in pending:  # shared iterator: each document goes to one worker
                 if self._stopping.is_set():
                     return
-                now = perf_counter_ns()
+                now = self._now()
                 await self._request(replace(plan, intended_ns=now - self.t0_ns), now, None, False)
 
         async with anyio.create_task_group() as tg:
@@ -576,7 +585,7 @@ class Engine:
         """The record of a plan that was never sent (skipped, or not sent: the run stopped)."""
         intended = plan.intended_ns
         if plan.turn:  # a later turn has no intended time of its own: say when it was given up
-            intended = max(intended, perf_counter_ns() - self.t0_ns)
+            intended = max(intended, self._now() - self.t0_ns)
         return RequestRecord(
             request_id=plan.request_id, class_name=plan.class_name, intended_ns=intended,
             outcome=outcome, prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
@@ -591,7 +600,7 @@ class Engine:
         start = self.t0_ns + plan.intended_ns
         first_ns = start + int(deadlines.first_token_s * 1e9)
         total_ns = start + int(deadlines.total_s * 1e9)
-        now = perf_counter_ns()
+        now = self._now()
         timers = [
             loop.call_later(max(0, first_ns - now) / 1e9, self._first_token_deadline, exchange),
             loop.call_later(
@@ -606,9 +615,9 @@ class Engine:
             headers[self.config.priority_header] = str(plan.priority)
         if self.config.headers_for is not None:
             headers.update(self.config.headers_for(plan))
-        request = encode_request(self.pool.endpoint, body, headers)
+        request = encode_request(self.connector.endpoint, body, headers)
         if LOGGER.isEnabledFor(logging.DEBUG):
-            point = self.pool.endpoint
+            point = self.connector.endpoint
             sent = {**point.headers, **headers}
             LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
                          point.target, sent)  # fmt: skip
@@ -634,22 +643,22 @@ class Engine:
 
     async def _send(self, exchange: Exchange, request: bytes) -> bool:
         """Get a connection and write the request; False when the exchange already ended."""
-        conn = self.pool.take_idle() if exchange.retries == 0 else None
+        conn = self.connector.take_idle() if exchange.retries == 0 else None
         if conn is None:
             conn = await self._connect(exchange)
             if conn is None:
                 return False
         exchange.reused_connection = conn.reused
         exchange.conn = conn
-        exchange.sent_ns = self.stats.last_progress_ns = perf_counter_ns()
+        exchange.sent_ns = self.stats.last_progress_ns = self._now()
         if exchange.retries == 0:
             self.stats.sent += 1
         conn.send(exchange, request)
         return True
 
-    async def _connect(self, exchange: Exchange) -> Connection | None:
+    async def _connect(self, exchange: Exchange) -> Link | None:
         """A new connection, unless a deadline ends the exchange first."""
-        opening = asyncio.ensure_future(self.pool.connect())
+        opening = asyncio.ensure_future(self.connector.connect())
         try:
             waiting: set[asyncio.Future[Any]] = {opening, exchange.done}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -667,10 +676,10 @@ class Engine:
             message = (
                 f"client out of resources: {exc.strerror} (raise ulimit -n, or spread the load)"
             )
-            exchange.finish(perf_counter_ns(), Outcome.CLIENT_ERROR, message)
+            exchange.finish(self._now(), Outcome.CLIENT_ERROR, message)
             return None
         message = connect_message(exc) if isinstance(exc, OSError) else f"connect failed: {exc!r}"
-        exchange.finish(perf_counter_ns(), Outcome.CONNECT_ERROR, message)
+        exchange.finish(self._now(), Outcome.CONNECT_ERROR, message)
         return None
 
     def _first_token_deadline(self, exchange: Exchange) -> None:
@@ -683,7 +692,7 @@ class Engine:
     def _emit(self, record: RequestRecord) -> None:
         self._recorded[record.request_id] = 1
         stats = self.stats
-        stats.last_progress_ns = perf_counter_ns()
+        stats.last_progress_ns = self._now()
         if record.outcome is Outcome.OK:
             stats.ok += 1
             if record.first_token_ns is not None:

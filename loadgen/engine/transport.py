@@ -23,14 +23,13 @@ import os
 import re
 import socket
 import ssl
-import struct
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from time import perf_counter_ns
 from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from loadgen.engine.clock import SYSTEM_CLOCK, Clock, ReadClock
 
 # Caps on what one response may make the client hold: its status line and headers, and
 # one line of chunked framing (a size line, a trailer). Past one, the exchange ends as a
@@ -42,12 +41,37 @@ DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polli
 
 
 class ExchangeSink(Protocol):
-    """What the connection reports to the request using it. `t_ns` is perf_counter_ns."""
+    """What the connection reports to the request using it. `t_ns` is on the pool's clock."""
 
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None: ...
     def on_body(self, data: bytes, t_ns: int) -> None: ...
     def on_end(self, t_ns: int) -> None: ...
     def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None: ...
+
+
+class Link(Protocol):
+    """One connection as the engine sees it: it carries one exchange at a time."""
+
+    reused: bool  # it carried an earlier exchange (kept alive)
+
+    def send(self, sink: ExchangeSink, request: bytes) -> None: ...
+    def detach(self) -> None: ...
+
+
+class Connector(Protocol):
+    """What the engine sends through: connections to one endpoint, stamped on one clock.
+
+    `Pool` is the real one; tests pass one that plays scripted responses in virtual time
+    (`loadgen.testing.virtual`).
+    """
+
+    endpoint: Endpoint
+    clock: Clock  # every stamp a connection reports is on this clock
+    last_read_ns: int  # when bytes last arrived on any connection (the watchdog reads it)
+
+    def take_idle(self) -> Link | None: ...
+    async def connect(self) -> Link: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +157,6 @@ SO_TIMESTAMPNS = 35  # Linux: SCM_TIMESTAMPNS ancillary data (struct timespec, C
 # less client CPU per chunk, measured, and timestamps late by however busy the client is).
 KERNEL_STAMPS_AVAILABLE = sys.platform == "linux" and os.environ.get("LOADGEN_KERNEL_STAMPS") != "0"
 READ_SIZE = 256 * 1024
-_TIMESPEC = struct.Struct("@qq")
 _HEX = re.compile(rb"[0-9A-Fa-f]+")  # a bare chunk size (int() would also accept spaces, _)
 # The usual chunk sizes, as sent, to their values: one dict lookup both validates and parses
 # a size line (the regex check plus int() cost ~0.3 µs per chunk, measured). Other spellings
@@ -156,6 +179,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self._now = pool.clock.now_ns  # bound once: data_received stamps every read with it
         self.transport: asyncio.Transport | None = None
         self.sink: ExchangeSink | None = None
         self._rx: list[tuple[bytes, int]] = []  # reads stamped but not yet parsed
@@ -186,7 +210,7 @@ class Connection(asyncio.Protocol):
         # Stamp now, parse later: every socket readable in this loop iteration is stamped
         # before any of them is parsed (Pool._drain runs once the I/O callbacks are done),
         # so a burst of chunks on many streams is not stamped late by its own parsing.
-        self.received(data, perf_counter_ns())
+        self.received(data, self._now())
 
     def received(self, data: bytes, t_ns: int) -> None:
         """Bytes that arrived at `t_ns` (the kernel's receive time, where it is known)."""
@@ -233,7 +257,7 @@ class Connection(asyncio.Protocol):
         sink, self.sink = self.sink, None
         if sink is None:
             return
-        t_ns = perf_counter_ns()
+        t_ns = self._now()
         if self._in_body and not self._chunked and self._remaining < 0:
             sink.on_end(t_ns)  # a close-delimited body ends with the connection
         else:
@@ -360,7 +384,7 @@ class Connection(asyncio.Protocol):
         self._rx = []
         self._abort()
         if sink is not None:
-            sink.on_lost(reason, True, perf_counter_ns())
+            sink.on_lost(reason, True, self._now())
 
     def _abort(self) -> None:
         self.closed = True
@@ -373,7 +397,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.sink = sink
         self._reset_response()
-        self._floor_ns = perf_counter_ns()
+        self._floor_ns = self._now()
         self.transport.write(request)
 
     def detach(self) -> None:
@@ -393,7 +417,6 @@ def _literal_address(host: str, port: int) -> tuple[int, Any] | None:
     return None
 
 
-OFFSET_REFRESH_NS = 100_000_000
 _timestamping_keeper: list[socket.socket] = []  # at most one, open for the process's life
 
 
@@ -421,62 +444,6 @@ def keep_kernel_timestamping_on() -> None:
     atexit.register(keeper.close)
 
 
-def clock_offset_ns() -> int:
-    """CLOCK_REALTIME minus perf_counter_ns, from the narrowest of three bracketed reads."""
-    best_window_ns, best_ns = -1, 0
-    for _ in range(3):
-        before_ns = perf_counter_ns()
-        real_ns = time.time_ns()
-        after_ns = perf_counter_ns()
-        if best_window_ns < 0 or after_ns - before_ns < best_window_ns:
-            best_window_ns, best_ns = after_ns - before_ns, real_ns - (before_ns + after_ns) // 2
-        if best_window_ns < 2_000:  # not preempted: a clock read is ~0.1 µs
-            break
-    return best_ns
-
-
-class ReadClock:
-    """Moves kernel receive times (CLOCK_REALTIME) onto perf_counter_ns, for one pool's reads.
-
-    Each clock read costs ~0.1 µs on the VMs measured; a loop iteration that reads hundreds
-    of sockets needs one. The first read after each drain reads perf_counter_ns: `now_ns`,
-    a lower bound on the time of every later read before the next drain. A kernel time
-    before that bound is before its own read; one at or after it reads perf_counter_ns
-    again, so a stamp is never placed after the read itself. The offset between the clocks
-    is measured every 100 ms (NTP slews the wall clock by at most 0.5 ms a second), from
-    the narrowest of three bracketed reads: a process preempted between reading its two
-    clocks would otherwise be off by the preemption, and stamp reads early.
-    """
-
-    __slots__ = ("now_ns", "offset_at_ns", "offset_ns")
-
-    def __init__(self) -> None:
-        self.now_ns = 0  # 0: not read since the last drain
-        self.offset_ns = 0
-        self.offset_at_ns = 0  # when offset_ns was measured (0: never)
-
-    def stamp(self, ancillary: list[tuple[int, int, bytes]]) -> int:
-        """The arrival time of a read: the kernel's, from `recvmsg`'s ancillary data, where
-        it is plausible (else the wall clock stepped), or the time of the read."""
-        bound_ns = self.now_ns
-        if not bound_ns:
-            bound_ns = self.now_ns = perf_counter_ns()
-            if not self.offset_at_ns or bound_ns - self.offset_at_ns > OFFSET_REFRESH_NS:
-                self.offset_ns, self.offset_at_ns = clock_offset_ns(), bound_ns
-        if not ancillary:
-            return perf_counter_ns()
-        sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
-        kernel_ns: int = sec * 1_000_000_000 + nsec - self.offset_ns
-        if bound_ns - 10_000_000_000 < kernel_ns < bound_ns:
-            return kernel_ns
-        now_ns = perf_counter_ns()
-        return kernel_ns if now_ns - 10_000_000_000 < kernel_ns < now_ns else now_ns
-
-    def expire(self) -> None:
-        """The reads of this loop iteration are done: read the clocks afresh next time."""
-        self.now_ns = 0
-
-
 class StampedSocket:
     """The transport of a plain-HTTP connection that reads with the kernel's receive time.
 
@@ -485,7 +452,7 @@ class StampedSocket:
     the kernel stamps each segment as it is received, and `recvmsg` hands back the time of
     the last segment it read; a read that finds several chunks queued stamps them all with
     the last one's time (still no later than a user-space stamp). The kernel clock is
-    CLOCK_REALTIME; `ReadClock` moves it onto perf_counter_ns, never after the read itself.
+    CLOCK_REALTIME; `ReadClock` moves it onto the monotonic clock, never after the read itself.
 
     Only the four calls `Connection` makes of a transport: write, abort, and the
     `connection_lost` it reports back.
@@ -581,7 +548,8 @@ class StampedSocket:
 
 
 class Pool:
-    """Idle keep-alive connections to one endpoint; new ones are opened on demand."""
+    """Idle keep-alive connections to one endpoint; new ones are opened on demand (the
+    engine's `Connector`)."""
 
     def __init__(
         self,
@@ -589,8 +557,10 @@ class Pool:
         *,
         ssl_context: ssl.SSLContext | None = None,
         kernel_stamps: bool | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.endpoint = endpoint
+        self.clock = clock
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._ready: list[Connection] = []  # connections with stamped, unparsed reads
@@ -609,7 +579,7 @@ class Pool:
         self._addresses: list[tuple[int, Any]] = []  # (family, sockaddr), once resolved
         # Every StampedSocket reads into this and copies out what it got (one loop thread).
         self.read_buffer = [memoryview(bytearray(READ_SIZE))]
-        self.read_clock = ReadClock()
+        self.read_clock = ReadClock(clock)
 
     def take_idle(self) -> Connection | None:
         """An idle kept-alive connection (marked reused), or None."""
@@ -693,7 +663,7 @@ class Pool:
         Parsing a 256-stream burst takes ~2 ms; done in one go, a chunk arriving meanwhile
         would be stamped up to that late. In slices it waits at most one slice.
         """
-        self.last_read_ns = perf_counter_ns()
+        self.last_read_ns = self.clock.now_ns()
         self.read_clock.expire()
         ready = self._ready
         self._ready = ready[DRAIN_SLICE:]

@@ -1,5 +1,8 @@
 """Run the simulator as a subprocess: the embedded default target of the client CLI.
 
+`target_url` is the one place that decides between the URL a user gave and the built-in
+simulator (`loadgen run` and `loadgen capacity` both ask it).
+
 A separate process, so the simulator never competes with the client's event loop and
 the client's timing is measured against a server it does not share a GIL with. It dies
 with the process that started it, whatever kills that one (`loadgen.run.lifeline`: SIGTERM,
@@ -24,6 +27,7 @@ from typing import IO, Any
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.run import lifeline
 from loadgen.sim.config import format_decode_table, validate
+from loadgen.workload.spec import WorkloadSpec
 
 _LISTENING = "loadgen sim listening on "
 _NOT_IN_SIM_SECTION = {"host", "port"}
@@ -135,3 +139,19 @@ def running_sim(
             yield SimProcess(url=url, pid=proc.pid, trace_file=trace_file)
         finally:
             _stop(proc)
+
+
+@contextlib.contextmanager
+def target_url(
+    url: str | None, spec: WorkloadSpec, *, trace_file: Path | None = None
+) -> Iterator[tuple[str, list[str] | None]]:
+    """The given URL (else the workload's `target.url`), or the built-in simulator started
+    with the workload's `sim:` settings and stopped after. Yields the URL and the
+    simulator's arguments (None when it was not started)."""
+    url = url or spec.target.url
+    if url:
+        yield url, None
+        return
+    args = sim_args_from_mapping(spec.sim, spec.source)
+    with running_sim(args, trace_file=trace_file) as sim:
+        yield sim.url, args

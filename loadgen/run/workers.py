@@ -1,17 +1,18 @@
 """`loadgen run --workers N`: one schedule sent by N engine processes on one host.
 
-Sits beside `loadgen.run.execute`, which calls `run_workers` instead of its single-process loop. The
-parent splits the planned work with `shards.split_work` (whole flows per process, every
-N-th start), starts N spawned processes (no fork: a forked event loop is not safe), waits
-until each has imported and built its engine, then picks t0 — 300 ms ahead on the wall
-clock, or the agreed `--start-at` — and sends it to all. Each worker converts it to its own
-monotonic clock and runs the same `Engine` a single-process run uses, spilling its records
-as `records.parts/part-w<i>-<n>.parquet` into the one run folder, and reports counters to the
-parent twice a second over a pipe. The parent draws one progress line for all, owns the
-signals (workers ignore SIGINT/SIGTERM: the parent tells them to stop, cancel or exit), joins
-every part into `records.parquet`, and writes one summary. Records keep the plan's intended
-times on the common t0; each worker's t0 differs from the parent's by the µs it takes to
-read two clocks (`t0_skew_us` in run.json).
+Sits below `loadgen.run.execute`, which calls `run_workers` instead of its single-process
+loop and writes the summary of both alike. The parent splits the planned work with
+`shards.split_work` (whole flows per process, every N-th start), starts N processes
+(`run.spawn`), waits until each has imported and built its engine, then picks t0 — 500 ms
+ahead on the wall clock, or the agreed `--start-at` — and sends it to all. Each worker
+converts it to its own monotonic clock and runs the same `Engine` a single-process run
+uses (`run.drive`), spilling its records as `records.parts/part-w<i>-<n>.parquet` into
+the one run folder, and reports counters to the parent twice a second over a pipe. The
+parent draws one progress line for all, owns the signals (workers ignore SIGINT/SIGTERM:
+the parent tells them to stop, cancel or exit) and joins every part into
+`records.parquet`. Records keep the plan's intended times on the common t0; each worker's
+t0 differs from the parent's by the µs it takes to read two clocks (`t0_skew_us` in
+run.json).
 
 Failure rules: a worker that dies loses at most its last second of records; its plans
 without a record become `client_error` records (the client failed: the run is invalid,
@@ -26,25 +27,26 @@ change) and stops: it cancels what is in flight, writes every record and exits.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter_ns
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import anyio
 import polars as pl
 
 from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
-from loadgen.errors import LoadgenError, describe_os_error
+from loadgen.errors import describe_os_error
 from loadgen.results.records import (
     HEARTBEAT,
     PARTS_DIR,
@@ -53,21 +55,23 @@ from loadgen.results.records import (
     RecordWriter,
     RequestRecord,
     read_parts,
+    remove_parts,
     to_frame,
     write_parquet_atomic,
 )
 from loadgen.results.records import write_parquet_atomic as write_part_atomic
 from loadgen.results.runfolder import EXIT_INTERRUPTED, write_json_atomic
+from loadgen.run.drive import choose_t0, drive, progress_line
+from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
+from loadgen.run.options import RunOptions
+from loadgen.run.setup import client_setup, engine_setup
+from loadgen.run.spawn import Child, ready_then_wait, receive, send, spawn, start_all, wait_ready
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import Share, split_work
 from loadgen.workload.spec import WorkloadSpec
 
-if TYPE_CHECKING:
-    from loadgen.run.execute import RunOptions, RunResult
-
 STATS_EVERY_S = 0.5
-READY_TIMEOUT_S = 120.0  # a worker that has not imported and set up by then is broken
 START_LEAD_NS = 500_000_000  # t0 this far after the last worker is ready
 
 
@@ -113,8 +117,6 @@ class ShareWriter(RecordWriter):
 
 def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
     """Entry point of a worker process: set up, report ready, run from the parent's t0."""
-    from loadgen.run.execute import client_setup, drive, engine_setup
-
     die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run (no orphans)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -126,14 +128,10 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
     stats = LiveStats()
 
     async def wait_start() -> int:
-        conn.send(("ready", os.getpid()))
-        try:
-            command = await anyio.to_thread.run_sync(conn.recv)
-        except EOFError:  # the parent gave up before the start
+        start = await anyio.to_thread.run_sync(ready_then_wait, conn)
+        if start is None:  # the parent gave up before the start
             sys.exit(0)
-        if command[0] != "start":
-            sys.exit(0)
-        return int(command[1])
+        return int(start)
 
     async def control(engine: Engine, state: dict[str, Any]) -> None:
         await _obey_parent(conn, engine, writer, stats, state, options.grace_s)
@@ -215,16 +213,11 @@ def counters(stats: LiveStats) -> dict[str, int]:
 
 @dataclass(slots=True)
 class _Worker:
-    """The parent's view of one worker."""
+    """The parent's view of one worker: its process and what it last said."""
 
-    index: int
-    process: Any  # multiprocessing SpawnProcess
-    conn: multiprocessing.connection.Connection
+    child: Child
     share: Work
-    pid: int | None = None
-    ready: bool = False
     done: dict[str, Any] | None = None
-    closed: bool = False
     counters: dict[str, int] | None = None
     ttft: str | None = None
     heard: float = 0.0  # time.monotonic() of its last message
@@ -239,20 +232,20 @@ def run_workers(
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
-) -> RunResult:
-    """Send `work` from `count` processes; write the run folder as a single process would."""
-    from loadgen.run.execute import choose_t0, client_failure, finish, join_parts, process_info
-
+) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
+    """Send `work` from `count` processes; the joined records, run.json's content and the
+    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's."""
     per_worker = _per_worker_options(options, count)
     workers = _spawn(work, count, spec, per_worker, base_url, run_dir)
+    children = [w.child for w in workers]
     signals: list[int] = []
     previous = {s: signal.signal(s, _collector(signals)) for s in (signal.SIGINT, signal.SIGTERM)}
     run_info = {"run_id": run_dir.name, **run_info}
     try:
-        _wait_ready(workers, signals)
+        wait_ready(children, "worker", on_message=_listener(workers),
+                   interrupted=lambda: bool(signals))  # fmt: skip
         t0 = choose_t0(options.start_at_unix_ns or time.time_ns() + START_LEAD_NS)
-        for worker in workers:
-            _send(worker, ("start", t0["unix_ns"]))
+        start_all(children, t0["unix_ns"])
         run_info["t0"] = t0
         write_json_atomic(
             run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
@@ -264,8 +257,17 @@ def run_workers(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    for worker in workers:
-        worker.process.join(timeout=10)
+    for child in children:
+        child.process.join(timeout=10)
+    return _joined(work, workers, run_dir, run_info, t0, options, log), run_info, state
+
+
+def _joined(
+    work: Work, workers: list[_Worker], run_dir: Path, run_info: dict[str, Any],
+    t0: dict[str, Any], options: RunOptions, log: TextIO,
+) -> pl.DataFrame:  # fmt: skip
+    """Every worker's parts joined into records.parquet (a record for each plan of a worker
+    that died first), and each worker's share of the run in run_info."""
     # A worker whose writes failed (disk full, ...) or a failed join: exit 3, parts kept.
     failed = [w.done["client_failure"] for w in workers if w.done and w.done.get("client_failure")]
     joined: pl.DataFrame | None = None
@@ -280,12 +282,12 @@ def run_workers(
     done_t0 = [(w.done or {}).get("t0") or t0 for w in workers]
     run_info["t0"] = {**t0, "measured_unix_ns": done_t0[0].get("measured_unix_ns")}
     run_info["workers"]["processes"] = [
-        process_info(frame, [p.request_id for p in w.share.plans], index=w.index,
-                     pid=w.pid or 0, t0=wt0, parent_t0=t0, lag_bound_ms=options.lag_bound_ms,
-                     exit_code=w.process.exitcode)
+        process_info(frame, [p.request_id for p in w.share.plans], index=w.child.index,
+                     pid=w.child.pid or 0, t0=wt0, parent_t0=t0, lag_bound_ms=options.lag_bound_ms,
+                     exit_code=w.child.process.exitcode)
         for w, wt0 in zip(workers, done_t0, strict=True)
     ]  # fmt: skip
-    return finish(frame, run_dir, run_info, spec, options, planned=len(work.plans), state=state)
+    return frame
 
 
 def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
@@ -297,22 +299,14 @@ def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
 def _spawn(
     work: Work, count: int, spec: WorkloadSpec, options: RunOptions, base_url: str, run_dir: Path
 ) -> list[_Worker]:
-    context = multiprocessing.get_context("spawn")
-    workers = []
-    for index in range(count):
-        share = split_work(work, Share(index, count))
-        task = WorkerTask(
-            index=index, spec=spec, options=options, base_url=base_url, share=share,
-            run_dir=run_dir, parent_pid=os.getpid(),
-        )  # fmt: skip
-        parent_end, child_end = context.Pipe()
-        process = context.Process(
-            target=worker_main, args=(task, child_end), name=f"loadgen-worker-{index}"
-        )
-        process.start()
-        child_end.close()
-        workers.append(_Worker(index=index, process=process, conn=parent_end, share=share))
-    return workers
+    shares = [split_work(work, Share(index, count)) for index in range(count)]
+    tasks = [
+        (WorkerTask(index=index, spec=spec, options=options, base_url=base_url, share=share,
+                    run_dir=run_dir, parent_pid=os.getpid()),)
+        for index, share in enumerate(shares)
+    ]  # fmt: skip
+    children = spawn(worker_main, tasks, "loadgen-worker")
+    return [_Worker(child=c, share=share) for c, share in zip(children, shares, strict=True)]
 
 
 def _collector(signals: list[int]) -> Any:
@@ -322,56 +316,19 @@ def _collector(signals: list[int]) -> Any:
     return collect
 
 
-def _send(worker: _Worker, message: tuple[Any, ...]) -> None:
-    if worker.closed:
-        return
-    try:
-        worker.conn.send(message)
-    except OSError:
-        worker.closed = True
+def _listener(workers: list[_Worker]) -> Any:
+    """What the parent does with each worker's message: note when, and keep what it said."""
+    by_child = {id(w.child): w for w in workers}
 
-
-def _receive(workers: list[_Worker], timeout_s: float) -> None:
-    """Take every message that arrives within `timeout_s`."""
-    open_conns = {w.conn: w for w in workers if not w.closed}
-    if not open_conns:
-        time.sleep(timeout_s)
-        return
-    for conn in multiprocessing.connection.wait(list(open_conns), timeout=timeout_s):
-        worker = open_conns[conn]  # type: ignore[index]  # wait returns what it was given
-        try:
-            message = worker.conn.recv()
-        except (EOFError, OSError):
-            worker.closed = True
-            continue
-        kind = message[0]
+    def heard(child: Child, message: tuple[Any, ...]) -> None:
+        worker = by_child[id(child)]
         worker.heard = time.monotonic()
-        if kind == "ready":
-            worker.ready, worker.pid = True, int(message[1])
-        elif kind == "stats":
+        if message[0] == "stats":
             worker.counters, worker.ttft = message[1], message[2]
-        elif kind == "done":
+        elif message[0] == "done":
             worker.done = message[2]
 
-
-def _wait_ready(workers: list[_Worker], signals: list[int]) -> None:
-    """Block until every worker has set up; LoadgenError if one dies or takes too long."""
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all(w.ready for w in workers):
-        _receive(workers, 0.1)
-        dead = [w for w in workers if not w.ready and (w.closed or not w.process.is_alive())]
-        if dead or signals or time.monotonic() > deadline:
-            for worker in workers:
-                worker.process.terminate()
-            if signals:
-                raise KeyboardInterrupt  # Ctrl-C before anything was sent: exit 130
-            why = (
-                f"worker {dead[0].index} exited with code {dead[0].process.exitcode}"
-                if dead
-                else f"not every worker was ready after {READY_TIMEOUT_S:g} s"
-            )
-            raise LoadgenError(f"could not start the worker processes: {why}")
+    return heard
 
 
 def _supervise(
@@ -379,52 +336,66 @@ def _supervise(
 ) -> dict[str, Any]:
     """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
     line, until every worker has finished or died."""
-    from loadgen.run.execute import progress_line
-
     state: dict[str, Any] = {"interrupted": False}
+    children = [w.child for w in workers]
+    listen = _listener(workers)
     handled = 0
     tty = log.isatty()
     last_line = 0.0
-    while any(w.done is None and not w.closed for w in workers):
-        _receive(workers, 0.25)
+    while any(_running(w) for w in workers):
+        receive(children, 0.25, listen)
         while handled < len(signals):
             handled += 1
-            if state["interrupted"]:
-                print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
-                for worker in workers:
-                    _send(worker, ("exit",))
-                for worker in workers:
-                    worker.process.join(timeout=5)
-                os._exit(EXIT_INTERRUPTED)
-            state["interrupted"] = True
-            print(
-                f"\ninterrupted: no new requests; waiting up to {options.grace_s:g} s for "
-                "in-flight ones (interrupt again to exit now)",
-                file=log,
-            )
-            for worker in workers:
-                _send(worker, ("stop",))
+            _relay_signal(workers, state, options.grace_s, log)
         watchdog = next(
             (w.done["watchdog"] for w in workers if w.done and w.done["watchdog"]), None
         )
         if watchdog and "watchdog" not in state:
             state["watchdog"] = watchdog
-            for worker in workers:
-                _send(worker, ("cancel",))
+            _tell_all(workers, ("cancel",))
         for worker in workers:
-            if worker.done is None and not worker.process.is_alive():
-                worker.closed = True
+            if worker.done is None and not worker.child.process.is_alive():
+                worker.child.closed = True
         _stop_silent(workers, state, options.watchdog_s, log)
         now = time.monotonic()
         if options.quiet or (not tty and now - last_line < 10):
             continue
         last_line = now
         line = progress_line(merged_stats(workers), (perf_counter_ns() - t0_ns) / 1e9)
-        line += f"  workers {sum(w.done is None and not w.closed for w in workers)}/{len(workers)}"
+        line += f"  workers {sum(_running(w) for w in workers)}/{len(workers)}"
         print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
     if tty and not options.quiet:
         print(file=log)
     return state
+
+
+def _running(worker: _Worker) -> bool:
+    return worker.done is None and not worker.child.closed
+
+
+def _tell_all(workers: list[_Worker], message: tuple[Any, ...]) -> None:
+    for worker in workers:
+        send(worker.child, message)
+
+
+def _relay_signal(
+    workers: list[_Worker], state: dict[str, Any], grace_s: float, log: TextIO
+) -> None:
+    """First signal: every worker stops sending and gives in-flight requests the grace.
+    Second: every worker writes what it has and exits, and so does the parent."""
+    if state["interrupted"]:
+        print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
+        _tell_all(workers, ("exit",))
+        for worker in workers:
+            worker.child.process.join(timeout=5)
+        os._exit(EXIT_INTERRUPTED)
+    state["interrupted"] = True
+    print(
+        f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
+        "in-flight ones (interrupt again to exit now)",
+        file=log,
+    )
+    _tell_all(workers, ("stop",))
 
 
 def _stop_silent(
@@ -434,14 +405,14 @@ def _stop_silent(
     killed and the run stopped as by the watchdog; what it wrote is kept."""
     now = time.monotonic()
     for worker in workers:
-        if worker.done is None and not worker.closed and now - worker.heard > limit_s:
-            message = f"worker {worker.index} sent nothing for {limit_s:g} s (its loop is stuck)"
+        if _running(worker) and now - worker.heard > limit_s:
+            index = worker.child.index
+            message = f"worker {index} sent nothing for {limit_s:g} s (its loop is stuck)"
             print(f"\nwatchdog: {message}; stopping, records kept", file=log)
             state.setdefault("watchdog", message)
-            worker.process.kill()
-            worker.closed = True
-            for other in workers:
-                _send(other, ("cancel",))
+            worker.child.process.kill()
+            worker.child.closed = True
+            _tell_all(workers, ("cancel",))
 
 
 def merged_stats(workers: list[_Worker]) -> LiveStats:
@@ -464,9 +435,10 @@ def _fill_missing(
     have = set(frame.get_column("request_id").to_list())
     missing: list[RequestRecord] = []
     for worker in workers:
+        child = worker.child
         why = (
-            f"worker {worker.index} (pid {worker.pid}) exited with code "
-            f"{worker.process.exitcode} before recording this request"
+            f"worker {child.index} (pid {child.pid}) exited with code "
+            f"{child.process.exitcode} before recording this request"
         )
         lost = [p for p in worker.share.plans if p.request_id not in have]
         if lost:
@@ -487,3 +459,57 @@ def _fill_missing(
     joined = pl.concat([frame, to_frame(missing)]).sort("request_id")
     write_parquet_atomic(joined, run_dir / RECORDS_FILE)
     return joined
+
+
+# -- each process's share, and the joined records -----------------------------------------
+
+
+def process_info(
+    frame: pl.DataFrame,
+    ids: Sequence[int] | None,
+    *,
+    index: int,
+    pid: int,
+    t0: Mapping[str, Any],
+    parent_t0: Mapping[str, Any],
+    lag_bound_ms: float,
+    exit_code: int | None = 0,
+) -> dict[str, Any]:
+    """One engine process's share of the run: its records, send lag and t0 skew.
+
+    `t0_skew_us` is its t0 on the monotonic clock minus the parent's (one host, one clock:
+    the cost of converting the agreed wall-clock start on each side).
+    """
+    mine = frame if ids is None else frame.filter(pl.col("request_id").is_in(list(ids)))
+    health = generator_health(mine, planned=mine.height, lag_bound_ms=lag_bound_ms)
+    skew_ns = int(t0["perf_counter_ns"]) - int(parent_t0["perf_counter_ns"])
+    return {
+        "index": index,
+        "pid": pid,
+        "exit_code": exit_code,
+        "records": mine.height,
+        "lag_ms_p99": health.lag_ms.p99,
+        "late_share": late_share(mine, lag_bound_ms),
+        "fell_behind": health.fell_behind,
+        "t0_skew_us": round(skew_ns / 1e3, 3),
+        "reached_late_ms": t0.get("reached_late_ms"),
+    }
+
+
+def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
+    """Share of the schedule's sends (singles and first turns) later than the bound."""
+    lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
+    scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
+    lags = scheduled.get_column("lag").drop_nulls()
+    if not lags.len():
+        return None
+    return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)
+
+
+def join_parts(run_dir: Path) -> pl.DataFrame:
+    """Every part in the run's parts folder as `records.parquet`; the parts are removed."""
+    parts = run_dir / PARTS_DIR
+    frame = read_parts(parts)
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    remove_parts(parts)
+    return frame

@@ -14,7 +14,6 @@ the event loop's polling what limits the first.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import tempfile
 import time
@@ -32,13 +31,17 @@ import loadgen.engine.runner  # noqa: F401  # imported for its import time
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine import harness
+from loadgen.engine.harness import from_t0
 from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
-from loadgen.engine.runner import Engine, EngineConfig
+from loadgen.engine.runner import EngineConfig
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.errors import LoadgenError
+from loadgen.percentiles import nearest_rank
 from loadgen.results.records import RequestRecord
 from loadgen.run.envelope import Load, host_name
 from loadgen.run.simulator import running_sim
+from loadgen.run.spawn import ready_then_wait, spawn, start_all, wait_ready
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 
@@ -146,25 +149,18 @@ def sim_args(streams: int, tokens_per_s: float) -> list[str]:
 
 
 def run_engine(plans: Sequence[RequestPlan], url: str, t0_ns: int) -> tuple[list[Any], float]:
-    """Run the plans through Engine + Pool as `loadgen run` does (uvloop, quiet GC), with
-    t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost."""
+    """Run the plans through the engine harness as `loadgen run` does (uvloop, quiet GC),
+    with t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost."""
 
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
     endpoint = make_endpoint(url, adapter.default_path, {})
     config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0)
     records: list[RequestRecord] = []
-
-    async def main() -> None:
-        pool = Pool(endpoint)
-        try:
-            await Engine(plans, pool, config, records.append).run(t0_ns)
-        finally:
-            pool.close()
-
-    with quiet_gc():
+    with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         before_s = time.process_time()  # user + system, ns resolution
-        anyio.run(main, backend="asyncio", backend_options=backend_options())
+        harness.run_engine(plans, Pool(endpoint), config, records.append, from_t0(t0_ns),
+                           quiet=False)  # fmt: skip
         cpu_s = time.process_time() - before_s
     return records, cpu_s
 
@@ -176,11 +172,12 @@ def warm_up() -> None:
     anyio.run(anyio.sleep, 0, backend="asyncio", backend_options=backend_options())
 
 
-def _engine_process(conn: Any, plans: list[RequestPlan], url: str) -> None:
+def _engine_process(plans: list[RequestPlan], url: str, conn: Any) -> None:
     """A spawned engine process: warm up, say ready, wait for t0, run, send records back."""
     warm_up()
-    conn.send("ready")
-    t0_ns = conn.recv()
+    t0_ns = ready_then_wait(conn)
+    if t0_ns is None:  # the parent gave up before the start
+        return
     conn.send(run_engine(plans, url, t0_ns))
     conn.close()
 
@@ -196,35 +193,25 @@ def run_processes(
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         own, own_cpu_s = run_engine(plans, url, t0_ns)
         return own, own_cpu_s, t0_ns
-    context = multiprocessing.get_context("spawn")  # no inherited loop or locks
-    pipes, children = [], []
-    for k in range(processes):
-        parent, child = context.Pipe()
-        proc = context.Process(target=_engine_process, args=(child, list(plans[k::processes]), url))
-        proc.start()
-        child.close()  # the child has its own copy: a child that dies is then an EOFError
-        pipes.append(parent)
-        children.append(proc)
+    shares = [(list(plans[k::processes]), url) for k in range(processes)]
+    children = spawn(_engine_process, shares, "loadgen-calibrate")
     try:
-        for pipe in pipes:
-            if pipe.recv() != "ready":
-                raise LoadgenError("a calibrate engine process did not start")
+        wait_ready(children, "calibrate engine")
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
-        for pipe in pipes:
-            pipe.send(t0_ns)
+        start_all(children, t0_ns)
         records: list[Any] = []
         cpu_s = 0.0
-        for pipe in pipes:
-            part, part_cpu_s = pipe.recv()
+        for child in children:
+            part, part_cpu_s = child.conn.recv()
             records += part
             cpu_s += part_cpu_s
     except EOFError:
         raise LoadgenError("a calibrate engine process died (see its error above)") from None
     finally:
-        for proc in children:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+        for child in children:
+            child.process.join(timeout=10)
+            if child.process.is_alive():
+                child.process.kill()
     return records, cpu_s, t0_ns
 
 
@@ -339,7 +326,12 @@ def compare(
 
 
 def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
+    """The nearest-rank percentile (`loadgen.percentiles.nearest_rank`), as in every figure of
+    loadgen; NaN when nothing was measured."""
+    if not values.size:
+        return math.nan
+    rank = nearest_rank(q, values.size)
+    return float(np.partition(values, rank - 1)[rank - 1])
 
 
 # -- the ladder ------------------------------------------------------------------------

@@ -1,5 +1,11 @@
 """Test fixtures others can reuse: a scripted streaming server and a one-call engine run.
 
+`run_engine` runs plans through the engine harness (`loadgen.engine.harness`, as `loadgen
+run` does) against a URL in real time; `loadgen.testing.virtual` runs the same scripts
+without sockets, in virtual time, where every interval is exact. Records, run folders and
+workload files are built by `loadgen.testing.builders` (its record builders and
+`write_run` are exported here too).
+
 `ScriptedServer` is a raw-socket HTTP/1.1 server on loopback, in its own thread and event
 loop, whose every response is a script of steps (bytes to write, pauses, a close or a
 reset). It exists to produce exactly the byte sequences real servers produce (early role
@@ -22,10 +28,14 @@ import anyio
 from loadgen.adapters import adapter_for
 from loadgen.adapters.generic import GenericSpec
 from loadgen.adapters.protocol import BodyOptions
-from loadgen.engine.host import backend_options
+from loadgen.engine import harness
+from loadgen.engine.harness import run_beside
 from loadgen.engine.runner import Engine, EngineConfig
-from loadgen.engine.transport import Pool, make_endpoint
-from loadgen.results.records import Outcome, RequestRecord
+from loadgen.engine.transport import Connector, Pool, make_endpoint
+from loadgen.results.records import RequestRecord
+from loadgen.testing.builders import failed_record as failed_record
+from loadgen.testing.builders import streamed_record as streamed_record
+from loadgen.testing.builders import write_run as write_run
 from loadgen.workload.plans import RequestPlan, Work
 from loadgen.workload.spec import Deadlines
 
@@ -146,38 +156,6 @@ def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) 
     if first_delay_s:
         steps.insert(2, first_delay_s)  # after the head and the role chunk
     return steps
-
-
-def streamed_record(
-    request_id: int,
-    *,
-    intended_ms: float = 0.0,
-    ttft_ms: float = 100.0,
-    gaps_ms: tuple[float, ...] = (10.0, 10.0),
-    lag_ms: float = 0.0,
-    class_name: str = "chat",
-    outcome: Outcome = Outcome.OK,
-) -> RequestRecord:
-    """A record with one token per chunk: first chunk at intended + ttft, then the gaps."""
-    ms = 1_000_000
-    intended = int(intended_ms * ms)
-    chunks = [intended + int(ttft_ms * ms)]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + int(gap * ms))
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=outcome,
-        dispatched_ns=intended + int(lag_ms * ms),
-        sent_ns=intended + int(lag_ms * ms),
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + ms,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-    )
 
 
 class ScriptedServer:
@@ -304,6 +282,55 @@ class PlanFactory:
         ]
 
 
+def engine_config(
+    api: str = "openai-chat",
+    *,
+    max_in_flight: int | None = None,
+    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None,
+    priority_header: str | None = None,
+    generic: GenericSpec | None = None,
+) -> EngineConfig:
+    """The engine configuration the test harness runs with (model "m", seed 0)."""
+    return EngineConfig(
+        adapter=adapter_for(api, generic),
+        body_options=BodyOptions(model="m"),
+        seed=0,
+        max_in_flight=max_in_flight,
+        headers_for=headers_for,
+        priority_header=priority_header,
+    )
+
+
+def run_through(
+    plans: Sequence[RequestPlan] | Work,
+    connector: Connector,
+    config: EngineConfig,
+    *,
+    stop_after_s: float | None = None,
+    loop_options: Mapping[str, Any] | None = None,
+    t0_ns: int | None = None,
+) -> list[RequestRecord]:
+    """Run plans through the engine harness on `connector` from `t0_ns` (absolute, on the
+    connector's clock; default 20 ms after the loop is up), with `engine.stop()` plus a
+    cancel after `stop_after_s`; records by request id."""
+    records: list[RequestRecord] = []
+
+    async def session(engine: Engine) -> None:
+        async def stop_later() -> None:
+            assert stop_after_s is not None
+            await anyio.sleep(stop_after_s)
+            engine.stop()
+            engine.requests.cancel()
+
+        companions = [stop_later] if stop_after_s is not None else []
+        start_ns = engine.clock.now_ns() + 20_000_000 if t0_ns is None else t0_ns
+        await run_beside(engine, start_ns, *companions)
+
+    harness.run_engine(plans, connector, config, records.append, session, quiet=False,
+                       loop_options=loop_options)  # fmt: skip
+    return sorted(records, key=lambda r: r.request_id)
+
+
 def run_engine(
     plans: Sequence[RequestPlan] | Work,
     url: str,
@@ -315,38 +342,13 @@ def run_engine(
     priority_header: str | None = None,
     stop_after_s: float | None = None,
     generic: GenericSpec | None = None,
+    t0_ns: int | None = None,
 ) -> list[RequestRecord]:
-    """Run plans through the real engine against `url`; records sorted by request id."""
-
-    adapter = adapter_for(api, generic)
+    """Run plans through the real engine against `url` (loopback, real time) from `t0_ns`
+    (absolute perf_counter_ns; default 20 ms after the loop is up); records sorted by
+    request id."""
+    config = engine_config(api, max_in_flight=max_in_flight, headers_for=headers_for,
+                           priority_header=priority_header, generic=generic)  # fmt: skip
+    adapter = config.adapter
     endpoint = make_endpoint(url, path or adapter.default_path, adapter.headers(None))
-    config = EngineConfig(
-        adapter=adapter,
-        body_options=BodyOptions(model="m"),
-        seed=0,
-        max_in_flight=max_in_flight,
-        headers_for=headers_for,
-        priority_header=priority_header,
-    )
-    records: list[RequestRecord] = []
-
-    async def main() -> None:
-        pool = Pool(endpoint)
-        engine = Engine(plans, pool, config, records.append)
-
-        async def stop_later(delay_s: float) -> None:
-            await anyio.sleep(delay_s)
-            engine.stop()
-            engine.requests.cancel()
-
-        try:
-            async with anyio.create_task_group() as tg:
-                if stop_after_s is not None:
-                    tg.start_soon(stop_later, stop_after_s)
-                await engine.run(perf_counter_ns() + 20_000_000)
-                tg.cancel_scope.cancel()
-        finally:
-            pool.close()
-
-    anyio.run(main, backend="asyncio", backend_options=backend_options())
-    return sorted(records, key=lambda r: r.request_id)
+    return run_through(plans, Pool(endpoint), config, stop_after_s=stop_after_s, t0_ns=t0_ns)
