@@ -1,7 +1,8 @@
 """What does loadgen's streaming client cost, and how true are its timestamps?
 
-Drives the real engine (`loadgen.runner.Engine` on a `loadgen.transport.Pool`, wired as
-`loadgen.testing.run_engine` wires them, on uvloop when installed) against `loadgen sim`
+Drives the real engine (`loadgen.engine.runner.Engine` on a
+`loadgen.engine.transport.Pool`, through the engine harness `loadgen run` uses, on uvloop
+when installed) against `loadgen sim`
 in its own process (`running_sim`), and checks every client timestamp against the
 simulator's trace. Each repeat starts a fresh simulator with a clean token cadence (flat
 decode step = the token gap, a batch that holds every stream, near-instant prefill, output
@@ -60,14 +61,17 @@ from typing import Any
 import anyio
 import numpy as np
 
-from loadgen.adapters import BodyOptions, adapter_for
-from loadgen.plans import RequestPlan
-from loadgen.records import Outcome, RequestRecord
-from loadgen.run import backend_options, quiet_gc
-from loadgen.runner import Engine, EngineConfig
-from loadgen.sim.launch import running_sim
-from loadgen.spec import Deadlines
-from loadgen.transport import Pool, make_endpoint
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine.harness import run_beside
+from loadgen.engine.harness import run_engine as run_engine_harness
+from loadgen.engine.host import backend_options, quiet_gc
+from loadgen.engine.runner import Engine, EngineConfig
+from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.results.records import Outcome, RequestRecord
+from loadgen.run.simulator import running_sim
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines
 
 STAMPS = {"auto": None, "kernel": True, "user": False}  # --stamps: Pool(kernel_stamps=...)
 MODES = {  # --mode: defaults for --streams, --gap-ms, --tokens
@@ -125,7 +129,7 @@ def run_engine(
     profiler: cProfile.Profile | None,
     kernel_stamps: bool | None = None,
 ) -> EngineRun:
-    """Run the plans through Engine + Pool (as loadgen.testing.run_engine does), timed."""
+    """Run the plans through the engine harness on a Pool, as `loadgen run` does, timed."""
     adapter = adapter_for("openai-chat")
     endpoint = make_endpoint(url, adapter.default_path, {})
     config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0)
@@ -138,25 +142,19 @@ def run_engine(
             samples.append((perf_counter_ns(), time.process_time()))
             await anyio.sleep(SAMPLE_S)
 
-    async def main() -> None:
-        pool = Pool(endpoint, kernel_stamps=kernel_stamps)
-        try:
-            t0_ns = perf_counter_ns() + START_DELAY_NS
-            t0_box.append(t0_ns)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(sample_cpu)
-                await Engine(plans, pool, config, records.append).run(t0_ns)
-                tg.cancel_scope.cancel()
-        finally:
-            pool.close()
+    async def session(engine: Engine) -> None:
+        t0_ns = perf_counter_ns() + START_DELAY_NS
+        t0_box.append(t0_ns)
+        await run_beside(engine, t0_ns, sample_cpu)
 
+    pool = Pool(endpoint, kernel_stamps=kernel_stamps)
     with quiet_gc():  # as `loadgen run` does around its engine
         before = resource.getrusage(resource.RUSAGE_SELF)
         start_ns = perf_counter_ns()
         if profiler is not None:
             profiler.enable()
         try:
-            anyio.run(main, backend="asyncio", backend_options=backend_options())
+            run_engine_harness(plans, pool, config, records.append, session, quiet=False)
         finally:
             if profiler is not None:
                 profiler.disable()

@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.adapters import Delta, MalformedEvent, adapter_for
+from loadgen.adapters import adapter_for
 from loadgen.adapters.generic import generic_spec
-from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import EventTooLarge, SseDecoder
-from loadgen.transport import MAX_HEAD_BYTES, Connection, Pool, make_endpoint
+from loadgen.adapters.ndjson import NdjsonDecoder
+from loadgen.adapters.protocol import Delta, MalformedEvent
+from loadgen.adapters.sse import EventTooLarge, SseDecoder
+from loadgen.engine.transport import MAX_HEAD_BYTES, Connection, Pool, make_endpoint
 
 NS_PER_MS = 1_000_000
 ENDPOINT = make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {})

@@ -1,6 +1,6 @@
 """Hostile servers: what `loadgen run` makes of each, with its peak memory and wall time.
 
-For each case of `loadgen.hostile` (and a healthy server, the steady-state reference):
+For each case of `loadgen.testing.hostile` (and a healthy server, the steady-state reference):
 a scripted server in this process plays the case to every request; `loadgen run` runs as
 a subprocess (so its peak RSS is its own: its VmHWM, which it writes as it exits) with
 `--no-preflight`, `--requests` requests at 20 req/s and the suite's short deadlines
@@ -31,8 +31,8 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.hostile import CASES, DEADLINES
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
+from loadgen.testing.hostile import CASES, DEADLINES
 
 WORKLOAD = """
 name: hostile

@@ -39,12 +39,12 @@ from statistics import median
 from typing import Any
 
 from loadgen.adapters import adapter_for
-from loadgen.calibrate import Ladder, Level, Thresholds, measure_level
-from loadgen.plans import RequestPlan
-from loadgen.run import raise_open_files_limit
-from loadgen.runner import Exchange
-from loadgen.spec import Deadlines
-from loadgen.transport import Connection, Pool, make_endpoint
+from loadgen.engine.host import raise_open_files_limit
+from loadgen.engine.runner import Exchange
+from loadgen.engine.transport import Connection, Pool, make_endpoint
+from loadgen.studies.calibrate import Ladder, Level, Thresholds, measure_level
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines
 
 BAR_CPU_US = 25.0
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -149,7 +149,7 @@ def io_once(chunks: int) -> dict[str, Any]:
         del loop
         return spent
 
-    from loadgen.run import backend_options
+    from loadgen.engine.host import backend_options
 
     runner = asyncio.Runner(loop_factory=_loop_factory(backend_options()))
     with runner:

@@ -1,7 +1,7 @@
 """The plan memory estimate against what a run really holds: `check`'s and `run`'s peak RSS.
 
 `loadgen check` and `loadgen run` refuse a plan whose estimated client memory exceeds
-`--max-memory-gb` (default: half of the host's). The estimate (`loadgen.plans.
+`--max-memory-gb` (default: half of the host's). The estimate (`loadgen.workload.plans.
 estimate_memory`) is requests × (PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES × output tokens).
 This script measures, for each `--requests` size:
 
@@ -29,10 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadgen.inputs import size_text
-from loadgen.plans import PLAN_BYTES, estimate_memory
-from loadgen.sim.launch import running_sim
-from loadgen.spec import loads
+from loadgen.run.simulator import running_sim
+from loadgen.workload.inputs import size_text
+from loadgen.workload.plans import PLAN_BYTES, estimate_memory
+from loadgen.workload.spec import loads
 
 WORKLOAD = """
 name: plan-memory

@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from loadgen.records import SCHEMA, Outcome
-from loadgen.rolling import render_rolling_table, rolling_plot, rolling_windows
-from loadgen.slo import SloTargets
-from loadgen.store import write_histograms
+from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.rolling import rolling_windows
+from loadgen.render.rolling_view import render_rolling_table, rolling_plot
+from loadgen.results.records import SCHEMA, Outcome
+from loadgen.workload.spec import SloTargets
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=50, percentile=99)
 NS_PER_MS = 1_000_000

@@ -1,6 +1,6 @@
 """A key echoed where loadgen's cut falls, at every offset: what survives in each artifact.
 
-The server of `loadgen.hostile.echo_cuts` echoes the Authorization header (and its base64)
+The server of `loadgen.testing.hostile.echo_cuts` echoes the Authorization header (and its base64)
 into error bodies, error events, malformed payloads and status lines, placed so that
 loadgen's cut of that text falls at every offset of it, or cuts it itself (`server-cut`);
 its preflight answer is an error body cut 12 characters into the key. This script runs
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.hostile import CUT_KEY, CUTS, artifact_texts, echo_cuts, key_pieces, leaks
 from loadgen.testing import ScriptedServer
+from loadgen.testing.hostile import CUT_KEY, CUTS, artifact_texts, echo_cuts, key_pieces, leaks
 
 WORKLOAD = f"""
 name: cuts

@@ -47,7 +47,7 @@ from typing import Any
 import polars as pl
 import yaml
 
-from loadgen.metrics import derive
+from loadgen.analysis.metrics import derive
 
 BURST_RATE_PER_S = 10_000.0  # "arrive together": 32 requests within 3.2 ms (seed time)
 LONG_START_S = 1.0  # the long prompt arrives when the victims are well into decoding

@@ -17,7 +17,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from loadgen.crashtest import kill_and_recover
+from loadgen.testing.crashtest import kill_and_recover
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.sim.launch import running_sim
+from loadgen.run.simulator import running_sim
 
 WORKLOAD = """
 name: soak

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from loadgen.adapters import BodyOptions, MalformedEvent, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions, MalformedEvent
 
 CHAT = adapter_for("openai-chat")
 COMPLETIONS = adapter_for("openai-completions")

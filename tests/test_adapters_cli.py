@@ -13,23 +13,13 @@ from click.testing import CliRunner
 
 from loadgen.cli import cli
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat, stream_steps
+from loadgen.testing.builders import chat_workload, workload_file
 
-WORKLOAD = """
-name: tiny
-target: {api: openai-chat, model: m}
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 50}
-    requests: 3
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 2}
-"""
+WORKLOAD = chat_workload(requests=3, output_tokens=2, slo=None, deadlines=None)
 
 
 def write(tmp_path: Path, text: str = WORKLOAD) -> Path:
-    path = tmp_path / "w.yaml"
-    path.write_text(text)
-    return path
+    return workload_file(tmp_path, text)
 
 
 def ollama(request: ReceivedRequest) -> list[Step]:

@@ -2,8 +2,9 @@
 the first generated token, the visible-token time at the first content, N from usage,
 server timings kept, error events as stream_error, and one record per plan.
 
-Timing assertions are lower bounds (a server pause guarantees at least that much) or
-orderings, never upper bounds on wall-clock time.
+Each family runs over loopback and in virtual time (the `engine_run` fixture). Over
+loopback, timing assertions are lower bounds (a server pause guarantees at least that
+much) or orderings, never upper bounds on wall-clock time; in virtual time they are exact.
 """
 
 from __future__ import annotations
@@ -15,18 +16,13 @@ from typing import Any
 
 import polars as pl
 import pytest
+from conftest import EngineRun
 
-from loadgen.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
-from loadgen.slo import SloTargets, summarize
-from loadgen.spec import Deadlines
-from loadgen.testing import (
-    PlanFactory,
-    ReceivedRequest,
-    ScriptedServer,
-    Step,
-    run_engine,
-    stream_steps,
-)
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
+from loadgen.testing import PlanFactory, ReceivedRequest, Step, stream_steps
+from loadgen.workload.spec import Deadlines, SloTargets
 
 MS = 1_000_000
 THINK_S = 0.05  # the scripted pause between the reasoning and the first content
@@ -148,22 +144,26 @@ ERRORS = {"anthropic": "Overloaded", "tgi": "generation: Out of available cache 
           "ollama-chat": "an error was encountered", "openai-responses": "model crashed"}  # fmt: skip
 
 
-def run_api(api: str) -> tuple[list[RequestRecord], list[ReceivedRequest]]:
+LOOPBACK = EngineRun(exact=False)
+
+
+def run_api(
+    api: str, engine_run: EngineRun = LOOPBACK
+) -> tuple[list[RequestRecord], list[ReceivedRequest]]:
     """Three plans: two streams that end well, one (request 1) with an error event."""
 
     def handler(request: ReceivedRequest) -> list[Step]:
         return STREAMS[api](request.headers["x-request-id"] == "loadgen-1")
 
-    with ScriptedServer(handler) as server:
-        plans = PlanFactory(output_tokens=5, deadlines=FAST).at(0.0, 0.01, 0.02)
-        records = run_engine(plans, server.url, api=api)
-        return records, server.requests
+    plans = PlanFactory(output_tokens=5, deadlines=FAST).at(0.0, 0.01, 0.02)
+    records, server = engine_run(plans, handler, api=api)
+    return records, server.requests
 
 
 @pytest.mark.parametrize("api", sorted(STREAMS))
-def test_each_api_through_the_engine(api: str) -> None:
+def test_each_api_through_the_engine(api: str, engine_run: EngineRun) -> None:
     """TTFT at the first generated token, visible content later, N from usage, errors fail."""
-    records, requests = run_api(api)
+    records, requests = run_api(api, engine_run)
     assert [r.request_id for r in records] == [0, 1, 2]  # planned == recorded
     assert {r.path for r in requests} == {PATHS[api]}
     if api == "anthropic":
@@ -181,6 +181,8 @@ def test_each_api_through_the_engine(api: str) -> None:
         else:
             assert record.first_reasoning_ns == record.first_token_ns
             assert record.first_content_ns - record.first_token_ns >= (THINK_S - 0.002) * 1e9
+            if engine_run.exact:  # the scripted pause, exactly
+                assert record.first_content_ns - record.first_token_ns == THINK_S * 1e9
             assert (record.output_tokens, record.token_source) == (5, TokenSource.USAGE)
             assert len(record.chunk_ns) == 3
         assert record.prompt_tokens == 9
@@ -203,22 +205,23 @@ def test_ollama_server_timings_are_kept_and_summarized(tmp_path: Path) -> None:
     assert back == from_frame(to_frame(records))
     assert back[0].server_timings == timings
     assert back[1].server_timings is None
-    summary = summarize(to_frame(records), run_id="r", slos={"chat": SloTargets()}, planned=3)
-    chat = summary["classes"]["chat"]
-    assert chat["server_timings_ms"]["requests"] == 2
-    assert chat["server_timings_ms"]["prefill_ms"]["p50"] == 20.0
-    assert chat["server_timings_ms"]["queue_ms"]["count"] == 0
-    assert chat["reasoning_requests"] == 2
-    ttfvt, ttft = chat["ttfvt_ms"], chat["ttft_ms"]
-    assert ttfvt["count"] == 2
-    assert ttfvt["p50"] - ttft["p50"] >= (THINK_S - 0.002) * 1e3
+    objectives = {"chat": Objective(name="chat", slo=SloTargets())}
+    summary = audit(to_frame(records), run_id="r", objectives=objectives, planned=3)
+    chat = summary.classes["chat"]
+    assert chat.server_timings_ms.requests == 2
+    assert chat.server_timings_ms.prefill_ms.p50 == 20.0
+    assert chat.server_timings_ms.queue_ms.count == 0
+    assert chat.reasoning_requests == 2
+    ttfvt, ttft = chat.ttfvt_ms, chat.ttft_ms
+    assert ttfvt.count == 2
+    assert ttfvt.p50 - ttft.p50 >= (THINK_S - 0.002) * 1e3
 
 
 def test_summary_without_reasoning_or_server_timings() -> None:
     """An API that reports neither: TTFVT equals TTFT, no reasoning, empty server block."""
     records, _ = run_api("tgi")
-    chat = summarize(to_frame(records), run_id="r", slos={}, planned=3)["classes"]["chat"]
-    assert chat["reasoning_requests"] == 0
-    assert chat["ttfvt_ms"]["p50"] == chat["ttft_ms"]["p50"]
-    assert chat["server_timings_ms"]["requests"] == 0
-    assert chat["server_timings_ms"]["prefill_ms"]["p50"] is None
+    chat = audit(to_frame(records), run_id="r", objectives={}, planned=3).classes["chat"]
+    assert chat.reasoning_requests == 0
+    assert chat.ttfvt_ms.p50 == chat.ttft_ms.p50
+    assert chat.server_timings_ms.requests == 0
+    assert chat.server_timings_ms.prefill_ms.p50 is None

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from loadgen.adapters import BodyOptions, adapter_for, new_decoder
+from loadgen.adapters import adapter_for
 from loadgen.adapters.generic import generic_spec, parse_path, walk
+from loadgen.adapters.protocol import BodyOptions, new_decoder
 from loadgen.errors import ConfigError
-from loadgen.spec import loads
+from loadgen.workload.spec import loads
 
 WORKLOAD = """
 name: generic

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from loadgen.adapters import BodyOptions, Delta, MalformedEvent, adapter_for, new_decoder
-from loadgen.ndjson import NdjsonDecoder
-from loadgen.records import ServerTimings
+from loadgen.adapters import adapter_for
+from loadgen.adapters.ndjson import NdjsonDecoder
+from loadgen.adapters.protocol import BodyOptions, Delta, MalformedEvent, ServerTimings, new_decoder
 
 
 def sse_event(name: str, obj: dict[str, Any]) -> bytes:

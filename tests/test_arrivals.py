@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.arrivals import class_times_s, schedule
-from loadgen.plans import plan_run
-from loadgen.spec import loads
+from loadgen.workload.arrivals import class_times_s, schedule
+from loadgen.workload.plans import plan_run
+from loadgen.workload.spec import loads
 
 
 def workload(

@@ -10,24 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.calibrate import (
+from loadgen.engine.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
+from loadgen.results.records import Outcome, RequestRecord
+from loadgen.run.envelope import (
     Envelope,
-    Ladder,
-    Level,
     Load,
-    Thresholds,
-    calibrate,
-    compare,
     envelope_warning,
     expected_peak_load,
     host_name,
     last_envelope,
     save_calibration,
 )
-from loadgen.plans import RequestPlan
-from loadgen.records import Outcome, RequestRecord
-from loadgen.spec import Deadlines, WorkloadSpec, loads
-from loadgen.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
+from loadgen.studies.calibrate import Ladder, Level, Thresholds, calibrate, compare
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import Deadlines, WorkloadSpec, loads
 
 SPEC = """
 name: t
@@ -76,7 +72,7 @@ def test_peak_load_of_back_to_back_streams_is_one() -> None:
 
 def test_peak_load_of_the_parsed_workload_matches_rate_times_duration() -> None:
     """A constant 10/s with 5 s streams holds ~50 open (Little's law) once it is steady."""
-    from loadgen.plans import plan_work
+    from loadgen.workload.plans import plan_work
 
     long = loads(SPEC.replace("requests: 10", "requests: 200"))
     peak = expected_peak_load(long, plan_work(long, 0).plans)
@@ -209,6 +205,24 @@ def test_compare_judges_against_the_servers_write_times() -> None:
     assert loose.met
 
 
+def test_compare_figures_are_nearest_rank_percentiles() -> None:
+    """Timestamp errors of 1, 2, ..., 10 ms: p50 is the 5th (5 ms, not the interpolated
+    5.5) and p99 the 10th (10 ms, not 9.91), as every percentile in loadgen."""
+    t0 = 1_000_000_000
+    ladder = Ladder(streams=(10,), stream_s=0.02)  # 1 token per stream
+    records = [
+        RequestRecord(request_id=i, class_name="c", intended_ns=0, dispatched_ns=i * 1_000_000,
+                      outcome=Outcome.OK, first_token_ns=(i + 1) * 1_000_000,
+                      chunk_ns=[(i + 1) * 1_000_000])
+        for i in range(10)
+    ]  # fmt: skip
+    trace = {f"loadgen-{i}": [t0] for i in range(10)}
+    level = compare(10, ladder, Thresholds(), records, 0.0, t0, trace)
+    assert (level.timestamp_err_p50_ms, level.timestamp_err_p99_ms) == (5.0, 10.0)
+    assert level.ttft_err_p99_ms == 10.0
+    assert level.send_lag_p99_ms == 9.0  # lags 0..9 ms
+
+
 def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: Path) -> None:
     """`loadgen calibrate --quick` runs the simulator and engine and saves a full result."""
     from click.testing import CliRunner
@@ -232,6 +246,25 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
                                "ramp_s": 0.2, "processes": 1, "all_levels": False}  # fmt: skip
 
 
+def test_quick_calibration_on_two_engine_processes_measures_every_chunk() -> None:
+    """`calibrate --quick --processes 2`: each level's streams are split over two spawned
+    engine processes started at one t0, and every chunk of both is measured."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    out = CliRunner().invoke(
+        cli, ["calibrate", "--quick", "--processes", "2", "--format", "json", "--no-save"]
+    )
+    assert out.exit_code in (0, 2), out.output
+    found = json.loads(out.output)
+    assert found["processes"] == 2
+    for level in found["levels"]:
+        assert level["processes"] == 2
+        assert level["chunks"] == level["expected_chunks"] == level["streams"] * 50
+        assert level["failed"] == 0
+
+
 @pytest.mark.parametrize(
     ("args", "saved"),
     [
@@ -248,9 +281,9 @@ def test_quick_saves_only_with_save(
     is given; a saved entry records its ladder and whether it was quick."""
     from click.testing import CliRunner
 
-    import loadgen.cli_calibrate as cli_calibrate
-    from loadgen.calibrate import calibrate as real_calibrate
+    import loadgen.cli.calibrate as cli_calibrate
     from loadgen.cli import cli
+    from loadgen.studies.calibrate import calibrate as real_calibrate
 
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen import metrics
-from loadgen.capacity import (
+from loadgen.percentiles import nearest_rank
+from loadgen.studies.capacity import (
     FAIL,
     INVALID,
     PASS,
@@ -23,6 +23,7 @@ from loadgen.capacity import (
     min_requests,
     search,
 )
+from loadgen.testing.builders import workload_file
 
 
 def fake_server(knee: float, *, invalid: tuple[float, float] | None = None):  # type: ignore[no-untyped-def]
@@ -169,8 +170,8 @@ def test_min_requests_leave_the_tail_beyond_the_percentile(
     """n = ⌈10/(1 − p/100)⌉ is the least n with 10 requests beyond the nearest-rank percentile."""
     n = min_requests(percentile, 10)
     assert n == expected
-    assert n - metrics.nearest_rank(percentile, n) >= 10
-    assert (n - 1) - metrics.nearest_rank(percentile, n - 1) < 10
+    assert n - nearest_rank(percentile, n) >= 10
+    assert (n - 1) - nearest_rank(percentile, n - 1) < 10
 
 
 def test_min_requests_refuses_the_maximum() -> None:
@@ -205,8 +206,7 @@ def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
     values: dict[str, float | str] = {"process": "constant", "tokens": 20, "ttft_ms": 5000,
                                       "speed": 1, "batch": 8, "step_ms": 25, "rate": 16,
                                       **physics}  # fmt: skip
-    path = tmp_path / "knee.yaml"
-    path.write_text(KNEE_WORKLOAD % values, encoding="utf-8")
+    path = workload_file(tmp_path, KNEE_WORKLOAD % values, "knee.yaml")
     tokens, step_ms = float(values["tokens"]), float(values["step_ms"])
     mu = float(values["batch"]) / (tokens * step_ms / 1000) * float(values["speed"])
     return path, mu
@@ -214,7 +214,7 @@ def knee_workload(tmp_path: Path, **physics: float | str) -> tuple[Path, float]:
 
 def run_capacity(workload: Path, out: Path, *args: str) -> dict:  # type: ignore[type-arg]
     """`loadgen capacity` on the built-in simulator; capacity.json (the exit code must be 0)."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     result = CliRunner().invoke(capacity, [str(workload), "--out", str(out), "-q",
                                            "--lag-bound-ms", "50", *args])  # fmt: skip
@@ -265,7 +265,7 @@ def test_max_in_flight_knee_against_the_simulator_is_the_batch_size(tmp_path: Pa
 
 def test_help_has_an_example_and_the_exit_codes() -> None:
     """`capacity --help` shows an Example: block and the exit codes."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     result = CliRunner().invoke(capacity, ["--help"])
     assert result.exit_code == 0
@@ -283,7 +283,7 @@ def test_help_has_an_example_and_the_exit_codes() -> None:
 )
 def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad flag is a usage error: exit 1, the reason on stderr, no traceback, nothing run."""
-    from loadgen.cli_capacity import capacity
+    from loadgen.cli.capacity import capacity
 
     workload, _ = knee_workload(tmp_path)
     result = CliRunner().invoke(capacity, [str(workload), *args])
@@ -292,23 +292,45 @@ def test_bad_flags_exit_1_with_a_message(tmp_path: Path, args: list[str], messag
     assert "Traceback" not in result.output
 
 
-def steady_frame(rate: float, seconds: float, lifetime_s: float):  # type: ignore[no-untyped-def]
-    """Constant arrivals at `rate` for `seconds`, each served in `lifetime_s`, no queue."""
-    from loadgen.records import to_frame
+def steady_frame(rate: float, seconds: float, lifetime_s: float, lag_ms: float = 0.0):  # type: ignore[no-untyped-def]
+    """Constant arrivals at `rate` for `seconds`, each sent `lag_ms` late and served in
+    `lifetime_s`, no queue."""
+    from loadgen.results.records import to_frame
     from loadgen.testing import streamed_record
 
     n = int(rate * seconds)
     gaps = (lifetime_s * 1000 / 20,) * 20  # 21 tokens over the lifetime, TTFT 0
     return to_frame(
-        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps) for i in range(n)
+        streamed_record(i, intended_ms=i * 1000 / rate, ttft_ms=0.0, gaps_ms=gaps, lag_ms=lag_ms)
+        for i in range(n)
     )
+
+
+@pytest.mark.parametrize(("lag_bound_ms", "status"), [(50.0, PASS), (5.0, INVALID)])
+def test_the_step_re_audit_judges_the_generator_by_the_runs_lag_bound(
+    tmp_path: Path, lag_bound_ms: float, status: str
+) -> None:
+    """Every send 20 ms late: within --lag-bound-ms 50 the step is judged on its SLOs, and
+    only a 5 ms bound makes it invalid. (The re-audit once used the default 5 ms whatever
+    the flag said: steps went invalid at random on a loaded machine, and capacity exited 3.)"""
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        seconds = spec_at.classes["chat"].duration_s
+        return steady_frame(16.0, seconds, 0.1, lag_ms=20.0), False, False, tmp_path / run_id
+
+    step = step_runner(load(workload), run_one, param="rate", lag_bound_ms=lag_bound_ms)(1.0)
+    assert step.status == status, step.note
 
 
 def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: Path) -> None:
     """A first step planned by counts alone that lasted fewer lifetimes than the rule is
     run once more, planned on the lifetime it measured, and passes on the second run."""
-    from loadgen.capacity import step_runner
-    from loadgen.spec import load
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
 
     workload, _ = knee_workload(tmp_path, rate=16)
     spec = load(workload)
@@ -329,8 +351,8 @@ def test_a_short_passing_step_is_run_again_longer_on_its_own_lifetime(tmp_path: 
 
 def test_a_short_trace_replay_fails_without_a_pointless_rerun(tmp_path: Path) -> None:
     """A trace replay lasts as long as its trace: too short is a failure that says so."""
-    from loadgen.capacity import step_runner
-    from loadgen.spec import load
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
 
     spec = load(Path(__file__).resolve().parent.parent / "workloads" / "trace-azure-conv.yaml")
     calls: list[str] = []

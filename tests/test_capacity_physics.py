@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 from virtual_server import closed_loop_frame, open_loop_frame
 
-from loadgen import spec as specs
-from loadgen.capacity import (
+from loadgen.sim.config import config_from_mapping
+from loadgen.studies.capacity import (
     FAIL,
     LIFETIME_CUSHION,
     MIN_LIFETIMES,
@@ -27,8 +27,8 @@ from loadgen.capacity import (
     step_runner,
     step_spec,
 )
-from loadgen.sim.config import config_from_mapping
-from loadgen.spec import WorkloadSpec
+from loadgen.workload import spec as specs
+from loadgen.workload.spec import WorkloadSpec
 
 WORKLOAD = """\
 name: knee

@@ -10,10 +10,18 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.minutes import write_histograms
 from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.secrets import Redactor, run_secrets
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.hostile import (
+from loadgen.results.records import OUTCOMES
+from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
+from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.testing.hostile import (
     CUT_HEADER,
     CUT_KEY,
     CUTS,
@@ -23,42 +31,23 @@ from loadgen.hostile import (
     key_pieces,
     leaks,
 )
-from loadgen.plans import plan_run
-from loadgen.preflight import preflight
-from loadgen.records import OUTCOMES
-from loadgen.secrets import Redactor, run_secrets
-from loadgen.spec import load
-from loadgen.store import write_histograms
-from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
-from loadgen.transport import make_endpoint
+from loadgen.workload.plans import plan_run
+from loadgen.workload.spec import load
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
 
-TINY = """
-name: tiny
-target: {{api: openai-chat, model: m}}
-classes:
-  chat:
-    arrival: {{process: constant, rate_per_s: 50}}
-    requests: {requests}
-    prompt_tokens: {{dist: fixed, value: 5}}
-    output_tokens: {{dist: fixed, value: 3}}
-    slo: {{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}}
-    deadlines: {{first_token_s: 5, stall_s: 5, total_s: 10}}
-"""
-
 
 def write_tiny(tmp_path: Path, requests: int = 10) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY.format(requests=requests))
-    return path
+    return workload_file(tmp_path, chat_workload(requests=requests), "tiny.yaml")
 
 
 def all_commands() -> list[tuple[str, click.Command]]:
     group = cli
     assert isinstance(group, click.Group)
-    return [("loadgen", group), *((f"loadgen {n}", c) for n, c in group.commands.items())]
+    ctx = click.Context(group)
+    named = ((n, group.get_command(ctx, n)) for n in group.list_commands(ctx))
+    return [("loadgen", group), *((f"loadgen {n}", c) for n, c in named if c is not None)]
 
 
 @pytest.mark.parametrize(
@@ -86,8 +75,9 @@ def test_check_prints_the_plan_and_sends_nothing(tmp_path: Path) -> None:
 
 def test_bad_workload_exits_1_with_a_message_and_no_traceback(tmp_path: Path) -> None:
     """A bad file gives exit code 1 and a one-line error naming file and key."""
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(TINY.format(requests=10).replace("rate_per_s: 50", "rate_per_s: -3"))
+    bad = workload_file(
+        tmp_path, chat_workload(requests=10).replace("rate_per_s: 50", "rate_per_s: -3"), "bad.yaml"
+    )
     result = CliRunner().invoke(cli, ["check", str(bad)])
     assert result.exit_code == 1
     assert "classes.chat.arrival.rate_per_s: must be > 0" in result.output
@@ -276,11 +266,12 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
 
 def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Path) -> None:
     """An agent class's verdict comes from its trajectory block, shown in the HTML report too."""
-    path = tmp_path / "agent.yaml"
-    path.write_text(
-        TINY.format(requests=2).replace(
+    path = workload_file(
+        tmp_path,
+        chat_workload(requests=2).replace(
             "  chat:\n", "  chat:\n    kind: agent\n    hops: {dist: fixed, value: 3}\n"
-        )
+        ),
+        "agent.yaml",
     )
     with ScriptedServer(lambda r: simple_chat(2)) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"),

@@ -8,6 +8,7 @@ import random
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen import metrics
-from loadgen.cli_compare import compare, render_junit, render_markdown, render_table
-from loadgen.compare import (
+from loadgen.analysis import metrics
+from loadgen.analysis.compare import (
     CHECKS,
     Comparison,
     Estimate,
@@ -35,9 +35,13 @@ from loadgen.compare import (
     tolerance_for,
     wilson,
 )
+from loadgen.cli.compare import compare
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
+from loadgen.render.compare_view import render_markdown, render_table
+from loadgen.render.junit import render_junit
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.testing import builders
+from loadgen.workload.spec import SloTargets
 
 NS_PER_MS = 1_000_000
 SLO = {"ttft_ms": 400.0, "tpot_ms": 50.0, "percentile": 99.0}
@@ -103,37 +107,8 @@ def verdicts(comparison: Comparison, cls: str = "chat") -> dict[str, Verdict]:
     return {r.check.name: r.verdict for r in comparison.results if r.class_name == cls}
 
 
-def write_run(
-    store: Path,
-    run_id: str,
-    t0: datetime,
-    recs: list[RequestRecord],
-    *,
-    workload: str = "chat",
-    rate_per_s: float = 10.0,
-    stopped: str | None = None,
-) -> Path:
-    """A run folder shaped like `loadgen run` leaves: run.json (t0, workload spec SLOs) and
-    records. `workload` and `rate_per_s` make its identity; `stopped` marks it stopped early."""
-    run_dir = store / run_id
-    run_dir.mkdir(parents=True)
-    classes = {
-        name: {"slo": SLO, "arrival": {"process": "poisson", "rate_per_s": rate_per_s}}
-        for name in sorted({r.class_name for r in recs})
-    }
-    info = {
-        "schema_version": 1,
-        "run_id": run_id,
-        "planned": len(recs),
-        "workload": {"name": workload, "source": "chat.yaml", "spec": {"classes": classes}},
-        "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
-        "interrupted": stopped is not None,
-        "recovered": stopped == "incomplete",
-        "stopped": stopped,
-    }
-    (run_dir / "run.json").write_text(json.dumps(info), encoding="utf-8")
-    to_frame(recs).write_parquet(run_dir / "records.parquet")
-    return run_dir
+# A run of every class of its records at 10 req/s, each with the SLO.
+write_run = partial(builders.write_run, slos=SLOS["chat"], rate_per_s=10.0, schema_version=1)
 
 
 T0 = datetime(2026, 3, 20, 2, tzinfo=UTC)
@@ -475,9 +450,9 @@ def invoke(*args: str | Path) -> tuple[int, str, str]:
 
 def test_cli_exit_codes(tmp_path: Path) -> None:
     """0 for two samples of one distribution, 2 for a slower one; files written on request."""
-    a = write_run(tmp_path, "a", T0, records(1, 2000))
-    b = write_run(tmp_path, "b", T0 + timedelta(hours=1), records(2, 2000))
-    slow = write_run(tmp_path, "slow", T0 + timedelta(hours=2), records(3, 2000, slower=1.3))
+    a = write_run(tmp_path, T0, records(1, 2000), run_id="a")
+    b = write_run(tmp_path, T0 + timedelta(hours=1), records(2, 2000), run_id="b")
+    slow = write_run(tmp_path, T0 + timedelta(hours=2), records(3, 2000, slower=1.3), run_id="slow")
     code, out, _ = invoke(a, b)
     assert code == 0
     assert "no regression" in out
@@ -510,8 +485,8 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
 )
 def test_cli_usage_errors_exit_1(tmp_path: Path, args: list[str], message: str) -> None:
     """Missing runs, no shared class, bad flags: exit 1 with a message, never a traceback."""
-    write_run(tmp_path, "a", T0, records(1, 20))
-    write_run(tmp_path, "batch", T0 + timedelta(hours=1), records(2, 20, cls="batch"))
+    write_run(tmp_path, T0, records(1, 20), run_id="a")
+    write_run(tmp_path, T0 + timedelta(hours=1), records(2, 20, cls="batch"), run_id="batch")
     result = CliRunner().invoke(compare, [a.format(tmp=tmp_path) for a in args])
     assert result.exit_code == 1, result.output
     assert message in result.stderr
@@ -522,11 +497,11 @@ def test_cli_usage_errors_exit_1(tmp_path: Path, args: list[str], message: str) 
 def test_baseline_window_pools_the_runs_before_current(tmp_path: Path) -> None:
     """`--baseline-window 7d` pools the runs of the 7 days before CURRENT: not older ones, later ones or CURRENT."""
     day = timedelta(days=1)
-    write_run(tmp_path, "old", T0 - 10 * day, records(1, 500, slower=3.0))
+    write_run(tmp_path, T0 - 10 * day, records(1, 500, slower=3.0), run_id="old")
     for k, name in enumerate(("d-5", "d-3", "d-1")):
-        write_run(tmp_path, name, T0 - (5 - 2 * k) * day, records(10 + k, 700))
-    current = write_run(tmp_path, "now", T0, records(20, 2000, slower=1.3))
-    write_run(tmp_path, "later", T0 + day, records(30, 500, slower=3.0))
+        write_run(tmp_path, T0 - (5 - 2 * k) * day, records(10 + k, 700), run_id=name)
+    current = write_run(tmp_path, T0, records(20, 2000, slower=1.3), run_id="now")
+    write_run(tmp_path, T0 + day, records(30, 500, slower=3.0), run_id="later")
     code, out, _ = invoke(current, "--baseline-window", "7d", "--format", "json")
     data = json.loads(out)
     assert data["baseline"]["runs"] == ["d-5", "d-3", "d-1"]
@@ -534,7 +509,7 @@ def test_baseline_window_pools_the_runs_before_current(tmp_path: Path) -> None:
     assert code == 2
     assert "chat.ttft_p99" in data["regressions"]
     elsewhere = tmp_path / "elsewhere"
-    moved = write_run(elsewhere, "now", T0, records(20, 200))
+    moved = write_run(elsewhere, T0, records(20, 200), run_id="now")
     code, out, _ = invoke(moved, "--baseline-window", "7d", "--store", tmp_path, "--format", "json")
     assert json.loads(out)["baseline"]["runs"] == ["d-5", "d-3", "d-1"]
 
@@ -542,10 +517,11 @@ def test_baseline_window_pools_the_runs_before_current(tmp_path: Path) -> None:
 def test_runs_of_different_workloads_are_not_compared_unless_forced(tmp_path: Path) -> None:
     """Another name, or the same name at 3x the rate: exit 1 naming both workloads; --force
     compares them and says so in the table, the JSON and the JUnit properties."""
-    a = write_run(tmp_path, "a", T0, records(1, 500))
-    fast = write_run(tmp_path, "fast", T0 + timedelta(hours=1), records(2, 500), rate_per_s=30.0)
-    other = write_run(tmp_path, "other", T0 + timedelta(hours=2), records(3, 500),
-                      workload="chat-smoke")  # fmt: skip
+    a = write_run(tmp_path, T0, records(1, 500), run_id="a")
+    fast = write_run(
+        tmp_path, T0 + timedelta(hours=1), records(2, 500), run_id="fast", rate_per_s=30.0
+    )
+    other = write_run(tmp_path, T0 + timedelta(hours=2), records(3, 500), run_id="other", workload="chat-smoke")  # fmt: skip
     for b in (fast, other):
         code, _, err = invoke(a, b)
         assert code == 1
@@ -562,7 +538,7 @@ def test_runs_of_different_workloads_are_not_compared_unless_forced(tmp_path: Pa
     assert data["baseline"]["workload"].startswith("chat@")
     names = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
     assert names["forced"] == "true"
-    code, out, _ = invoke(a, write_run(tmp_path, "same", T0 + timedelta(hours=3), records(4, 500)),
+    code, out, _ = invoke(a, write_run(tmp_path, T0 + timedelta(hours=3), records(4, 500), run_id="same"),
                           "--format", "json")  # fmt: skip
     assert (code, json.loads(out)["forced"]) == (0, False)
 
@@ -572,13 +548,19 @@ def test_baseline_window_pools_only_currents_workload_and_complete_runs(tmp_path
     leaves out its interrupted and recovered runs unless --include-incomplete, and names the
     workload. Pooling any of the 3x-slower runs would move the baseline p50 by ~3x."""
     hour = timedelta(hours=1)
-    write_run(tmp_path, "w1-a", T0 - 5 * hour, records(1, 700))
-    write_run(tmp_path, "w1-b", T0 - 4 * hour, records(2, 700))
-    write_run(tmp_path, "w2", T0 - 3 * hour, records(3, 700, slower=3.0), workload="chat-smoke")
-    write_run(tmp_path, "w3", T0 - 2.5 * hour, records(4, 700, slower=3.0), rate_per_s=30.0)
-    write_run(tmp_path, "w1-int", T0 - 2 * hour, records(5, 100, slower=3.0), stopped="interrupted")
-    write_run(tmp_path, "w1-rec", T0 - hour, records(6, 100, slower=3.0), stopped="incomplete")
-    current = write_run(tmp_path, "now", T0, records(7, 700))
+    write_run(tmp_path, T0 - 5 * hour, records(1, 700), run_id="w1-a")
+    write_run(tmp_path, T0 - 4 * hour, records(2, 700), run_id="w1-b")
+    write_run(
+        tmp_path, T0 - 3 * hour, records(3, 700, slower=3.0), run_id="w2", workload="chat-smoke"
+    )
+    write_run(tmp_path, T0 - 2.5 * hour, records(4, 700, slower=3.0), run_id="w3", rate_per_s=30.0)
+    write_run(
+        tmp_path, T0 - 2 * hour, records(5, 100, slower=3.0), run_id="w1-int", stopped="interrupted"
+    )
+    write_run(
+        tmp_path, T0 - hour, records(6, 100, slower=3.0), run_id="w1-rec", stopped="incomplete"
+    )
+    current = write_run(tmp_path, T0, records(7, 700), run_id="now")
     code, out, _ = invoke(current, "--baseline-window", "1d", "--format", "json")
     data = json.loads(out)
     assert data["baseline"]["runs"] == ["w1-a", "w1-b"]

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from loadgen.testing import ScriptedServer
+from loadgen.testing.builders import workload_file
 
 WORKLOAD = """
 name: storm
@@ -29,8 +30,7 @@ sim: {{speed: 10, max_batch: 512{fault}}}
 
 
 def storm(tmp_path: Path, fault: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD.format(fault=fault))
+    workload = workload_file(tmp_path, WORKLOAD.format(fault=fault))
     command = [sys.executable, "-m", "loadgen", "run", str(workload), "--out", str(tmp_path),
                "--run-id", "s", "--no-preflight", "-q", *extra]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=120), tmp_path / "s"
@@ -83,8 +83,7 @@ def test_running_out_of_file_descriptors_is_the_clients_fault_and_invalidates_th
 
     from loadgen.testing import simple_chat
 
-    workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD.format(fault="").replace("rate_per_s: 100", "rate_per_s: 500")
+    workload = workload_file(tmp_path, WORKLOAD.format(fault="").replace("rate_per_s: 100", "rate_per_s: 500")
                         .replace("requests: 300", "requests: 150"))  # fmt: skip
 
     def limit_files() -> None:

@@ -16,14 +16,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+from loadgen.analysis.objectives import Objective, batch_block, trajectory_block
 from loadgen.errors import ConfigError
-from loadgen.objectives import Objective, batch_block, trajectory_block
-from loadgen.plans import plan_work
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.sim.launch import running_sim
-from loadgen.spec import loads
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.run.simulator import running_sim
 from loadgen.testing import ScriptedServer, run_engine, simple_chat
-from loadgen.traces import TraceOptions, load_trace, trace_stats
+from loadgen.workload.plans import plan_work
+from loadgen.workload.spec import loads
+from loadgen.workload.traces import TraceOptions, load_trace, trace_stats
 
 NS = 1_000_000_000
 
@@ -130,14 +130,9 @@ def test_a_failed_hop_skips_the_rest_and_breaches_the_trajectory(sim_url: str) -
         # each hop's prompt is the retained context (40 words) plus the previous hop's real output
         assert after.prompt_tokens == after.prompt_tokens_target == 40 + before.output_tokens
     block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
-    assert (block["trajectories"], block["ok"], block["skipped_hops"], block["failed_hops"]) == (
-        2,
-        1,
-        2,
-        1,
-    )
-    assert block["attainment"] == 0.5
-    assert set(block["per_hop_ms"]) == {"0", "1", "2", "3", "4"}
+    assert (block.trajectories, block.ok, block.skipped_hops, block.failed_hops) == (2, 1, 2, 1)
+    assert block.attainment == 0.5
+    assert set(block.per_hop_ms) == {"0", "1", "2", "3", "4"}
 
 
 BATCH = """
@@ -165,9 +160,9 @@ def test_closed_loop_batch_keeps_exactly_its_concurrency(sim_url: str) -> None:
         peak = max(peak, level)
     assert peak == 3
     block = batch_block(to_frame(records), Objective.of(spec.classes["docs"]))
-    assert block["met"] is True
-    assert block["documents"] == block["ok"] == 12
-    assert block["input_tokens_per_s"] > 0
+    assert block.met is True
+    assert block.documents == block.ok == 12
+    assert block.input_tokens_per_s > 0
 
 
 def test_stopping_mid_flow_still_records_every_plan(sim_url: str) -> None:
@@ -219,8 +214,8 @@ def test_batch_and_trajectory_blocks_known_answers() -> None:
         rec(3, 2, 1, 0.9, 1.5),
     ]
     block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
-    assert (block["trajectories"], block["ok"]) == (2, 1)  # the second took 1.5 s > 1 s budget
-    assert block["time_split_s"]["tool"] == pytest.approx(0.2)  # 0.1 + 0.1 between hops
+    assert (block.trajectories, block.ok) == (2, 1)  # the second took 1.5 s > 1 s budget
+    assert block.time_split_s.tool == pytest.approx(0.2)  # 0.1 + 0.1 between hops
     batch_spec = spec_of(BATCH)
     docs = [
         RequestRecord(request_id=i, class_name="docs", intended_ns=i * NS, outcome=Outcome.OK,
@@ -228,9 +223,9 @@ def test_batch_and_trajectory_blocks_known_answers() -> None:
         for i in range(3)
     ]  # fmt: skip
     batch = batch_block(to_frame(docs), Objective.of(batch_spec.classes["docs"]))
-    assert batch["completion_time_s"] == 4.0  # 0 s → 4 s
-    assert batch["input_tokens_per_s"] == 75.0
-    assert batch["output_tokens_per_s"] == 7.5
+    assert batch.completion_time_s == 4.0  # 0 s → 4 s
+    assert batch.input_tokens_per_s == 75.0
+    assert batch.output_tokens_per_s == 7.5
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,7 +308,7 @@ def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> No
     )
     path = tmp_path / "tokenizer.json"
     tokenizer.save(str(path))
-    from loadgen.prompts import PromptMaker
+    from loadgen.workload.prompts import PromptMaker
 
     maker = PromptMaker(0, str(path))
     for request_id, tokens in enumerate([1, 20, 77, 300, 1000]):
@@ -325,7 +320,7 @@ def test_a_local_tokenizer_file_makes_prompt_lengths_exact(tmp_path: Path) -> No
 
 def test_fell_behind_judges_the_schedule_not_the_reaction_time_of_chained_turns() -> None:
     """A later turn's lag is reported as chained_lag_ms and does not make the run invalid."""
-    from loadgen.metrics import generator_health
+    from loadgen.analysis.metrics import generator_health
 
     def rec(rid: int, turn: int, lag_ms: float) -> RequestRecord:
         return RequestRecord(request_id=rid, class_name="c", intended_ns=rid * NS, outcome=Outcome.OK,
@@ -334,9 +329,9 @@ def test_fell_behind_judges_the_schedule_not_the_reaction_time_of_chained_turns(
     health = generator_health(
         to_frame([rec(0, 0, 1.0), rec(1, 1, 50.0), rec(2, 2, 40.0)]), planned=3
     )
-    assert health["fell_behind"] is False
-    assert health["lag_ms"]["max"] == 1.0
-    assert health["chained_lag_ms"]["max"] == 50.0
+    assert health.fell_behind is False
+    assert health.lag_ms.max == 1.0
+    assert health.chained_lag_ms.max == 50.0
     starts = [rec(0, 0, 9.0), rec(1, 0, 9.5), rec(2, 1, 0.1)]  # two late first turns
     late_start = generator_health(to_frame(starts), planned=3)
-    assert late_start["fell_behind"] is True
+    assert late_start.fell_behind is True

@@ -23,25 +23,16 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-import loadgen.inputs as inputs
-import loadgen.records as records
+import loadgen.results.records as records
+import loadgen.workload.inputs as inputs
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
-from loadgen.plans import PLAN_BYTES, RECORD_BYTES, TOKEN_BYTES, estimate_memory, plan_work
-from loadgen.spec import MAX_SPAN_S, loads
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.workload.plans import PLAN_BYTES, RECORD_BYTES, TOKEN_BYTES, estimate_memory, plan_work
+from loadgen.workload.spec import MAX_SPAN_S, loads
 
-BASE = """\
-name: front-door
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 50}
-    requests: 20
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 3}
-    slo: {ttft_ms: 2000, tpot_ms: 1000, percentile: 90}
-    deadlines: {first_token_s: 5, stall_s: 5, total_s: 10}
-"""
+BASE = chat_workload("front-door", target=None)
 LAX = ("--lag-bound-ms", "1000")  # these tests are not about the generator's own lag
 
 
@@ -116,8 +107,7 @@ BAD_INPUTS = [
 
 def _check(tmp_path: Path, text: str | None, args: list[str]) -> tuple[int, str, object]:
     (tmp_path / "t.csv").write_text("t_s,prompt_tokens,output_tokens\n0,5,3\n1,5,3\n2,5,3\n")
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE if text is None else text, encoding="utf-8")
+    path = workload_file(tmp_path, BASE if text is None else text)
     result = CliRunner().invoke(cli, ["check", str(path), *args])
     return result.exit_code, result.output, result.exception
 
@@ -166,7 +156,7 @@ def test_an_endless_file_is_read_only_to_the_cap() -> None:
 
 def test_trace_file_over_the_cap_is_refused_at_check(tmp_path: Path, monkeypatch) -> None:
     """A trace over the cap is refused by name, size and cap before it is read."""
-    import loadgen.spec as spec_module
+    import loadgen.workload.spec as spec_module
 
     monkeypatch.setattr(spec_module, "TRACE_MAX_BYTES", 64)
     trace = tmp_path / "t.csv"
@@ -311,15 +301,18 @@ AUDIT_PEAK = """
 import re, sys
 from pathlib import Path
 import polars as pl
-from loadgen.records import SCHEMA, read_parts, write_parquet_atomic
-from loadgen.slo import SloTargets, summarize
-from loadgen.store import build_histograms
+from loadgen.results.records import SCHEMA, read_parts, write_parquet_atomic
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
+from loadgen.workload.spec import SloTargets
+from loadgen.analysis.minutes import build_histograms
 
 def peak() -> int:
     return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) * 1024
 
 n, tokens, parts = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 slos = {"chat": SloTargets(ttft_ms=1000, tpot_ms=50, percentile=99)}
+objectives = {"chat": Objective(name="chat", slo=slos["chat"])}
 for start in range(0, n, 1000):  # the parts a run spills, 1,000 records each
     ids = pl.int_range(start, start + 1000, eager=True)
     first = ids * 2_000_000 + 50_000_000
@@ -336,10 +329,10 @@ for start in range(0, n, 1000):  # the parts a run spills, 1,000 records each
     part = part.with_columns(pl.lit(None, d).alias(c) for c, d in SCHEMA.items() if c not in part.columns)
     write_parquet_atomic(part.select(list(SCHEMA)).cast(SCHEMA), parts / f"part-{start:06d}.parquet")
     del part, chunks
-summarize(pl.DataFrame(schema=SCHEMA), run_id="x", slos=slos, planned=0, interrupted=False, lag_bound_ms=5)
+audit(pl.DataFrame(schema=SCHEMA), run_id="x", objectives=objectives, planned=0, lag_bound_ms=5)
 base = peak()
 frame = read_parts(parts)  # what the end of a run does: join, audit, per-minute histograms
-summarize(frame, run_id="x", slos=slos, planned=n, interrupted=False, lag_bound_ms=5)
+audit(frame, run_id="x", objectives=objectives, planned=n, lag_bound_ms=5)
 build_histograms(frame, t0_unix_ns=1_764_417_600 * 10**9, slos=slos)
 print(peak() - base)
 """
@@ -363,10 +356,9 @@ def test_record_bytes_bound_the_end_of_run_audit(tmp_path: Path) -> None:
 def test_a_plan_over_the_memory_cap_is_refused_with_the_figure_and_the_flag(tmp_path) -> None:
     """10,000,000 requests: refused in `check` and `run` at once with the estimate and the
     cap; `--max-memory-gb` above the estimate lets `check` go on (to its plan)."""
-    path = tmp_path / "w.yaml"
-    path.write_text(_with("rate_per_s: 50", "rate_per_s: 1000"))
+    path = workload_file(tmp_path, _with("rate_per_s: 50", "rate_per_s: 1000"))
     spec = loads(path.read_text())
-    from loadgen.spec import override
+    from loadgen.workload.spec import override
 
     need = estimate_memory(override(spec, requests=10_000_000)).bytes
     for command in ("check", "run"):
@@ -411,8 +403,7 @@ def test_run_flags_are_validated_before_anything_starts(
     tmp_path: Path, args: list[str], fragment: str
 ) -> None:
     """A bad --url, --run-id, --header or number exits 1 with the reason; nothing is written."""
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["run", str(path), "--out", str(out), *args])
     assert result.exit_code == 1, result.output
@@ -425,8 +416,7 @@ def test_run_flags_are_validated_before_anything_starts(
 @pytest.mark.parametrize("run_id", ["nightly-2026-11-29", "a", "A.b_c-1", "x" * 128])
 def test_safe_run_ids_are_accepted_by_dry_run(tmp_path: Path, run_id: str) -> None:
     """Letters, digits and -_. pass; the dry run validates, prints the plan, writes nothing."""
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     out = tmp_path / "out"
     result = CliRunner().invoke(
         cli, ["run", str(path), "--out", str(out), "--run-id", run_id, "--dry-run"]
@@ -440,8 +430,7 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
     """A header's missing ${VAR}, a ${VAR} holding CR/LF (header injection) and an existing
     run folder fail the dry run as they would fail the run."""
     monkeypatch.delenv("FRONT_DOOR_TOKEN", raising=False)
-    path = tmp_path / "w.yaml"
-    path.write_text(BASE)
+    path = workload_file(tmp_path, BASE)
     missing = CliRunner().invoke(
         cli, ["run", str(path), "--dry-run", "--header", "X-Token:${FRONT_DOOR_TOKEN}"]
     )
@@ -466,8 +455,7 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
 
 
 def _run(tmp_path: Path, requests: int, handler, *extra: str) -> tuple[int, str, Path]:
-    path = tmp_path / "w.yaml"
-    path.write_text(_with("requests: 20", f"requests: {requests}"))
+    path = workload_file(tmp_path, _with("requests: 20", f"requests: {requests}"))
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
             cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "out"),
@@ -552,9 +540,8 @@ def test_a_real_file_size_limit_at_the_join_exits_3_and_recover_finishes(tmp_pat
     """A real kernel error: under `ulimit -f` of 32 KiB each ~1 s part fits but the joined
     records.parquet (~60 KiB for 300 records of 32 chunks) does not: EFBIG names the file
     and the limit, exit 3, every part stays on disk, and `report --recover` joins them all."""
-    path = tmp_path / "w.yaml"
-    path.write_text(
-        _with("rate_per_s: 50", "rate_per_s: 50").replace("requests: 20", "requests: 300")
+    path = workload_file(
+        tmp_path, _with("rate_per_s: 50", "rate_per_s: 50").replace("requests: 20", "requests: 300")
     )
     out = tmp_path / "out"
     with ScriptedServer(lambda r: simple_chat(32, gap_s=0.002)) as server:

@@ -27,11 +27,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.adapters import Adapter, Delta, MalformedEvent, adapter_for
+from loadgen.adapters import adapter_for
 from loadgen.adapters.generic import generic_spec
-from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import EventTooLarge, SseDecoder
-from loadgen.transport import Connection, Pool, make_endpoint
+from loadgen.adapters.ndjson import NdjsonDecoder
+from loadgen.adapters.protocol import Adapter, Delta, MalformedEvent
+from loadgen.adapters.sse import EventTooLarge, SseDecoder
+from loadgen.engine.transport import Connection, Pool, make_endpoint
 
 ENDPOINT = make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {})
 ADAPTERS = [

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.histograms import LatencyHistogram
-from loadgen.metrics import nearest_rank
+from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.percentiles import nearest_rank
 
 HOUR_MS = 3_600_000.0
 

@@ -13,29 +13,21 @@ import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
 from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.hostile import CASES, DEADLINES, HostileCase
-from loadgen.preflight import preflight
-from loadgen.records import Outcome
+from loadgen.results.records import Outcome
 from loadgen.testing import ScriptedServer, chat_chunk, simple_chat, stream_steps
-from loadgen.transport import make_endpoint
+from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.testing.hostile import CASES, DEADLINES, HostileCase
 
 REQUESTS = 3
-WORKLOAD = f"""
-name: hostile
-target: {{api: openai-chat, model: m}}
-classes:
-  chat:
-    arrival: {{process: constant, rate_per_s: 20}}
-    requests: {REQUESTS}
-    prompt_tokens: {{dist: fixed, value: 5}}
-    output_tokens: {{dist: fixed, value: 3}}
-    slo: {{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}}
-    deadlines: {{first_token_s: {DEADLINES.first_token_s:g}, stall_s: {DEADLINES.stall_s:g},
-                total_s: {DEADLINES.total_s:g}}}
-"""
+DEADLINE_FLOW = (f"{{first_token_s: {DEADLINES.first_token_s:g}, stall_s: {DEADLINES.stall_s:g}, "
+                 f"total_s: {DEADLINES.total_s:g}}}")  # fmt: skip
+WORKLOAD = chat_workload("hostile", rate_per_s=20, requests=REQUESTS, deadlines=DEADLINE_FLOW)
 # A run of 3 requests 50 ms apart, each ended by its 2 s total deadline at the latest, plus
 # the run's own work (writing records and summary): far under this on any machine, and
 # far over it for a client that waits on the server (one byte a second is minutes; the
@@ -69,8 +61,7 @@ def peak_rss_growth_mib(action: Callable[[], object]) -> float | None:
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The suite's workload, after one healthy run has warmed the process up (imports,
     allocator pools), so RSS growth measures the case, not the first run."""
-    path = tmp_path_factory.mktemp("hostile") / "hostile.yaml"
-    path.write_text(WORKLOAD)
+    path = workload_file(tmp_path_factory.mktemp("hostile"), WORKLOAD, "hostile.yaml")
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         out = path.parent / "warm"
         result = invoke(path, server.url, out)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from loadgen.identity import fingerprint, identity, identity_of_run, spec_from_resolved
-from loadgen.plans import plan_work
-from loadgen.spec import WorkloadSpec, load, loads, override
+from loadgen.workload.identity import fingerprint, identity, identity_of_run, spec_from_resolved
+from loadgen.workload.plans import plan_work
+from loadgen.workload.spec import WorkloadSpec, load, loads, override
 
 WORKLOADS = sorted((Path(__file__).parent.parent / "workloads").glob("*.yaml"))
 CHAT = """

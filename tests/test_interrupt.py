@@ -21,7 +21,11 @@ import anyio
 import polars as pl
 import pytest
 
-from loadgen.crashtest import (
+from loadgen.results.records import read_records
+from loadgen.results.recover import fill_unrecorded
+from loadgen.testing import ScriptedServer, head
+from loadgen.testing.builders import workload_file
+from loadgen.testing.crashtest import (
     INTERRUPT_WORKLOAD,
     descendants,
     kill_and_recover,
@@ -31,11 +35,8 @@ from loadgen.crashtest import (
     wait_for,
     wait_until_gone,
 )
-from loadgen.plans import Flow, RequestPlan, Work
-from loadgen.records import read_records
-from loadgen.recover import fill_unrecorded
-from loadgen.spec import Deadlines
-from loadgen.testing import ScriptedServer, head
+from loadgen.workload.plans import Flow, RequestPlan, Work
+from loadgen.workload.spec import Deadlines
 
 LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 VERDICT_WORDS = ("SLO MET", "SLO MISSED", " MET", "MISSED")
@@ -152,8 +153,7 @@ def test_a_killed_run_is_recovered_with_a_record_per_plan_and_no_verdict(
 def test_the_watchdog_stops_a_run_where_nothing_progresses(tmp_path: Path) -> None:
     """A server that goes silent, with deadlines longer than the job's patience: exit 4,
     every plan recorded, and the message says what the run was waiting for."""
-    workload = tmp_path / "w.yaml"
-    workload.write_text(INTERRUPT_WORKLOAD.replace("first_token_s: 30, stall_s: 30, total_s: 60",
+    workload = workload_file(tmp_path, INTERRUPT_WORKLOAD.replace("first_token_s: 30, stall_s: 30, total_s: 60",
                                          "first_token_s: 300, stall_s: 300, total_s: 600"))  # fmt: skip
     with ScriptedServer(lambda r: [head(), 60.0]) as server:
         command = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", server.url,
@@ -256,8 +256,7 @@ classes:
 
 def start_sim_run(tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     """`loadgen run` against the built-in simulator (no --url), until its run.json is written."""
-    workload = tmp_path / "sim.yaml"
-    workload.write_text(SIM_WORKLOAD)
+    workload = workload_file(tmp_path, SIM_WORKLOAD, "sim.yaml")
     command = [sys.executable, "-m", "loadgen", "run", str(workload), "--out", str(tmp_path),
                "--run-id", "s", "--lag-bound-ms", "1000", *extra]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -318,8 +317,8 @@ def test_no_simulator_or_worker_outlives_a_double_ctrl_c(tmp_path: Path, workers
 def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> None:
     """The run ends (its tasks cancelled) just as a batch was taken for writing: the batch goes
     back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
-    from loadgen.records import Outcome, RecordWriter, RequestRecord
-    from loadgen.run import _spill
+    from loadgen.results.records import Outcome, RecordWriter, RequestRecord
+    from loadgen.run.drive import spill
 
     def batch(first: int) -> list[RequestRecord]:
         return [RequestRecord(request_id=i, class_name="chat", intended_ns=i,
@@ -329,10 +328,10 @@ def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> N
     failures: list[OSError] = []
 
     async def spill_both() -> None:
-        await _spill(writer, batch(0), failures.append)
+        await spill(writer, batch(0), failures.append)
         with anyio.CancelScope() as scope:
             scope.cancel()  # cancelled before the thread takes the batch
-            await _spill(writer, batch(5), failures.append)
+            await spill(writer, batch(5), failures.append)
 
     anyio.run(spill_both)
     frame = writer.close()

@@ -9,8 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen import metrics
-from loadgen.records import Outcome, RequestRecord, to_frame
+from loadgen.analysis import metrics
+from loadgen.percentiles import nearest_rank
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.summary import (
+    FailureRankedStats,
+    LagStats,
+    LatencyStats,
+    OutputTokens,
+    TokensPerChunk,
+)
 from loadgen.testing import streamed_record as streamed
 
 MS = 1_000_000
@@ -33,7 +41,7 @@ MS = 1_000_000
 )
 def test_nearest_rank(percentile: float, n: int, rank: int) -> None:
     """The rank is ceil(p/100 * n), exact despite float noise, clamped to [1, n]."""
-    assert metrics.nearest_rank(percentile, n) == rank
+    assert nearest_rank(percentile, n) == rank
 
 
 @pytest.mark.parametrize(
@@ -131,11 +139,11 @@ def test_itl_is_over_gaps_not_request_averages() -> None:
     gaps = metrics.itl_gaps_ms(frame, "chat")
     assert gaps.to_list() == [10.0] * 9 + [100.0]
     stats = metrics.latency_stats(gaps)
-    assert stats["mean"] == 19.0
-    assert stats["p90"] == 10.0
-    assert stats["p99"] == 100.0
+    assert stats.mean == 19.0
+    assert stats.p90 == 10.0
+    assert stats.p99 == 100.0
     request_averages = [100.0, 10.0]
-    assert sum(request_averages) / 2 == 55.0 != stats["mean"]
+    assert sum(request_averages) / 2 == 55.0 != stats.mean
 
 
 def test_itl_gaps_skip_failed_requests_and_other_classes() -> None:
@@ -154,30 +162,18 @@ def test_itl_gaps_skip_failed_requests_and_other_classes() -> None:
 def test_latency_stats_empty_population_is_null() -> None:
     """An empty population gives null stats with count 0."""
     stats = metrics.latency_stats(pl.Series([], dtype=pl.Float64))
-    assert stats == {
-        "p50": None,
-        "p90": None,
-        "p95": None,
-        "p99": None,
-        "max": None,
-        "mean": None,
-        "count": 0,
-    }
+    assert stats == LatencyStats(
+        p50=None, p90=None, p95=None, p99=None, max=None, mean=None, count=0
+    )
 
 
 def test_latency_stats_with_failures_nulls_percentiles_on_failures() -> None:
     """With 1 failure among 10, p50 and p90 are values while p95, p99 and max are failures."""
     values = pl.Series([float(v) for v in range(1, 10)])
     stats = metrics.latency_stats_with_failures(values, failures=1)
-    assert stats == {
-        "p50": 5.0,
-        "p90": 9.0,
-        "p95": None,
-        "p99": None,
-        "max": None,
-        "count": 10,
-        "failures": 1,
-    }
+    assert stats == FailureRankedStats(
+        p50=5.0, p90=9.0, p95=None, p99=None, max=None, count=10, failures=1
+    )
 
 
 def test_tokens_per_chunk_and_output_tokens() -> None:
@@ -204,9 +200,9 @@ def test_tokens_per_chunk_and_output_tokens() -> None:
         output_tokens=9,
     )
     frame = to_frame([coalesced, failed, streamed(3, gaps_ms=(1.0,))])
-    assert metrics.tokens_per_chunk(frame) == {"chat": {"mean": 2.0, "max": 4}}
+    assert metrics.tokens_per_chunk(frame) == {"chat": TokensPerChunk(mean=2.0, max=4)}
     ok_tokens = frame.filter(pl.col("outcome") == "ok").get_column("output_tokens")
-    assert metrics.output_token_stats(ok_tokens) == {"mean": 5.0, "p50": 2, "max": 8, "total": 10}
+    assert metrics.output_token_stats(ok_tokens) == OutputTokens(mean=5.0, p50=2, max=8, total=10)
 
 
 def test_run_duration_spans_first_intended_to_last_end() -> None:
@@ -256,10 +252,10 @@ def test_generator_health_lag_and_fell_behind(
     """More than 1 % (and more than one) of the sends later than the bound: fell behind."""
     records = [streamed(i, intended_ms=100.0 * i, lag_ms=lag) for i, lag in enumerate(lags_ms)]
     health = metrics.generator_health(to_frame(records), planned=3, lag_bound_ms=bound_ms)
-    assert health["fell_behind"] is fell_behind
-    assert health["lag_ms"] == {"p50": lags_ms[1], "p99": lags_ms[2], "max": lags_ms[2]}
-    assert health["target_rate_per_s"] == 10.0
-    assert (health["planned"], health["sent"], health["recorded"]) == (3, 3, 3)
+    assert health.fell_behind is fell_behind
+    assert health.lag_ms == LagStats(p50=lags_ms[1], p99=lags_ms[2], max=lags_ms[2])
+    assert health.target_rate_per_s == 10.0
+    assert (health.planned, health.sent, health.recorded) == (3, 3, 3)
 
 
 def test_generator_health_counts_unsent_requests_without_lag() -> None:
@@ -268,7 +264,7 @@ def test_generator_health_counts_unsent_requests_without_lag() -> None:
         request_id=2, class_name="chat", intended_ns=MS, outcome=Outcome.CANCELLED
     )
     health = metrics.generator_health(to_frame([streamed(1), unsent]), planned=2)
-    assert health["sent"] == 1
-    assert health["recorded"] == 2
-    assert health["achieved_rate_per_s"] is None
-    assert health["lag_ms"]["max"] == 0.0
+    assert health.sent == 1
+    assert health.recorded == 2
+    assert health.achieved_rate_per_s is None
+    assert health.lag_ms.max == 0.0

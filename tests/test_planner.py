@@ -10,11 +10,18 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from loadgen import planner
 from loadgen.cli import LoadgenGroup
-from loadgen.cli_plan import plan
+from loadgen.cli.plan import plan
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, TokenSource, to_frame, write_parquet_atomic
+from loadgen.results.records import (
+    Outcome,
+    RequestRecord,
+    TokenSource,
+    to_frame,
+    write_parquet_atomic,
+)
+from loadgen.studies import planner
+from loadgen.testing.builders import workload_file
 
 SEED_FLAGS = {
     "prefill_tokens_per_s": 8000.0,
@@ -325,7 +332,7 @@ def chunked_frame(rate: float, steps: str, seed: int = 1):  # type: ignore[no-un
     """The records of a virtual-time run of CHUNKED on the simulator's engine."""
     from virtual_server import open_loop_frame
 
-    from loadgen.spec import loads
+    from loadgen.workload.spec import loads
 
     return open_loop_frame(loads(CHUNKED.format(rate=rate, steps=steps)), seed)
 
@@ -411,9 +418,8 @@ def test_plan_from_a_chunked_prefill_run_on_the_simulator(tmp_path: Path) -> Non
     safe chunk, where median TPOT (well above 20 ms) would have left none."""
     from loadgen.cli import cli
 
-    workload = tmp_path / "chunked.yaml"
-    workload.write_text(CHUNKED.format(rate=2.0, steps="20").replace("duration_s: 60",
-                                                                     "duration_s: 15"))  # fmt: skip
+    workload = workload_file(tmp_path, CHUNKED.format(rate=2.0, steps="20").replace("duration_s: 60",
+                                                                     "duration_s: 15"), "chunked.yaml")  # fmt: skip
     out = tmp_path / "runs"
     ran = CliRunner().invoke(cli, ["run", str(workload), "--out", str(out), "--run-id", "r", "-q",
                                    "--lag-bound-ms", "50"])  # fmt: skip  # a shared machine

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from loadgen import plots
+from loadgen.render import plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RNG = np.random.default_rng(0)
@@ -76,7 +76,7 @@ def test_the_backend_is_agg() -> None:
 
 def test_hop_boxplot_and_batch_progress_are_pngs_even_when_empty() -> None:
     """Agent per-hop boxplots and summarization batch progress render, with data or without."""
-    from loadgen.plots import batch_progress_png, hop_boxplot_png
+    from loadgen.render.plots import batch_progress_png, hop_boxplot_png
 
     for png in (
         hop_boxplot_png({0: [100.0, 120.0, 300.0], 1: [90.0, 110.0]}, title="t", budget_s=2),

@@ -10,10 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.cli import cli
-from loadgen.hostile import heartbeats_forever, silent_socket
-from loadgen.preflight import preflight_deadline
-from loadgen.spec import loads
+from loadgen.engine.preflight import preflight_deadline
 from loadgen.testing import ScriptedServer
+from loadgen.testing.builders import workload_file
+from loadgen.testing.hostile import heartbeats_forever, silent_socket
+from loadgen.workload.spec import loads
 
 TWO_CLASSES = """
 name: two
@@ -58,8 +59,7 @@ def test_a_stuck_preflight_fails_by_its_deadline_saying_why_under_quiet(
 ) -> None:
     """Heartbeats for ever or a silent socket: under -q the run exits 1 by the class's
     1 s first-token deadline, naming what it waited for, the deadline and its source."""
-    path = tmp_path / "w.yaml"
-    path.write_text(TWO_CLASSES.replace("FIRST", "1"))
+    path = workload_file(tmp_path, TWO_CLASSES.replace("FIRST", "1"))
     with ScriptedServer(script) as server:
         started = perf_counter()
         result = CliRunner().invoke(
@@ -77,8 +77,7 @@ def test_a_stuck_preflight_fails_by_its_deadline_saying_why_under_quiet(
 
 def test_the_flag_sets_the_preflight_deadline(tmp_path: Path) -> None:
     """--preflight-timeout 0.5 ends the wait on heartbeats at 0.5 s and says so."""
-    path = tmp_path / "w.yaml"
-    path.write_text(TWO_CLASSES.replace("FIRST", "9"))
+    path = workload_file(tmp_path, TWO_CLASSES.replace("FIRST", "9"))
     with ScriptedServer(heartbeats_forever) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
                                           str(tmp_path), "-q", "--preflight-timeout", "0.5"])  # fmt: skip

@@ -2,7 +2,7 @@
 
 Both are built from registry packages with tiny random-weight models by
 `scripts/realserver/setup.sh`, started here on a free loopback port with one compute thread,
-and driven by the real engine (`loadgen.run.execute`) and the real `loadgen run` command.
+and driven by the real engine (`loadgen.run.execute.execute`) and the real `loadgen run` command.
 They stream differently in ways that catch wrong decoders: transformers serve sends a
 role-only chunk before the request is even queued, sends no `[DONE]`, puts usage in the
 finish chunk and rejects unknown fields (HTTP 422); llama-server sends `content: null` with
@@ -38,13 +38,14 @@ import polars as pl
 import pytest
 import yaml
 
-from loadgen.adapters import BodyOptions, adapter_for
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.engine.preflight import preflight
+from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.preflight import preflight
-from loadgen.records import RequestRecord, TokenSource, from_frame
-from loadgen.run import RunOptions, RunResult, execute
-from loadgen.spec import load
-from loadgen.transport import make_endpoint
+from loadgen.results.records import RequestRecord, TokenSource, from_frame
+from loadgen.run.execute import RunOptions, RunResult, execute
+from loadgen.workload.spec import load
 
 SETUP = "scripts/realserver/setup.sh"
 # What makes transformers serve give exactly max_tokens: EOS made unreachable (the model's
@@ -213,7 +214,7 @@ def assert_all_ok(records: list[RequestRecord], planned: int) -> None:
 def assert_retries_counted(result: RunResult, records: list[RequestRecord]) -> None:
     """Retries are at most one per request, and the summary counts every one of them."""
     assert all(r.retries in (0, 1) for r in records)
-    assert result.summary["generator"]["retries"] == sum(r.retries for r in records)
+    assert result.summary.generator.retries == sum(r.retries for r in records)
 
 
 # -- raw streams (the server's own dialect, without loadgen) ------------------------------
@@ -326,7 +327,7 @@ def test_llama_closed_connections_cause_no_spurious_failures(
     result, records = run_engine(path, llama_server.url, tmp_path)
     assert_all_ok(records, 24)
     assert_retries_counted(result, records)
-    assert result.summary["classes"]["c"]["outcomes"]["ok"] == 24
+    assert result.summary.classes["c"].outcomes["ok"] == 24
 
 
 @pytest.mark.slow

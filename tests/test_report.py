@@ -13,11 +13,16 @@ from typing import Any
 
 import pytest
 
-from loadgen import report as rpt
+from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
-from loadgen.run import SCHEMA_VERSION
-from loadgen.slo import SloTargets
+from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.html import render_html
+from loadgen.render.report.model import RunReport, build_run_report
+from loadgen.results.codec import to_json
+from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
+from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
+from loadgen.testing import builders, streamed_record
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -34,29 +39,12 @@ def ok_record(
     class_name: str = "chat",
     prompt: tuple[int, int | None] = (100, 100),
 ) -> RequestRecord:
-    """An ok streamed request: first chunk at intended + ttft, then one chunk per gap."""
-    intended = int(intended_ms * MS)
-    chunks = [intended + int(ttft_ms * MS)]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + int(gap * MS))
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=Outcome.OK,
-        dispatched_ns=intended + MS,  # 1 ms late: the generator's lag
-        sent_ns=intended + MS,
-        first_token_ns=chunks[0],
-        first_content_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + MS,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-        prompt_tokens_target=prompt[0],
-        prompt_tokens=prompt[1],
-        http_status=200,
-    )
+    """An ok streamed request, sent 1 ms late (the generator's lag): first chunk at intended
+    + ttft, then one chunk per gap, answered with HTTP 200 and the prompt's target and count."""
+    return streamed_record(request_id, intended_ms=intended_ms, ttft_ms=ttft_ms, gaps_ms=gaps_ms,
+                           lag_ms=1.0, class_name=class_name, content=True,
+                           prompt_tokens_target=prompt[0], prompt_tokens=prompt[1],
+                           http_status=200)  # fmt: skip
 
 
 def failed_record(
@@ -69,19 +57,9 @@ def failed_record(
     status: int | None = 429,
 ) -> RequestRecord:
     """A request that failed 5 ms after its intended time."""
-    intended = int(intended_ms * MS)
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=outcome,
-        dispatched_ns=intended,
-        sent_ns=intended,
-        end_ns=intended + 5 * MS,
-        http_status=status,
-        error=error,
-        prompt_tokens_target=100,
-    )
+    return builders.failed_record(request_id, intended_ms=intended_ms, outcome=outcome,
+                                  end_after_ms=5.0, class_name=class_name, http_status=status,
+                                  error=error, prompt_tokens_target=100)  # fmt: skip
 
 
 def synthetic_records() -> list[RequestRecord]:
@@ -184,37 +162,37 @@ def nearest_rank(values: list[float], p: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> rpt.RunReport:
+def built(tmp_path_factory: pytest.TempPathFactory) -> RunReport:
     """The synthetic run's report with 5 s tumbling windows (built once: figures take time).
 
     Its run.json says 50 planned and a lag bound (0.5 ms) below the 1 ms lag.
     """
     run_dir = make_run(tmp_path_factory.mktemp("r"), planned=50, lag_bound_ms=0.5)
-    return rpt.build_run_report(run_dir, window_s=5.0)
+    return build_run_report(run_dir, window_s=5.0)
 
 
-def test_summary_percentiles_match_a_direct_computation(built: rpt.RunReport) -> None:
+def test_summary_percentiles_match_a_direct_computation(built: RunReport) -> None:
     """TTFT/TPOT p50/p90/p99 (ok, and failures worst) equal nearest rank over the raw records."""
     chat = [r for r in synthetic_records() if r.class_name == "chat"]
     ok = [r for r in chat if r.outcome is Outcome.OK]
     ttft = [(r.first_token_ns - r.intended_ns) / MS for r in ok]  # type: ignore[operator]
     tpot = [(r.last_token_ns - r.first_token_ns) / MS / (r.output_tokens - 1) for r in ok]  # type: ignore[operator]
     gaps = [(b - a) / MS for r in ok for a, b in zip(r.chunk_ns, r.chunk_ns[1:], strict=False)]
-    cls = built.summary["classes"]["chat"]
+    cls = built.summary.classes["chat"]
     for p in (50, 90, 99):
-        assert cls["ttft_ms"][f"p{p}"] == pytest.approx(nearest_rank(ttft, p), abs=1e-3)
-        assert cls["tpot_ms"][f"p{p}"] == pytest.approx(nearest_rank(tpot, p), abs=1e-3)
-        assert cls["itl_ms"][f"p{p}"] == pytest.approx(nearest_rank(gaps, p), abs=1e-3)
+        assert getattr(cls.ttft_ms, f"p{p}") == pytest.approx(nearest_rank(ttft, p), abs=1e-3)
+        assert getattr(cls.tpot_ms, f"p{p}") == pytest.approx(nearest_rank(tpot, p), abs=1e-3)
+        assert getattr(cls.itl_ms, f"p{p}") == pytest.approx(nearest_rank(gaps, p), abs=1e-3)
     with_failures = ttft + [math.inf] * 3
-    assert cls["ttft_ms_with_failures"]["p50"] == pytest.approx(nearest_rank(with_failures, 50))
+    assert cls.ttft_ms_with_failures.p50 == pytest.approx(nearest_rank(with_failures, 50))
     assert nearest_rank(with_failures, 99) == math.inf
-    assert cls["ttft_ms_with_failures"]["p99"] is None  # falls on a failure
-    assert cls["outcomes"]["rejected"] == 2
-    assert cls["outcomes"]["timeout_stall"] == 1
-    assert cls["slo"]["attainment"] == pytest.approx(37 / 40)
+    assert cls.ttft_ms_with_failures.p99 is None  # falls on a failure
+    assert cls.outcomes["rejected"] == 2
+    assert cls.outcomes["timeout_stall"] == 1
+    assert cls.slo.attainment == pytest.approx(37 / 40)
 
 
-def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
+def test_windows_match_a_direct_computation(built: RunReport) -> None:
     """Per 5 s window: requests by intended time, in-flight at the end, TTFT p99 and failures."""
     chat = [r for r in synthetic_records() if r.class_name == "chat"]
     windows = built.windows.filter(built.windows["class"] == "chat")
@@ -233,22 +211,22 @@ def test_windows_match_a_direct_computation(built: rpt.RunReport) -> None:
         assert w["ttft_p99_ms"] == (pytest.approx(expected) if expected is not None else None)
 
 
-def test_details_count_prompt_tokens_chunks_and_errors(built: rpt.RunReport) -> None:
+def test_details_count_prompt_tokens_chunks_and_errors(built: RunReport) -> None:
     """Prompt token means, tokens per chunk and top errors are counted from the records."""
     ok = [r for r in synthetic_records() if r.class_name == "chat" and r.outcome is Outcome.OK]
     details = built.classes["chat"]
     reported = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    assert details.prompt_tokens["requests"] == len(ok)
-    assert details.prompt_tokens["reported_mean"] == pytest.approx(sum(reported) / len(reported))
-    assert details.prompt_tokens["target_mean"] == pytest.approx(100.0)
+    assert details.prompt_tokens.requests == len(ok)
+    assert details.prompt_tokens.reported_mean == pytest.approx(sum(reported) / len(reported))
+    assert details.prompt_tokens.target_mean == pytest.approx(100.0)
     rel = sum((p - 100) / 100 for p in reported) / len(reported)
-    assert details.prompt_tokens["mean_relative_diff"] == pytest.approx(rel)
+    assert details.prompt_tokens.mean_relative_diff == pytest.approx(rel)
     assert dict(details.chunks_by_tokens) == {1: sum(len(r.chunk_ns) for r in ok)}
-    top = [(e["count"], e["outcome"], e["error"]) for e in details.top_errors]
+    top = [(e.count, e.outcome, e.error) for e in details.top_errors]
     assert top == [(2, "rejected", "queue full"), (1, "timeout_stall", "stall")]
 
 
-def test_every_figure_is_a_png_and_named_per_class(built: rpt.RunReport) -> None:
+def test_every_figure_is_a_png_and_named_per_class(built: RunReport) -> None:
     """Each class has its five figures, all valid PNGs, with file-name-safe names."""
     assert len(built.figures) == 10
     for name, png in built.figures.items():
@@ -265,10 +243,10 @@ def test_every_figure_is_a_png_and_named_per_class(built: rpt.RunReport) -> None
 
 
 def test_html_escapes_injected_text_and_loads_nothing_from_the_network(
-    built: rpt.RunReport,
+    built: RunReport,
 ) -> None:
     """A class name, error message or model `<script>` is escaped, and no src/href leaves the file."""
-    page = rpt.render_html(built)
+    page = render_html(built)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
@@ -279,9 +257,9 @@ def test_html_escapes_injected_text_and_loads_nothing_from_the_network(
     assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in images)
 
 
-def test_html_shows_the_header_verdicts_and_tables(built: rpt.RunReport) -> None:
+def test_html_shows_the_header_verdicts_and_tables(built: RunReport) -> None:
     """The page names the run, date, target and verdicts, with percentile and window tables."""
-    page = rpt.render_html(built)
+    page = render_html(built)
     for text in (
         "20261129T110412Z-synthetic-0000",
         "2026-11-29 11:04:12 UTC",
@@ -306,10 +284,10 @@ def html_text(text: str) -> str:
 
 
 def test_markdown_links_pngs_beside_it_and_summary_is_written(
-    built: rpt.RunReport, tmp_path: Path
+    built: RunReport, tmp_path: Path
 ) -> None:
     """write_run_report writes report.html, report.md + PNGs it links, and summary.json."""
-    written = rpt.write_run_report(built, tmp_path / "out")
+    written = write_run_report(built, tmp_path / "out")
     names = {p.name for p in written}
     assert {"report.html", "report.md", "summary.json"} <= names
     md = (tmp_path / "out" / "report.md").read_text()
@@ -319,7 +297,7 @@ def test_markdown_links_pngs_beside_it_and_summary_is_written(
         assert (tmp_path / "out" / link).read_bytes().startswith(PNG_MAGIC)
     assert "<script" not in md
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary == json.loads(json.dumps(built.summary))
+    assert summary == to_json(built.summary)
     assert summary["schema_version"] == SCHEMA_VERSION
     assert summary["loadgen_version"]
     assert not list((tmp_path / "out").glob(".*.tmp"))
@@ -329,26 +307,26 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     """run.json's SLOs decide the verdict unless `--slo` (here: only TPOT) overrides them."""
     ok = [ok_record(i, intended_ms=i * 100.0, ttft_ms=100.0, gaps_ms=(30.0,)) for i in range(10)]
     run_dir = make_run(tmp_path, ok)
-    as_run, _, _ = rpt.audit_run(run_dir)
-    assert as_run["classes"]["chat"]["slo"]["met"] is True
-    assert as_run["verdict"]["exit_code"] == 0
-    fields = rpt.parse_slo_override("tpot_ms=20")
-    slos = rpt.apply_slo_override(rpt.run_slos(rpt.read_run_info(run_dir)), fields)
+    as_run, _, _ = audit.audit_run(run_dir)
+    assert as_run.classes["chat"].slo.met is True
+    assert as_run.verdict.exit_code == 0
+    fields = audit.parse_slo_override("tpot_ms=20")
+    slos = audit.apply_slo_override(read_run_info(run_dir).slos(), fields)
     assert slos["chat"] == SloTargets(ttft_ms=1000.0, tpot_ms=20.0, percentile=90.0)
-    tightened, _, used = rpt.audit_run(run_dir, slos=slos)
+    tightened, _, used = audit.audit_run(run_dir, slos=slos)
     assert used == slos
-    assert tightened["classes"]["chat"]["slo"]["met"] is False
-    assert tightened["verdict"]["exit_code"] == 2
-    assert tightened["classes"]["chat"]["slo"]["targets"]["tpot_ms"] == 20.0
+    assert tightened.classes["chat"].slo.met is False
+    assert tightened.verdict.exit_code == 2
+    assert tightened.classes["chat"].slo.targets.tpot_ms == 20.0
 
 
-def test_run_json_decides_planned_and_lag_bound(built: rpt.RunReport) -> None:
+def test_run_json_decides_planned_and_lag_bound(built: RunReport) -> None:
     """planned and the lag bound come from run.json, not from the records."""
-    assert built.summary["generator"]["planned"] == 50
-    assert built.summary["interrupted"] is False
-    assert built.summary["generator"]["fell_behind"] is True  # lag 1 ms > bound 0.5 ms
-    assert built.summary["verdict"]["exit_code"] == 3
-    assert built.summary["verdict"]["status"] == "fell_behind"
+    assert built.summary.generator.planned == 50
+    assert built.summary.interrupted is False
+    assert built.summary.generator.fell_behind is True  # lag 1 ms > bound 0.5 ms
+    assert built.summary.verdict.exit_code == 3
+    assert built.summary.verdict.status == "fell_behind"
     assert built.slos_overridden == ()
 
 
@@ -370,20 +348,20 @@ def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
     run_dir = make_run(tmp_path, planned=50)
     path = run_dir / "run.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **info}))
-    report = rpt.build_run_report(run_dir, window_s=5.0)
-    verdict = report.summary["verdict"]
-    assert (verdict["status"], verdict["exit_code"], verdict["slo_met"]) == (status, code, None)
-    assert all(c["slo"]["met"] is None for c in report.summary["classes"].values())
-    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", rpt.render_html(report))  # the text, no PNGs
+    report = build_run_report(run_dir, window_s=5.0)
+    verdict = report.summary.verdict
+    assert (verdict.status, verdict.exit_code, verdict.slo_met) == (status, code, None)
+    assert all(c.slo.met is None for c in report.summary.classes.values())
+    page = re.sub(r"base64,[A-Za-z0-9+/=]+", "", render_html(report))  # the text, no PNGs
     assert "PARTIAL" in page
     assert html_text("Class chat: partial") in page
     assert "MET" not in page
     assert "MISSED" not in page
 
 
-def test_an_override_is_announced(built: rpt.RunReport) -> None:
+def test_an_override_is_announced(built: RunReport) -> None:
     """A report whose SLOs are not the workload's says so at the top."""
-    page = rpt.render_html(dataclasses.replace(built, slos_overridden=("chat",)))
+    page = render_html(dataclasses.replace(built, slos_overridden=("chat",)))
     assert "SLO targets overridden (not the workload&#x27;s) for: chat" in page
 
 
@@ -401,7 +379,7 @@ def test_an_override_is_announced(built: rpt.RunReport) -> None:
 )
 def test_parse_slo_override_accepts(text: str, expected: dict[str, float | None]) -> None:
     """Comma-separated field=value pairs become SloTargets fields."""
-    assert rpt.parse_slo_override(text) == expected
+    assert audit.parse_slo_override(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -421,7 +399,7 @@ def test_parse_slo_override_accepts(text: str, expected: dict[str, float | None]
 def test_parse_slo_override_rejects(text: str, problem: str) -> None:
     """Bad --slo text is a ConfigError naming --slo, the problem and an example."""
     with pytest.raises(ConfigError, match="--slo") as info:
-        rpt.parse_slo_override(text)
+        audit.parse_slo_override(text)
     assert problem in info.value.problem
     assert "ttft_ms=800" in info.value.fix
 
@@ -429,4 +407,4 @@ def test_parse_slo_override_rejects(text: str, problem: str) -> None:
 def test_a_folder_without_run_json_is_a_clear_error(tmp_path: Path) -> None:
     """Pointing the report at a folder that is not a run says so."""
     with pytest.raises(LoadgenError, match=r"no run\.json"):
-        rpt.build_run_report(tmp_path)
+        build_run_report(tmp_path)

@@ -6,23 +6,21 @@ import json
 import math
 import random
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import polars as pl
 import pytest
 from rich.console import Console
 
+from loadgen.analysis.minutes import HISTOGRAMS_FILE
+from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.rolling import (
-    parse_duration,
-    render_rolling_table,
-    rolling_plot,
-    rolling_windows,
-    to_json,
-)
-from loadgen.slo import SloTargets, per_request
-from loadgen.store import HISTOGRAMS_FILE, write_histograms
+from loadgen.render.rolling_view import render_rolling_table, rolling_plot
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.testing import builders
+from loadgen.workload.spec import SloTargets
 
 NS_PER_MS = 1_000_000
 CHAT = SloTargets(ttft_ms=500, tpot_ms=50, percentile=99)
@@ -34,90 +32,31 @@ def day(n: int, hour: int = 2) -> datetime:
     return datetime(2026, 3, n, hour, tzinfo=UTC)
 
 
-def request(
-    i: int,
-    intended_s: float,
-    ttft_ms: float,
-    *,
-    cls: str = "chat",
-    tokens: int = 5,
-    gap_ms: float = 20.0,
-    outcome: Outcome = Outcome.OK,
-) -> RequestRecord:
-    """A streamed request (first token after `ttft_ms`, then gaps of `gap_ms`), or a failure."""
-    intended = int(intended_s * 1e9)
-    if outcome is not Outcome.OK:
-        return RequestRecord(
-            request_id=i, class_name=cls, intended_ns=intended, outcome=outcome, end_ns=intended
-        )
-    chunks = [intended + round((ttft_ms + k * gap_ms) * NS_PER_MS) for k in range(tokens)]
-    return RequestRecord(
-        request_id=i,
-        class_name=cls,
-        intended_ns=intended,
-        outcome=outcome,
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1],
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * tokens,
-        output_tokens=tokens,
-    )
-
-
-def write_run(
-    store: Path,
-    t0: datetime,
-    records: list[RequestRecord],
-    *,
-    histograms: bool = True,
-    workload: str = "chat",
-    rate_per_s: float = 4.0,
-    stopped: str | None = None,
-) -> Path:
-    """A run folder like `loadgen run` leaves (run.json with t0, records), plus its histograms.
-    `workload` and `rate_per_s` make its identity; `stopped` marks it stopped early."""
-    run_id = t0.strftime(f"%Y%m%dT%H%M%SZ-{workload}-{rate_per_s:g}")
-    run_dir = store / run_id
-    run_dir.mkdir(parents=True)
-    slo = {"ttft_ms": CHAT.ttft_ms, "tpot_ms": CHAT.tpot_ms, "percentile": CHAT.percentile}
-    arrival = {"process": "poisson", "rate_per_s": rate_per_s}
-    info = {
-        "run_id": run_id,
-        "workload": {
-            "name": workload,
-            "spec": {"classes": {"chat": {"slo": slo, "arrival": arrival}}},
-        },
-        "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
-        "interrupted": stopped is not None,
-        "stopped": stopped,
-    }
-    (run_dir / "run.json").write_text(json.dumps(info), encoding="utf-8")
-    to_frame(records).write_parquet(run_dir / "records.parquet")
-    if histograms:
-        write_histograms(run_dir)
-    return run_dir
+# Nightly runs as the results store holds them: class chat at 4 req/s, with histograms.
+write_run = partial(builders.write_run, slos={"chat": CHAT}, rate_per_s=4.0, histograms=True)
+# Five tokens 20 ms apart; these records keep no send times and end at their last token.
+stream = partial(builders.streamed_record, gaps_ms=(20.0,) * 4, end_after_ms=0.0, sent=False)
+failure = partial(builders.failed_record, end_after_ms=0.0, sent=False)
 
 
 def same_ttft(n: int, ttft_ms: float, *, start: int = 0) -> list[RequestRecord]:
     """n ok requests, one every 0.1 s, all with the same TTFT."""
-    return [request(start + i, i * 0.1, ttft_ms) for i in range(n)]
+    return [stream(start + i, intended_ms=i * 100.0, ttft_ms=ttft_ms) for i in range(n)]
 
 
 def noisy(seed: int, n: int = 400) -> list[RequestRecord]:
     """Lognormal TTFT and gaps, 1-20 tokens, about 2 % failures, over ~3 minutes."""
     rng = random.Random(seed)
-    return [
-        request(
-            i,
-            rng.uniform(0, 200),
-            rng.lognormvariate(5.5, 0.7),
-            tokens=rng.randint(1, 20),
-            gap_ms=rng.lognormvariate(3.0, 0.4),
-            outcome=Outcome.TIMEOUT_STALL if rng.random() < 0.02 else Outcome.OK,
-        )
-        for i in range(n)
-    ]
+    records = []
+    for i in range(n):
+        intended_ms, ttft_ms = rng.uniform(0, 200) * 1000, rng.lognormvariate(5.5, 0.7)
+        tokens, gap_ms = rng.randint(1, 20), rng.lognormvariate(3.0, 0.4)
+        if rng.random() < 0.02:
+            records.append(failure(i, intended_ms=intended_ms, outcome=Outcome.TIMEOUT_STALL))
+        else:
+            records.append(stream(i, intended_ms=intended_ms, ttft_ms=ttft_ms,
+                                  gaps_ms=(gap_ms,) * (tokens - 1)))  # fmt: skip
+    return records
 
 
 @pytest.mark.parametrize(
@@ -212,8 +151,8 @@ def test_failures_count_against_attainment_and_rank_worst(tmp_path: Path) -> Non
     +inf (null in JSON, "fail" in the table)."""
     records = [
         *same_ttft(98, 100.0),
-        request(98, 1.0, 0.0, outcome=Outcome.TIMEOUT_FIRST_TOKEN),
-        request(99, 2.0, 0.0, outcome=Outcome.REJECTED),
+        failure(98, intended_ms=1000.0, outcome=Outcome.TIMEOUT_FIRST_TOKEN),
+        failure(99, intended_ms=2000.0, outcome=Outcome.REJECTED),
     ]
     write_run(tmp_path, day(1), records)
     row = rolling_windows(tmp_path, window=DAY, step=DAY).row(0, named=True)
@@ -232,7 +171,7 @@ def test_failures_count_against_attainment_and_rank_worst(tmp_path: Path) -> Non
 
 def test_class_filter_and_unknown_class(tmp_path: Path) -> None:
     """`class_name` keeps one class; a class no run has is a ConfigError listing the classes."""
-    write_run(tmp_path, day(1), [*same_ttft(5, 100.0), request(5, 0.0, 50.0, cls="agent")])
+    write_run(tmp_path, day(1), [*same_ttft(5, 100.0), stream(5, ttft_ms=50.0, class_name="agent")])
     frame = rolling_windows(tmp_path, window=DAY, step=DAY, class_name="agent")
     assert frame.get_column("class").to_list() == ["agent"]
     with pytest.raises(ConfigError, match="agent, chat"):
@@ -303,7 +242,10 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
         write_run(
             tmp_path,
             day(n),
-            [*same_ttft(50, 100.0 * n), request(50, 1.0, 0.0, outcome=Outcome.TIMEOUT_TOTAL)],
+            [
+                *same_ttft(50, 100.0 * n),
+                failure(50, intended_ms=1000.0, outcome=Outcome.TIMEOUT_TOTAL),
+            ],
         )
     frame = rolling_windows(tmp_path, window=DAY, step=DAY)
     assert rolling_plot(frame, slo_ms={"chat": CHAT}).startswith(b"\x89PNG")

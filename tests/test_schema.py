@@ -10,23 +10,14 @@ from typing import Any
 from click.testing import CliRunner
 
 from loadgen.cli import cli
-from loadgen.run import SCHEMA_VERSION
+from loadgen.results.runfolder import SCHEMA_VERSION
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import chat_workload, workload_file
 
 SNAPSHOT = Path(__file__).parent / "schema" / "keys.json"
 KEYED_BY_NAME = {"classes", "per_hop_ms"}  # mappings whose keys are class names or hop numbers
 
-WORKLOAD = """
-name: schema
-target: {api: openai-chat, model: m}
-classes:
-  chat:
-    arrival: {process: constant, rate_per_s: 50}
-    requests: 4
-    prompt_tokens: {dist: fixed, value: 5}
-    output_tokens: {dist: fixed, value: 3}
-    slo: {ttft_ms: 2000, tpot_ms: 1000, percentile: 90}
-"""
+WORKLOAD = chat_workload("schema", requests=4, deadlines=None)
 
 
 def key_paths(value: Any, prefix: str = "") -> set[str]:
@@ -44,8 +35,7 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
 
 
 def current_keys(tmp_path: Path) -> dict[str, list[str]]:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD)
+    workload = workload_file(tmp_path, WORKLOAD)
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         result = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out", str(tmp_path),
                                           "--run-id", "r", "-q", "--lag-bound-ms", "1000"])  # fmt: skip
@@ -68,7 +58,7 @@ def test_artifact_keys_match_the_snapshot_of_this_schema_version(tmp_path: Path)
         removed = sorted(set(snapshot[name]) - set(paths))
         message = (
             f"{name} keys changed without a schema_version bump: added {added}, removed {removed}. "
-            "Bump loadgen.run.SCHEMA_VERSION and regenerate the snapshot."
+            "Bump loadgen.run.execute.SCHEMA_VERSION and regenerate the snapshot."
         )
         assert not added, message
         assert not removed, message

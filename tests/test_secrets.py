@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from loadgen.secrets import REDACTED, Redactor, run_secrets
+from loadgen.engine.secrets import REDACTED, Redactor, run_secrets
 
 
 def test_secrets_and_their_base64_forms_are_redacted() -> None:

@@ -15,15 +15,16 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.compare import order_statistic_ranks
+from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
-from loadgen.compare import order_statistic_ranks
 from loadgen.errors import ConfigError
-from loadgen.plans import plan_work
-from loadgen.records import read_records
-from loadgen.shards import Share, check_start_at, parse_share, parse_start_at, share_ids
-from loadgen.sim.launch import running_sim
-from loadgen.spec import load
-from loadgen.store import build_histograms, load_histograms
+from loadgen.results.records import read_records
+from loadgen.run.simulator import running_sim
+from loadgen.testing.builders import workload_file
+from loadgen.workload.plans import plan_work
+from loadgen.workload.shards import Share, check_start_at, parse_share, parse_start_at, share_ids
+from loadgen.workload.spec import load
 
 WORKLOAD = """
 name: shards
@@ -86,8 +87,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
     """One simulator; an unsharded run, then 4 shards launched together with one start,
     merged. Returns (unsharded run, merged run, shard runs)."""
     tmp = tmp_path_factory.mktemp("shards")
-    workload = tmp / "w.yaml"
-    workload.write_text(WORKLOAD)
+    workload = workload_file(tmp, WORKLOAD)
     with running_sim() as sim:
         subprocess.run(loadgen_run(workload, sim.url, tmp, "whole"), check=True, timeout=120)
         start = f"{time.time() + 10:.3f}"  # time for four interpreters to start on a busy host

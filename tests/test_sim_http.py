@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.errors import ConfigError
+from loadgen.run.simulator import SimProcess, running_sim, sim_args_from_mapping
 from loadgen.sim.cli import sim
-from loadgen.sim.launch import SimProcess, running_sim, sim_args_from_mapping
 
 SPEED = 50.0
 CHAT = "/v1/chat/completions"

@@ -3,38 +3,34 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen import slo
-from loadgen.records import OUTCOMES, Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
+from loadgen.analysis import slo
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
+from loadgen.results.codec import to_json
+from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
+from loadgen.results.summary import Goodput, Summary
+from loadgen.testing import failed_record as failed
 from loadgen.testing import streamed_record as streamed
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 
 
-def failed(
-    request_id: int, *, outcome: Outcome = Outcome.REJECTED, class_name: str = "chat"
-) -> RequestRecord:
-    """A request that failed right after it was sent."""
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=0,
-        outcome=outcome,
-        dispatched_ns=0,
-        sent_ns=0,
-        end_ns=MS,
-    )
+def chat_objectives(slos: dict[str, SloTargets]) -> dict[str, Objective]:
+    """Each class judged by its percentile targets alone (the chat kind, no sessions)."""
+    return {name: Objective(name=name, slo=targets) for name, targets in slos.items()}
 
 
-def summary(records: list[RequestRecord], **slos: SloTargets) -> dict[str, Any]:
+def summary(records: list[RequestRecord], **slos: SloTargets) -> Summary:
     """The summary of `records` with `slos` (planned = the records given)."""
-    return slo.summarize(to_frame(records), run_id="test", slos=slos, planned=len(records))
+    return audit(
+        to_frame(records), run_id="test", objectives=chat_objectives(slos), planned=len(records)
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,7 +77,7 @@ def test_attainment_counts_failures_in_the_denominator() -> None:
     result = summary(
         [streamed(1), streamed(2), streamed(3), failed(4)], chat=SloTargets(ttft_ms=200)
     )
-    assert result["classes"]["chat"]["slo"]["attainment"] == 0.75
+    assert result.classes["chat"].slo.attainment == 0.75
 
 
 @pytest.mark.parametrize(
@@ -98,20 +94,20 @@ def test_ttft_check_ranks_failures_worst(
     """The TTFT target is judged over every request with failures ranked +inf."""
     records = [streamed(i) for i in range(n_ok)] + [failed(100 + i) for i in range(n_failed)]
     result = summary(records, chat=SloTargets(ttft_ms=150.0, percentile=percentile))
-    audit = result["classes"]["chat"]["slo"]
-    assert audit["met"] is met
-    assert audit["checks"][0]["value_ms"] == value_ms
-    assert audit["checks"][0]["population"] == n_ok + n_failed
+    judged = result.classes["chat"].slo
+    assert judged.met is met
+    assert judged.checks[0].value_ms == value_ms
+    assert judged.checks[0].population == n_ok + n_failed
 
 
 def test_tpot_check_excludes_single_token_responses() -> None:
     """TPOT stats and checks skip N <= 1 responses, whatever their timing."""
     records = [streamed(1, gaps_ms=(10.0,)), streamed(2, gaps_ms=())]
     result = summary(records, chat=SloTargets(tpot_ms=20.0))
-    chat = result["classes"]["chat"]
-    assert chat["tpot_ms"]["count"] == 1
-    assert chat["slo"]["checks"][0]["population"] == 1
-    assert chat["slo"]["met"] is True
+    chat = result.classes["chat"]
+    assert chat.tpot_ms.count == 1
+    assert chat.slo.checks[0].population == 1
+    assert chat.slo.met is True
 
 
 @pytest.mark.parametrize(
@@ -124,28 +120,28 @@ def test_itl_check_allows_failures_only_within_the_percentile(
     records = [streamed(i, gaps_ms=(10.0,) * 5) for i in range(20 - n_failed)]
     records += [failed(100 + i) for i in range(n_failed)]  # p95 of 20 allows one failure
     result = summary(records, chat=SloTargets(itl_ms=20.0, percentile=95.0))
-    check = result["classes"]["chat"]["slo"]["checks"][0]
-    assert (check["passed"], check["value_ms"]) == (met, value_ms)
+    check = result.classes["chat"].slo.checks[0]
+    assert (check.passed, check.value_ms) == (met, value_ms)
 
 
 def test_a_class_without_requests_cannot_be_met() -> None:
     """A class with targets and no records is listed, with null stats, and not met."""
     result = summary([streamed(1)], chat=SloTargets(ttft_ms=200.0), agent=SloTargets(ttft_ms=1.0))
-    agent = result["classes"]["agent"]
-    assert agent["requests"] == 0
-    assert agent["ttft_ms"]["p99"] is None
-    assert agent["ttft_ms"]["count"] == 0
-    assert agent["slo"]["met"] is False
-    assert agent["slo"]["checks"][0]["metric"] == "requests"
-    assert result["verdict"]["exit_code"] == 2
+    agent = result.classes["agent"]
+    assert agent.requests == 0
+    assert agent.ttft_ms.p99 is None
+    assert agent.ttft_ms.count == 0
+    assert agent.slo.met is False
+    assert agent.slo.checks[0].metric == "requests"
+    assert result.verdict.exit_code == 2
 
 
 def test_a_class_without_targets_is_met_and_audited() -> None:
     """A class found only in the frame is audited with no targets and counts as met."""
     result = summary([streamed(1), failed(2, class_name="batch")], chat=SloTargets(ttft_ms=200.0))
-    assert list(result["classes"]) == ["chat", "batch"]
-    batch = result["classes"]["batch"]["slo"]
-    assert (batch["met"], batch["checks"], batch["attainment"]) == (True, [], 0.0)
+    assert list(result.classes) == ["chat", "batch"]
+    batch = result.classes["batch"].slo
+    assert (batch.met, batch.checks, batch.attainment) == (True, (), 0.0)
 
 
 def test_goodput_divides_by_the_whole_run() -> None:
@@ -156,13 +152,12 @@ def test_goodput_divides_by_the_whole_run() -> None:
         streamed(3, intended_ms=1000.0, ttft_ms=100.0, gaps_ms=(8.0,), class_name="agent"),
     ]  # duration: 0 -> agent's end at 1000 + 100 + 8 + 1 = 1109 ms
     result = summary(records, chat=SloTargets(ttft_ms=200.0))
-    assert result["duration_s"] == 1.109
-    chat, agent = result["classes"]["chat"]["goodput"], result["classes"]["agent"]["goodput"]
-    assert chat == {
-        "requests_per_s": round(1 / 1.109, 3),
-        "output_tokens_per_s": round(3 / 1.109, 3),
-    }
-    assert agent["requests_per_s"] == round(1 / 1.109, 3)
+    assert result.duration_s == 1.109
+    chat, agent = result.classes["chat"].goodput, result.classes["agent"].goodput
+    assert chat == Goodput(
+        requests_per_s=round(1 / 1.109, 3), output_tokens_per_s=round(3 / 1.109, 3)
+    )
+    assert agent.requests_per_s == round(1 / 1.109, 3)
 
 
 @pytest.mark.parametrize(
@@ -181,21 +176,21 @@ def test_exit_code(slo_met: bool, fell_behind: bool, code: int) -> None:
 def test_verdict_of_a_run(ttft_ms: float, lag_ms: float, bound_ms: float, code: int) -> None:
     """The summary's verdict follows the SLO audit and the generator's lag bound."""
     records = [streamed(i, intended_ms=10.0 * i, ttft_ms=ttft_ms, lag_ms=lag_ms) for i in range(5)]
-    result = slo.summarize(
+    result = audit(
         to_frame(records),
         run_id="r",
-        slos={"chat": SloTargets(ttft_ms=200.0)},
+        objectives=chat_objectives({"chat": SloTargets(ttft_ms=200.0)}),
         planned=5,
         lag_bound_ms=bound_ms,
     )
-    assert result["verdict"]["exit_code"] == code
-    assert result["generator"]["lag_bound_ms"] == bound_ms
+    assert result.verdict.exit_code == code
+    assert result.generator.lag_bound_ms == bound_ms
 
 
 def test_every_outcome_key_is_present() -> None:
     """Outcome counts list every outcome, zeros included."""
     result = summary([streamed(1), failed(2, outcome=Outcome.TIMEOUT_STALL)])
-    outcomes = result["classes"]["chat"]["outcomes"]
+    outcomes = result.classes["chat"].outcomes
     assert list(outcomes) == list(OUTCOMES)
     assert outcomes["ok"] == 1
     assert outcomes["timeout_stall"] == 1
@@ -205,9 +200,12 @@ def test_every_outcome_key_is_present() -> None:
 def test_summary_shape_and_json() -> None:
     """The summary has the documented keys and is strict JSON, failures and empties included."""
     records = [streamed(1), failed(2), streamed(3, class_name="other")]
-    result = summary(records, chat=SloTargets(ttft_ms=50.0, tpot_ms=5.0), agent=SloTargets())
+    result = to_json(
+        summary(records, chat=SloTargets(ttft_ms=50.0, tpot_ms=5.0), agent=SloTargets())
+    )
     json.dumps(result, allow_nan=False)
-    assert set(result) == {"run_id", "interrupted", "duration_s", "generator", "classes", "verdict"}
+    assert set(result) == {"schema_version", "loadgen_version", "run_id", "interrupted",
+                           "duration_s", "generator", "classes", "verdict"}  # fmt: skip
     chat = result["classes"]["chat"]
     for key in (
         "requests",
@@ -244,10 +242,10 @@ def test_summary_shape_and_json() -> None:
 def test_empty_frame_summarizes() -> None:
     """A run with no records gives a JSON summary whose targeted classes are not met."""
     result = summary([], chat=SloTargets(ttft_ms=1.0))
-    json.dumps(result, allow_nan=False)
-    assert result["duration_s"] == 0.0
-    assert result["classes"]["chat"]["goodput"]["requests_per_s"] is None
-    assert result["verdict"]["exit_code"] == 2
+    json.dumps(to_json(result), allow_nan=False)
+    assert result.duration_s == 0.0
+    assert result.classes["chat"].goodput.requests_per_s is None
+    assert result.verdict.exit_code == 2
 
 
 @settings(max_examples=40, deadline=None)
@@ -262,8 +260,8 @@ def test_adding_a_failed_request_never_improves_a_percentile(
     """Every with-failures percentile is as bad or worse after one more failed request."""
     records = [streamed(i, ttft_ms=float(t)) for i, t in enumerate(ttfts_ms)]
     records += [failed(1000 + i) for i in range(n_failed)]
-    before = summary(records)["classes"].get("chat")
-    after = summary([*records, failed(2000, outcome=outcome)])["classes"]["chat"]
+    before = to_json(summary(records))["classes"].get("chat")
+    after = to_json(summary([*records, failed(2000, outcome=outcome)]))["classes"]["chat"]
     for name in ("ttft_ms_with_failures", "tpot_ms_with_failures", "e2e_ms_with_failures"):
         for key in ("p50", "p90", "p95", "p99", "max"):
             old = before[name][key] if before and before[name][key] is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadgen.errors import ConfigError
-from loadgen.spec import load, loads, override
+from loadgen.workload.spec import load, loads, override
 
 SMOKE = """
 name: chat-smoke

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.ndjson import NdjsonDecoder
-from loadgen.sse import EventTooLarge, SseDecoder, size_text
+from loadgen.adapters.ndjson import NdjsonDecoder
+from loadgen.adapters.sse import EventTooLarge, SseDecoder, size_text
 
 
 def decode_all(pieces: list[bytes]) -> tuple[list[tuple[bytes, bytes]], int]:

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.steady import (
+from loadgen.analysis.steady import (
     Trend,
     in_flight_means,
     in_flight_spread,
@@ -16,6 +15,7 @@ from loadgen.steady import (
     steadiness,
     t_quantile,
 )
+from loadgen.results.records import Outcome, RequestRecord, to_frame
 
 S = 1_000_000_000
 

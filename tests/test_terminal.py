@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
+import polars as pl
 from rich.console import Console
 
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets, summarize
-from loadgen.terminal import fmt_ms, render_summary
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
+from loadgen.render.terminal import fmt_ms, render_summary
+from loadgen.results.records import RequestRecord, to_frame
+from loadgen.results.summary import Summary
+from loadgen.testing import failed_record, streamed_record
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 
@@ -18,34 +22,24 @@ def record(
     request_id: int, class_name: str, *, lag_ms: float = 0.0, ok: bool = True
 ) -> RequestRecord:
     """An ok three-token request with TTFT 100 ms and 10 ms gaps, or a rejected one."""
-    intended = request_id * 10 * MS
-    sent = intended + int(lag_ms * MS)
+    intended_ms = request_id * 10.0
     if not ok:
-        return RequestRecord(
-            request_id=request_id,
-            class_name=class_name,
-            intended_ns=intended,
-            outcome=Outcome.REJECTED,
-            sent_ns=sent,
-            end_ns=sent + MS,
-        )
-    chunks = (intended + 100 * MS, intended + 110 * MS, intended + 120 * MS)
-    return RequestRecord(
-        request_id=request_id,
-        class_name=class_name,
-        intended_ns=intended,
-        outcome=Outcome.OK,
-        sent_ns=sent,
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1],
-        chunk_ns=chunks,
-        chunk_tokens=(1, 1, 1),
-        output_tokens=3,
-    )
+        return failed_record(request_id, intended_ms=intended_ms, lag_ms=lag_ms,
+                             class_name=class_name)  # fmt: skip
+    return streamed_record(request_id, intended_ms=intended_ms, lag_ms=lag_ms,
+                           class_name=class_name, end_after_ms=0.0)  # fmt: skip
 
 
-def render(summary: dict[str, Any]) -> str:
+def summarize(
+    frame: pl.DataFrame, *, run_id: str, slos: dict[str, SloTargets], planned: int,
+    stopped: str | None = None,
+) -> Summary:  # fmt: skip
+    """The audit of `frame` with each class judged by its percentile targets alone."""
+    objectives = {name: Objective(name=name, slo=targets) for name, targets in slos.items()}
+    return audit(frame, run_id=run_id, objectives=objectives, planned=planned, stopped=stopped)
+
+
+def render(summary: Summary) -> str:
     """The summary as plain text at 100 columns."""
     console = Console(record=True, width=100, color_system=None)
     console.print(render_summary(summary))

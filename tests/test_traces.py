@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.errors import ConfigError
-from loadgen.traces import (
+from loadgen.workload.traces import (
     TraceOptions,
     TraceRequest,
     detect_format,
@@ -304,7 +304,8 @@ def test_trace_stats_known_answer() -> None:
     stats = trace_stats(requests)
     assert (stats["count"], stats["duration_s"], stats["rate_per_s"]) == (4, 4.0, 1.0)
     assert stats["gap_cv"] == pytest.approx(np.std([1, 1, 2]) / (4 / 3))
-    assert (stats["prompt_tokens_mean"], stats["prompt_tokens_p50"]) == (2.5, 2.5)
+    assert (stats["prompt_tokens_mean"], stats["prompt_tokens_p50"]) == (2.5, 2.0)  # rank 2 of 4
+    assert stats["prompt_tokens_p99"] == 4.0  # nearest rank: an observed count, never 3.97
 
 
 # ---------------------------------------------------------------- options

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.records import Outcome, RequestRecord, to_frame
-from loadgen.slo import SloTargets
-from loadgen.windows import SCHEMA, time_windows
+from loadgen.analysis.windows import SCHEMA, time_windows
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.testing import failed_record, streamed_record
+from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -28,35 +29,11 @@ def record(
 ) -> RequestRecord:
     """A request sent `send_lag_ms` late, its first token `ttft_ms` after the send (never before
     it, as on the wire); failed ones end 5 ms after sending, with no chunks."""
-    intended = intended_ms * MS
-    sent = intended + send_lag_ms * MS
     if outcome is not Outcome.OK:
-        return RequestRecord(
-            request_id=request_id,
-            class_name="chat",
-            intended_ns=intended,
-            outcome=outcome,
-            dispatched_ns=sent,
-            sent_ns=sent,
-            end_ns=sent + 5 * MS,
-        )
-    chunks = [sent + ttft_ms * MS]
-    for gap in gaps_ms:
-        chunks.append(chunks[-1] + gap * MS)
-    return RequestRecord(
-        request_id=request_id,
-        class_name="chat",
-        intended_ns=intended,
-        outcome=outcome,
-        dispatched_ns=sent,
-        sent_ns=sent,
-        first_token_ns=chunks[0],
-        last_token_ns=chunks[-1],
-        end_ns=chunks[-1] + MS,
-        chunk_ns=tuple(chunks),
-        chunk_tokens=(1,) * len(chunks),
-        output_tokens=len(chunks),
-    )
+        return failed_record(request_id, intended_ms=intended_ms, outcome=outcome,
+                             lag_ms=send_lag_ms, end_after_ms=5.0)  # fmt: skip
+    return streamed_record(request_id, intended_ms=intended_ms, ttft_ms=ttft_ms, gaps_ms=gaps_ms,
+                           lag_ms=send_lag_ms, from_send=True)  # fmt: skip
 
 
 def nearest_rank(values: list[float], p: float) -> float | None:

@@ -12,15 +12,16 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
-from loadgen.crashtest import received_ids, slow_after_five, start_interrupt_run, wait_for
-from loadgen.plans import plan_run, plan_work
-from loadgen.records import read_records
-from loadgen.run import choose_workers
-from loadgen.shards import Share, split_work
-from loadgen.spec import load
-from loadgen.store import build_histograms, load_histograms
+from loadgen.results.records import read_records
+from loadgen.run.execute import choose_workers
 from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import workload_file
+from loadgen.testing.crashtest import received_ids, slow_after_five, start_interrupt_run, wait_for
+from loadgen.workload.plans import plan_run, plan_work
+from loadgen.workload.shards import Share, split_work
+from loadgen.workload.spec import load
 
 WORKLOAD = """
 name: workers
@@ -58,9 +59,7 @@ PLAN_COLUMNS = ["request_id", "class", "max_tokens", "session_id", "turn"]
 
 
 def write_workload(tmp_path: Path, text: str = WORKLOAD) -> Path:
-    workload = tmp_path / "w.yaml"
-    workload.write_text(text)
-    return workload
+    return workload_file(tmp_path, text)
 
 
 def run_cli(tmp_path: Path, url: str, run_id: str, *extra: str) -> tuple[int, str, Path]:
@@ -152,7 +151,7 @@ def test_default_workers_follow_the_calibrated_envelope(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No calibration: one process; a peak past the envelope: one per core; within it: one."""
-    from loadgen.calibrate import host_name, save_calibration
+    from loadgen.run.envelope import host_name, save_calibration
 
     monkeypatch.setenv("LOADGEN_CALIBRATION", str(tmp_path / "cal.json"))
     spec = load(write_workload(tmp_path))

@@ -14,11 +14,11 @@ import heapq
 import numpy as np
 import polars as pl
 
-from loadgen.plans import plan_run
-from loadgen.records import Outcome, RequestRecord, TokenSource, to_frame
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, to_frame
 from loadgen.sim.config import config_from_mapping
 from loadgen.sim.engine import EngineConfig, SeqRequest, build_engine, simulate
-from loadgen.spec import WorkloadSpec
+from loadgen.workload.plans import plan_run
+from loadgen.workload.spec import WorkloadSpec
 
 JITTER_MS = 0.3  # client-side stamping noise added to every token time (exponential mean)
 

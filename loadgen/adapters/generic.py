@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from loadgen.adapters import (
+from loadgen.adapters.protocol import (
     BodyOptions,
     Delta,
     MalformedEvent,

@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import (
+from loadgen.adapters.protocol import (
     BodyOptions,
     Delta,
     Message,
+    ServerTimings,
     bearer_headers,
     flatten,
     json_object,
     token_count,
 )
-from loadgen.records import ServerTimings
 
 NS_PER_MS = 1_000_000
 DURATIONS = {  # Ollama field (ns) -> ServerTimings field (ms)

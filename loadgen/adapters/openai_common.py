@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from loadgen.adapters import BodyOptions, Delta, MalformedEvent
+from loadgen.adapters.protocol import BodyOptions, Delta, MalformedEvent
 
 
 def common_body(body: dict[str, Any], max_tokens: int, options: BodyOptions) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import BodyOptions, Delta, Message, bearer_headers
 from loadgen.adapters.openai_common import common_body, parse_envelope
+from loadgen.adapters.protocol import BodyOptions, Delta, Message, bearer_headers
 
 
 class OpenAICompletions:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.adapters import (
+from loadgen.adapters.protocol import (
     BodyOptions,
     Delta,
     MalformedEvent,

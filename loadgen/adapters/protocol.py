@@ -1,0 +1,188 @@
+"""The adapter protocol: what every API family's adapter implements, and what they share.
+
+An adapter builds the request body (and headers) for a plan and turns one decoded stream
+event into a `Delta`. It does no I/O, keeps no clock and no per-request state (one
+instance serves every request): the runner stamps each chunk's arrival before the adapter
+parses it. Its `framing` says how the body is cut into events: `sse` (server-sent events,
+`loadgen.adapters.sse`) or `ndjson` (one JSON object per line, `loadgen.adapters.ndjson`).
+The registry from the workload's `target.api` name is `loadgen.adapters`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from loadgen.adapters.ndjson import NdjsonDecoder
+from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTimings:
+    """What the server said about its own work on one request (ms and token counts).
+
+    Kept next to the client's measurements, never mixed into them: a server's prefill time
+    beside the client's TTFT shows how much of TTFT was queueing and network. Filled by the
+    APIs that report it: Ollama's final object (`load_duration`, `prompt_eval_duration`,
+    `eval_duration`, `total_duration` in ns; `prompt_eval_count`, `eval_count`); llama.cpp's
+    `timings` (`prompt_ms`, `predicted_ms`, `prompt_n`, `predicted_n`, `cache_n`) maps
+    onto the same fields. `None` where the server did not say.
+    """
+
+    queue_ms: float | None = None  # waiting before the server started on it
+    load_ms: float | None = None  # loading the model for it (Ollama: load_duration)
+    prefill_ms: float | None = None  # prompt processing (Ollama: prompt_eval_duration)
+    decode_ms: float | None = None  # generating the output (Ollama: eval_duration)
+    total_ms: float | None = None  # the server's whole time on the request
+    prefill_tokens: int | None = None  # prompt tokens it processed (Ollama: prompt_eval_count)
+    decode_tokens: int | None = None  # tokens it generated (Ollama: eval_count)
+    cached_tokens: int | None = None  # prompt tokens served from its cache
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BodyOptions:
+    """Request options that come from the workload's target section."""
+
+    model: str
+    include_usage: bool = True
+    force_output_tokens: bool = True
+    extra_body: Mapping[str, Any] | None = None
+
+
+class Delta:
+    """What one stream event carried. Counts are characters of text, not tokens.
+
+    `content_chars`/`reasoning_chars`/`has_tool_call` say whether the event carried generated
+    output (and so counts for TTFT and ITL); `done` marks an explicit end of stream
+    (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
+    server error event (the stream failed), in the server's words, uncut (see
+    MalformedEvent). Usage-only events carry only the token counts;
+    `server_timings` what the server reported about its own work (Ollama's durations).
+    """
+
+    __slots__ = (
+        "completion_tokens",
+        "content_chars",
+        "done",
+        "error",
+        "finish_reason",
+        "has_tool_call",
+        "prompt_tokens",
+        "reasoning_chars",
+        "server_timings",
+        "text",
+    )
+
+    def __init__(self) -> None:
+        self.content_chars = 0
+        self.reasoning_chars = 0
+        self.has_tool_call = False
+        self.text = ""
+        self.completion_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.server_timings: ServerTimings | None = None
+
+    @property
+    def has_output(self) -> bool:
+        """True when the event carried generated output of any kind."""
+        return bool(self.content_chars or self.reasoning_chars or self.has_tool_call)
+
+
+Message = tuple[str, str]  # (role: system | user | assistant, text)
+
+
+class MalformedEvent(ValueError):
+    """An event that is not what the API family sends (bad JSON, wrong shape).
+
+    The message says what is wrong; `data` is the event as received, uncut: it is server
+    text, so whoever shows it quotes it through the run's `Redactor` (which redacts it
+    before cutting it: a cut made here could leave most of an echoed key unrecognised).
+    """
+
+    def __init__(self, reason: str, data: bytes = b"") -> None:
+        super().__init__(reason)
+        self.data = data
+
+
+class Adapter(Protocol):
+    """One API family: the default path, framing, headers, request body, event parser."""
+
+    name: str
+    default_path: str
+    framing: str  # "sse" or "ndjson"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """Headers every request carries: the API's own, and the key where it expects it."""
+        ...
+
+    def build_body(
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
+    ) -> dict[str, Any]:
+        """The JSON body for one streamed request of a conversation (role, text) so far."""
+        ...
+
+    def parse(self, event: bytes, data: bytes) -> Delta:
+        """One event (SSE name and data; NDJSON: b"" and the line) as a Delta.
+
+        Raises MalformedEvent when it is not what the API sends.
+        """
+        ...
+
+
+class StreamDecoder(Protocol):
+    """Bytes in, complete events out, independent of how the bytes were split."""
+
+    comments: int
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
+        """The events `chunk` completed, as (event name, data) pairs."""
+        ...
+
+    def close(self) -> list[tuple[bytes, bytes]]:
+        """End of stream: the last event, if it had no terminator."""
+        ...
+
+
+def new_decoder(adapter: Adapter, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StreamDecoder:
+    """A fresh decoder for one response body of `adapter`'s framing (events capped at
+    `max_event_bytes`: a longer one raises `EventTooLarge`)."""
+    if adapter.framing == "ndjson":
+        return NdjsonDecoder(max_event_bytes)
+    return SseDecoder(max_event_bytes)
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """One event's payload as a JSON object, else MalformedEvent (what the adapters share)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise MalformedEvent("not JSON", data) from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent("not a JSON object", data)
+    return obj
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>`, the OpenAI convention most servers follow."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def token_count(value: object) -> int | None:
+    """`value` when it is a plausible token count (an int in [0, 2**63)), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    return None
+
+
+def flatten(messages: Sequence[Message]) -> str:
+    """A conversation as plain text, one message per paragraph (for text-in APIs)."""
+    return "\n\n".join(text for _, text in messages)

@@ -1,0 +1,1 @@
+"""Analysis: pure functions from records to figures, SLO audits, windows and comparisons."""

@@ -1,0 +1,189 @@
+"""The audit of one run: its records and objectives → the summary, with its schema stamp.
+
+`audit` is the one audit every command judges a run by (the end of `loadgen run`, a
+capacity step, `loadgen report` and `loadgen merge`): each class's SLO audit
+(`slo.audit_class`), its objective on top (`objectives.judge_by_objective`), the generator's
+health and the verdict, as one typed `Summary`. `audit_run` re-audits a run folder from its
+records and run.json (the SLOs come from run.json unless `--slo` replaces them), and
+`write_audit` writes that re-audit into the folder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from loadgen import __version__
+from loadgen.analysis import metrics
+from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.objectives import Objective, judge_by_objective
+from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.results.records import read_records
+from loadgen.results.runfolder import (
+    SCHEMA_VERSION,
+    SLO_FIELDS,
+    RunInfo,
+    read_run_info,
+    write_summary,
+)
+from loadgen.results.summary import ClassAudit, Summary, TokensPerChunk
+from loadgen.workload.spec import SloTargets
+
+
+def parse_slo_override(text: str) -> dict[str, float | None]:
+    """`ttft_ms=800,tpot_ms=40,percentile=95` as fields of SloTargets (`none` clears one).
+
+    The result is applied to every class with `apply_slo_override`: given fields replace
+    the class's own, the others are kept.
+    """
+    fields: dict[str, float | None] = {}
+    for item in (part.strip() for part in text.split(",")):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or key not in SLO_FIELDS:
+            raise _slo_error(f"{item!r} is not one of {'/'.join(SLO_FIELDS)}=<number>")
+        if key in fields:
+            raise _slo_error(f"{key} is given twice")
+        fields[key] = _slo_value(key, value)
+    try:
+        SloTargets(**{k: v for k, v in fields.items() if v is not None})
+    except ValueError as exc:
+        raise _slo_error(str(exc)) from None
+    return fields
+
+
+def _slo_value(key: str, value: str) -> float | None:
+    if value.lower() == "none" and key != "percentile":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise _slo_error(f"{key}={value!r} is not a number") from None
+    if not (math.isfinite(number) and number > 0):
+        raise _slo_error(f"{key} must be a finite number > 0 (got {value})")
+    return number
+
+
+def _slo_error(problem: str) -> ConfigError:
+    return ConfigError(
+        "command line", "--slo", problem, "e.g. --slo ttft_ms=800,tpot_ms=40,percentile=95"
+    )
+
+
+def apply_slo_override(
+    slos: Mapping[str, SloTargets], fields: Mapping[str, float | None]
+) -> dict[str, SloTargets]:
+    """Every class's targets with `fields` (from `parse_slo_override`) replacing its own."""
+    merged = {}
+    for name, targets in slos.items():
+        current: dict[str, Any] = {k: getattr(targets, k) for k in SLO_FIELDS}
+        current.update(fields)
+        merged[name] = SloTargets(**{k: v for k, v in current.items() if v is not None})
+    return merged
+
+
+def audit(
+    frame: pl.DataFrame,
+    *,
+    run_id: str,
+    objectives: Mapping[str, Objective],
+    planned: int,
+    lag_bound_ms: float = 5.0,
+    stopped: str | None = None,
+) -> Summary:
+    """The run's summary: generator health, one audit per class, and the verdict.
+
+    Every class of `objectives` appears (even with no records), then any other class found
+    in the frame, audited without targets. `stopped` (a key of `runfolder.STOPS`) withholds
+    the verdict: the figures are kept, as partial figures, and nothing is judged (see
+    `slo.verdict`).
+    """
+    duration_s = metrics.run_duration_s(frame)
+    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms)
+    classes = class_audits(frame, objectives, duration_s=duration_s)
+    if stopped is not None:
+        classes = {name: withheld(block) for name, block in classes.items()}
+    return Summary(
+        schema_version=SCHEMA_VERSION,
+        loadgen_version=__version__,
+        run_id=run_id,
+        interrupted=stopped is not None,
+        duration_s=round(duration_s, 6),
+        generator=generator,
+        classes=classes,
+        verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
+    )
+
+
+def class_audits(
+    frame: pl.DataFrame, objectives: Mapping[str, Objective], *, duration_s: float
+) -> dict[str, ClassAudit]:
+    """Each class's block, judged by its objective: `objectives`' classes first, in order."""
+    rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
+    by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
+    chunking = metrics.tokens_per_chunk(frame)
+    classes = {}
+    for name in [*objectives, *sorted(set(by_class) - set(objectives))]:
+        objective = objectives.get(name)
+        block = audit_class(
+            by_class.get(name, rows.clear()),
+            metrics.itl_gaps_ms(frame, name),
+            tokens_per_chunk=chunking.get(name, TokensPerChunk()),
+            targets=objective.slo if objective else NO_TARGETS,
+            duration_s=duration_s,
+        )
+        if objective is not None:
+            block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective)
+        classes[name] = block
+    return classes
+
+
+def audit_run(
+    run_dir: Path, *, slos: Mapping[str, SloTargets] | None = None
+) -> tuple[Summary, pl.DataFrame, dict[str, SloTargets]]:
+    """Re-audit one run: (summary, records frame, the SLOs used), without figures.
+
+    The SLOs are run.json's, with `slos` replacing whole classes' targets. planned, how the
+    run stopped (`RunInfo.stop`) and the lag bound come from run.json, so without `slos`
+    the summary equals the one the run wrote. Raises LoadgenError when the folder has no
+    run.json or records.
+    """
+    info = read_run_info(run_dir)
+    if not (run_dir / "records.parquet").exists() and not (run_dir / "records.parts").is_dir():
+        raise LoadgenError(f"{run_dir} has no records.parquet (nor records.parts)")
+    frame = read_records(run_dir)
+    effective = {**info.slos(), **(slos or {})}
+    summary = audit(
+        frame,
+        run_id=info.run_id,
+        objectives=recorded_objectives(info, effective),
+        planned=frame.height if info.planned is None else info.planned,
+        stopped=info.stop,
+        lag_bound_ms=info.lag_bound_ms,
+    )
+    return summary, frame, effective
+
+
+def write_audit(run_dir: Path) -> Summary:
+    """`audit_run`, then the folder's summary.json and histograms.parquet: how a merged or
+    recovered run folder is finished (the end of `loadgen run` writes the same from memory)."""
+    summary, frame, slos = audit_run(run_dir)
+    write_summary(run_dir, summary)
+    write_histograms(run_dir, frame, slos)
+    return summary
+
+
+def recorded_objectives(info: RunInfo, slos: Mapping[str, SloTargets]) -> dict[str, Objective]:
+    """Each class of `slos` judged as run.json records it (its kind and limits), with the
+    targets of `slos`; a class run.json does not know is judged by its targets alone."""
+    recorded = info.classes()
+    return {
+        name: Objective.recorded(recorded[name], targets)
+        if name in recorded
+        else Objective(name=name, slo=targets)
+        for name, targets in slos.items()
+    }

@@ -1,0 +1,302 @@
+"""Metrics: per-request measures and distribution statistics over the records frame.
+
+Sits between the records and the SLO audit (`analysis.slo`). Everything here is a pure,
+vectorised function of a frame with `records.SCHEMA`, so the same code serves one run, a
+merge of shards and a 30-day window. No I/O, no clock.
+
+Definitions (times are int ns since the run's t0; results are float ms):
+
+- TTFT = first_token_ns - intended_ns (from the moment the user pressed enter, so a late
+  send is charged to the request: no coordinated omission). TTFT from send =
+  first_token_ns - sent_ns is a diagnostic of the server alone.
+- TTFVT (time to first visible token) = first_content_ns - intended_ns: for a reasoning
+  model it is TTFT plus the thinking phase; without reasoning it equals TTFT (tool-call-only
+  answers have none). `has_reasoning` marks requests that streamed reasoning.
+- Server timings (`server_*_ms`): what the server reported about its own work (Ollama's
+  durations), kept beside the client's numbers, never mixed into them.
+- TPOT = (last_token_ns - first_token_ns) / (N - 1), only for N = output_tokens > 1.
+- ITL = every gap between successive `chunk_ns` of one request; ITL percentiles are over
+  individual gaps, never over request averages.
+- E2E = last_token_ns - intended_ns; an ok response with no output token at all is
+  measured to end_ns instead (its TTFT, TPOT and ITL do not exist).
+- Send lag = sent_ns - intended_ns: the generator's own health, not the server's.
+
+Percentiles, everywhere in loadgen, use the nearest-rank definition (`loadgen.percentiles`):
+the p-th percentile of n values is the value at 1-based rank ceil(p/100 * n) of the sorted
+values (p = 100 is the maximum). It never interpolates, so every reported percentile is a
+value that was really observed. A population "with failures" adds one +inf per failed
+request, ranked worst: a failure can never improve a percentile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import polars as pl
+
+from loadgen.percentiles import nearest_rank
+from loadgen.results.records import Outcome, with_all_columns
+from loadgen.results.summary import (
+    FailureRankedStats,
+    GeneratorHealth,
+    LagStats,
+    LatencyStats,
+    OutputTokens,
+    TokensPerChunk,
+)
+
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
+
+
+def percentiles(values: pl.Series, ps: Sequence[float], *, failures: int = 0) -> list[float | None]:
+    """Nearest-rank percentiles of `values` (nulls ignored) plus `failures` values of +inf.
+
+    Returns +inf where the rank falls on a failure, and None for every p when the
+    population is empty. Sorts once, however many percentiles are asked for.
+    """
+    ordered = values.drop_nulls().sort()  # free when already sorted: callers sort once
+    n = ordered.len() + failures
+    if n == 0:
+        return [None for _ in ps]
+    ranks = [nearest_rank(p, n) for p in ps]
+    picked = ordered.gather([r - 1 for r in ranks if r <= ordered.len()]).to_list()
+    return [float(picked[i]) if r <= ordered.len() else math.inf for i, r in enumerate(ranks)]
+
+
+def round_ms(value: float | None) -> float | None:
+    """A value for JSON: rounded to 3 decimals (1 µs), None when missing or +inf (a failure)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, 3)
+
+
+def latency_stats(values_ms: pl.Series) -> LatencyStats:
+    """p50/p90/p95/p99/max/mean/count of completed requests' values in ms (None when empty)."""
+    present = values_ms.drop_nulls()
+    p50, p90, p95, p99, peak = (round_ms(v) for v in percentiles(present, (*PERCENTILES, 100.0)))
+    mean = present.mean() if present.len() else None
+    return LatencyStats(
+        p50=p50, p90=p90, p95=p95, p99=p99, max=peak,
+        mean=round_ms(float(mean)) if isinstance(mean, int | float) else None,
+        count=present.len(),
+    )  # fmt: skip
+
+
+def latency_stats_with_failures(values_ms: pl.Series, *, failures: int) -> FailureRankedStats:
+    """p50/p90/p95/p99/max with `failures` ranked worst; None where a percentile is a failure.
+
+    `count` is the whole population (values + failures); `failures` how many of them failed.
+    """
+    present = values_ms.drop_nulls()
+    points = percentiles(present, (*PERCENTILES, 100.0), failures=failures)
+    p50, p90, p95, p99, peak = (round_ms(v) for v in points)
+    return FailureRankedStats(
+        p50=p50, p90=p90, p95=p95, p99=p99, max=peak, count=present.len() + failures,
+        failures=failures,
+    )  # fmt: skip
+
+
+def derive(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per record with its measures in ms (null where a moment never happened).
+
+    Measures are kept for every outcome (partial output of a failure is data); the
+    populations in the summary select by outcome. Row order is the frame's.
+    `lag_ms` is the generator's lateness (see `generator_health`); `send_lag_ms` adds
+    what happened between dispatch and the request bytes (in-flight cap, connecting).
+    """
+    frame = with_all_columns(frame)  # records of older runs lack the newer columns
+    is_ok = pl.col("outcome") == Outcome.OK.value
+    n_tokens = pl.col("output_tokens")
+    tpot_ns = (pl.col("last_token_ns") - pl.col("first_token_ns")) / (n_tokens - 1)
+    last_ns = pl.when(is_ok).then(pl.coalesce("last_token_ns", "end_ns"))
+    return frame.select(
+        "request_id",
+        "class",
+        "outcome",
+        _ms(pl.col("first_token_ns") - pl.col("intended_ns")).alias("ttft_ms"),
+        _ms(pl.col("first_token_ns") - pl.col("sent_ns")).alias("ttft_from_send_ms"),
+        _ms(pl.when(n_tokens > 1).then(tpot_ns)).alias("tpot_ms"),
+        _ms(last_ns.otherwise("last_token_ns") - pl.col("intended_ns")).alias("e2e_ms"),
+        _ms(_gaps_ns(pl.col("chunk_ns")).list.max()).alias("max_itl_ms"),
+        _ms(_lag_ns()).alias("lag_ms"),
+        _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag_ms"),
+        _ms(pl.col("first_content_ns") - pl.col("intended_ns")).alias("ttfvt_ms"),
+        "output_tokens",
+        pl.col("first_reasoning_ns").is_not_null().alias("has_reasoning"),
+        *(
+            pl.col("server_timings").struct.field(name).alias(f"server_{name}")
+            for name in SERVER_MS_FIELDS
+        ),
+    )
+
+
+def _ms(ns: pl.Expr) -> pl.Expr:
+    """An ns expression as float ms."""
+    return ns.cast(pl.Float64) / NS_PER_MS
+
+
+def _gaps_ns(chunk_ns: pl.Expr) -> pl.Expr:
+    """The list of gaps between successive chunk times (list arithmetic: faster than diff)."""
+    return chunk_ns.list.slice(1) - chunk_ns.list.head(chunk_ns.list.len() - 1)
+
+
+def _lag_ns() -> pl.Expr:
+    """How late the generator started a request: dispatched (else sent) - intended."""
+    return pl.coalesce("dispatched_ns", "sent_ns") - pl.col("intended_ns")
+
+
+def itl_gaps_ms(frame: pl.DataFrame, class_name: str) -> pl.Series:
+    """Every inter-chunk gap of every ok request of one class, in ms, sorted ascending.
+
+    Sorted here, once, in integer ns (faster than floats): a run of 1M requests holds tens
+    of millions of gaps. One class at a time, so no class label is repeated per gap.
+    """
+    wanted = (pl.col("outcome") == Outcome.OK.value) & (pl.col("class") == class_name)
+    gaps_ns = (
+        frame.lazy()
+        .filter(wanted)
+        .select(_gaps_ns(pl.col("chunk_ns")).explode().drop_nulls().sort().alias("itl_ms"))
+        .collect()
+        .get_column("itl_ms")
+    )
+    return (gaps_ns.cast(pl.Float64) / NS_PER_MS).set_sorted()
+
+
+def output_token_stats(output_tokens: pl.Series) -> OutputTokens:
+    """mean/p50/max/total of output tokens (callers pass completed requests' counts)."""
+    p50 = percentiles(output_tokens, (50.0,))[0]
+    mean = output_tokens.mean() if output_tokens.len() else None
+    peak = output_tokens.max() if output_tokens.len() else None
+    return OutputTokens(
+        mean=round(float(mean), 3) if isinstance(mean, int | float) else None,
+        p50=int(p50) if p50 is not None else None,
+        max=int(peak) if isinstance(peak, int | float) else None,
+        total=int(output_tokens.sum()),
+    )
+
+
+def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, TokensPerChunk]:
+    """mean and max tokens carried per output chunk, over the chunks of ok requests, by class.
+
+    1.0 means one token per chunk (ITL is then a per-token gap); more means the server
+    coalesced or speculated, and ITL figures are per chunk, not per token.
+    """
+    tokens = pl.col("chunk_tokens")
+    per_class = (
+        frame.lazy()
+        .filter(pl.col("outcome") == Outcome.OK.value)
+        .group_by("class")
+        .agg(
+            tokens.list.sum().sum().alias("tokens"),
+            tokens.list.len().sum().alias("chunks"),
+            tokens.list.max().max().alias("max"),
+        )
+        .collect()
+    )
+    return {
+        str(row["class"]): TokensPerChunk(
+            mean=round(row["tokens"] / row["chunks"], 3) if row["chunks"] else None,
+            max=int(row["max"]) if row["max"] is not None else None,
+        )
+        for row in per_class.iter_rows(named=True)
+    }
+
+
+def run_duration_s(frame: pl.DataFrame) -> float:
+    """max(end) - min(intended_ns) over the whole frame, in s; 0.0 for an empty frame.
+
+    A record without end_ns falls back to its latest known moment (last token, first
+    token, send, intended), so an interrupted run still has a duration; a `not_sent`
+    record (the run stopped before its time) has no moment at all and does not extend it.
+    """
+    if frame.height == 0:
+        return 0.0
+    end = pl.coalesce("end_ns", "last_token_ns", "first_token_ns", "sent_ns", "intended_ns")
+    happened = pl.col("outcome") != Outcome.NOT_SENT.value
+    span = frame.select(end.filter(happened).max() - pl.col("intended_ns").min()).item()
+    return max(int(span), 0) / NS_PER_S if span is not None else 0.0
+
+
+def rate_per_s(times_ns: pl.Series) -> float | None:
+    """Events per second over the span of their times: (n - 1) / (max - min).
+
+    n - 1 intervals fit in the span of n events, so n evenly spaced events at rate r give
+    exactly r. None when n <= 1 or all times are equal (no span to divide by).
+    """
+    present = times_ns.drop_nulls()
+    if present.len() <= 1:
+        return None
+    span_ns = int(present.max()) - int(present.min())  # type: ignore[arg-type]  # non-empty ints
+    if span_ns <= 0:
+        return None
+    return (present.len() - 1) * NS_PER_S / span_ns
+
+
+def late_sends(lags_ms: pl.Series, bound_ms: float) -> bool:
+    """True when more than 1 % of the sends (and more than one) were later than the bound.
+
+    For 100 sends or more this is the nearest-rank p99 > bound; for a small run it keeps a
+    single startup straggler from invalidating the whole run.
+    """
+    present = lags_ms.drop_nulls()
+    late = int((present > bound_ms).sum())
+    return late > max(1.0, 0.01 * present.len())
+
+
+def generator_health(
+    frame: pl.DataFrame, *, planned: int, lag_bound_ms: float = 5.0
+) -> GeneratorHealth:
+    """How well the generator kept to its schedule: lag, and target vs achieved rate.
+
+    lag = dispatched_ns - intended_ns (sent_ns where a record has no dispatch time): how
+    late the scheduler started each request. `fell_behind` is true when its nearest-rank
+    p99 exceeds `lag_bound_ms`: the run's latencies then describe the generator, not the
+    server (more precisely: more than 1 % of sends, and more than one, were late; see
+    `late_sends`). Only requests the schedule placed count (single requests and the first turn
+    of a session, trajectory or batch): a later turn's intended time is the previous
+    turn's end plus a think time, so its lag is the client's reaction time, reported on
+    its own as `chained_lag_ms` (and included in that turn's TTFT). A request that failed in
+    the client itself (`client_error`: no file descriptor, no local port) also makes the
+    run fall behind: its numbers are then the client's limits. `send_lag_ms`
+    (sent - intended) also holds waits for an in-flight slot and
+    connecting, which are charged to the requests, not to the generator. Requests never
+    started have no lag. Rates (see `rate_per_s`): target over the intended times of every
+    record, achieved over the start (dispatch, else send) times of the started ones.
+    """
+    chained = pl.col("turn").fill_null(0) > 0 if "turn" in frame.columns else pl.lit(False)
+    lags = frame.select(
+        _ms(_lag_ns()).alias("lag"),
+        _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag"),
+        (pl.col("intended_ns") + _lag_ns()).alias("started_ns"),
+        chained.alias("chained"),
+    )
+    client_errors = int((frame.get_column("outcome") == Outcome.CLIENT_ERROR.value).sum())
+    scheduled = lags.filter(~pl.col("chained")).get_column("lag")
+    reaction = lags.filter(pl.col("chained")).get_column("lag")
+    target = rate_per_s(frame.get_column("intended_ns"))
+    achieved = rate_per_s(lags.get_column("started_ns"))
+    return GeneratorHealth(
+        planned=planned,
+        sent=int(frame.get_column("sent_ns").is_not_null().sum()),
+        recorded=frame.height,
+        retries=int(frame.get_column("retries").fill_null(0).sum()),
+        lag_ms=lag_stats(scheduled),
+        send_lag_ms=lag_stats(lags.get_column("send_lag")),
+        chained_lag_ms=lag_stats(reaction),
+        target_rate_per_s=round(target, 3) if target is not None else None,
+        achieved_rate_per_s=round(achieved, 3) if achieved is not None else None,
+        client_errors=client_errors,
+        fell_behind=late_sends(scheduled, lag_bound_ms) or client_errors > 0,
+        lag_bound_ms=lag_bound_ms,
+    )
+
+
+def lag_stats(lags_ms: pl.Series) -> LagStats:
+    """Nearest-rank p50, p99 and the max of lags in ms (nulls, never-started, left out)."""
+    p50, p99, peak = (round_ms(v) for v in percentiles(lags_ms, (50.0, 99.0, 100.0)))
+    return LagStats(p50=p50, p99=p99, max=peak)

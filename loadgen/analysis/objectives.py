@@ -1,0 +1,210 @@
+"""Per-class objectives beyond request percentiles: batches, trajectories, sessions.
+
+Part of the audit stage, after `slo.audit_class` (`analysis.audit.audit` calls
+`judge_by_objective` for every class). The seed's three product shapes are judged
+differently: chat by TTFT/TPOT percentiles (the summary as it is, plus a `sessions` block
+when the class has multi-turn sessions); summarization by whether the whole batch finished
+by its deadline, and its input/output token throughput (TTFT/TPOT kept for diagnosis only);
+an agent by trajectory attainment: the share of trajectories that finished within their
+budget with every hop ok and the final, user-facing hop within the class's SLO thresholds.
+Pure functions of the records frame and the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import polars as pl
+
+from loadgen.analysis.metrics import percentiles
+from loadgen.analysis.slo import per_request
+from loadgen.results.records import Outcome
+from loadgen.results.runfolder import RecordedClass
+from loadgen.results.summary import (
+    BatchAudit,
+    ClassAudit,
+    DurationStats,
+    SessionsAudit,
+    TimeSplit,
+    TrajectoryAudit,
+)
+from loadgen.workload.spec import ClassSpec, SloTargets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Objective:
+    """What a class is judged by: its kind, SLO targets and kind-specific limits.
+
+    Built from the spec during a run (`of`), or from run.json when a report re-audits a run
+    (`recorded`).
+    """
+
+    name: str
+    kind: str = "chat"
+    slo: SloTargets = field(default_factory=SloTargets)
+    has_sessions: bool = False
+    batch_deadline_s: float | None = None
+    concurrency: int | None = None
+    trajectory_budget_s: float | None = None
+
+    @classmethod
+    def of(cls, spec: ClassSpec) -> Objective:
+        """The objective of a validated class spec."""
+        return cls(
+            name=spec.name, kind=spec.kind, slo=spec.slo, has_sessions=spec.turns is not None,
+            batch_deadline_s=spec.batch_deadline_s, concurrency=spec.concurrency,
+            trajectory_budget_s=spec.trajectory_budget_s,
+        )  # fmt: skip
+
+    @classmethod
+    def recorded(cls, recorded: RecordedClass, slo: SloTargets) -> Objective:
+        """A class's objective as run.json recorded it, judged against `slo`."""
+        return cls(
+            name=recorded.name, kind=recorded.kind, slo=slo, has_sessions=recorded.has_turns,
+            batch_deadline_s=recorded.batch_deadline_s, concurrency=recorded.concurrency,
+            trajectory_budget_s=recorded.trajectory_budget_s,
+        )  # fmt: skip
+
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+NOT_FAILED = [Outcome.OK.value, Outcome.SKIPPED.value]  # a skipped hop is counted separately
+
+
+def judge_by_objective(block: ClassAudit, rows: pl.DataFrame, cls: Objective) -> ClassAudit:
+    """A class's block with its objective's: a summarization class judged by its batch, an
+    agent class by its trajectories, a chat class with sessions given their counts.
+
+    `rows` are the class's records.
+    """
+    if cls.kind == "summarization":
+        batch = batch_block(rows, cls)
+        return replace(block, batch=batch, slo=replace(block.slo, judged_by="batch", met=batch.met))
+    if cls.kind == "agent":
+        trajectory = trajectory_block(rows, cls)
+        slo = replace(block.slo, judged_by="trajectory", met=trajectory.met)
+        return replace(block, trajectory=trajectory, slo=slo)
+    if cls.has_sessions:
+        return replace(block, sessions=sessions_block(rows))
+    return block
+
+
+def batch_block(rows: pl.DataFrame, cls: Objective) -> BatchAudit:
+    """Did the batch finish by its deadline, how long it took, tokens per second in and out.
+
+    Completion time runs from the first document's intended send to the last document's end.
+    The batch is met when every document finished ok (and by the deadline, if one is set).
+    """
+    documents = rows.height
+    ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
+    completion_s: float | None = None
+    if documents and rows["end_ns"].drop_nulls().len():
+        first, last = rows["intended_ns"].min(), rows["end_ns"].max()
+        completion_s = (int(last) - int(first)) / NS_PER_S  # type: ignore[arg-type]  # polars scalars
+    prompt = (
+        float(ok["prompt_tokens"].fill_null(ok["prompt_tokens_target"]).sum()) if ok.height else 0.0
+    )
+    output = float(ok["output_tokens"].sum()) if ok.height else 0.0
+    all_ok = documents > 0 and ok.height == documents
+    in_time = cls.batch_deadline_s is None or (
+        completion_s is not None and completion_s <= cls.batch_deadline_s
+    )
+    return BatchAudit(
+        documents=documents,
+        ok=ok.height,
+        completion_time_s=_round(completion_s),
+        deadline_s=cls.batch_deadline_s,
+        met_deadline=bool(all_ok and in_time),
+        met=bool(all_ok and in_time),
+        input_tokens_per_s=_rate(prompt, completion_s),
+        output_tokens_per_s=_rate(output, completion_s),
+        concurrency=cls.concurrency,
+    )
+
+
+def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
+    """Trajectory attainment, per-hop duration percentiles and the time split.
+
+    A trajectory is ok when every hop is ok, it ended within its budget (last hop end −
+    first hop intended), and its final hop met every per-request threshold of the class.
+    Time split, summed over hops: `ttft` (queueing and prefill, intended → first token),
+    `decode` (first → last token) and `tool` (previous hop's end → this hop's intended time).
+    """
+    if rows.height == 0:
+        return TrajectoryAudit(trajectories=0, ok=0, attainment=None, met=False)
+    meets = per_request(rows, slos={cls.name: cls.slo}).select("request_id", "meets_slo")
+    hops = rows.join(meets, on="request_id", how="left").sort("session_id", "turn")
+    hops = hops.with_columns(
+        ((pl.col("end_ns") - pl.col("intended_ns")) / NS_PER_MS).alias("duration_ms"),
+        ((pl.col("intended_ns") - pl.col("end_ns").shift(1).over("session_id")) / NS_PER_S)
+        .alias("tool_s"),
+    )  # fmt: skip
+    per_trajectory = hops.group_by("session_id").agg(
+        (pl.col("outcome") == Outcome.OK.value).all().alias("all_ok"),
+        pl.col("meets_slo").last().alias("final_ok"),
+        ((pl.col("end_ns").max() - pl.col("intended_ns").min()) / NS_PER_S).alias("duration_s"),
+        (pl.col("outcome") == Outcome.SKIPPED.value).sum().alias("skipped"),
+    )
+    budget = cls.trajectory_budget_s
+    within = pl.col("duration_s") <= budget if budget is not None else pl.lit(True)
+    per_trajectory = per_trajectory.with_columns(
+        (pl.col("all_ok") & pl.col("final_ok").fill_null(False) & within.fill_null(False)).alias(
+            "ok"
+        )
+    )
+    count = per_trajectory.height
+    good = int(per_trajectory["ok"].sum())
+    attainment = good / count
+    ok_hops = hops.filter(pl.col("outcome") == Outcome.OK.value)
+    return TrajectoryAudit(
+        trajectories=count,
+        ok=good,
+        attainment=round(attainment, 6),
+        target_attainment=cls.slo.percentile / 100,
+        met=attainment >= cls.slo.percentile / 100,
+        budget_s=budget,
+        failed_hops=hops.filter(~pl.col("outcome").is_in(NOT_FAILED)).height,
+        skipped_hops=int(per_trajectory["skipped"].sum()),
+        duration_s=_stats(per_trajectory.filter(pl.col("all_ok"))["duration_s"]),
+        per_hop_ms={
+            str(hop): _stats(group["duration_ms"])
+            for (hop,), group in ok_hops.group_by("turn", maintain_order=True)
+        },
+        time_split_s=TimeSplit(
+            ttft=_sum_s(ok_hops["first_token_ns"] - ok_hops["intended_ns"]),
+            decode=_sum_s(ok_hops["last_token_ns"] - ok_hops["first_token_ns"]),
+            tool=round(float(ok_hops["tool_s"].fill_null(0).sum()), 3),
+        ),
+    )
+
+
+def sessions_block(rows: pl.DataFrame) -> SessionsAudit:
+    """How many sessions there were and how many completed every turn ok."""
+    per_session = rows.group_by("session_id").agg(
+        (pl.col("outcome") == Outcome.OK.value).all().alias("all_ok"), pl.len().alias("turns")
+    )
+    sessions = per_session.height
+    return SessionsAudit(
+        sessions=sessions,
+        completed=int(per_session["all_ok"].sum()) if sessions else 0,
+        turns=rows.height,
+        turns_per_session_mean=round(rows.height / sessions, 3) if sessions else None,
+    )
+
+
+def _stats(values: pl.Series) -> DurationStats:
+    clean = values.drop_nulls().sort()
+    p50, p90, p99 = percentiles(clean, [50, 90, 99])
+    return DurationStats(p50=_round(p50), p90=_round(p90), p99=_round(p99), count=clean.len())
+
+
+def _sum_s(values_ns: pl.Series) -> float:
+    return round(float(values_ns.drop_nulls().sum()) / NS_PER_S, 3)
+
+
+def _rate(amount: float, seconds: float | None) -> float | None:
+    return round(amount / seconds, 3) if seconds else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 3)

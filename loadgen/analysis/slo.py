@@ -1,0 +1,278 @@
+"""SLO audit: per-class targets, attainment, goodput and the run's verdict.
+
+Sits after `analysis.metrics` and before the reports: `audit_class` turns one class's records
+into its block of the run's summary (`analysis.audit.audit` assembles the whole), `verdict`
+judges the run, and `per_request` is the one place where a request is judged against its
+class's thresholds. Pure functions; no I/O.
+
+Breach accounting (every non-ok outcome is a miss of every SLO of its class):
+
+- meets_slo (per request): outcome ok, and each set threshold holds where the measure
+  exists: TTFT <= ttft_ms; TPOT <= tpot_ms when N > 1; every ITL gap <= itl_ms;
+  E2E <= e2e_ms.
+- attainment: requests that meet_slo / ALL recorded requests of the class (failures stay
+  in the denominator). Null for a class with no requests.
+- met (per class): every percentile target holds with failures ranked worst (+inf):
+  TTFT and E2E over every request; TPOT over ok requests with N > 1 plus every failure.
+  ITL is over individual gaps, so failures cannot be mixed into its population; instead
+  the ITL check fails when the failures exceed the percentile's allowance at request
+  level (failures > n - ceil(p/100 * n), n = the class's requests), and otherwise judges
+  the nearest-rank percentile of the gaps of ok requests.
+  A check whose population is empty (e.g. TPOT when every response had one token) passes:
+  there is nothing to judge. A class with targets but no recorded requests cannot be
+  judged and is not met. A class without targets is met (nothing was promised).
+- goodput: requests (and their output tokens) that met_slo, divided by the run duration
+  max(end) - min(intended_ns) over the WHOLE frame, the same denominator for every class.
+- exit code: 3 when the generator fell behind (its numbers are not the server's), else 2
+  when any class missed, else 0.
+- a stopped run is no verdict on the server: interrupted (Ctrl-C/SIGTERM, exit 130),
+  stopped by the watchdog (exit 4) or incomplete (killed outright and recovered, exit 5).
+  Its figures are kept, as partial figures, but `met` and `slo_met` are null: requests it
+  never sent or finished would otherwise count as the server's failures (or, missing, as
+  its successes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+import polars as pl
+
+from loadgen.analysis import metrics
+from loadgen.percentiles import nearest_rank
+from loadgen.results.records import OUTCOMES, Outcome
+from loadgen.results.runfolder import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED, STOPS
+from loadgen.results.summary import (
+    Check,
+    ClassAudit,
+    Goodput,
+    ServerTimings,
+    SloAudit,
+    TokensPerChunk,
+    Verdict,
+)
+from loadgen.workload.spec import METRICS_MS, SloTargets
+
+LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttfvt_ms", "tpot_ms", "e2e_ms")
+WITH_FAILURES = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+NO_TARGETS = SloTargets()
+
+
+def per_request(
+    frame: pl.DataFrame, *, slos: Mapping[str, SloTargets] | None = None
+) -> pl.DataFrame:
+    """`metrics.derive` plus `meets_slo`: did this request meet every threshold of its class.
+
+    Columns: request_id, class, outcome, ttft_ms, ttft_from_send_ms, tpot_ms, e2e_ms,
+    max_itl_ms, lag_ms, meets_slo, then ttfvt_ms, output_tokens, has_reasoning and the
+    server-reported `server_*_ms` (see `metrics.derive`). A class missing
+    from `slos` has no thresholds: its ok requests meet, its failures do not.
+    """
+    derived = metrics.derive(frame)
+    meets = pl.col("outcome") == Outcome.OK.value
+    for name, column in zip(
+        METRICS_MS, ("ttft_ms", "tpot_ms", "max_itl_ms", "e2e_ms"), strict=True
+    ):
+        limits = {cls: t.thresholds_ms().get(name) for cls, t in (slos or {}).items()}
+        if not any(v is not None for v in limits.values()):
+            continue
+        limit = pl.col("class").replace_strict(limits, default=None, return_dtype=pl.Float64)
+        meets = meets & (pl.col(column) <= limit).fill_null(True)  # no limit, or not applicable
+    columns = [*derived.columns[:9], "meets_slo", *derived.columns[9:]]  # the documented order
+    return derived.with_columns(meets.alias("meets_slo")).select(columns)
+
+
+def verdict(
+    classes: Mapping[str, ClassAudit], *, fell_behind: bool, stopped: str | None = None
+) -> Verdict:
+    """The run's verdict from its classes' `slo.met`.
+
+    status is `met` (exit 0), `missed` (2) or `fell_behind` (3); a stopped run's is its stop
+    (`interrupted` 130, `watchdog` 4, `incomplete` 5), with `slo_met` null: its figures are
+    partial and judge nothing (its classes are `withheld`).
+    """
+    if stopped is not None:
+        if stopped not in STOPS:
+            raise ValueError(f"stopped must be one of {', '.join(STOPS)} (got {stopped!r})")
+        return Verdict(status=stopped, slo_met=None, fell_behind=fell_behind,
+                       exit_code=STOPS[stopped])  # fmt: skip
+    slo_met = all(c.slo.met for c in classes.values())
+    status = "fell_behind" if fell_behind else ("met" if slo_met else "missed")
+    return Verdict(status=status, slo_met=slo_met, fell_behind=fell_behind,
+                   exit_code=exit_code(slo_met=slo_met, fell_behind=fell_behind))  # fmt: skip
+
+
+def withheld(block: ClassAudit) -> ClassAudit:
+    """A class of a run that stopped before its end: every `met` null (slo, batch,
+    trajectory), its figures kept as partial figures."""
+    return replace(
+        block,
+        slo=replace(block.slo, met=None),
+        batch=replace(block.batch, met=None) if block.batch else None,
+        trajectory=replace(block.trajectory, met=None) if block.trajectory else None,
+    )
+
+
+def stop_of(verdict: Verdict) -> str | None:
+    """The stop a verdict records (None for a run that ran to its end)."""
+    return verdict.status if verdict.status in STOPS else None
+
+
+def exit_code(*, slo_met: bool, fell_behind: bool) -> int:
+    """3 if the generator fell behind, else 2 if any class missed its SLO, else 0."""
+    if fell_behind:
+        return EXIT_FELL_BEHIND
+    return EXIT_OK if slo_met else EXIT_SLO_MISSED
+
+
+def audit_class(
+    rows: pl.DataFrame,
+    itl_ms: pl.Series,
+    *,
+    tokens_per_chunk: TokensPerChunk,
+    targets: SloTargets,
+    duration_s: float,
+) -> ClassAudit:
+    """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
+
+    `rows` are the class's `per_request` rows, `itl_ms` the gaps of its ok requests,
+    `duration_s` the whole run's duration (goodput's denominator). Each population is
+    sorted once and shared by its stats and its check.
+    """
+    ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
+    failures = rows.height - ok.height
+    ok_ms = {name: ok.get_column(name).drop_nulls().sort() for name in LATENCY_COLUMNS}
+    ok_ms["itl_ms"] = itl_ms.drop_nulls().sort()
+    stats = {name: metrics.latency_stats(values) for name, values in ok_ms.items()}
+    ranked = {name: metrics.latency_stats_with_failures(ok_ms[name], failures=failures)
+              for name in WITH_FAILURES}  # fmt: skip
+    return ClassAudit(
+        requests=rows.height,
+        outcomes=outcome_counts(rows.get_column("outcome")),
+        ttft_ms=stats["ttft_ms"], ttft_ms_with_failures=ranked["ttft_ms"],
+        ttft_from_send_ms=stats["ttft_from_send_ms"], ttfvt_ms=stats["ttfvt_ms"],
+        tpot_ms=stats["tpot_ms"], tpot_ms_with_failures=ranked["tpot_ms"],
+        e2e_ms=stats["e2e_ms"], e2e_ms_with_failures=ranked["e2e_ms"], itl_ms=stats["itl_ms"],
+        output_tokens=metrics.output_token_stats(ok.get_column("output_tokens")),
+        reasoning_requests=int(ok.get_column("has_reasoning").sum()),
+        server_timings_ms=server_timings(ok),
+        tokens_per_chunk=tokens_per_chunk,
+        slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
+                      meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
+        goodput=goodput(rows, duration_s=duration_s),
+    )  # fmt: skip
+
+
+def server_timings(ok: pl.DataFrame) -> ServerTimings:
+    """Stats of what the server reported about its own work, over ok requests that carried it.
+
+    `requests` counts them (0: the API reports nothing, and every stat is null).
+    """
+    with_timings = ok.filter(pl.any_horizontal(pl.col(f"server_{f}").is_not_null()
+                                               for f in metrics.SERVER_MS_FIELDS))  # fmt: skip
+    stats = {name: metrics.latency_stats(with_timings.get_column(f"server_{name}"))
+             for name in metrics.SERVER_MS_FIELDS}  # fmt: skip
+    return ServerTimings(requests=with_timings.height, **stats)
+
+
+def outcome_counts(outcomes: pl.Series) -> dict[str, int]:
+    """A count for every key of `records.OUTCOMES`, zeros included."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for value, count in outcomes.value_counts().iter_rows():
+        counts[str(value)] = int(count)
+    return counts
+
+
+def slo_audit(
+    ok_ms: Mapping[str, pl.Series],
+    *,
+    requests: int,
+    failures: int,
+    meeting: int,
+    targets: SloTargets,
+) -> SloAudit:
+    """attainment, met and the checks behind it, for one class.
+
+    `ok_ms` holds each measure's values over ok requests (ITL: over their gaps),
+    `meeting` how many requests met every per-request threshold.
+    """
+    limits = targets.thresholds_ms()
+    p = targets.percentile
+    checks = [
+        _check(name, limit, ok_ms[name], requests, failures, p) for name, limit in limits.items()
+    ]
+    if checks and requests == 0:
+        checks = [_unjudgeable_check()]
+    return SloAudit(
+        targets=SloTargets(
+            ttft_ms=_float(targets.ttft_ms),
+            tpot_ms=_float(targets.tpot_ms),
+            itl_ms=_float(targets.itl_ms),
+            e2e_ms=_float(targets.e2e_ms),
+            percentile=float(p),
+        ),
+        attainment=round(meeting / requests, 6) if requests else None,
+        met=all(c.passed for c in checks),
+        checks=tuple(checks),
+    )
+
+
+def _float(value: float | None) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _check(
+    name: str, limit_ms: float, values: pl.Series, requests: int, failures: int, p: float
+) -> Check:
+    """One population target: the p-th percentile of `name`, failures ranked worst, <= limit."""
+    note = None
+    if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
+        population = values.len()
+        value = metrics.percentiles(values, (p,))[0]
+        allowance = requests - nearest_rank(p, requests) if requests else 0
+        if failures > allowance:
+            value = math.inf
+            note = f"failed requests ({failures}) exceed the p{p:g} allowance ({allowance})"
+    else:
+        population = values.len() + failures
+        value = metrics.percentiles(values, (p,), failures=failures)[0]
+    if value is None:
+        note = "no values to judge"
+    elif math.isinf(value) and note is None:
+        note = f"p{p:g} falls on a failed request"
+    return Check(
+        metric=name,
+        percentile=float(p),
+        target_ms=float(limit_ms),
+        value_ms=metrics.round_ms(value),
+        passed=value is None or value <= limit_ms,
+        population=population,
+        note=note,
+    )
+
+
+def _unjudgeable_check() -> Check:
+    """The check a class with targets but no recorded requests gets: it cannot pass."""
+    return Check(
+        metric="requests",
+        percentile=None,
+        target_ms=None,
+        value_ms=None,
+        passed=False,
+        population=0,
+        note="no recorded requests: the class cannot be judged",
+    )
+
+
+def goodput(rows: pl.DataFrame, *, duration_s: float) -> Goodput:
+    """Requests and output tokens per second from requests that met every threshold."""
+    good = rows.filter(pl.col("meets_slo"))
+    if duration_s <= 0:
+        return Goodput(requests_per_s=None, output_tokens_per_s=None)
+    return Goodput(
+        requests_per_s=round(good.height / duration_s, 3),
+        output_tokens_per_s=round(int(good.get_column("output_tokens").sum()) / duration_s, 3),
+    )

@@ -1,0 +1,234 @@
+"""Time windows within one run: how load, latency and failures moved during the run.
+
+Sits beside the SLO audit, after `analysis.metrics`: a pure function of the records frame that
+the report (tables, timeline plot) reads. No I/O.
+
+Windows are anchored at the run's t0: window k covers [k·step, k·step + window) ns since
+t0. Tumbling (step = window) puts every event in exactly one window; sliding
+(step < window) puts it in every window that covers it. Windows run from t0 to the run's
+last moment, so the drain after the last arrival shows too; every class gets every window.
+
+Per class and window:
+
+- requests, outcomes, attainment, TTFT and TPOT percentiles: requests assigned by their
+  *intended* time (when the user pressed enter), so a window describes what the users who
+  arrived in it felt. TTFT/TPOT percentiles are over that window's ok requests (TPOT: N > 1),
+  nearest rank, like the summary; failures show in the outcome counts.
+- ITL percentiles: over individual gaps of ok requests, each assigned by the arrival time
+  of the chunk that ends it.
+- arrival_rate_per_s = requests / window_s (a window cut off by the run's end reads low).
+- in_flight: requests sent at or before the window's end and not yet ended at it
+  (sent_ns <= t < end, where a record without end_ns ends at its latest known moment).
+- attainment = requests meeting every threshold of the class (`slo.per_request`) /
+  requests; null for a window with no requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from fractions import Fraction
+
+import polars as pl
+
+from loadgen.analysis import slo
+from loadgen.analysis.metrics import NS_PER_S
+from loadgen.results.records import OUTCOMES, Outcome
+from loadgen.workload.spec import SloTargets
+
+WINDOW_PERCENTILES: tuple[float, ...] = (50.0, 99.0)
+FAILURE_OUTCOMES: tuple[str, ...] = tuple(o for o in OUTCOMES if o != Outcome.OK.value)
+
+_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
+_PERCENTILE_COLUMNS = [
+    f"{name.removesuffix('_ms')}_p{p:g}_ms" for name in _LATENCIES for p in WINDOW_PERCENTILES
+]
+SCHEMA: dict[str, pl.DataType] = {
+    "class": pl.String(),
+    "window_start_s": pl.Float64(),
+    "window_end_s": pl.Float64(),
+    "requests": pl.Int64(),
+    "arrival_rate_per_s": pl.Float64(),
+    "in_flight": pl.Int64(),
+    "ok": pl.Int64(),
+    "failed": pl.Int64(),
+    "met_slo": pl.Int64(),
+    "attainment": pl.Float64(),
+    **dict.fromkeys(_PERCENTILE_COLUMNS, pl.Float64()),
+    "itl_gaps": pl.Int64(),
+    **dict.fromkeys(FAILURE_OUTCOMES, pl.Int64()),
+}
+
+
+def time_windows(
+    frame: pl.DataFrame,
+    *,
+    slos: Mapping[str, SloTargets] | None = None,
+    window_s: float = 10.0,
+    step_s: float | None = None,
+) -> pl.DataFrame:
+    """One row per class and window, columns `SCHEMA`, sorted by class then window start.
+
+    `step_s` None gives tumbling windows; 0 < step_s <= window_s gives sliding ones.
+    Raises ValueError for a non-positive window or a step outside (0, window_s].
+    """
+    window_ns, step_ns = _grid_ns(window_s, step_s)
+    if frame.height == 0:
+        return pl.DataFrame(schema=SCHEMA)
+    last_ns = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item())
+    classes = sorted(frame.get_column("class").unique().to_list())
+    grid = pl.DataFrame({"class": classes}).join(
+        pl.DataFrame({"window": pl.arange(0, last_ns // step_ns + 1, eager=True)}), how="cross"
+    )
+    requests = _request_stats(frame, slos, window_ns, step_ns)
+    gaps = _gap_stats(frame, window_ns, step_ns)
+    flight = _in_flight(frame, grid, window_ns, step_ns)
+    counts = ["requests", "ok", "met_slo", "itl_gaps", "in_flight", *FAILURE_OUTCOMES]
+    joined = (
+        grid.join(requests, on=["class", "window"], how="left")
+        .join(gaps, on=["class", "window"], how="left")
+        .join(flight, on=["class", "window"], how="left")
+        .with_columns(pl.col(counts).fill_null(0))
+    )
+    start_s = pl.col("window") * step_ns / NS_PER_S
+    return (
+        joined.with_columns(
+            start_s.alias("window_start_s"),
+            (start_s + window_ns / NS_PER_S).alias("window_end_s"),
+            (pl.col("requests") / (window_ns / NS_PER_S)).alias("arrival_rate_per_s"),
+            (pl.col("requests") - pl.col("ok")).alias("failed"),
+            pl.when(pl.col("requests") > 0)
+            .then(pl.col("met_slo") / pl.col("requests"))
+            .alias("attainment"),
+        )
+        .sort("class", "window")
+        .select([pl.col(name).cast(dtype) for name, dtype in SCHEMA.items()])
+    )
+
+
+def _grid_ns(window_s: float, step_s: float | None) -> tuple[int, int]:
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window must be a finite number of seconds > 0 (got {window_s})")
+    window_ns = max(round(window_s * NS_PER_S), 1)
+    if step_s is None:
+        return window_ns, window_ns
+    if not (math.isfinite(step_s) and 0 < step_s <= window_s):
+        raise ValueError(f"window step must be in (0, window = {window_s:g} s] (got {step_s})")
+    return window_ns, max(round(step_s * NS_PER_S), 1)
+
+
+def _end_ns() -> pl.Expr:
+    """When a request ended; its latest known moment when it has no end_ns (interrupted)."""
+    return pl.coalesce("end_ns", "last_token_ns", "first_token_ns", "sent_ns", "intended_ns")
+
+
+def _window_of(time_ns: pl.Expr, window_ns: int, step_ns: int) -> pl.Expr:
+    """The window index (tumbling) or the list of indices (sliding) covering `time_ns`.
+
+    t is in window k iff k·step <= t < k·step + window, i.e. (t - window)/step < k <= t/step.
+    """
+    last = time_ns // step_ns
+    if window_ns == step_ns:
+        return last
+    first = ((time_ns - window_ns) // step_ns + 1).clip(lower_bound=0)
+    return pl.int_ranges(first, last + 1)
+
+
+def _assign(lazy: pl.LazyFrame, time_ns: pl.Expr, window_ns: int, step_ns: int) -> pl.LazyFrame:
+    """Each row tagged with its `window` (repeated once per covering window when sliding)."""
+    tagged = lazy.with_columns(_window_of(time_ns, window_ns, step_ns).alias("window"))
+    return tagged if window_ns == step_ns else tagged.explode("window")
+
+
+def _nearest_rank_of_sorted(values: pl.Expr, percentile: float) -> pl.Expr:
+    """Nearest-rank percentile of a sorted list column, null when the list is empty.
+
+    rank = ceil(p/100 · n) in integer arithmetic (p as an exact fraction), as
+    `loadgen.percentiles.nearest_rank` does, so float noise cannot move a rank.
+    """
+    p = Fraction(str(percentile)) / 100
+    n = values.list.len()
+    rank = ((n * p.numerator + p.denominator - 1) // p.denominator).clip(lower_bound=1)
+    return values.list.get(rank - 1, null_on_oob=True)
+
+
+def _percentiles(column: str) -> list[pl.Expr]:
+    stem = column.removesuffix("_ms")
+    return [
+        _nearest_rank_of_sorted(pl.col(column), p).alias(f"{stem}_p{p:g}_ms")
+        for p in WINDOW_PERCENTILES
+    ]
+
+
+def _request_stats(
+    frame: pl.DataFrame, slos: Mapping[str, SloTargets] | None, window_ns: int, step_ns: int
+) -> pl.DataFrame:
+    """Counts, attainment numerator and TTFT/TPOT percentiles by (class, window of intended)."""
+    is_ok = pl.col("outcome") == Outcome.OK.value
+    rows = slo.per_request(frame, slos=slos).with_columns(frame.get_column("intended_ns"))
+    ok_sorted = [
+        pl.col(c).filter(is_ok).drop_nulls().sort().alias(c) for c in ("ttft_ms", "tpot_ms")
+    ]
+    return (
+        _assign(rows.lazy(), pl.col("intended_ns"), window_ns, step_ns)
+        .group_by("class", "window")
+        .agg(
+            pl.len().cast(pl.Int64).alias("requests"),
+            is_ok.sum().cast(pl.Int64).alias("ok"),
+            pl.col("meets_slo").sum().cast(pl.Int64).alias("met_slo"),
+            *[(pl.col("outcome") == o).sum().cast(pl.Int64).alias(o) for o in FAILURE_OUTCOMES],
+            *ok_sorted,
+        )
+        .with_columns(*_percentiles("ttft_ms"), *_percentiles("tpot_ms"))
+        .drop("ttft_ms", "tpot_ms")
+        .collect()
+    )
+
+
+def _gap_stats(frame: pl.DataFrame, window_ns: int, step_ns: int) -> pl.DataFrame:
+    """ITL percentiles by (class, window of the gap's end): every gap of every ok request."""
+    chunks = pl.col("chunk_ns")
+    gaps = (
+        frame.lazy()
+        .filter((pl.col("outcome") == Outcome.OK.value) & (chunks.list.len() > 1))
+        .select(
+            "class",
+            (chunks.list.slice(1) - chunks.list.head(chunks.list.len() - 1)).alias("gap_ns"),
+            chunks.list.slice(1).alias("end_ns"),
+        )
+        .explode("gap_ns", "end_ns")
+        .sort("gap_ns")  # once, before a sliding grid repeats each gap in several windows
+    )
+    return (
+        _assign(gaps, pl.col("end_ns"), window_ns, step_ns)
+        .group_by("class", "window")
+        .agg(  # group_by keeps row order within a group: each list comes out sorted
+            pl.len().cast(pl.Int64).alias("itl_gaps"),
+            (pl.col("gap_ns").cast(pl.Float64) / 1e6).alias("itl_ms"),
+        )
+        .with_columns(*_percentiles("itl_ms"))
+        .drop("itl_ms")
+        .collect()
+    )
+
+
+def _in_flight(
+    frame: pl.DataFrame, grid: pl.DataFrame, window_ns: int, step_ns: int
+) -> pl.DataFrame:
+    """Requests sent and not yet ended at each window's end: #(sent <= t) - #(end <= t)."""
+    sent = frame.filter(pl.col("sent_ns").is_not_null())
+    parts = []
+    for (name,), part in sent.partition_by("class", as_dict=True).items():
+        windows = grid.filter(pl.col("class") == name).get_column("window")
+        at_ns = windows * step_ns + window_ns
+        started = part.get_column("sent_ns").sort().search_sorted(at_ns, side="right")
+        ended = part.select(_end_ns()).to_series().sort().search_sorted(at_ns, side="right")
+        in_flight = (started.cast(pl.Int64) - ended.cast(pl.Int64)).alias("in_flight")
+        parts.append(
+            pl.DataFrame({"window": windows, "in_flight": in_flight}).select(
+                pl.lit(str(name)).alias("class"), "window", "in_flight"
+            )
+        )
+    if not parts:
+        return grid.with_columns(pl.lit(0, pl.Int64).alias("in_flight"))
+    return pl.concat(parts)

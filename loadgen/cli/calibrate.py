@@ -1,0 +1,198 @@
+"""`loadgen calibrate`: measure how much load this machine's client measures truthfully.
+
+A thin command: parse the flags into a `Ladder` and `Thresholds`, let
+`loadgen.studies.calibrate.calibrate` drive the levels (printing each as it lands), render the
+table or JSON (`render.calibrate_view`), and save the result for `loadgen run`'s envelope
+warning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from loadgen.cli.options import clean_errors, output_console
+from loadgen.errors import ConfigError
+from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
+from loadgen.run.envelope import calibration_path, save_calibration
+from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds
+from loadgen.studies.calibrate import (
+    calibrate as run_calibration,
+)
+
+DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
+EXIT_HELP = """\b
+Exit codes:
+  0    calibrated: at least the lowest level met every threshold
+  1    usage or configuration error
+  2    no level met the thresholds (this machine cannot measure even the lowest)
+  130  interrupted"""
+
+
+def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
+    if text is None:
+        return QUICK_LADDER.streams if quick else Ladder().streams
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ConfigError("command line", "--levels", f"must be stream counts ≥ 1 (got {text!r})",
+                          "e.g. --levels 64,128,256")  # fmt: skip
+    return values
+
+
+@click.command(
+    "calibrate", epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.option(
+    "--levels",
+    metavar="S1,S2,...",
+    help="Concurrent streams per level (total over all processes).  [default: 64,128,256,512,1024]",
+)
+@click.option(
+    "--tokens-per-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=50.0,
+    show_default=True,
+    help="Token rate of each stream (the simulator's decode step is 1/this).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.1),
+    default=4.0,
+    show_default=True,
+    help="Each stream's token phase; tokens per stream = rate × this.",
+)
+@click.option(
+    "--workers",
+    "--processes",
+    "processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Engine processes, each with every N-th stream, as `loadgen run --workers N` "
+    "splits a schedule (the saved envelope is per process).",
+)
+@click.option(
+    "--max-timestamp-err-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Threshold: chunk timestamp error p99.",
+)
+@click.option(
+    "--max-ttft-err-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Threshold: TTFT error p99.",
+)
+@click.option(
+    "--max-send-lag-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Threshold: send lag p99.",
+)
+@click.option("--all-levels", is_flag=True, help="Go on past the first level that misses.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="A smoke check: 8 and 16 streams, 1 s each; not saved unless --save is given.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json: the result on stdout, for machines.",
+)
+@click.option(
+    "--save",
+    "save_path",
+    is_flag=False,
+    flag_value=DEFAULT_FILE,
+    metavar="[PATH]",
+    help="Save the envelope (the default without --quick) to PATH, or without PATH to "
+    "$LOADGEN_CALIBRATION, else ${XDG_CACHE_HOME:-~/.cache}/loadgen/calibration.json.",
+)
+@click.option("--no-save", is_flag=True, help="Do not save (loadgen run will not see it).")
+def calibrate(
+    levels: str | None, tokens_per_s: float, seconds: float, processes: int,
+    max_timestamp_err_ms: float, max_ttft_err_ms: float, max_send_lag_ms: float,
+    all_levels: bool, quick: bool, fmt: str, save_path: str | None, no_save: bool,
+) -> None:  # fmt: skip
+    """Find the highest load this machine's client measures truthfully (its envelope).
+
+    Starts the built-in simulator with its ground-truth trace once per level, sends the
+    level's streams through the same engine `loadgen run` uses, and compares every client
+    chunk timestamp with the simulator's write time of that chunk (one monotonic clock on
+    this host). Per level: timestamp error p50/p99/max, TTFT error p99, send lag p99 and
+    client CPU per chunk. The envelope is the highest level at which it and every lower
+    level met the thresholds; it is saved per host, and `loadgen run` warns when a
+    workload's expected peak exceeds it. Run it on an otherwise idle machine.
+
+    \b
+    Example:
+      loadgen calibrate
+      loadgen calibrate --levels 256,512,1024 --workers 2 --format json
+      loadgen calibrate --quick
+    """
+
+    clean_errors(_calibrate)(
+        Ladder(
+            streams=_levels(levels, quick),
+            tokens_per_s=tokens_per_s,
+            stream_s=QUICK_LADDER.stream_s if quick else seconds,
+            ramp_s=QUICK_LADDER.ramp_s if quick else Ladder().ramp_s,
+            processes=processes,
+            all_levels=all_levels,
+            quick=quick,
+        ),
+        Thresholds(
+            timestamp_p99_ms=max_timestamp_err_ms,
+            ttft_p99_ms=max_ttft_err_ms,
+            send_lag_p99_ms=max_send_lag_ms,
+        ),
+        fmt,
+        (save_path, no_save),
+    )
+
+
+def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | None:
+    """Where to save: nowhere with --no-save, or with --quick unless --save was given."""
+    if save_path is not None and no_save:
+        raise ConfigError("command line", "--save/--no-save", "are contradictory", "give one")
+    if no_save or (quick and save_path is None):
+        return None
+    return calibration_path(None if save_path in (None, DEFAULT_FILE) else Path(save_path))
+
+
+def _calibrate(
+    ladder: Ladder, thresholds: Thresholds, fmt: str, saving: tuple[str | None, bool]
+) -> None:
+    save = save_target(saving[0], quick=ladder.quick, no_save=saving[1])
+
+    def progress(level: Level) -> None:
+        if fmt == "table":
+            print(level_line(level), file=sys.stderr, flush=True)
+
+    if fmt == "table":
+        print(start_line(ladder), file=sys.stderr, flush=True)
+    result = run_calibration(ladder, thresholds, progress)
+    if save is not None:
+        save_calibration(result, save)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=2))
+    else:
+        console = output_console()
+        console.print(levels_table(result))
+        for line in conclusion(result, save):
+            console.print(line)
+    if result["envelope"] is None:
+        sys.exit(2)

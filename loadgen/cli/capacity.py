@@ -1,0 +1,265 @@
+"""`loadgen capacity`: step the load up, bisect to the knee, judge a proposed limit.
+
+A thin command: parse the flags, start one simulator when there is no URL (so the server
+keeps its state between steps, like a real one), hand `loadgen.studies.capacity.search` a step
+function that runs `loadgen.run.execute.execute` (`capacity.run_one_against`), then render
+with `render.capacity_view`: the rules, each step, the table, the conclusion, capacity.json
+and the knee plot. The search logic lives in `loadgen.studies.capacity`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.options import check_url, clean_errors, output_console
+from loadgen.errors import ConfigError
+from loadgen.render.capacity_view import (
+    conclusion,
+    rule_lines,
+    start_line,
+    step_lines,
+    steps_table,
+    write_capacity,
+    x_axis,
+)
+from loadgen.run.simulator import target_url
+from loadgen.studies.capacity import (
+    MIN_LIFETIMES,
+    PARAMS,
+    WARMUP_LIFETIMES,
+    Step,
+    base_rate_per_s,
+    exit_code,
+    geometric_loads,
+    judge,
+    run_one_against,
+    search,
+    settings_json,
+    step_runner,
+)
+from loadgen.workload.spec import WorkloadSpec, load, rate_scale
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_HELP = """\b
+Exit codes:
+  0    the proposed limit passes; without --proposed-limit, the knee was found
+  1    usage or configuration error (bad file, bad flag, unreachable target)
+  2    the proposed limit fails; without it, no knee in range (no step passed,
+       or every step up to --max passed)
+  3    the generator fell behind before the answer was known: rerun on a bigger machine
+  130  interrupted"""
+
+
+@click.command(
+    cls=UsageErrorsExitOne,
+    epilog=EXIT_HELP,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--url",
+    help="Base URL of the endpoint; without it one built-in simulator "
+    "is started for the whole search (the workload's sim: section).",
+)
+@click.option(
+    "--param",
+    type=click.Choice(PARAMS),
+    default="rate",
+    show_default=True,
+    help="rate: multiply every class's arrival rate; max_in_flight: step a "
+    "concurrency cap, each class sending closed-loop so the cap stays full.",
+)
+@click.option(
+    "--start",
+    help="First load: a multiplier (0.5x) or total req/s (rate), "
+    "a cap (max_in_flight). Default 0.5x / 1.",
+)
+@click.option("--max", "maximum", help="Highest load to try. Default 16x / 256.")
+@click.option(
+    "--factor",
+    type=click.FloatRange(min=1, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Geometric step between loads.",
+)
+@click.option(
+    "--steps",
+    "steps_text",
+    metavar="L1,L2,...",
+    help="Explicit increasing loads instead of --start/--max/--factor.",
+)
+@click.option(
+    "--resolution",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.05,
+    show_default=True,
+    help="Bisect until first fail <= highest pass × (1 + this).",
+)
+@click.option(
+    "--min-tail",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Requests each class needs beyond its SLO percentile (p99: n >= 10/0.01).",
+)
+@click.option(
+    "--min-lifetimes",
+    type=click.FloatRange(min=1),
+    default=MIN_LIFETIMES,
+    show_default=True,
+    help="Mean request lifetimes (intended → end) each step's judged part must last.",
+)
+@click.option(
+    "--warmup-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds at the start of each step left out of the audit "
+    f"(default the larger of 10 % and {WARMUP_LIFETIMES:g} lifetimes).",
+)
+@click.option(
+    "--proposed-limit",
+    help="A load to judge (same units as --start): pass only "
+    "if <= highest passing load × (1 − safety margin).",
+)
+@click.option(
+    "--safety-margin",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=0.10,
+    show_default=True,
+    help="Share kept below the highest pass.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for capacity.json, knee.png and the steps' runs "
+    "(default reports/capacity-<UTC time>).",
+)
+@click.option("--seed", type=int, help="Seed for arrivals, lengths and prompts.")
+@click.option(
+    "--lag-bound-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Send lag above which a send is late; too many late sends make a step invalid.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress line during the steps.")
+@clean_errors
+def capacity(
+    workload: Path, url: str | None, param: str, start: str | None, maximum: str | None,
+    factor: float, steps_text: str | None, resolution: float, min_tail: int,
+    min_lifetimes: float, warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
+    out_dir: Path | None, seed: int | None, lag_bound_ms: float, quiet: bool,
+) -> None:  # fmt: skip
+    """Find the highest load the server sustains with every SLO of every class met (the knee).
+
+    Steps the load up geometrically (or through --steps) until a step fails, then
+    bisects between the highest passing and the lowest failing load. A step passes only
+    at a steady state: long enough (every class's SLO percentile rests on --min-tail
+    requests beyond it, and the judged part lasts --min-lifetimes mean request
+    lifetimes), completing within 3 % of the offered rate, with no rise in requests in
+    flight or TTFT beyond what noise allows, and every SLO met; its warm-up is left out.
+    An over-saturated step (completing less than offered) bounds the search: no load
+    above what it served is run. A step whose generator fell behind is invalid, not
+    failed: the search stops raising load there. Goodput (requests and tokens within
+    SLO) is the objective; raw throughput is shown beside it.
+
+    \b
+    Example:
+      loadgen capacity workloads/chat-smoke.yaml
+      loadgen capacity workloads/mixed.yaml --url http://candidate:8000 --proposed-limit 3
+      loadgen capacity workloads/chat-smoke.yaml --param max_in_flight --start 4 --max 64
+    """
+
+    check_url(url)
+    spec = load(workload)
+    integer = param == "max_in_flight"
+    loads = _loads(spec, param, start, maximum, factor, steps_text)
+    proposed = _load_value(spec, param, proposed_limit, "--proposed-limit")
+    out = out_dir or Path("reports") / f"capacity-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    console = output_console()
+    scale, unit = x_axis(spec, param)
+    for rule in rule_lines(spec, min_tail, min_lifetimes, warmup_s, param):
+        console.print(rule)
+
+    def on_start(load: float, spec_at: WorkloadSpec) -> None:
+        console.print(start_line(load, spec_at, param, scale))
+
+    def on_step(step: Step) -> None:
+        for line in step_lines(step, param, scale):
+            console.print(line)
+
+    with _target_url(url, spec, quiet) as base_url:
+        run_one = run_one_against(base_url, seed=seed, out=out / "steps",
+                                  lag_bound_ms=lag_bound_ms, quiet=quiet)  # fmt: skip
+        run_step = step_runner(spec, run_one, param=param, min_tail=min_tail, warmup_s=warmup_s,
+                               min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms,
+                               on_start=on_start)  # fmt: skip
+        found = search(run_step, loads, resolution=resolution, integer=integer, on_step=on_step)
+    verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
+    console.print(steps_table(found, param, scale))
+    base_rate = base_rate_per_s(spec) if param == "rate" else None
+    settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
+                             safety_margin, proposed, base_rate)  # fmt: skip
+    write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
+    for line in conclusion(found, verdict, param, scale, safety_margin):
+        console.print(line)
+    console.print(f"knee plot, capacity.json and step runs: {out}")
+    sys.exit(exit_code(found, verdict))
+
+
+def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> float | None:
+    """A load in search units: a rate multiplier (from `2x` or total req/s), or a cap."""
+
+    if text is None:
+        return None
+    if param == "rate":
+        try:
+            return rate_scale(spec, text)
+        except ConfigError as exc:
+            raise ConfigError("command line", flag, exc.problem, exc.fix) from None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError("command line", flag, f"must be a cap >= 1 (got {text!r})", "e.g. 16")
+    return float(value)
+
+
+def _loads(
+    spec: WorkloadSpec, param: str, start: str | None, maximum: str | None, factor: float,
+    steps_text: str | None,
+) -> list[float]:  # fmt: skip
+    integer = param == "max_in_flight"
+    if steps_text:
+        loads = [_load_value(spec, param, t.strip(), "--steps") for t in steps_text.split(",")]
+        values = [v for v in loads if v is not None]
+        if values != sorted(set(values)):
+            raise ConfigError("command line", "--steps", "loads must increase", "e.g. 1x,2x,4x")
+        return values
+    first = _load_value(spec, param, start or ("1" if integer else "0.5x"), "--start")
+    last = _load_value(spec, param, maximum or ("256" if integer else "16x"), "--max")
+    assert first is not None  # defaults given
+    assert last is not None
+    if last < first:
+        raise ConfigError("command line", "--max", f"must be >= --start (got {maximum})")
+    return geometric_loads(first, last, factor, integer=integer)
+
+
+@contextlib.contextmanager
+def _target_url(url: str | None, spec: WorkloadSpec, quiet: bool) -> Iterator[str]:
+    """The URL, the file's, or one built-in simulator kept up for every step."""
+    with target_url(url, spec) as (base_url, args):
+        if args is not None and not quiet:
+            click.echo(f"started the built-in simulator at {base_url} {' '.join(args)}", err=True)
+        yield base_url

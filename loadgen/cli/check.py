@@ -1,0 +1,51 @@
+"""`loadgen check`: validate a workload file and print its plan; sends nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from loadgen.cli.options import check_memory_line, clean_errors, output_console, workload_options
+from loadgen.render.plan_view import render_plan
+from loadgen.run.simulator import sim_args_from_mapping
+from loadgen.workload.plans import plan_run
+from loadgen.workload.spec import load, override
+
+
+@click.command()
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@workload_options
+@click.option(
+    "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
+)
+@clean_errors
+def check(
+    workload: Path,
+    requests: int | None,
+    duration: float | None,
+    rate: str | None,
+    seed: int | None,
+    api: str | None,
+    model: str | None,
+    force_output_tokens: bool | None,
+    max_memory_gb: float | None,
+    show_schedule: bool,
+) -> None:
+    """Validate a workload file and print its plan; sends nothing.
+
+    \b
+    Example:
+      loadgen check workloads/chat.yaml
+      loadgen check workloads/chat.yaml --rate 2x --schedule
+      loadgen check workloads/chat.yaml --api anthropic --model claude-haiku-4-5
+    """
+
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
+                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+    sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
+    memory = check_memory_line(spec, seed, max_memory_gb)
+    plans = plan_run(spec, seed)
+    console = output_console()
+    console.print(render_plan(spec, plans, show_schedule=show_schedule))
+    console.print(memory)

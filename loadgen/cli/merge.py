@@ -1,0 +1,65 @@
+"""`loadgen merge`: parse the shard folders, call `run.merge`, render the merged run's summary
+and its shards (`render.terminal`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from loadgen.cli.options import clean_errors, output_console
+from loadgen.render.terminal import render_summary, shard_lines
+from loadgen.run.merge import merge_shards
+
+MERGE_EXIT_CODES = """\b
+Exit codes:
+  0    every SLO of every class met
+  1    the folders are not the N shards of one run (or not run folders)
+  2    an SLO was missed
+  3    a shard's generator fell behind: its numbers are not the server's"""
+
+
+@click.command(
+    "merge", epilog=MERGE_EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.argument(
+    "dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports"),
+    show_default=True,
+    help="Results store; the merged run lands in OUT/<run-id>/.",
+)
+@click.option(
+    "--run-id", help="Name of the merged run folder (default: UTC time, workload, random)."
+)
+def merge(dirs: tuple[Path, ...], out_dir: Path, run_id: str | None) -> None:
+    """Combine the run folders of N shards (`run --shard i/N --start-at T`) into one run.
+
+    Checks that the folders are shards 0..N-1 of one workload, seed and start, each exactly
+    once; shifts each shard's times by its t0 anchor minus the agreed start onto one
+    timeline; writes records.parquet, run.json (with each shard's skew), summary.json and
+    histograms.parquet, so `loadgen report` and the results store read it like any run.
+
+    \b
+    Example:
+      loadgen merge shards/s0 shards/s1 shards/s2 shards/s3 --out reports --run-id nightly-1
+      loadgen merge shards/* && loadgen report reports/<merged-run-id>
+    """
+
+    clean_errors(_merge)(dirs, out_dir, run_id)
+
+
+def _merge(dirs: tuple[Path, ...], out_dir: Path, run_id: str | None) -> None:
+    result = merge_shards(dirs, out_dir, run_id)
+    console = output_console()
+    console.print(render_summary(result.summary))
+    if result.run_info.shards is not None:
+        for line in shard_lines(result.run_info.shards):
+            console.print(line)
+    console.print(f"merged run: {result.run_dir}")
+    sys.exit(result.exit_code)

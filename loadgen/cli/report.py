@@ -1,0 +1,192 @@
+"""`loadgen report`: one run re-audited and rendered, or a results store over rolling windows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
+from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.model import build_run_report
+from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
+from loadgen.render.terminal import recovery_line, render_summary
+from loadgen.results import codec
+from loadgen.results.recover import recover
+from loadgen.results.runfolder import read_run_info
+from loadgen.results.store import discover_runs, select_runs
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--slo",
+    "slo_text",
+    metavar="KEY=VALUE,...",
+    help="Re-audit against other targets, e.g. ttft_ms=800,tpot_ms=40,percentile=95.",
+)
+@click.option(
+    "--window",
+    "window_text",
+    default=None,
+    help="One run: window length in s (default 10). Results store: trailing window, "
+    "e.g. 30d (default).",
+)
+@click.option(
+    "--step",
+    "step_text",
+    default=None,
+    help="One run: slide windows by this many s (default: tumbling). "
+    "Results store: step between windows, e.g. 1d (default).",
+)
+@click.option("--class", "class_name", help="Results store: only this class.")
+@click.option(
+    "--workload",
+    "workload_name",
+    metavar="NAME",
+    help="Results store: only this workload (a name, or NAME@FINGERPRINT as the table shows).",
+)
+@click.option(
+    "--include-incomplete",
+    is_flag=True,
+    help="Results store: also pool runs that stopped early (interrupted, watchdog, recovered).",
+)
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Results store: also compute exact values from records, and the difference.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the report (default: PATH/report).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: the summary (or windows) on stdout, for machines.",
+)
+@click.option(
+    "--recover",
+    is_flag=True,
+    help="One run that was killed: join its record parts and give every planned request a "
+    "record (cancelled if it was due, not_sent if not), mark it incomplete (exit 5), write "
+    "its summary.json, then report.",
+)
+@clean_errors
+def report(
+    path: Path,
+    slo_text: str | None,
+    window_text: str | None,
+    step_text: str | None,
+    class_name: str | None,
+    workload_name: str | None,
+    include_incomplete: bool,
+    exact: bool,
+    out_dir: Path | None,
+    fmt: str,
+    recover: bool,
+) -> None:
+    """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
+
+    For a run folder: re-audits it from its records alone (optionally against other SLOs)
+    and writes report.html (self-contained, plots embedded), report.md and summary.json;
+    exits with the verdict. For a results store (a folder of runs): each workload's
+    classes' percentiles and attainment over a trailing window of its runs, at every step;
+    two workloads (name + spec fingerprint) are never pooled, and runs that stopped early
+    are left out unless --include-incomplete.
+
+    \b
+    Example:
+      loadgen report reports/20261129T101500Z-chat-1a2b
+      loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
+      loadgen report reports/ --window 30d --step 1d --class chat
+      loadgen report reports/ --workload chat-smoke --format json
+      loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
+    """
+    if (path / "run.json").exists():
+        if recover:
+            _recover(path)
+        _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
+    else:
+        _report_store(
+            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
+            workload=workload_name, include_incomplete=include_incomplete,
+        )  # fmt: skip
+
+
+def _recover(run_dir: Path) -> None:
+    """Give a killed run one record per plan, then write its summary and histograms."""
+
+    done = recover(run_dir)
+    if done.nothing_to_do:
+        click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
+        return
+    write_audit(run_dir)
+    click.echo(recovery_line(run_dir, done), err=True)
+
+
+def _report_run(
+    run_dir: Path, slo_text: str | None, window_text: str | None, step_text: str | None,
+    out_dir: Path | None, fmt: str,
+) -> None:  # fmt: skip
+
+    slos = None
+    if slo_text:
+        slos = apply_slo_override(read_run_info(run_dir).slos(), parse_slo_override(slo_text))
+    try:
+        window_s = float(window_text) if window_text else 10.0
+        step_s = float(step_text) if step_text else None
+        built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
+    except ValueError as exc:
+        raise ConfigError(
+            "command line",
+            "--window/--step",
+            str(exc),
+            "one run takes seconds, e.g. --window 10 --step 5",
+        ) from None
+    written = write_run_report(built, out_dir or run_dir / "report")
+    if fmt == "json":
+        click.echo(json.dumps(codec.to_json(built.summary), indent=2))
+    else:
+        console = output_console()
+        console.print(render_summary(built.summary))
+        for file in written:
+            if file.suffix in (".html", ".md", ".json"):
+                console.print(f"wrote {file}")
+    sys.exit(built.summary.verdict.exit_code)
+
+
+def _report_store(
+    store: Path, window_text: str, step_text: str, class_name: str | None, exact: bool,
+    out_dir: Path | None, fmt: str, *, workload: str | None, include_incomplete: bool,
+) -> None:  # fmt: skip
+
+    runs = discover_runs(store)
+    if not runs:
+        raise LoadgenError(f"{store} holds no runs (no */run.json): give a run folder or the "
+                           "results store that `loadgen run --out` writes to")  # fmt: skip
+    window, step = parse_duration(window_text), parse_duration(step_text)
+    selected = select_runs(runs, workload=workload, include_incomplete=True)
+    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact,
+                            workload=workload, include_incomplete=include_incomplete)  # fmt: skip
+    if fmt == "json":
+        click.echo(json.dumps(to_json(frame), indent=2))
+        return
+    console = output_console()
+    console.print(render_rolling_table(frame))
+    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
+    if stopped and not include_incomplete:
+        console.print(left_out_line(stopped))
+    slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
+    for path in write_rolling_report(out_dir or store / "rolling-report", frame, slos):
+        click.echo(f"wrote {path}")

@@ -1,0 +1,239 @@
+"""`loadgen run`: run a workload against an endpoint and audit its SLOs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from loadgen.cli.options import (
+    EXIT_CODES_HELP,
+    MAX_WAIT_S,
+    FiniteFloat,
+    check_memory_line,
+    check_run_id,
+    check_url,
+    clean_errors,
+    output_console,
+    parse_headers,
+    workload_options,
+)
+from loadgen.errors import ConfigError
+from loadgen.render.plan_view import render_plan
+from loadgen.render.terminal import render_processes, render_summary
+from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.simulator import sim_args_from_mapping
+from loadgen.workload.plans import plan_work
+from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
+from loadgen.workload.spec import load, override
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--url",
+    help="Base URL of the endpoint, e.g. http://127.0.0.1:8000. "
+    "Without it (and without target.url) the built-in simulator is started.",
+)
+@workload_options
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports"),
+    show_default=True,
+    help="Results store; the run lands in OUT/<run-id>/.",
+)
+@click.option(
+    "--run-id",
+    help="Name of the run folder: letters, digits and -_. (default: UTC time, workload name, "
+    "random).",
+)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1, max=1_000_000),
+    help="Cap on concurrent requests; waits for a slot count in latency.",
+)
+@click.option(
+    "--lag-bound-ms",
+    type=FiniteFloat(0, 3_600_000, low_open=True),
+    default=5.0,
+    show_default=True,
+    help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3.",
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    type=FiniteFloat(0, 86_400),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight requests get to finish after Ctrl-C.",
+)
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="Extra request header (repeatable); ${VAR} is read from the environment.",
+)
+@click.option("--no-preflight", is_flag=True, help="Skip the one-request check of the target.")
+@click.option(
+    "--preflight-timeout",
+    "preflight_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The preflight's overall deadline in seconds (default: the longest "
+    "deadlines.first_token_s of the classes; never more than --watchdog).",
+)
+@click.option(
+    "--sim-trace",
+    is_flag=True,
+    help="With the built-in simulator, keep its server-side trace in the run folder.",
+)
+@click.option(
+    "--watchdog",
+    "watchdog_s",
+    type=FiniteFloat(0, MAX_WAIT_S, low_open=True),
+    default=300.0,
+    show_default=True,
+    help="Abort (exit 4) when nothing progresses this many seconds while requests are due.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=256),
+    help="Engine processes sharing the schedule (default 1; one per core when the expected "
+    "peak exceeds this host's calibrated envelope).",
+)
+@click.option(
+    "--shard",
+    "shard_text",
+    metavar="I/N",
+    help="Run only shard I (from 0) of N of the schedule; needs --start-at. Merge the N run "
+    "folders with `loadgen merge`.",
+)
+@click.option(
+    "--start-at",
+    "start_at_text",
+    metavar="EPOCH",
+    help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate everything the run would use (file, flags, URL, headers, run folder, "
+    "memory), print the plan, then stop: nothing is sent or written.",
+)
+@clean_errors
+def run(
+    workload: Path,
+    url: str | None,
+    requests: int | None,
+    duration: float | None,
+    rate: str | None,
+    seed: int | None,
+    api: str | None,
+    model: str | None,
+    force_output_tokens: bool | None,
+    out_dir: Path,
+    run_id: str | None,
+    max_in_flight: int | None,
+    lag_bound_ms: float,
+    grace_s: float,
+    headers: tuple[str, ...],
+    no_preflight: bool,
+    preflight_timeout_s: float | None,
+    sim_trace: bool,
+    watchdog_s: float,
+    workers: int | None,
+    shard_text: str | None,
+    start_at_text: str | None,
+    quiet: bool,
+    max_memory_gb: float | None,
+    dry_run: bool,
+) -> None:
+    """Run a workload against an endpoint and audit its SLOs.
+
+    Writes OUT/<run-id>/records.parquet (one row per planned request), run.json and
+    summary.json, prints a table per class, and exits with the verdict.
+
+    \b
+    Example:
+      loadgen run workloads/chat.yaml
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --rate 2x --requests 200
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:11434 --api ollama-chat --model tiny
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
+    """
+
+    check_url(url)
+    check_run_id(run_id)
+    if shard_text is not None and start_at_text is None:
+        raise ConfigError("command line", "--shard", "needs an agreed start",
+                          "add --start-at EPOCH, the same for every shard")  # fmt: skip
+    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
+                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+    memory = check_memory_line(spec, seed, max_memory_gb)
+    options = RunOptions(
+        url=url,
+        seed=seed,
+        out_dir=out_dir,
+        run_id=run_id,
+        max_in_flight=max_in_flight,
+        quiet=quiet,
+        lag_bound_ms=lag_bound_ms,
+        grace_s=grace_s,
+        check_target=not no_preflight,
+        preflight_timeout_s=preflight_timeout_s,
+        sim_trace=sim_trace,
+        watchdog_s=watchdog_s,
+        extra_headers=parse_headers(headers),
+        workers=workers,
+        shard=parse_share(shard_text) if shard_text is not None else None,
+        start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
+    )
+    if dry_run:
+        _dry_run(spec, options, memory)
+        return
+    result = execute(spec, options)
+    console = output_console()
+    console.print(render_summary(result.summary))
+    for line in render_processes(result.run_info):
+        console.print(line)
+    console.print(f"records and summary: {result.run_dir}")
+    if result.watchdog:
+        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
+    sys.exit(result.exit_code)
+
+
+def _dry_run(spec: Any, options: Any, memory: str) -> None:
+    """Everything `run` checks before it sends (plans, shard, headers and their ${VAR}s, the
+    simulator profile, the run folder), then the plan; nothing is sent or written."""
+
+    work = plan_work(spec, options.seed)
+    if options.shard is not None:
+        work = split_work(work, options.shard)
+    if options.start_at_unix_ns is not None:
+        check_start_at(options.start_at_unix_ns, time.time_ns())
+    if not work.plans:
+        raise ConfigError(
+            spec.source, "classes", "plans no requests", "raise requests or duration_s"
+        )
+    _, _, _, url = client_setup(spec, options)
+    if url is None:
+        sim_args_from_mapping(spec.sim, spec.source)
+    folder = options.out_dir / options.run_id if options.run_id is not None else None
+    if folder is not None and folder.exists():
+        raise ConfigError(
+            "command line", "--run-id", f"{folder} already exists",
+            "runs are never overwritten: choose another --run-id",
+        )  # fmt: skip
+    console = output_console()
+    console.print(render_plan(spec, work.plans))
+    console.print(memory)
+    target = url or "the built-in simulator"
+    count = len(work.plans)
+    console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

@@ -1,0 +1,300 @@
+"""Preflight: one small streamed request before the run, to fail fast on a wrong target.
+
+Uses httpx (not the engine's lean client): it is off the hot path, and its errors are
+well classified. It checks that the URL answers, that the path exists, and that the answer
+is a stream this adapter can decode into generated output. Its request is not a planned
+request and is not recorded.
+
+Bounded whatever the server does: one overall deadline (`preflight_deadline`: the
+workload's longest first-token deadline, `--preflight-timeout`, never past the watchdog)
+covers connecting, the headers and the first generated token, as a cancel scope (httpx's
+own read timeout restarts on every byte, so a server dripping one byte a second or
+sending heartbeats forever would hold it for ever). The failure says what it was still
+waiting for. Memory is bounded as in the engine: headers by httpx (100 KiB), an error
+body read to `MAX_ERROR_BODY`, a stream event to `max_event_bytes`. Server text in a
+message (an error body, an error event, a bad payload) is quoted through the run's
+`Redactor`: redacted first, then cut.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from time import perf_counter_ns
+
+import anyio
+import httpx
+import orjson
+
+from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
+from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
+from loadgen.engine.runner import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
+from loadgen.engine.secrets import Redactor
+from loadgen.engine.transport import Endpoint
+from loadgen.errors import TargetError
+from loadgen.workload.spec import WorkloadSpec
+
+# Fields `target.force_output_tokens` adds so that every response has its planned length.
+FORCE_FIELDS = ("ignore_eos", "min_tokens")
+DEFAULT_DEADLINE_S = 30.0
+
+
+def preflight_deadline(
+    spec: WorkloadSpec, flag_s: float | None, watchdog_s: float
+) -> tuple[float, str]:
+    """The preflight's deadline in seconds, and where it came from (said on failure).
+
+    The preflight waits for one generated token of an idle server, which is what a class's
+    `first_token_s` bounds: it gets the longest of them (a target some class would accept
+    is not refused), or `--preflight-timeout`; never more than the watchdog's patience.
+    """
+    if flag_s is not None:
+        deadline_s, why = flag_s, "--preflight-timeout"
+    else:
+        name, cls = max(spec.classes.items(), key=lambda kv: kv[1].deadlines.first_token_s)
+        deadline_s = cls.deadlines.first_token_s
+        longest = ", the longest of the classes" if len(spec.classes) > 1 else ""
+        why = f"deadlines.first_token_s of class {name}{longest}; --preflight-timeout sets it"
+    if watchdog_s < deadline_s:
+        deadline_s, why = watchdog_s, "--watchdog, which caps it"
+    return deadline_s, why
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far the preflight got: what a deadline message says it was waiting for."""
+
+    stage: str = "connect"  # connect → headers → token
+    status: int = 0
+    content_type: str = ""
+    body_bytes: int = 0
+    events: int = 0
+    heartbeats: int = 0
+
+
+def preflight(
+    endpoint: Endpoint,
+    adapter: Adapter,
+    options: BodyOptions,
+    *,
+    timeout_s: float = DEFAULT_DEADLINE_S,
+    deadline_why: str = "the default",
+    redactor: Redactor = NO_SECRETS,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+) -> None:
+    """Raise `TargetError` saying what is wrong and how to fix it; return when the target
+    streamed a generated token. Ends within `timeout_s`, whatever the server sends."""
+    shown = endpoint.origin + endpoint.target.split("?", 1)[0]
+    progress = _Progress()
+    started_ns = perf_counter_ns()
+    check = _Check(endpoint, adapter, options, redactor, max_event_bytes, progress)
+    try:
+        anyio.run(check.run, timeout_s, backend="asyncio")
+    except TimeoutError:
+        elapsed_s = (perf_counter_ns() - started_ns) / 1e9
+        raise TargetError(
+            _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
+        ) from None
+    except httpx.ConnectError as exc:
+        raise TargetError(
+            f"cannot connect to {endpoint.origin}: {_reason(exc, redactor)} "
+            "(is the server running and listening there? check --url)"
+        ) from None
+    except httpx.TimeoutException:  # httpx's own timeouts are the deadline too: a backstop
+        elapsed_s = (perf_counter_ns() - started_ns) / 1e9
+        raise TargetError(
+            _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
+        ) from None
+    except httpx.HTTPError as exc:
+        reason = _reason(exc, redactor)
+        if progress.stage == "headers" and "Receive buffer too long" in reason:  # h11's words
+            reason = "response headers over the preflight's 100 KiB cap"
+        raise TargetError(f"{shown}: {reason}") from None
+
+
+def _deadline_message(
+    endpoint: Endpoint, shown: str, progress: _Progress, deadline_s: float, why: str,
+    elapsed_s: float,
+) -> str:  # fmt: skip
+    """What the preflight waited for when its deadline passed, and the deadline."""
+    deadline = f"the preflight's {deadline_s:g} s deadline ({why})"
+    if progress.stage == "connect":
+        return f"{endpoint.origin} did not accept a connection within {deadline}"
+    if progress.stage == "headers":
+        return (
+            f"{shown} accepted the connection but sent no response headers within {deadline} "
+            "(is the server overloaded or still loading its model?)"
+        )
+    seen = (
+        f"{progress.body_bytes:,} bytes, {progress.events:,} events, "
+        f"{progress.heartbeats:,} heartbeats in {elapsed_s:.1f} s"
+    )
+    kind = f" ({progress.content_type})" if progress.content_type else ""
+    return (
+        f"{shown} answered HTTP {progress.status}{kind} but streamed no generated token "
+        f"within {deadline}: {seen} (is the server overloaded or still loading its model? "
+        "does it stream with stream: true?)"
+    )
+
+
+class _Check:
+    """The preflight's request, run under one cancel scope."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        adapter: Adapter,
+        options: BodyOptions,
+        redactor: Redactor,
+        max_event_bytes: int,
+        progress: _Progress,
+    ) -> None:
+        self.endpoint, self.adapter, self.options = endpoint, adapter, options
+        self.redactor, self.max_event_bytes, self.progress = redactor, max_event_bytes, progress
+        self.shown = endpoint.origin + endpoint.target.split("?", 1)[0]
+
+    async def run(self, timeout_s: float) -> None:
+        endpoint, adapter, options = self.endpoint, self.adapter, self.options
+        fields = adapter.build_body([("user", "Say hello.")], 4, options)
+        # What a strict server may reject and the user can turn off (not model, messages, ...).
+        optional = [
+            f for f in (*FORCE_FIELDS, "stream_options", *(options.extra_body or {})) if f in fields
+        ]
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        headers.update(endpoint.headers)
+        url = endpoint.origin + endpoint.target
+        with anyio.fail_after(timeout_s):
+            # Plain http needs no TLS context (httpx builds one eagerly: ~16 ms).
+            verify = endpoint.scheme == "https"
+            async with httpx.AsyncClient(timeout=timeout_s, verify=verify) as client:
+                request = client.build_request(
+                    "POST", url, content=orjson.dumps(fields), headers=headers,
+                    extensions={"trace": self._trace},
+                )  # fmt: skip
+                response = await client.send(request, stream=True)
+                try:
+                    await self._answer(response, optional)
+                finally:
+                    await response.aclose()
+
+    async def _trace(self, name: str, info: object) -> None:
+        """httpcore's progress events: once connected, the wait is for the headers."""
+        if name == "connection.connect_tcp.complete":
+            self.progress.stage = "headers"
+
+    async def _answer(self, response: httpx.Response, optional: Collection[str]) -> None:
+        progress = self.progress
+        progress.stage, progress.status = "token", response.status_code
+        progress.content_type = self.redactor.quote(response.headers.get("content-type", ""), 80)
+        if response.status_code >= 400:
+            detail = await self._error_body(response)
+            raise TargetError(
+                _status_message(self.shown, response.status_code, detail, self.adapter, optional)
+            )
+        await self._check_stream(response)
+
+    async def _error_body(self, response: httpx.Response) -> str:
+        """The error body's first MAX_ERROR_BODY bytes, redacted (the rest is not read)."""
+        body = b""
+        async for chunk in response.aiter_raw():
+            body += chunk[: MAX_ERROR_BODY - len(body)]
+            if len(body) >= MAX_ERROR_BODY:
+                break
+        return self.redactor.quote(body.strip(), MAX_ERROR_BODY).strip()
+
+    async def _check_stream(self, response: httpx.Response) -> None:
+        adapter, shown, progress = self.adapter, self.shown, self.progress
+        quote = self.redactor.quote
+        decoder = new_decoder(adapter, self.max_event_bytes)  # SSE or NDJSON, by the framing
+        try:
+            async for chunk in response.aiter_raw():
+                progress.body_bytes += len(chunk)
+                events = decoder.feed(chunk)
+                progress.heartbeats = decoder.comments
+                for event, data in events:
+                    progress.events += 1
+                    try:
+                        delta = adapter.parse(event, data)
+                    except MalformedEvent as exc:
+                        raise TargetError(
+                            f"{shown} answered, but not with a {adapter.name} stream: {exc}: "
+                            f"{quote(exc.data, QUOTE_EVENT_CHARS)} (check target.api in the "
+                            "workload)"
+                        ) from None
+                    if delta.error:
+                        shown_error = quote(delta.error, QUOTE_CHARS)
+                        raise TargetError(f"{shown} sent an error event: {shown_error}")
+                    if delta.has_output:
+                        return
+        except EventTooLarge as exc:
+            raise TargetError(
+                f"{shown} sent {exc} after {progress.body_bytes:,} bytes (raise the class's "
+                "limits.max_event_bytes if its events really are that long)"
+            ) from None
+        raise TargetError(
+            f"{shown} answered HTTP {response.status_code} but streamed no generated output "
+            f"(content-type {progress.content_type or 'none'!r}; does it support "
+            "stream: true? check target.api and target.path)"
+        )
+
+
+def _status_message(
+    shown: str, status: int, detail: str, adapter: Adapter, optional: Collection[str]
+) -> str:
+    hints = {
+        401: "check the API key: set the variable named in target.api_key_env",
+        403: "the key is not allowed to use this model or endpoint",
+        404: f"no {adapter.name} endpoint there: check --url, target.path and target.api",
+        422: "the server rejected a request field: try target.force_output_tokens: false "
+        "or target.include_usage: false",
+        400: "the server rejected the request: check target.model (--model) and target.extra_body",
+    }
+    hint = None
+    if status == 400:
+        hint = _pinned_model_hint(detail)
+    if status in (400, 422) and hint is None:
+        hint = _rejected_fields_hint(detail, optional)
+    hint = hint or hints.get(status, "see the server's message")
+    return f"{shown} answered HTTP {status}: {detail[:QUOTE_CHARS] or '(no body)'} ({hint})"
+
+
+def _rejected_fields_hint(detail: str, optional: Collection[str]) -> str | None:
+    """What to change when the server names request fields it does not accept.
+
+    Strict servers (Hugging Face `transformers serve`, pydantic `extra="forbid"` APIs)
+    answer 422 naming them: `Unexpected fields in the request: {'ignore_eos'}` or a
+    validation list with `"loc": ["body", "ignore_eos"]`. Only the optional fields loadgen
+    sent count (a name is matched only when quoted, as both forms quote it).
+    """
+    named = [f for f in optional if re.search(rf"""['"`]{re.escape(f)}['"`]""", detail)]
+    if any(f in named for f in FORCE_FIELDS):
+        return (
+            f"the server rejects {'/'.join(FORCE_FIELDS)}: run with --no-force-output-tokens "
+            "or set target.force_output_tokens: false (output lengths then follow the "
+            "model's own stops; target.extra_body can carry the server's own way to force them)"
+        )
+    if "stream_options" in named:
+        return "the server rejects stream_options: set target.include_usage: false"
+    if named:
+        return (
+            f"the server rejects {', '.join(named)}: remove them from target.extra_body "
+            "(or from what target.api sends)"
+        )
+    return None
+
+
+def _pinned_model_hint(detail: str) -> str | None:
+    """Servers that serve one model and refuse any other name (transformers serve:
+    `Server is pinned to <model>`): name the model to pass."""
+    match = re.search(r"pinned to (?:the model )?['\"`]?([^'\"`\s,;()]+)", detail)
+    if match is None:
+        return None
+    model = match.group(1).rstrip(".")
+    return f"the server serves only {model!r}: pass --model {model} or set target.model: {model}"
+
+
+def _reason(exc: Exception, redactor: Redactor) -> str:
+    """httpx's message without its errno prefix (it may quote what the server sent)."""
+    text = str(exc) or type(exc).__name__
+    return redactor.quote(text.split("] ", 1)[-1], QUOTE_CHARS)

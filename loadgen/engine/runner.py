@@ -1,0 +1,716 @@
+"""The engine: sends every plan at its intended time and turns each into one record.
+
+Fourth stage (plans → engine → records). Open loop: a scheduler sleeps until each plan's
+intended time and starts its request; it never waits for a response, so a slow or hung
+server cannot delay the next send. With `max_in_flight`, started requests wait for a slot,
+and that wait is charged to them (TTFT is measured from the intended time: no coordinated
+omission). Every plan yields exactly one `RequestRecord`, whatever happened: failures are
+mapped to an `Outcome` in one place (`Exchange.outcome`), never raised.
+
+Per-request deadlines (from the intended time): no generated token by `first_token_s`,
+a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop timers
+(`call_later`), not a task per request, so the per-chunk path stays a callback; and they
+are not read timeouts, so no server behaviour (a byte a second, heartbeats) stretches them.
+Memory per request is capped too: one stream event at its class's `max_event_bytes`, an
+error body at `MAX_ERROR_BODY`; past a cap the request ends and its connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import math
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+import orjson
+
+from loadgen.adapters.protocol import (
+    Adapter,
+    BodyOptions,
+    MalformedEvent,
+    Message,
+    ServerTimings,
+    new_decoder,
+)
+from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
+from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.logs import LOGGER
+from loadgen.engine.secrets import Redactor
+from loadgen.engine.transport import Connector, Link, encode_request
+from loadgen.results.records import Outcome, RequestRecord, TokenSource
+from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
+from loadgen.workload.prompts import PromptMaker
+from loadgen.workload.spec import Deadlines
+
+# An error response's body is read up to this many bytes, then the request ends (with its
+# HTTP outcome: the status already said what happened) and the connection is closed.
+MAX_ERROR_BODY = 2048
+QUOTE_CHARS = 300  # server text shown in a record's error (a body, an error event, a reason)
+QUOTE_EVENT_CHARS = 120  # of a malformed event's payload
+NO_SECRETS = Redactor()
+# The client's own limits, not the server's failures: too many open files (process or
+# system), no free local port, no buffer memory. They make the run invalid (exit 3).
+CLIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS})
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Counters and a TTFT histogram for the progress line (updated as records land)."""
+
+    planned: int = 0
+    sent: int = 0
+    in_flight: int = 0
+    ok: int = 0
+    failed: int = 0
+    retries: int = 0
+    ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+    last_progress_ns: int = 0  # the last send or completion (the watchdog reads it)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """How the engine sends: the adapter, body options, extra headers, in-flight cap."""
+
+    adapter: Adapter
+    body_options: BodyOptions
+    seed: int
+    max_in_flight: int | None = None
+    request_headers: Mapping[str, str] = field(default_factory=dict)
+    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
+    priority_header: str | None = None  # send plan.priority as this header, not in the body
+    prompts: PromptMaker | None = None  # default: words, seeded by `seed`
+    redactor: Redactor = NO_SECRETS  # quotes server text into errors, secrets hidden
+    # The cap on one stream event or line, by class name (`limits.max_event_bytes`).
+    max_event_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+class Exchange:
+    """One request's measurement: the sink its connection reports to, and its timers.
+
+    Clock values are absolute (the connector's clock); `record()` makes them relative to t0.
+    Every piece of server text that reaches `error` is quoted through `redactor` as it
+    comes in (redacted, then cut); nothing the server sent is cut before that.
+    """
+
+    def __init__(
+        self,
+        plan: RequestPlan,
+        adapter: Adapter,
+        t0_ns: int,
+        *,
+        keep_text: bool = False,
+        redactor: Redactor = NO_SECRETS,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.plan = plan
+        self._now = clock.now_ns
+        self.keep_text = keep_text  # flows build the next prompt from this answer
+        self.texts: list[str] = []
+        self.stall_ns = int(plan.deadlines.stall_s * 1e9)
+        self.reused_connection = False
+        self.adapter = adapter
+        self.t0_ns = t0_ns
+        self.redactor = redactor
+        self.decoder = new_decoder(adapter, max_event_bytes)  # SSE or NDJSON, by framing
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # done.done() as a plain attribute: the per-chunk path asks after every event, and a
+        # method call on the future costs more than the attribute (finish() sets both).
+        self.settled = False
+        self.outcome: Outcome | None = None
+        self.error: str | None = None
+        self.status: int | None = None
+        self.content_type = ""
+        self.sent_ns: int | None = None
+        self.headers_ns: int | None = None
+        self.first_token_ns: int | None = None
+        self.first_content_ns: int | None = None
+        self.first_reasoning_ns: int | None = None
+        self.server_timings: ServerTimings | None = None
+        self.last_token_ns: int | None = None
+        self.end_ns: int | None = None
+        self.chunk_ns: list[int] = []
+        self.chunk_chars: list[int] = []
+        self.usage_completion: int | None = None
+        self.usage_prompt: int | None = None
+        self.saw_done = False
+        self.error_body = b""
+        self.retries = 0
+        self.conn: Link | None = None
+        self.lost_before_response = False
+        self._stall_timer: asyncio.TimerHandle | None = None
+
+    # -- ExchangeSink ------------------------------------------------------------------
+    def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
+        self.status = status
+        self.headers_ns = t_ns
+        self.content_type = headers.get("content-type", "")
+
+    def on_body(self, data: bytes, t_ns: int) -> None:
+        if self.settled:
+            return
+        if self.status is None or self.status >= 300:
+            self._error_body(data, t_ns)
+            return
+        try:
+            events = self.decoder.feed(data)
+        except EventTooLarge as exc:
+            self._too_large(exc, t_ns)
+            return
+        for event, payload in events:
+            self._event(event, payload, t_ns)
+            if self.settled:
+                return
+
+    def _error_body(self, data: bytes, t_ns: int) -> None:
+        """Keep an error response's body up to the cap; past it, end the request."""
+        room = MAX_ERROR_BODY - len(self.error_body)
+        self.error_body += data[:room]
+        if len(data) > room:
+            outcome, message = self._clean_end_outcome()
+            cap = size_text(MAX_ERROR_BODY)
+            self.finish(t_ns, outcome, f"{message} (error body over the {cap} cap: not read on)")
+
+    def _too_large(self, exc: EventTooLarge, t_ns: int) -> None:
+        """The events before the one over the cap count; then the stream is abandoned."""
+        for event, payload in exc.events:
+            self._event(event, payload, t_ns)
+            if self.settled:
+                return
+        where = f"limits.max_event_bytes of class {self.plan.class_name}"
+        self.finish(t_ns, Outcome.STREAM_ERROR, f"{exc} ({where}): connection closed")
+
+    def on_end(self, t_ns: int) -> None:
+        if self.done.done():
+            return
+        if self.status is not None and self.status < 300:
+            try:
+                events = self.decoder.close()
+            except EventTooLarge as exc:
+                self._too_large(exc, t_ns)
+                events = []
+            for event, payload in events:
+                self._event(event, payload, t_ns)
+                if self.settled:
+                    break
+        self.conn = None
+        self.finish(t_ns, None)
+
+    def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
+        if self.done.done():
+            return
+        self.conn = None
+        if not got_response_bytes:
+            self.lost_before_response = True
+        outcome = Outcome.STREAM_ERROR if got_response_bytes else Outcome.CONNECT_ERROR
+        self.finish(t_ns, outcome, self.redactor.quote(reason, QUOTE_CHARS))
+
+    # -- per event (hot path) ------------------------------------------------------------
+    def _event(self, event: bytes, payload: bytes, t_ns: int) -> None:
+        try:
+            delta = self.adapter.parse(event, payload)
+        except MalformedEvent as exc:
+            shown = self.redactor.quote(exc.data, QUOTE_EVENT_CHARS)
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"malformed event: {exc}: {shown}")
+            return
+        if delta.error is not None:
+            shown = self.redactor.quote(delta.error, QUOTE_CHARS)
+            self.finish(t_ns, Outcome.STREAM_ERROR, f"server error event: {shown}")
+            return
+        if delta.content_chars or delta.reasoning_chars or delta.has_tool_call:
+            if self.first_token_ns is None:
+                self.first_token_ns = t_ns
+                self.start_stall_watch()
+            if delta.content_chars and self.first_content_ns is None:
+                self.first_content_ns = t_ns
+            if delta.reasoning_chars and self.first_reasoning_ns is None:
+                self.first_reasoning_ns = t_ns
+            self.last_token_ns = t_ns
+            if self.keep_text and delta.text:
+                self.texts.append(delta.text)
+            self.chunk_ns.append(t_ns)
+            self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+        if delta.completion_tokens is not None:
+            self.usage_completion = delta.completion_tokens
+        if delta.prompt_tokens is not None:
+            self.usage_prompt = delta.prompt_tokens
+        if delta.server_timings is not None:
+            self.server_timings = delta.server_timings
+        if delta.done:
+            self.saw_done = True
+            self.finish(t_ns, None)
+
+    # -- end ---------------------------------------------------------------------------
+    def finish(self, t_ns: int, outcome: Outcome | None, error: str | None = None) -> None:
+        """Settle the outcome once; later calls are ignored."""
+        if self.settled:
+            return
+        self.settled = True
+        self.end_ns = t_ns
+        if outcome is None:
+            outcome, error = self._clean_end_outcome()
+        self.outcome, self.error = outcome, error
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        if self.conn is not None and outcome is not Outcome.OK:
+            self.conn.detach()
+        self.done.set_result(None)
+
+    def _clean_end_outcome(self) -> tuple[Outcome, str | None]:
+        status = self.status
+        if status is not None and status >= 300:
+            body = self.redactor.quote(self.error_body.strip(), QUOTE_CHARS).strip()
+            message = f"HTTP {status}" + (f": {body}" if body else "")
+            return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
+        if self.first_token_ns is None:
+            message = "stream ended without any generated output"
+            kind = self.content_type.split(";", 1)[0].strip()
+            if kind and kind not in ("text/event-stream", "application/x-ndjson"):
+                message += f" (content-type {self.redactor.quote(kind, 80)!r})"
+            return Outcome.STREAM_ERROR, message
+        return Outcome.OK, None
+
+    def timeout(self, outcome: Outcome, message: str) -> None:
+        """A deadline fired: settle as that timeout (the connection is dropped)."""
+        self.finish(self._now(), outcome, message)
+
+    def start_stall_watch(self) -> None:
+        """Check, at the last token + stall, that a newer token arrived; else time out.
+
+        One timer per stall period, not one per chunk: it re-arms itself from the last token.
+        """
+        loop = asyncio.get_running_loop()
+        stall_ns = self.stall_ns
+        now = self._now
+
+        def check() -> None:
+            if self.done.done():
+                return
+            overdue_ns = (self.last_token_ns or 0) + stall_ns - now()
+            if overdue_ns <= 0:
+                self.timeout(Outcome.TIMEOUT_STALL, f"no token for {stall_ns / 1e9:g} s")
+            else:
+                self._stall_timer = loop.call_later(overdue_ns / 1e9, check)
+
+        self._stall_timer = loop.call_later(stall_ns / 1e9, check)
+
+    def record(self, dispatched_ns: int | None) -> RequestRecord:
+        """The one record of this request (relative times)."""
+        outcome = self.outcome or Outcome.CANCELLED
+        n_chunks = len(self.chunk_ns)
+        if self.usage_completion is not None and n_chunks:
+            tokens, source = self.usage_completion, TokenSource.USAGE
+        elif n_chunks:
+            tokens, source = n_chunks, TokenSource.CHUNKS
+        else:
+            tokens, source = (
+                self.usage_completion or 0,
+                (TokenSource.USAGE if self.usage_completion else TokenSource.NONE),
+            )
+        t0 = self.t0_ns
+
+        def rel(t: int | None) -> int | None:
+            return None if t is None else t - t0
+
+        return RequestRecord(
+            request_id=self.plan.request_id,
+            class_name=self.plan.class_name,
+            intended_ns=self.plan.intended_ns,
+            dispatched_ns=rel(dispatched_ns),
+            outcome=outcome,
+            sent_ns=rel(self.sent_ns),
+            headers_ns=rel(self.headers_ns),
+            first_token_ns=rel(self.first_token_ns),
+            first_content_ns=rel(self.first_content_ns),
+            first_reasoning_ns=rel(self.first_reasoning_ns),
+            last_token_ns=rel(self.last_token_ns),
+            end_ns=rel(self.end_ns),
+            chunk_ns=[t - t0 for t in self.chunk_ns],
+            chunk_tokens=apportion(tokens, self.chunk_chars)
+            if source is TokenSource.USAGE
+            else [1] * n_chunks,
+            output_tokens=tokens,
+            token_source=source,
+            prompt_tokens=self.usage_prompt,
+            prompt_tokens_target=self.plan.prompt_tokens,
+            max_tokens=self.plan.output_tokens,
+            http_status=self.status,
+            error=self.error,
+            retries=self.retries,
+            session_id=self.plan.session_id,
+            turn=self.plan.turn,
+            server_timings=self.server_timings,
+        )
+
+
+def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
+    """Split `tokens` over chunks: one each first, the rest by text length (largest remainder).
+
+    Servers do not say how many tokens a chunk carried; when usage reports more tokens than
+    chunks (coalesced deltas, speculative decoding), longer chunks carried more of them.
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    if tokens == n:
+        return [1] * n  # the usual case: one token per chunk
+    base = [1] * n if tokens >= n else [0] * n
+    rest = tokens - sum(base)
+    total = sum(w or 1 for w in weights)
+    shares = [rest * (w or 1) / total for w in weights]
+    floors = [math.floor(s) for s in shares]
+    leftover = rest - sum(floors)
+    order = sorted(range(n), key=lambda i: floors[i] - shares[i])[:leftover]
+    for i in order:
+        floors[i] += 1
+    return [b + f for b, f in zip(base, floors, strict=True)]
+
+
+class Engine:
+    """Runs planned work through one connector and emits exactly one record per plan.
+
+    Every time it takes is on the connector's clock, the one its connections stamp reads on.
+    """
+
+    def __init__(
+        self,
+        work: Work | Sequence[RequestPlan],
+        connector: Connector,
+        config: EngineConfig,
+        on_record: Callable[[RequestRecord], None],
+        stats: LiveStats | None = None,
+    ) -> None:
+        self.work = work if isinstance(work, Work) else singles_of(work)
+        self.plans = self.work.plans
+        self.connector = connector
+        self.clock = connector.clock
+        self._now = connector.clock.now_ns
+        self.config = config
+        self.on_record = on_record
+        self.stats = stats or LiveStats()
+        self.stats.planned = len(self.plans)
+        self.t0_ns = 0
+        self._recorded = bytearray(max((p.request_id for p in self.plans), default=-1) + 1)
+        self._limiter = anyio.Semaphore(config.max_in_flight) if config.max_in_flight else None
+        self._stopping = anyio.Event()
+        self.prompts = config.prompts or PromptMaker(config.seed)
+        self.sending = anyio.CancelScope()
+        self.requests = anyio.CancelScope()
+        self.next_due_ns: int | None = None  # the scheduler's next send; None when all are out
+
+    def stop(self) -> None:
+        """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
+        self._stopping.set()
+        self.sending.cancel()
+
+    async def run(self, t0_ns: int) -> None:
+        """Send every plan at t0 + its intended time; return when each has a record.
+
+        After `stop()`, or when `requests` is cancelled, every plan that has no record yet
+        was never sent and is recorded as not_sent: planned == recorded, always.
+        """
+        self.t0_ns = t0_ns
+        with self.requests:
+            async with anyio.create_task_group() as tg:
+                with self.sending:
+                    await self._schedule(tg)
+        for plan in self.plans:
+            if not self._recorded[plan.request_id]:
+                self._emit(
+                    self._unsent(plan, Outcome.NOT_SENT, "run stopped before this request was sent")
+                )
+
+    async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start singles and flows at their times, in one merged time order."""
+        starts = sorted(
+            [(p.intended_ns, 0, i) for i, p in enumerate(self.work.singles)]
+            + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
+        )
+        for due_rel, is_flow, index in starts:
+            self.next_due_ns = self.t0_ns + due_rel
+            await self._sleep_until(self.next_due_ns)
+            if is_flow:
+                tg.start_soon(self._flow, self.work.flows[index])
+            else:
+                plan = self.work.singles[index]
+                tg.start_soon(self._request, plan, self._now(), None, False)
+        self.next_due_ns = None
+
+    async def _sleep_until(self, due_ns: int) -> None:
+        now = self._now
+        delay_ns = due_ns - now()
+        if delay_ns > 0:
+            await anyio.sleep(delay_ns / 1e9)
+            while now() < due_ns:  # loop timers may fire up to ~1 ms early
+                await anyio.sleep(0)
+
+    async def _wait_unless_stopped(self, due_ns: int) -> bool:
+        """Sleep until `due_ns` (a think or tool time); False when the run is stopping."""
+        delay_ns = due_ns - self._now()
+        if delay_ns > 0:
+            with anyio.move_on_after(delay_ns / 1e9):
+                await self._stopping.wait()
+            await self._sleep_until(due_ns)
+        return not self._stopping.is_set()
+
+    async def _request(
+        self,
+        plan: RequestPlan,
+        dispatched_ns: int,
+        messages: Sequence[Message] | None,
+        keep_text: bool,
+    ) -> Exchange:
+        """Send one request, wait for it, record it; the exchange tells a flow what happened."""
+        stats = self.stats
+        stats.in_flight += 1
+        if messages is None:
+            text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
+            messages = [("user", text)]
+        body = self._body(plan, messages)
+        config = self.config
+        exchange = Exchange(
+            plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
+            max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
+            clock=self.clock,
+        )  # fmt: skip
+        try:
+            if self._limiter is not None:
+                async with self._limiter:
+                    await self._exchange(exchange, body)
+            else:
+                await self._exchange(exchange, body)
+        finally:
+            stats.in_flight -= 1
+            if not exchange.done.done():  # cancelled mid-request: the connection is unusable
+                if exchange.conn is not None:
+                    exchange.conn.detach()
+                exchange.outcome = Outcome.CANCELLED
+                exchange.error = "run interrupted while this request was in flight"
+                exchange.end_ns = self._now()
+            if exchange.error:  # quoted on the way in; this pass guards the composed message
+                exchange.error = config.redactor.redact(exchange.error)
+            self._emit(exchange.record(dispatched_ns))
+            if LOGGER.isEnabledFor(logging.DEBUG):
+                LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", plan.request_id,
+                             exchange.outcome, exchange.status, len(exchange.chunk_ns),
+                             f": {exchange.error}" if exchange.error else "")  # fmt: skip
+        return exchange
+
+    def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
+        config = self.config
+        body = config.adapter.build_body(messages, plan.output_tokens, config.body_options)
+        if plan.priority is not None and config.priority_header is None:
+            body["priority"] = plan.priority
+        return orjson.dumps(body)
+
+    # -- flows --------------------------------------------------------------------------
+    async def _flow(self, flow: Flow) -> None:
+        if flow.kind == "batch":
+            await self._batch(flow)
+        else:
+            await self._conversation(flow)
+
+    async def _conversation(self, flow: Flow) -> None:
+        """A chat session or agent trajectory: turns in strict sequence, each after the last.
+
+        A turn's intended time is the previous turn's end plus its think (or tool) time. A
+        failed turn, or a trajectory budget spent, ends the flow: the rest are `skipped`.
+        """
+        t0 = self.t0_ns
+        history: list[Message] = []
+        if flow.system_prompt_tokens:
+            # One system prompt per class, the same for all its sessions (prefix caching).
+            class_key = -1 - zlib.crc32(flow.class_name.encode())
+            history.append(("system", self.prompts.text(class_key, flow.system_prompt_tokens)))
+        budget_end = t0 + flow.start_ns + int(flow.budget_s * 1e9) if flow.budget_s else None
+        context, previous_output, due = "", "", t0 + flow.start_ns
+        for index, plan in enumerate(flow.plans):
+            if index:
+                due += int(plan.delay_s * 1e9)
+                if not await self._wait_unless_stopped(due):
+                    return  # the rest are recorded as not_sent by run()
+            if budget_end is not None and self._now() >= budget_end:
+                self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
+                return
+            new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
+            if flow.kind == "trajectory":
+                context = context or new_text  # the retained context, set by the first hop
+                turn_text = f"{context}\n\n{previous_output}" if previous_output else context
+                messages: list[Message] = [("user", turn_text)]
+            else:
+                history.append(("user", new_text))
+                messages = list(history)
+            sent = replace(
+                plan,
+                intended_ns=due - t0,
+                prompt_tokens=sum(self.prompts.count(text) for _, text in messages),
+                deadlines=_within_budget(plan.deadlines, budget_end, due),
+            )
+            exchange = await self._request(sent, self._now(), messages, True)
+            if exchange.outcome is not Outcome.OK:
+                step = "hop" if flow.kind == "trajectory" else "turn"
+                reason = f"{step} {index} ended {exchange.outcome}"
+                self._skip(flow.plans[index + 1 :], reason)
+                return
+            previous_output = "".join(exchange.texts)
+            history.append(("assistant", previous_output))
+            due = exchange.end_ns or self._now()
+
+    async def _batch(self, flow: Flow) -> None:
+        """Documents sent closed-loop: `concurrency` workers, each taking the next when done."""
+        pending = iter(flow.plans)
+
+        async def worker() -> None:
+            for plan in pending:  # shared iterator: each document goes to one worker
+                if self._stopping.is_set():
+                    return
+                now = self._now()
+                await self._request(replace(plan, intended_ns=now - self.t0_ns), now, None, False)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(flow.concurrency):
+                tg.start_soon(worker)
+
+    def _skip(self, plans: Sequence[RequestPlan], reason: str) -> None:
+        for plan in plans:
+            self._emit(self._unsent(plan, Outcome.SKIPPED, f"skipped: {reason}"))
+
+    def _unsent(self, plan: RequestPlan, outcome: Outcome, error: str) -> RequestRecord:
+        """The record of a plan that was never sent (skipped, or not sent: the run stopped)."""
+        intended = plan.intended_ns
+        if plan.turn:  # a later turn has no intended time of its own: say when it was given up
+            intended = max(intended, self._now() - self.t0_ns)
+        return RequestRecord(
+            request_id=plan.request_id, class_name=plan.class_name, intended_ns=intended,
+            outcome=outcome, prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
+            error=error, session_id=plan.session_id, turn=plan.turn,
+        )  # fmt: skip
+
+    async def _exchange(self, exchange: Exchange, body: bytes) -> None:
+        """Send (retrying once on a reused connection that died unanswered) and wait."""
+        plan = exchange.plan
+        loop = asyncio.get_running_loop()
+        deadlines = plan.deadlines
+        start = self.t0_ns + plan.intended_ns
+        first_ns = start + int(deadlines.first_token_s * 1e9)
+        total_ns = start + int(deadlines.total_s * 1e9)
+        now = self._now()
+        timers = [
+            loop.call_later(max(0, first_ns - now) / 1e9, self._first_token_deadline, exchange),
+            loop.call_later(
+                max(0, total_ns - now) / 1e9,
+                exchange.timeout,
+                Outcome.TIMEOUT_TOTAL,
+                f"not finished in {deadlines.total_s:g} s",
+            ),
+        ]
+        headers = {"X-Request-Id": f"loadgen-{plan.request_id}", **self.config.request_headers}
+        if plan.priority is not None and self.config.priority_header is not None:
+            headers[self.config.priority_header] = str(plan.priority)
+        if self.config.headers_for is not None:
+            headers.update(self.config.headers_for(plan))
+        request = encode_request(self.connector.endpoint, body, headers)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            point = self.connector.endpoint
+            sent = {**point.headers, **headers}
+            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
+                         point.target, sent)  # fmt: skip
+        try:
+            for attempt in range(2):
+                if not await self._send(exchange, request):
+                    return
+                await asyncio.shield(exchange.done)
+                if not (
+                    exchange.lost_before_response and attempt == 0 and exchange.reused_connection
+                ):
+                    return
+                # A kept-alive connection the server had closed: retry once on a fresh one.
+                exchange.retries += 1
+                self.stats.retries += 1
+                exchange.lost_before_response = False
+                exchange.done = loop.create_future()
+                exchange.settled = False
+                exchange.outcome = exchange.error = None
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    async def _send(self, exchange: Exchange, request: bytes) -> bool:
+        """Get a connection and write the request; False when the exchange already ended."""
+        conn = self.connector.take_idle() if exchange.retries == 0 else None
+        if conn is None:
+            conn = await self._connect(exchange)
+            if conn is None:
+                return False
+        exchange.reused_connection = conn.reused
+        exchange.conn = conn
+        exchange.sent_ns = self.stats.last_progress_ns = self._now()
+        if exchange.retries == 0:
+            self.stats.sent += 1
+        conn.send(exchange, request)
+        return True
+
+    async def _connect(self, exchange: Exchange) -> Link | None:
+        """A new connection, unless a deadline ends the exchange first."""
+        opening = asyncio.ensure_future(self.connector.connect())
+        try:
+            waiting: set[asyncio.Future[Any]] = {opening, exchange.done}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not opening.done():
+                opening.cancel()
+        if exchange.done.done():
+            if opening.done() and not opening.cancelled() and opening.exception() is None:
+                opening.result().detach()
+            return None
+        exc = opening.exception()
+        if exc is None:
+            return opening.result()
+        if isinstance(exc, OSError) and exc.errno in CLIENT_ERRNOS:
+            message = (
+                f"client out of resources: {exc.strerror} (raise ulimit -n, or spread the load)"
+            )
+            exchange.finish(self._now(), Outcome.CLIENT_ERROR, message)
+            return None
+        message = connect_message(exc) if isinstance(exc, OSError) else f"connect failed: {exc!r}"
+        exchange.finish(self._now(), Outcome.CONNECT_ERROR, message)
+        return None
+
+    def _first_token_deadline(self, exchange: Exchange) -> None:
+        if exchange.first_token_ns is None:
+            exchange.timeout(
+                Outcome.TIMEOUT_FIRST_TOKEN,
+                f"no generated token in {exchange.plan.deadlines.first_token_s:g} s",
+            )
+
+    def _emit(self, record: RequestRecord) -> None:
+        self._recorded[record.request_id] = 1
+        stats = self.stats
+        stats.last_progress_ns = self._now()
+        if record.outcome is Outcome.OK:
+            stats.ok += 1
+            if record.first_token_ns is not None:
+                stats.ttft.record_ns(record.first_token_ns - record.intended_ns)
+        else:
+            stats.failed += 1
+        self.on_record(record)
+
+
+def connect_message(exc: OSError) -> str:
+    """A short, secret-free description of a connection failure."""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    return f"connect failed: {text}"
+
+
+def _within_budget(deadlines: Deadlines, budget_end_ns: int | None, due_ns: int) -> Deadlines:
+    """A hop's total deadline, cut to what is left of its trajectory's budget."""
+    if budget_end_ns is None:
+        return deadlines
+    left_s = max(0.001, (budget_end_ns - due_ns) / 1e9)
+    return replace(deadlines, total_s=min(deadlines.total_s, left_s))

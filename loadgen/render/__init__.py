@@ -1,0 +1,1 @@
+"""Render: terminal tables, plots, HTML/Markdown reports and the views of each command."""

@@ -1,0 +1,274 @@
+"""`loadgen capacity` for people: the rules every step is judged by, each step's verdict
+and evidence as it lands, the steps table, the conclusion, and the study's files
+(capacity.json, knee.png).
+
+Latencies are each class's SLO percentile (nearest rank) with failures ranked worst.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from loadgen.render.knee_plot import knee_png
+from loadgen.studies.capacity import (
+    FAIL,
+    INVALID,
+    PASS,
+    RATE_TOLERANCE,
+    WARMUP_LIFETIMES,
+    ClassFigures,
+    Search,
+    Step,
+    Verdict,
+    base_rate_per_s,
+    planned_size,
+    required_requests,
+    to_json,
+)
+from loadgen.workload.spec import WorkloadSpec
+
+
+def x_axis(spec: WorkloadSpec, param: str) -> tuple[float, str]:
+    """What one load unit is on the page: req/s in rate mode when the rate is known."""
+    if param == "max_in_flight":
+        return 1.0, "max in flight (concurrent requests)"
+    base = base_rate_per_s(spec)
+    if base is None:
+        return 1.0, "load (× the workload's rates)"
+    return base, "arrival rate (req/s, all classes)"
+
+
+def load_label(load: float, param: str, scale: float) -> str:
+    """A load as the user gave it: `4 in flight`, or `2x (16 req/s)`."""
+    if param == "max_in_flight":
+        return f"{load:g} in flight"
+    return f"{load:.3g}x ({load * scale:.3g} req/s)" if scale != 1.0 else f"{load:.3g}x"
+
+
+def rule_lines(
+    spec: WorkloadSpec, min_tail: int, min_lifetimes: float, warmup_s: float | None, param: str
+) -> list[str]:
+    """The rules every step is judged by, stated before the first step runs."""
+    required = required_requests(spec, min_tail)
+    parts = [
+        f"{name} p{spec.classes[name].slo.percentile:g} needs >= {n:,} judged requests"
+        for name, n in required.items()
+    ]
+    warmup = (
+        f"the first {warmup_s:g} s"
+        if warmup_s is not None
+        else f"the first 10 % or {WARMUP_LIFETIMES:g} mean lifetimes, whichever is longer,"
+    )
+    lines = [
+        f"each step: {'; '.join(parts) or 'no percentile SLOs'} ({min_tail} beyond the "
+        f"percentile: n >= {min_tail}/(1 - p/100)), and its judged part lasts >= "
+        f"{min_lifetimes:g} mean lifetimes (intended → end) of its own requests; {warmup} "
+        "of each step is warm-up, left out",
+    ]
+    if param == "rate":
+        lines.append(
+            f"a step passes only at a steady state: completed within {RATE_TOLERANCE:.0%} of "
+            "the offered rate, requests in flight and TTFT from intended not rising across "
+            "the judged part (10 slices; beyond a 99.9 % one-sided bound from their scatter "
+            "and beyond one request's worth), and every SLO met"
+        )
+    else:
+        lines.append(
+            "a closed loop sends as fast as it completes, so every step is steady at its cap; "
+            "latencies are judged from the send, and every SLO must be met"
+        )
+    return lines
+
+
+def evidence_line(step: Step) -> str:
+    """One step's steady-state evidence: rates, lifetimes, trends."""
+    steady = step.steady
+    assert steady is not None
+    share = steady.completed_share
+    parts = [
+        f"offered {steady.offered_per_s:.3g} req/s, completed {steady.completed_per_s:.3g}"
+        + (f" ({share:.1%})" if share is not None else ""),
+        f"judged {steady.window_s:.1f} s = "
+        + (f"{steady.lifetimes:.1f} lifetimes of {steady.lifetime_s:.3g} s"
+           if steady.lifetimes is not None and steady.lifetime_s is not None
+           else "no lifetime measured"),
+        f"mean in flight {steady.mean_in_flight:.3g}",
+    ]  # fmt: skip
+    for trend in steady.trends:
+        unit = " ms" if trend.series == "ttft_ms" else ""
+        name = "TTFT" if trend.series == "ttft_ms" else "in flight"
+        parts.append(
+            f"{name} {trend.rise:+.3g}{unit} (bound {trend.allowance:.2g}, floor "
+            f"{trend.floor:.2g}){' RISING' if trend.rising else ''}"
+        )
+    if step.attempts > 1:
+        parts.append("run twice (the first was too short)")
+    return " · ".join(parts)
+
+
+def start_line(load: float, spec_at: WorkloadSpec, param: str, scale: float) -> str:
+    """What a step is about to send: how long, how many requests."""
+    seconds, requests = planned_size(spec_at)
+    length = f"{seconds:,.0f} s of sending, " if seconds else ""
+    return f"running {load_label(load, param, scale)}: {length}~{requests:,.0f} requests"
+
+
+def step_lines(step: Step, param: str, scale: float) -> list[Text | str]:
+    """A step's verdict with its reason, and its steady-state evidence when it has any."""
+    lines: list[Text | str] = [
+        Text.assemble(f"step {load_label(step.load, param, scale)}: ", status_text(step))
+    ]
+    if step.steady is not None:
+        lines.append(f"  {evidence_line(step)}")
+    return lines
+
+
+def status_text(step: Step) -> Text:
+    colour = {PASS: "green", FAIL: "red", INVALID: "yellow"}.get(step.status, "magenta")
+    text = Text(step.status.upper(), style=f"bold {colour}")
+    if step.note:
+        text.append(f" ({step.note})")
+    return text
+
+
+def steps_table(found: Search, param: str, scale: float) -> Table:
+    """One row per step, in load order: counts, attainment, goodput vs throughput, latencies."""
+    names = sorted({n for s in found.steps for n in s.classes})
+    required = max((c.required or 0 for s in found.steps for c in s.classes.values()), default=0)
+    title = "capacity steps (after warm-up" + (f"; judged >= {required:,}" if required else "")
+    table = Table(box=box.SIMPLE_HEAD, title=title + "; latencies in ms)")
+    table.add_column("load", justify="right")
+    if param == "rate" and scale != 1.0:
+        table.add_column("req/s", justify="right")
+    for heading in ("judged", "done\n%", "life-\ntimes", "in flight\nrise", "TTFT\nrise",
+                    "attain.", "good\ntok/s", "thru\ntok/s"):  # fmt: skip
+        table.add_column(heading, justify="right")
+    for name in names:
+        p = next(s.classes[name].percentile for s in found.steps if name in s.classes)
+        table.add_column(f"{name}\nTTFT p{p:g}", justify="right")
+        table.add_column(f"{name}\nTPOT p{p:g}", justify="right")
+    table.add_column("verdict")
+    for step in sorted(found.steps, key=lambda s: s.load):
+        cells: list[str | Text] = [f"{step.load:.3g}" + ("x" if param == "rate" else "")]
+        if param == "rate" and scale != 1.0:
+            cells.append(f"{step.load * scale:.3g}")
+        cells += [
+            f"{step.requests:,}",
+            *_steady_cells(step),
+            "—" if step.attainment is None else f"{step.attainment:.1%}",
+            _num(step.goodput_tok_per_s),
+            _num(step.throughput_tok_per_s),
+        ]
+        for name in names:
+            figures = step.classes.get(name)
+            cells += [_ms(figures, "ttft"), _ms(figures, "tpot")]
+        colour = {PASS: "green", FAIL: "red", INVALID: "yellow"}.get(step.status, "magenta")
+        cells.append(Text(step.status.upper(), style=f"bold {colour}"))
+        table.add_row(*cells)
+    return table
+
+
+def _steady_cells(step: Step) -> list[str | Text]:
+    """Completed req/s (share of offered), lifetimes judged, in-flight and TTFT rise."""
+    steady = step.steady
+    if steady is None:
+        return ["—"] * 4
+    share = steady.completed_share
+    done = "—" if share is None else f"{share:.0%}"
+    trends = {t.series: t for t in steady.trends}
+    cells: list[str | Text] = [
+        Text(done, style="red") if step.over_saturated else done,
+        "—" if steady.lifetimes is None else f"{steady.lifetimes:.0f}",
+    ]
+    for series, form in (("in_flight", "{:+,.1f}"), ("ttft_ms", "{:+,.0f}")):
+        trend = trends.get(series)
+        if trend is None:
+            cells.append("—")
+            continue
+        text = form.format(trend.rise)
+        cells.append(Text(text, style="red") if trend.rising else text)
+    return cells
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def _ms(figures: ClassFigures | None, metric: str) -> str | Text:
+    if figures is None:
+        return "—"
+    value = getattr(figures, f"{metric}_ms")
+    slo = getattr(figures, f"{metric}_slo_ms")
+    if value is None:
+        return Text("fail", style="red") if figures.requests else "—"
+    text = f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+    return Text(text, style="red") if slo is not None and value > slo else text
+
+
+def conclusion(
+    found: Search, verdict: Verdict | None, param: str, scale: float, safety_margin: float
+) -> list[Text]:
+    lines = []
+    stopped = found.stopped_by
+    if stopped is not None and stopped.status == INVALID:
+        lines.append(Text(
+            f"stopped at {load_label(stopped.load, param, scale)}: {stopped.note}; the search "
+            "went no further, so loads above the highest pass stay unjudged", style="yellow",
+        ))  # fmt: skip
+    if found.capacity is not None:
+        lines.append(Text(
+            "over-saturated, the server served at most "
+            f"{load_label(found.capacity, param, scale)}; "
+            f"no load at or above {load_label(found.ceiling or 0, param, scale)} "
+            f"({1 - RATE_TOLERANCE:.0%} of it) can pass"
+        ))  # fmt: skip
+    if found.highest_pass is None:
+        lines.append(Text("no load passed every SLO: lower --start", style="bold red"))
+    elif found.upper is None:
+        lines.append(Text(f"highest passing load {load_label(found.highest_pass, param, scale)}; "
+                          "no step failed, so the knee lies above it: raise --max"))  # fmt: skip
+    else:
+        bound = (
+            f"the first failing load {load_label(found.first_fail, param, scale)}"
+            if found.first_fail is not None and found.upper == found.first_fail
+            else f"the capacity bound {load_label(found.upper, param, scale)}"
+        )
+        lines.append(Text(
+            f"highest passing load {load_label(found.highest_pass, param, scale)}, "
+            f"{found.margin:.1%} below {bound}", style="bold",
+        ))  # fmt: skip
+    if verdict is not None:
+        lines.append(_verdict_line(verdict, param, scale, safety_margin))
+    return lines
+
+
+def _verdict_line(verdict: Verdict, param: str, scale: float, safety_margin: float) -> Text:
+    word = Text("PASS", style="bold green") if verdict.passed else Text("FAIL", style="bold red")
+    proposed = load_label(verdict.proposed, param, scale)
+    if verdict.allowed is None:
+        reason = "no load passed every SLO"
+    else:
+        allowed = load_label(verdict.allowed, param, scale)
+        relation = "<=" if verdict.passed else ">"
+        reason = (f"{proposed} {relation} {allowed} = highest pass less the "
+                  f"{safety_margin:.0%} safety margin")  # fmt: skip
+    return Text.assemble("proposed limit ", proposed, ": ", word, f" ({reason})")
+
+
+def write_capacity(
+    out: Path, found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
+    settings: dict[str, Any],
+) -> None:  # fmt: skip
+    """capacity.json (`studies.capacity.to_json`) and knee.png in `out`; `axis` is the
+    plot's (load scale, label) and the file's total rate."""
+    scale, unit, base_rate = axis
+    out.mkdir(parents=True, exist_ok=True)
+    data = to_json(found, verdict, settings, base_rate)
+    (out / "capacity.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out / "knee.png").write_bytes(knee_png(found, x_scale=scale, x_label=unit))

@@ -1,0 +1,204 @@
+"""`loadgen compare` for people: the terminal table with its notes and verdict, and the
+Markdown table for a CI job summary (`junit` writes the same checks as JUnit XML).
+
+Pure functions of a `analysis.compare.Comparison`; percentiles are nearest rank, with
+order-statistic intervals (see `analysis.compare`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from loadgen.analysis.compare import (
+    Check,
+    CheckResult,
+    Comparison,
+    Estimate,
+    Tolerance,
+    Verdict,
+    min_samples,
+)
+from loadgen.render.terminal import fmt_ms
+
+
+def format_value(check: Check, value: float | None) -> str:
+    """A value in the check's unit: ms as `fmt_ms`, shares as %, rates per second."""
+    if value is None:
+        return "—"
+    if math.isinf(value):
+        return "fail"
+    if check.kind == "latency":
+        return fmt_ms(value)
+    if check.kind == "share":
+        return f"{value * 100:.1f}%"
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def format_estimate(check: Check, e: Estimate) -> str:
+    """`value [low, high]`; an open side shows the sample's extreme with `<` or `>`."""
+    if e.value is None:
+        return "—"
+    low = ("<" if e.low_open else "") + format_value(check, e.low)
+    high = (">" if e.high_open else "") + format_value(check, e.high)
+    if check.kind == "share":  # one % sign for the three numbers keeps the column narrow
+        low, high = low.removesuffix("%"), high.removesuffix("%")
+    return f"{format_value(check, e.value)} [{low}, {high}]"
+
+
+def format_change(result: CheckResult) -> str:
+    """Relative change in % (shares: in percentage points); "fail" when a side is a failure."""
+    change = result.change
+    if change is None:
+        return "—"
+    if math.isinf(change):
+        return "+fail" if change > 0 else "-fail"
+    if result.check.kind == "share":
+        return f"{change * 100:+.1f} pp"
+    relative = result.change_relative
+    return f"{relative * 100:+.1f}%" if relative is not None else f"{change:+g}"
+
+
+def format_tolerance(check: Check, tolerance: Tolerance) -> str:
+    """The limits a change must exceed, signed in the worse direction: `+10% and +2 ms`."""
+    sign = "+" if check.higher_is_worse else "-"
+    parts = []
+    if tolerance.relative is not None:
+        parts.append(f"{sign}{tolerance.relative * 100:g}%")
+    if tolerance.absolute is not None:
+        unit = " pp" if check.kind == "share" else " ms"
+        scale = 100 if check.kind == "share" else 1
+        parts.append(f"{sign}{tolerance.absolute * scale:g}{unit}")
+    return " and ".join(parts) or "any"
+
+
+def row_cells(result: CheckResult) -> tuple[str, ...]:
+    """One check's row, as `HEADERS` names its cells."""
+    check = result.check
+    return (
+        result.class_name,
+        check.label,
+        f"{result.baseline.n}/{result.current.n}",
+        format_estimate(check, result.baseline),
+        format_estimate(check, result.current),
+        format_change(result),
+        format_tolerance(check, result.tolerance),
+        str(result.verdict),
+    )
+
+
+HEADERS = (
+    "class",
+    "metric",
+    "n base/cur",
+    "baseline [CI]",
+    "current [CI]",
+    "change",
+    "tolerance",
+    "verdict",
+)
+_STYLE = {
+    Verdict.OK: "green",
+    Verdict.IMPROVED: "bold green",
+    Verdict.REGRESSED: "bold red",
+    Verdict.NO_DATA: "yellow",
+}
+
+
+def verdict_line(comparison: Comparison) -> str:
+    """`no regression (exit 0)` or `REGRESSED: chat TTFT p50, ... (exit 2)`."""
+    bad = comparison.regressions
+    if not bad:
+        return f"verdict: no regression (exit {comparison.exit_code})"
+    names = ", ".join(f"{r.class_name} {r.check.label}" for r in bad)
+    return f"verdict: REGRESSED: {names} (exit {comparison.exit_code})"
+
+
+def _notes(comparison: Comparison) -> list[str]:
+    notes = []
+    if comparison.forced:
+        notes.append(
+            f"FORCED: different workloads ({comparison.baseline_workload} vs "
+            f"{comparison.current_workload}); a change may be the workload's, not the server's"
+        )
+    if comparison.left_out:
+        notes.append(f"left out of the baseline window (another workload, or stopped early): "
+                     f"{', '.join(comparison.left_out)}")  # fmt: skip
+    if comparison.incomplete:
+        notes.append(f"includes runs that stopped early (partial figures): "
+                     f"{', '.join(comparison.incomplete)}")  # fmt: skip
+    if comparison.only_in_baseline:
+        notes.append(f"only in baseline, not compared: {', '.join(comparison.only_in_baseline)}")
+    if comparison.only_in_current:
+        notes.append(f"only in current, not compared: {', '.join(comparison.only_in_current)}")
+    no_data = sum(r.verdict is Verdict.NO_DATA for r in comparison.results)
+    if no_data:
+        need = min_samples(0.99, comparison.confidence)[1]
+        notes.append(
+            f"{no_data} checks: not enough data (an interval the test needs reaches beyond the "
+            f"sample: at {comparison.confidence:.0%} a p99 needs >= {need} baseline values)"
+        )
+    return notes
+
+
+def _title(comparison: Comparison) -> str:
+    workload = (
+        f"FORCED across workloads {comparison.baseline_workload} → {comparison.current_workload}"
+        if comparison.forced
+        else f"workload {comparison.current_workload}"
+    )
+    return (
+        f"compare {comparison.baseline} → {comparison.current} · {workload} · "
+        f"{comparison.confidence:.0%} intervals · latencies in ms"
+    )
+
+
+def render_table(comparison: Comparison) -> RenderableType:
+    """The terminal table, notes and the verdict line."""
+    table = Table(
+        title=_title(comparison),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    for header in HEADERS:
+        right = header in ("n base/cur", "change")
+        table.add_column(header, justify="right" if right else "left", no_wrap=True)
+    for result in comparison.results:
+        cells = row_cells(result)
+        table.add_row(*cells[:-1], Text(cells[-1], style=_STYLE[result.verdict]))
+    style = "bold red" if comparison.regressions else "bold green"
+    parts: list[RenderableType] = [table, *(Text(n, style="dim") for n in _notes(comparison))]
+    return Group(*parts, Text(verdict_line(comparison), style=style))
+
+
+def render_markdown(comparison: Comparison) -> str:
+    """A heading, the table (for a CI job summary) and the notes."""
+    verdict = "REGRESSED" if comparison.regressions else "no regression"
+    lines = [f"### loadgen compare: {verdict}", "", _md(_title(comparison)), ""]
+    lines.append("| " + " | ".join(HEADERS) + " |")
+    lines.append(
+        "|" + "|".join("---:" if h in ("n base/cur", "change") else "---" for h in HEADERS) + "|"
+    )
+    for result in comparison.results:
+        cells = [_md(c) for c in row_cells(result)]
+        if result.verdict is Verdict.REGRESSED:
+            cells[-1] = f"**{cells[-1]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.extend(
+        ["", *(f"- {_md(n)}" for n in _notes(comparison)), "", _md(verdict_line(comparison))]
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    """Safe in a Markdown table cell: no HTML, pipes escaped, one line."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # a lone ">" is plain text
+    return escaped.replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,138 @@
+"""What `loadgen check` prints: the plan of a run, computed from the spec alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from loadgen.workload.plans import RequestPlan
+from loadgen.workload.spec import ClassSpec, WorkloadSpec
+
+NS_PER_S = 1e9
+
+
+def render_plan(
+    spec: WorkloadSpec, plans: Sequence[RequestPlan], *, show_schedule: bool = False
+) -> RenderableType:
+    """A table per class: requests, arrival process, mean rate, token totals, span, SLOs."""
+    table = Table(title=f"{spec.name}: {len(plans)} planned requests ({spec.source})")
+    for column in (
+        "class",
+        "requests",
+        "arrivals",
+        "rate req/s",
+        "span s",
+        "prompt tok (mean / total)",
+        "output tok (mean / total)",
+        "SLO",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("class", "arrivals", "SLO") else "right"
+        )
+    for name, cls in spec.classes.items():
+        mine = [p for p in plans if p.class_name == name]
+        table.add_row(name, *_class_cells(cls, mine))
+    span = (plans[-1].intended_ns - plans[0].intended_ns) / NS_PER_S if plans else 0.0
+    rate = (len(plans) - 1) / span if span > 0 else float("nan")
+    parts: list[RenderableType] = [
+        table,
+        Text(
+            f"whole run: {len(plans)} requests over {span:,.1f} s "
+            f"(mean {rate:,.2f} req/s); nothing was sent"
+        ),
+    ]
+    if show_schedule:
+        parts.append(_schedule_table(plans))
+    return Group(*parts)
+
+
+def _class_cells(cls: ClassSpec, plans: Sequence[RequestPlan]) -> list[str]:
+    n = len(plans)
+    starts = [p for p in plans if not p.turn]  # sessions and trajectories start at turn 0
+    if cls.concurrency is not None:
+        starts = list(plans[:1])
+    span = (starts[-1].intended_ns - starts[0].intended_ns) / NS_PER_S if len(starts) > 1 else 0.0
+    rate = f"{(len(starts) - 1) / span:,.2f}" if span > 0 else "-"
+    prompt = sum(p.prompt_tokens for p in plans)
+    output = sum(p.output_tokens for p in plans)
+    return [
+        _count_text(cls, n, len(starts)),
+        _arrival_text(cls),
+        rate,
+        f"{span:,.1f}",
+        f"{prompt / max(n, 1):,.0f} / {prompt:,}",
+        f"{output / max(n, 1):,.0f} / {output:,}",
+        _objective_text(cls),
+    ]
+
+
+def _count_text(cls: ClassSpec, requests: int, starts: int) -> str:
+    if cls.concurrency is not None:
+        return f"{requests:,} docs, {cls.concurrency} at a time"
+    if cls.kind == "agent":
+        return f"{requests:,} in {starts:,} trajectories"
+    if cls.turns is not None:
+        return f"{requests:,} in {starts:,} sessions"
+    return f"{requests:,}"
+
+
+def _arrival_text(cls: ClassSpec) -> str:
+    a = cls.arrival
+    if cls.concurrency is not None:
+        text = "closed loop"
+    elif a.process == "gamma":
+        text = f"gamma cv={a.cv:g} @{a.rate_per_s:g}/s"
+    elif a.process == "onoff":
+        text = (f"onoff {a.on_rate_per_s:g}/s for ~{a.on_mean_s:g}s, "
+                f"{a.off_rate_per_s:g}/s for ~{a.off_mean_s:g}s")  # fmt: skip
+    elif a.process == "ramp":
+        text = "ramp " + " → ".join(f"{r:g}/s×{d:g}s" for r, d in a.steps)
+    elif a.process == "trace":
+        assert a.trace is not None
+        text = f"trace {Path(a.trace.path).name}"
+        if a.trace.speed != 1:
+            text += f" ×{a.trace.speed:g} speed"
+    else:
+        text = f"{a.process} @{a.rate_per_s:g}/s"
+    return text + (f" from {a.start_s:g}s" if a.start_s else "")
+
+
+def _objective_text(cls: ClassSpec) -> str:
+    slo = cls.slo
+    targets = [
+        f"{k} {v:g}"
+        for k, v in (("TTFT ms", slo.ttft_ms), ("TPOT ms", slo.tpot_ms),
+                     ("ITL ms", slo.itl_ms), ("E2E ms", slo.e2e_ms))
+        if v is not None
+    ]  # fmt: skip
+    if cls.kind == "summarization":
+        deadline = f" in {cls.batch_deadline_s:g} s" if cls.batch_deadline_s else ""
+        return f"whole batch ok{deadline}"
+    if cls.kind == "agent":
+        budget = f" in {cls.trajectory_budget_s:g} s" if cls.trajectory_budget_s else ""
+        final = f", final hop {', '.join(targets)}" if targets else ""
+        return f"{slo.percentile:g}% of trajectories ok{budget}{final}"
+    return f"p{slo.percentile:g}: " + ", ".join(targets) if targets else "none"
+
+
+def _schedule_table(plans: Sequence[RequestPlan], limit: int = 20) -> Table:
+    table = Table(title=f"first {min(limit, len(plans))} of {len(plans)} intended sends")
+    for column in ("id", "class", "t (s)", "gap (ms)", "prompt tok", "output tok"):
+        table.add_column(column, justify="right")
+    previous = None
+    for plan in plans[:limit]:
+        gap = "" if previous is None else f"{(plan.intended_ns - previous) / 1e6:,.1f}"
+        table.add_row(
+            str(plan.request_id),
+            plan.class_name,
+            f"{plan.intended_ns / NS_PER_S:.3f}",
+            gap,
+            str(plan.prompt_tokens),
+            str(plan.output_tokens),
+        )
+        previous = plan.intended_ns
+    return table

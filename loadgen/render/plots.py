@@ -1,0 +1,342 @@
+"""Plots for people: PNG bytes from plain arrays, one figure per function.
+
+Last stage, beside `loadgen.render.report`, which computes every input from the records (so each
+figure is recomputable) and embeds the PNGs (`report.figures` picks each class's). These
+functions only draw: they take values already in ms (or counts) and return PNG bytes
+(`figure_png`, which the knee plot uses too), and never touch files. Matplotlib runs on
+the Agg backend and every figure is closed after it is saved.
+
+Conventions: times in ms on the x axis; a log x axis when the values span more than two
+decades; SLO targets drawn as dashed lines with their value in the label; every percentile
+drawn is nearest rank (`loadgen.percentiles`), and its label says so.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: must precede the pyplot import
+
+import matplotlib.pyplot as plt  # after matplotlib.use: the backend is fixed
+import numpy as np
+import numpy.typing as npt
+from matplotlib import ticker
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from loadgen.percentiles import nearest_rank
+from loadgen.render.terminal import with_unit
+
+FloatArray = npt.NDArray[np.float64]
+
+DPI = 100
+SIZE_IN = (8.0, 4.5)
+MAX_CDF_POINTS = 4000  # a CDF drawn through more points looks the same and renders slower
+LOG_SPAN = 100.0  # max/min above this (two decades) switches an axis to log scale
+TIMELINE_LOG_SPAN = 10.0  # TTFT, TPOT, ITL and their SLOs share one axis: log sooner
+# Fixed margins, not constrained layout: the labels are known and layout solving would
+# double the time per figure (a report draws five per class).
+MARGINS = {"left": 0.1, "right": 0.97, "bottom": 0.12, "top": 0.92}
+NOTE_BOX = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none"}
+METRIC_COLOURS = {"ttft": "tab:blue", "tpot": "tab:orange", "itl": "tab:green"}
+
+
+def cdf_png(
+    values_ms: Sequence[float] | FloatArray,
+    *,
+    failures: int,
+    title: str,
+    metric: str,
+    target_ms: float | None,
+    percentile: float,
+) -> bytes:
+    """Empirical CDF of completed requests' values with failures ranked worst.
+
+    y = rank / (values + failures), so with failures the curve stops short of 1 by their
+    share (noted "n failed"). The SLO target is a vertical line, the SLO percentile a
+    horizontal one; where they cross is the pass/fail point.
+    """
+    values = np.sort(np.asarray(values_ms, dtype=np.float64))
+    n = values.size + failures
+    fig, ax = _figure()
+    if values.size:
+        ranks = np.arange(1, values.size + 1, dtype=np.float64)
+        keep = _thin(values.size)
+        x = np.concatenate(([values[0]], values[keep]))  # the curve rises from 0
+        y = np.concatenate(([0.0], ranks[keep] / n))
+        ax.step(x, y, where="post", color="tab:blue", label="CDF")
+        _maybe_log_x(ax, values)
+    else:
+        ax.text(0.5, 0.5, "no completed values", transform=ax.transAxes, ha="center")
+    ax.axhline(percentile / 100, color="grey", linestyle=":", label=f"p{percentile:g}")
+    if target_ms is not None:
+        ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+    if n:
+        _mark_percentile(ax, values, n, percentile)
+    if failures:
+        share = failures / n
+        ax.axhline(1 - share, color="tab:red", linewidth=0.8, alpha=0.5)
+        note = f"{failures} failed ({share:.1%}): the curve stops at {1 - share:.1%}"
+        ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", color="tab:red", bbox=NOTE_BOX)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"{metric} (ms)")
+    ax.set_ylabel("share of requests ≤ x")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    return figure_png(fig)
+
+
+def itl_histogram_png(
+    gaps_ms: Sequence[float] | FloatArray, *, title: str, target_ms: float | None
+) -> bytes:
+    """Histogram of individual inter-chunk gaps: log y (the tail is a few gaps), x in ms."""
+    gaps = np.asarray(gaps_ms, dtype=np.float64)
+    fig, ax = _figure()
+    if gaps.size:
+        low, high = float(gaps.min()), float(gaps.max())
+        if _spans_decades(gaps):
+            bins = np.geomspace(max(low, 1e-3), high, 60)
+            _log_scale(ax, "x")
+        else:
+            bins = np.linspace(low, high if high > low else low + 1.0, 60)
+        counts, edges = np.histogram(np.clip(gaps, bins[0], None), bins=bins)
+        # one stairs artist instead of a patch per bar; its floor sits below the 1-gap level
+        ax.stairs(counts, edges, fill=True, baseline=0.7, color="tab:green", label="gaps")
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=0.7)
+    else:
+        ax.text(0.5, 0.5, "no gaps (no ok request had two chunks)", transform=ax.transAxes)
+    if target_ms is not None:
+        ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+    ax.set_xlabel("inter-chunk gap (ms)")
+    ax.set_ylabel("gaps (log scale)")
+    ax.set_title(title)
+    if gaps.size or target_ms is not None:
+        ax.legend(loc="upper right")
+    return figure_png(fig)
+
+
+def tokens_per_chunk_png(chunks_by_tokens: Mapping[int, int], *, title: str) -> bytes:
+    """Bar chart: how many chunks carried 1, 2, ... tokens (all 1 = ITL is per token)."""
+    fig, ax = _figure()
+    if chunks_by_tokens:
+        sizes = sorted(chunks_by_tokens)
+        counts = [chunks_by_tokens[k] for k in sizes]
+        bars = ax.bar([str(k) for k in sizes], counts, color="tab:purple")
+        ax.bar_label(bars, labels=[f"{c:,}" for c in counts])
+        ax.margins(y=0.15)
+    else:
+        ax.text(0.5, 0.5, "no chunks from ok requests", transform=ax.transAxes, ha="center")
+    ax.set_xlabel("tokens in the chunk")
+    ax.set_ylabel("chunks")
+    ax.set_title(title)
+    return figure_png(fig)
+
+
+def timeline_png(
+    *,
+    window_mid_s: Sequence[float] | FloatArray,
+    step_s: float,
+    p99_ms: Mapping[str, Sequence[float | None]],
+    targets_ms: Mapping[str, float | None],
+    arrival_rate_per_s: Sequence[float],
+    failed: Sequence[int],
+    title: str,
+) -> bytes:
+    """Per-window p99 TTFT/TPOT/ITL (ms, left) with SLO lines and the arrival rate (req/s,
+    right); failed requests per window as bars in a panel below, on the same time axis.
+
+    `p99_ms` and `targets_ms` are keyed by metric (`ttft`, `tpot`, `itl`); None marks a
+    window without values (drawn as a gap in the line).
+    """
+    x = np.asarray(window_mid_s, dtype=np.float64)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(SIZE_IN[0], 5.5), sharex=True, height_ratios=(3, 1)
+    )
+    fig.subplots_adjust(left=0.1, right=0.9, bottom=0.1, top=0.86, hspace=0.08)
+    present: list[float] = []
+    for metric, series in p99_ms.items():
+        y = np.array([math.nan if v is None else v for v in series], dtype=np.float64)
+        colour = METRIC_COLOURS.get(metric, "black")
+        top.plot(x, y, marker=".", color=colour, label=f"{metric.upper()} p99")
+        present.extend(y[np.isfinite(y)].tolist())
+        target = targets_ms.get(metric)
+        if target is not None:
+            top.axhline(target, color=colour, linestyle="--", linewidth=1)
+            present.append(target)
+            top.annotate(
+                f"{metric.upper()} SLO {_ms(target)}",
+                (0.99, target),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                color=colour,
+                fontsize=8,
+            )
+    if present and _spans_decades(np.asarray(present), TIMELINE_LOG_SPAN):
+        _log_scale(top, "y")
+    top.set_ylabel("p99 per window (ms, nearest rank)")
+    fig.suptitle(title)
+    rate_axis = top.twinx()
+    rate_axis.plot(x, arrival_rate_per_s, color="grey", alpha=0.6, linewidth=1, label="arrivals")
+    rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
+    rate_axis.set_ylim(0, max([1.0, *arrival_rate_per_s]) * 1.3)  # headroom: clear of SLO labels
+    lines, labels = top.get_legend_handles_labels()
+    more_lines, more_labels = rate_axis.get_legend_handles_labels()
+    top.legend(
+        lines + more_lines,
+        labels + more_labels,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+    bottom.bar(x, failed, width=step_s * 0.8, color="tab:red")
+    if not any(failed):
+        bottom.text(0.5, 0.5, "no failed requests", transform=bottom.transAxes, ha="center")
+    bottom.set_ylabel("failed\nrequests")
+    bottom.set_xlabel("time since run start (s), by intended send time")
+    bottom.set_ylim(0, max([1, *failed]) * 1.15)
+    bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    return figure_png(fig)
+
+
+def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> None:
+    """A dot where the nearest-rank percentile (failures worst) lies, with its value."""
+    rank = nearest_rank(percentile, n)
+    label = f"p{percentile:g}"
+    if rank > values.size:
+        ax.text(
+            0.02,
+            0.88,
+            f"{label} falls on a failed request",
+            transform=ax.transAxes,
+            va="top",
+            color="tab:red",
+            bbox=NOTE_BOX,
+        )
+        return
+    value = float(values[rank - 1])
+    ax.plot([value], [rank / n], "o", color="black", label=f"{label} = {_ms(value)} (nearest rank)")
+
+
+def hop_boxplot_png(
+    durations_ms: Mapping[int, Sequence[float]], *, title: str, budget_s: float | None = None
+) -> bytes:
+    """Per-hop duration (intended send → end of ok hops) as boxplots, one box per hop index.
+
+    Boxes from the 25th to the 75th percentile around the median, whiskers at the 1st and
+    99th, the hops beyond them as points: all nearest rank (`_box`, not matplotlib's
+    interpolated quartiles). The trajectory budget divided by the number of hops is drawn
+    as a reference (the equal split the seed warns against planning by).
+    """
+    fig, ax = _figure()
+    hops = sorted(h for h, values in durations_ms.items() if len(values))
+    if hops:
+        ax.bxp([_box(durations_ms[h]) for h in hops], showfliers=True)
+        ax.set_xticks(range(1, len(hops) + 1), [str(h) for h in hops])
+        if budget_s:
+            share = budget_s * 1000 / len(hops)
+            ax.axhline(share, color="tab:red", linestyle="--",
+                       label=f"budget / hops = {share:,.0f} ms")  # fmt: skip
+            ax.legend(loc="upper left")
+    else:
+        ax.text(0.5, 0.5, "no ok hops", transform=ax.transAxes, ha="center")
+    ax.set_xlabel(
+        "hop (0 = first call of the trajectory); boxes p25–p75 around the median, "
+        "whiskers p1–p99 (nearest rank)"
+    )
+    ax.set_ylabel("hop duration (ms)")
+    ax.set_title(title)
+    return figure_png(fig)
+
+
+def _box(values: Sequence[float]) -> dict[str, Any]:
+    """One box of `Axes.bxp`: nearest-rank p25, p50, p75, whiskers at p1 and p99, and the
+    values beyond the whiskers."""
+    ordered = sorted(values)
+
+    def at(percentile: float) -> float:
+        return ordered[nearest_rank(percentile, len(ordered)) - 1]
+
+    low, high = at(1.0), at(99.0)
+    fliers = [v for v in ordered if v < low or v > high]
+    return {"med": at(50.0), "q1": at(25.0), "q3": at(75.0), "whislo": low, "whishi": high,
+            "fliers": fliers}  # fmt: skip
+
+
+def batch_progress_png(
+    end_s: Sequence[float], *, documents: int, title: str, deadline_s: float | None = None
+) -> bytes:
+    """Documents completed over time since the batch started, with the deadline marked."""
+    fig, ax = _figure()
+    ends = sorted(end_s)
+    if ends:
+        ax.step([0.0, *ends], list(range(len(ends) + 1)), where="post", color="tab:blue",
+                label=f"{len(ends)} of {documents} documents ok")  # fmt: skip
+    ax.axhline(documents, color="grey", linestyle=":", label=f"batch: {documents} documents")
+    if deadline_s:
+        ax.axvline(deadline_s, color="tab:red", linestyle="--", label=f"deadline {deadline_s:g} s")
+    ax.set_xlabel("time since the batch's first send (s)")
+    ax.set_ylabel("documents completed ok")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    return figure_png(fig)
+
+
+def _figure() -> tuple[Figure, Axes]:
+    fig, ax = plt.subplots(figsize=SIZE_IN)
+    fig.subplots_adjust(**MARGINS)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def figure_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes at the house DPI; the figure is closed whatever happens (a
+    pyplot figure or a bare `Figure`, as `knee_plot` draws)."""
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI)
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def _thin(n: int) -> npt.NDArray[np.intp]:
+    """Indices of at most MAX_CDF_POINTS evenly spaced ranks, always keeping both ends."""
+    if n <= MAX_CDF_POINTS:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, MAX_CDF_POINTS).round().astype(np.intp))
+
+
+def _spans_decades(values: FloatArray, span: float = LOG_SPAN) -> bool:
+    positive = values[values > 0]
+    return positive.size > 0 and float(positive.max()) / float(positive.min()) > span
+
+
+def _maybe_log_x(ax: Axes, values: FloatArray) -> None:
+    if _spans_decades(values):
+        _log_scale(ax, "x")
+
+
+def _log_scale(ax: Axes, which: str) -> None:
+    """Log scale on the x or y axis, with plain-number ticks at 1, 2, 5 per decade."""
+    if which == "x":
+        ax.set_xscale("log")
+    else:
+        ax.set_yscale("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _ms(value: float) -> str:
+    """A latency for a label, as the terminal table shows it ("84.7 ms", "1000 ms", "24.0s")."""
+    return with_unit(value)

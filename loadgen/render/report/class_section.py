@@ -1,0 +1,275 @@
+"""One class's section of the run report: its objective, SLO checks, outcomes, latency
+percentiles (nearest rank, failures worst where marked), tokens, server timings, top
+errors, figures and time windows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from loadgen.render.report.blocks import (
+    Block,
+    Details,
+    Figure,
+    Heading,
+    Para,
+    Table,
+    met_word,
+    num,
+    pct,
+    verdict_word,
+)
+from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
+from loadgen.render.terminal import with_unit
+from loadgen.results.records import Outcome
+from loadgen.results.summary import (
+    BatchAudit,
+    ClassAudit,
+    FailureRankedStats,
+    LatencyStats,
+    ServerTimings,
+    SessionsAudit,
+    SloAudit,
+    TrajectoryAudit,
+)
+
+ERROR_TEXT_CHARS = 300  # an error message longer than this is cut in the report (not the JSON)
+Percentiles = LatencyStats | FailureRankedStats
+
+
+def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
+    details = report.classes[name]
+    slo, goodput = cls.slo, cls.goodput
+    blocks: list[Block] = [
+        Heading(2, f"Class {name}: {verdict_word(slo)}"),
+        *_objective_tables(cls),
+        _checks_table(slo),
+        Para(
+            f"Attainment {pct(slo.attainment)} of {cls.requests} requests met every "
+            f"threshold of the class. Goodput {num(goodput.requests_per_s, ' req/s')}, "
+            f"{num(goodput.output_tokens_per_s, ' output tokens/s')}."
+        ),
+        _outcomes_table(cls),
+        _percentile_table(cls),
+        _tokens_table(cls, details),
+    ]
+    if cls.server_timings_ms.requests:
+        blocks.append(_server_table(cls.server_timings_ms, cls))
+    if details.top_errors:
+        blocks.append(_errors_table(details.top_errors))
+    blocks.extend(Figure(f, report.captions.get(f, f)) for f in details.figures)
+    windows = report.windows.filter(pl.col("class") == name)
+    table = _windows_table(windows)
+    blocks.append(Details(f"{name}: {windows.height} windows", [table], windows.height <= 30))
+    return blocks
+
+
+def _objective_tables(cls: ClassAudit) -> list[Block]:
+    """The batch, trajectory or sessions block of a class (summarization, agent, chat)."""
+    blocks: list[Block] = []
+    if cls.batch:
+        blocks.append(_batch_table(cls.batch))
+    trajectory = cls.trajectory
+    if trajectory and trajectory.trajectories:
+        blocks.extend(_trajectory_tables(trajectory))
+    if sessions := cls.sessions:
+        blocks.append(_sessions_table(sessions))
+    return blocks
+
+
+def _batch_table(batch: BatchAudit) -> Table:
+    deadline = batch.deadline_s
+    return Table("Batch (judges this class; latency checks below are diagnostic)",
+                 ("measure", "value"), [
+        ("documents ok", f"{batch.ok} / {batch.documents}"),
+        ("completion time", num(batch.completion_time_s, " s")),
+        ("deadline", "none" if deadline is None else num(deadline, " s")),
+        ("input tokens/s", num(batch.input_tokens_per_s)),
+        ("output tokens/s", num(batch.output_tokens_per_s)),
+        ("verdict", met_word(batch.met)),
+    ])  # fmt: skip
+
+
+def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
+    split, duration = trajectory.time_split_s, trajectory.duration_s
+    summary = Table("Trajectories (judge this class; latency checks below are diagnostic)",
+                    ("measure", "value"), [
+        ("trajectories ok", f"{trajectory.ok} / {trajectory.trajectories}"),
+        ("attainment / target", f"{pct(trajectory.attainment)} / "
+                                f"{pct(trajectory.target_attainment)}"),
+        ("budget", num(trajectory.budget_s, " s")),
+        ("failed / skipped hops", f"{trajectory.failed_hops} / {trajectory.skipped_hops}"),
+        ("duration p50 / p99", f"{num(duration.p50, ' s')} / {num(duration.p99, ' s')}"),
+        ("time in TTFT / decode / tools",
+         f"{split.ttft} s / {split.decode} s / {split.tool} s"),
+    ])  # fmt: skip
+    hops = Table("Per-hop duration (intended send → end, ok hops)",
+                 ("hop", "p50", "p90", "p99", "n"), [
+        (hop, num(v.p50, " ms"), num(v.p90, " ms"), num(v.p99, " ms"), str(v.count))
+        for hop, v in trajectory.per_hop_ms.items()
+    ])  # fmt: skip
+    return [summary, hops]
+
+
+def _sessions_table(sessions: SessionsAudit) -> Table:
+    return Table("Sessions", ("measure", "value"), [
+        ("sessions", str(sessions.sessions)),
+        ("with every turn ok", str(sessions.completed)),
+        ("turns", str(sessions.turns)),
+    ])  # fmt: skip
+
+
+def _checks_table(slo: SloAudit) -> Table:
+    rows = []
+    for check in slo.checks:
+        p, value = check.percentile, check.value_ms
+        shown = with_unit(value) if value is not None or check.population == 0 else "fail"
+        rows.append(
+            (
+                check.metric.removesuffix("_ms").upper(),
+                f"p{p:g}" if p is not None else "—",
+                shown,
+                f"≤ {with_unit(check.target_ms)}" if check.target_ms is not None else "—",
+                str(check.population),
+                "PASS" if check.passed else "FAIL",
+                check.note or "",
+            )
+        )
+    if not rows:
+        rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
+    headers = ("check", "percentile", "value", "target", "population", "result", "note")
+    if slo.met is None:  # a run that stopped early: the checks' figures are partial
+        return Table("SLO checks on partial figures (failures ranked worst; judge nothing)",
+                     headers, rows)  # fmt: skip
+    return Table("SLO checks (failures ranked worst)", headers, rows)
+
+
+def _outcomes_table(cls: ClassAudit) -> Table:
+    total = cls.requests
+    rows = [
+        (outcome, str(n), pct(n / total if total else None))
+        for outcome, n in cls.outcomes.items()
+        if n or outcome == Outcome.OK.value
+    ]
+    return Table("Outcomes", ("outcome", "requests", "share"), rows)
+
+
+def _percentile_rows(cls: ClassAudit) -> list[tuple[str, Percentiles, float | None]]:
+    """(label, stats, SLO target) per measure; TTFVT only where reasoning streamed."""
+    t = cls.slo.targets
+    rows: list[tuple[str, Percentiles, float | None]] = [
+        ("TTFT", cls.ttft_ms, t.ttft_ms),
+        ("TTFT, failures worst", cls.ttft_ms_with_failures, t.ttft_ms),
+        ("TTFT from send", cls.ttft_from_send_ms, None),
+        ("TPOT", cls.tpot_ms, t.tpot_ms),
+        ("TPOT, failures worst", cls.tpot_ms_with_failures, t.tpot_ms),
+        ("ITL (per gap)", cls.itl_ms, t.itl_ms),
+        ("E2E", cls.e2e_ms, t.e2e_ms),
+        ("E2E, failures worst", cls.e2e_ms_with_failures, t.e2e_ms),
+    ]
+    if cls.reasoning_requests:  # reasoning streamed: the visible answer came later
+        label = f"TTFVT (first visible token; {cls.reasoning_requests} with reasoning)"
+        rows.insert(3, (label, cls.ttfvt_ms, None))
+    return rows
+
+
+def _percentile_table(cls: ClassAudit) -> Table:
+    p = cls.slo.targets.percentile
+    rows = []
+    for label, stats, target in _percentile_rows(cls):
+        missing = "fail" if stats.count else "—"
+        points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
+        cells = [with_unit(v) if v is not None else missing for v in points]
+        target_text = f"≤ {with_unit(target)} at p{p:g}" if target is not None else ""
+        rows.append((label, str(stats.count), *cells, target_text))
+    headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
+    return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
+
+
+SERVER_LABELS = {
+    "queue_ms": "server queue",
+    "load_ms": "server model load",
+    "prefill_ms": "server prefill (prompt eval)",
+    "decode_ms": "server decode (eval)",
+    "total_ms": "server total",
+}
+
+
+def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
+    """What the server reported about its own work, beside the client's TTFT and E2E."""
+    measured = [(SERVER_LABELS[name], stats) for name, stats in server.measured().items()]
+    client = [("client TTFT from send", cls.ttft_from_send_ms), ("client E2E", cls.e2e_ms)]
+    rows = []
+    for label, stats in [*measured, *client]:
+        cells = [with_unit(v) if v is not None else "—"
+                 for v in (stats.p50, stats.p90, stats.p99, stats.max)]  # fmt: skip
+        rows.append((label, str(stats.count), *cells))
+    title = f"Server-reported timings ({server.requests} ok requests), beside the client's own"
+    return Table(title, ("measure", "n", "p50", "p90", "p99", "max"), rows)
+
+
+def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
+    out, chunking, prompt = cls.output_tokens, cls.tokens_per_chunk, details.prompt_tokens
+    diff = prompt.mean_relative_diff
+    rows = [
+        (
+            "output tokens (ok) mean / p50 / max / total",
+            f"{num(out.mean)} / {num(out.p50)} / {num(out.max)} / {num(out.total)}",
+        ),
+        (
+            "prompt tokens planned vs server-reported (mean)",
+            f"{num(prompt.target_mean)} vs {num(prompt.reported_mean)} "
+            f"over {prompt.requests} requests with usage",
+        ),
+        ("prompt tokens mean relative difference", f"{diff:+.2%}" if diff is not None else "—"),
+        ("tokens per chunk mean / max", f"{num(chunking.mean)} / {num(chunking.max)}"),
+    ]
+    if chunking.mean is not None and chunking.mean > 1:
+        rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
+    return Table("Tokens", ("", ""), rows)
+
+
+def _errors_table(errors: Sequence[ErrorCount]) -> Table:
+    rows = []
+    for e in errors:
+        message = e.error or "(no message)"
+        if len(message) > ERROR_TEXT_CHARS:
+            message = message[:ERROR_TEXT_CHARS] + "…"
+        status = str(e.http_status) if e.http_status is not None else "—"
+        rows.append((str(e.count), e.outcome, status, message))
+    return Table("Top errors", ("count", "outcome", "HTTP", "message"), rows)
+
+
+def _windows_table(windows: pl.DataFrame) -> Table:
+    rows = []
+    for w in windows.iter_rows(named=True):
+        rows.append(
+            (
+                f"{w['window_start_s']:g}–{w['window_end_s']:g} s",
+                str(w["requests"]),
+                f"{w['arrival_rate_per_s']:.2f}",
+                str(w["in_flight"]),
+                str(w["ok"]),
+                str(w["failed"]),
+                pct(w["attainment"]),
+                *(with_unit(w[c]) for c in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")),
+                *(with_unit(w[c]) for c in ("tpot_p99_ms", "itl_p50_ms", "itl_p99_ms")),
+            )
+        )
+    headers = (
+        "window",
+        "requests",
+        "req/s",
+        "in flight at end",
+        "ok",
+        "failed",
+        "attainment",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "ITL p50",
+        "ITL p99",
+    )
+    return Table("Time windows (ok requests' percentiles)", headers, rows)

@@ -1,0 +1,150 @@
+"""The run report as blocks: banners, the run, generator and classes tables, one section per
+class (`class_section`), and the closing note on how every figure was computed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+from loadgen import __version__
+from loadgen.analysis.slo import stop_of
+from loadgen.errors import LoadgenError
+from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
+from loadgen.render.report.class_section import class_blocks
+from loadgen.render.report.model import RunReport
+from loadgen.render.terminal import STOP_TEXT, with_unit
+from loadgen.results.runfolder import RunInfo, TargetInfo
+from loadgen.results.summary import ClassAudit, GeneratorHealth
+
+
+def document(report: RunReport) -> list[Block]:
+    """The report's content, in order, as plain-text blocks (escaped by each renderer)."""
+    summary, info = report.summary, report.run_info
+    blocks: list[Block] = [Heading(1, f"loadgen report · {summary.run_id}")]
+    blocks.extend(_banners(report))
+    blocks.append(_run_table(report))
+    blocks.append(_generator_table(summary.generator))
+    blocks.append(_classes_table(summary.classes))
+    for name, cls in summary.classes.items():
+        blocks.extend(class_blocks(name, cls, report))
+    mode = f"sliding, step {report.step_s:g} s" if report.step_s else "tumbling"
+    blocks.append(
+        Para(
+            f"Re-audited by loadgen {__version__} from records.parquet and run.json "
+            f"(run written by loadgen {info.loadgen_version or '?'}). Latencies are "
+            "measured from the intended send time; percentiles are nearest rank; "
+            "'failures worst' ranks every failed request as +∞ and shows 'fail' where a "
+            f"percentile falls on one. Windows: {report.window_s:g} s, {mode}, requests by "
+            "intended time, ITL gaps by the time the gap ends."
+        )
+    )
+    return blocks
+
+
+def _banners(report: RunReport) -> list[Block]:
+    generator, verdict = report.summary.generator, report.summary.verdict
+    banners: list[Block] = []
+    stop = stop_of(verdict)
+    if stop is not None:
+        banners.append(
+            Para(
+                f"PARTIAL: the run stopped before its end ({STOP_TEXT[stop]}). Requests it never "
+                "sent are recorded as not_sent, those it sent but never saw finish as "
+                "cancelled; every figure below is partial and no SLO is judged.",
+                "bad",
+            )
+        )
+    if not report.run_info.finished:
+        banners.append(Para("The run never finished: these are the records its parts kept.", "bad"))
+    if generator.fell_behind:
+        banners.append(
+            Para(
+                f"GENERATOR FELL BEHIND: send lag p99 {with_unit(generator.lag_ms.p99)} "
+                f"> bound {generator.lag_bound_ms:g} ms. These latencies describe the load "
+                "generator, not the server.",
+                "bad",
+            )
+        )
+    if report.slos_overridden:
+        banners.append(
+            Para(
+                "SLO targets overridden (not the workload's) for: "
+                + ", ".join(report.slos_overridden),
+                "warn",
+            )
+        )
+    if stop is not None:
+        word = f"none ({STOP_TEXT[stop]}: partial figures)"
+    elif verdict.fell_behind:
+        word = "GENERATOR FELL BEHIND"
+    else:
+        word = "SLO MET" if verdict.slo_met else "SLO MISSED"
+    tone = "" if verdict.exit_code == 0 else "bad"
+    banners.append(Para(f"Verdict: {word} (exit {verdict.exit_code})", tone or "good"))
+    return banners
+
+
+def _run_table(report: RunReport) -> Table:
+    info, summary, generator = report.run_info, report.summary, report.summary.generator
+    target = info.target or TargetInfo(url="?", api="?", model="?")
+    source = info.workload.source if info.workload else None
+    sim = " (built-in simulator)" if target.builtin_sim else ""
+    cap = info.options.max_in_flight if info.options else None
+    rows = [
+        ("run id", summary.run_id),
+        ("workload", f"{_workload_key(info)} ({Path(source or '?').name})"),
+        ("started", _utc(info.t0.utc if info.t0 else None)),
+        ("target", f"{target.url}{sim}"),
+        ("API · model", f"{target.api} · {target.model}"),
+        ("duration", f"{summary.duration_s:.1f} s (first intended send → last end)"),
+        (
+            "requests",
+            f"planned {generator.planned} · sent {generator.sent} · recorded {generator.recorded}",
+        ),
+        ("seed", "?" if info.seed is None else str(info.seed)),
+        ("max in flight", "open loop (no cap)" if cap is None else str(cap)),
+    ]
+    return Table("Run", ("", ""), rows)
+
+
+def _workload_key(info: RunInfo) -> str:
+    """`name@fingerprint`: what the results store pools this run by (`workload.identity`)."""
+
+    try:
+        return str(info.identity()["key"])
+    except LoadgenError:
+        return info.workload.name if info.workload else "?"
+
+
+def _utc(text: object) -> str:
+    try:
+        return datetime.fromisoformat(str(text)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return "unknown"
+
+
+def _generator_table(generator: GeneratorHealth) -> Table:
+    lag, send = generator.lag_ms, generator.send_lag_ms
+    health = "FELL BEHIND" if generator.fell_behind else "OK"
+    rows = [
+        ("health", f"{health} (late: over {generator.lag_bound_ms:g} ms; fails at > 1 %)"),
+        ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
+        ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
+        (
+            "rate target / achieved",
+            f"{num(generator.target_rate_per_s, ' req/s')} / "
+            f"{num(generator.achieved_rate_per_s, ' req/s')}",
+        ),
+        ("retries", str(generator.retries)),
+    ]
+    return Table("Generator health", ("", ""), rows)
+
+
+def _classes_table(classes: Mapping[str, ClassAudit]) -> Table:
+    rows = [
+        (name, str(cls.requests), str(cls.failed), pct(cls.slo.attainment),
+         num(cls.goodput.requests_per_s, " req/s"), verdict_word(cls.slo))
+        for name, cls in classes.items()
+    ]  # fmt: skip
+    return Table("Classes", ("class", "requests", "failed", "attainment", "goodput", "SLO"), rows)

@@ -1,0 +1,140 @@
+"""The run report's figures, per class: CDFs, the ITL histogram, tokens per chunk, the
+window timeline, and per kind the hop durations (agent) or batch progress (summarization).
+
+Each is drawn by `render.plots` from the class's records; percentiles are nearest rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from loadgen.render import plots
+from loadgen.results.records import Outcome
+from loadgen.workload.spec import SloTargets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassView:
+    """One class's slice of a run, as the figures and details need it."""
+
+    name: str
+    kind: str  # the workload class kind (chat, summarization, agent); "chat" for old runs
+    frame: pl.DataFrame  # its records
+    rows: pl.DataFrame  # its `slo.per_request` rows
+    itl_ms: pl.Series  # gaps of its ok requests, sorted
+    windows: pl.DataFrame  # its `time_windows` rows
+    targets: SloTargets
+    step_s: float
+    budget_s: float | None = None  # agent: the trajectory budget
+    deadline_s: float | None = None  # summarization: the batch deadline
+
+
+def class_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
+    """A class's figures: kind -> (caption, PNG).
+
+    Every kind gets the latency figures; agent classes add per-hop duration boxplots and
+    summarization classes the batch's progress against its deadline.
+    """
+    figures = _latency_figures(view)
+    if view.kind == "agent":
+        figures["hop_durations"] = (f"{view.name}: duration by hop", _hop_figure(view))
+    elif view.kind == "summarization":
+        figures["batch_progress"] = (f"{view.name}: batch progress", _batch_figure(view))
+    return figures
+
+
+def _hop_figure(view: ClassView) -> bytes:
+    ok = view.frame.filter(pl.col("outcome") == Outcome.OK.value)
+    durations: dict[int, list[float]] = {}
+    for (hop,), group in ok.group_by("turn", maintain_order=True):
+        values = ((group["end_ns"] - group["intended_ns"]) / 1e6).to_list()
+        durations[int(hop) if hop is not None else 0] = values
+    return plots.hop_boxplot_png(durations, title=f"{view.name}: duration of each hop (ok hops)",
+                                 budget_s=view.budget_s)  # fmt: skip
+
+
+def _batch_figure(view: ClassView) -> bytes:
+    frame = view.frame
+    start = frame["intended_ns"].min() if frame.height else 0
+    ok = frame.filter(pl.col("outcome") == Outcome.OK.value)
+    ends = ((ok["end_ns"] - start) / 1e9).to_list() if ok.height else []
+    title = f"{view.name}: documents completed over time"
+    return plots.batch_progress_png(
+        ends, documents=frame.height, deadline_s=view.deadline_s, title=title
+    )
+
+
+def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
+    """TTFT/TPOT CDFs, the ITL histogram, tokens per chunk and the window timeline."""
+    ok = view.rows.filter(pl.col("outcome") == Outcome.OK.value)
+    failures = view.rows.height - ok.height
+    p, name, targets = view.targets.percentile, view.name, view.targets
+    mids = view.windows.select((pl.col("window_start_s") + pl.col("window_end_s")) / 2)
+    return {
+        "ttft_cdf": (
+            f"{name}: TTFT CDF",
+            plots.cdf_png(
+                ok.get_column("ttft_ms").drop_nulls().to_numpy(),
+                failures=failures,
+                title=f"{name}: TTFT (intended send → first token)",
+                metric="TTFT",
+                target_ms=targets.ttft_ms,
+                percentile=p,
+            ),
+        ),
+        "tpot_cdf": (
+            f"{name}: TPOT CDF",
+            plots.cdf_png(
+                ok.get_column("tpot_ms").drop_nulls().to_numpy(),
+                failures=failures,
+                title=f"{name}: TPOT (per request, N > 1)",
+                metric="TPOT",
+                target_ms=targets.tpot_ms,
+                percentile=p,
+            ),
+        ),
+        "itl_histogram": (
+            f"{name}: ITL histogram",
+            plots.itl_histogram_png(
+                view.itl_ms.to_numpy(),
+                title=f"{name}: inter-chunk gaps of ok requests",
+                target_ms=targets.itl_ms,
+            ),
+        ),
+        "tokens_per_chunk": (
+            f"{name}: tokens per chunk",
+            plots.tokens_per_chunk_png(
+                chunks_by_tokens(view.frame), title=f"{name}: tokens per chunk (ok requests)"
+            ),
+        ),
+        "timeline": (
+            f"{name}: per-window p99 and arrivals",
+            plots.timeline_png(
+                window_mid_s=mids.to_series().to_numpy(),
+                step_s=view.step_s,
+                p99_ms={
+                    m: view.windows.get_column(f"{m}_p99_ms").to_list()
+                    for m in plots.METRIC_COLOURS
+                },
+                targets_ms={
+                    "ttft": targets.ttft_ms,
+                    "tpot": targets.tpot_ms,
+                    "itl": targets.itl_ms,
+                },
+                arrival_rate_per_s=view.windows.get_column("arrival_rate_per_s").to_list(),
+                failed=view.windows.get_column("failed").to_list(),
+                title=f"{name}: p99 per window, arrival rate and failures",
+            ),
+        ),
+    }
+
+
+def chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
+    counts = (
+        frame.filter(pl.col("outcome") == Outcome.OK.value)
+        .select(pl.col("chunk_tokens").explode().drop_nulls().value_counts(sort=True))
+        .unnest("chunk_tokens")
+    )
+    return {int(k): int(n) for k, n in counts.iter_rows()}

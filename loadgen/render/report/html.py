@@ -1,0 +1,72 @@
+"""The run report as one self-contained HTML page: inline CSS, PNGs as data URIs, no
+network loads, every string escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table
+from loadgen.render.report.document import document
+from loadgen.render.report.model import RunReport
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;padding:0 1em;color:#1b1b1b}
+h1{font-size:1.5em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+h3{font-size:1em;margin:1.2em 0 .4em}
+table{border-collapse:collapse;margin:.3em 0 1em}
+td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right;vertical-align:top}
+td:first-child,th:first-child{text-align:left}th{background:#f4f4f4}
+.banner{padding:.6em 1em;border-radius:4px;margin:.5em 0;font-weight:600}
+.bad{background:#fde2e1;color:#8a1c17}.warn{background:#fff3cd;color:#6b5200}
+.good{background:#e3f4e1;color:#1e5b1a}
+td.bad{background:#fde2e1}td.good{background:#e3f4e1}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}details{margin:1em 0}summary{cursor:pointer}
+"""
+_CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fail": "bad"}
+
+
+def render_html(report: RunReport) -> str:
+    """One self-contained HTML page: inline CSS, PNGs as data URIs, every text escaped."""
+    e = html.escape
+    body = "\n".join(_html_block(b, report) for b in document(report))
+    title = e(f"loadgen report · {report.summary.run_id}")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def _html_block(block: Block, report: RunReport) -> str:
+    e = html.escape
+    if isinstance(block, Heading):
+        return f"<h{block.level}>{e(block.text)}</h{block.level}>"
+    if isinstance(block, Para):
+        tone = f' class="banner {block.tone}"' if block.tone else ""
+        return f"<p{tone}>{e(block.text)}</p>"
+    if isinstance(block, Table):
+        return _html_table(block)
+    if isinstance(block, Figure):
+        data = base64.b64encode(report.figures[block.name]).decode("ascii")
+        return (
+            f'<figure><img alt="{e(block.caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{e(block.caption)}</figcaption></figure>"
+        )
+    inner = "\n".join(_html_block(b, report) for b in block.blocks)
+    is_open = " open" if block.is_open else ""
+    return f"<details{is_open}><summary>{e(block.summary)}</summary>\n{inner}\n</details>"
+
+
+def _html_table(table: Table) -> str:
+    e = html.escape
+
+    def cell(tag: str, text: str) -> str:
+        tone = _CELL_TONE.get(text)
+        return f'<{tag} class="{tone}">{e(text)}</{tag}>' if tone else f"<{tag}>{e(text)}</{tag}>"
+
+    head = "".join(cell("th", h) for h in table.headers) if any(table.headers) else ""
+    rows = "\n".join("<tr>" + "".join(cell("td", c) for c in row) + "</tr>" for row in table.rows)
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    return f"<h3>{e(table.title)}</h3>\n<table>{thead}<tbody>\n{rows}\n</tbody></table>"

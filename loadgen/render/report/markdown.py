@@ -1,0 +1,36 @@
+"""The run report as Markdown: the same blocks as the HTML page; figures link to the PNGs
+written beside it."""
+
+from __future__ import annotations
+
+import html
+
+from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table
+from loadgen.render.report.document import document
+from loadgen.render.report.model import RunReport
+
+
+def render_markdown(report: RunReport) -> str:
+    """Markdown: the same blocks; figures link to `<name>.png` beside the file."""
+    return "\n\n".join(_md_block(b) for b in document(report)) + "\n"
+
+
+def _md_block(block: Block) -> str:
+    if isinstance(block, Heading):
+        return f"{'#' * block.level} {_md(block.text)}"
+    if isinstance(block, Para):
+        return f"**{_md(block.text)}**" if block.tone else _md(block.text)
+    if isinstance(block, Table):
+        headers = [h or " " for h in block.headers]
+        lines = [f"**{_md(block.title)}**", "", "| " + " | ".join(map(_md, headers)) + " |"]
+        lines.append("|" + "|".join("---" for _ in headers) + "|")
+        lines.extend("| " + " | ".join(map(_md, row)) + " |" for row in block.rows)
+        return "\n".join(lines)
+    if isinstance(block, Figure):
+        return f"![{_md(block.caption)}]({block.name}.png)"
+    return f"**{_md(block.summary)}**\n\n" + "\n\n".join(_md_block(b) for b in block.blocks)
+
+
+def _md(text: str) -> str:
+    """Text safe in a Markdown table cell: HTML-escaped, pipes escaped, on one line."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")

@@ -1,0 +1,183 @@
+"""The run report's model: one run re-audited, with its windows, class details and figures.
+
+`build_run_report` reads only run.json and the records: the summary is `analysis.audit`'s
+re-audit (equal to the stored one unless `--slo` replaced targets), the windows
+`windows.time_windows`, each class's details and figures (`figures`) come from the same
+frame.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from loadgen.analysis import metrics
+from loadgen.analysis.audit import audit_run
+from loadgen.analysis.slo import per_request
+from loadgen.analysis.windows import time_windows
+from loadgen.render.report.figures import ClassView, chunks_by_tokens, class_figures
+from loadgen.results.records import Outcome
+from loadgen.results.runfolder import RecordedClass, RunInfo, read_run_info
+from loadgen.results.summary import Summary
+from loadgen.workload.spec import SloTargets
+
+TOP_ERRORS = 10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptTokens:
+    """Planned vs server-reported prompt tokens, over the requests whose server reported them."""
+
+    requests: int
+    target_mean: float | None
+    reported_mean: float | None
+    mean_relative_diff: float | None  # mean of (reported - target) / target
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorCount:
+    """How many failed requests share one (outcome, HTTP status, error message)."""
+
+    count: int
+    outcome: str
+    http_status: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassDetails:
+    """What a class's section shows beyond the summary, computed from its records.
+
+    `prompt_tokens`: over requests whose server reported prompt tokens, the mean planned
+    (target) and reported counts and the mean of (reported - target) / target.
+    `chunks_by_tokens`: tokens carried per chunk -> number of chunks (ok requests).
+    `top_errors`: the most frequent (outcome, http_status, error) of failed requests.
+    `figures`: names (keys of `RunReport.figures`) of this class's figures, in order.
+    """
+
+    name: str
+    slug: str
+    prompt_tokens: PromptTokens
+    chunks_by_tokens: Mapping[int, int]
+    top_errors: Sequence[ErrorCount]
+    figures: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunReport:
+    """One run, re-audited: the summary, the windows frame and the figures (PNG bytes)."""
+
+    run_info: RunInfo  # run.json as stored
+    summary: Summary  # what summary.json holds
+    windows: pl.DataFrame  # `windows.time_windows` of the run
+    window_s: float
+    step_s: float | None  # None: tumbling windows
+    slos_overridden: tuple[str, ...]  # classes whose SLOs differ from run.json's
+    classes: Mapping[str, ClassDetails]
+    figures: Mapping[str, bytes]  # name -> PNG; the name is also the file stem in report.md
+    captions: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_run_report(
+    run_dir: Path,
+    *,
+    slos: Mapping[str, SloTargets] | None = None,
+    window_s: float = 10.0,
+    sliding_step_s: float | None = None,
+) -> RunReport:
+    """`audit_run`, plus the time windows, per-class details and figures, all from the records.
+
+    Raises LoadgenError for a folder that is not a run, ValueError for a bad window/step.
+    """
+    info = read_run_info(run_dir)
+    summary, frame, effective = audit_run(run_dir, slos=slos)
+    recorded, slos_as_run = info.classes(), info.slos()
+    overridden = tuple(n for n in effective if slos_as_run.get(n) != effective[n])
+    windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
+    rows = per_request(frame, slos=effective)
+    figures: dict[str, bytes] = {}
+    captions: dict[str, str] = {}
+    details: dict[str, ClassDetails] = {}
+    slugs = _unique_slugs(summary.classes)
+    for name in summary.classes:
+        as_run = recorded.get(name, RecordedClass(name=name))
+        view = ClassView(
+            name=name,
+            kind=as_run.kind,
+            frame=frame.filter(pl.col("class") == name),
+            rows=rows.filter(pl.col("class") == name),
+            itl_ms=metrics.itl_gaps_ms(frame, name),
+            windows=windows.filter(pl.col("class") == name),
+            targets=effective.get(name, SloTargets()),
+            step_s=sliding_step_s or window_s,
+            budget_s=as_run.trajectory_budget_s,
+            deadline_s=as_run.batch_deadline_s,
+        )
+        names = []
+        for kind, (caption, png) in class_figures(view).items():
+            names.append(f"{slugs[name]}-{kind}")
+            figures[names[-1]] = png
+            captions[names[-1]] = caption
+        details[name] = _class_details(view, slugs[name], names)
+    return RunReport(
+        run_info=info,
+        summary=summary,
+        windows=windows,
+        window_s=window_s,
+        step_s=sliding_step_s,
+        slos_overridden=overridden,
+        classes=details,
+        figures=figures,
+        captions=captions,
+    )
+
+
+def _class_details(view: ClassView, slug: str, figures: list[str]) -> ClassDetails:
+    return ClassDetails(
+        name=view.name,
+        slug=slug,
+        prompt_tokens=_prompt_token_stats(view.frame),
+        chunks_by_tokens=chunks_by_tokens(view.frame),
+        top_errors=_top_errors(view.frame),
+        figures=tuple(figures),
+    )
+
+
+def _prompt_token_stats(frame: pl.DataFrame) -> PromptTokens:
+    """Planned vs server-reported prompt tokens over requests whose server reported them."""
+    reported = frame.filter(pl.col("prompt_tokens").is_not_null())
+    target, got = pl.col("prompt_tokens_target"), pl.col("prompt_tokens")
+    row = reported.select(
+        target.mean().alias("target_mean"),
+        got.mean().alias("reported_mean"),
+        pl.when(target > 0).then((got - target) / target).mean().alias("mean_relative_diff"),
+    ).row(0, named=True)
+    return PromptTokens(requests=reported.height, **row)
+
+
+def _top_errors(frame: pl.DataFrame) -> list[ErrorCount]:
+    failed = frame.filter(pl.col("outcome") != Outcome.OK.value)
+    top = (
+        failed.group_by("outcome", "http_status", "error")
+        .len("count")
+        .sort(["count", "outcome"], descending=[True, False])
+        .head(TOP_ERRORS)
+    )
+    return [ErrorCount(**row) for row in top.iter_rows(named=True)]
+
+
+def _unique_slugs(names: Iterable[str]) -> dict[str, str]:
+    """A file-name-safe, unique stem per class name (`<script>` -> `script`)."""
+    slugs: dict[str, str] = {}
+    for name in names:
+        base = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-_")[:40] or "class"
+        slug, n = base, 1
+        while slug in slugs.values():
+            n += 1
+            slug = f"{base}-{n}"
+        slugs[name] = slug
+    return slugs

@@ -1,0 +1,326 @@
+"""Terminal report: the run's summary as a compact rich table, readable in 100 columns, and
+the lines beside it (each engine process, each shard of a merge, what a recovery did).
+
+Last stage for a person at a terminal: it reads only the typed `Summary` that
+`analysis.audit.audit` returns (or `runfolder.read_summary` reads back) and returns a
+renderable; printing is the CLI's job. Latencies are ms, percentiles nearest rank;
+"p99·all" is the p99 with failures ranked worst, shown as "fail" when it falls on a failed
+request. A run that stopped before its end (interrupted, watchdog, killed and recovered)
+shows its figures labelled partial and no verdict: nothing says MET or MISSED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from loadgen.analysis.slo import stop_of
+from loadgen.results.recover import Recovery
+from loadgen.results.runfolder import RunInfo, ShardTable
+from loadgen.results.summary import (
+    Check,
+    ClassAudit,
+    FailureRankedStats,
+    GeneratorHealth,
+    SloAudit,
+    Summary,
+    Verdict,
+)
+
+# `verdict.status` of a run that stopped before its end -> what the title and verdict say.
+STOP_TEXT = {
+    "interrupted": "interrupted by Ctrl-C or SIGTERM",
+    "watchdog": "stopped by the watchdog",
+    "incomplete": "killed, then recovered from its record parts",
+}
+
+
+def render_summary(summary: Summary) -> RenderableType:
+    """One table row per class; then failures and failed checks, the generator, the verdict."""
+    stop = stop_of(summary.verdict)
+    parts: list[RenderableType] = [_class_table(summary)]
+    parts.extend(_notes(summary.classes, partial=stop is not None))
+    parts.append(_generator_line(summary.generator))
+    parts.append(_verdict_line(summary.verdict, stop))
+    return Group(*parts)
+
+
+def _class_table(summary: Summary) -> Table:
+    stop = stop_of(summary.verdict)
+    stopped = f" · stopped early ({STOP_TEXT[stop]}): PARTIAL figures" if stop else ""
+    duration = f"{summary.duration_s:.1f} s"
+    title = f"run {summary.run_id}{stopped} · {duration} · latencies in ms"
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    table.add_column("class", no_wrap=True)
+    for header in ("reqs", "failed"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in ("TTFT\np50/p99", "TTFT\np99·all", "TPOT\np50/p99", "ITL\np99", "E2E\np99"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("attain", justify="right", no_wrap=True)
+    table.add_column("good\nreq/s", justify="right", no_wrap=True)
+    table.add_column("SLO", no_wrap=True)
+    for name, cls in summary.classes.items():
+        table.add_row(*_class_row(name, cls))
+    return table
+
+
+def _class_row(name: str, cls: ClassAudit) -> list[RenderableType]:
+    attainment = cls.slo.attainment
+    failed = sum(n for k, n in cls.outcomes.items() if k != "ok")
+    return [
+        name,
+        str(cls.requests),
+        Text(str(failed), style="red" if failed else ""),
+        f"{fmt_ms(cls.ttft_ms.p50)}/{fmt_ms(cls.ttft_ms.p99)}",
+        _with_failures(cls.ttft_ms_with_failures),
+        f"{fmt_ms(cls.tpot_ms.p50)}/{fmt_ms(cls.tpot_ms.p99)}",
+        fmt_ms(cls.itl_ms.p99),
+        fmt_ms(cls.e2e_ms.p99),
+        f"{attainment * 100:.1f}%" if attainment is not None else "—",
+        _rate(cls.goodput.requests_per_s),
+        _verdict_cell(cls.slo),
+    ]
+
+
+def fmt_ms(value: float | None) -> str:
+    """A latency in ms, 3-4 significant figures; seconds from 10 s up; "—" when missing."""
+    if value is None:
+        return "—"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}s"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def with_unit(value: float | None) -> str:
+    """`fmt_ms` with its unit: "412 ms", "24.0s"."""
+    text = fmt_ms(value)
+    return text if text.endswith("s") or value is None else f"{text} ms"
+
+
+def _with_failures(stats: FailureRankedStats) -> Text:
+    """The p99 with failures worst: "fail" in red when it falls on a failure."""
+    if stats.count == 0:
+        return Text("—")
+    if stats.p99 is None:
+        return Text("fail", style="bold red")
+    return Text(fmt_ms(stats.p99))
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def _verdict_cell(slo: SloAudit) -> Text:
+    """MET / MISSED with the failed metrics named / "no SLO" for a class without targets /
+    "partial" in a run that stopped before its end (`met` is null: nothing was judged)."""
+    if slo.met is None:
+        return Text("partial", style="bold yellow")
+    if slo.judged_by:  # a batch or trajectory objective, shown on its own line below the table
+        return Text(f"{'MET' if slo.met else 'MISSED'}\n({slo.judged_by})",
+                    style="bold green" if slo.met else "bold red")  # fmt: skip
+    if not slo.checks:
+        return Text("no SLO", style="dim")
+    if slo.met:
+        return Text("MET", style="bold green")
+    failed = [c.metric.removesuffix("_ms") for c in slo.checks if not c.passed]
+    return Text(f"MISSED\n{','.join(failed)}", style="bold red")
+
+
+def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[RenderableType]:
+    """Per class: failures by kind, then each failed check against its target (not for
+    partial figures: their checks judge nothing)."""
+    lines: list[RenderableType] = []
+    for name, cls in classes.items():
+        kinds = [f"{n} {k}" for k, n in cls.outcomes.items() if k != "ok" and n]
+        if kinds:
+            lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
+        lines.extend(_objective_lines(name, cls))
+        lines.extend(_reasoning_and_server_lines(name, cls))
+        missed = [_missed_check(name, c) for c in cls.slo.checks if not c.passed]
+        if partial:
+            continue
+        if cls.slo.judged_by:  # percentiles are diagnostic for batches and agents
+            for line in missed:
+                line.stylize("dim")
+                line.append(" (diagnostic)")
+        lines.extend(missed)
+    return lines
+
+
+def _reasoning_and_server_lines(name: str, cls: ClassAudit) -> list[Text]:
+    """TTFVT beside TTFT when reasoning streamed; the server's own timings when it sent any."""
+    lines = []
+    visible = cls.ttfvt_ms
+    if cls.reasoning_requests and visible.count:
+        lines.append(Text(
+            f"  {name}: reasoning streamed in {cls.reasoning_requests} requests; time to "
+            f"first visible token p50/p99 {fmt_ms(visible.p50)}/{fmt_ms(visible.p99)} ms "
+            "(TTFT counts the first reasoning token)"
+        ))  # fmt: skip
+    server = cls.server_timings_ms
+    if server.requests:
+        parts = [f"{key.removesuffix('_ms')} p50 {fmt_ms(stats.p50)}"
+                 for key, stats in server.measured().items()]  # fmt: skip
+        lines.append(Text(
+            f"  {name}: server-reported timings (ms, {server.requests} responses): "
+            + ", ".join(parts), style="dim"
+        ))  # fmt: skip
+    return lines
+
+
+def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
+    """The batch, trajectory or session block of a class, one line each."""
+    lines: list[RenderableType] = []
+    if batch := cls.batch:
+        deadline = f" (deadline {batch.deadline_s:g} s)" if batch.deadline_s else ""
+        took = batch.completion_time_s
+        lines.append(Text(
+            f"  {name} batch: {batch.ok}/{batch.documents} documents ok in "
+            f"{'-' if took is None else f'{took:,.1f}'} s{deadline} · "
+            f"{_rate(batch.input_tokens_per_s)} input tok/s · "
+            f"{_rate(batch.output_tokens_per_s)} output tok/s · {_met_text(batch.met)}",
+            style=_met_style(batch.met),
+        ))  # fmt: skip
+    trajectory = cls.trajectory
+    if trajectory and trajectory.trajectories:
+        split = trajectory.time_split_s
+        budget = f" within {trajectory.budget_s:g} s" if trajectory.budget_s else ""
+        lines.append(Text(
+            f"  {name} trajectories: {trajectory.ok}/{trajectory.trajectories} ok{budget} "
+            f"({trajectory.attainment:.1%}, target {trajectory.target_attainment:.0%}) · "
+            f"{trajectory.failed_hops} failed, {trajectory.skipped_hops} skipped hops · "
+            f"time in ttft {split.ttft:,.1f} s, decode {split.decode:,.1f} s, "
+            f"tools {split.tool:,.1f} s",
+            style=_met_style(trajectory.met),
+        ))  # fmt: skip
+    if sessions := cls.sessions:
+        lines.append(Text(
+            f"  {name} sessions: {sessions.sessions} ({sessions.completed} with every "
+            f"turn ok), {sessions.turns} turns",
+        ))  # fmt: skip
+    return lines
+
+
+def _met_text(met: bool | None) -> str:
+    return "partial" if met is None else ("MET" if met else "MISSED")
+
+
+def _met_style(met: bool | None) -> str:
+    return "yellow" if met is None else ("green" if met else "red")
+
+
+def _missed_check(name: str, check: Check) -> Text:
+    """ "chat: ttft p99 412 ms > target 300 ms", or the note saying why there is no value."""
+    metric = check.metric.removesuffix("_ms")
+    if check.percentile is None:
+        return Text(f"  {name}: {check.note}", style="red")
+    label = f"  {name}: {metric} p{check.percentile:g} "
+    target = with_unit(check.target_ms)
+    if check.value_ms is not None:
+        return Text(f"{label}{with_unit(check.value_ms)} > target {target}", style="red")
+    return Text(f"{label}fails: {check.note} (target {target})", style="red")
+
+
+def _generator_line(generator: GeneratorHealth) -> Text:
+    lag = generator.lag_ms
+    target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
+    line = Text(
+        f"generator: planned {generator.planned} · sent {generator.sent} · "
+        f"recorded {generator.recorded} · retries {generator.retries} · "
+        f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · "
+        f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+    )
+    if generator.chained_lag_ms.p99 is not None:
+        line.append(f" · next-turn reaction p99 {with_unit(generator.chained_lag_ms.p99)}")
+    if generator.client_errors:
+        line.append(
+            f"\nCLIENT ERRORS: {generator.client_errors} requests failed in the client itself "
+            "(out of file descriptors or local ports, or a worker process died: see the "
+            "records' error): the run is invalid",
+            style="bold red",
+        )
+    elif generator.fell_behind:
+        line.append(
+            f"\nFELL BEHIND: lag p99 {with_unit(lag.p99)} > {generator.lag_bound_ms:g} ms;"
+            " these latencies describe the generator, not the server",
+            style="bold red",
+        )
+    return line
+
+
+def _verdict_line(verdict: Verdict, stop: str | None) -> Text:
+    if stop is not None:
+        return Text(
+            f"verdict: none: the run stopped before its end ({STOP_TEXT[stop]}); the figures "
+            f"above are partial and judge nothing (exit {verdict.exit_code})",
+            "bold yellow",
+        )
+    if verdict.fell_behind:
+        return Text(f"verdict: GENERATOR FELL BEHIND (exit {verdict.exit_code})", "bold red")
+    if verdict.slo_met:
+        return Text(f"verdict: SLO MET (exit {verdict.exit_code})", "bold green")
+    return Text(f"verdict: SLO MISSED (exit {verdict.exit_code})", "bold red")
+
+
+def render_processes(run_info: RunInfo) -> list[Text]:
+    """One line per engine process of a multi-process run, and the shard line of a shard;
+    nothing for a plain single-process run."""
+    lines: list[Text] = []
+    processes = run_info.workers.processes if run_info.workers else ()
+    if len(processes) > 1:
+        for p in processes:
+            late = p.late_share
+            lines.append(Text(
+                f"worker {p.index}: pid {p.pid} · {p.records} records · lag p99 "
+                f"{with_unit(p.lag_ms_p99)} · late sends "
+                f"{'—' if late is None else f'{late:.2%}'} · t0 skew {p.t0_skew_us:g} µs"
+                + (f" · exit {p.exit_code}" if p.exit_code else ""),
+                style="red" if p.fell_behind or p.exit_code else "",
+            ))  # fmt: skip
+    if shard := run_info.shard:
+        skew = shard.t0_skew_ms
+        lines.append(Text(
+            f"shard {shard.index}/{shard.count}: agreed start {shard.start_at_utc} · "
+            f"t0 anchor skew {'—' if skew is None else f'{skew:g} ms'}"
+        ))  # fmt: skip
+    return lines
+
+
+def shard_lines(table: ShardTable) -> list[str]:
+    """One line per shard (records, skew, whether it fell behind) and the spread."""
+    lines = [
+        f"shard {row.index}/{table.count}: {row.records} records · host {row.host} · "
+        f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
+        + (" · FELL BEHIND" if row.fell_behind else "")
+        for row in table.shards
+    ]
+    lines.append(
+        f"shards: t0 anchors within {table.spread_ms:.3f} ms of each other, at most "
+        f"{table.max_abs_skew_ms:.3f} ms from the agreed start"
+    )
+    return lines
+
+
+def recovery_line(run_dir: Path, done: Recovery) -> str:
+    """What `report --recover` did: the records it kept and the plans it recorded, and how."""
+    return (
+        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
+        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
+        "not_sent; marked incomplete (no verdict, exit 5)"
+    )

@@ -1,0 +1,1 @@
+"""Results: records, the run folder and the results store on disk."""

@@ -1,0 +1,375 @@
+"""Records: one row per planned request, whatever happened to it.
+
+Sits between the engine and the metrics. The runner turns every plan into exactly one
+`RequestRecord`; `RecordWriter` spills them to Parquet part files during the run (each
+part written to a temp name and renamed, so a killed run keeps every finished part) and
+joins the parts into `records.parquet` at the end. Times are integer nanoseconds since the
+run's t0 on the monotonic clock; `None` means the moment never happened, and the outcome
+says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from loadgen.adapters.protocol import ServerTimings
+from loadgen.errors import TRANSIENT_ERRNOS
+
+
+class Outcome(enum.StrEnum):
+    """How a request ended. Every value but `ok` is a breach of every SLO of its class."""
+
+    OK = "ok"
+    REJECTED = "rejected"  # 429 or another admission refusal
+    HTTP_ERROR = "http_error"  # any other non-2xx status
+    CONNECT_ERROR = "connect_error"  # no connection, or it broke before a response
+    STREAM_ERROR = "stream_error"  # mid-stream break, malformed data, server error event
+    TIMEOUT_FIRST_TOKEN = "timeout_first_token"  # no generated token by the deadline
+    TIMEOUT_STALL = "timeout_stall"  # a gap between tokens longer than the stall deadline
+    TIMEOUT_TOTAL = "timeout_total"  # not finished by the total deadline
+    CANCELLED = "cancelled"  # sent, but the run was stopped (or killed) before it finished
+    NOT_SENT = "not_sent"  # never sent: the run was stopped (or killed) before its time came
+    SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
+    CLIENT_ERROR = "client_error"  # the client failed (no file descriptor, no local port)
+
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+
+
+class TokenSource(enum.StrEnum):
+    """Where `output_tokens` came from."""
+
+    USAGE = "usage"  # the server's reported usage.completion_tokens
+    CHUNKS = "chunks"  # counted output-bearing chunks (one token each)
+    NONE = "none"  # no output at all
+
+
+SERVER_TIMING_FIELDS: tuple[str, ...] = tuple(ServerTimings.__dataclass_fields__)
+SERVER_TIMINGS_DTYPE = pl.Struct(
+    {
+        name: (pl.Int64() if name.endswith("_tokens") else pl.Float64())
+        for name in SERVER_TIMING_FIELDS
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    """What one planned request did, measured at the client boundary.
+
+    Times are ns since the run's t0. `intended_ns` is when the plan said to send (the
+    moment the user pressed enter); TTFT and E2E are measured from it. `chunk_ns` holds
+    the arrival time of every output-bearing chunk and `chunk_tokens` the tokens each
+    carried (1 each, unless the server's usage says more and they were apportioned).
+    """
+
+    request_id: int
+    class_name: str
+    intended_ns: int
+    outcome: Outcome
+    dispatched_ns: int | None = None  # when the scheduler started it (generator health)
+    sent_ns: int | None = None  # when its request bytes were written
+    headers_ns: int | None = None
+    first_token_ns: int | None = None  # first generated output: content, reasoning or tool call
+    first_content_ns: int | None = None  # first visible content
+    first_reasoning_ns: int | None = None  # first reasoning (thinking) output
+    last_token_ns: int | None = None
+    end_ns: int | None = None
+    chunk_ns: Sequence[int] = field(default_factory=tuple)
+    chunk_tokens: Sequence[int] = field(default_factory=tuple)
+    output_tokens: int = 0
+    token_source: TokenSource = TokenSource.NONE
+    prompt_tokens: int | None = None  # as reported by the server's usage
+    prompt_tokens_target: int = 0  # what the plan asked for
+    max_tokens: int = 0
+    http_status: int | None = None
+    error: str | None = None
+    retries: int = 0
+    session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
+    turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
+    server_timings: ServerTimings | None = None  # what the server reported, if it did
+
+
+# Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
+# `class_name` on the dataclass). Adding a column is fine; renaming one breaks old runs.
+SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.Int64(),
+    "class": pl.String(),
+    "intended_ns": pl.Int64(),
+    "dispatched_ns": pl.Int64(),
+    "sent_ns": pl.Int64(),
+    "headers_ns": pl.Int64(),
+    "first_token_ns": pl.Int64(),
+    "first_content_ns": pl.Int64(),
+    "last_token_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "chunk_ns": pl.List(pl.Int64()),
+    "chunk_tokens": pl.List(pl.Int32()),
+    "output_tokens": pl.Int64(),
+    "token_source": pl.String(),
+    "prompt_tokens": pl.Int64(),
+    "prompt_tokens_target": pl.Int64(),
+    "max_tokens": pl.Int64(),
+    "outcome": pl.String(),
+    "http_status": pl.Int32(),
+    "error": pl.String(),
+    "retries": pl.Int32(),
+    "session_id": pl.Int64(),
+    "turn": pl.Int32(),
+    "first_reasoning_ns": pl.Int64(),
+    "server_timings": SERVER_TIMINGS_DTYPE,
+}
+
+
+def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
+    """Records as a frame with `SCHEMA`, sorted by request_id.
+
+    Built column by column (no per-record dicts): a writer thread converting a batch holds
+    the GIL while it does, and every millisecond of that is a millisecond the event loop
+    cannot stamp a chunk.
+    """
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA}
+    fields = [(name, _FIELD.get(name, name)) for name in SCHEMA]
+    for record in records:
+        for column, attribute in fields:
+            columns[column].append(getattr(record, attribute))
+    columns["outcome"] = [str(o) for o in columns["outcome"]]
+    columns["token_source"] = [str(t) for t in columns["token_source"]]
+    columns["chunk_ns"] = [list(c) for c in columns["chunk_ns"]]
+    columns["chunk_tokens"] = [list(c) for c in columns["chunk_tokens"]]
+    columns["server_timings"] = [
+        None if t is None else {name: getattr(t, name) for name in SERVER_TIMING_FIELDS}
+        for t in columns["server_timings"]
+    ]
+    return pl.DataFrame(columns, schema=SCHEMA).sort("request_id")
+
+
+_FIELD = {"class": "class_name"}  # column name -> dataclass attribute, where they differ
+
+
+def empty_frame() -> pl.DataFrame:
+    """A frame with no rows and the records schema."""
+    return pl.DataFrame(schema=SCHEMA)
+
+
+def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
+    """The inverse of `to_frame`."""
+    records = []
+    for row in frame.iter_rows(named=True):
+        row = dict(row)
+        row["class_name"] = row.pop("class")
+        row["outcome"] = Outcome(row["outcome"])
+        row["token_source"] = TokenSource(row["token_source"])
+        row["chunk_ns"] = tuple(row["chunk_ns"] or ())
+        row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
+        timings = row.get("server_timings")
+        if isinstance(timings, dict) and any(v is not None for v in timings.values()):
+            row["server_timings"] = ServerTimings(**timings)
+        else:
+            row["server_timings"] = None
+        known = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
+        records.append(RequestRecord(**known))
+    return records
+
+
+RECORDS_FILE = "records.parquet"
+PARTS_DIR = "records.parts"
+HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `heartbeat-w000`
+
+
+def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
+    """Write to a temp name in the same folder, fsync, rename: readers never see half a file.
+
+    polars encodes into memory and Python writes the bytes, so a failing write raises the
+    kernel's own `OSError` (ENOSPC, EACCES, EFBIG, EMFILE with `filename` = `path`), where
+    polars writing to the path would say only "Invalid thrift: transport error". A temp
+    file left by a failed write is removed (it would hold disk space and look like a part).
+    """
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    write_file_atomic(path, buffer.getbuffer())
+
+
+def write_file_atomic(path: Path, data: bytes | memoryview) -> None:
+    """`data` to a temp name beside `path`, fsync, rename; an `OSError` names `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+class RecordWriter:
+    """Collects records during a run and spills them to Parquet parts.
+
+    The engine calls `add` (cheap, in the event loop). About once a second the run takes
+    the due batch (`take_due`: every `flush_every` records or `flush_interval_s` seconds)
+    and writes it with `write_part`, in a worker thread so the loop keeps stamping chunks.
+    `close()` joins the parts into `records.parquet`. A run killed mid-way keeps every part
+    already renamed into place.
+
+    Each `take_due` also touches the process's heartbeat file in the parts folder: its
+    modification time is the last moment the run was seen alive, which is how `loadgen
+    report --recover` tells a plan that was due (sent) before a kill from one that never
+    came (`loadgen.results.recover`).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        flush_every: int = 1000,
+        flush_interval_s: float = 1.0,
+        heartbeat: str = HEARTBEAT,
+    ) -> None:
+        self.run_dir = run_dir
+        self.parts_dir = run_dir / PARTS_DIR
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat = self.parts_dir / heartbeat
+        self.flush_every = flush_every
+        self.flush_interval_s = flush_interval_s
+        self._pending: list[RequestRecord] = []
+        self._part_count = 0
+        self._part_lock = threading.Lock()
+        self._last_take = time.monotonic()
+        self.count = 0  # records taken
+        self.written = 0  # records in parts on disk
+        # Start polars' I/O runtime now, while file descriptors are plentiful: started
+        # mid-run it needs some, and a run short of them must still be able to write.
+        warm = self.parts_dir / ".warm-up.parquet"
+        write_parquet_atomic(empty_frame(), warm)
+        warm.unlink()
+
+    def add(self, record: RequestRecord) -> None:
+        """Take one record (no I/O)."""
+        self._pending.append(record)
+        self.count += 1
+
+    def beat(self) -> None:
+        """Touch the heartbeat file (a failure to is not worth a lost record: ignored)."""
+        try:
+            os.utime(self.heartbeat)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                self.heartbeat.touch()
+        except OSError:
+            pass
+
+    def take_due(self) -> list[RequestRecord]:
+        """The pending records if a batch is full or the interval has passed, else [].
+        Touches the heartbeat (see the class docstring)."""
+        self.beat()
+        now = time.monotonic()
+        if len(self._pending) >= self.flush_every or (
+            self._pending and now - self._last_take >= self.flush_interval_s
+        ):
+            self._last_take = now
+            batch, self._pending = self._pending, []
+            return batch
+        return []
+
+    def write_part(self, batch: list[RequestRecord]) -> None:
+        """Write one batch as the next part (safe to call from a worker thread)."""
+        if not batch:
+            return
+        with self._part_lock:
+            self._part_count += 1
+            part = self.parts_dir / f"part-{self._part_count:06d}.parquet"
+        write_parquet_atomic(to_frame(batch), part)
+        self.written += len(batch)
+
+    @property
+    def pending(self) -> int:
+        """Records taken but not yet in a part on disk."""
+        return len(self._pending)
+
+    def requeue(self, batch: list[RequestRecord]) -> None:
+        """Put back a batch whose write failed (e.g. out of file descriptors); it goes out
+        with the next one. Records are never dropped."""
+        self._pending[:0] = batch
+
+    def flush(self) -> None:
+        """Write every pending record now (a failed write keeps them pending)."""
+        batch, self._pending = self._pending, []
+        try:
+            self.write_part(batch)
+        except BaseException:
+            self.requeue(batch)
+            raise
+
+    def close(self) -> pl.DataFrame:
+        """Flush, join every part into `records.parquet`, remove the parts; return the frame.
+
+        Out of file descriptors is retried for a few seconds (the run's sockets are closing);
+        any other failed write raises its `OSError`, and the parts stay for `--recover`.
+        """
+        retry_transient(self.flush)
+        frame = read_parts(self.parts_dir)
+        retry_transient(lambda: write_parquet_atomic(frame, self.run_dir / RECORDS_FILE))
+        remove_parts(self.parts_dir)
+        return frame
+
+
+def remove_parts(parts_dir: Path) -> None:
+    """Remove a parts folder once its records are joined: parts, heartbeats, and the temp
+    file of a part being written when a process was killed."""
+    for name in ("part-*.parquet", f"{HEARTBEAT}*", ".*"):
+        for path in parts_dir.glob(name):
+            path.unlink()
+    parts_dir.rmdir()
+
+
+def retry_transient(
+    write: Callable[[], None], *, attempts: int = 20, pause_s: float = 0.25
+) -> None:
+    """Call `write`, again after `pause_s` while it fails with a transient error (EMFILE,
+    ENFILE, EAGAIN, EINTR), at most `attempts` times; any other `OSError` at once."""
+    for attempt in range(attempts):
+        try:
+            write()
+            return
+        except OSError as exc:
+            if exc.errno not in TRANSIENT_ERRNOS or attempt == attempts - 1:
+                raise
+        time.sleep(pause_s)
+
+
+def read_parts(parts_dir: Path) -> pl.DataFrame:
+    """Every complete part in a parts folder as one frame (what an interrupted run kept)."""
+    parts = sorted(parts_dir.glob("part-*.parquet"))
+    if not parts:
+        return empty_frame()
+    return pl.concat([with_all_columns(pl.read_parquet(p)) for p in parts]).sort("request_id")
+
+
+def read_records(run_dir: Path) -> pl.DataFrame:
+    """A run's records: `records.parquet`, or the parts of a run that never finished."""
+    path = run_dir / RECORDS_FILE
+    if path.exists():
+        return with_all_columns(pl.read_parquet(path))
+    return read_parts(run_dir / PARTS_DIR)
+
+
+def with_all_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with every `SCHEMA` column it lacks added as nulls (records of older runs)."""
+    missing = [
+        pl.lit(None, dtype).alias(n) for n, dtype in SCHEMA.items() if n not in frame.columns
+    ]
+    return frame.with_columns(missing) if missing else frame

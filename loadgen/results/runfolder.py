@@ -1,0 +1,328 @@
+"""The run folder: the one owner of its files, their names and the schema version.
+
+A run folder (`<store>/<run-id>/`) holds `run.json` (what was run: the resolved spec, seed,
+target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while it runs),
+`summary.json`, `histograms.parquet` and `loadgen.log`. Everything the reports show is
+recomputable from records plus run.json. Exit codes and stop statuses live here because
+summary.json's `verdict` carries them.
+
+run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
+and JSON only here, through `results.codec`: `read_run_info` / `write_run_info`,
+`read_summary` / `write_summary` are the only code that reads or writes them (besides the
+first run.json a run writes at t0, while it runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loadgen.errors import LoadgenError
+from loadgen.results.codec import OMIT_NONE, from_json, to_json
+from loadgen.results.summary import Summary
+from loadgen.workload.identity import identity_of_run
+from loadgen.workload.spec import METRICS_MS, SloTargets
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
+
+
+SCHEMA_VERSION = 5  # 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+# 4: verdict.status (a stopped run is no verdict), not_sent outcome,
+# run.json stopped/watchdog/workload.identity
+# 3: adapters (visible-token TTFT, server timings), workers/shards
+# (run.json workers, shard, t0.measured_unix_ns)
+# 2: client_error outcome, generator.client_errors, host.open_files_limit
+
+
+def new_run_id(name: str) -> str:
+    """`20261129T101500Z-chat-smoke-1a2b`: sortable, unique, readable."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "run"
+    return f"{stamp}-{slug}-{secrets.token_hex(2)}"
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON to a temp name and rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_summary(run_dir: Path, summary: Summary) -> None:
+    """The run's `summary.json` (the audit's, or a report's re-audit in its own folder)."""
+    write_json_atomic(run_dir / SUMMARY_FILE, to_json(summary))
+
+
+def read_summary(run_dir: Path) -> Summary:
+    """`summary.json` of a run folder; a LoadgenError when it is missing or malformed."""
+    path = run_dir / SUMMARY_FILE
+    try:
+        return from_json(Summary, json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise LoadgenError(f"{run_dir} has no {SUMMARY_FILE}") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise LoadgenError(f"cannot read {path}: {exc}") from None
+
+
+def write_run_info(run_dir: Path, info: RunInfo) -> None:
+    """The run's `run.json` (the end of a run, a merge, a recovery)."""
+    write_json_atomic(run_dir / RUN_FILE, to_json(info))
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    """`run.json` of a run folder; a LoadgenError when the folder is not a run.
+
+    A run.json without `run_id` takes the folder's name.
+    """
+    path = run_dir / RUN_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LoadgenError(f"{run_dir} is not a run folder: it has no run.json") from None
+    except (OSError, ValueError) as exc:
+        raise LoadgenError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise LoadgenError(f"{path} does not hold a JSON object")
+    try:
+        return from_json(RunInfo, {"run_id": run_dir.name, **data})
+    except (ValueError, TypeError) as exc:
+        raise LoadgenError(f"{path}: not a loadgen run.json ({exc})") from None
+
+
+EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
+
+
+EXIT_WATCHDOG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 4, 5, 130
+
+
+# How a run can stop before its end, and the exit code that says so (`verdict.status`).
+STOPS: Mapping[str, int] = {
+    "interrupted": EXIT_INTERRUPTED,  # Ctrl-C or SIGTERM: sending stopped, the rest recorded
+    "watchdog": EXIT_WATCHDOG,  # nothing progressed for --watchdog seconds
+    "incomplete": EXIT_INCOMPLETE,  # killed outright (SIGKILL, OOM); `report --recover`
+}
+
+
+# --- run.json ----------------------------------------------------------------------------
+# Blocks written since schema 1 may be absent from older files: they read as None and are
+# left out again when such a file is rewritten (`OMIT_NONE`). `shard`, `stopped` and
+# `watchdog` are written as null when they do not apply.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class T0:
+    """The run's t0 on both clocks: the monotonic `perf_counter_ns` every record's times
+    count from (None for a merged run: its shards had a clock each), and the wall clock."""
+
+    perf_counter_ns: int | None = None
+    unix_ns: int
+    utc: str = ""
+    measured_unix_ns: int | None = field(default=None, metadata=OMIT_NONE)  # read at t0
+    reached_late_ms: float | None = field(default=None, metadata=OMIT_NONE)  # woke this late
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadInfo:
+    """The workload as run: its name, file, resolved spec (`dataclasses.asdict` of the
+    WorkloadSpec, header values left out) and identity (`workload.identity`)."""
+
+    name: str = ""
+    source: str | None = None
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    identity: Mapping[str, Any] | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetInfo:
+    """Where the requests went (the URL redacted of credentials) and with which API."""
+
+    url: str | None = None
+    api: str | None = None
+    model: str | None = None
+    builtin_sim: bool = False
+    sim_args: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """The command line's options that shaped the run (run.json's `options`)."""
+
+    max_in_flight: int | None = None
+    lag_bound_ms: float = 5.0
+    grace_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardInfo:
+    """The share of the schedule this run sent (`--shard i/N`), its agreed start, and (at
+    its end) its t0 anchor and that anchor's skew from the agreed start."""
+
+    index: int
+    count: int
+    start_at_unix_ns: int | None = None
+    start_at_utc: str | None = None
+    t0_unix_ns: int | None = field(default=None, metadata=OMIT_NONE)
+    t0_skew_ms: float | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostInfo:
+    """The machine the client ran on."""
+
+    hostname: str | None = None
+    platform: str | None = None
+    python: str | None = None
+    cpus: int | None = None
+    open_files_limit: int | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessInfo:
+    """One engine process's share of the run: its records, send lag and t0 skew."""
+
+    index: int
+    pid: int | None = None
+    exit_code: int | None = None
+    records: int = 0
+    lag_ms_p99: float | None = None
+    late_share: float | None = None
+    fell_behind: bool = False
+    t0_skew_us: float | None = None
+    reached_late_ms: float | None = None
+    shard: int | None = field(default=None, metadata=OMIT_NONE)  # a merged run's shard
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersInfo:
+    """How many engine processes ran, why, and each one's share."""
+
+    count: int = 1
+    chosen: str = ""
+    processes: tuple[ProcessInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardRow:
+    """One shard of a merged run: where it ran and how far its t0 was from the agreed start."""
+
+    index: int
+    run_id: str
+    host: str | None
+    planned: int
+    records: int
+    t0_unix_ns: int
+    skew_ms: float
+    reached_late_ms: float | None
+    interrupted: bool
+    fell_behind: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardTable:
+    """A merged run's shards, and the spread of their t0 anchors (`loadgen merge`)."""
+
+    count: int
+    start_at_unix_ns: int
+    spread_ms: float
+    max_abs_skew_ms: float
+    shards: tuple[ShardRow, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedClass:
+    """A class of the workload as run.json's resolved spec records it: what the re-audit
+    judges it by."""
+
+    name: str
+    kind: str = "chat"
+    slo: SloTargets = field(default_factory=SloTargets)
+    has_turns: bool = False  # multi-turn sessions
+    batch_deadline_s: float | None = None
+    concurrency: int | None = None
+    trajectory_budget_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """run.json: what was run (the resolved spec, seed, target, options, host), its t0
+    anchor, its processes, and how it ended. Enough, with the records, to recompute every
+    figure, and to rebuild the run's plan (`results.recover`)."""
+
+    run_id: str
+    schema_version: int | None = field(default=None, metadata=OMIT_NONE)
+    loadgen_version: str | None = field(default=None, metadata=OMIT_NONE)
+    seed: int | None = field(default=None, metadata=OMIT_NONE)
+    planned: int | None = field(default=None, metadata=OMIT_NONE)
+    workload: WorkloadInfo | None = field(default=None, metadata=OMIT_NONE)
+    target: TargetInfo | None = field(default=None, metadata=OMIT_NONE)
+    options: RunSettings | None = field(default=None, metadata=OMIT_NONE)
+    shard: ShardInfo | None = None
+    host: HostInfo | None = field(default=None, metadata=OMIT_NONE)
+    workers: WorkersInfo | None = field(default=None, metadata=OMIT_NONE)
+    t0: T0 | None = field(default=None, metadata=OMIT_NONE)
+    interrupted: bool = False
+    finished: bool = True  # False: the run never wrote its end (killed, or still running)
+    stopped: str | None = None  # a key of `STOPS`, or None: it ran to its end
+    watchdog: str | None = None  # what the run waited for when the watchdog stopped it
+    shards: ShardTable | None = field(default=None, metadata=OMIT_NONE)  # a merged run
+    recovered: bool | None = field(default=None, metadata=OMIT_NONE)  # `report --recover`
+    client_failure: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def stop(self) -> str | None:
+        """How the run stopped before its end (a key of `STOPS`), or None.
+
+        `incomplete`: killed outright (`finished: false`: it never wrote its end) or
+        recovered from its parts; `watchdog`: stopped by it; `interrupted`: Ctrl-C or
+        SIGTERM. Runs written before `stopped` was recorded are read from `interrupted`
+        and `finished`.
+        """
+        if self.recovered or not self.finished:
+            return "incomplete"
+        if self.stopped in STOPS:
+            return self.stopped
+        if self.watchdog:
+            return "watchdog"
+        return "interrupted" if self.interrupted else None
+
+    @property
+    def lag_bound_ms(self) -> float:
+        """The send lag above which a send was late (`--lag-bound-ms`)."""
+        return (self.options or RunSettings()).lag_bound_ms
+
+    def classes(self) -> dict[str, RecordedClass]:
+        """Each class of the resolved spec, in order (ValueError for an impossible SLO)."""
+        spec = self.workload.spec if self.workload else {}
+        return {str(name): _recorded_class(str(name), raw)
+                for name, raw in (spec.get("classes") or {}).items()}  # fmt: skip
+
+    def slos(self) -> dict[str, SloTargets]:
+        """Each class's SloTargets as run.json recorded them."""
+        return {name: cls.slo for name, cls in self.classes().items()}
+
+    def identity(self) -> dict[str, Any]:
+        """The run's workload identity (`workload.identity.identity_of_run`): what the
+        results store pools by. LoadgenError for a spec this loadgen cannot rebuild."""
+        return identity_of_run(to_json(self))
+
+
+def _recorded_class(name: str, raw: Mapping[str, Any]) -> RecordedClass:
+    slo = raw.get("slo") or {}
+    return RecordedClass(
+        name=name,
+        kind=str(raw.get("kind", "chat")),
+        slo=SloTargets(**{k: slo[k] for k in SLO_FIELDS if slo.get(k) is not None}),
+        has_turns=raw.get("turns") is not None,
+        batch_deadline_s=raw.get("batch_deadline_s"),
+        concurrency=raw.get("concurrency"),
+        trajectory_budget_s=raw.get("trajectory_budget_s"),
+    )

@@ -1,0 +1,95 @@
+"""Results store: the run folders under one folder, each as its `run.json` describes it.
+
+Sits after the run (which leaves `run.json` and `records.parquet` in `<store>/<run-id>/`)
+and before the reports over many runs (`loadgen.analysis.rolling`, `loadgen.analysis.compare`),
+which pool runs of one workload (`RunEntry.workload_key`) and leave stopped runs out unless
+asked. The per-minute histograms beside each run's records are `loadgen.analysis.minutes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loadgen.errors import LoadgenError
+from loadgen.results.runfolder import RUN_FILE, RunInfo, read_run_info
+from loadgen.workload.spec import SloTargets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEntry:
+    """One run folder of the store, as its `run.json` describes it."""
+
+    run_dir: Path
+    run_id: str
+    started_unix_ns: int  # t0 on the wall clock
+    workload: str  # its name
+    slos: Mapping[str, SloTargets] = field(default_factory=dict)
+    workload_key: str = ""  # `name@fingerprint`: what the store pools by (workload.identity)
+    offered_rate_per_s: float | None = None
+    stopped: str | None = None  # `RunInfo.stop`: interrupted, watchdog, incomplete, or None
+
+    @property
+    def is_complete(self) -> bool:
+        """Ran to its end: a stopped run is left out of windows and baselines unless asked."""
+        return self.stopped is None
+
+    @property
+    def started(self) -> datetime:
+        """t0 as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.started_unix_ns / 1e9, UTC)
+
+
+def discover_runs(store_dir: Path) -> list[RunEntry]:
+    """Every run folder directly under `store_dir` that has a `run.json`, oldest t0 first."""
+    entries = [read_run_entry(path.parent) for path in store_dir.glob(f"*/{RUN_FILE}")]
+    return sorted(entries, key=lambda e: (e.started_unix_ns, e.run_id))
+
+
+def select_runs(
+    runs: Sequence[RunEntry], *, workload: str | None = None, include_incomplete: bool = False
+) -> list[RunEntry]:
+    """The runs a pooled report may use: complete ones (unless `include_incomplete`), of the
+    workload `workload` names (a name, which may cover several fingerprints, each still its
+    own workload, or one `name@fingerprint` key) when given."""
+    chosen = [r for r in runs if include_incomplete or r.is_complete]
+    if workload is not None:
+        chosen = [r for r in chosen if workload in (r.workload, r.workload_key)
+                  or (("@" in workload) and r.workload_key.startswith(workload))]  # fmt: skip
+    return chosen
+
+
+def read_run_entry(run_dir: Path) -> RunEntry:
+    """A run's `run.json` as a `RunEntry` (LoadgenError if it is unreadable or has no t0)."""
+    info = read_run_info(run_dir)
+    try:
+        if info.t0 is None or info.workload is None:
+            raise ValueError("no t0 or no workload")
+        started = int(info.t0.unix_ns)
+        slos = info.slos()
+    except (TypeError, ValueError) as exc:
+        raise LoadgenError(f"{run_dir / RUN_FILE}: not a loadgen run.json ({exc!r})") from None
+    ident = _identity(info)
+    return RunEntry(
+        run_dir=run_dir,
+        run_id=info.run_id,
+        started_unix_ns=started,
+        workload=info.workload.name,
+        slos=slos,
+        workload_key=str(ident.get("key") or f"{info.workload.name}@unknown"),
+        offered_rate_per_s=ident.get("offered_rate_per_s"),
+        stopped=info.stop,
+    )
+
+
+def _identity(info: RunInfo) -> dict[str, Any]:
+    """The run's workload identity; for a run whose stored spec this loadgen cannot rebuild,
+    none (its key is then `name@unknown`: a workload of its own)."""
+
+    try:
+        return info.identity()
+    except LoadgenError:
+        return {}

@@ -1,0 +1,283 @@
+"""The summary of a run, typed: what the audit produces, summary.json holds and reports read.
+
+`analysis.audit.audit` builds a `Summary` from the records; `runfolder.write_summary` writes
+it (through `results.codec`: field order is key order) and `runfolder.read_summary` reads it
+back. The reports (`render.terminal`, `render.report`) and the capacity search read its
+fields, never string keys. Every value is JSON-ready: ms rounded to µs, shares to 1e-6,
+rates to 1e-3, and None where a figure does not exist: an empty population, or a percentile
+that falls on a failed request (a "with failures" figure ranks every failure +inf, and
++inf is not a number JSON has). Percentiles are nearest rank (see `analysis.metrics`).
+
+Defined here, beside the records, rather than in `analysis`: the run folder, which owns
+summary.json, sits below the analysis that fills it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from loadgen.results.codec import OMIT_NONE, omitted_when
+from loadgen.workload.spec import SloTargets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatencyStats:
+    """Nearest-rank percentiles, max and mean (ms) of one measure over completed requests."""
+
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+    mean: float | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureRankedStats:
+    """Percentiles and max (ms) with every failed request ranked +inf: None where one falls
+    on a failure. `count` is the whole population, `failures` how many of it failed."""
+
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+    count: int
+    failures: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputTokens:
+    """Output tokens of completed requests: mean, median, max and total."""
+
+    mean: float | None
+    p50: int | None
+    max: int | None
+    total: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokensPerChunk:
+    """Tokens carried per output chunk of ok requests: 1.0 means ITL is a per-token gap."""
+
+    mean: float | None = None
+    max: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTimings:
+    """What the server reported about its own work, over the ok requests that carried it
+    (`requests`: 0 when the API reports nothing)."""
+
+    requests: int
+    queue_ms: LatencyStats
+    load_ms: LatencyStats
+    prefill_ms: LatencyStats
+    decode_ms: LatencyStats
+    total_ms: LatencyStats
+
+    def measured(self) -> dict[str, LatencyStats]:
+        """The timings the server did report, by name (`queue_ms`, ...), in field order."""
+        timings = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "requests"}
+        return {name: stats for name, stats in timings.items() if stats.count}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Check:
+    """One population target: the p-th percentile of `metric` (failures worst) <= target.
+
+    `metric` is `requests` (percentile and target None) for a class with targets but no
+    recorded request: it cannot pass. `value_ms` None: no values, or a failure.
+    """
+
+    metric: str
+    percentile: float | None
+    target_ms: float | None
+    value_ms: float | None
+    passed: bool
+    population: int
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloAudit:
+    """A class's SLO audit: its targets, attainment, the checks and whether it met them.
+
+    `met` is None in a run that stopped before its end (nothing is judged); `judged_by`
+    names the objective that decides `met` instead of the checks (`batch`, `trajectory`).
+    """
+
+    targets: SloTargets
+    attainment: float | None
+    met: bool | None
+    checks: tuple[Check, ...]
+    judged_by: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Goodput:
+    """Requests and output tokens per second from requests that met every threshold."""
+
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchAudit:
+    """A summarization class's batch: done by its deadline, and its token throughput."""
+
+    documents: int
+    ok: int
+    completion_time_s: float | None
+    deadline_s: float | None
+    met_deadline: bool
+    met: bool | None
+    input_tokens_per_s: float | None
+    output_tokens_per_s: float | None
+    concurrency: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DurationStats:
+    """Nearest-rank p50/p90/p99 of durations (s or ms, as the field name says) and count."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeSplit:
+    """Seconds summed over ok hops: queueing and prefill, decode, and tool time between."""
+
+    ttft: float
+    decode: float
+    tool: float
+
+
+NO_DURATIONS = DurationStats(p50=None, p90=None, p99=None, count=0)
+NO_TIME = TimeSplit(ttft=0.0, decode=0.0, tool=0.0)
+
+
+def _without_trajectories(document: TrajectoryAudit, _value: Any) -> bool:
+    return document.trajectories == 0
+
+
+NO_TRAJECTORIES = omitted_when(_without_trajectories)  # a class with no records: four keys
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrajectoryAudit:
+    """An agent class's trajectories: attainment against the SLO percentile as a share,
+    hop failures, duration percentiles and where the time went."""
+
+    trajectories: int
+    ok: int
+    attainment: float | None
+    target_attainment: float | None = field(default=None, metadata=NO_TRAJECTORIES)
+    met: bool | None
+    budget_s: float | None = field(default=None, metadata=NO_TRAJECTORIES)
+    failed_hops: int = field(default=0, metadata=NO_TRAJECTORIES)
+    skipped_hops: int = field(default=0, metadata=NO_TRAJECTORIES)
+    duration_s: DurationStats = field(default=NO_DURATIONS, metadata=NO_TRAJECTORIES)
+    per_hop_ms: Mapping[str, DurationStats] = field(default_factory=dict, metadata=NO_TRAJECTORIES)
+    time_split_s: TimeSplit = field(default=NO_TIME, metadata=NO_TRAJECTORIES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionsAudit:
+    """A chat class's multi-turn sessions: how many, and how many completed every turn ok."""
+
+    sessions: int
+    completed: int
+    turns: int
+    turns_per_session_mean: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassAudit:
+    """One class's block: outcomes, latency stats, the SLO audit, goodput, and the block of
+    the objective its kind is judged by (batch, trajectory) or adds (sessions)."""
+
+    requests: int
+    outcomes: Mapping[str, int]  # every outcome of `records.OUTCOMES`, zeros included
+    ttft_ms: LatencyStats
+    ttft_ms_with_failures: FailureRankedStats
+    ttft_from_send_ms: LatencyStats
+    ttfvt_ms: LatencyStats
+    tpot_ms: LatencyStats
+    tpot_ms_with_failures: FailureRankedStats
+    e2e_ms: LatencyStats
+    e2e_ms_with_failures: FailureRankedStats
+    itl_ms: LatencyStats
+    output_tokens: OutputTokens
+    reasoning_requests: int
+    server_timings_ms: ServerTimings
+    tokens_per_chunk: TokensPerChunk
+    slo: SloAudit
+    goodput: Goodput
+    batch: BatchAudit | None = field(default=None, metadata=OMIT_NONE)
+    trajectory: TrajectoryAudit | None = field(default=None, metadata=OMIT_NONE)
+    sessions: SessionsAudit | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def failed(self) -> int:
+        """Requests of the class that did not end ok."""
+        return self.requests - self.outcomes.get("ok", 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LagStats:
+    """Nearest-rank p50/p99 and max of a lag, in ms."""
+
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GeneratorHealth:
+    """How well the generator kept to its schedule (see `analysis.metrics.generator_health`)."""
+
+    planned: int
+    sent: int
+    recorded: int
+    retries: int
+    lag_ms: LagStats
+    send_lag_ms: LagStats
+    chained_lag_ms: LagStats
+    target_rate_per_s: float | None
+    achieved_rate_per_s: float | None
+    client_errors: int
+    fell_behind: bool
+    lag_bound_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """The run's verdict: status `met` (exit 0), `missed` (2), `fell_behind` (3), or the stop
+    of a run that ended early (`interrupted` 130, `watchdog` 4, `incomplete` 5: `slo_met`
+    None, no verdict on the server)."""
+
+    status: str
+    slo_met: bool | None
+    fell_behind: bool
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """summary.json: generator health, one audit per class, and the verdict."""
+
+    schema_version: int
+    loadgen_version: str
+    run_id: str
+    interrupted: bool  # stopped before its end (see `verdict.status`)
+    duration_s: float  # first intended send → last end, over every class
+    generator: GeneratorHealth
+    classes: Mapping[str, ClassAudit]
+    verdict: Verdict

@@ -1,0 +1,1 @@
+"""Run: one run end to end (plans, target, engine processes, records, summary) in a run folder."""

@@ -1,0 +1,236 @@
+"""The drive loop of one engine process: t0, the engine, and what runs beside it.
+
+Called by a single-process run (`run.execute`) and by each worker (`run.workers`). Beside
+the engine run a control task (the signals, or a parent's commands), the record spills and
+progress line, the watchdog, and the t0 anchor; they all end when the engine does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
+from typing import Any, TextIO
+
+import anyio
+from polars.exceptions import PanicException
+
+from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.harness import run_beside, run_engine
+from loadgen.engine.runner import Engine, EngineConfig, LiveStats
+from loadgen.engine.transport import Endpoint, Pool
+from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
+from loadgen.results.records import RecordWriter, RequestRecord
+from loadgen.results.runfolder import EXIT_INTERRUPTED
+from loadgen.run.options import RunOptions
+from loadgen.workload.plans import Work
+from loadgen.workload.shards import utc_text
+
+
+def drive(
+    work: Work,
+    endpoint: Endpoint,
+    config: EngineConfig,
+    writer: RecordWriter,
+    stats: LiveStats,
+    options: RunOptions,
+    *,
+    start_at_unix_ns: int | None,
+    started: Callable[[dict[str, Any]], None],
+    control: Callable[[Engine, dict[str, Any]], Coroutine[Any, Any, None]],
+    quiet: bool,
+    log: TextIO,
+    wait_start: Callable[[], Awaitable[int]] | None = None,
+) -> dict[str, Any]:
+    """Run the engine on `work` from t0 (200 ms from now, or the agreed `start_at_unix_ns`),
+    with `control` (signals, or a parent's commands), record spills and the watchdog.
+
+    Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`. `started(t0)` is
+    called once t0 is fixed, before the schedule begins. A worker process passes
+    `wait_start`: it reports ready and returns the start its parent chose, once the loop
+    and the engine are up (so a worker is not still setting up when t0 comes).
+    """
+    state: dict[str, Any] = {"interrupted": False}
+
+    async def session(engine: Engine) -> None:
+        def client_failed(exc: OSError) -> None:
+            """A record write failed for good: stop sending, end what is in flight."""
+            if state.get("client_failure") is None:
+                state["client_failure"] = exc
+                what = describe_os_error(exc, exc.filename)
+                print(f"\nclient failure: {what}; stopping the run", file=log)
+            engine.stop()
+            engine.requests.cancel()
+
+        start = start_at_unix_ns if wait_start is None else await wait_start()
+        state["t0"] = t0 = choose_t0(start, engine.clock)
+        t0_ns = int(t0["perf_counter_ns"])
+        if start is not None and not quiet:
+            wait_s = (t0_ns - engine.clock.now_ns()) / 1e9
+            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
+        started(t0)
+        await run_beside(
+            engine, t0_ns,
+            partial(control, engine, state),
+            partial(_progress, stats, writer, quiet, t0_ns, log, client_failed, engine.clock),
+            partial(_watchdog, engine, options.watchdog_s, state, log),
+            partial(_measure_anchor, t0, engine.clock),
+        )  # fmt: skip
+
+    run_engine(work, Pool(endpoint), config, writer.add, session, stats=stats)
+    return state
+
+
+def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
+    """t0 on both clocks: 200 ms from now (time for the tasks and first imports to settle),
+    or the agreed wall-clock start converted to this process's monotonic clock."""
+    perf_now, unix_now = clock.now_ns(), clock.wall_ns()
+    if start_at_unix_ns is None:
+        t0_ns = perf_now + 200_000_000
+        unix_ns = unix_now + 200_000_000
+    else:
+        t0_ns, unix_ns = perf_now + (start_at_unix_ns - unix_now), start_at_unix_ns
+    return {"perf_counter_ns": t0_ns, "unix_ns": unix_ns, "utc": utc_text(unix_ns)}
+
+
+async def _measure_anchor(t0: dict[str, Any], clock: Clock) -> None:
+    """At t0, read the wall clock again: `measured_unix_ns` is the wall-clock time of t0 as
+    read when the monotonic clock got there (what `loadgen merge` aligns shards by; it
+    differs from `unix_ns` by any wall-clock adjustment during the wait), and
+    `reached_late_ms` how late this process woke for it."""
+    t0_ns = int(t0["perf_counter_ns"])
+    delay_ns = t0_ns - clock.now_ns()
+    if delay_ns > 0:
+        await anyio.sleep(delay_ns / 1e9)
+    unix_now, perf_now = clock.wall_ns(), clock.now_ns()
+    t0["measured_unix_ns"] = unix_now - (perf_now - t0_ns)
+    t0["reached_late_ms"] = round(max(0, perf_now - t0_ns) / 1e6, 3)
+
+
+async def watch_signals(
+    engine: Engine, grace_s: float, writer: RecordWriter, state: dict[str, Any], log: TextIO
+) -> None:
+    """First Ctrl-C/SIGTERM: stop sending, give in-flight requests `grace_s`, then cancel them.
+    Second: write what is pending and exit at once (the parts written so far stay readable)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if state["interrupted"]:
+                print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
+                writer.flush()
+                os._exit(EXIT_INTERRUPTED)
+            state["interrupted"] = True
+            print(
+                f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
+                "in-flight ones (interrupt again to exit now)",
+                file=log,
+            )
+            engine.stop()
+            with anyio.move_on_after(grace_s):
+                async for _ in signals:
+                    print(
+                        "\nsecond interrupt: exiting now; records written so far are kept", file=log
+                    )
+                    writer.flush()
+                    os._exit(EXIT_INTERRUPTED)
+            engine.requests.cancel()
+
+
+async def _watchdog(engine: Engine, limit_s: float, state: dict[str, Any], log: TextIO) -> None:
+    """Abort the run when nothing has progressed for `limit_s` while work is due.
+
+    Progress is a send, a byte received or a request ending. Work is due when requests are
+    in flight or the next scheduled send time has passed. Deadlines normally end stuck
+    requests; this catches what they cannot (a client bug, deadlines set longer than the
+    patience of the job). Everything not finished is recorded as cancelled.
+    """
+    stats, connector = engine.stats, engine.connector
+    while True:
+        await anyio.sleep(min(1.0, limit_s / 4))
+        now = engine.clock.now_ns()
+        last = max(stats.last_progress_ns, connector.last_read_ns, engine.t0_ns)
+        due = engine.next_due_ns is not None and engine.next_due_ns <= now
+        if (stats.in_flight or due) and now - last > limit_s * 1e9:
+            waiting = (f"{stats.in_flight} requests in flight" if stats.in_flight
+                       else "the scheduler's next send")  # fmt: skip
+            state["watchdog"] = (
+                f"nothing progressed for {limit_s:g} s (no send, no byte, no completion) while "
+                f"waiting for {waiting}; {stats.sent} of {stats.planned} sent"
+            )
+            print(f"\nwatchdog: {state['watchdog']}; stopping, records kept", file=log)
+            engine.stop()
+            engine.requests.cancel()
+            return
+
+
+async def _progress(
+    stats: LiveStats, writer: RecordWriter, quiet: bool, t0_ns: int, log: TextIO,
+    client_failed: Callable[[OSError], None], clock: Clock,
+) -> None:  # fmt: skip
+    """Spill records about once a second (in a thread) and redraw the progress line.
+
+    A write that fails for want of file descriptors is retried with the next batch (they
+    come back as requests end); any other failed write (no space, permission, file size
+    limit) stops the run through `client_failed`.
+    """
+    tty = log.isatty()
+    last_line = 0.0
+    try:
+        while True:
+            await anyio.sleep(0.25)
+            batch = writer.take_due()
+            if batch:
+                await spill(writer, batch, client_failed)
+            now = time.monotonic()
+            if quiet or (not tty and now - last_line < 10):
+                continue
+            last_line = now
+            line = progress_line(stats, (clock.now_ns() - t0_ns) / 1e9)
+            print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
+    finally:
+        if tty and not quiet:
+            print(file=log)
+
+
+async def spill(
+    writer: RecordWriter, batch: list[RequestRecord], client_failed: Callable[[OSError], None]
+) -> None:
+    """Write one batch as a part in a thread. A batch whose write fails goes back to the
+    writer (out of file descriptors: retried later; any other OSError, such as no space
+    left, also stops the run through `client_failed`); so does one whose task is cancelled
+    (the run is ending) before the thread took it, for the final flush: never lost, never
+    written twice."""
+    written = False
+
+    def write() -> None:
+        nonlocal written
+        writer.write_part(batch)
+        written = True
+
+    try:
+        await anyio.to_thread.run_sync(write)
+    except PanicException:  # polars short of file descriptors: retry later
+        writer.requeue(batch)
+    except OSError as exc:
+        writer.requeue(batch)
+        if exc.errno not in TRANSIENT_ERRNOS:
+            client_failed(exc)
+    except BaseException:
+        if not written:  # cancelled at the checkpoint before the (shielded) write began
+            writer.requeue(batch)
+        raise
+
+
+def progress_line(stats: LiveStats, elapsed_s: float) -> str:
+    """`[  12.3s] sent 120/400  in flight 14  ok 100  failed 6  TTFT p50 250 ms  p99 800 ms`."""
+    ttft = stats.ttft
+    ttft_text = (
+        f"TTFT p50 {ttft.percentile_ms(50):,.0f} ms  p99 {ttft.percentile_ms(99):,.0f} ms"
+        if ttft.count
+        else "TTFT -"
+    )
+    return (
+        f"[{max(0.0, elapsed_s):7.1f}s] sent {stats.sent}/{stats.planned}  "
+        f"in flight {stats.in_flight}  ok {stats.ok}  failed {stats.failed}  {ttft_text}"
+    )

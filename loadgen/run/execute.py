@@ -1,0 +1,324 @@
+"""One run, end to end: plans → target → engine → records → summary, in a run folder.
+
+The top of a run: it owns the run folder, `run.json`, the embedded simulator's lifetime
+and the final summary (`finish`), for one engine process (`_run`, with `run.drive`) or
+several (`run.workers`). Everything it computes comes from the pure stages (spec,
+arrivals, plans, metrics); everything it measures comes from the engine. Below it, each
+arrow points one way: workers → drive → setup → options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import polars as pl
+
+from loadgen import __version__
+from loadgen.adapters.protocol import Adapter
+from loadgen.analysis.audit import audit
+from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.objectives import Objective
+from loadgen.engine.host import raise_open_files_limit
+from loadgen.engine.logs import LOGGER, run_log
+from loadgen.engine.preflight import preflight, preflight_deadline
+from loadgen.engine.runner import Engine, EngineConfig, LiveStats
+from loadgen.engine.secrets import Redactor
+from loadgen.engine.transport import Endpoint, redact_url
+from loadgen.errors import ConfigError, LoadgenError, TargetError
+from loadgen.results.codec import from_json
+from loadgen.results.records import RecordWriter
+from loadgen.results.runfolder import (
+    SCHEMA_VERSION,
+    RunInfo,
+    new_run_id,
+    write_json_atomic,
+    write_run_info,
+    write_summary,
+)
+from loadgen.results.summary import Summary
+from loadgen.run.drive import drive, watch_signals
+from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
+from loadgen.run.failure import client_failures
+from loadgen.run.options import RunOptions
+from loadgen.run.setup import client_setup, engine_setup
+from loadgen.run.simulator import target_url
+from loadgen.run.workers import process_info, run_workers
+from loadgen.workload.identity import identity
+from loadgen.workload.plans import Work, plan_work
+from loadgen.workload.shards import check_start_at, split_work, utc_text
+from loadgen.workload.spec import WorkloadSpec
+
+__all__ = ["RunOptions", "RunResult", "choose_workers", "client_setup", "execute", "finish"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What a finished (or interrupted) run left behind."""
+
+    run_dir: Path
+    summary: Summary
+    interrupted: bool
+    run_info: RunInfo  # run.json as written
+    watchdog: str | None = None  # what the run was waiting for when the watchdog stopped it
+
+    @property
+    def exit_code(self) -> int:
+        """The summary's verdict: 0 met, 2 missed, 3 fell behind; 4 stopped by the
+        watchdog, 130 interrupted (no verdict on the server)."""
+        return self.summary.verdict.exit_code
+
+
+def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
+    """Run the workload and write its folder; see `RunResult.exit_code` for the verdict."""
+    work = plan_work(spec, options.seed)
+    if options.shard is not None:
+        work = split_work(work, options.shard)
+    planned = len(work.plans)
+    if not planned:
+        raise ConfigError(
+            spec.source, "classes", "plans no requests", "raise requests or duration_s"
+        )
+    if options.start_at_unix_ns is not None:
+        check_start_at(options.start_at_unix_ns, time.time_ns())
+    workers, why = choose_workers(spec, work, options.workers)
+    if not options.quiet:
+        print(f"workers: {workers} ({why})", file=log)
+
+    if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
+        print(warning, file=log)
+    adapter, headers, redactor, url = client_setup(spec, options)
+    open_files = raise_open_files_limit()
+    run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
+    trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
+    with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
+        base_url, sim_args = target
+        if sim_args is not None and not options.quiet:
+            print(
+                f"no --url given: started the built-in simulator (loadgen sim) at {base_url}"
+                f"{' with ' + ' '.join(sim_args) if sim_args else ' with the seed parameters'}",
+                file=log,
+            )
+        endpoint, config = engine_setup(spec, options, base_url, adapter, headers, redactor)
+        LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
+                    endpoint.origin, endpoint.target)  # fmt: skip
+        if options.check_target:
+            _check_target(spec, options, endpoint, adapter, config, redactor)
+        run_info = _run_info(spec, options, endpoint, planned, sim_args)
+        run_info["host"]["open_files_limit"] = open_files
+        run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
+        if workers > 1:
+            frame, run_info, state = run_workers(
+                work, workers, base_url, run_dir, run_info, spec, options, log
+            )
+            result = finish(frame, run_dir, run_info, spec, options, planned=planned, state=state)
+        else:
+            result = _run(work, endpoint, config, run_dir, run_info, spec, options, log)
+        LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
+    if sim_args is not None and not options.quiet:
+        print("stopped the built-in simulator", file=log)
+    return result
+
+
+def _check_target(
+    spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, adapter: Adapter,
+    config: EngineConfig, redactor: Redactor,
+) -> None:  # fmt: skip
+    """The preflight: one request to the target before any load (TargetError: exit 1)."""
+    timeout_s, why = preflight_deadline(spec, options.preflight_timeout_s, options.watchdog_s)
+    try:
+        preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
+                  deadline_why=why, redactor=redactor,
+                  max_event_bytes=max(config.max_event_bytes.values()))  # fmt: skip
+    except LoadgenError as exc:
+        raise TargetError(redactor.redact(str(exc))) from None
+
+
+def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tuple[int, str]:
+    """How many engine processes, and why: as asked; else one per core when the workload's
+    expected peak load exceeds what one process held in this host's last `loadgen
+    calibrate`; else one."""
+    if requested is not None:
+        return requested, f"--workers {requested}"
+    envelope = last_envelope()
+    if envelope is None:
+        return 1, "the default: this host has no calibrated envelope (see loadgen calibrate)"
+    peak = expected_peak_load(spec, work.plans)
+    cores = os.cpu_count() or 1
+    if peak.exceeds(envelope.load):
+        return cores, (
+            f"one per core: the expected peak ({peak}) exceeds one process's calibrated "
+            f"envelope ({envelope.load})"
+        )
+    return 1, f"the expected peak ({peak}) fits one process's calibrated envelope ({envelope.load})"
+
+
+def _make_run_dir(out_dir: Path, run_id: str) -> Path:
+    run_dir = out_dir / run_id
+    if run_dir.exists():
+        raise ConfigError(
+            "command line",
+            "--run-id",
+            f"{run_dir} already exists",
+            "runs are never overwritten: choose another --run-id",
+        )
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise LoadgenError(f"cannot create run folder {run_dir}: {exc.strerror}") from None
+    return run_dir
+
+
+def _run_info(
+    spec: WorkloadSpec,
+    options: RunOptions,
+    endpoint: Endpoint,
+    planned: int,
+    sim_args: list[str] | None,
+) -> dict[str, Any]:
+    resolved = dataclasses.asdict(spec)
+    resolved.pop("raw", None)
+    resolved["target"]["headers"] = sorted(spec.target.headers)  # names only: values may be secret
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "loadgen_version": __version__,
+        "seed": spec.seed if options.seed is None else options.seed,
+        "planned": planned,
+        "workload": {
+            "name": spec.name,
+            "source": spec.source,
+            "spec": resolved,
+            # what the results store pools by (loadgen.workload.identity): name + spec fingerprint
+            "identity": identity(spec, max_in_flight=options.max_in_flight),
+        },
+        "target": {
+            "url": redact_url(endpoint.origin + endpoint.target),
+            "api": spec.target.api,
+            "model": spec.target.model,
+            "builtin_sim": sim_args is not None,
+            "sim_args": sim_args,
+        },
+        "options": {
+            "max_in_flight": options.max_in_flight,
+            "lag_bound_ms": options.lag_bound_ms,
+            "grace_s": options.grace_s,
+        },
+        "shard": _shard_info(options),
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+    }
+
+
+def _shard_info(options: RunOptions) -> dict[str, Any] | None:
+    """The shard this run is (`--shard`), its agreed start; the anchor is added at t0."""
+    if options.shard is None:
+        return None
+    start = options.start_at_unix_ns
+    return {
+        "index": options.shard.index,
+        "count": options.shard.count,
+        "start_at_unix_ns": start,
+        "start_at_utc": utc_text(start) if start is not None else None,
+    }
+
+
+def _run(
+    work: Work,
+    endpoint: Endpoint,
+    config: EngineConfig,
+    run_dir: Path,
+    run_info: dict[str, Any],
+    spec: WorkloadSpec,
+    options: RunOptions,
+    log: TextIO,
+) -> RunResult:
+    """One engine process: its own signals, progress line and watchdog."""
+    writer = RecordWriter(run_dir)
+    stats = LiveStats()
+    run_info = {"run_id": run_dir.name, **run_info}
+
+    def started(t0: dict[str, Any]) -> None:
+        run_info["t0"] = t0
+        write_json_atomic(
+            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
+        )
+
+    async def control(engine: Engine, state: dict[str, Any]) -> None:
+        await watch_signals(engine, options.grace_s, writer, state, log)
+
+    with client_failures(run_dir, writer, stats, run_info):
+        state = drive(
+            work, endpoint, config, writer, stats, options,
+            start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
+            quiet=options.quiet, log=log,
+        )  # fmt: skip
+        if state.get("client_failure") is not None:
+            raise state["client_failure"]
+        frame = writer.close()
+        run_info["t0"] = state["t0"]
+        run_info["workers"]["processes"] = [
+            process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"],
+                         parent_t0=state["t0"], lag_bound_ms=options.lag_bound_ms)
+        ]  # fmt: skip
+        return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state)
+
+
+def finish(
+    frame: pl.DataFrame,
+    run_dir: Path,
+    run_info: dict[str, Any],
+    spec: WorkloadSpec,
+    options: RunOptions,
+    *,
+    planned: int,
+    state: Mapping[str, Any],
+) -> RunResult:
+    """Audit the joined records; write summary.json, histograms.parquet and the final run.json."""
+    run_id = run_dir.name
+    watchdog = state.get("watchdog")
+    interrupted = bool(state["interrupted"]) or watchdog is not None
+    stopped = "watchdog" if watchdog is not None else "interrupted" if interrupted else None
+    if run_info.get("shard") is not None:
+        t0 = run_info["t0"]
+        run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
+    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
+    summary = audit(
+        frame,
+        run_id=run_id,
+        objectives=objectives,
+        planned=planned,
+        stopped=stopped,
+        lag_bound_ms=options.lag_bound_ms,
+    )
+    write_summary(run_dir, summary)
+    # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
+    write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
+    ended = {"interrupted": interrupted, "finished": True, "stopped": stopped, "watchdog": watchdog}
+    final = from_json(RunInfo, {"run_id": run_id, **run_info, **ended})
+    write_run_info(run_dir, final)
+    return RunResult(
+        run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
+        run_info=final,
+    )  # fmt: skip
+
+
+def shard_anchor(t0: Mapping[str, Any]) -> dict[str, Any]:
+    """A shard's t0 wall-clock anchor (measured at t0) and its skew from the agreed start."""
+    measured = t0.get("measured_unix_ns")
+    agreed = int(t0["unix_ns"])
+    return {
+        "t0_unix_ns": measured,
+        "t0_skew_ms": round((measured - agreed) / 1e6, 6) if measured is not None else None,
+    }

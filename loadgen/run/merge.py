@@ -1,0 +1,261 @@
+"""`loadgen merge`: the run folders of N shards (`run --shard i/N --start-at T`) as one run.
+
+After the runs, before the reports: the merged folder is an ordinary run folder
+(records.parquet, run.json, summary.json, histograms.parquet), so `loadgen report`,
+`compare` and the results store's rolling windows read it like any other.
+
+Alignment. Each shard measured on its own monotonic clock, from its own t0; its run.json
+keeps the wall-clock time of that t0 (`t0.measured_unix_ns`, read when the clock reached
+t0). The merged run's t0 is the agreed start T. Every time column of shard i (intended,
+dispatched, sent, headers, first token, first content, last token, end, every chunk) is
+shifted by its offset, anchor_i − T, so a request keeps every latency it measured (both
+ends move together) and lands on the common timeline where its host's wall clock put it.
+The offsets are the shards' skew; on one host they are µs, across hosts they include the
+hosts' clock disagreement, which no client can see: alignment is as good as NTP/PTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import polars as pl
+
+from loadgen.analysis.audit import write_audit
+from loadgen.errors import LoadgenError
+from loadgen.results.records import RECORDS_FILE, write_parquet_atomic
+from loadgen.results.runfolder import (
+    SCHEMA_VERSION,
+    SUMMARY_FILE,
+    T0,
+    RunInfo,
+    ShardInfo,
+    ShardRow,
+    ShardTable,
+    WorkersInfo,
+    new_run_id,
+    read_run_info,
+    read_summary,
+    write_run_info,
+)
+from loadgen.results.summary import Summary
+from loadgen.workload.shards import utc_text
+
+TIME_COLUMNS = (
+    "intended_ns", "dispatched_ns", "sent_ns", "headers_ns", "first_token_ns",
+    "first_content_ns", "last_token_ns", "end_ns",
+)  # fmt: skip
+EXIT_FELL_BEHIND = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardRun:
+    """One shard's run folder, read."""
+
+    run_dir: Path
+    info: RunInfo
+    frame: pl.DataFrame
+    fell_behind: bool
+
+    @property
+    def shard(self) -> ShardInfo:
+        """run.json's `shard` block (`problems` refuses a folder without one)."""
+        if self.info.shard is None:
+            raise LoadgenError(f"{self.run_dir}: not a shard")
+        return self.info.shard
+
+    @property
+    def anchor_unix_ns(self) -> int:
+        """The wall-clock time of this shard's t0 (measured at t0 when it was)."""
+        if self.info.t0 is None:
+            raise LoadgenError(f"{self.run_dir}: run.json has no t0")
+        return int(self.info.t0.measured_unix_ns or self.info.t0.unix_ns)
+
+    @property
+    def planned(self) -> int:
+        """Requests its run.json says it planned (its records, for a run.json without)."""
+        return self.frame.height if self.info.planned is None else self.info.planned
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MergeResult:
+    """The merged run folder and its verdict."""
+
+    run_dir: Path
+    summary: Summary
+    run_info: RunInfo
+    exit_code: int
+
+
+def spec_hash(info: RunInfo) -> str:
+    """A short hash of the resolved workload as run (without its file path)."""
+    spec = dict(info.workload.spec if info.workload else {})
+    spec.pop("source", None)
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_shard(run_dir: Path) -> ShardRun:
+    """A shard folder's run.json, records and verdict (LoadgenError if it is not a run)."""
+
+    info = read_run_info(run_dir)
+    if not (run_dir / RECORDS_FILE).exists():
+        raise LoadgenError(
+            f"{run_dir} has no {RECORDS_FILE}: if that shard was killed, run "
+            f"`loadgen report --recover {run_dir}` first"
+        )
+    fell_behind = (run_dir / SUMMARY_FILE).exists() and read_summary(run_dir).verdict.fell_behind
+    return ShardRun(
+        run_dir=run_dir, info=info, frame=pl.read_parquet(run_dir / RECORDS_FILE),
+        fell_behind=fell_behind,
+    )  # fmt: skip
+
+
+def problems(shards: Sequence[ShardRun]) -> list[str]:
+    """Everything that keeps these folders from being the N shards of one run."""
+    found: list[str] = []
+    not_shards = [s for s in shards if s.info.shard is None]
+    for s in not_shards:
+        found.append(f"{s.run_dir}: not a shard (run.json has no shard; run with --shard i/N)")
+    shards = [s for s in shards if s.info.shard is not None]
+    if not shards:
+        return found
+
+    def differ(what: str, key: Callable[[ShardRun], object]) -> None:
+        values: dict[str, list[str]] = {}
+        for s in shards:
+            values.setdefault(str(key(s)), []).append(s.run_dir.name)
+        if len(values) > 1:
+            found.append(f"different {what}: " + "; ".join(
+                f"{value} in {', '.join(names)}" for value, names in values.items()
+            ))  # fmt: skip
+
+    differ("workloads (spec hash)", lambda s: spec_hash(s.info))
+    differ("seeds", lambda s: s.info.seed)
+    differ("shard counts N", lambda s: s.shard.count)
+    differ("agreed starts (--start-at)", lambda s: s.shard.start_at_unix_ns)
+    count = shards[0].shard.count
+    seen: dict[int, list[str]] = {}
+    for s in shards:
+        seen.setdefault(s.shard.index, []).append(s.run_dir.name)
+    for index, names in sorted(seen.items()):
+        if len(names) > 1:
+            found.append(f"shard {index}/{count} given {len(names)} times: {', '.join(names)}")
+    missing = [str(i) for i in range(count) if i not in seen]
+    if missing:
+        found.append(f"missing shard(s) {', '.join(missing)} of {count}")
+    return found
+
+
+def rebase(frame: pl.DataFrame, offset_ns: int) -> pl.DataFrame:
+    """Every time column (and every chunk time) shifted by `offset_ns`."""
+    if offset_ns == 0:
+        return frame
+    return frame.with_columns(
+        *[(pl.col(c) + offset_ns).alias(c) for c in TIME_COLUMNS],
+        (pl.col("chunk_ns").list.eval(pl.element() + offset_ns)).alias("chunk_ns"),
+    )
+
+
+def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> MergeResult:
+    """Validate the shards, write the merged run folder, audit it (see the module docstring)."""
+
+    read = [read_shard(d) for d in dirs]
+    shards = sorted(read, key=lambda s: s.info.shard.index if s.info.shard else -1)
+    wrong = problems(shards)
+    if wrong:
+        raise LoadgenError("cannot merge these run folders:\n  " + "\n  ".join(wrong))
+    start_ns = shards[0].shard.start_at_unix_ns
+    if start_ns is None:
+        raise LoadgenError(f"cannot merge: {shards[0].run_dir} has no agreed start (--start-at)")
+    frames = [rebase(s.frame, s.anchor_unix_ns - start_ns) for s in shards]
+    frame = pl.concat(frames).sort("request_id")
+    if frame.get_column("request_id").n_unique() != frame.height:
+        raise LoadgenError("cannot merge: the shards' request ids overlap (not one schedule)")
+    info = merged_info(shards, run_id, start_ns)
+    run_dir = out_dir / info.run_id
+    if run_dir.exists():
+        raise LoadgenError(f"{run_dir} already exists: runs are never overwritten")
+    run_dir.mkdir(parents=True)
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    write_run_info(run_dir, info)
+    summary = write_audit(run_dir)
+    behind = any(s.fell_behind for s in shards) and info.stopped is None
+    code = EXIT_FELL_BEHIND if behind else summary.verdict.exit_code
+    return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
+
+
+def merged_info(shards: Sequence[ShardRun], run_id: str | None, start_ns: int) -> RunInfo:
+    """The merged run's run.json: the first shard's, with the merged t0 (the agreed start,
+    on no one monotonic clock), processes, shard table and stop, and every plan counted."""
+    base = shards[0].info
+    name = run_id or new_run_id(base.workload.name if base.workload else "merged")
+    return replace(
+        merged_stop(base, shards),
+        schema_version=SCHEMA_VERSION,
+        run_id=name,
+        planned=sum(s.planned for s in shards),
+        t0=T0(perf_counter_ns=None, unix_ns=start_ns, utc=utc_text(start_ns)),
+        shard=None,
+        workers=merged_workers(shards),
+        shards=shard_table(shards, start_ns),
+        finished=True,
+    )
+
+
+def merged_stop(base: RunInfo, shards: Sequence[ShardRun]) -> RunInfo:
+    """`base` stopped as the most broken shard did (incomplete, then watchdog, then
+    interrupted), so that one stopped shard makes the whole run no verdict."""
+
+    stops = [s.info.stop for s in shards]
+    stopped = next((k for k in ("incomplete", "watchdog", "interrupted") if k in stops), None)
+    watchdog = next((s.info.watchdog for s in shards if s.info.watchdog), None)
+    return replace(
+        base,
+        interrupted=stopped is not None,
+        stopped=stopped,
+        recovered=any(bool(s.info.recovered) for s in shards),
+        watchdog=watchdog,
+    )
+
+
+def merged_workers(shards: Sequence[ShardRun]) -> WorkersInfo:
+    """Every shard's engine processes, each labelled with its shard."""
+    processes = [
+        replace(p, shard=s.shard.index)
+        for s in shards
+        for p in (s.info.workers.processes if s.info.workers else ())
+    ]
+    return WorkersInfo(count=len(processes), chosen=f"{len(shards)} shards merged",
+                       processes=tuple(processes))  # fmt: skip
+
+
+def shard_table(shards: Sequence[ShardRun], start_ns: int) -> ShardTable:
+    """Per shard: where it ran and its skew (its t0 anchor − the agreed start); and the
+    spread of the anchors (largest − smallest: how far apart the shards started)."""
+    rows = [
+        ShardRow(
+            index=s.shard.index,
+            run_id=s.info.run_id,
+            host=s.info.host.hostname if s.info.host else None,
+            planned=s.planned,
+            records=s.frame.height,
+            t0_unix_ns=s.anchor_unix_ns,
+            skew_ms=round((s.anchor_unix_ns - start_ns) / 1e6, 6),
+            reached_late_ms=s.info.t0.reached_late_ms if s.info.t0 else None,
+            interrupted=s.info.interrupted,
+            fell_behind=s.fell_behind,
+        )
+        for s in shards
+    ]
+    anchors = [s.anchor_unix_ns for s in shards]
+    return ShardTable(
+        count=len(shards),
+        start_at_unix_ns=start_ns,
+        spread_ms=round((max(anchors) - min(anchors)) / 1e6, 6),
+        max_abs_skew_ms=round(max(abs(a - start_ns) for a in anchors) / 1e6, 6),
+        shards=tuple(rows),
+    )

@@ -1,0 +1,31 @@
+"""What the command line adds to a workload: the options of one run, in every process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadgen.workload.shards import Share
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """What the command line adds to a workload."""
+
+    url: str | None = None
+    seed: int | None = None
+    out_dir: Path = Path("reports")
+    run_id: str | None = None
+    max_in_flight: int | None = None
+    quiet: bool = False
+    lag_bound_ms: float = 5.0
+    grace_s: float = 5.0
+    check_target: bool = True
+    preflight_timeout_s: float | None = None  # None: the class deadlines (engine.preflight)
+    sim_trace: bool = False
+    watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    workers: int | None = None  # engine processes; None: 1, or one per core past the envelope
+    shard: Share | None = None  # run only this share of the schedule (`--shard i/N`)
+    start_at_unix_ns: int | None = None  # the agreed wall-clock t0 (`--start-at`)

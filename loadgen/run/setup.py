@@ -1,0 +1,110 @@
+"""A run's client set-up, the same in every engine process: headers, secrets, adapter, engine.
+
+Read once by the parent (`run.execute`) and again by each worker (`run.workers`) from the
+same spec and options, so every process sends the same requests the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import Adapter, BodyOptions
+from loadgen.engine.runner import EngineConfig
+from loadgen.engine.secrets import Redactor, run_secrets
+from loadgen.engine.transport import Endpoint, make_endpoint
+from loadgen.errors import ConfigError
+from loadgen.run.options import RunOptions
+from loadgen.workload.prompts import PromptMaker
+from loadgen.workload.spec import WorkloadSpec, header_problem
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def resolve_headers(
+    spec: WorkloadSpec, extra: Mapping[str, str], env_values: list[str] | None = None
+) -> dict[str, str]:
+    """Request headers: the API's, the file's (with `${VAR}` from the environment), extras.
+
+    Every value read from the environment is appended to `env_values` (they are secrets).
+    """
+    source = spec.source
+    headers: dict[str, str] = {}
+    env_values = env_values if env_values is not None else []
+    for name, value in {**spec.target.headers, **extra}.items():
+
+        def expand(match: re.Match[str], name: str = name) -> str:
+            var = match.group(1)
+            if var not in os.environ:
+                raise ConfigError(
+                    source,
+                    f"target.headers.{name}",
+                    f"${{{var}}} is not set",
+                    f"export {var}=... before the run",
+                )
+            env_values.append(os.environ[var])
+            return os.environ[var]
+
+        headers[name] = ENV_REF.sub(expand, value)
+    key_env, key = spec.target.api_key_env, None
+    if key_env:
+        key = os.environ.get(key_env)
+        if not key:
+            raise ConfigError(
+                source,
+                "target.api_key_env",
+                f"environment variable {key_env} is not set",
+                f"export {key_env}=<your key> before the run",
+            )
+        env_values.append(key)
+    # The API's own headers and the key where it expects it (Bearer; Anthropic: x-api-key).
+    resolved = {**adapter_for(spec.target.api, spec.target.generic).headers(key), **headers}
+    for name, value in resolved.items():  # a value read from the environment: CR/LF, ...
+        if problem := header_problem(name, value):
+            problem = problem.replace("a header value", "its value")
+            fix = "check the environment variable it is read from"
+            raise ConfigError(source, f"header {name}", problem, fix)
+    return resolved
+
+
+def client_setup(
+    spec: WorkloadSpec, options: RunOptions
+) -> tuple[Adapter, dict[str, str], Redactor, str | None]:
+    """The adapter, the request headers, the redactor of their secrets, and the URL."""
+    adapter = adapter_for(spec.target.api, spec.target.generic)
+    env_values: list[str] = []
+    headers = resolve_headers(spec, options.extra_headers, env_values)
+    url = options.url or spec.target.url
+    return adapter, headers, Redactor(run_secrets(headers, env_values, url)), url
+
+
+def engine_setup(
+    spec: WorkloadSpec,
+    options: RunOptions,
+    base_url: str,
+    adapter: Adapter,
+    headers: Mapping[str, str],
+    redactor: Redactor,
+) -> tuple[Endpoint, EngineConfig]:
+    """The endpoint and the engine's configuration (the same in every worker process)."""
+    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, dict(headers))
+    body_options = BodyOptions(
+        model=spec.target.model,
+        include_usage=spec.target.include_usage,
+        force_output_tokens=spec.target.force_output_tokens,
+        extra_body=spec.target.extra_body,
+    )
+    seed = spec.seed if options.seed is None else options.seed
+    config = EngineConfig(
+        adapter=adapter,
+        body_options=body_options,
+        seed=seed,
+        max_in_flight=options.max_in_flight,
+        priority_header=spec.target.priority_header,
+        prompts=PromptMaker(seed, spec.target.tokenizer),
+        redactor=redactor,
+        max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
+    )
+    return endpoint, config

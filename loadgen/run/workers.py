@@ -1,0 +1,515 @@
+"""`loadgen run --workers N`: one schedule sent by N engine processes on one host.
+
+Sits below `loadgen.run.execute`, which calls `run_workers` instead of its single-process
+loop and writes the summary of both alike. The parent splits the planned work with
+`shards.split_work` (whole flows per process, every N-th start), starts N processes
+(`run.spawn`), waits until each has imported and built its engine, then picks t0 — 500 ms
+ahead on the wall clock, or the agreed `--start-at` — and sends it to all. Each worker
+converts it to its own monotonic clock and runs the same `Engine` a single-process run
+uses (`run.drive`), spilling its records as `records.parts/part-w<i>-<n>.parquet` into
+the one run folder, and reports counters to the parent twice a second over a pipe. The
+parent draws one progress line for all, owns the signals (workers ignore SIGINT/SIGTERM:
+the parent tells them to stop, cancel or exit) and joins every part into
+`records.parquet`. Records keep the plan's intended times on the common t0; each worker's
+t0 differs from the parent's by the µs it takes to read two clocks (`t0_skew_us` in
+run.json).
+
+Failure rules: a worker that dies loses at most its last second of records; its plans
+without a record become `client_error` records (the client failed: the run is invalid,
+exit 3); the others' records are kept. A worker whose watchdog fires stops the run (exit
+4). A parent killed outright takes its workers with it (`loadgen.run.lifeline`: SIGKILL the
+moment it dies, on Linux), so a killed multi-process run leaves what a killed single
+process leaves, the parts written so far, and `loadgen report --recover` finishes both the
+same way. Where the kernel cannot do that, a worker sees its pipe close (or its parent
+change) and stops: it cancels what is in flight, writes every record and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from time import perf_counter_ns
+from types import FrameType
+from typing import Any, TextIO
+
+import anyio
+import polars as pl
+
+from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.analysis.metrics import generator_health
+from loadgen.engine.host import raise_open_files_limit
+from loadgen.engine.runner import Engine, LiveStats
+from loadgen.errors import describe_os_error
+from loadgen.results.records import (
+    HEARTBEAT,
+    PARTS_DIR,
+    RECORDS_FILE,
+    Outcome,
+    RecordWriter,
+    RequestRecord,
+    read_parts,
+    remove_parts,
+    to_frame,
+    write_parquet_atomic,
+)
+from loadgen.results.records import write_parquet_atomic as write_part_atomic
+from loadgen.results.runfolder import EXIT_INTERRUPTED, write_json_atomic
+from loadgen.run.drive import choose_t0, drive, progress_line
+from loadgen.run.failure import client_failure
+from loadgen.run.lifeline import die_with_parent
+from loadgen.run.options import RunOptions
+from loadgen.run.setup import client_setup, engine_setup
+from loadgen.run.spawn import Child, ready_then_wait, receive, send, spawn, start_all, wait_ready
+from loadgen.workload.plans import Work
+from loadgen.workload.shards import Share, split_work
+from loadgen.workload.spec import WorkloadSpec
+
+STATS_EVERY_S = 0.5
+START_LEAD_NS = 500_000_000  # t0 this far after the last worker is ready
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerTask:
+    """What one worker process needs (pickled to it at spawn)."""
+
+    index: int
+    spec: WorkloadSpec
+    options: RunOptions
+    base_url: str
+    share: Work
+    run_dir: Path
+    parent_pid: int
+
+
+class ShareWriter(RecordWriter):
+    """A worker's `RecordWriter`: its parts go to the run's one parts folder, named
+    `part-w<index>-<n>.parquet` so workers never collide and `read_parts` joins them all."""
+
+    def __init__(self, run_dir: Path, index: int) -> None:
+        private = run_dir / f".worker-{index}"
+        super().__init__(private)  # its warm-up write happens in a folder of its own
+        (private / PARTS_DIR).rmdir()
+        private.rmdir()
+        self.parts_dir = run_dir / PARTS_DIR
+        self.parts_dir.mkdir(exist_ok=True)
+        self.heartbeat = self.parts_dir / f"{HEARTBEAT}-w{index:03d}"
+        self.index = index
+        self._written = 0
+
+    def write_part(self, batch: list[RequestRecord]) -> None:
+        """Write one batch as this worker's next part (called from one thread at a time)."""
+        if not batch:
+            return
+        self._written += 1
+        name = f"part-w{self.index:03d}-{self._written:06d}.parquet"
+        write_part_atomic(to_frame(batch), self.parts_dir / name)
+
+
+# -- the worker process --------------------------------------------------------------------
+
+
+def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
+    """Entry point of a worker process: set up, report ready, run from the parent's t0."""
+    die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run (no orphans)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    options = task.options
+    raise_open_files_limit()
+    adapter, headers, redactor, _ = client_setup(task.spec, options)
+    endpoint, config = engine_setup(task.spec, options, task.base_url, adapter, headers, redactor)
+    writer = ShareWriter(task.run_dir, task.index)
+    stats = LiveStats()
+
+    async def wait_start() -> int:
+        start = await anyio.to_thread.run_sync(ready_then_wait, conn)
+        if start is None:  # the parent gave up before the start
+            sys.exit(0)
+        return int(start)
+
+    async def control(engine: Engine, state: dict[str, Any]) -> None:
+        await _obey_parent(conn, engine, writer, stats, state, options.grace_s)
+
+    state = drive(
+        task.share, endpoint, config, writer, stats, options,
+        start_at_unix_ns=None, started=lambda t0: None, control=control,
+        quiet=True, log=sys.stderr, wait_start=wait_start,
+    )  # fmt: skip
+    failure = state.pop("client_failure", None)
+    try:
+        writer.flush()
+    except OSError as exc:  # the disk is full (or the like): the parent names it, exit 3
+        failure = failure or exc
+    done = {k: state.get(k) for k in ("interrupted", "watchdog", "t0")}
+    if failure is not None:
+        done["client_failure"] = describe_os_error(failure, failure.filename)
+    with contextlib.suppress(OSError):  # the parent is gone; the records are on disk
+        conn.send(("done", os.getpid(), done))
+
+
+async def _obey_parent(
+    conn: multiprocessing.connection.Connection,
+    engine: Engine,
+    writer: RecordWriter,
+    stats: LiveStats,
+    state: dict[str, Any],
+    grace_s: float,
+) -> None:
+    """Follow the parent's commands and send it counters twice a second.
+
+    `stop`: no new requests, in-flight ones get `grace_s`, then are cancelled. `cancel`: stop
+    and cancel now. `exit`: write pending records and exit at once. A closed pipe (the parent
+    died) is `cancel`: every record is still written.
+    """
+    grace_end: float | None = None
+    last_stats = 0.0
+    while True:
+        await anyio.sleep(0.1)
+        commands = []
+        try:
+            while conn.poll():
+                commands.append(str(conn.recv()[0]))
+        except (EOFError, OSError):
+            commands.append("cancel")
+        for command in commands:
+            if command in ("stop", "cancel"):
+                state["interrupted"] = True
+                engine.stop()
+                grace_end = time.monotonic() + (grace_s if command == "stop" else 0.0)
+            elif command == "exit":
+                writer.flush()
+                os._exit(130)
+        if grace_end is not None and time.monotonic() >= grace_end:
+            engine.requests.cancel()
+            grace_end = None
+        if time.monotonic() - last_stats >= STATS_EVERY_S:
+            last_stats = time.monotonic()
+            try:
+                conn.send(("stats", counters(stats), stats.ttft.encode()))
+            except OSError:
+                grace_end = time.monotonic()
+
+
+def counters(stats: LiveStats) -> dict[str, int]:
+    """The progress counters of one worker."""
+    return {
+        "planned": stats.planned,
+        "sent": stats.sent,
+        "in_flight": stats.in_flight,
+        "ok": stats.ok,
+        "failed": stats.failed,
+        "retries": stats.retries,
+    }
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Worker:
+    """The parent's view of one worker: its process and what it last said."""
+
+    child: Child
+    share: Work
+    done: dict[str, Any] | None = None
+    counters: dict[str, int] | None = None
+    ttft: str | None = None
+    heard: float = 0.0  # time.monotonic() of its last message
+
+
+def run_workers(
+    work: Work,
+    count: int,
+    base_url: str,
+    run_dir: Path,
+    run_info: dict[str, Any],
+    spec: WorkloadSpec,
+    options: RunOptions,
+    log: TextIO,
+) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
+    """Send `work` from `count` processes; the joined records, run.json's content and the
+    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's."""
+    per_worker = _per_worker_options(options, count)
+    workers = _spawn(work, count, spec, per_worker, base_url, run_dir)
+    children = [w.child for w in workers]
+    signals: list[int] = []
+    previous = {s: signal.signal(s, _collector(signals)) for s in (signal.SIGINT, signal.SIGTERM)}
+    run_info = {"run_id": run_dir.name, **run_info}
+    try:
+        wait_ready(children, "worker", on_message=_listener(workers),
+                   interrupted=lambda: bool(signals))  # fmt: skip
+        t0 = choose_t0(options.start_at_unix_ns or time.time_ns() + START_LEAD_NS)
+        start_all(children, t0["unix_ns"])
+        run_info["t0"] = t0
+        write_json_atomic(
+            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
+        )
+        if options.start_at_unix_ns is not None and not options.quiet:
+            wait_s = (int(t0["perf_counter_ns"]) - perf_counter_ns()) / 1e9
+            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
+        state = _supervise(workers, signals, options, int(t0["perf_counter_ns"]), log)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for child in children:
+        child.process.join(timeout=10)
+    return _joined(work, workers, run_dir, run_info, t0, options, log), run_info, state
+
+
+def _joined(
+    work: Work, workers: list[_Worker], run_dir: Path, run_info: dict[str, Any],
+    t0: dict[str, Any], options: RunOptions, log: TextIO,
+) -> pl.DataFrame:  # fmt: skip
+    """Every worker's parts joined into records.parquet (a record for each plan of a worker
+    that died first), and each worker's share of the run in run_info."""
+    # A worker whose writes failed (disk full, ...) or a failed join: exit 3, parts kept.
+    failed = [w.done["client_failure"] for w in workers if w.done and w.done.get("client_failure")]
+    joined: pl.DataFrame | None = None
+    try:
+        joined = join_parts(run_dir)
+    except OSError as exc:
+        failed.append(describe_os_error(exc, exc.filename or run_dir))
+    if failed or joined is None:
+        written = joined.height if joined is not None else read_parts(run_dir / PARTS_DIR).height
+        raise client_failure(failed[0], run_dir, run_info, written=written, planned=len(work.plans))
+    frame = _fill_missing(joined, workers, run_dir, log)
+    done_t0 = [(w.done or {}).get("t0") or t0 for w in workers]
+    run_info["t0"] = {**t0, "measured_unix_ns": done_t0[0].get("measured_unix_ns")}
+    run_info["workers"]["processes"] = [
+        process_info(frame, [p.request_id for p in w.share.plans], index=w.child.index,
+                     pid=w.child.pid or 0, t0=wt0, parent_t0=t0, lag_bound_ms=options.lag_bound_ms,
+                     exit_code=w.child.process.exitcode)
+        for w, wt0 in zip(workers, done_t0, strict=True)
+    ]  # fmt: skip
+    return frame
+
+
+def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
+    """Each worker's options: `--max-in-flight` is split (rounded up) across the workers."""
+    cap = options.max_in_flight
+    return replace(options, max_in_flight=None if cap is None else -(-cap // count))
+
+
+def _spawn(
+    work: Work, count: int, spec: WorkloadSpec, options: RunOptions, base_url: str, run_dir: Path
+) -> list[_Worker]:
+    shares = [split_work(work, Share(index, count)) for index in range(count)]
+    tasks = [
+        (WorkerTask(index=index, spec=spec, options=options, base_url=base_url, share=share,
+                    run_dir=run_dir, parent_pid=os.getpid()),)
+        for index, share in enumerate(shares)
+    ]  # fmt: skip
+    children = spawn(worker_main, tasks, "loadgen-worker")
+    return [_Worker(child=c, share=share) for c, share in zip(children, shares, strict=True)]
+
+
+def _collector(signals: list[int]) -> Any:
+    def collect(signum: int, frame: FrameType | None) -> None:
+        signals.append(signum)
+
+    return collect
+
+
+def _listener(workers: list[_Worker]) -> Any:
+    """What the parent does with each worker's message: note when, and keep what it said."""
+    by_child = {id(w.child): w for w in workers}
+
+    def heard(child: Child, message: tuple[Any, ...]) -> None:
+        worker = by_child[id(child)]
+        worker.heard = time.monotonic()
+        if message[0] == "stats":
+            worker.counters, worker.ttft = message[1], message[2]
+        elif message[0] == "done":
+            worker.done = message[2]
+
+    return heard
+
+
+def _supervise(
+    workers: list[_Worker], signals: list[int], options: RunOptions, t0_ns: int, log: TextIO
+) -> dict[str, Any]:
+    """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
+    line, until every worker has finished or died."""
+    state: dict[str, Any] = {"interrupted": False}
+    children = [w.child for w in workers]
+    listen = _listener(workers)
+    handled = 0
+    tty = log.isatty()
+    last_line = 0.0
+    while any(_running(w) for w in workers):
+        receive(children, 0.25, listen)
+        while handled < len(signals):
+            handled += 1
+            _relay_signal(workers, state, options.grace_s, log)
+        watchdog = next(
+            (w.done["watchdog"] for w in workers if w.done and w.done["watchdog"]), None
+        )
+        if watchdog and "watchdog" not in state:
+            state["watchdog"] = watchdog
+            _tell_all(workers, ("cancel",))
+        for worker in workers:
+            if worker.done is None and not worker.child.process.is_alive():
+                worker.child.closed = True
+        _stop_silent(workers, state, options.watchdog_s, log)
+        now = time.monotonic()
+        if options.quiet or (not tty and now - last_line < 10):
+            continue
+        last_line = now
+        line = progress_line(merged_stats(workers), (perf_counter_ns() - t0_ns) / 1e9)
+        line += f"  workers {sum(_running(w) for w in workers)}/{len(workers)}"
+        print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
+    if tty and not options.quiet:
+        print(file=log)
+    return state
+
+
+def _running(worker: _Worker) -> bool:
+    return worker.done is None and not worker.child.closed
+
+
+def _tell_all(workers: list[_Worker], message: tuple[Any, ...]) -> None:
+    for worker in workers:
+        send(worker.child, message)
+
+
+def _relay_signal(
+    workers: list[_Worker], state: dict[str, Any], grace_s: float, log: TextIO
+) -> None:
+    """First signal: every worker stops sending and gives in-flight requests the grace.
+    Second: every worker writes what it has and exits, and so does the parent."""
+    if state["interrupted"]:
+        print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
+        _tell_all(workers, ("exit",))
+        for worker in workers:
+            worker.child.process.join(timeout=5)
+        os._exit(EXIT_INTERRUPTED)
+    state["interrupted"] = True
+    print(
+        f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
+        "in-flight ones (interrupt again to exit now)",
+        file=log,
+    )
+    _tell_all(workers, ("stop",))
+
+
+def _stop_silent(
+    workers: list[_Worker], state: dict[str, Any], limit_s: float, log: TextIO
+) -> None:
+    """A worker silent for `limit_s` (its loop is stuck: it reports twice a second) is
+    killed and the run stopped as by the watchdog; what it wrote is kept."""
+    now = time.monotonic()
+    for worker in workers:
+        if _running(worker) and now - worker.heard > limit_s:
+            index = worker.child.index
+            message = f"worker {index} sent nothing for {limit_s:g} s (its loop is stuck)"
+            print(f"\nwatchdog: {message}; stopping, records kept", file=log)
+            state.setdefault("watchdog", message)
+            worker.child.process.kill()
+            worker.child.closed = True
+            _tell_all(workers, ("cancel",))
+
+
+def merged_stats(workers: list[_Worker]) -> LiveStats:
+    """The workers' latest counters summed, and their TTFT histograms merged."""
+    total = LiveStats()
+    for worker in workers:
+        counts = worker.counters or {"planned": len(worker.share.plans)}
+        for name, value in counts.items():
+            setattr(total, name, getattr(total, name) + value)
+        if worker.ttft:
+            total.ttft.merge(LatencyHistogram.decode(worker.ttft))
+    return total
+
+
+def _fill_missing(
+    frame: pl.DataFrame, workers: list[_Worker], run_dir: Path, log: TextIO
+) -> pl.DataFrame:
+    """A record for every plan of a worker that died before recording it (`client_error`):
+    planned == recorded, and the run says the client failed."""
+    have = set(frame.get_column("request_id").to_list())
+    missing: list[RequestRecord] = []
+    for worker in workers:
+        child = worker.child
+        why = (
+            f"worker {child.index} (pid {child.pid}) exited with code "
+            f"{child.process.exitcode} before recording this request"
+        )
+        lost = [p for p in worker.share.plans if p.request_id not in have]
+        if lost:
+            print(f"{why.replace('this request', f'{len(lost)} of its requests')}: "
+                  "recorded as client_error", file=log)  # fmt: skip
+        missing.extend(
+            RequestRecord(
+                request_id=plan.request_id, class_name=plan.class_name,
+                intended_ns=plan.intended_ns, outcome=Outcome.CLIENT_ERROR, error=why,
+                prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
+                session_id=plan.session_id, turn=plan.turn,
+            )
+            for plan in lost
+        )  # fmt: skip
+    if not missing:
+        return frame
+
+    joined = pl.concat([frame, to_frame(missing)]).sort("request_id")
+    write_parquet_atomic(joined, run_dir / RECORDS_FILE)
+    return joined
+
+
+# -- each process's share, and the joined records -----------------------------------------
+
+
+def process_info(
+    frame: pl.DataFrame,
+    ids: Sequence[int] | None,
+    *,
+    index: int,
+    pid: int,
+    t0: Mapping[str, Any],
+    parent_t0: Mapping[str, Any],
+    lag_bound_ms: float,
+    exit_code: int | None = 0,
+) -> dict[str, Any]:
+    """One engine process's share of the run: its records, send lag and t0 skew.
+
+    `t0_skew_us` is its t0 on the monotonic clock minus the parent's (one host, one clock:
+    the cost of converting the agreed wall-clock start on each side).
+    """
+    mine = frame if ids is None else frame.filter(pl.col("request_id").is_in(list(ids)))
+    health = generator_health(mine, planned=mine.height, lag_bound_ms=lag_bound_ms)
+    skew_ns = int(t0["perf_counter_ns"]) - int(parent_t0["perf_counter_ns"])
+    return {
+        "index": index,
+        "pid": pid,
+        "exit_code": exit_code,
+        "records": mine.height,
+        "lag_ms_p99": health.lag_ms.p99,
+        "late_share": late_share(mine, lag_bound_ms),
+        "fell_behind": health.fell_behind,
+        "t0_skew_us": round(skew_ns / 1e3, 3),
+        "reached_late_ms": t0.get("reached_late_ms"),
+    }
+
+
+def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
+    """Share of the schedule's sends (singles and first turns) later than the bound."""
+    lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
+    scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
+    lags = scheduled.get_column("lag").drop_nulls()
+    if not lags.len():
+        return None
+    return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)
+
+
+def join_parts(run_dir: Path) -> pl.DataFrame:
+    """Every part in the run's parts folder as `records.parquet`; the parts are removed."""
+    parts = run_dir / PARTS_DIR
+    frame = read_parts(parts)
+    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    remove_parts(parts)
+    return frame

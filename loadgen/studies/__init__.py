@@ -1,0 +1,1 @@
+"""Studies built from runs: capacity search, client calibration, capacity planning."""

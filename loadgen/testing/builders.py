@@ -1,0 +1,185 @@
+"""Records, run folders and workload files for tests, shaped like the real ones.
+
+`streamed_record` and `failed_record` build the two kinds of request record the suites
+need (times in ms, relative to t0); `write_run` writes a run folder (run.json with t0 and
+the workload's classes, records.parquet, and the per-minute histograms if asked) that the
+results store, rolling windows and `compare` read as they read a real one.
+`chat_workload` is the one-class workload most command tests run, as YAML, and
+`workload_file` writes any workload text into a test's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from loadgen.analysis.minutes import write_histograms
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.workload.spec import SloTargets
+
+MS = 1_000_000
+
+
+def streamed_record(
+    request_id: int,
+    *,
+    intended_ms: float = 0.0,
+    ttft_ms: float = 100.0,
+    gaps_ms: Sequence[float] = (10.0, 10.0),
+    lag_ms: float = 0.0,
+    class_name: str = "chat",
+    outcome: Outcome = Outcome.OK,
+    from_send: bool = False,
+    end_after_ms: float = 1.0,
+    sent: bool = True,
+    content: bool = False,
+    **fields: Any,
+) -> RequestRecord:
+    """A record with one token per chunk: sent `lag_ms` late, its first chunk `ttft_ms` after
+    the intended time (after the send with `from_send`), then one chunk per gap, and its end
+    `end_after_ms` after the last chunk. `sent=False` leaves the dispatch and send times
+    out, `content` stamps the first chunk as the first visible token too, and `fields` set
+    any other field of the record."""
+    intended = int(intended_ms * MS)
+    send = intended + int(lag_ms * MS)
+    chunks = [(send if from_send else intended) + int(ttft_ms * MS)]
+    for gap in gaps_ms:
+        chunks.append(chunks[-1] + int(gap * MS))
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=outcome,
+        dispatched_ns=send if sent else None,
+        sent_ns=send if sent else None,
+        first_token_ns=chunks[0],
+        first_content_ns=chunks[0] if content else None,
+        last_token_ns=chunks[-1],
+        end_ns=chunks[-1] + int(end_after_ms * MS),
+        chunk_ns=tuple(chunks),
+        chunk_tokens=(1,) * len(chunks),
+        output_tokens=len(chunks),
+        **fields,
+    )
+
+
+def failed_record(
+    request_id: int,
+    *,
+    intended_ms: float = 0.0,
+    outcome: Outcome = Outcome.REJECTED,
+    lag_ms: float = 0.0,
+    end_after_ms: float = 1.0,
+    class_name: str = "chat",
+    sent: bool = True,
+    **fields: Any,
+) -> RequestRecord:
+    """A request that produced nothing: sent `lag_ms` late and ended `end_after_ms` after
+    the send (never sent with `sent=False`: it ended `end_after_ms` after its intended
+    time); `fields` set any other field of the record."""
+    intended = int(intended_ms * MS)
+    send = intended + int(lag_ms * MS)
+    return RequestRecord(
+        request_id=request_id,
+        class_name=class_name,
+        intended_ns=intended,
+        outcome=outcome,
+        dispatched_ns=send if sent else None,
+        sent_ns=send if sent else None,
+        end_ns=(send if sent else intended) + int(end_after_ms * MS),
+        **fields,
+    )
+
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "percentile")  # what a run.json's class SLO holds by default
+
+
+def write_run(
+    store: Path,
+    t0: datetime,
+    records: Sequence[RequestRecord],
+    *,
+    slos: Mapping[str, SloTargets] | SloTargets,
+    slo_keys: Sequence[str] = SLO_KEYS,
+    run_id: str | None = None,
+    workload: str = "chat",
+    rate_per_s: float | None = None,
+    stopped: str | None = None,
+    histograms: bool = False,
+    **info: Any,
+) -> Path:
+    """A run folder in `store`, as `loadgen run` leaves one: run.json and records.parquet,
+    plus the per-minute histograms with `histograms`.
+
+    run.json holds t0, the planned count and the workload: its name, and each class's SLO
+    (`slo_keys` of the targets in `slos`; one `SloTargets` is every class of the records)
+    with, given `rate_per_s`, a Poisson arrival rate: the identity the store pools runs
+    by. The run id defaults to `<t0>-<workload>-<rate>`; `stopped` marks the run stopped
+    early (`interrupted`, `incomplete`, `watchdog`); `info` adds run.json keys.
+    """
+    if isinstance(slos, SloTargets):
+        slos = dict.fromkeys(sorted({r.class_name for r in records}), slos)
+    arrival = {} if rate_per_s is None else {"arrival": {"process": "poisson",
+                                                         "rate_per_s": rate_per_s}}  # fmt: skip
+    classes = {name: {"slo": {k: getattr(slo, k) for k in slo_keys}, **arrival}
+               for name, slo in slos.items()}  # fmt: skip
+    run_id = run_id or t0.strftime(f"%Y%m%dT%H%M%SZ-{workload}-{rate_per_s or 0:g}")
+    run_info = {
+        "run_id": run_id,
+        "planned": len(records),
+        "workload": {"name": workload, "spec": {"classes": classes}},
+        "t0": {"perf_counter_ns": 1, "unix_ns": int(t0.timestamp() * 1e9), "utc": t0.isoformat()},
+        "interrupted": stopped is not None,
+        "finished": True,
+        "stopped": stopped,
+        **info,
+    }
+    run_dir = store / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps(run_info), encoding="utf-8")
+    to_frame(records).write_parquet(run_dir / "records.parquet")
+    if histograms:
+        write_histograms(run_dir)
+    return run_dir
+
+
+def chat_workload(
+    name: str = "tiny",
+    *,
+    target: str | None = "{api: openai-chat, model: m}",
+    rate_per_s: float = 50,
+    requests: int = 20,
+    prompt_tokens: int = 5,
+    output_tokens: int = 3,
+    slo: str | None = "{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}",
+    deadlines: str | None = "{first_token_s: 5, stall_s: 5, total_s: 10}",
+) -> str:
+    """The workload most command tests need, as YAML: one class `chat` at a constant rate
+    with fixed prompt and output sizes. A section given as None is left out (its defaults
+    apply); tests edit the text further with `str.replace`."""
+    lines = [f"name: {name}"]
+    if target is not None:
+        lines.append(f"target: {target}")
+    lines += [
+        "classes:",
+        "  chat:",
+        f"    arrival: {{process: constant, rate_per_s: {rate_per_s:g}}}",
+        f"    requests: {requests}",
+        f"    prompt_tokens: {{dist: fixed, value: {prompt_tokens}}}",
+        f"    output_tokens: {{dist: fixed, value: {output_tokens}}}",
+    ]
+    if slo is not None:
+        lines.append(f"    slo: {slo}")
+    if deadlines is not None:
+        lines.append(f"    deadlines: {deadlines}")
+    return "\n".join(lines) + "\n"
+
+
+def workload_file(folder: Path, text: str, name: str = "w.yaml") -> Path:
+    """`text` written as the workload file `name` in `folder`; its path."""
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,184 @@
+"""A run's workload identity, and its spec rebuilt from run.json.
+
+`run.json` keeps the resolved spec (`workload.spec`: the file after `--rate`, `--requests`,
+`--duration`, `--api`, `--model` were applied, as `dataclasses.asdict` wrote it). Two uses:
+
+- Identity. The results store, rolling windows and baselines pool runs only of one
+  workload: the same name and the same fingerprint. The fingerprint is a hash of the
+  resolved spec leaving out what a nightly job varies without changing the traffic's
+  shape: the seed, the run length (every class's `requests` and `duration_s`, what
+  `--requests`/`--duration` set), the target URL, and where the files lie (the workload's
+  path; a trace or tokenizer file counts by its file name). Everything else is in: arrival
+  processes and their rates (so `--rate 3x` is another workload), lengths, SLOs,
+  deadlines, API, model, the built-in simulator's profile, and `--max-in-flight`. Settings
+  at their default are left out before hashing, so a loadgen upgrade that adds a setting
+  does not change the identity of existing workloads.
+- Recovery. Plans are a pure function of spec and seed, so `spec_from_resolved` and the
+  seed rebuild the exact plan of a run that was killed (`loadgen.results.recover`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+from loadgen.errors import LoadgenError
+from loadgen.workload.spec import WorkloadSpec
+
+FINGERPRINT_CHARS = 16
+SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
+# Left out of the fingerprint: (dataclass, field) pairs.
+_RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
+_NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
+                ("TargetSpec", "url")}  # fmt: skip
+_BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer")}
+
+
+def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:
+    """The `WorkloadSpec` that `run.json`'s `workload.spec` was written from.
+
+    Keys a newer or older loadgen wrote that this one does not know are ignored; missing
+    ones take their defaults. Header values were never stored (they may be secret): the
+    rebuilt spec has the names with empty values, enough to plan, not to send.
+    """
+    try:
+        spec = _build(data, WorkloadSpec)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise LoadgenError(f"run.json: cannot rebuild the workload spec ({exc})") from None
+    if not isinstance(spec, WorkloadSpec):
+        raise LoadgenError("run.json: workload.spec is not a workload")
+    return spec
+
+
+def _build(value: Any, tp: Any) -> Any:
+    """`value` (JSON data) as type `tp`: dataclasses, tuples and mappings rebuilt."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in args if a is not type(None)]
+        return _build(value, kinds[0]) if len(kinds) == 1 else value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{tp.__name__} must be a mapping, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp) if f.init}
+        kwargs = {k: _build(v, hints[k]) for k, v in value.items() if k in known}
+        return tp(**kwargs)
+    if origin is tuple:
+        item = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+        if item is not None:
+            return tuple(_build(v, item) for v in value)
+        return tuple(_build(v, a) for v, a in zip(value, args, strict=True))
+    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
+        if isinstance(value, list):  # header names only (values are never stored)
+            return dict.fromkeys((str(v) for v in value), "")
+        item = args[1] if len(args) == 2 else Any
+        return {k: _build(v, item) for k, v in value.items()}
+    return value
+
+
+def fingerprint(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> str:
+    """The workload's fingerprint (hex): see the module docstring for what it covers."""
+    canonical = {"spec": _canonical(spec), "max_in_flight": max_in_flight}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def _canonical(value: Any) -> Any:
+    """Plain data for hashing: dataclass fields at their default and left-out fields dropped."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        out = {}
+        for f in dataclasses.fields(value):
+            key = (name, f.name)
+            current = getattr(value, f.name)
+            if key in _RUN_LENGTH or key in _NOT_TRAFFIC or _is_default(f, current):
+                continue
+            if key in _BY_FILE_NAME and isinstance(current, str):
+                current = PurePath(current).name
+            out[f.name] = _canonical(current)
+        return out
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # 4.0 and 4 are one rate
+    return value
+
+
+def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return bool(value == f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(value == f.default_factory())
+    return False
+
+
+def offered_rate_per_s(spec: WorkloadSpec) -> float | None:
+    """The mean offered arrival rate over all classes (None when a class replays a trace)."""
+    rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
+    if any(r is None for r in rates):
+        return None
+    return round(sum(r for r in rates if r is not None), 6)
+
+
+def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[str, Any]:
+    """`{name, fingerprint, key, offered_rate_per_s}`: what run.json records as
+    `workload.identity`. The key (`name@first 8 hex`) is what the store groups by."""
+    print_ = fingerprint(spec, max_in_flight=max_in_flight)
+    return {
+        "name": spec.name,
+        "fingerprint": print_,
+        "key": f"{spec.name}@{print_[:SHOWN_CHARS]}",
+        "offered_rate_per_s": offered_rate_per_s(spec),
+    }
+
+
+def identity_of_run(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's workload identity: as its run.json records it, or, for a run written before
+    identities were recorded, derived the same way from its stored spec."""
+    workload = info.get("workload") or {}
+    stored = workload.get("identity")
+    if isinstance(stored, Mapping) and stored.get("key"):
+        return dict(stored)
+    cap = (info.get("options") or {}).get("max_in_flight")
+    stored_spec = workload.get("spec") or {}
+    try:
+        spec = spec_from_resolved(stored_spec)
+    except LoadgenError:  # a spec this loadgen cannot rebuild: hash what is stored
+        return _raw_identity(str(workload.get("name", "")), stored_spec, cap)
+    return identity(spec, max_in_flight=cap)
+
+
+def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict[str, Any]:
+    """An identity from the stored spec as written (the same fields left out, defaults
+    kept): stable for runs of one loadgen version, if not across versions."""
+
+    def strip(value: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(value, Mapping):
+            return {k: strip(v, (*path, k)) for k, v in value.items()
+                    if not _left_out(path, k)}  # fmt: skip
+        return value
+
+    text = json.dumps({"spec": strip(stored, ()), "max_in_flight": cap}, sort_keys=True,
+                      separators=(",", ":"), default=str)  # fmt: skip
+    print_ = hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+    return {"name": name, "fingerprint": print_, "key": f"{name}@{print_[:SHOWN_CHARS]}",
+            "offered_rate_per_s": None}  # fmt: skip
+
+
+def _left_out(path: tuple[str, ...], key: str) -> bool:
+    """Keys of a stored spec the fingerprint leaves out (by their place in it)."""
+    if not path:
+        return key in ("seed", "source", "raw")
+    if path == ("target",):
+        return key == "url"
+    return len(path) == 2 and path[0] == "classes" and key in ("requests", "duration_s")

@@ -1,0 +1,434 @@
+"""Request plans: what to send and when, built from the spec and the schedule alone.
+
+Third stage (arrivals → plans → engine). A plan carries the intended send time, the class,
+the target prompt and output token counts and the class's deadlines. Everything is sampled
+from per-class seeded streams, so plans are a pure function of spec and seed. The prompt
+text itself is made just before sending (`prompts.prompt_text`), to keep a million plans
+small in memory.
+
+Requests that depend on each other form a `Flow`: a chat session (turns, each carrying the
+conversation so far, a think time apart), an agent trajectory (hops in strict sequence, each
+prompt built from the previous hop's real output, a tool time apart), or a closed-loop batch
+(documents sent at a fixed concurrency). A flow's first request is planned at the flow's
+arrival; a later one's `intended_ns` is only the earliest it could go (previous planned
+send + its delay): the engine sets the real one when the previous request ends, so a slow
+answer delays the next turn exactly as it would delay a user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.errors import ConfigError
+from loadgen.workload.arrivals import Arrival, class_rng, class_times_s, trace_requests
+from loadgen.workload.inputs import MIB, size_text
+from loadgen.workload.spec import (
+    MAX_SPAN_S,
+    SPAN_WHY,
+    ClassSpec,
+    Deadlines,
+    LengthDist,
+    SecondsDist,
+    WorkloadSpec,
+)
+from loadgen.workload.traces import shared_prefix_groups
+
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestPlan:
+    """One request to send."""
+
+    request_id: int
+    class_name: str
+    intended_ns: int
+    prompt_tokens: int  # new tokens this request adds (a turn's user message, a document)
+    output_tokens: int
+    deadlines: Deadlines
+    session_id: int | None = None
+    turn: int | None = None
+    delay_s: float = 0.0  # think or tool time after the previous turn/hop ends
+    priority: int | None = None
+    prefix_groups: tuple[int, ...] = ()  # shared 512-token prefix blocks (trace replay)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flow:
+    """Requests that depend on each other: a session, a trajectory or a closed-loop batch."""
+
+    kind: str  # "session" | "trajectory" | "batch"
+    class_name: str
+    session_id: int
+    start_ns: int
+    plans: tuple[RequestPlan, ...]
+    system_prompt_tokens: int = 0  # sessions: the class's shared system prompt
+    budget_s: float | None = None  # trajectories: the whole trajectory's deadline
+    concurrency: int = 1  # batches: documents in flight at once
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Work:
+    """Everything a run will send: independent requests and flows, each in start order."""
+
+    singles: list[RequestPlan] = field(default_factory=list)
+    flows: list[Flow] = field(default_factory=list)
+
+    @property
+    def plans(self) -> list[RequestPlan]:
+        """Every planned request, by request id."""
+        every = list(self.singles)
+        for flow in self.flows:
+            every.extend(flow.plans)
+        return sorted(every, key=lambda p: p.request_id)
+
+
+def sample_lengths(dist: LengthDist, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` token counts from `dist`, rounded and clamped to [min, max] (at least 1)."""
+    if dist.dist == "uniform":
+        values = rng.integers(dist.min, dist.max + 1, count).astype(float)
+    else:
+        values = _sample(dist.dist, float(dist.value), dist.mean, dist.cv, count, rng)
+    clipped: np.ndarray = np.clip(np.rint(values), max(1, dist.min), dist.max).astype(np.int64)
+    return clipped
+
+
+def sample_seconds(dist: SecondsDist | None, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` durations in seconds from `dist` (zeros when there is none)."""
+    if dist is None:
+        return np.zeros(count)
+    if dist.dist == "uniform":
+        values = rng.uniform(dist.min, dist.max, count)
+    else:
+        values = _sample(dist.dist, dist.value, dist.mean, dist.cv, count, rng)
+    clipped: np.ndarray = np.clip(values, dist.min, dist.max)
+    return clipped
+
+
+def _sample(
+    dist: str, value: float, mean: float, cv: float, count: int, rng: np.random.Generator
+) -> np.ndarray:
+    """fixed, exponential or lognormal (by mean and coefficient of variation) samples."""
+    if dist == "fixed":
+        return np.full(count, value)
+    if dist == "exponential":
+        return rng.exponential(mean, count)
+    sigma2 = np.log1p(cv**2)  # lognormal parameterised by its mean and coefficient of variation
+    return rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), count)
+
+
+@dataclass(slots=True)
+class _Start:
+    """A class's request or flow before ids are given (ids follow start time order)."""
+
+    time_ns: int
+    class_index: int
+    size: int  # requests it holds
+    make: object  # callable(first_request_id) -> RequestPlan | Flow
+
+
+def plan_work(spec: WorkloadSpec, seed: int | None = None) -> Work:
+    """Every request of the run, grouped into independent requests and flows."""
+    run_seed = spec.seed if seed is None else seed
+    starts: list[_Start] = []
+    for index, cls in enumerate(spec.classes.values()):
+        starts.extend(_class_starts(cls, index, run_seed, spec.source))
+    starts.sort(key=lambda s: (s.time_ns, s.class_index))
+    work = Work()
+    next_id = 0
+    for start in starts:
+        made = start.make(next_id)  # type: ignore[operator]  # a closure built below
+        if isinstance(made, Flow):
+            work.flows.append(made)
+            if made.plans:
+                _check_span(spec.source, made.class_name, made.plans[-1].intended_ns / NS_PER_S)
+        else:
+            work.singles.append(made)
+        next_id += start.size
+    return work
+
+
+def _check_span(source: str, class_name: str, last_s: float) -> None:
+    """Every intended send lies within `MAX_SPAN_S` of t0 (ns since t0 are int64 columns)."""
+    if not last_s <= MAX_SPAN_S:  # also NaN
+        raise ConfigError(
+            source, f"classes.{class_name}",
+            f"its schedule reaches {last_s:,.0f} s after t0: more than "
+            f"{MAX_SPAN_S:,} s ({SPAN_WHY})",
+            "raise the rate, or lower requests, think/tool times or (traces) raise speed",
+        )  # fmt: skip
+
+
+def plan_run(spec: WorkloadSpec, seed: int | None = None) -> list[RequestPlan]:
+    """Every request of the run, by request id."""
+    return plan_work(spec, seed).plans
+
+
+def build(
+    spec: WorkloadSpec, arrivals: list[Arrival], seed: int | None = None
+) -> list[RequestPlan]:
+    """One single-request plan per arrival, in arrival order (classes without flows)."""
+    run_seed = spec.seed if seed is None else seed
+    by_class: dict[str, list[int]] = {name: [] for name in spec.classes}
+    for index, arrival in enumerate(arrivals):
+        by_class[arrival.class_name].append(index)
+    prompt = np.zeros(len(arrivals), dtype=np.int64)
+    output = np.zeros(len(arrivals), dtype=np.int64)
+    for name, indices in by_class.items():
+        p, o = _lengths(spec.classes[name], len(indices), run_seed)
+        prompt[indices], output[indices] = p, o
+    return [
+        RequestPlan(
+            request_id=a.request_id, class_name=a.class_name, intended_ns=a.intended_ns,
+            prompt_tokens=int(prompt[i]), output_tokens=int(output[i]),
+            deadlines=spec.classes[a.class_name].deadlines,
+            priority=spec.classes[a.class_name].priority,
+        )
+        for i, a in enumerate(arrivals)
+    ]  # fmt: skip
+
+
+def _lengths(cls: ClassSpec, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output token counts of a class's first `count` requests."""
+    if cls.arrival.process == "trace":
+        rows = trace_requests(cls, seed)[:count]
+        return (np.array([r.prompt_tokens for r in rows], dtype=np.int64),
+                np.array([r.output_tokens for r in rows], dtype=np.int64))  # fmt: skip
+    rng = class_rng(seed, cls.name, "lengths")
+    return sample_lengths(cls.prompt_tokens, count, rng), sample_lengths(
+        cls.output_tokens, count, rng
+    )
+
+
+def _class_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> list[_Start]:
+    if cls.concurrency is not None:
+        return [_batch_start(cls, class_index, seed)]
+    times_s = class_times_s(cls, seed)
+    if times_s.size:
+        _check_span(source, cls.name, float(times_s.max()))
+    times_ns = np.round(times_s * NS_PER_S).astype(np.int64)
+    if cls.turns is None and cls.kind != "agent":
+        prompt, output = _lengths(cls, len(times_ns), seed)
+        prefixes: list[tuple[int, ...]] = [()] * len(times_ns)
+        if cls.arrival.process == "trace":
+            prefixes = shared_prefix_groups(trace_requests(cls, seed)[: len(times_ns)])
+        return [_single_start(cls, class_index, int(t), int(p), int(o), g)
+                for t, p, o, g in zip(times_ns, prompt, output, prefixes, strict=True)]  # fmt: skip
+    rng = class_rng(seed, cls.name, "flows")
+    counts_dist = cls.turns if cls.turns is not None else cls.hops
+    assert counts_dist is not None
+    counts = sample_lengths(counts_dist, len(times_ns), rng)
+    total = int(counts.sum())
+    prompt, output = _lengths(cls, total, seed)
+    delays = sample_seconds(
+        cls.think_time_s if cls.kind != "agent" else cls.tool_time_s, total, rng
+    )
+    starts, offset = [], 0
+    for t, n in zip(times_ns, counts, strict=True):
+        n = int(n)
+        chunk = slice(offset, offset + n)
+        starts.append(
+            _flow_start(cls, class_index, int(t), prompt[chunk], output[chunk], delays[chunk])
+        )
+        offset += n
+    return starts
+
+
+def _single_start(
+    cls: ClassSpec, class_index: int, t_ns: int, prompt: int, output: int,
+    prefix_groups: tuple[int, ...] = (),
+) -> _Start:  # fmt: skip
+    def make(request_id: int) -> RequestPlan:
+        return RequestPlan(
+            request_id=request_id, class_name=cls.name, intended_ns=t_ns, prompt_tokens=prompt,
+            output_tokens=output, deadlines=cls.deadlines, priority=cls.priority,
+            prefix_groups=prefix_groups,
+        )  # fmt: skip
+
+    return _Start(t_ns, class_index, 1, make)
+
+
+def _flow_start(
+    cls: ClassSpec, class_index: int, t_ns: int, prompt: np.ndarray, output: np.ndarray,
+    delays: np.ndarray,
+) -> _Start:  # fmt: skip
+    kind = "trajectory" if cls.kind == "agent" else "session"
+
+    def make(first_id: int) -> Flow:
+        plans, earliest = [], t_ns
+        for turn in range(len(prompt)):
+            delay = 0.0 if turn == 0 else float(delays[turn])
+            earliest += int(delay * NS_PER_S)
+            plans.append(RequestPlan(
+                request_id=first_id + turn, class_name=cls.name, intended_ns=earliest,
+                prompt_tokens=int(prompt[turn]), output_tokens=int(output[turn]),
+                deadlines=cls.deadlines, session_id=first_id, turn=turn, delay_s=delay,
+                priority=cls.priority,
+            ))  # fmt: skip
+        return Flow(
+            kind=kind, class_name=cls.name, session_id=first_id, start_ns=t_ns, plans=tuple(plans),
+            system_prompt_tokens=cls.system_prompt_tokens, budget_s=cls.trajectory_budget_s,
+        )  # fmt: skip
+
+    return _Start(t_ns, class_index, len(prompt), make)
+
+
+def _batch_start(cls: ClassSpec, class_index: int, seed: int) -> _Start:
+    assert cls.requests is not None
+    assert cls.concurrency is not None
+    count = cls.requests
+    prompt, output = _lengths(cls, count, seed)
+    t_ns = round(cls.arrival.start_s * NS_PER_S)
+
+    def make(first_id: int) -> Flow:
+        plans = tuple(
+            RequestPlan(
+                request_id=first_id + i, class_name=cls.name, intended_ns=t_ns,
+                prompt_tokens=int(prompt[i]), output_tokens=int(output[i]),
+                deadlines=cls.deadlines, session_id=first_id, turn=i, priority=cls.priority,
+            )
+            for i in range(count)
+        )  # fmt: skip
+        return Flow(kind="batch", class_name=cls.name, session_id=first_id, start_ns=t_ns,
+                    plans=plans, concurrency=cls.concurrency or 1)  # fmt: skip
+
+    return _Start(t_ns, class_index, count, make)
+
+
+def singles_of(plans: Sequence[RequestPlan]) -> Work:
+    """A Work of independent requests (tests and benchmarks that make plans by hand)."""
+    return Work(singles=sorted(plans, key=lambda p: (p.intended_ns, p.request_id)))
+
+
+# ---------------------------------------------------------------- memory estimate
+
+# What one planned request costs the client at its peak, the end of the run, when the joined
+# records are audited and written as per-minute histograms (benchmarks/plan_memory.py):
+PLAN_BYTES = 750  # its plan, held all run (tracemalloc peak of plan_work: ~720 B)
+RECORD_BYTES = 8_000  # its record through the audit, before its tokens (measured 2-7 KB)
+TOKEN_BYTES = 220  # per output token: chunk times and ITL gaps in the frame, the audit and
+# the histograms (measured 170-210 B)
+TRACE_TOKENS = 256  # output tokens assumed per request of a trace too big to read first
+TRACE_READ_FIRST = 16 * MIB  # a trace up to this size is read to count its requests exactly
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """The client memory a run of the plan needs at its peak (plans, records and their audit).
+
+    bytes = requests × (PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES × tokens), with `requests`
+    the expected count (an upper bound for a large trace: every row, times rate_scale) and
+    `tokens` their mean output length.
+    """
+
+    requests: int
+    output_tokens: float  # mean per request
+    bytes: int
+
+    def text(self) -> str:
+        """`~1.2 GiB for 200,000 requests of ~100 output tokens`."""
+        return (f"~{size_text(self.bytes)} for {self.requests:,} requests of "
+                f"~{self.output_tokens:,.0f} output tokens")  # fmt: skip
+
+
+def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstimate:
+    """The estimate, from the spec alone (nothing is sampled; small traces are read)."""
+    run_seed = spec.seed if seed is None else seed
+    counts, tokens = [], []
+    for cls in spec.classes.values():
+        count, mean_tokens = _expected_class(cls, run_seed)
+        counts.append(count)
+        tokens.append(count * mean_tokens)
+    requests = sum(counts)
+    mean = sum(tokens) / requests if requests else 0.0
+    per_request = PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES * mean
+    return MemoryEstimate(requests=round(requests), output_tokens=mean,
+                          bytes=round(requests * per_request))  # fmt: skip
+
+
+def _expected_class(cls: ClassSpec, seed: int) -> tuple[float, float]:
+    """Expected requests of a class and their mean output tokens."""
+    if cls.arrival.process == "trace":
+        return _expected_trace(cls, seed)
+    if cls.requests is not None:
+        starts = float(cls.requests)
+    else:
+        starts = (cls.arrival.mean_rate_per_s or 0.0) * (cls.duration_s or 0.0)
+    flows = cls.turns if cls.turns is not None else cls.hops
+    if cls.concurrency is None and flows is not None:
+        starts *= _clamped_mean(flows)
+    return starts, _clamped_mean(cls.output_tokens)
+
+
+def _clamped_mean(dist: LengthDist) -> float:
+    return min(max(dist.expected, dist.min, 1), dist.max)
+
+
+def _expected_trace(cls: ClassSpec, seed: int) -> tuple[float, float]:
+    """A small trace is read (plans reuse it); a large one counts as every row, scaled."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    path = Path(trace.path)
+    if path.stat().st_size <= TRACE_READ_FIRST:
+        rows = trace_requests(cls, seed)  # cached: the plans read the same
+        count = float(len(rows))
+        mean = sum(r.output_tokens for r in rows) / count if rows else 0.0
+    else:
+        count, mean = _line_count(path) * trace.rate_scale, float(TRACE_TOKENS)
+    for limit in (trace.limit, cls.requests):
+        if limit is not None:
+            count = min(count, float(limit))
+    return count, mean
+
+
+def _line_count(path: Path) -> int:
+    """Newlines in a file, read in 1 MiB blocks (an upper bound on a trace's rows)."""
+    lines = 0
+    with path.open("rb") as file:
+        while block := file.read(MIB):
+            lines += block.count(b"\n")
+    return lines + 1
+
+
+def host_memory_bytes() -> int | None:
+    """This host's memory as the process may use it: physical RAM, or a smaller cgroup limit."""
+    limits = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # not on this platform
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def default_memory_cap() -> tuple[int, str]:
+    """Half of this host's memory (4 GiB where it cannot be read), and where it came from."""
+    host = host_memory_bytes()
+    if host is None:
+        return 4 * 1024 * MIB, "this host's memory is unknown"
+    return host // 2, f"half of this host's {size_text(host)}"
+
+
+def check_memory(
+    spec: WorkloadSpec, cap_bytes: int, cap_source: str, seed: int | None = None
+) -> MemoryEstimate:
+    """The estimate; a `ConfigError` with the figure when it exceeds `cap_bytes`."""
+    estimate = estimate_memory(spec, seed)
+    if estimate.bytes > cap_bytes:
+        raise ConfigError(
+            spec.source, "",
+            f"this plan needs {estimate.text()}: over the {size_text(cap_bytes)} memory cap "
+            f"({cap_source})",
+            "lower --requests, --duration or --rate, or raise the cap with --max-memory-gb",
+        )  # fmt: skip
+    return estimate
