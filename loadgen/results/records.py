@@ -99,6 +99,7 @@ class RequestRecord:
     session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
     turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
     server_timings: ServerTimings | None = None  # what the server reported, if it did
+    model: str | None = None  # the model (or LoRA adapter) the request named
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -129,6 +130,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "turn": pl.Int32(),
     "first_reasoning_ns": pl.Int64(),
     "server_timings": SERVER_TIMINGS_DTYPE,
+    "model": pl.String(),
 }
 
 

@@ -35,7 +35,9 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 5  # 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+SCHEMA_VERSION = 6  # 6: records' model column; summary classes.*.models (a model mix) and
+# trajectory.per_hop; run.json spec classes' dataset, prompt sets, models and agent context
+# 5: run.json workload.spec.classes.*.limits (max_event_bytes)
 # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
