@@ -13,11 +13,12 @@ from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions, Message
 from loadgen.analysis.objectives import Objective, trajectory_block
 from loadgen.engine.agents import capped
+from loadgen.errors import ConfigError
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.run.simulator import running_sim
 from loadgen.testing import ScriptedServer, run_engine, simple_chat
 from loadgen.workload.plans import plan_work
-from loadgen.workload.spec import loads
+from loadgen.workload.spec import load, loads
 
 TASK, OUTPUT, TOOL = 200, 10, 50  # words: the task, each answer, each tool result
 
@@ -258,3 +259,71 @@ classes:
     slopes = [b - a for a, b in itertools.pairwise(ttft_ms)]
     median = sorted(slopes)[len(slopes) // 2]
     assert 80 <= median <= 130, (ttft_ms, slopes)
+
+
+AGENT_TRACE = """\
+{"trajectory": "t1", "hop": 0, "start_s": 0.0, "input_tokens": 500, "output_tokens": 20, "tool_s": 0.1}
+{"trajectory": "t1", "hop": 1, "input_tokens": 620, "output_tokens": 30, "tool_s": 0.2}
+{"trajectory": "t1", "hop": 2, "input_tokens": 900, "output_tokens": 10}
+{"trajectory": "t1", "hop": 2, "input_tokens": 900, "output_tokens": 10}
+{"trajectory": "t1", "hop": 3, "input_tokens": 1100, "output_tokens": 40}
+{"trajectory": 7, "hop": 0, "start_s": 0.5, "input_tokens": 300, "output_tokens": 15, "parent": "t1", "tool_s": 0.05}
+{"trajectory": 7, "hop": 1, "input_tokens": 400, "output_tokens": 15}
+"""
+
+
+def trace_spec(tmp_path, trace: str = AGENT_TRACE, arrival_extra: str = ""):
+    (tmp_path / "agents.jsonl").write_text(trace)
+    text = f"""name: replay
+target: {{api: openai-chat, model: m}}
+classes:
+  agent:
+    kind: agent
+    arrival: {{process: trace, format: agent, path: agents.jsonl{arrival_extra}}}
+    slo: {{ttft_ms: 5000, percentile: 50}}
+"""
+    path = tmp_path / "replay.yaml"
+    path.write_text(text)
+    return load(path)
+
+
+def test_an_agent_trace_replays_each_trajectory_with_its_recorded_context(
+    tmp_path, sim_url: str
+) -> None:
+    """Each hop sends the recorded input (a fan-out branch + its 8-word sub-task line), answers the recorded length."""
+    spec = trace_spec(tmp_path)
+    work = plan_work(spec)
+    assert [len(f.plans) for f in work.flows] == [5, 2]
+    assert work.flows[1].start_ns == 500_000_000
+    records = run_engine(work, sim_url)
+    assert all(r.outcome is Outcome.OK for r in records)
+    sent = [(r.turn, r.prompt_tokens_target, r.prompt_tokens, r.output_tokens) for r in records]
+    assert sent == [
+        (0, 500, 500, 20), (1, 620, 620, 30), (2, 908, 908, 10), (2, 908, 908, 10),
+        (3, 1100, 1100, 40), (0, 300, 300, 15), (1, 400, 400, 15),
+    ]  # fmt: skip
+    first = [r for r in records if r.session_id == 0]
+    # the recorded tool times, from the end of the hop before (a fan-out's last branch)
+    assert first[1].intended_ns - (first[0].end_ns or 0) == 100_000_000
+    assert first[2].intended_ns - (first[1].end_ns or 0) == 200_000_000
+    assert first[4].intended_ns == max(r.end_ns or 0 for r in first[2:4])
+
+
+@pytest.mark.parametrize(
+    ("trace", "message"),
+    [
+        ('{"trajectory": "a", "hop": 1, "start_s": 0, "input_tokens": 5, "output_tokens": 1}\n',
+         "trajectory 'a': has no hop 0"),
+        ('{"trajectory": "a", "hop": 0, "input_tokens": 5, "output_tokens": 1}\n',
+         "line 1, start_s: must be a number of seconds"),
+        ('{"trajectory": "a", "hop": 0, "start_s": 0, "input_tokens": 0, "output_tokens": 1}\n',
+         "line 1, input_tokens: must be an integer >= 1"),
+        ('{"trajectory": "a", "hop": 0, "start_s": 0, "input_tokens": 5, "output_tokens": 1, '
+         '"parent": "zz"}\n', "line 1, parent: names trajectory 'zz'"),
+        ("[1, 2]\n", "line 1: must be a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_bad_agent_trace_names_the_line_and_the_field(tmp_path, trace: str, message: str) -> None:
+    """A malformed agent trace is a ConfigError naming the file, the line (or trajectory) and the field."""
+    with pytest.raises(ConfigError, match=message):
+        plan_work(trace_spec(tmp_path, trace))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.errors import ConfigError
+from loadgen.workload.agent_traces import TraceTrajectory, load_agent_trace
 from loadgen.workload.arrivals import Arrival, class_rng, class_times_s, trace_requests
 from loadgen.workload.datasets import Conversation, counter_for, load_dataset, sample_rows
 from loadgen.workload.inputs import MIB, size_text
@@ -227,6 +228,8 @@ def _class_starts(
 ) -> list[_Start]:  # fmt: skip
     if cls.concurrency is not None:
         return [_batch_start(cls, class_index, seed, tokenizer)]
+    if is_agent_trace(cls):
+        return _agent_trace_starts(cls, class_index, seed, source)
     times_s = class_times_s(cls, seed)
     if times_s.size:
         _check_span(source, cls.name, float(times_s.max()))
@@ -259,6 +262,75 @@ def _class_starts(
                                   delays[chunk], tools[chunk], model))  # fmt: skip
         offset += n
     return starts
+
+
+def is_agent_trace(cls: ClassSpec) -> bool:
+    """True for an agent class replaying recorded trajectories (`format: agent`)."""
+    trace = cls.arrival.trace
+    return trace is not None and trace.format == "agent"
+
+
+def agent_trajectories(cls: ClassSpec) -> list[TraceTrajectory]:
+    """The trajectories an agent trace class replays: its window (on start times), limit."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    chosen = [t for t in load_agent_trace(trace.path) if t.start_s >= trace.start_s
+              and (trace.end_s is None or t.start_s < trace.end_s)]  # fmt: skip
+    return chosen[: trace.limit] if trace.limit is not None else chosen
+
+
+def _agent_trace_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> list[_Start]:
+    """One growing trajectory per recorded one, at its start (÷ speed, from the window's
+    start), hops after the recorded tool times; each hop's answer the recorded length."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    if trace.rate_scale != 1:
+        raise ConfigError(source, f"classes.{cls.name}.arrival", "an agent trace replays each "
+                          "recorded trajectory once: it cannot be rate-scaled",
+                          "scale it in time with speed (--rate and capacity searches "
+                          "scale rates)")  # fmt: skip
+    trajectories = agent_trajectories(cls)
+    models = _models(cls, len(trajectories), seed)
+    starts = []
+    for recorded, model in zip(trajectories, models, strict=True):
+        start_s = cls.arrival.start_s + (recorded.start_s - trace.start_s) / trace.speed
+        _check_span(source, cls.name, start_s)
+        starts.append(_recorded_start(cls, class_index, round(start_s * NS_PER_S), recorded,
+                                      model, trace.speed))  # fmt: skip
+    return starts
+
+
+def _recorded_start(
+    cls: ClassSpec, class_index: int, t_ns: int, recorded: TraceTrajectory, model: str | None,
+    speed: float,
+) -> _Start:  # fmt: skip
+    tools = recorded.tool_results()
+    size = sum(len(calls) for calls in recorded.hops)
+
+    def make(first_id: int) -> Flow:
+        plans, earliest, request_id = [], t_ns, first_id
+        for hop, calls in enumerate(recorded.hops):
+            delay = 0.0 if hop == 0 else recorded.hops[hop - 1][0].tool_s / speed
+            earliest += int(delay * NS_PER_S)
+            for branch, call in enumerate(calls):
+                plans.append(RequestPlan(
+                    request_id=request_id, class_name=cls.name, intended_ns=earliest,
+                    prompt_tokens=call.input_tokens, output_tokens=call.output_tokens,
+                    deadlines=cls.deadlines, session_id=first_id, turn=hop, delay_s=delay,
+                    priority=cls.priority, model=model, tool_result_tokens=tools[hop],
+                    branch=branch if len(calls) > 1 else None,
+                ))  # fmt: skip
+                request_id += 1
+        context = cls.context
+        return Flow(
+            kind="trajectory", class_name=cls.name, session_id=first_id, start_ns=t_ns,
+            plans=tuple(plans), system_prompt_tokens=cls.system_prompt_tokens,
+            budget_s=cls.trajectory_budget_s, grow=context.grow,
+            context_max_tokens=context.max_tokens, context_overflow=context.overflow,
+            summary_tokens=context.summary_tokens,
+        )  # fmt: skip
+
+    return _Start(t_ns, class_index, size, make)
 
 
 DEFAULT_TOOL_RESULT = LengthDist(dist="fixed", value=100)  # tokens, when the class gives none
@@ -504,6 +576,10 @@ def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstima
 
 def _expected_class(cls: ClassSpec, seed: int, tokenizer: str | None) -> tuple[float, float]:
     """Expected requests of a class and their mean output tokens."""
+    if is_agent_trace(cls):
+        trajectories = agent_trajectories(cls)
+        calls = [c for t in trajectories for hop in t.hops for c in hop]
+        return float(len(calls)), sum(c.output_tokens for c in calls) / max(1, len(calls))
     if cls.arrival.process == "trace":
         return _expected_trace(cls, seed)
     if cls.requests is not None:

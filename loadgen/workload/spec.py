@@ -33,7 +33,7 @@ from loadgen.workload.inputs import (
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
-TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain")
+TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain", "agent")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
 DATASET_FORMATS = ("sharegpt", "jsonl", "json", "csv", "parquet", "openai-batch")
 DATASET_SAMPLES = ("random", "sequential")
@@ -735,7 +735,10 @@ def _class(node: _Node, name: str) -> ClassSpec:
     )  # fmt: skip
     if concurrency is not None and not has_requests:
         raise node.error("requests", "a closed-loop batch (concurrency) needs 'requests' documents")
-    if arrival.process == "trace" and (kind == "agent" or node.has("turns") or concurrency):
+    agent_trace = arrival.trace is not None and arrival.trace.format == "agent"
+    if agent_trace:
+        _check_agent_trace(node, kind, arrival)
+    elif arrival.process == "trace" and (kind == "agent" or node.has("turns") or concurrency):
         what = "turns" if node.has("turns") else "concurrency" if concurrency else "kind: agent"
         raise node.error(
             "arrival.process", f"a trace cannot drive {what}: each trace row is one request",
@@ -797,6 +800,24 @@ def _class(node: _Node, name: str) -> ClassSpec:
 
 
 DEFAULT_HOPS = LengthDist(dist="fixed", value=8)
+
+
+def _check_agent_trace(node: _Node, kind: str, arrival: ArrivalSpec) -> None:
+    """`format: agent` replays recorded trajectories: an agent class, whose hops and
+    fan-outs come from the trace; only speed, window_s and limit (trajectories) apply."""
+    if kind != "agent":
+        raise node.error("arrival.format", "an agent trace replays trajectories",
+                         "use it in a class with kind: agent")  # fmt: skip
+    for key in ("hops", "fanout"):
+        if node.has(key):
+            raise node.error(key, "the agent trace sets each trajectory's hops and fan-outs",
+                             f"remove '{key}'")  # fmt: skip
+    trace = arrival.trace
+    assert trace is not None
+    if trace.rate_scale != 1 or trace.spread_s or trace.include_failed:
+        raise node.error("arrival", "an agent trace replays each trajectory once, as recorded",
+                         "use speed, window_s and limit; drop rate_scale, spread_s and "
+                         "include_failed")  # fmt: skip
 
 
 def _check_sources(
