@@ -72,6 +72,8 @@ def test_capped_keeps_the_head_and_the_newest_steps_that_fit() -> None:
     )
     kept, dropped = capped(head, steps, count, 215, None)  # 110 + 2 × 50 fit, 3 do not
     assert (dropped, sum(count(t) for _, t in kept)) == (2, 210)
+    kept, dropped = capped(head, steps, count, 210, None)  # exactly at the cap: still fits
+    assert (dropped, sum(count(t) for _, t in kept)) == (2, 210)
     summary = ("user", words(20))
     kept, dropped = capped(head, steps, count, 215, summary)  # 110 + 20 + 50 + 50 = 230 > 215
     assert dropped == 3
@@ -137,7 +139,8 @@ def test_a_fan_out_hop_runs_its_branches_at_once_and_joins_them(sim_url: str) ->
     assert [r.prompt_tokens_target for r in branches] == [TASK + 2 * step + sub_task] * 3
     final = hops[-1]
     assert final.prompt_tokens_target == TASK + 2 * step + 3 * step
-    assert final.intended_ns >= max(r.end_ns or 0 for r in branches)  # after the join
+    # after the join: the tool time (10 ms) from the last branch's end
+    assert final.intended_ns - max(r.end_ns or 0 for r in branches) == 10_000_000
     block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
     assert block.per_hop["2"].requests == 3
     assert block.ok == 1
