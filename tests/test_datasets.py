@@ -282,3 +282,28 @@ def test_the_shipped_dataset_is_sharegpt_with_multi_turn_conversations() -> None
     assert (data.rows, len(data.kept)) == (16, 16)
     assert sum(len(c.turns) for c in data.kept) == 22
     assert all(answer for c in data.kept for _, answer in c.turns)
+
+
+def test_a_local_tokenizer_counts_the_dataset_and_filters_by_tokens(tmp_path: Path) -> None:
+    """With target.tokenizer, lengths and filters are the tokenizer's counts, not words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # optional
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(["alpha beta gamma " * 20],
+                                  trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    rows = write(tmp_path, "r.jsonl", '{"prompt": "zyxwv qrstu", "completion": "alpha"}\n'
+                 '{"prompt": "alpha", "completion": "zyxwvutsr"}\n')  # fmt: skip
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    data = load_dataset(dataset_spec(rows, "jsonl"), str(path), True)
+    assert [(c.prompt_tokens, c.output_tokens) for c in data.kept] == [
+        (count("zyxwv qrstu"), count("alpha")), (count("alpha"), count("zyxwvutsr")),
+    ]  # fmt: skip
+    assert count("zyxwv qrstu") > 2  # unknown letters: more tokens than words
+    short = load_dataset(dataset_spec(rows, "jsonl", max_prompt_tokens=2), str(path), True)
+    assert [c.row for c in short.kept] == [2]
