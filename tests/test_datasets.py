@@ -307,3 +307,26 @@ def test_a_local_tokenizer_counts_the_dataset_and_filters_by_tokens(tmp_path: Pa
     assert count("zyxwv qrstu") > 2  # unknown letters: more tokens than words
     short = load_dataset(dataset_spec(rows, "jsonl", max_prompt_tokens=2), str(path), True)
     assert [c.row for c in short.kept] == [2]
+
+
+def test_a_summarization_batch_sends_the_datasets_documents(tmp_path: Path) -> None:
+    """A closed-loop batch with a dataset sends its rows as documents, each capped at its recorded length."""
+    rows = [{"prompt": f"document {i} " + "text " * i, "output_tokens": 3 + i} for i in range(4)]
+    write(tmp_path, "docs.jsonl", "\n".join(json.dumps(r) for r in rows))
+    text = """name: docs
+target: {api: openai-chat, model: m}
+classes:
+  docs:
+    kind: summarization
+    arrival: {process: constant, rate_per_s: 1}
+    requests: 4
+    concurrency: 2
+    dataset: {path: docs.jsonl, format: jsonl, sample: sequential}
+    output_tokens: from_dataset
+"""
+    spec = load(write(tmp_path, "docs.yaml", text))
+    with ScriptedServer(lambda r: simple_chat(2)) as server:
+        records = run_engine(plan_work(spec), server.url)
+    assert all(r.outcome is Outcome.OK for r in records)
+    sent = sorted((r.body["messages"][0]["content"], r.body["max_tokens"]) for r in server.requests)
+    assert sent == sorted((r["prompt"], r["output_tokens"]) for r in rows)
