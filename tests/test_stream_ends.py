@@ -17,11 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
+from click.testing import CliRunner
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.audit import audit_run
 from loadgen.analysis.metrics import stream_ends
+from loadgen.cli import cli
 from loadgen.engine.preflight import preflight
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, plan_number, uuid_for
 from loadgen.engine.runner import EngineConfig, short_stream, stream_end
@@ -37,6 +41,7 @@ from loadgen.testing import (
     run_through,
     simple_chat,
 )
+from loadgen.testing.builders import chat_workload, workload_file
 
 APIS = ["openai-chat", "openai-completions", "anthropic", "openai-responses", "tgi",
         "ollama-chat", "ollama-generate"]  # fmt: skip
@@ -258,3 +263,36 @@ def test_summary_counts_stream_ends_and_sources_of_n() -> None:
     assert ends.n_from == {"usage": 2, "chunks": 2}
     assert ends.n_from_usage_share == 0.5
     assert ends.n_counted
+
+
+DONE_MARKER = {"openai-chat", "openai-completions", "anthropic"}  # an explicit end event
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_cut_before_any_token_is_truncated_where_the_end_is_explicit(
+    sim: tuple[SimProcess, Path], api: str
+) -> None:
+    """Cut at 0 tokens: `[DONE]`/`message_stop` alone is the same cut (truncated); a body
+    that just ends with nothing in it stays a stream error."""
+    (record,) = run_api(sim, api, [{"X-Sim-Cut-After": "0"}]).records
+    expected = Outcome.TRUNCATED if api in DONE_MARKER else Outcome.STREAM_ERROR
+    assert (record.outcome, record.output_tokens) == (expected, 0)
+
+
+def test_the_rate_asked_for_is_kept_beside_the_sampled_schedules(tmp_path: Path) -> None:
+    """Poisson at 50/s over 20 requests: the summary keeps 50 as asked, the schedule's own
+    rate is what the sampled gaps give ((n - 1) / span, rarely exactly 50); re-auditing the
+    run folder from run.json gives the same asked rate."""
+    text = chat_workload(rate_per_s=50).replace("process: constant", "process: poisson")
+    path = workload_file(tmp_path, text)
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
+                                          str(tmp_path), "--run-id", "r", "-q",
+                                          "--lag-bound-ms", "1000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    generator = json.loads((tmp_path / "r" / "summary.json").read_text())["generator"]
+    intended = sorted(pl.read_parquet(tmp_path / "r" / "records.parquet")["intended_ns"])
+    schedule = (len(intended) - 1) * 1e9 / (intended[-1] - intended[0])
+    assert generator["requested_rate_per_s"] == 50.0
+    assert generator["target_rate_per_s"] == pytest.approx(schedule, abs=1e-3)
+    assert audit_run(tmp_path / "r")[0].generator.requested_rate_per_s == 50.0

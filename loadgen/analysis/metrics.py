@@ -209,19 +209,20 @@ def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, TokensPerChunk]:
 
 
 def stream_ends(frame: pl.DataFrame) -> dict[str, StreamEnds]:
-    """Per class: stop reasons, truncated and stopped-early counts, and the sources of N,
-    over the requests that streamed some output (see `summary.StreamEnds`)."""
+    """Per class: stop reasons, stopped-early counts and the sources of N over the requests
+    that streamed some output; truncated over all of them (a cut may come before any
+    output). See `summary.StreamEnds`."""
     frame = with_all_columns(frame)
-    with_output = frame.filter(pl.col("first_token_ns").is_not_null())
     ends = {}
-    for (name,), part in sorted(with_output.partition_by("class", as_dict=True).items()):
+    for (name,), whole in sorted(frame.partition_by("class", as_dict=True).items()):
+        part = whole.filter(pl.col("first_token_ns").is_not_null())
         reasons = part.get_column("finish_reason").fill_null("none").value_counts(sort=True)
         sources = part.get_column("token_source").value_counts(sort=True)
         n_from = {str(k): int(v) for k, v in sources.iter_rows()}
         usage = n_from.get(TokenSource.USAGE.value, 0)
         ends[str(name)] = StreamEnds(
             finish_reasons={str(k): int(v) for k, v in reasons.iter_rows()},
-            truncated=int((part.get_column("outcome") == Outcome.TRUNCATED.value).sum()),
+            truncated=int((whole.get_column("outcome") == Outcome.TRUNCATED.value).sum()),
             stopped_early=int(part.get_column("stopped_early").fill_null(False).sum()),
             n_from=n_from,
             n_from_usage_share=round(usage / part.height, 6) if part.height else None,

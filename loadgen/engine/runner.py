@@ -287,6 +287,12 @@ class Exchange:
             message = f"HTTP {status}" + (f": {body}" if body else "")
             return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
         if self.first_token_ns is None:
+            if self.saw_done and self.finish_reason is None and self.adapter.finish_signal:
+                # An explicit end with no stop reason, before any output: the same cut as
+                # after some (llama-cpp-python interrupting a stream still in prefill).
+                return Outcome.TRUNCATED, (
+                    "stream ended before any generated output, without a finish reason: cut short"
+                )
             message = "stream ended without any generated output"
             kind = self.content_type.split(";", 1)[0].strip()
             if kind and kind not in ("text/event-stream", "application/x-ndjson"):

@@ -69,7 +69,8 @@ class TokensPerChunk:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamEnds:
-    """How a class's streams ended, and where their N came from (over requests with output).
+    """How a class's streams ended, and where their N came from (over requests with output;
+    `truncated` over all: a cut may come before any output).
 
     `finish_reasons`: requests per stop reason in the API's words (`none`: no reason came).
     `truncated`: cut short (also in `outcomes`: a breach). `stopped_early`: ok, but a stop
