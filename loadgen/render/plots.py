@@ -331,13 +331,15 @@ def fit_x(values: FloatArray, target_ms: float | None, *, log: bool) -> tuple[fl
         if shown and target_ms is not None:
             low, high = min(low, target_ms), max(high, target_ms)
         return low / 1.15, high * 1.15, shown
-    span = max(high - low, 0.05 * abs(high), 1e-3)
+    span = max(high - low, 0.25 * abs(high), 1e-3)  # one value: a quarter of it either side
     shown = target_ms is not None and (
         max(high, target_ms) - min(low, target_ms) <= SLO_SPAN_LINEAR * span
     )
     if shown and target_ms is not None:
         low, high = min(low, target_ms), max(high, target_ms)
     pad = 0.05 * max(high - low, span)
+    if 0 <= low <= high - low:  # the data start near 0: show the axis from 0
+        return 0.0, high + pad, shown
     return low - pad, high + pad, shown
 
 

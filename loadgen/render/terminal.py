@@ -122,7 +122,9 @@ def with_unit(value: float | None, unit: str | None = None) -> str:
 
 
 def table_unit(values_ms: Iterable[float | None]) -> str:
-    """One unit for a table of latencies: "s" when any value reaches 10 s, else "ms"."""
+    """One unit for a table of latencies: "s" when any value reaches 10 s, else "ms" (give
+    it the measured values, not the targets: a 20 s target beside 15 ms values is shown as
+    20,000 ms, the values stay readable)."""
     return "s" if any(v is not None and v >= 10_000 for v in values_ms) else "ms"
 
 
@@ -133,7 +135,9 @@ def fmt_in(value: float | None, unit: str) -> str:
     shown = value / 1000 if unit == "s" else value
     if shown >= 100:
         return f"{shown:,.0f}"
-    return f"{shown:.1f}" if shown >= 10 else f"{shown:.2f}"
+    if shown >= 10:
+        return f"{shown:.1f}"
+    return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
 
 
 def _with_failures(stats: FailureRankedStats, unit: str = "ms") -> Text:

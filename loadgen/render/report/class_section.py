@@ -122,7 +122,7 @@ def _sessions_table(sessions: SessionsAudit) -> Table:
 
 def _checks_table(slo: SloAudit) -> Table:
     rows = []
-    unit = table_unit(v for c in slo.checks for v in (c.value_ms, c.target_ms))
+    unit = table_unit(c.value_ms for c in slo.checks)
     for check in slo.checks:
         p, value = check.percentile, check.value_ms
         shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
@@ -179,7 +179,7 @@ def _percentile_table(cls: ClassAudit) -> Table:
     p = cls.slo.targets.percentile
     rows = []
     measures = _percentile_rows(cls)
-    unit = table_unit(v for _, s, t in measures for v in (s.p50, s.p90, s.p95, s.p99, s.max, t))
+    unit = table_unit(v for _, s, _ in measures for v in (s.p50, s.p90, s.p95, s.p99, s.max))
     for label, stats, target in measures:
         missing = "fail" if stats.count else "—"
         points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
