@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
@@ -37,11 +38,14 @@ from loadgen.testing import (
     PlanFactory,
     ReceivedRequest,
     ScriptedServer,
+    chat_chunk,
     head,
     run_through,
     simple_chat,
+    stream_steps,
 )
 from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.workload.prompts import PromptMaker
 
 APIS = ["openai-chat", "openai-completions", "anthropic", "openai-responses", "tgi",
         "ollama-chat", "ollama-generate"]  # fmt: skip
@@ -296,3 +300,31 @@ def test_the_rate_asked_for_is_kept_beside_the_sampled_schedules(tmp_path: Path)
     assert generator["requested_rate_per_s"] == 50.0
     assert generator["target_rate_per_s"] == pytest.approx(schedule, abs=1e-3)
     assert audit_run(tmp_path / "r")[0].generator.requested_rate_per_s == 50.0
+
+
+def test_with_a_tokenizer_n_is_the_streamed_texts_tokens(tmp_path: Path) -> None:
+    """No usage, three chunks of several words: with target.tokenizer N is the tokenizer's
+    count of the whole streamed text (source `text`), not the 3 chunks."""
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = ["the people of the world know the time and place " * 40]
+    tokenizer.train_from_iterator(
+        corpus, trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"])
+    )
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    pieces = [" the people of", " the world know the", " time and place"]
+    events = [chat_chunk(p) for p in pieces] + [chat_chunk(finish="length")]
+    expected = len(tokenizer.encode("".join(pieces), add_special_tokens=False).ids)
+    assert expected != len(pieces)
+    with ScriptedServer(lambda r: stream_steps(events)) as server:
+        adapter = adapter_for("openai-chat")
+        config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0,
+                              prompts=PromptMaker(0, str(path)))  # fmt: skip
+        endpoint = make_endpoint(server.url, adapter.default_path, {})
+        (record,) = run_through(PlanFactory(output_tokens=expected).at(0.0), Pool(endpoint),
+                                config)  # fmt: skip
+    assert (record.outcome, record.token_source) == (Outcome.OK, TokenSource.TEXT)
+    assert record.output_tokens == sum(record.chunk_tokens) == expected
+    assert not record.stopped_early
