@@ -394,8 +394,9 @@ class Exchange:
 
 
 # Stop reasons that say the server gave up on the request, not that the output was done:
-# vLLM and SGLang finish an aborted request with "abort" (vllm/v1/engine FinishReason.ABORT,
-# sglang FINISH_ABORT); "cancelled"/"error" are what other servers use for the same.
+# vLLM's "abort" and "error" (vllm/v1/engine/__init__.py, FINISH_REASON_STRINGS: stop,
+# length, abort, error, repetition), SGLang's "abort" (sglang/srt/managers/schedule_batch.py,
+# FINISH_ABORT); "cancelled" is what other servers use for the same.
 ABORT_REASONS = frozenset({"abort", "aborted", "cancelled", "canceled", "error"})
 # Stop reasons that mean "the length limit was reached", in each API's words.
 LENGTH_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "max_new_tokens"})

@@ -287,18 +287,23 @@ def _missed_check(name: str, check: Check) -> Text:
     return Text(f"{label}fails: {check.note} (target {target})", style="red")
 
 
+def _rates_text(generator: GeneratorHealth) -> str:
+    """`rate 5.0/s asked, 6.5/s scheduled, 6.4/s achieved`: the rate asked for (when the
+    workload has one), the sampled schedule's, and the achieved one."""
+    target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
+    if generator.requested_rate_per_s is None:
+        return f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+    asked = _rate(generator.requested_rate_per_s)
+    return f"rate {asked}/s asked, {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+
+
 def _generator_line(generator: GeneratorHealth) -> Text:
     lag = generator.lag_ms
-    target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
     line = Text(
         f"generator: planned {generator.planned} · sent {generator.sent} · "
         f"recorded {generator.recorded} · retries {generator.retries} · "
-        f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · "
-        f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+        f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · " + _rates_text(generator)
     )
-    if generator.requested_rate_per_s is not None:
-        line.append(f" (asked {_rate(generator.requested_rate_per_s)}/s; the target is the "
-                    "sampled schedule's)")  # fmt: skip
     if generator.chained_lag_ms.p99 is not None:
         line.append(f" · next-turn reaction p99 {with_unit(generator.chained_lag_ms.p99)}")
     if generator.client_errors:
