@@ -90,6 +90,26 @@ ensure_build_tools() {
   fi
 }
 
+# ------------------------------------------------------------------------------ the tiny GGUF
+ensure_tiny_gguf() {  # the model maker's venv and $CACHE/models/tiny.gguf (~2 s; remade when
+  # the maker changes); both llama.cpp servers serve it
+  mkvenv "$CACHE/venv-gguf"
+  if ! "$CACHE/venv-gguf/bin/python" -c "import gguf, tokenizers, numpy" 2>/dev/null; then
+    log "pip install gguf tokenizers numpy (GGUF maker, no torch)"
+    "$CACHE/venv-gguf/bin/pip" install --quiet "gguf==$GGUF_VERSION" \
+      "tokenizers==$TOKENIZERS_VERSION" "numpy<3"
+  fi
+  local model_key model=$CACHE/models/tiny.gguf
+  model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
+  if [ ! -f "$model" ] || [ "$(cat "$model.key" 2>/dev/null)" != "$model_key" ]; then
+    mkdir -p "$CACHE/models"
+    log "making tiny random-weight GGUF $model"
+    "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
+    mv "$model.part" "$model"
+    echo "$model_key" >"$model.key"  # the maker and shape it came from
+  fi
+}
+
 # ------------------------------------------------------------------------------ llama-server
 setup_llama() {
   local t0=$SECONDS arch flavour bin_dir bin
@@ -105,23 +125,9 @@ setup_llama() {
   bin_dir=$CACHE/llama-server/$LLAMA_CPP_PY_VERSION-$arch-$flavour
   bin=$bin_dir/llama-server
 
-  # 1. the model maker's venv and the tiny GGUF model (~2 s; rebuilt when the maker changes)
-  mkvenv "$CACHE/venv-gguf"
-  if ! "$CACHE/venv-gguf/bin/python" -c "import gguf, tokenizers, numpy" 2>/dev/null; then
-    log "pip install gguf tokenizers numpy (GGUF maker, no torch)"
-    "$CACHE/venv-gguf/bin/pip" install --quiet "gguf==$GGUF_VERSION" \
-      "tokenizers==$TOKENIZERS_VERSION" "numpy<3"
-  fi
-  local model_key model
-  model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
-  model=$CACHE/models/tiny.gguf
-  if [ ! -f "$model" ] || [ "$(cat "$model.key" 2>/dev/null)" != "$model_key" ]; then
-    mkdir -p "$CACHE/models"
-    log "making tiny random-weight GGUF $model"
-    "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
-    mv "$model.part" "$model"
-    echo "$model_key" >"$model.key"  # the maker and shape it came from
-  fi
+  # 1. the tiny GGUF model
+  local model=$CACHE/models/tiny.gguf
+  ensure_tiny_gguf
 
   # 2. llama-server, compiled once per (version, arch, flavour) and cached
   if [ ! -x "$bin" ]; then
@@ -215,7 +221,7 @@ setup_llamacpp_py() {
   fi
   local key
   key=$(printf '%s\n' "$LLAMA_CPP_PY_VERSION" "$arch" "$cmake_args" | sha256sum | cut -c1-12)
-  [ -f "$CACHE/models/tiny.gguf" ] || setup_llama   # the shared tiny model
+  ensure_tiny_gguf  # the model the llama part serves too
   if [ "$(cat "$venv/.loadgen-key" 2>/dev/null)" != "$key" ] ||
     ! "$venv/bin/python" -c "import llama_cpp.server.app" 2>/dev/null; then
     rm -rf "$venv"
