@@ -228,7 +228,7 @@ def test_a_failed_branch_skips_the_rest_of_its_trajectory() -> None:
     spec = agent_spec("    fanout: {at_hop: 1, branches: 2}\n", hops=3, requests=1)
 
     def handler(request):  # the second branch (request id 2) fails
-        if request.headers.get("x-request-id") == "loadgen-2":
+        if any("Sub-task 2 of 2" in str(m["content"]) for m in request.body["messages"]):
             return [b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"]
         return simple_chat(OUTPUT)
 

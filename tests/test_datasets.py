@@ -97,8 +97,9 @@ def test_single_turn_requests_send_the_first_human_turn_as_the_server_sees_it(
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         records = run_engine(plan_work(spec), server.url)
     assert [r.outcome for r in records] == [Outcome.OK] * 6
+    order = {r.request_id_sent: r.request_id for r in records}  # the id header each carried
     seen = [(tuple((m["role"], m["content"]) for m in r.body["messages"]), r.body["max_tokens"])
-            for r in sorted(server.requests, key=lambda r: r.headers["x-request-id"])]  # fmt: skip
+            for r in sorted(server.requests, key=lambda r: order[r.headers["x-request-id"]])]  # fmt: skip
     expected = [
         ((("system", "You answer briefly."), ("user", "alpha one two")), 5),
         ((("user", "beta three four five"),), 1),

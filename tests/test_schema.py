@@ -18,6 +18,8 @@ SNAPSHOT = Path(__file__).parent / "schema" / "keys.json"
 KEYED_BY_NAME = {
     "classes",
     "per_hop_ms",
+    "finish_reasons",
+    "n_from",
     "per_hop",
     "models",
 }  # mappings whose keys are class names or hop numbers
