@@ -37,6 +37,8 @@ from loadgen.engine.clock import SYSTEM_CLOCK, Clock, ReadClock
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 4096
 MAX_CHUNK_SIZE_DIGITS = 16  # hex digits: a size past 2**64 bytes is not a size
+WARM_PARALLEL = 64  # connects in flight at once while warming (a listen backlog is ~128+)
+WARM_GRACE_S = 0.01  # after warming: time for a server's immediate close to arrive
 DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
 
 
@@ -52,7 +54,9 @@ class ExchangeSink(Protocol):
 class Link(Protocol):
     """One connection as the engine sees it: it carries one exchange at a time."""
 
-    reused: bool  # it carried an earlier exchange (kept alive)
+    reused: bool  # it came from the idle list (kept alive, or warmed before t0)
+    warm: bool  # opened before t0 by `Connector.warm`, outside every latency
+    exchanges: int  # exchanges written on it so far (the current one included)
 
     def send(self, sink: ExchangeSink, request: bytes) -> None: ...
     def detach(self) -> None: ...
@@ -71,7 +75,19 @@ class Connector(Protocol):
 
     def take_idle(self) -> Link | None: ...
     async def connect(self) -> Link: ...
+    async def warm(self, count: int) -> WarmReport: ...
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmReport:
+    """What `warm` did before t0: connections asked for, opened and verified, failed."""
+
+    requested: int
+    opened: int  # connected and still open after the grace: idle, ready for the first sends
+    failed: int  # the connect failed, or the server closed it straight away
+    error: str | None = None  # the first failure, for the message
+    seconds: float = 0.0  # how long warming took (before t0: in no latency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +205,8 @@ class Connection(asyncio.Protocol):
         self._floor_ns = 0
         self.closed = False
         self.reused = False
+        self.warm = False
+        self.exchanges = 0
         self._reset_response()
 
     def _reset_response(self) -> None:
@@ -396,9 +414,19 @@ class Connection(asyncio.Protocol):
         """Write one request; responses go to `sink` until it ends or is detached."""
         assert self.transport is not None
         self.sink = sink
+        self.exchanges += 1
         self._reset_response()
         self._floor_ns = self._now()
         self.transport.write(request)
+
+    def is_usable(self) -> bool:
+        """Open, idle, and not closed by the server (warm connections are checked with it)."""
+        if self.closed or self.transport is None or self.sink is not None or self._rx:
+            return False
+        alive = getattr(self.transport, "is_alive", None)  # StampedSocket: a MSG_PEEK
+        if alive is not None:
+            return bool(alive())
+        return not self.transport.is_closing()
 
     def detach(self) -> None:
         """The exchange gave up (deadline, cancel): the connection cannot be reused."""
@@ -533,6 +561,18 @@ class StampedSocket:
             self._shut()
             self._loop.call_soon(self._conn.connection_lost, None)
 
+    def is_alive(self) -> bool:
+        """Open, with nothing to read: a peek that would block (EOF or bytes: not usable)."""
+        if self._closed:
+            return False
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False  # b"": the server closed it; bytes: it spoke before being asked
+
     def _close(self, exc: Exception | None) -> None:
         if not self._closed:
             self._shut()
@@ -569,7 +609,8 @@ class Pool:
         self._ssl: ssl.SSLContext | bool | None = None
         if endpoint.scheme == "https":
             self._ssl = ssl_context or ssl.create_default_context()
-        self.opened = 0
+        self.opened = 0  # every connection opened, warm ones included
+        self.warm_opened = 0  # of which opened before t0 by `warm`
         # Plain HTTP on Linux: sockets of our own, read with the kernel's receive time.
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
@@ -609,6 +650,48 @@ class Pool:
         self.opened += 1
         self._open.add(protocol)
         return protocol
+
+    async def warm(self, count: int) -> WarmReport:
+        """Open `count` connections before t0, check each is usable, and keep them idle.
+
+        Opened `WARM_PARALLEL` at a time (a burst of a thousand SYNs overflows a server's
+        listen backlog, and each lost SYN costs a 1 s retransmit). After `WARM_GRACE_S` each
+        is checked: still open, nothing unasked to read (a server that accepts and closes at
+        once, e.g. past its connection limit, fails here, not in a request). The usable ones
+        go to the idle list marked `warm`; the first requests take them, so connection setup
+        (TCP, and TLS when it is https) is in no latency. A server that later drops an idle
+        one is handled as for any kept-alive connection: one retry on a fresh connection.
+        """
+        start_ns = self.clock.now_ns()
+        opened: list[Connection] = []
+        errors: list[str] = []
+        gate = asyncio.Semaphore(WARM_PARALLEL)
+
+        async def open_one() -> None:
+            async with gate:
+                try:
+                    opened.append(await self.connect())
+                except OSError as exc:
+                    errors.append(exc.strerror or str(exc) or type(exc).__name__)
+
+        await asyncio.gather(*(open_one() for _ in range(max(0, count))))
+        await asyncio.sleep(WARM_GRACE_S)
+        usable = [conn for conn in opened if conn.is_usable()]
+        for conn in opened:
+            if conn not in usable:
+                conn.detach()
+        for conn in usable:
+            conn.warm = True
+            self._idle.append(conn)
+        self.warm_opened += len(usable)
+        failed = count - len(usable)
+        if failed and not errors:
+            errors.append("closed by the server right after it was opened")
+        return WarmReport(
+            requested=count, opened=len(usable), failed=max(0, failed),
+            error=errors[0] if errors else None,
+            seconds=(self.clock.now_ns() - start_ns) / 1e9,
+        )  # fmt: skip
 
     async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
         """A connected non-blocking socket with kernel receive timestamps switched on.

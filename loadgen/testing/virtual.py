@@ -149,6 +149,10 @@ class _ScriptedTransport:
         if self._playing is None and self._queue:
             self._timer = self._loop.call_soon(self._next_script)
 
+    def is_closing(self) -> bool:
+        """Closed (by either side): what `Connection.is_usable` asks of a transport."""
+        return self._closed
+
     def abort(self) -> None:
         """The client gave up: stop playing; it hears of the close on the next iteration."""
         if not self._closed:
