@@ -99,6 +99,10 @@ class RequestRecord:
     session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
     turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
     server_timings: ServerTimings | None = None  # what the server reported, if it did
+    # The connection its (last) attempt was written on: new (opened for it, during the run:
+    # its setup is inside its latency), warm (opened before t0) or reused (kept alive);
+    # None when it was never written.
+    connection: str | None = None
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -129,6 +133,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "turn": pl.Int32(),
     "first_reasoning_ns": pl.Int64(),
     "server_timings": SERVER_TIMINGS_DTYPE,
+    "connection": pl.String(),
 }
 
 
