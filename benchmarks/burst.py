@@ -10,8 +10,11 @@ CLOCK_MONOTONIC as the client). Each run starts a fresh simulator: a flat decode
   (sent − intended: when its bytes went to the kernel, after any connect) p50/p99/max
   over the N; the client's TTFT (first token − intended) mean minus the simulator's own
   TTFT (its first-token write − its receive of the request) mean: the client's over-report,
-  i.e. its own dispatch delay plus the loopback hop; and the first-token stamp error
-  (client stamp − the simulator's write of chunk 0) p99.
+  split into its two parts, the client's own send lag (mean sent − intended) and the time
+  from the write to the simulator's receive stamp (mean; the loopback hop and however long
+  the simulator, one process on a shared box, takes to read and parse its share of the
+  burst); and the first-token stamp error (client stamp − the simulator's write of chunk
+  0) p99.
 * `closed`: a closed loop of N streams (one batch flow, concurrency N, `--waves` × N
   documents, the next sent when one ends), the first wave included. TTFT over-report as
   above (all documents, and the first wave alone), and the turnaround: sent − intended of
@@ -144,12 +147,17 @@ def analyse(
     """Send lag, TTFT over-report (client mean − simulator mean) and stamp error of one run."""
     failed = sum(1 for r in records if r.outcome is not Outcome.OK)
     client_ttft, sim_ttft, first_wave_client, first_wave_sim, stamp_err = [], [], [], [], []
+    client_part: list[int] = []
+    server_part: list[int] = []
     for r in records:
         server = trace.get(f"loadgen-{r.request_id}")
         if r.first_token_ns is None or server is None or server.get("first_token_ns") is None:
             continue
         client = r.first_token_ns - r.intended_ns
         own = server["first_token_ns"] - server["received_ns"]
+        if r.sent_ns is not None:  # the over-report's two parts: the client's, the server's
+            client_part.append(r.sent_ns - r.intended_ns)
+            server_part.append(server["received_ns"] - (t0 + r.sent_ns))
         client_ttft.append(client)
         sim_ttft.append(own)
         if r.request_id < n:
@@ -168,6 +176,8 @@ def analyse(
         "failed": failed,
         **_pcts("send_lag", lag),
         "ttft_over_ms": _mean_ms(client_ttft) - _mean_ms(sim_ttft),
+        "of_which_send_lag_ms": _mean_ms(client_part),  # sent − intended, mean
+        "of_which_to_sim_read_ms": _mean_ms(server_part),  # sim's receive stamp − sent, mean
         "sim_ttft_mean_ms": _mean_ms(sim_ttft),
         "stamp_err_p99_ms": float(np.percentile(_ms(stamp_err), 99)) if stamp_err else np.nan,
         **{f"conn_{k}": v for k, v in kinds.items()},

@@ -59,6 +59,7 @@ NO_SECRETS = Redactor()
 # sends due together is a run of `send` calls, not of prompt and JSON building.
 ENCODE_AHEAD_NS = 50_000_000
 ENCODE_AHEAD_MAX = 4096
+ENCODE_AHEAD_BYTES = 64 * 1024 * 1024  # and at most this much request text (long prompts)
 # The client's own limits, not the server's failures: too many open files (process or
 # system), no free local port, no buffer memory. They make the run invalid (exit 3).
 CLIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS})
@@ -406,6 +407,59 @@ def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
     return [b + f for b, f in zip(base, floors, strict=True)]
 
 
+class Ahead:
+    """The scheduler's requests made ahead of their due time: singles, and batch flows'
+    first waves, up to `ENCODE_AHEAD_NS` ahead, `ENCODE_AHEAD_MAX` starts and
+    `ENCODE_AHEAD_BYTES` of request text."""
+
+    def __init__(self, engine: Engine, starts: Sequence[tuple[int, int, int]]) -> None:
+        self.engine = engine
+        self.starts = starts
+        self.next = 0  # starts[:next] are made (or were sent)
+        self.held = 0  # bytes of the requests made and not yet sent
+        self.singles: dict[int, tuple[Exchange, bytes]] = {}
+        self.waves: dict[int, list[tuple[Exchange, bytes]]] = {}
+
+    def fill(self, first: int, due_ns: int) -> None:
+        """Make the starts due by `due_ns` + the horizon; stop once `due_ns` has come."""
+        engine, starts, t0 = self.engine, self.starts, self.engine.t0_ns
+        horizon_ns = due_ns + ENCODE_AHEAD_NS
+        while (
+            self.next < len(starts)
+            and t0 + starts[self.next][0] <= horizon_ns
+            and self.next - first < ENCODE_AHEAD_MAX
+            and self.held < ENCODE_AHEAD_BYTES
+        ):
+            _, is_flow, index = starts[self.next]
+            if not is_flow:
+                self.singles[index] = made = engine._prepare(engine.work.singles[index])
+                self.held += len(made[1])
+            elif (flow := engine.work.flows[index]).kind == "batch":
+                wave = [engine._prepare(p) for p in flow.plans[: flow.concurrency]]
+                self.waves[index] = wave
+                self.held += sum(len(request) for _, request in wave)
+            self.next += 1
+            if self.next % 16 == 0 and engine._now() >= due_ns:
+                return  # due already: send what is made, make the rest as it goes
+
+    def take_single(self, index: int) -> tuple[Exchange, bytes]:
+        made = self.singles.pop(index, None)
+        if made is None:
+            return self.engine._prepare(self.engine.work.singles[index])
+        self.held -= len(made[1])
+        return made
+
+    def take_wave(self, index: int) -> list[tuple[Exchange, bytes]]:
+        """A batch flow's first wave ([] for other flows, or when it was not made ahead)."""
+        wave = self.waves.pop(index, [])
+        self.held -= sum(len(request) for _, request in wave)
+        return wave
+
+    def passed(self, index: int) -> None:
+        """Starts before `index` were sent: never make them again."""
+        self.next = max(self.next, index)
+
+
 class Engine:
     """Runs planned work through one connector and emits exactly one record per plan.
 
@@ -468,36 +522,22 @@ class Engine:
     async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
         """Start singles and flows at their times, in one merged time order.
 
-        Requests are encoded ahead of their due time (`ENCODE_AHEAD_NS`, while the
-        scheduler would sleep anyway), and every start due by the time it wakes is sent in
-        one pass: each single written on an idle (warm or kept-alive) connection straight
-        away, stamped as it is written, before any task starts. A burst of sends costs a
-        `send` call each, not a task start and a loop round each.
+        Requests are made ahead of their due time (`Ahead`, while the scheduler would sleep
+        anyway), and every start due by the time it wakes is sent in one pass: each single
+        written on an idle (warm or kept-alive) connection straight away, stamped as it is
+        written, before any task starts. A burst of sends costs a `send` call each, not a
+        task start and a loop round each.
         """
         t0, singles, flows = self.t0_ns, self.work.singles, self.work.flows
         starts = sorted(
             [(p.intended_ns, 0, i) for i, p in enumerate(singles)]
             + [(f.start_ns, 1, i) for i, f in enumerate(flows)]
         )
-        encoded: dict[int, tuple[Exchange, bytes]] = {}  # singles, made ahead, by index
-        waves: dict[int, list[tuple[Exchange, bytes]]] = {}  # batch flows' first waves
-        ahead = 0  # starts[:ahead] are encoded
+        ahead = Ahead(self, starts)
         i, n = 0, len(starts)
         while i < n:
             self.next_due_ns = t0 + starts[i][0]
-            horizon_ns = self.next_due_ns + ENCODE_AHEAD_NS
-            while (
-                ahead < n and t0 + starts[ahead][0] <= horizon_ns and ahead - i < ENCODE_AHEAD_MAX
-            ):
-                _, is_flow, index = starts[ahead]
-                if not is_flow:
-                    encoded[index] = self._prepare(singles[index])
-                elif flows[index].kind == "batch":
-                    flow = flows[index]
-                    waves[index] = [self._prepare(p) for p in flow.plans[: flow.concurrency]]
-                ahead += 1
-                if ahead % 16 == 0 and self._now() >= self.next_due_ns:
-                    break  # due already: send what is encoded, encode the rest as it goes
+            ahead.fill(i, self.next_due_ns)
             await self._sleep_until(self.next_due_ns)
             now = self._now()
             end = i + 1
@@ -507,19 +547,17 @@ class Engine:
             started_flows: list[tuple[Flow, list[tuple[Exchange, bytes, bool]]]] = []
             for _, is_flow, index in starts[i:end]:  # the writes: no await, no task start
                 if is_flow:
-                    first = waves.pop(index, [])
-                    wave = [(e, r, self._go(e, r, now)) for e, r in first]
+                    wave = [(e, r, self._go(e, r, now)) for e, r in ahead.take_wave(index)]
                     started_flows.append((flows[index], wave))
-                    continue
-                made = encoded.pop(index, None)
-                exchange, request = made if made is not None else self._prepare(singles[index])
-                launched.append((exchange, request, self._go(exchange, request, now)))
+                else:
+                    exchange, request = ahead.take_single(index)
+                    launched.append((exchange, request, self._go(exchange, request, now)))
             for exchange, request, sent in launched:  # then the tasks that wait for them
                 tg.start_soon(self._follow, exchange, request, sent)
             for flow, started in started_flows:
                 tg.start_soon(self._flow, flow, started)
-            i = max(end, i + 1)
-            ahead = max(ahead, i)
+            i = end
+            ahead.passed(i)
         self.next_due_ns = None
 
     async def _sleep_until(self, due_ns: int) -> None:
