@@ -301,3 +301,14 @@ def test_summary_connection_block_is_the_known_answer() -> None:
     assert (use.new.send_lag_ms.p50, use.new.send_lag_ms.max) == (40.0, 60.0)
     assert (use.new.ttft_ms.p99, use.warm.ttft_ms.p50) == (260.0, 200.0)
     assert connection_use(frame.with_columns(pl.lit(None, pl.String).alias("connection"))) is None
+
+
+def test_streams_ending_together_all_send_their_successors_before_any_record_is_built() -> None:
+    """160 streams end in one step (five parse slices): all 160 next documents are written
+    before the first record is built (`Connector.after_reads`), not two slices' worth
+    (224 of 320 requests), then records, then the next slices."""
+    assert 160 // transport.DRAIN_SLICE < transport.AFTER_EVERY_SLICES
+    records, pool, seen = run_virtual(closed_loop(160, 320), reply, warm=160)
+    assert [r.outcome for r in records] == ["ok"] * 320
+    assert pool.opened == 160
+    assert seen[0] == 320  # the first record: every one of the 320 requests already sent

@@ -132,6 +132,9 @@ class Exchange:
         self.redactor = redactor
         self.decoder = new_decoder(adapter, max_event_bytes)  # SSE or NDJSON, by framing
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # How `done` is resolved: at once, or (the engine's) once the connector has parsed
+        # the reads queued with this one's end (`Connector.after_reads`).
+        self.later: Callable[[Callable[[], None]], None] = _at_once
         # done.done() as a plain attribute: the per-chunk path asks after every event, and a
         # method call on the future costs more than the attribute (finish() sets both).
         self.settled = False
@@ -200,7 +203,7 @@ class Exchange:
         self.finish(t_ns, Outcome.STREAM_ERROR, f"{exc} ({where}): connection closed")
 
     def on_end(self, t_ns: int) -> None:
-        if self.done.done():
+        if self.settled:
             self.conn = None  # settled by its last event: now its connection is free too
             self._turn(t_ns)
             return
@@ -218,7 +221,7 @@ class Exchange:
         self.finish(t_ns, None)
 
     def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
-        if self.done.done():
+        if self.settled:
             self.conn = None
             self._turn(t_ns)
             return
@@ -278,7 +281,7 @@ class Exchange:
         if self.conn is not None and outcome is not Outcome.OK:
             self.conn.detach()
             self.conn = None
-        self.done.set_result(None)
+        self.later(partial(_resolve, self.done))
         if self.then is not None and self.conn is None and not self.will_retry():
             self._turn(t_ns)  # else when the connection ends (on_end), or the worker does it
 
@@ -324,7 +327,7 @@ class Exchange:
         now = self._now
 
         def check() -> None:
-            if self.done.done():
+            if self.settled:
                 return
             overdue_ns = (self.last_token_ns or 0) + stall_ns - now()
             if overdue_ns <= 0:
@@ -599,6 +602,7 @@ class Engine:
             max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
             clock=self.clock,
         )  # fmt: skip
+        exchange.later = self.connector.after_reads
         return exchange, self._encode(plan, messages)
 
     def _go(self, exchange: Exchange, request: bytes, dispatched_ns: int) -> bool:
@@ -659,7 +663,7 @@ class Engine:
         self.stats.in_flight -= 1
         for timer in exchange.timers:
             timer.cancel()
-        if not exchange.done.done():  # cancelled mid-request: the connection is unusable
+        if not exchange.settled:  # cancelled mid-request: the connection is unusable
             exchange.then = None
             if exchange.conn is not None:
                 exchange.conn.detach()
@@ -881,7 +885,7 @@ class Engine:
         finally:
             if not opening.done():
                 opening.cancel()
-        if exchange.done.done():
+        if exchange.settled:
             if opening.done() and not opening.cancelled() and opening.exception() is None:
                 opening.result().detach()
             return None
@@ -916,6 +920,16 @@ class Engine:
         else:
             stats.failed += 1
         self.on_record(record)
+
+
+def _at_once(callback: Callable[[], None]) -> None:
+    callback()
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    """Mark an exchange's future done (unless cancelled meanwhile: an interrupted run)."""
+    if not done.done():
+        done.set_result(None)
 
 
 def connection_label(conn: Link) -> str:

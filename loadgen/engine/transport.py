@@ -24,7 +24,7 @@ import re
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -40,6 +40,7 @@ MAX_CHUNK_SIZE_DIGITS = 16  # hex digits: a size past 2**64 bytes is not a size
 WARM_PARALLEL = 64  # connects in flight at once while warming (a listen backlog is ~128+)
 WARM_GRACE_S = 0.01  # after warming: time for a server's immediate close to arrive
 DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
+AFTER_EVERY_SLICES = 8  # `after_reads` callbacks wait at most this many slices
 
 
 class ExchangeSink(Protocol):
@@ -76,6 +77,7 @@ class Connector(Protocol):
     def take_idle(self) -> Link | None: ...
     async def connect(self) -> Link: ...
     async def warm(self, count: int) -> WarmReport: ...
+    def after_reads(self, callback: Callable[[], None]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -605,6 +607,8 @@ class Pool:
         self._open: set[Connection] = set()
         self._ready: list[Connection] = []  # connections with stamped, unparsed reads
         self._drain_scheduled = False
+        self._after: list[Callable[[], None]] = []  # `after_reads` callbacks, in order
+        self._slices = 0
         self.last_read_ns = 0  # when bytes last arrived on any connection (the watchdog)
         self._ssl: ssl.SSLContext | bool | None = None
         if endpoint.scheme == "https":
@@ -760,10 +764,36 @@ class Pool:
                     conn.fail(f"internal error while parsing: {exc!r}")
                 except Exception as again:  # the exchange itself is what failed
                     _report(loop, again)
+        self._slices += 1
         if self._ready:
             loop.call_soon(self._drain)
+            if self._slices % AFTER_EVERY_SLICES == 0:
+                self._run_after(loop)
         else:
             self._drain_scheduled = False
+            self._run_after(loop)
+
+    def after_reads(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the reads stamped so far are parsed (at once when there are
+        none), or after `AFTER_EVERY_SLICES` slices when more keep coming.
+
+        What waits here is bookkeeping that can wait (waking the task that records an
+        exchange): when 512 streams end in one step, every stream's end, and a closed
+        loop's next send, is handled before any record is built, not one slice at a time
+        with the records of the slice before in between.
+        """
+        if self._drain_scheduled:
+            self._after.append(callback)
+        else:
+            callback()
+
+    def _run_after(self, loop: asyncio.AbstractEventLoop) -> None:
+        after, self._after = self._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception as exc:  # a bug: report it, run the rest
+                _report(loop, exc)
 
     def release(self, conn: Connection) -> None:
         """Return a connection whose response completed cleanly."""
