@@ -764,14 +764,16 @@ class Pool:
                     conn.fail(f"internal error while parsing: {exc!r}")
                 except Exception as again:  # the exchange itself is what failed
                     _report(loop, again)
-        self._slices += 1
         if self._ready:
             loop.call_soon(self._drain)
-            if self._slices % AFTER_EVERY_SLICES == 0:
+            self._slices += 1
+            if self._after and self._slices % AFTER_EVERY_SLICES == 0:
                 self._run_after(loop)
         else:
             self._drain_scheduled = False
-            self._run_after(loop)
+            self._slices = 0
+            if self._after:
+                self._run_after(loop)
 
     def after_reads(self, callback: Callable[[], None]) -> None:
         """Run `callback` once the reads stamped so far are parsed (at once when there are
