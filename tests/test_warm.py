@@ -312,3 +312,22 @@ def test_streams_ending_together_all_send_their_successors_before_any_record_is_
     assert [r.outcome for r in records] == ["ok"] * 320
     assert pool.opened == 160
     assert seen[0] == 320  # the first record: every one of the 320 requests already sent
+
+
+def test_warming_gives_up_on_connects_that_do_not_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connect that never completes (SYNs dropped) is failed after the warm deadline."""
+    monkeypatch.setattr(transport, "WARM_TIMEOUT_S", 0.5)
+
+    class Hanging(Pool):
+        async def connect(self) -> transport.Connection:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    async def main() -> transport.WarmReport:
+        pool = Hanging(make_endpoint("http://127.0.0.1:9", "/v1/chat/completions", {}))
+        return await pool.warm(3)
+
+    report = anyio.run(main)
+    assert (report.opened, report.failed) == (0, 3)
+    assert report.error is not None
+    assert "not connected within 0.5 s" in report.error

@@ -39,6 +39,7 @@ MAX_CHUNK_LINE = 4096
 MAX_CHUNK_SIZE_DIGITS = 16  # hex digits: a size past 2**64 bytes is not a size
 WARM_PARALLEL = 64  # connects in flight at once while warming (a listen backlog is ~128+)
 WARM_GRACE_S = 0.01  # after warming: time for a server's immediate close to arrive
+WARM_TIMEOUT_S = 10.0  # warming gives up on connects not done by then (SYNs dropped)
 DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
 AFTER_EVERY_SLICES = 8  # `after_reads` callbacks wait at most this many slices
 
@@ -661,7 +662,8 @@ class Pool:
         Opened `WARM_PARALLEL` at a time (a burst of a thousand SYNs overflows a server's
         listen backlog, and each lost SYN costs a 1 s retransmit). After `WARM_GRACE_S` each
         is checked: still open, nothing unasked to read (a server that accepts and closes at
-        once, e.g. past its connection limit, fails here, not in a request). The usable ones
+        once, e.g. past its connection limit, fails here, not in a request); connects not
+        done within `WARM_TIMEOUT_S` are given up (failed). The usable ones
         go to the idle list marked `warm`; the first requests take them, so connection setup
         (TCP, and TLS when it is https) is in no latency. A server that later drops an idle
         one is handled as for any kept-alive connection: one retry on a fresh connection.
@@ -678,7 +680,14 @@ class Pool:
                 except OSError as exc:
                     errors.append(exc.strerror or str(exc) or type(exc).__name__)
 
-        await asyncio.gather(*(open_one() for _ in range(max(0, count))))
+        tasks = [asyncio.ensure_future(open_one()) for _ in range(max(0, count))]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=WARM_TIMEOUT_S)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+                errors.append(f"{len(late)} not connected within {WARM_TIMEOUT_S:g} s")
         await asyncio.sleep(WARM_GRACE_S)
         usable = [conn for conn in opened if conn.is_usable()]
         for conn in opened:
