@@ -154,7 +154,8 @@ def analyse(
     later_from_send: list[int] = []
     server_part: list[int] = []
     for r in records:
-        server = trace.get(f"loadgen-{r.request_id}")
+        sent_id = getattr(r, "request_id_sent", None)  # None on a tree before request ids
+        server = trace.get(sent_id or f"loadgen-{r.request_id}")
         if r.first_token_ns is None or server is None or server.get("first_token_ns") is None:
             continue
         client = r.first_token_ns - r.intended_ns

@@ -173,9 +173,10 @@ def test_closed_loop_sends_the_next_document_in_the_callback_that_ended_the_last
 
 
 def done_then_hold(_: ReceivedRequest) -> Iterator[Step]:
-    """[DONE], then the chunked body stays open for 5 s before its last chunk."""
+    """A token, a stop, [DONE], then the chunked body stays open 5 s before its last chunk."""
     yield head()
     yield chunk(chat_chunk(" w"))
+    yield chunk(chat_chunk(finish="stop"))
     yield chunk(sse("[DONE]"))
     yield 5.0
     yield LAST_CHUNK
