@@ -332,3 +332,18 @@ def test_warming_gives_up_on_connects_that_do_not_complete(monkeypatch: pytest.M
     assert (report.opened, report.failed) == (0, 3)
     assert report.error is not None
     assert "not connected within 0.5 s" in report.error
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [([], "2 opened before t0 (auto)"), (["--warm-connections", "7"], "7 opened")],
+)
+def test_dry_run_says_how_many_connections_it_would_warm(
+    flag: list[str], expected: str, tmp_path: Path
+) -> None:
+    """The dry run names the warm count: auto from the plan (2 requests in the first
+    second), or the flag's."""
+    workload = workload_file(tmp_path, chat_workload("warm", requests=2, rate_per_s=50))
+    result = CliRunner().invoke(cli, ["run", str(workload), "--dry-run", *flag])
+    assert result.exit_code == 0, result.output
+    assert f"warm connections: {expected}" in result.output

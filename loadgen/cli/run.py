@@ -21,6 +21,7 @@ from loadgen.cli.options import (
     parse_headers,
     workload_options,
 )
+from loadgen.engine.warmup import warm_count
 from loadgen.errors import ConfigError
 from loadgen.render.plan_view import render_plan
 from loadgen.render.terminal import render_processes, render_summary
@@ -247,6 +248,9 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
+    warm = warm_count(work, options.warm_connections, None)
+    how = "auto" if options.warm_connections is None else "--warm-connections"
+    console.print(f"warm connections: {warm:,} opened before t0 ({how})")
     target = url or "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")
