@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import (
     EXIT_CODES_HELP,
     MAX_WAIT_S,
@@ -120,6 +121,7 @@ from loadgen.workload.spec import load, override
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
+@live_options
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -153,6 +155,10 @@ def run(
     quiet: bool,
     max_memory_gb: float | None,
     dry_run: bool,
+    prometheus_listen: str | None,
+    prometheus_grace_s: float,
+    otlp_endpoint: str | None,
+    otlp_interval_s: float,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
 
@@ -167,6 +173,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
     """
 
     check_url(url)
@@ -198,14 +205,16 @@ def run(
     if dry_run:
         _dry_run(spec, options, memory)
         return
-    result = execute(spec, options)
-    console = output_console()
-    console.print(render_summary(result.summary))
-    for line in render_processes(result.run_info):
-        console.print(line)
-    console.print(f"records and summary: {result.run_dir}")
-    if result.watchdog:
-        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
+    live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s)
+    with live as exporter:
+        result = execute(spec, options, live=exporter)
+        console = output_console()
+        console.print(render_summary(result.summary))
+        for line in render_processes(result.run_info):
+            console.print(line)
+        console.print(f"records and summary: {result.run_dir}")
+        if result.watchdog:
+            console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
 
 

@@ -70,6 +70,7 @@ class LiveStats:
     failed: int = 0
     retries: int = 0
     ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+    in_flight_by_class: dict[str, int] = field(default_factory=dict)  # the live exporters' gauge
     last_progress_ns: int = 0  # the last send or completion (the watchdog reads it)
 
 
@@ -469,6 +470,8 @@ class Engine:
         """Send one request, wait for it, record it; the exchange tells a flow what happened."""
         stats = self.stats
         stats.in_flight += 1
+        by_class = stats.in_flight_by_class
+        by_class[plan.class_name] = by_class.get(plan.class_name, 0) + 1
         if messages is None:
             text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
             messages = [("user", text)]
@@ -487,6 +490,7 @@ class Engine:
                 await self._exchange(exchange, body)
         finally:
             stats.in_flight -= 1
+            by_class[plan.class_name] -= 1
             if not exchange.done.done():  # cancelled mid-request: the connection is unusable
                 if exchange.conn is not None:
                     exchange.conn.detach()
