@@ -22,8 +22,9 @@ from loadgen.cli.options import (
     parse_headers,
     workload_options,
 )
-from loadgen.errors import ConfigError
+from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.plan_view import render_plan
+from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
 from loadgen.run.execute import RunOptions, client_setup, execute
 from loadgen.run.simulator import sim_args_from_mapping
@@ -123,6 +124,18 @@ from loadgen.workload.spec import load, override
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @live_options
 @click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's SLO checks as JUnit XML: a testcase per class per check.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the same checks as a Markdown table (for a CI job summary).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Validate everything the run would use (file, flags, URL, headers, run folder, "
@@ -159,6 +172,8 @@ def run(
     prometheus_grace_s: float,
     otlp_endpoint: str | None,
     otlp_interval_s: float,
+    junit_path: Path | None,
+    markdown_path: Path | None,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
 
@@ -174,10 +189,12 @@ def run(
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
     """
 
     check_url(url)
     check_run_id(run_id)
+    check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if shard_text is not None and start_at_text is None:
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
@@ -213,9 +230,28 @@ def run(
         for line in render_processes(result.run_info):
             console.print(line)
         console.print(f"records and summary: {result.run_dir}")
+        for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
+            if path is not None:
+                write_text(path, text(result.summary))
+                console.print(f"wrote {path}")
         if result.watchdog:
             console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
+
+
+def check_report_paths(*paths: tuple[str, Path | None]) -> None:
+    """--junit / --markdown must land in an existing folder: checked before any traffic."""
+    for flag, path in paths:
+        if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
+            raise ConfigError("command line", flag, f"the folder of {path} does not exist",
+                              "create it first, or write the file elsewhere")  # fmt: skip
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise LoadgenError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _dry_run(spec: Any, options: Any, memory: str) -> None:

@@ -182,23 +182,28 @@ def render_table(comparison: Comparison) -> RenderableType:
 def render_markdown(comparison: Comparison) -> str:
     """A heading, the table (for a CI job summary) and the notes."""
     verdict = "REGRESSED" if comparison.regressions else "no regression"
-    lines = [f"### loadgen compare: {verdict}", "", _md(_title(comparison)), ""]
+    lines = [f"### loadgen compare: {verdict}", "", md_cell(_title(comparison)), ""]
     lines.append("| " + " | ".join(HEADERS) + " |")
     lines.append(
         "|" + "|".join("---:" if h in ("n base/cur", "change") else "---" for h in HEADERS) + "|"
     )
     for result in comparison.results:
-        cells = [_md(c) for c in row_cells(result)]
+        cells = [md_cell(c) for c in row_cells(result)]
         if result.verdict is Verdict.REGRESSED:
             cells[-1] = f"**{cells[-1]}**"
         lines.append("| " + " | ".join(cells) + " |")
     lines.extend(
-        ["", *(f"- {_md(n)}" for n in _notes(comparison)), "", _md(verdict_line(comparison))]
+        [
+            "",
+            *(f"- {md_cell(n)}" for n in _notes(comparison)),
+            "",
+            md_cell(verdict_line(comparison)),
+        ]
     )
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
+def md_cell(text: str) -> str:
     """Safe in a Markdown table cell: no HTML, pipes escaped, one line."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # a lone ">" is plain text
     return escaped.replace("|", "\\|").replace("\n", " ")
