@@ -1,4 +1,4 @@
-"""The live-export options `run`, `capacity` and `calibrate` share, and the exporter they open."""
+"""The live-export and price options `run`, `capacity` and `calibrate` share; the exporter."""
 
 from __future__ import annotations
 
@@ -43,6 +43,20 @@ def live_options(func: F) -> F:
     ):  # fmt: skip
         func = option(func)
     return func
+
+
+def price_options(func: F) -> F:
+    """--price-per-hour and --replicas: the run's cost per million (good) output tokens."""
+    func = click.option(
+        "--replicas", type=click.IntRange(min=1, max=100_000), default=1, show_default=True,
+        help="Replicas behind the URL: the fleet's price is --price-per-hour × this.",
+    )(func)  # fmt: skip
+    return click.option(
+        "--price-per-hour", "price_per_hour", type=FiniteFloat(0, 1e9, low_open=True),
+        metavar="PRICE",
+        help="Price of one replica per hour (or the fleet's, with --replicas 1): adds the cost "
+        "per million output tokens and per million good output tokens to the summary.",
+    )(func)  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from loadgen.cli.live_options import live_options, open_live
+from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     EXIT_CODES_HELP,
     MAX_WAIT_S,
@@ -123,6 +123,7 @@ from loadgen.workload.spec import load, override
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @live_options
+@price_options
 @click.option(
     "--junit",
     "junit_path",
@@ -174,6 +175,8 @@ def run(
     otlp_interval_s: float,
     junit_path: Path | None,
     markdown_path: Path | None,
+    price_per_hour: float | None,
+    replicas: int,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
 
@@ -190,6 +193,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
     """
 
     check_url(url)
@@ -218,11 +222,15 @@ def run(
         workers=workers,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
+        price_per_hour=price_per_hour,
+        replicas=replicas,
     )
     if dry_run:
         _dry_run(spec, options, memory)
         return
-    live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s)
+    fleet = None if price_per_hour is None else price_per_hour * replicas
+    live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
+                     price_per_hour=fleet)  # fmt: skip
     with live as exporter:
         result = execute(spec, options, live=exporter)
         console = output_console()

@@ -23,6 +23,7 @@ from loadgen.analysis.compare import (
     Verdict,
     min_samples,
 )
+from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms
 
 
@@ -135,6 +136,7 @@ def _notes(comparison: Comparison) -> list[str]:
         notes.append(f"only in baseline, not compared: {', '.join(comparison.only_in_baseline)}")
     if comparison.only_in_current:
         notes.append(f"only in current, not compared: {', '.join(comparison.only_in_current)}")
+    notes.extend(cost_notes(comparison))
     no_data = sum(r.verdict is Verdict.NO_DATA for r in comparison.results)
     if no_data:
         need = min_samples(0.99, comparison.confidence)[1]
@@ -143,6 +145,23 @@ def _notes(comparison: Comparison) -> list[str]:
             f"sample: at {comparison.confidence:.0%} a p99 needs >= {need} baseline values)"
         )
     return notes
+
+
+def cost_notes(comparison: Comparison) -> list[str]:
+    """One line per class (and `all`): cost per M good and per M output tokens, both sides."""
+    lines = []
+    for c in comparison.cost:
+        change = c.change_relative
+        moved = "" if change is None else f" ({change:+.1%})"
+        lines.append(
+            f"cost {c.class_name}: {money(c.baseline_per_million_good)} → "
+            f"{money(c.current_per_million_good)} per M good output tokens{moved}; "
+            f"{money(c.baseline_per_million)} → {money(c.current_per_million)} per M output tokens"
+        )
+    if lines:
+        lines.append("cost is information, not a check: at one price it moves with goodput, "
+                     "whose check judges it")  # fmt: skip
+    return lines
 
 
 def _title(comparison: Comparison) -> str:

@@ -35,7 +35,8 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 5  # 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+SCHEMA_VERSION = 6  # 6: summary.json cost, run.json options.price_per_hour/replicas (with a price)
+# 5: run.json workload.spec.classes.*.limits (max_event_bytes)
 # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
@@ -159,6 +160,9 @@ class RunSettings:
     max_in_flight: int | None = None
     lag_bound_ms: float = 5.0
     grace_s: float = 5.0
+    # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
+    price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)
+    replicas: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

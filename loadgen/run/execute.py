@@ -26,6 +26,7 @@ import polars as pl
 from loadgen import __version__
 from loadgen.adapters.protocol import Adapter
 from loadgen.analysis.audit import audit
+from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
@@ -274,6 +275,11 @@ def _run_info(
             "max_in_flight": options.max_in_flight,
             "lag_bound_ms": options.lag_bound_ms,
             "grace_s": options.grace_s,
+            **(
+                {"price_per_hour": options.price_per_hour, "replicas": options.replicas}
+                if options.price_per_hour is not None
+                else {}
+            ),
         },
         "shard": _shard_info(options),
         "host": {
@@ -373,7 +379,9 @@ def finish(
         planned=planned,
         stopped=stopped,
         lag_bound_ms=options.lag_bound_ms,
-    )
+        price=None if options.price_per_hour is None
+        else Price(per_hour=options.price_per_hour, replicas=options.replicas),
+    )  # fmt: skip
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
