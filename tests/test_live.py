@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import urllib.request
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from loadgen.cli import cli
 from loadgen.results.records import Outcome, read_records, to_frame
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter, parse_listen
+from loadgen.studies.calibrate import QUICK_LADDER, Thresholds, measure_level
+from loadgen.studies.capacity import run_one_against
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, failed_record, streamed_record, workload_file
 from loadgen.workload.spec import SloTargets, load
@@ -328,3 +331,50 @@ def test_otlp_push_reaches_a_receiver(tmp_path: Path) -> None:
     assert last[("loadgen_run_finished", ())] == 1
     info = [k for k in last if k[0] == "loadgen_run_info"]
     assert ("run_id", "o") in info[0][1]
+
+
+def test_capacity_steps_share_one_endpoint(tmp_path: Path) -> None:
+    """A capacity search's steps (`run_one_against`, one `execute` each) publish on one
+    endpoint: its counters go on rising from step to step and end at the steps' sum."""
+    live = LiveExporter(port=0, grace_s=0)
+    assert live.url is not None
+    specs = [load(workload_file(tmp_path, chat_workload(requests=n, rate_per_s=40),
+                                name=f"s{n}.yaml")) for n in (10, 25)]  # fmt: skip
+    counts = []
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        run_one = run_one_against(server.url, seed=1, out=tmp_path, lag_bound_ms=1000,
+                                  quiet=True, live=live)  # fmt: skip
+        dirs = []
+        for i, spec in enumerate(specs):
+            _, _, _, run_dir = run_one(spec, None, f"step-{i:02d}")
+            dirs.append(run_dir)
+            counts.append(scrape(live.url))
+    live.close()
+    totals = [total(s, "loadgen_requests_total") for s in counts]
+    assert totals == [10, 35]
+    final = counts[-1]
+    summaries = [json.loads((d / "summary.json").read_text())["classes"]["chat"] for d in dirs]
+    assert value(final, "loadgen_requests_planned", **{"class": "chat"}) == 35
+    tokens = value(final, "loadgen_output_tokens_total", **{"class": "chat", "outcome": "ok"})
+    assert tokens == sum(s["output_tokens"]["total"] for s in summaries)
+    ttft = value(final, "loadgen_ttft_seconds_count", **{"class": "chat"})
+    assert ttft == sum(s["ttft_ms"]["count"] for s in summaries)
+    info = [k for k in final if k[0] == "loadgen_run_info"]
+    assert ("run_id", "step-01") in info[0][1]
+
+
+def test_a_calibration_level_is_published(tmp_path: Path) -> None:
+    """`calibrate --prometheus-port`: a level of 8 streams of 50 tokens against the
+    simulator ends with 8 ok requests, 8 × 50 tokens and 8 × 49 ITL gaps on the endpoint."""
+    live = LiveExporter(port=0, grace_s=0)
+    assert live.url is not None
+    ladder = replace(QUICK_LADDER, streams=(8,))
+    level = measure_level(8, ladder, Thresholds(), live=live)
+    final = scrape(live.url)
+    live.close()
+    assert level.chunks == 8 * 50
+    labels = {"class": "calibrate", "outcome": "ok"}
+    assert value(final, "loadgen_requests_total", **labels) == 8
+    assert value(final, "loadgen_output_tokens_total", **labels) == 8 * 50
+    assert value(final, "loadgen_itl_seconds_count", **{"class": "calibrate"}) == 8 * 49
+    assert value(final, "loadgen_run_finished") == 1
