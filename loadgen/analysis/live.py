@@ -35,21 +35,24 @@ NS_PER_MS = 1e6
 # warm short prompt (10 ms) to a long prefill behind a queue (2 min); TPOT and ITL a fast
 # speculative decode (1 ms a token) to a stalled stream (5 s a gap); E2E a short answer to a
 # long generation (10 min). The steps are roughly 1-2.5-5 per decade, finer where SLOs are
-# usually set (TTFT 100 ms-2 s, TPOT 10-100 ms), and the boundaries of vLLM's own
-# `vllm:time_to_first_token_seconds` and `vllm:time_per_output_token_seconds` inside that
-# range are included, so client and server histograms can be read on one Grafana panel.
+# usually set (TTFT 100 ms-2 s, TPOT 10-100 ms: 5 ms apart from 25 to 50 ms, where a
+# `histogram_quantile` would otherwise interpolate across a wide bucket), and the
+# boundaries of vLLM's own `vllm:time_to_first_token_seconds` (0.001 ... 2560) and
+# `vllm:time_per_output_token_seconds` (0.01 ... 80), which the OpenTelemetry GenAI
+# conventions' gen_ai.server.* histograms share, are all included inside that range, so
+# client and server histograms can be read on one Grafana panel.
 BUCKETS_S: dict[str, tuple[float, ...]] = {
     "ttft": (
-        0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5,
-        2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0,
+        0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.25,
+        1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0,
     ),
     "tpot": (
-        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-        0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045,
+        0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
     ),
     "itl": (
-        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-        0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045,
+        0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
     ),
     "e2e": (
         0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,

@@ -52,7 +52,7 @@ def drive(
     called once t0 is fixed, before the schedule begins. A worker process passes
     `wait_start`: it reports ready and returns the start its parent chose, once the loop
     and the engine are up (so a worker is not still setting up when t0 comes). `observe`
-    sees each record as it lands (the live exporters' tally), before it is written.
+    sees each record as it lands (the live exporters' tally), after the writer has it.
     """
     state: dict[str, Any] = {"interrupted": False}
 
@@ -84,8 +84,8 @@ def drive(
     add = writer.add
 
     def observed(record: RequestRecord) -> None:
+        add(record)  # first: a record is never lost to the tally
         observe(record)  # type: ignore[misc]  # only used when observe is set
-        add(record)
 
     on_record = add if observe is None else observed
     run_engine(work, Pool(endpoint), config, on_record, session, stats=stats)

@@ -168,8 +168,8 @@ def run_engine(
     keep = records.append
 
     def observed(record: RequestRecord) -> None:
-        observe(record)  # type: ignore[misc]  # only used when observe is set
         keep(record)
+        observe(record)  # type: ignore[misc]  # only used when observe is set
 
     with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         before_s = time.process_time()  # user + system, ns resolution
