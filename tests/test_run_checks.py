@@ -110,3 +110,22 @@ def test_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:
     assert "--junit" in result.output
     assert "does not exist" in result.output
     assert not list(tmp_path.glob("*/run.json"))
+
+
+def test_a_generator_that_fell_behind_fails_as_invalid(failing_run: tuple[int, str, Path]) -> None:
+    """A run whose generator fell behind: the generator's case fails as `invalid` with the
+    lag and the bound, and the Markdown title says the run is invalid."""
+    _, _, tmp = failing_run
+    summary = read_summary(tmp / "f")
+    behind = dataclasses.replace(
+        summary,
+        generator=dataclasses.replace(summary.generator, fell_behind=True),
+        verdict=dataclasses.replace(summary.verdict, status="fell_behind", exit_code=3),
+    )
+    root = ET.fromstring(render_run_junit(behind))
+    failures = {f.get("type"): f.get("message", "") for f in root.iter("failure")}
+    assert set(failures) == {"slo", "invalid"}
+    assert "above the 1000 ms bound, over 12 sends" in failures["invalid"]
+    assert render_run_markdown(behind).startswith(
+        "### loadgen run: INVALID (the generator fell behind) (exit 3)"
+    )

@@ -121,8 +121,8 @@ def _generator_row(summary: Summary) -> Row:
     lag = g.lag_ms.p99
     measured = "none" if lag is None else f"{lag:,.2f} ms"
     why = "" if not g.fell_behind else (
-        f"the generator fell behind: send lag p99 {measured} over the {g.lag_bound_ms:g} ms "
-        f"bound over {g.sent:,} sends: the figures are the client's, not the server's"
+        f"the generator fell behind: send lag p99 {measured} above the {g.lag_bound_ms:g} ms "
+        f"bound, over {g.sent:,} sends: the figures are the client's, not the server's"
     )  # fmt: skip
     return Row(class_name="generator", check="send lag p99", label="send lag p99",
                measured=measured, target=f"≤ {g.lag_bound_ms:g} ms", requests=g.sent,
@@ -161,7 +161,7 @@ def render_run_markdown(summary: Summary) -> str:
     title = {
         "met": "SLO MET",
         "missed": "SLO MISSED",
-        "fell_behind": "INVALID (generator fell behind)",
+        "fell_behind": "INVALID (the generator fell behind)",
     }
     lines = [
         f"### loadgen run: {title.get(verdict.status, verdict.status.upper())} "
