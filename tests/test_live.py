@@ -263,9 +263,10 @@ def test_cli_run_serves_and_keeps_a_grace(tmp_path: Path) -> None:
 
 
 class OtlpReceiver(ThreadingHTTPServer):
-    """A loopback OTLP/HTTP metrics receiver: decodes each POST with the OTLP protobuf."""
+    """A loopback OTLP/HTTP metrics receiver: decodes each POST with the OTLP protobuf and
+    answers `status` (400: a collector refusing the data, which the SDK does not retry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         self.requests: list[Any] = []
         receiver = self
 
@@ -275,7 +276,7 @@ class OtlpReceiver(ThreadingHTTPServer):
                 message = ExportMetricsServiceRequest()
                 message.ParseFromString(body)
                 receiver.requests.append(message)
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -378,3 +379,22 @@ def test_a_calibration_level_is_published(tmp_path: Path) -> None:
     assert value(final, "loadgen_output_tokens_total", **labels) == 8 * 50
     assert value(final, "loadgen_itl_seconds_count", **{"class": "calibrate"}) == 8 * 49
     assert value(final, "loadgen_run_finished") == 1
+
+
+def test_refused_pushes_are_counted_and_said_once(tmp_path: Path) -> None:
+    """A collector that refuses every push (HTTP 400): the run is not disturbed, and closing
+    says how many pushes failed, once, instead of a warning per push."""
+    receiver = OtlpReceiver(status=400)
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/metrics"
+    live = LiveExporter(otlp_endpoint=endpoint, otlp_interval_s=3600, grace_s=0)
+    assert live.otlp is not None
+    assert live.otlp.push() is False
+    said: list[str] = []
+    live.close(log=said.append)
+    receiver.shutdown()
+    receiver.server_close()
+    assert len(receiver.requests) == 2  # the push above and the last one at close
+    assert len(said) == 1
+    assert said[0].startswith(f"otlp: 2 of 2 pushes to {endpoint} failed")

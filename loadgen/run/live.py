@@ -156,7 +156,7 @@ class LiveExporter:
             with contextlib.suppress(KeyboardInterrupt):
                 time.sleep(self.grace_s)
         if self.otlp is not None:
-            self.otlp.close()
+            self.otlp.close(log)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -12,6 +12,7 @@ The histograms carry no min and max (the tally keeps buckets, not extremes).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,21 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from loadgen import __version__
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
+SDK_LOGGER = "opentelemetry.exporter"  # the exporter's retries and failures log here
+
+
+class _LastProblem(logging.Handler):
+    """Keeps the SDK exporter's first warning (the cause; later ones say it gave up)
+    instead of printing each retry: the push's failures are counted and said once, at the
+    end (`OtlpPush.close`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.last is None:
+            self.last = record.getMessage()[:300]
 
 
 class OtlpPush:
@@ -44,8 +60,14 @@ class OtlpPush:
     def __init__(
         self, endpoint: str, families: Callable[[], Sequence[Any]], *, interval_s: float = 5.0
     ) -> None:
+        self.problem = _LastProblem()
+        sdk_logger = logging.getLogger(SDK_LOGGER)
+        sdk_logger.addHandler(self.problem)
+        self._propagate, sdk_logger.propagate = sdk_logger.propagate, False
+        self.endpoint = endpoint
         self.exporter = OTLPMetricExporter(endpoint=endpoint, timeout=5)
         self.families = families
+        self.pushes = 0
         self.interval_s = interval_s
         self.start_ns = time.time_ns()
         self.failures = 0  # pushes the collector refused or did not answer
@@ -64,15 +86,23 @@ class OtlpPush:
             data = metrics_data(self.families(), start_ns=self.start_ns, now_ns=time.time_ns())
             result = self.exporter.export(data)
         ok = bool(result.name == "SUCCESS")
+        self.pushes += 1
         self.failures += not ok
         return ok
 
-    def close(self) -> None:
-        """A last push (the final counts), then stop the thread and the exporter."""
+    def close(self, log: Callable[[str], None] | None = None) -> None:
+        """A last push (the final counts), then stop the thread and the exporter; `log`
+        hears how many pushes the collector did not take, and the last reason."""
         self._halt.set()
         self._thread.join(timeout=10)
         self.push()
         self.exporter.shutdown()
+        sdk_logger = logging.getLogger(SDK_LOGGER)
+        sdk_logger.removeHandler(self.problem)
+        sdk_logger.propagate = self._propagate
+        if self.failures and log is not None:
+            why = f" ({self.problem.last})" if self.problem.last else ""
+            log(f"otlp: {self.failures} of {self.pushes} pushes to {self.endpoint} failed{why}")
 
 
 def metrics_data(families: Sequence[Any], *, start_ns: int, now_ns: int) -> Any:
