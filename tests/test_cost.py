@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from loadgen.analysis.compare import compare_sides, load_sides
 from loadgen.analysis.cost import Price, run_cost
-from loadgen.analysis.rolling import rolling_windows
+from loadgen.analysis.rolling import _Bin, _window_cost, rolling_windows
 from loadgen.cli import cli
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
@@ -132,3 +132,16 @@ def test_rolling_window_pools_cost(store: Path) -> None:
     assert last["cost_per_million_good_output_tokens"] == pytest.approx(pooled * 1e6, rel=1e-5)
     everything = rolling_windows(store, window=timedelta(days=1), step=timedelta(days=1))
     assert everything.row(-1, named=True)["cost_per_million_good_output_tokens"] is None
+
+
+def test_a_window_counts_the_share_of_a_run_inside_it() -> None:
+    """Half of run a's 10 requests fall in the window, all of run b's 4: a counts for half
+    its cost (1.0) and tokens (200, 50 good), b wholly (cost 0.3, 90 tokens, 30 good):
+    (0.5 + 0.3) / (25 + 30) per good token; (0.5 + 0.3) / (100 + 90) per token."""
+    costs = {"a": {"chat": (10, 1.0, 200, 50)}, "b": {"chat": (4, 0.3, 90, 30)}}
+    parts = [_Bin(run_requests={"a": 3, "b": 4}), _Bin(run_requests={"a": 2})]
+    figures = _window_cost(parts, "chat", costs)
+    assert figures["cost_per_million_good_output_tokens"] == pytest.approx(0.8 / 55 * 1e6)
+    assert figures["cost_per_million_output_tokens"] == pytest.approx(0.8 / 190 * 1e6)
+    unpriced = _window_cost(parts, "chat", {**costs, "b": None})
+    assert unpriced["cost_per_million_good_output_tokens"] is None
