@@ -26,10 +26,13 @@ from loadgen.cli import cli
 from loadgen.results.records import Outcome, read_records, to_frame
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter, parse_listen
+from loadgen.run.spawn import Child
+from loadgen.run.workers import _Worker, merged_in_flight, merged_tally
 from loadgen.studies.calibrate import QUICK_LADDER, Thresholds, measure_level
 from loadgen.studies.capacity import run_one_against
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, failed_record, streamed_record, workload_file
+from loadgen.workload.plans import Work
 from loadgen.workload.spec import SloTargets, load
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -398,3 +401,22 @@ def test_refused_pushes_are_counted_and_said_once(tmp_path: Path) -> None:
     assert len(receiver.requests) == 2  # the push above and the last one at close
     assert len(said) == 1
     assert said[0].startswith(f"otlp: 2 of 2 pushes to {endpoint} failed")
+
+
+def test_the_parent_sums_its_workers_tallies() -> None:
+    """`--workers`: the parent's endpoint is the sum of the tallies its workers last sent,
+    and the in-flight gauge the sum of the running workers' counts."""
+    tallies = [LiveTally(), LiveTally()]
+    for i in range(7):
+        tallies[i % 2].observe(streamed_record(i, ttft_ms=30 + 10 * i, gaps_ms=(5, 5)))
+    workers = [
+        _Worker(child=Child(index=i, process=None, conn=None), share=Work(),
+                live=(t.to_wire(), {"chat": 2 + i}))
+        for i, t in enumerate(tallies)
+    ]  # fmt: skip
+    merged = merged_tally(workers)
+    assert merged.requests == {("chat", "ok"): 7}
+    assert merged.histograms[("itl", "chat")].count == 14
+    assert merged_in_flight(workers) == {"chat": 5}
+    workers[1].child.closed = True  # a finished worker's last count is not in flight
+    assert merged_in_flight(workers) == {"chat": 2}
