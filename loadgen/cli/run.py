@@ -27,6 +27,7 @@ from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
 from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
@@ -199,6 +200,8 @@ def run(
     check_url(url)
     check_run_id(run_id)
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
+    if prometheus_listen is not None:
+        parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if shard_text is not None and start_at_text is None:
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
