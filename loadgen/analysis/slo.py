@@ -50,6 +50,7 @@ from loadgen.results.summary import (
     Goodput,
     ServerTimings,
     SloAudit,
+    StreamEnds,
     TokensPerChunk,
     Verdict,
 )
@@ -135,6 +136,7 @@ def audit_class(
     tokens_per_chunk: TokensPerChunk,
     targets: SloTargets,
     duration_s: float,
+    stream_ends: StreamEnds | None = None,
 ) -> ClassAudit:
     """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
 
@@ -163,6 +165,7 @@ def audit_class(
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
         goodput=goodput(rows, duration_s=duration_s),
+        stream_ends=stream_ends or StreamEnds(),
     )  # fmt: skip
 
 

@@ -131,6 +131,12 @@ _SECONDS = "simulated seconds (divided by --speed)"
 @click.option(
     "--close-after-stream", is_flag=True, help="Close the connection after each response."
 )
+@click.option(
+    "--empty-every",
+    type=int,
+    help="Every k-th token after the first as an empty-text token event (OpenAI, TGI), as "
+    "llama-cpp-python sends partial UTF-8 tokens.  [default: 0 = never]",
+)
 def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) -> None:
     """Serve a simulated streaming LLM whose timing follows a serving model, in every dialect.
 

@@ -163,7 +163,9 @@ def run_engine(
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
     endpoint = make_endpoint(url, adapter.default_path, {})
-    config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0)
+    # `loadgen-<n>` ids: the comparison finds each request's server writes by its id.
+    config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0,
+                          request_id_format="counter")  # fmt: skip
     records: list[RequestRecord] = []
     keep = records.append
 
