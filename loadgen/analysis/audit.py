@@ -19,6 +19,7 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis import metrics
+from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
@@ -122,6 +123,7 @@ def audit(
         classes=classes,
         verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
         cost=None if price is None else _cost(frame, objectives, list(classes), price, duration_s),
+        connections=connection_use(frame),
     )
 
 

@@ -106,6 +106,10 @@ class RequestRecord:
     request_id_sent: str | None = None  # the id header's value this request carried
     finish_reason: str | None = None  # the API's stop reason as sent (None: none came)
     stopped_early: bool = False  # ok, but a stop reason ended it before its forced length
+    # The connection its (last) attempt was written on: new (opened for it, during the run:
+    # its setup is inside its latency), warm (opened before t0) or reused (kept alive);
+    # None when it was never written.
+    connection: str | None = None
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -139,6 +143,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "request_id_sent": pl.String(),
     "finish_reason": pl.String(),
     "stopped_early": pl.Boolean(),
+    "connection": pl.String(),
 }
 
 
