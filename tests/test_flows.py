@@ -127,12 +127,29 @@ def test_a_failed_hop_skips_the_rest_and_breaches_the_trajectory(sim_url: str) -
     healthy = sorted((r for r in records if r.session_id != first), key=lambda r: r.turn or 0)
     assert all(r.outcome is Outcome.OK for r in healthy)
     for before, after in itertools.pairwise(healthy):
-        # each hop's prompt is the retained context (40 words) plus the previous hop's real output
-        assert after.prompt_tokens == after.prompt_tokens_target == 40 + before.output_tokens
+        # each hop carries the trajectory so far: the last context, the previous hop's real
+        # output and its tool result (100 words by default)
+        assert after.prompt_tokens == after.prompt_tokens_target
+        assert after.prompt_tokens == before.prompt_tokens + before.output_tokens + 100
+
     block = trajectory_block(to_frame(records), Objective.of(spec.classes["agent"]))
     assert (block.trajectories, block.ok, block.skipped_hops, block.failed_hops) == (2, 1, 2, 1)
     assert block.attainment == 0.5
     assert set(block.per_hop_ms) == {"0", "1", "2", "3", "4"}
+
+
+def test_a_fixed_context_agent_sends_the_context_and_the_last_output(sim_url: str) -> None:
+    """`context: {grow: false}`: every hop is the retained context plus the last answer."""
+    spec = spec_of(
+        AGENT.replace("    prompt_tokens:", "    context: {grow: false}\n    prompt_tokens:")
+    )
+    records = run_engine(plan_work(spec, seed=1), sim_url)
+    assert len(records) == 10
+    assert all(r.outcome is Outcome.OK for r in records)
+    for session in {r.session_id for r in records}:
+        hops = sorted((r for r in records if r.session_id == session), key=lambda r: r.turn or 0)
+        for before, after in itertools.pairwise(hops):
+            assert after.prompt_tokens == after.prompt_tokens_target == 40 + before.output_tokens
 
 
 BATCH = """

@@ -166,12 +166,14 @@ def workloads(draw: st.DrawFn) -> Any:
         for key in path[:-1]:
             parent = parent[key]
         action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        # a copy: HOSTILE's sampled [] and {} are shared, and a later mutation writing into
+        # one would change every later example (hypothesis: FlakyStrategyDefinition)
         if action == "replace":
-            parent[path[-1]] = draw(HOSTILE)
+            parent[path[-1]] = copy.deepcopy(draw(HOSTILE))
         elif action == "delete" and isinstance(parent, dict):
             del parent[path[-1]]
         elif isinstance(parent, dict):
-            parent[draw(st.text(min_size=1, max_size=8))] = draw(HOSTILE)
+            parent[draw(st.text(min_size=1, max_size=8))] = copy.deepcopy(draw(HOSTILE))
     return doc
 
 

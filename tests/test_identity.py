@@ -99,3 +99,24 @@ def test_a_stored_spec_that_cannot_be_rebuilt_still_has_a_stable_identity() -> N
     c = identity_of_run({"workload": {"name": "chat", "spec": faster}})
     assert a["key"] == b["key"] != c["key"]
     assert a["key"].startswith("chat@")
+
+
+def test_a_dataset_counts_by_file_name_and_a_mix_or_prefix_set_is_another_workload(
+    tmp_path: Path,
+) -> None:
+    """The same dataset in two folders is one workload; a model mix or a prefix set is another."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "rows.jsonl").write_text('{"prompt": "hello there"}\n')
+    dataset = CHAT.replace("    prompt_tokens: {dist: fixed, value: 200}\n",
+                           "    dataset: {path: rows.jsonl, format: jsonl}\n")  # fmt: skip
+    here, there = (loads(dataset, str(tmp_path / f / "w.yaml")) for f in ("a", "b"))
+    assert fingerprint(here) == fingerprint(there)
+    base = loads(CHAT)
+    mixed = loads(CHAT.replace("    slo:", "    models: [{name: a}, {name: b}]\n    slo:"))
+    shared = loads(CHAT.replace(
+        "    prompt_tokens: {dist: fixed, value: 200}\n",
+        "    prompt: {shared_prefix_tokens: 100, groups: 2, suffix_tokens: {dist: fixed, value: 100}}\n",
+    ))  # fmt: skip
+    prints = {fingerprint(s) for s in (base, mixed, shared, here)}
+    assert len(prints) == 4

@@ -20,6 +20,8 @@ KEYED_BY_NAME = {
     "per_hop_ms",
     "finish_reasons",
     "n_from",
+    "per_hop",
+    "models",
 }  # mappings whose keys are class names or hop numbers
 
 WORKLOAD = chat_workload("schema", requests=4, deadlines=None)

@@ -16,12 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    TOOL_NAME,
     BodyOptions,
     Delta,
     MalformedEvent,
     Message,
+    has_tool_messages,
     json_object,
     token_count,
+    with_tool_calls,
 )
 
 API_VERSION = "2023-06-01"
@@ -55,7 +58,7 @@ class AnthropicMessages:
         body: dict[str, Any] = {
             "model": options.model,
             "max_tokens": max_tokens,
-            "messages": [{"role": r, "content": t} for r, t in messages if r != "system"],
+            "messages": _anthropic_messages(messages),
             "stream": True,
         }
         if system:
@@ -127,3 +130,24 @@ def _prompt_tokens(usage: dict[str, Any]) -> int | None:
     keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     counts = [c for k in keys if (c := token_count(usage.get(k))) is not None]
     return token_count(sum(counts)) if counts else None
+
+
+def _anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The non-system messages; an agent's tool call as the assistant's `tool_use` block
+    and its result as a user message's `tool_result` block (the Messages API's shape)."""
+    if not has_tool_messages(messages):
+        return [{"role": r, "content": t} for r, t in messages if r != "system"]
+    result: list[dict[str, Any]] = []
+    for role, text, call in with_tool_calls(messages):
+        if role == "system":
+            continue
+        if role == "tool":
+            block = {"type": "tool_result", "tool_use_id": call, "content": text}
+            result.append({"role": "user", "content": [block]})
+        elif role == "assistant" and call is not None:
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            blocks.append({"type": "tool_use", "id": call, "name": TOOL_NAME, "input": {}})
+            result.append({"role": "assistant", "content": blocks})
+        else:
+            result.append({"role": role, "content": text})
+    return result

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    TOOL_NAME,
     BodyOptions,
     Delta,
     Message,
@@ -22,6 +23,7 @@ from loadgen.adapters.protocol import (
     flatten,
     json_object,
     token_count,
+    with_tool_calls,
 )
 
 NS_PER_MS = 1_000_000
@@ -69,9 +71,17 @@ class OllamaChat(_Ollama):
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
     ) -> dict[str, Any]:
-        """The conversation as chat messages."""
-        body: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in messages]}
-        return self._common(body, max_tokens, options)
+        """The conversation as chat messages; an agent's tool calls as the assistant's
+        `tool_calls` and their results as `role: tool` messages (Ollama's chat shape)."""
+        chat: list[dict[str, Any]] = []
+        for role, text, call in with_tool_calls(messages):
+            message: dict[str, Any] = {"role": role, "content": text}
+            if role == "assistant" and call is not None:
+                message["tool_calls"] = [{"function": {"name": TOOL_NAME, "arguments": {}}}]
+            elif role == "tool":
+                message["tool_name"] = TOOL_NAME
+            chat.append(message)
+        return self._common({"messages": chat}, max_tokens, options)
 
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One line: content, thinking and tool-call deltas, the final counts, errors."""

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadgen.adapters.openai_common import common_body, parse_envelope
-from loadgen.adapters.protocol import BodyOptions, Delta, Message, bearer_headers
+from loadgen.adapters.protocol import (
+    TOOL_NAME,
+    BodyOptions,
+    Delta,
+    Message,
+    bearer_headers,
+    has_tool_messages,
+    with_tool_calls,
+)
 
 
 class OpenAIChat:
@@ -34,9 +42,13 @@ class OpenAIChat:
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
     ) -> dict[str, Any]:
-        """The conversation as chat messages."""
-        body: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in messages]}
-        return common_body(body, max_tokens, options)
+        """The conversation as chat messages; an agent's tool calls as the assistant's
+        `tool_calls` and their results as `role: tool` messages."""
+        if has_tool_messages(messages):
+            chat = [_chat_message(r, t, call) for r, t, call in with_tool_calls(messages)]
+        else:
+            chat = [{"role": r, "content": t} for r, t in messages]
+        return common_body({"messages": chat}, max_tokens, options)
 
     def parse(self, event: bytes, data: bytes) -> Delta:
         """One chunk: text, reasoning and tool-call deltas, finish, usage, errors."""
@@ -59,3 +71,14 @@ class OpenAIChat:
         if message.get("tool_calls"):
             delta.has_tool_call = True
         return delta
+
+
+def _chat_message(role: str, text: str, call: str | None) -> dict[str, Any]:
+    """One message of a conversation with tool calls (OpenAI chat completions shape)."""
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": call, "content": text}
+    if role == "assistant" and call is not None:
+        function = {"name": TOOL_NAME, "arguments": "{}"}
+        return {"role": "assistant", "content": text or None,
+                "tool_calls": [{"id": call, "type": "function", "function": function}]}  # fmt: skip
+    return {"role": role, "content": text}

@@ -17,12 +17,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    TOOL_NAME,
     BodyOptions,
     Delta,
     Message,
     bearer_headers,
+    has_tool_messages,
     json_object,
     token_count,
+    with_tool_calls,
 )
 
 CONTENT = frozenset({"response.output_text.delta", "response.refusal.delta"})
@@ -56,7 +59,7 @@ class OpenAIResponses:
         """
         body: dict[str, Any] = {
             "model": options.model,
-            "input": [{"role": r, "content": t} for r, t in messages],
+            "input": _input(messages),
             "max_output_tokens": max_tokens,
             "stream": True,
         }
@@ -112,3 +115,20 @@ def _end(kind: str, response: object, delta: Delta) -> None:
     error = response.get("error")
     message = error.get("message") if isinstance(error, dict) else error
     delta.error = str(message or f"{kind} ({reason or 'no reason given'})")
+
+
+def _input(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Input items; an agent's tool call as a `function_call` item after the assistant's
+    message and its result as a `function_call_output` item (the Responses API's shape)."""
+    if not has_tool_messages(messages):
+        return [{"role": r, "content": t} for r, t in messages]
+    items: list[dict[str, Any]] = []
+    for role, text, call in with_tool_calls(messages):
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": call, "output": text})
+            continue
+        items.append({"role": role, "content": text})
+        if role == "assistant" and call is not None:
+            items.append({"type": "function_call", "call_id": call, "name": TOOL_NAME,
+                          "arguments": "{}"})  # fmt: skip
+    return items

@@ -101,7 +101,33 @@ class Delta:
         return bool(self.content_chars or self.reasoning_chars or self.has_tool_call)
 
 
-Message = tuple[str, str]  # (role: system | user | assistant, text)
+Message = tuple[str, str]  # (role: system | user | assistant | tool, text)
+
+# An agent's tool call and its result are an assistant message followed by a `tool` message
+# (the tool's output). Adapters of chat APIs give the pair their API's own shape: the
+# assistant message calls this tool with this id, the tool message answers that id.
+TOOL_NAME = "run_tool"
+
+
+def with_tool_calls(messages: Sequence[Message]) -> list[tuple[str, str, str | None]]:
+    """(role, text, call id): an assistant message followed by a tool message calls the
+    tool (id `call_<n>`, counted from 0 in the conversation); the tool message answers it."""
+    result: list[tuple[str, str, str | None]] = []
+    calls = 0
+    for index, (role, text) in enumerate(messages):
+        call: str | None = None
+        if role == "assistant" and index + 1 < len(messages) and messages[index + 1][0] == "tool":
+            call = f"call_{calls}"
+            calls += 1
+        elif role == "tool":
+            call = f"call_{calls - 1}" if calls else "call_orphan"
+        result.append((role, text, call))
+    return result
+
+
+def has_tool_messages(messages: Sequence[Message]) -> bool:
+    """True when the conversation holds a tool result (an agent's growing context)."""
+    return any(role == "tool" for role, _ in messages)
 
 
 class MalformedEvent(ValueError):

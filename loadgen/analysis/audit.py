@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ from loadgen.results.runfolder import (
     read_run_info,
     write_summary,
 )
-from loadgen.results.summary import ClassAudit, Cost, StreamEnds, Summary, TokensPerChunk
+from loadgen.results.summary import (
+    ClassAudit,
+    Cost,
+    ModelAudit,
+    StreamEnds,
+    Summary,
+    TokensPerChunk,
+)
 from loadgen.workload.spec import SloTargets
 
 
@@ -164,8 +172,42 @@ def class_audits(
         )
         if objective is not None:
             block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective)
-        classes[name] = block
+        models = model_audits(frame, by_class.get(name, rows.clear()), name, chunking,
+                              objective.slo if objective else NO_TARGETS, duration_s)  # fmt: skip
+        classes[name] = replace(block, models=models) if models else block
     return classes
+
+
+def model_audits(
+    frame: pl.DataFrame, rows: pl.DataFrame, name: str, chunking: Mapping[str, TokensPerChunk],
+    targets: SloTargets, duration_s: float,
+) -> dict[str, ModelAudit]:  # fmt: skip
+    """Per model of a class whose records name more than one (a model or LoRA mix): each
+    model's requests audited on their own against the class's thresholds."""
+    if "model" not in frame.columns:
+        return {}
+    mine = frame.filter(pl.col("class") == name)
+    names = sorted(str(m) for m in mine.get_column("model").drop_nulls().unique())
+    if len(names) < 2:
+        return {}
+    result = {}
+    for model in names:
+        part = mine.filter(pl.col("model") == model)
+        ids = part.get_column("request_id")
+        block = audit_class(
+            rows.filter(pl.col("request_id").is_in(ids.implode())),
+            metrics.itl_gaps_ms(part, name),
+            tokens_per_chunk=chunking.get(name, TokensPerChunk()),
+            targets=targets,
+            duration_s=duration_s,
+        )
+        result[model] = ModelAudit(
+            requests=block.requests, failed=block.failed, ttft_ms=block.ttft_ms,
+            tpot_ms=block.tpot_ms, e2e_ms=block.e2e_ms, itl_ms=block.itl_ms,
+            output_tokens=block.output_tokens, attainment=block.slo.attainment,
+            met=block.slo.met, goodput=block.goodput,
+        )  # fmt: skip
+    return result
 
 
 def audit_run(

@@ -24,6 +24,7 @@ from loadgen.results.summary import (
     BatchAudit,
     ClassAudit,
     DurationStats,
+    HopStats,
     SessionsAudit,
     TimeSplit,
     TrajectoryAudit,
@@ -141,9 +142,7 @@ def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
     hops = rows.join(meets, on="request_id", how="left").sort("session_id", "turn")
     hops = hops.with_columns(
         ((pl.col("end_ns") - pl.col("intended_ns")) / NS_PER_MS).alias("duration_ms"),
-        ((pl.col("intended_ns") - pl.col("end_ns").shift(1).over("session_id")) / NS_PER_S)
-        .alias("tool_s"),
-    )  # fmt: skip
+    )
     per_trajectory = hops.group_by("session_id").agg(
         (pl.col("outcome") == Outcome.OK.value).all().alias("all_ok"),
         pl.col("meets_slo").last().alias("final_ok"),
@@ -178,9 +177,40 @@ def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
         time_split_s=TimeSplit(
             ttft=_sum_s(ok_hops["first_token_ns"] - ok_hops["intended_ns"]),
             decode=_sum_s(ok_hops["last_token_ns"] - ok_hops["first_token_ns"]),
-            tool=round(float(ok_hops["tool_s"].fill_null(0).sum()), 3),
+            tool=_tool_s(ok_hops),
         ),
+        per_hop=_per_hop(ok_hops),
     )
+
+
+def _tool_s(ok_hops: pl.DataFrame) -> float:
+    """Seconds between a hop's end and the next hop's intended send, summed. A fan-out
+    hop (several requests of one turn) ends when its last branch does."""
+    steps = (
+        ok_hops.group_by("session_id", "turn")
+        .agg(pl.col("intended_ns").min(), pl.col("end_ns").max())
+        .sort("session_id", "turn")
+    )
+    gaps = steps["intended_ns"] - steps["end_ns"].shift(1)
+    same = steps["session_id"] == steps["session_id"].shift(1)
+    return round(float(gaps.filter(same.fill_null(False)).sum()) / NS_PER_S, 3)
+
+
+def _per_hop(ok_hops: pl.DataFrame) -> dict[str, HopStats]:
+    """Per hop index: the context sent (client count and server usage) and TTFT."""
+    result = {}
+    for (hop,), group in ok_hops.sort("turn").group_by("turn", maintain_order=True):
+        sent = group["prompt_tokens_target"].drop_nulls()
+        served = group["prompt_tokens"].drop_nulls()
+        ttft = (group["first_token_ns"] - group["intended_ns"]) / NS_PER_MS
+        result[str(hop)] = HopStats(
+            requests=group.height,
+            prompt_tokens_mean=_round(sent.mean()) if sent.len() else None,  # type: ignore[arg-type]
+            prompt_tokens_max=int(sent.max()) if sent.len() else None,  # type: ignore[arg-type]
+            server_prompt_tokens_mean=_round(served.mean()) if served.len() else None,  # type: ignore[arg-type]
+            ttft_ms=_stats(ttft),
+        )
+    return result
 
 
 def sessions_block(rows: pl.DataFrame) -> SessionsAudit:

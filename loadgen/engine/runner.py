@@ -40,6 +40,7 @@ from loadgen.adapters.protocol import (
 )
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.engine.agents import Trajectory
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
@@ -125,6 +126,7 @@ class Exchange:
         count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         self.plan = plan
+        self.model: str | None = plan.model  # the engine fills in the target's when None
         # N without usage: the text's tokens by target.tokenizer (the text is then kept).
         self.count_tokens = count_tokens
         self.forced = forced and adapter.forces_length  # the body asked for exactly max_tokens
@@ -429,6 +431,7 @@ class Exchange:
             finish_reason=self.finish_reason,
             stopped_early=stopped_early,
             connection=self.connection,
+            model=self.model,
         )
 
 
@@ -592,6 +595,7 @@ class Engine:
         user_headers = {**connector.endpoint.headers, **config.request_headers}
         self.ids = RequestIds(config.request_id_header, config.request_id_format,
                               config.request_id_nonce, user_headers)  # fmt: skip
+        self._by_model: dict[str, BodyOptions] = {}
 
     def stop(self) -> None:
         """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
@@ -700,6 +704,7 @@ class Engine:
             clock=self.clock, forced=config.body_options.force_output_tokens,
             count_tokens=self._count_tokens,
         )  # fmt: skip
+        exchange.model = plan.model or config.body_options.model
         exchange.later = self.connector.after_reads
         return exchange, self._encode(exchange, messages)
 
@@ -757,6 +762,29 @@ class Engine:
                              f": {exchange.error}" if exchange.error else "")  # fmt: skip
         return exchange
 
+    def _messages(self, plan: RequestPlan) -> Sequence[Message]:
+        """A single request's prompt: its dataset messages, a shared prefix and a fresh
+        suffix, or generated words."""
+        if plan.messages:
+            return plan.messages
+        if plan.shared_prefix is not None:
+            group, prefix = plan.shared_prefix
+            return [
+                ("user", self.prompts.shared(plan.request_id, group, prefix, plan.prompt_tokens))
+            ]
+        return [
+            ("user", self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups))
+        ]
+
+    def _options(self, model: str | None) -> BodyOptions:
+        """The body options for a request to `model` (None: the target's)."""
+        if model is None:
+            return self.config.body_options
+        options = self._by_model.get(model)
+        if options is None:
+            options = self._by_model[model] = replace(self.config.body_options, model=model)
+        return options
+
     def _settle_cancelled(self, exchange: Exchange) -> None:
         """Take the exchange off the live list; still unsettled: it was cancelled in flight."""
         if self._live.pop(exchange.plan.request_id, None) is None:
@@ -777,8 +805,7 @@ class Engine:
         """The request's bytes: the prompt, the body, the headers (its id recorded)."""
         plan = exchange.plan
         if messages is None:
-            text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
-            messages = [("user", text)]
+            messages = self._messages(plan)
         body = self._body(plan, messages)
         headers = self._headers(exchange)
         if LOGGER.isEnabledFor(logging.DEBUG):
@@ -790,7 +817,7 @@ class Engine:
 
     def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
         config = self.config
-        body = config.adapter.build_body(messages, plan.output_tokens, config.body_options)
+        body = config.adapter.build_body(messages, plan.output_tokens, self._options(plan.model))
         if plan.priority is not None and config.priority_header is None:
             body["priority"] = plan.priority
         return orjson.dumps(body)
@@ -808,12 +835,13 @@ class Engine:
         A turn's intended time is the previous turn's end plus its think (or tool) time. A
         failed turn, or a trajectory budget spent, ends the flow: the rest are `skipped`.
         """
+        if flow.kind == "trajectory" and flow.grow:
+            await Trajectory(self, flow).run()
+            return
         t0 = self.t0_ns
         history: list[Message] = []
         if flow.system_prompt_tokens:
-            # One system prompt per class, the same for all its sessions (prefix caching).
-            class_key = -1 - zlib.crc32(flow.class_name.encode())
-            history.append(("system", self.prompts.text(class_key, flow.system_prompt_tokens)))
+            history.append(("system", self._system_prompt(flow)))
         budget_end = t0 + flow.start_ns + int(flow.budget_s * 1e9) if flow.budget_s else None
         context, previous_output, due = "", "", t0 + flow.start_ns
         for index, plan in enumerate(flow.plans):
@@ -824,29 +852,44 @@ class Engine:
             if budget_end is not None and self._now() >= budget_end:
                 self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
                 return
-            new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
-            if flow.kind == "trajectory":
+            if flow.kind == "trajectory":  # the fixed context (grow: false)
+                new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
                 context = context or new_text  # the retained context, set by the first hop
                 turn_text = f"{context}\n\n{previous_output}" if previous_output else context
                 messages: list[Message] = [("user", turn_text)]
             else:
-                history.append(("user", new_text))
+                history.extend(
+                    plan.messages
+                    or [("user", self.prompts.text(plan.request_id, plan.prompt_tokens))]
+                )
                 messages = list(history)
-            sent = replace(
-                plan,
-                intended_ns=due - t0,
-                prompt_tokens=sum(self.prompts.count(text) for _, text in messages),
-                deadlines=_within_budget(plan.deadlines, budget_end, due),
-            )
-            exchange = await self._request(sent, self._now(), messages, True)
+            exchange = await self._request(self._sent(plan, messages, due, budget_end),
+                                           self._now(), messages, True)  # fmt: skip
             if exchange.outcome is not Outcome.OK:
                 step = "hop" if flow.kind == "trajectory" else "turn"
                 reason = f"{step} {index} ended {exchange.outcome}"
                 self._skip(flow.plans[index + 1 :], reason)
                 return
             previous_output = "".join(exchange.texts)
-            history.append(("assistant", previous_output))
+            recorded = plan.recorded_answer if flow.history == "recorded" else None
+            history.append(("assistant", previous_output if recorded is None else recorded))
             due = exchange.end_ns or self._now()
+
+    def _system_prompt(self, flow: Flow) -> str:
+        """One system prompt per class, the same for all its flows (prefix caching)."""
+        class_key = -1 - zlib.crc32(flow.class_name.encode())
+        return self.prompts.text(class_key, flow.system_prompt_tokens)
+
+    def _sent(self, plan: RequestPlan, messages: Sequence[Message], due_ns: int,
+              budget_end_ns: int | None) -> RequestPlan:  # fmt: skip
+        """The plan as sent: its real intended time, the context it carries (tokens), and
+        its deadlines cut to what is left of the trajectory's budget."""
+        return replace(
+            plan,
+            intended_ns=due_ns - self.t0_ns,
+            prompt_tokens=sum(self.prompts.count(text) for _, text in messages),
+            deadlines=_within_budget(plan.deadlines, budget_end_ns, due_ns),
+        )
 
     async def _batch(self, flow: Flow, wave: list[tuple[Exchange, bytes, bool]]) -> None:
         """Documents sent closed-loop: `concurrency` at a time, the next when one ends.
@@ -913,6 +956,7 @@ class Engine:
             request_id=plan.request_id, class_name=plan.class_name, intended_ns=intended,
             outcome=outcome, prompt_tokens_target=plan.prompt_tokens, max_tokens=plan.output_tokens,
             error=error, session_id=plan.session_id, turn=plan.turn,
+            model=plan.model or self.config.body_options.model,
         )  # fmt: skip
 
     def _arm(self, exchange: Exchange) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from loadgen.workload.datasets import load_dataset
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
@@ -45,9 +47,56 @@ def render_plan(
             f"(mean {rate:,.2f} req/s); nothing was sent"
         ),
     ]
+    parts.extend(Text(line) for line in source_lines(spec, plans))
     if show_schedule:
         parts.append(_schedule_table(plans))
     return Group(*parts)
+
+
+def source_lines(spec: WorkloadSpec, plans: Sequence[RequestPlan]) -> list[str]:
+    """Per class: its dataset (rows read, kept, dropped by reason, prompt and output length
+    distributions of the rows kept), its shared-prefix set and its model mix as planned."""
+    lines = []
+    for name, cls in spec.classes.items():
+        if cls.dataset is not None:
+            data = load_dataset(cls.dataset, spec.target.tokenizer, cls.output_from_dataset)
+            unit = "tokens" if spec.target.tokenizer else "words"
+            dropped = ", ".join(f"{n:,} {why}" for why, n in data.dropped.items())
+            lines.append(
+                f"{name}: dataset {Path(cls.dataset.path).name} ({cls.dataset.format}, "
+                f"turns: {cls.dataset.turns}): {data.rows:,} rows read, {len(data.kept):,} kept"
+                + (f" (dropped: {dropped})" if dropped else "")
+            )
+            prompts = [row.prompt_tokens for row in data.kept]
+            lines.append(f"  first-turn prompt {unit}: {_quantiles(prompts)}")
+            outputs = [row.output_tokens for row in data.kept if row.output_tokens is not None]
+            if outputs:
+                lines.append(f"  recorded output {unit}: {_quantiles(outputs)}")
+        if cls.shared_prefix is not None:
+            shared = cls.shared_prefix
+            lines.append(
+                f"{name}: {shared.groups:,} shared prefixes of "
+                f"{shared.shared_prefix_tokens:,} tokens, each request a fresh suffix"
+            )
+        if len(cls.models) > 1:
+            counts = Counter(p.model for p in plans if p.class_name == name)
+            total = sum(counts.values()) or 1
+            mix = ", ".join(f"{model} {counts[model] / total:.0%} ({counts[model]:,})"
+                            for model, _ in cls.models)  # fmt: skip
+            lines.append(f"{name}: models {mix}")
+    return lines
+
+
+def _quantiles(values: Sequence[int]) -> str:
+    """min / p50 / p90 / max and the mean of a list of lengths."""
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def q(p: float) -> int:
+        return ordered[min(n - 1, int(p * n))]
+
+    return (f"min {ordered[0]:,}, p50 {q(0.5):,}, p90 {q(0.9):,}, max {ordered[-1]:,}, "
+            f"mean {sum(ordered) / n:,.0f} (n={n:,})")  # fmt: skip
 
 
 def _class_cells(cls: ClassSpec, plans: Sequence[RequestPlan]) -> list[str]:
@@ -75,7 +124,7 @@ def _count_text(cls: ClassSpec, requests: int, starts: int) -> str:
         return f"{requests:,} docs, {cls.concurrency} at a time"
     if cls.kind == "agent":
         return f"{requests:,} in {starts:,} trajectories"
-    if cls.turns is not None:
+    if cls.is_flow:
         return f"{requests:,} in {starts:,} sessions"
     return f"{requests:,}"
 

@@ -29,6 +29,7 @@ from loadgen.results.summary import (
     ConnectionUse,
     FailureRankedStats,
     GeneratorHealth,
+    ModelAudit,
     SloAudit,
     Summary,
     Verdict,
@@ -80,6 +81,8 @@ def _class_table(summary: Summary) -> Table:
     table.add_column("SLO", no_wrap=True)
     for name, cls in summary.classes.items():
         table.add_row(*_class_row(name, cls, unit))
+        for model, part in (cls.models or {}).items():
+            table.add_row(*_model_row(model, part, unit))
     return table
 
 
@@ -87,6 +90,24 @@ def _shown_ms(cls: ClassAudit) -> list[float | None]:
     """The latencies a class's row shows (the table's unit fits them all)."""
     return [cls.ttft_ms.p50, cls.ttft_ms.p99, cls.ttft_ms_with_failures.p99, cls.tpot_ms.p50,
             cls.tpot_ms.p99, cls.itl_ms.p99, cls.e2e_ms.p99]  # fmt: skip
+
+
+def _model_row(model: str, part: ModelAudit, unit: str = "ms") -> list[RenderableType]:
+    """One model of a class's mix: its own requests against the class's targets."""
+    attainment = part.attainment
+    return [
+        Text(f"  └ {model}", style="dim"),
+        str(part.requests),
+        Text(str(part.failed), style="red" if part.failed else ""),
+        f"{fmt_in(part.ttft_ms.p50, unit)}/{fmt_in(part.ttft_ms.p99, unit)}",
+        "",
+        f"{fmt_in(part.tpot_ms.p50, unit)}/{fmt_in(part.tpot_ms.p99, unit)}",
+        fmt_in(part.itl_ms.p99, unit),
+        fmt_in(part.e2e_ms.p99, unit),
+        f"{attainment * 100:.1f}%" if attainment is not None else "—",
+        _rate(part.goodput.requests_per_s),
+        Text(_met_text(part.met), style=_met_style(part.met)),
+    ]
 
 
 def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableType]:
@@ -265,12 +286,21 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
             f"tools {split.tool:,.1f} s",
             style=_met_style(trajectory.met),
         ))  # fmt: skip
+    if trajectory and trajectory.per_hop:
+        lines.append(Text(f"  {name} per hop (context tokens sent · TTFT p50 ms): " + ", ".join(
+            f"{hop}: {_tokens(h.prompt_tokens_mean)} · {fmt_ms(h.ttft_ms.p50)}"
+            for hop, h in trajectory.per_hop.items()
+        )))  # fmt: skip
     if sessions := cls.sessions:
         lines.append(Text(
             f"  {name} sessions: {sessions.sessions} ({sessions.completed} with every "
             f"turn ok), {sessions.turns} turns",
         ))  # fmt: skip
     return lines
+
+
+def _tokens(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
 
 
 def _met_text(met: bool | None) -> str:

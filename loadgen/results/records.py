@@ -110,6 +110,7 @@ class RequestRecord:
     # its setup is inside its latency), warm (opened before t0) or reused (kept alive);
     # None when it was never written.
     connection: str | None = None
+    model: str | None = None  # the model (or LoRA adapter) the request named
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -144,6 +145,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "finish_reason": pl.String(),
     "stopped_early": pl.Boolean(),
     "connection": pl.String(),
+    "model": pl.String(),
 }
 
 

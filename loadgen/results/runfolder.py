@@ -35,7 +35,9 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 8  # 8: summary.json cost, run.json options.price_per_hour/replicas (with a price)
+SCHEMA_VERSION = 9  # 9: records' model column; summary classes.*.models (a model mix) and
+# trajectory.per_hop; run.json spec classes' dataset, prompt sets, models and agent context
+# (8: summary.json cost, run.json options.price_per_hour/replicas (with a price))
 # (7: records connection, run.json connections, summary connections)
 # (6: summary classes.*.stream_ends, generator.requested_rate_per_s; records
 # request_id_sent, finish_reason, stopped_early; run.json target request_id_header/_format)

@@ -181,6 +181,19 @@ class TimeSplit:
     tool: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HopStats:
+    """One hop index of a class's trajectories, over its ok requests: the context it sent
+    (`prompt_tokens`: counted by the client, `server_prompt_tokens`: the server's usage)
+    and its TTFT, so prefill growth and cache effects show hop by hop."""
+
+    requests: int
+    prompt_tokens_mean: float | None
+    prompt_tokens_max: int | None
+    server_prompt_tokens_mean: float | None
+    ttft_ms: DurationStats
+
+
 NO_DURATIONS = DurationStats(p50=None, p90=None, p99=None, count=0)
 NO_TIME = TimeSplit(ttft=0.0, decode=0.0, tool=0.0)
 
@@ -208,6 +221,7 @@ class TrajectoryAudit:
     duration_s: DurationStats = field(default=NO_DURATIONS, metadata=NO_TRAJECTORIES)
     per_hop_ms: Mapping[str, DurationStats] = field(default_factory=dict, metadata=NO_TRAJECTORIES)
     time_split_s: TimeSplit = field(default=NO_TIME, metadata=NO_TRAJECTORIES)
+    per_hop: Mapping[str, HopStats] = field(default_factory=dict, metadata=NO_TRAJECTORIES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +232,24 @@ class SessionsAudit:
     completed: int
     turns: int
     turns_per_session_mean: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelAudit:
+    """One model's (or LoRA adapter's) share of a class with a model mix: its requests,
+    latency stats, attainment against the class's thresholds, goodput and whether its own
+    requests met the class's percentile targets (`met`)."""
+
+    requests: int
+    failed: int
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    e2e_ms: LatencyStats
+    itl_ms: LatencyStats
+    output_tokens: OutputTokens
+    attainment: float | None
+    met: bool | None
+    goodput: Goodput
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +278,8 @@ class ClassAudit:
     trajectory: TrajectoryAudit | None = field(default=None, metadata=OMIT_NONE)
     sessions: SessionsAudit | None = field(default=None, metadata=OMIT_NONE)
     stream_ends: StreamEnds = field(default_factory=StreamEnds)
+    # a class whose requests named more than one model: one block per model, by name
+    models: Mapping[str, ModelAudit] | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def failed(self) -> int:

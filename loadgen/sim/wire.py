@@ -164,15 +164,19 @@ def count_words(text: str) -> int:
 
 
 def content_words(content: object) -> int:
-    """Words of a message content: a string, or a list of parts with a "text" string."""
+    """Words of a message content: a string, or a list of parts with a "text" string (or
+    an Anthropic `tool_result` part's own content)."""
     if isinstance(content, str):
         return count_words(content)
     if isinstance(content, list):
         return sum(
-            count_words(part["text"])
+            count_words(part["text"]) if isinstance(part.get("text"), str)
+            # an Anthropic tool_result block: its content is a string or a list of parts
+            else content_words(part.get("content")) if part.get("type") == "tool_result"
+            else 0
             for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
+            if isinstance(part, dict)
+        )  # fmt: skip
     return 0
 
 

@@ -8,7 +8,7 @@
   resolved spec leaving out what a nightly job varies without changing the traffic's
   shape: the seed, the run length (every class's `requests` and `duration_s`, what
   `--requests`/`--duration` set), the target URL, and where the files lie (the workload's
-  path; a trace or tokenizer file counts by its file name). Everything else is in: arrival
+  path; a trace, dataset or tokenizer file counts by its file name). Everything else is in: arrival
   processes and their rates (so `--rate 3x` is another workload), lengths, SLOs,
   deadlines, API, model, the built-in simulator's profile, and `--max-in-flight`. Settings
   at their default are left out before hashing, so a loadgen upgrade that adds a setting
@@ -38,7 +38,7 @@ _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
 _NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
                 ("TargetSpec", "url"), ("TargetSpec", "request_id_header"),
                 ("TargetSpec", "request_id_format")}  # fmt: skip
-_BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer")}
+_BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer"), ("DatasetSpec", "path")}
 
 
 def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:

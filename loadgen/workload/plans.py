@@ -22,11 +22,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from loadgen.errors import ConfigError
+from loadgen.workload.agent_traces import TraceTrajectory, load_agent_trace
 from loadgen.workload.arrivals import Arrival, class_rng, class_times_s, trace_requests
+from loadgen.workload.datasets import Conversation, counter_for, load_dataset, sample_rows
 from loadgen.workload.inputs import MIB, size_text
 from loadgen.workload.spec import (
     MAX_SPAN_S,
@@ -57,6 +60,15 @@ class RequestPlan:
     delay_s: float = 0.0  # think or tool time after the previous turn/hop ends
     priority: int | None = None
     prefix_groups: tuple[int, ...] = ()  # shared 512-token prefix blocks (trace replay)
+    # The text to send, when it is not generated words: a dataset row's messages (a
+    # single request: the whole prompt; a session's turn: its new messages), shared with
+    # every plan of that row. `recorded_answer`: the dataset's answer to this turn.
+    messages: tuple[tuple[str, str], ...] = ()
+    recorded_answer: str | None = None
+    shared_prefix: tuple[int, int] | None = None  # (group, prefix tokens): `prompt:` sets
+    model: str | None = None  # the class's model (mix) for this request; None: target.model
+    tool_result_tokens: int = 0  # agents: the tool result that follows this hop's answer
+    branch: int | None = None  # agents: the sub-agent branch of a fan-out hop
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +83,11 @@ class Flow:
     system_prompt_tokens: int = 0  # sessions: the class's shared system prompt
     budget_s: float | None = None  # trajectories: the whole trajectory's deadline
     concurrency: int = 1  # batches: documents in flight at once
+    history: str = "model"  # sessions from a dataset: "recorded" answers, or the model's
+    grow: bool = True  # trajectories: each hop carries the whole trajectory so far
+    context_max_tokens: int | None = None  # trajectories: the context cap
+    context_overflow: str = "drop_oldest"  # or "summarize"
+    summary_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +155,7 @@ def plan_work(spec: WorkloadSpec, seed: int | None = None) -> Work:
     run_seed = spec.seed if seed is None else seed
     starts: list[_Start] = []
     for index, cls in enumerate(spec.classes.values()):
-        starts.extend(_class_starts(cls, index, run_seed, spec.source))
+        starts.extend(_class_starts(cls, index, run_seed, spec.source, spec.target.tokenizer))
     starts.sort(key=lambda s: (s.time_ns, s.class_index))
     work = Work()
     next_id = 0
@@ -206,20 +223,26 @@ def _lengths(cls: ClassSpec, count: int, seed: int) -> tuple[np.ndarray, np.ndar
     )
 
 
-def _class_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> list[_Start]:
+def _class_starts(
+    cls: ClassSpec, class_index: int, seed: int, source: str, tokenizer: str | None = None
+) -> list[_Start]:  # fmt: skip
     if cls.concurrency is not None:
-        return [_batch_start(cls, class_index, seed)]
+        return [_batch_start(cls, class_index, seed, tokenizer)]
+    if is_agent_trace(cls):
+        return _agent_trace_starts(cls, class_index, seed, source)
     times_s = class_times_s(cls, seed)
     if times_s.size:
         _check_span(source, cls.name, float(times_s.max()))
     times_ns = np.round(times_s * NS_PER_S).astype(np.int64)
+    if cls.dataset is not None and cls.dataset.turns == "all":
+        return _dataset_sessions(cls, class_index, times_ns, seed, tokenizer)
     if cls.turns is None and cls.kind != "agent":
         prompt, output = _lengths(cls, len(times_ns), seed)
-        prefixes: list[tuple[int, ...]] = [()] * len(times_ns)
-        if cls.arrival.process == "trace":
-            prefixes = shared_prefix_groups(trace_requests(cls, seed)[: len(times_ns)])
-        return [_single_start(cls, class_index, int(t), int(p), int(o), g)
-                for t, p, o, g in zip(times_ns, prompt, output, prefixes, strict=True)]  # fmt: skip
+        extras = _extras(cls, len(times_ns), seed, tokenizer, prompt, output)
+        return [
+            _single_start(cls, class_index, int(t), int(p), int(o), extra)
+            for t, p, o, extra in zip(times_ns, prompt, output, extras, strict=True)
+        ]
     rng = class_rng(seed, cls.name, "flows")
     counts_dist = cls.turns if cls.turns is not None else cls.hops
     assert counts_dist is not None
@@ -229,26 +252,235 @@ def _class_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> l
     delays = sample_seconds(
         cls.think_time_s if cls.kind != "agent" else cls.tool_time_s, total, rng
     )
+    tools = _tool_results(cls, total, seed)
+    models = _models(cls, len(times_ns), seed)
     starts, offset = [], 0
-    for t, n in zip(times_ns, counts, strict=True):
+    for t, n, model in zip(times_ns, counts, models, strict=True):
         n = int(n)
         chunk = slice(offset, offset + n)
-        starts.append(
-            _flow_start(cls, class_index, int(t), prompt[chunk], output[chunk], delays[chunk])
-        )
+        starts.append(_flow_start(cls, class_index, int(t), prompt[chunk], output[chunk],
+                                  delays[chunk], tools[chunk], model))  # fmt: skip
         offset += n
     return starts
 
 
+def is_agent_trace(cls: ClassSpec) -> bool:
+    """True for an agent class replaying recorded trajectories (`format: agent`)."""
+    trace = cls.arrival.trace
+    return trace is not None and trace.format == "agent"
+
+
+def agent_trajectories(cls: ClassSpec) -> list[TraceTrajectory]:
+    """The trajectories an agent trace class replays: its window (on start times), limit."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    chosen = [t for t in load_agent_trace(trace.path) if t.start_s >= trace.start_s
+              and (trace.end_s is None or t.start_s < trace.end_s)]  # fmt: skip
+    return chosen[: trace.limit] if trace.limit is not None else chosen
+
+
+def _agent_trace_starts(cls: ClassSpec, class_index: int, seed: int, source: str) -> list[_Start]:
+    """One growing trajectory per recorded one, at its start (÷ speed, from the window's
+    start), hops after the recorded tool times; each hop's answer the recorded length."""
+    trace = cls.arrival.trace
+    assert trace is not None
+    if trace.rate_scale != 1:
+        raise ConfigError(source, f"classes.{cls.name}.arrival", "an agent trace replays each "
+                          "recorded trajectory once: it cannot be rate-scaled",
+                          "scale it in time with speed (--rate and capacity searches "
+                          "scale rates)")  # fmt: skip
+    trajectories = agent_trajectories(cls)
+    models = _models(cls, len(trajectories), seed)
+    starts = []
+    for recorded, model in zip(trajectories, models, strict=True):
+        start_s = cls.arrival.start_s + (recorded.start_s - trace.start_s) / trace.speed
+        _check_span(source, cls.name, start_s)
+        starts.append(_recorded_start(cls, class_index, round(start_s * NS_PER_S), recorded,
+                                      model, trace.speed))  # fmt: skip
+    return starts
+
+
+def _recorded_start(
+    cls: ClassSpec, class_index: int, t_ns: int, recorded: TraceTrajectory, model: str | None,
+    speed: float,
+) -> _Start:  # fmt: skip
+    tools = recorded.tool_results()
+    size = sum(len(calls) for calls in recorded.hops)
+
+    def make(first_id: int) -> Flow:
+        plans, earliest, request_id = [], t_ns, first_id
+        for hop, calls in enumerate(recorded.hops):
+            delay = 0.0 if hop == 0 else recorded.hops[hop - 1][0].tool_s / speed
+            earliest += int(delay * NS_PER_S)
+            for branch, call in enumerate(calls):
+                plans.append(RequestPlan(
+                    request_id=request_id, class_name=cls.name, intended_ns=earliest,
+                    prompt_tokens=call.input_tokens, output_tokens=call.output_tokens,
+                    deadlines=cls.deadlines, session_id=first_id, turn=hop, delay_s=delay,
+                    priority=cls.priority, model=model, tool_result_tokens=tools[hop],
+                    branch=branch if len(calls) > 1 else None,
+                ))  # fmt: skip
+                request_id += 1
+        context = cls.context
+        return Flow(
+            kind="trajectory", class_name=cls.name, session_id=first_id, start_ns=t_ns,
+            plans=tuple(plans), system_prompt_tokens=cls.system_prompt_tokens,
+            budget_s=cls.trajectory_budget_s, grow=context.grow,
+            context_max_tokens=context.max_tokens, context_overflow=context.overflow,
+            summary_tokens=context.summary_tokens,
+        )  # fmt: skip
+
+    return _Start(t_ns, class_index, size, make)
+
+
+DEFAULT_TOOL_RESULT = LengthDist(dist="fixed", value=100)  # tokens, when the class gives none
+
+
+def _tool_results(cls: ClassSpec, count: int, seed: int) -> np.ndarray:
+    """Tokens of each hop's tool result (growing agents only; zeros otherwise)."""
+    if cls.kind != "agent" or not cls.context.grow:
+        return np.zeros(count, dtype=np.int64)
+    dist = cls.tool_result_tokens or DEFAULT_TOOL_RESULT
+    return sample_lengths(dist, count, class_rng(seed, cls.name, "tool_results"))
+
+
+def _models(cls: ClassSpec, count: int, seed: int) -> list[str | None]:
+    """Each request's (or flow's) model, drawn by the class's weights (seeded)."""
+    if not cls.models:
+        return [None] * count
+    if len(cls.models) == 1:
+        return [cls.models[0][0]] * count
+    weights = np.array([w for _, w in cls.models])
+    picks = class_rng(seed, cls.name, "models").choice(
+        len(weights), count, p=weights / weights.sum()
+    )
+    return [cls.models[int(i)][0] for i in picks]
+
+
+NO_EXTRAS: dict[str, object] = {}  # shared, never written to
+
+
+def _extras(
+    cls: ClassSpec, count: int, seed: int, tokenizer: str | None, prompt: np.ndarray,
+    output: np.ndarray,
+) -> list[dict[str, object]]:  # fmt: skip
+    """What a single request carries beyond its lengths: its trace prefix blocks, dataset
+    messages, shared-prefix group and model. Fills `prompt` (and, for `from_dataset`,
+    `output`) in place from the dataset's rows. A class with none of them shares one empty
+    mapping (a dict per request would add ~10 % to the plans' peak memory)."""
+    has_extras = (
+        bool(cls.models)
+        or cls.arrival.process == "trace"
+        or (cls.shared_prefix is not None or cls.dataset is not None)
+    )
+    if not has_extras:
+        return [NO_EXTRAS] * count
+    extras: list[dict[str, object]] = [{} for _ in range(count)]
+    for extra, model in zip(extras, _models(cls, count, seed), strict=True):
+        if model is not None:
+            extra["model"] = model
+    if cls.arrival.process == "trace":
+        groups = shared_prefix_groups(trace_requests(cls, seed)[:count])
+        for extra, group in zip(extras, groups, strict=True):
+            extra["prefix_groups"] = group
+    if cls.shared_prefix is not None:
+        shared = cls.shared_prefix
+        rng = class_rng(seed, cls.name, "prefix_groups")
+        picks = rng.integers(0, shared.groups, count)
+        for i, extra in enumerate(extras):
+            extra["shared_prefix"] = (int(picks[i]), shared.shared_prefix_tokens)
+    if cls.dataset is not None:
+        data = load_dataset(cls.dataset, tokenizer, cls.output_from_dataset)
+        rows = sample_rows(data, cls.dataset, count, class_rng(seed, cls.name, "dataset"))
+        for i, (extra, row) in enumerate(zip(extras, rows, strict=True)):
+            extra["messages"] = first_messages(row)
+            prompt[i] = row.prompt_tokens
+            if cls.output_from_dataset and row.output_tokens is not None:
+                output[i] = row.output_tokens
+    return extras
+
+
+def first_messages(row: Conversation) -> tuple[tuple[str, str], ...]:
+    """The first request of a dataset row: its system prompt, then its first human turn."""
+    user = (("user", row.turns[0][0]),)
+    return ((("system", row.system), *user)) if row.system else user
+
+
+def _dataset_sessions(
+    cls: ClassSpec, class_index: int, times_ns: np.ndarray, seed: int, tokenizer: str | None
+) -> list[_Start]:  # fmt: skip
+    """`turns: all`: one session per arrival, replaying a sampled conversation's human
+    turns in order; each turn's output length is its recorded answer's (`from_dataset`)
+    or drawn from the class's distribution."""
+    assert cls.dataset is not None
+    data = load_dataset(cls.dataset, tokenizer, cls.output_from_dataset)
+    rows = sample_rows(data, cls.dataset, len(times_ns), class_rng(seed, cls.name, "dataset"))
+    count = counter_for(tokenizer)
+    total = sum(len(row.turns) for row in rows)
+    drawn = sample_lengths(cls.output_tokens, total, class_rng(seed, cls.name, "lengths"))
+    delays = sample_seconds(cls.think_time_s, total, class_rng(seed, cls.name, "flows"))
+    models = _models(cls, len(times_ns), seed)
+    starts, offset = [], 0
+    for t, row, model in zip(times_ns, rows, models, strict=True):
+        n = len(row.turns)
+        turns = []
+        for k, (user, answer) in enumerate(row.turns):
+            messages = first_messages(row) if k == 0 else (("user", user),)
+            output = int(drawn[offset + k])
+            if cls.output_from_dataset and answer is not None:
+                output = max(1, count(answer)) if k else (row.output_tokens or output)
+            prompt = row.prompt_tokens if k == 0 else count(user)
+            turns.append((messages, answer, prompt, output, float(delays[offset + k])))
+        starts.append(_dataset_flow_start(cls, class_index, int(t), turns, model))
+        offset += n
+    return starts
+
+
+def _dataset_flow_start(
+    cls: ClassSpec, class_index: int, t_ns: int,
+    turns: list[tuple[tuple[tuple[str, str], ...], str | None, int, int, float]],
+    model: str | None,
+) -> _Start:  # fmt: skip
+    assert cls.dataset is not None
+    history = cls.dataset.history
+
+    def make(first_id: int) -> Flow:
+        plans, earliest = [], t_ns
+        for turn, (messages, answer, prompt, output, delay) in enumerate(turns):
+            delay = 0.0 if turn == 0 else delay
+            earliest += int(delay * NS_PER_S)
+            plans.append(RequestPlan(
+                request_id=first_id + turn, class_name=cls.name, intended_ns=earliest,
+                prompt_tokens=prompt, output_tokens=output, deadlines=cls.deadlines,
+                session_id=first_id, turn=turn, delay_s=delay, priority=cls.priority,
+                messages=messages, recorded_answer=answer, model=model,
+            ))  # fmt: skip
+        return Flow(kind="session", class_name=cls.name, session_id=first_id, start_ns=t_ns,
+                    plans=tuple(plans), history=history)  # fmt: skip
+
+    return _Start(t_ns, class_index, len(turns), make)
+
+
 def _single_start(
     cls: ClassSpec, class_index: int, t_ns: int, prompt: int, output: int,
-    prefix_groups: tuple[int, ...] = (),
+    extra: dict[str, object] | None = None,
 ) -> _Start:  # fmt: skip
+    if not extra:  # the common case, kept as small as it was: no mapping held per request
+
+        def plain(request_id: int) -> RequestPlan:
+            return RequestPlan(
+                request_id=request_id, class_name=cls.name, intended_ns=t_ns,
+                prompt_tokens=prompt, output_tokens=output, deadlines=cls.deadlines,
+                priority=cls.priority,
+            )  # fmt: skip
+
+        return _Start(t_ns, class_index, 1, plain)
+    more: dict[str, Any] = extra
+
     def make(request_id: int) -> RequestPlan:
         return RequestPlan(
             request_id=request_id, class_name=cls.name, intended_ns=t_ns, prompt_tokens=prompt,
-            output_tokens=output, deadlines=cls.deadlines, priority=cls.priority,
-            prefix_groups=prefix_groups,
+            output_tokens=output, deadlines=cls.deadlines, priority=cls.priority, **more,
         )  # fmt: skip
 
     return _Start(t_ns, class_index, 1, make)
@@ -256,34 +488,44 @@ def _single_start(
 
 def _flow_start(
     cls: ClassSpec, class_index: int, t_ns: int, prompt: np.ndarray, output: np.ndarray,
-    delays: np.ndarray,
+    delays: np.ndarray, tools: np.ndarray, model: str | None,
 ) -> _Start:  # fmt: skip
     kind = "trajectory" if cls.kind == "agent" else "session"
+    fanout = cls.fanout if kind == "trajectory" else None
+    branches = fanout.branches if fanout is not None and fanout.at_hop < len(prompt) else 1
 
     def make(first_id: int) -> Flow:
-        plans, earliest = [], t_ns
+        plans, earliest, request_id = [], t_ns, first_id
         for turn in range(len(prompt)):
             delay = 0.0 if turn == 0 else float(delays[turn])
             earliest += int(delay * NS_PER_S)
-            plans.append(RequestPlan(
-                request_id=first_id + turn, class_name=cls.name, intended_ns=earliest,
-                prompt_tokens=int(prompt[turn]), output_tokens=int(output[turn]),
-                deadlines=cls.deadlines, session_id=first_id, turn=turn, delay_s=delay,
-                priority=cls.priority,
-            ))  # fmt: skip
+            fan = branches if fanout is not None and turn == fanout.at_hop else 1
+            for branch in range(fan):
+                plans.append(RequestPlan(
+                    request_id=request_id, class_name=cls.name, intended_ns=earliest,
+                    prompt_tokens=int(prompt[turn]), output_tokens=int(output[turn]),
+                    deadlines=cls.deadlines, session_id=first_id, turn=turn, delay_s=delay,
+                    priority=cls.priority, model=model, tool_result_tokens=int(tools[turn]),
+                    branch=branch if fan > 1 else None,
+                ))  # fmt: skip
+                request_id += 1
+        context = cls.context
         return Flow(
             kind=kind, class_name=cls.name, session_id=first_id, start_ns=t_ns, plans=tuple(plans),
             system_prompt_tokens=cls.system_prompt_tokens, budget_s=cls.trajectory_budget_s,
+            grow=context.grow, context_max_tokens=context.max_tokens,
+            context_overflow=context.overflow, summary_tokens=context.summary_tokens,
         )  # fmt: skip
 
-    return _Start(t_ns, class_index, len(prompt), make)
+    return _Start(t_ns, class_index, len(prompt) + branches - 1, make)
 
 
-def _batch_start(cls: ClassSpec, class_index: int, seed: int) -> _Start:
+def _batch_start(cls: ClassSpec, class_index: int, seed: int, tokenizer: str | None) -> _Start:
     assert cls.requests is not None
     assert cls.concurrency is not None
     count = cls.requests
     prompt, output = _lengths(cls, count, seed)
+    extras = _extras(cls, count, seed, tokenizer, prompt, output)
     t_ns = round(cls.arrival.start_s * NS_PER_S)
 
     def make(first_id: int) -> Flow:
@@ -292,6 +534,7 @@ def _batch_start(cls: ClassSpec, class_index: int, seed: int) -> _Start:
                 request_id=first_id + i, class_name=cls.name, intended_ns=t_ns,
                 prompt_tokens=int(prompt[i]), output_tokens=int(output[i]),
                 deadlines=cls.deadlines, session_id=first_id, turn=i, priority=cls.priority,
+                **extras[i],  # type: ignore[arg-type]  # RequestPlan's own optional fields
             )
             for i in range(count)
         )  # fmt: skip
@@ -342,7 +585,7 @@ def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstima
     run_seed = spec.seed if seed is None else seed
     counts, tokens = [], []
     for cls in spec.classes.values():
-        count, mean_tokens = _expected_class(cls, run_seed)
+        count, mean_tokens = _expected_class(cls, run_seed, spec.target.tokenizer)
         counts.append(count)
         tokens.append(count * mean_tokens)
     requests = sum(counts)
@@ -352,8 +595,12 @@ def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstima
                           bytes=round(requests * per_request))  # fmt: skip
 
 
-def _expected_class(cls: ClassSpec, seed: int) -> tuple[float, float]:
+def _expected_class(cls: ClassSpec, seed: int, tokenizer: str | None) -> tuple[float, float]:
     """Expected requests of a class and their mean output tokens."""
+    if is_agent_trace(cls):
+        trajectories = agent_trajectories(cls)
+        calls = [c for t in trajectories for hop in t.hops for c in hop]
+        return float(len(calls)), sum(c.output_tokens for c in calls) / max(1, len(calls))
     if cls.arrival.process == "trace":
         return _expected_trace(cls, seed)
     if cls.requests is not None:
@@ -362,7 +609,23 @@ def _expected_class(cls: ClassSpec, seed: int) -> tuple[float, float]:
         starts = (cls.arrival.mean_rate_per_s or 0.0) * (cls.duration_s or 0.0)
     flows = cls.turns if cls.turns is not None else cls.hops
     if cls.concurrency is None and flows is not None:
-        starts *= _clamped_mean(flows)
+        extra = starts * (cls.fanout.branches - 1) if cls.fanout is not None else 0.0
+        starts = starts * _clamped_mean(flows) + extra  # a fan-out hop's extra branches
+    if cls.dataset is not None:
+        return _expected_dataset(cls, starts, tokenizer)
+    return starts, _clamped_mean(cls.output_tokens)
+
+
+def _expected_dataset(cls: ClassSpec, starts: float, tokenizer: str | None) -> tuple[float, float]:
+    """A dataset class: sessions times the mean turns (`turns: all`); the recorded output
+    lengths' mean (`from_dataset`)."""
+    assert cls.dataset is not None
+    data = load_dataset(cls.dataset, tokenizer, cls.output_from_dataset)
+    if cls.dataset.turns == "all":
+        starts *= sum(len(row.turns) for row in data.kept) / len(data.kept)
+    outputs = [row.output_tokens for row in data.kept if row.output_tokens is not None]
+    if cls.output_from_dataset and outputs:
+        return starts, sum(outputs) / len(outputs)
     return starts, _clamped_mean(cls.output_tokens)
 
 

@@ -197,6 +197,7 @@ def prompt_text(seed: int, request_id: int, tokens: int) -> str:
     return " ".join(rng.choices(WORDS, k=max(1, tokens)))
 
 
+SHARED_PREFIX_KEY = -2_000_000_000  # seeds the `prompt:` sets' prefixes apart from requests
 PREFIX_BLOCK_TOKENS = 512  # a trace's shared prefix block (Mooncake's hash_ids block size)
 
 
@@ -224,6 +225,16 @@ class PromptMaker:
         """`tokens` tokens of text for this request (shared prefix blocks first, if any)."""
         text = prompt_with_prefix(self.seed, request_id, tokens, groups)
         return text if self.tokenizer is None else self._fit(text, tokens, request_id)
+
+    def shared(self, request_id: int, group: int, prefix_tokens: int, tokens: int) -> str:
+        """`tokens` tokens: group `group`'s shared prefix of `prefix_tokens`, the same for
+        every request of the group, then this request's own suffix (`prompt:` sets)."""
+        prefix = prompt_text(self.seed, SHARED_PREFIX_KEY - group, prefix_tokens)
+        suffix = prompt_text(self.seed, request_id, max(1, tokens - prefix_tokens))
+        if self.tokenizer is not None:
+            prefix = self._fit(prefix, prefix_tokens, SHARED_PREFIX_KEY - group)
+            suffix = self._fit(suffix, max(1, tokens - prefix_tokens), request_id)
+        return f"{prefix} {suffix}"
 
     def count(self, text: str) -> int:
         """Tokens in `text`: by the tokenizer when there is one, else words."""

@@ -33,8 +33,12 @@ from loadgen.workload.inputs import (
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
-TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain")
+TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "plain", "agent")
 LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
+DATASET_FORMATS = ("sharegpt", "jsonl", "json", "csv", "parquet", "openai-batch")
+DATASET_SAMPLES = ("random", "sequential")
+CONTEXT_OVERFLOW = ("drop_oldest", "summarize")
+MAX_MODELS = 1_000  # models (or LoRA adapters) in one class's mix
 
 # Sane ranges: past these a plan is a typo, an overflow (ns since t0 are int64) or a plan
 # no host can hold. Each limit's reason is printed with the error.
@@ -228,6 +232,73 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetSpec:
+    """Prompts from a local file (`loadgen.workload.datasets`); nothing is downloaded.
+
+    `turns: first` sends each conversation's first human turn (with any system prompt);
+    `turns: all` replays its human turns in order as a session, each carrying the
+    conversation so far, whose assistant turns are the model's real answers (`history:
+    model`) or the recorded ones (`history: recorded`). Length filters count tokens with
+    `target.tokenizer` when it is given, else words.
+    """
+
+    path: str  # resolved relative to the workload file
+    format: str
+    prompt_field: str | None = None  # None: the first of prompt, text_input, text
+    messages_field: str | None = None  # None: messages
+    answer_field: str | None = None  # None: the first of completion, response, output
+    output_tokens_field: str | None = None  # None: the first of output_tokens, output_length
+    sample: str = "random"
+    replacement: bool = False
+    limit: int | None = None  # rows read (after the file's order), before the filters
+    min_prompt_tokens: int = 1
+    max_prompt_tokens: int = MAX_TOKENS
+    min_output_tokens: int = 1
+    max_output_tokens: int = MAX_TOKENS
+    turns: str = "first"  # first | all
+    history: str = "model"  # model | recorded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedPrefixSpec:
+    """G groups of P shared tokens; each request is one group's prefix then a fresh suffix.
+
+    As vLLM's `prefix_repetition` and SGLang's `generated-shared-prefix` datasets: a
+    server with prefix caching prefills only the suffix once a group's prefix is cached.
+    The group of each request is drawn uniformly (seeded).
+    """
+
+    shared_prefix_tokens: int
+    groups: int
+    suffix_tokens: LengthDist
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextSpec:
+    """How an agent's context grows from hop to hop.
+
+    `grow` (the default): each hop carries the whole trajectory so far (the task, every
+    earlier answer as an assistant tool call and its tool result). With `max_tokens`, the
+    oldest hops are dropped (`drop_oldest`), or replaced by one summary message of
+    `summary_tokens` (`summarize`), until the context fits. `grow: false` is the older
+    model: every hop is the fixed context plus the previous hop's answer.
+    """
+
+    grow: bool = True
+    max_tokens: int | None = None
+    overflow: str = "drop_oldest"
+    summary_tokens: int = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanoutSpec:
+    """At hop `at_hop` (0-based), `branches` sub-agent requests run at once, then join."""
+
+    at_hop: int
+    branches: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClassSpec:
     """One workload class: how requests arrive, how big they are, and what they must meet."""
 
@@ -255,11 +326,24 @@ class ClassSpec:
     # and a completion deadline for the whole batch.
     concurrency: int | None = None
     batch_deadline_s: float | None = None
+    # real traffic (#17): prompts from a dataset, shared prefixes, a model mix, agent context.
+    dataset: DatasetSpec | None = None
+    output_from_dataset: bool = False  # output_tokens: from_dataset (the recorded answer)
+    shared_prefix: SharedPrefixSpec | None = None
+    models: tuple[tuple[str, float], ...] = ()  # (name, weight); () = target.model
+    tool_result_tokens: LengthDist | None = None  # agents: the tool message after each hop
+    context: ContextSpec = field(default_factory=ContextSpec)
+    fanout: FanoutSpec | None = None
 
     @property
     def is_flow(self) -> bool:
         """True when requests depend on each other (sessions, trajectories, closed loop)."""
-        return self.turns is not None or self.kind == "agent" or self.concurrency is not None
+        return (
+            self.turns is not None
+            or self.kind == "agent"
+            or self.concurrency is not None
+            or (self.dataset is not None and self.dataset.turns == "all")
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -652,11 +736,12 @@ def _local_path(node: _Node, key: str) -> str:
 KIND_KEYS = {
     "chat": ("turns", "think_time_s", "system_prompt_tokens"),
     "summarization": ("concurrency", "batch_deadline_s"),
-    "agent": ("hops", "tool_time_s", "trajectory_budget_s"),
-}
+    "agent": ("hops", "tool_time_s", "trajectory_budget_s", "tool_result_tokens", "context",
+              "fanout", "system_prompt_tokens"),
+}  # fmt: skip
 COMMON_CLASS_KEYS = (
     "kind", "arrival", "requests", "duration_s", "prompt_tokens", "output_tokens", "slo",
-    "deadlines", "priority", "limits",
+    "deadlines", "priority", "limits", "dataset", "prompt", "model", "models",
 )  # fmt: skip
 
 
@@ -679,7 +764,10 @@ def _class(node: _Node, name: str) -> ClassSpec:
     )  # fmt: skip
     if concurrency is not None and not has_requests:
         raise node.error("requests", "a closed-loop batch (concurrency) needs 'requests' documents")
-    if arrival.process == "trace" and (kind == "agent" or node.has("turns") or concurrency):
+    agent_trace = arrival.trace is not None and arrival.trace.format == "agent"
+    if agent_trace:
+        _check_agent_trace(node, kind, arrival)
+    elif arrival.process == "trace" and (kind == "agent" or node.has("turns") or concurrency):
         what = "turns" if node.has("turns") else "concurrency" if concurrency else "kind: agent"
         raise node.error(
             "arrival.process", f"a trace cannot drive {what}: each trace row is one request",
@@ -693,6 +781,10 @@ def _class(node: _Node, name: str) -> ClassSpec:
     turns, think, hops, tool = (
         optional(k) for k in ("turns", "think_time_s", "hops", "tool_time_s")
     )
+    dataset = _dataset(node.child("dataset")) if node.has("dataset") else None
+    shared_prefix = _shared_prefix(node.child("prompt")) if node.has("prompt") else None
+    from_dataset = node.value.get("output_tokens") == "from_dataset"
+    _check_sources(node, kind, arrival, dataset, shared_prefix, from_dataset)
     return ClassSpec(
         name=name,
         kind=kind,
@@ -705,9 +797,9 @@ def _class(node: _Node, name: str) -> ClassSpec:
             if node.has("duration_s")
             else sum(d for _, d in arrival.steps) if has_duration else None
         ),
-        prompt_tokens=_length(node.child("prompt_tokens")) if node.has("prompt_tokens") or
-        arrival.process != "trace" else LengthDist(dist="fixed", value=1),
-        output_tokens=_length(node.child("output_tokens")) if node.has("output_tokens") or
+        prompt_tokens=_prompt_lengths(node, arrival, dataset, shared_prefix),
+        output_tokens=LengthDist(dist="fixed", value=1) if from_dataset
+        else _length(node.child("output_tokens")) if node.has("output_tokens") or
         arrival.process != "trace" else LengthDist(dist="fixed", value=1),
         slo=_slo(node.child("slo") if node.has("slo") else empty),
         deadlines=_deadlines(
@@ -725,10 +817,200 @@ def _class(node: _Node, name: str) -> ClassSpec:
         trajectory_budget_s=_optional_number(node, "trajectory_budget_s"),
         concurrency=concurrency,
         batch_deadline_s=_optional_number(node, "batch_deadline_s"),
+        dataset=dataset,
+        output_from_dataset=from_dataset,
+        shared_prefix=shared_prefix,
+        models=_models(node),
+        tool_result_tokens=_length(node.child("tool_result_tokens"))
+        if node.has("tool_result_tokens") else None,
+        context=_context(node.child("context")) if node.has("context") else ContextSpec(),
+        fanout=_fanout(node, hops) if node.has("fanout") else None,
     )  # fmt: skip
 
 
 DEFAULT_HOPS = LengthDist(dist="fixed", value=8)
+
+
+def _check_agent_trace(node: _Node, kind: str, arrival: ArrivalSpec) -> None:
+    """`format: agent` replays recorded trajectories: an agent class, whose hops and
+    fan-outs come from the trace; only speed, window_s and limit (trajectories) apply."""
+    if kind != "agent":
+        raise node.error("arrival.format", "an agent trace replays trajectories",
+                         "use it in a class with kind: agent")  # fmt: skip
+    for key in ("hops", "fanout"):
+        if node.has(key):
+            raise node.error(key, "the agent trace sets each trajectory's hops and fan-outs",
+                             f"remove '{key}'")  # fmt: skip
+    trace = arrival.trace
+    assert trace is not None
+    if trace.rate_scale != 1 or trace.spread_s or trace.include_failed:
+        raise node.error("arrival", "an agent trace replays each trajectory once, as recorded",
+                         "use speed, window_s and limit; drop rate_scale, spread_s and "
+                         "include_failed")  # fmt: skip
+
+
+def _check_sources(
+    node: _Node, kind: str, arrival: ArrivalSpec, dataset: DatasetSpec | None,
+    shared_prefix: SharedPrefixSpec | None, from_dataset: bool,
+) -> None:  # fmt: skip
+    """One source of prompts per class: lengths, a dataset, a shared-prefix set or a trace."""
+    if dataset is not None and shared_prefix is not None:
+        raise node.error("prompt", "a class takes its prompts from 'dataset' or 'prompt', "
+                         "not both", "give this class one of them")  # fmt: skip
+    given = dataset is not None or shared_prefix is not None
+    if given and node.has("prompt_tokens"):
+        source = "dataset" if dataset is not None else "prompt"
+        raise node.error("prompt_tokens", f"the prompts come from '{source}': prompt_tokens "
+                         "would be ignored", "remove prompt_tokens")  # fmt: skip
+    if given and arrival.process == "trace":
+        raise node.error(
+            "arrival.process",
+            "a trace brings its own prompt lengths",
+            "drop 'dataset'/'prompt', or give this class its own arrivals",
+        )
+    if from_dataset and dataset is None:
+        raise node.error(
+            "output_tokens",
+            "'from_dataset' needs a 'dataset'",
+            "add dataset: {path: ..., format: ...}, or give a distribution",
+        )
+    if dataset is not None and dataset.turns == "all" and (kind != "chat" or node.has("turns")):
+        raise node.error("dataset.turns", "'turns: all' replays each conversation as a "
+                         "chat session: the conversation sets the turns",
+                         "use kind: chat without 'turns:'")  # fmt: skip
+    if dataset is not None and kind == "agent":
+        raise node.error("dataset", "an agent's prompts are built from its trajectory",
+                         "replay a dataset in a chat or summarization class")  # fmt: skip
+
+
+def _prompt_lengths(
+    node: _Node, arrival: ArrivalSpec, dataset: DatasetSpec | None,
+    shared_prefix: SharedPrefixSpec | None,
+) -> LengthDist:  # fmt: skip
+    """The class's prompt length distribution (a dataset's is known only once it is read:
+    a placeholder of 1, never sampled)."""
+    if shared_prefix is not None:
+        suffix = shared_prefix.suffix_tokens
+        return replace(suffix, value=suffix.value + shared_prefix.shared_prefix_tokens,
+                       mean=suffix.mean + shared_prefix.shared_prefix_tokens,
+                       min=suffix.min + shared_prefix.shared_prefix_tokens,
+                       max=suffix.max + shared_prefix.shared_prefix_tokens)  # fmt: skip
+    if dataset is not None or (arrival.process == "trace" and not node.has("prompt_tokens")):
+        return LengthDist(dist="fixed", value=1)
+    return _length(node.child("prompt_tokens"))
+
+
+DATASET_KEYS = (
+    "path", "format", "prompt_field", "messages_field", "answer_field", "output_tokens_field",
+    "sample", "replacement", "limit", "prompt_tokens", "output_tokens", "turns", "history",
+)  # fmt: skip
+
+
+def _dataset(node: _Node) -> DatasetSpec:
+    node.allow(*DATASET_KEYS)
+    path = _local_path(node, "path")
+    size = Path(path).stat().st_size
+    if size > TRACE_MAX_BYTES:
+        raise node.error("path", f"dataset {path} is {size_text(size)}: over the "
+                         f"{size_text(TRACE_MAX_BYTES)} cap (a dataset is read whole)",
+                         "cut the rows you replay into a smaller file")  # fmt: skip
+    fields = {key: node.string(key) if node.has(key) else None
+              for key in ("prompt_field", "messages_field", "answer_field",
+                          "output_tokens_field")}  # fmt: skip
+    prompt_range = _token_range(node, "prompt_tokens")
+    output_range = _token_range(node, "output_tokens")
+    return DatasetSpec(
+        path=path,
+        format=node.string("format", choices=DATASET_FORMATS),
+        **fields,
+        sample=node.string("sample", "random", choices=DATASET_SAMPLES),
+        replacement=node.boolean("replacement", False),
+        limit=node.integer("limit", minimum=1, maximum=MAX_REQUESTS) if node.has("limit") else None,
+        min_prompt_tokens=prompt_range[0], max_prompt_tokens=prompt_range[1],
+        min_output_tokens=output_range[0], max_output_tokens=output_range[1],
+        turns=node.string("turns", "first", choices=("first", "all")),
+        history=node.string("history", "model", choices=("model", "recorded")),
+    )  # fmt: skip
+
+
+def _token_range(node: _Node, key: str) -> tuple[int, int]:
+    """A dataset filter `{min, max}` in tokens (words without a tokenizer)."""
+    if not node.has(key):
+        return 1, MAX_TOKENS
+    child = node.child(key)
+    child.allow("min", "max")
+    lo = child.integer("min", 1, minimum=1, maximum=MAX_TOKENS)
+    hi = child.integer("max", MAX_TOKENS, minimum=1, maximum=MAX_TOKENS)
+    if hi < lo:
+        raise child.error("max", f"must be >= min ({lo}), got {hi}")
+    return lo, hi
+
+
+def _shared_prefix(node: _Node) -> SharedPrefixSpec:
+    node.allow("shared_prefix_tokens", "groups", "suffix_tokens")
+    return SharedPrefixSpec(
+        shared_prefix_tokens=node.integer("shared_prefix_tokens", minimum=1, maximum=MAX_TOKENS),
+        groups=node.integer("groups", minimum=1, maximum=MAX_REQUESTS),
+        suffix_tokens=_length(node.child("suffix_tokens")),
+    )
+
+
+def _models(node: _Node) -> tuple[tuple[str, float], ...]:
+    """`model: name` or `models: [{name, weight}]` (weights relative, default 1)."""
+    if node.has("model") and node.has("models"):
+        raise node.error("models", "give 'model' or 'models', not both")
+    if node.has("model"):
+        return ((node.string("model"), 1.0),)
+    if not node.has("models"):
+        return ()
+    items = node.value["models"]
+    fix = "e.g. models: [{name: base, weight: 3}, {name: lora-a, weight: 1}]"
+    if not isinstance(items, list) or not items:
+        raise node.error("models", f"must be a non-empty list, got {_kind(items)}", fix)
+    if len(items) > MAX_MODELS:
+        raise node.error("models", f"at most {MAX_MODELS:,} models (got {len(items):,})")
+    result: list[tuple[str, float]] = []
+    for index, item in enumerate(items):
+        entry = _Node(node.source, node.key(f"models[{index}]"), item)
+        entry.allow("name", "weight")
+        name = entry.string("name")
+        if any(name == seen for seen, _ in result):
+            raise entry.error("name", f"model {name!r} is listed twice", "merge the weights")
+        result.append((name, entry.number("weight", 1.0, positive=True, maximum=1e12)))
+    return tuple(result)
+
+
+def _context(node: _Node) -> ContextSpec:
+    node.allow("grow", "max_tokens", "overflow", "summary_tokens")
+    spec = ContextSpec(
+        grow=node.boolean("grow", True),
+        max_tokens=node.integer("max_tokens", minimum=1, maximum=MAX_TOKENS)
+        if node.has("max_tokens") else None,
+        overflow=node.string("overflow", "drop_oldest", choices=CONTEXT_OVERFLOW),
+        summary_tokens=node.integer("summary_tokens", 200, minimum=1, maximum=MAX_TOKENS),
+    )  # fmt: skip
+    if spec.max_tokens is not None and not spec.grow:
+        raise node.error("max_tokens", "a fixed context (grow: false) has nothing to cap")
+    if (
+        spec.max_tokens is not None
+        and spec.overflow == "summarize"
+        and (spec.summary_tokens >= spec.max_tokens)
+    ):
+        raise node.error("summary_tokens", f"must be < max_tokens ({spec.max_tokens})")
+    return spec
+
+
+def _fanout(node: _Node, hops: _Node | None) -> FanoutSpec:
+    child = node.child("fanout")
+    child.allow("at_hop", "branches")
+    fanout = FanoutSpec(at_hop=child.integer("at_hop", minimum=0, maximum=MAX_TURNS),
+                        branches=child.integer("branches", minimum=2, maximum=1_000))  # fmt: skip
+    length = _length(hops, MAX_TURNS) if hops else DEFAULT_HOPS
+    fewest = length.value if length.dist == "fixed" else length.min
+    if fanout.at_hop >= fewest:
+        raise child.error("at_hop", f"must be < the fewest hops a trajectory has ({fewest})",
+                          "hops count from 0")  # fmt: skip
+    return fanout
 
 
 def _optional_number(node: _Node, key: str) -> float | None:

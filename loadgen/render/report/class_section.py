@@ -4,7 +4,7 @@ errors, figures and time windows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import polars as pl
 
@@ -28,6 +28,7 @@ from loadgen.results.summary import (
     ClassAudit,
     FailureRankedStats,
     LatencyStats,
+    ModelAudit,
     ServerTimings,
     SessionsAudit,
     SloAudit,
@@ -54,6 +55,8 @@ def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
         _percentile_table(cls),
         _tokens_table(cls, details),
     ]
+    if cls.models:
+        blocks.append(_models_table(cls.models))
     if cls.server_timings_ms.requests:
         blocks.append(_server_table(cls.server_timings_ms, cls))
     if details.top_errors:
@@ -109,7 +112,28 @@ def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
         (hop, num(v.p50, " ms"), num(v.p90, " ms"), num(v.p99, " ms"), str(v.count))
         for hop, v in trajectory.per_hop_ms.items()
     ])  # fmt: skip
-    return [summary, hops]
+    growth = Table("Per-hop context and TTFT (ok hops): prefill growth and cache effects",
+                   ("hop", "requests", "context tokens mean / max", "server prompt tokens",
+                    "TTFT p50", "TTFT p90"), [
+        (hop, str(h.requests), f"{num(h.prompt_tokens_mean)} / {num(h.prompt_tokens_max)}",
+         num(h.server_prompt_tokens_mean), num(h.ttft_ms.p50, " ms"), num(h.ttft_ms.p90, " ms"))
+        for hop, h in trajectory.per_hop.items()
+    ])  # fmt: skip
+    return [summary, hops, growth] if trajectory.per_hop else [summary, hops]
+
+
+def _models_table(models: Mapping[str, ModelAudit]) -> Table:
+    """Per model (or LoRA adapter) of a class's mix, against the class's targets."""
+    return Table("Per model (each model's requests against the class's targets)",
+                 ("model", "requests", "failed", "TTFT p50 / p99", "TPOT p50 / p99",
+                  "E2E p99", "attainment", "goodput", "targets"), [
+        (model, str(m.requests), str(m.failed),
+         f"{num(m.ttft_ms.p50, ' ms')} / {num(m.ttft_ms.p99, ' ms')}",
+         f"{num(m.tpot_ms.p50, ' ms')} / {num(m.tpot_ms.p99, ' ms')}",
+         num(m.e2e_ms.p99, " ms"), pct(m.attainment), num(m.goodput.requests_per_s, " req/s"),
+         met_word(m.met))
+        for model, m in models.items()
+    ])  # fmt: skip
 
 
 def _sessions_table(sessions: SessionsAudit) -> Table:
