@@ -131,6 +131,18 @@ _SECONDS = "simulated seconds (divided by --speed)"
 @click.option(
     "--close-after-stream", is_flag=True, help="Close the connection after each response."
 )
+@click.option(
+    "--prefix-cache-tokens",
+    type=int,
+    help="Prefix cache capacity: a prompt's leading blocks seen before are not prefilled "
+    "again and are reported as cached tokens; 0 = off.  [default: 0]",
+)
+@click.option("--prefix-block-tokens", type=int, help="Prefix cache block size.  [default: 16]")
+@click.option(
+    "--kv-capacity-tokens",
+    type=int,
+    help="KV-cache capacity that /metrics reports usage against.  [default: 262144]",
+)
 def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) -> None:
     """Serve a simulated streaming LLM whose timing follows a serving model, in every dialect.
 

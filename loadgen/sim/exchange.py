@@ -65,6 +65,7 @@ class Exchange(ExchangeLike):
         self._chunk_ns: list[int] = []
         self._received_ns = received_ns
         self._entered_ns = received_ns
+        self._cached, self._block_keys = server.prefix_lookup(http.body, request.prompt_tokens)
         self._format = api.format(
             FormatArgs(
                 request=request,
@@ -75,6 +76,7 @@ class Exchange(ExchangeLike):
                 tokens=tokens,
                 reasoning_tokens=self._reasoning,
                 finish_reason=finish_reason,
+                cached_tokens=self._cached,
             )
         )
         self._token_frame = self._format.token_frame
@@ -92,6 +94,7 @@ class Exchange(ExchangeLike):
             "status": 200,
             "outcome": "ok",
             "prompt_tokens": request.prompt_tokens,
+            "cached_tokens": self._cached,
             "output_tokens": 0,
             "reasoning_tokens": self._reasoning,
             "opening_ns": None,
@@ -125,6 +128,7 @@ class Exchange(ExchangeLike):
             priority=self._request.priority,
             stall_after_tokens=plan.stall_after,
             stall_ns=round(plan.stall_s * NS_PER_S),
+            cached_tokens=self._cached,
         )
         if not self._server.scheduler.submit(seq):
             self._fail(429, "the simulator's admission queue is full", "rejected")
@@ -195,6 +199,9 @@ class Exchange(ExchangeLike):
         record["outcome"] = outcome
         record["status"] = status
         record["output_tokens"] = self._emitted
+        if outcome == "ok":
+            success = self._server.counters.success
+            success[self._finish_reason] = success.get(self._finish_reason, 0) + 1
         self._server.trace.write(record)
 
     def _fail(self, status: int, message: str, outcome: str) -> None:
@@ -252,6 +259,7 @@ class Exchange(ExchangeLike):
         prefix = b""
         if n == 1:
             self.record["first_token_ns"] = perf_counter_ns()
+            self._prefilled()
             prefix = self._format.at_first(dialect.role, sent_early=self._sent_early)
         marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after)
         pending = n - self._pending_from + 1
@@ -269,6 +277,12 @@ class Exchange(ExchangeLike):
         else:
             self._slow_at = self._next_slow(n)
 
+    def _prefilled(self) -> None:
+        """The first token: the prompt is in the KV cache (counters, prefix cache)."""
+        self._server.on_first_token(
+            self._request.prompt_tokens, self._block_keys, self._received_ns
+        )
+
     def _next_slow(self, n: int) -> int:
         """The next token index that needs the slow path (phase changes, marks, the end)."""
         if self._dialect.tokens_per_chunk > 1 or n <= self._reasoning:
@@ -283,6 +297,7 @@ class Exchange(ExchangeLike):
         return StreamEnd(
             finish_reason=self._finish_reason,
             prompt_tokens=self._request.prompt_tokens,
+            cached_tokens=self._cached,
             output_tokens=self._tokens,
             reasoning_tokens=self._reasoning,
             received_ns=self._received_ns,
@@ -301,6 +316,7 @@ class Exchange(ExchangeLike):
         """Non-streaming: count tokens; answer (or fail) when the plan says so."""
         if n == 1:
             self.record["first_token_ns"] = perf_counter_ns()
+            self._prefilled()
         if self._fault_at(n):
             return
         if n >= self._tokens:
