@@ -21,6 +21,7 @@ from loadgen import __version__
 from loadgen.analysis import metrics
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
+from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.results.records import read_records
@@ -29,6 +30,7 @@ from loadgen.results.runfolder import (
     SLO_FIELDS,
     RunInfo,
     read_run_info,
+    read_server_metrics,
     write_summary,
 )
 from loadgen.results.summary import ClassAudit, Summary, TokensPerChunk
@@ -165,6 +167,7 @@ def audit_run(
         stopped=info.stop,
         lag_bound_ms=info.lag_bound_ms,
     )
+    summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return summary, frame, effective
 
 

@@ -99,6 +99,8 @@ class RequestRecord:
     session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
     turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
     server_timings: ServerTimings | None = None  # what the server reported, if it did
+    cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
+    server_request_id: str | None = None  # the response's `id`, else its x-request-id header
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -129,6 +131,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "turn": pl.Int32(),
     "first_reasoning_ns": pl.Int64(),
     "server_timings": SERVER_TIMINGS_DTYPE,
+    "cached_prompt_tokens": pl.Int64(),
+    "server_request_id": pl.String(),
 }
 
 

@@ -113,9 +113,9 @@ class AnthropicFormat:
             "stop_sequence": None,
             "usage": {
                 # Anthropic's input_tokens exclude the tokens read from the cache.
-                "input_tokens": args.request.prompt_tokens - args.cached_tokens,
+                "input_tokens": args.request.prompt_tokens - (args.cached_tokens or 0),
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": args.cached_tokens,
+                "cache_read_input_tokens": args.cached_tokens or 0,
                 "output_tokens": output_tokens,
             },
         }

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from loadgen.sim.engine import NS_PER_S, SeqRequest
 from loadgen.sim.faults import FaultPlan
 from loadgen.sim.protocol import Connection, ExchangeLike, HttpRequest
-from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame
+from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame, word
 
 if TYPE_CHECKING:
     from loadgen.sim.dialects import Api
@@ -65,7 +65,9 @@ class Exchange(ExchangeLike):
         self._chunk_ns: list[int] = []
         self._received_ns = received_ns
         self._entered_ns = received_ns
-        self._cached, self._block_keys = server.prefix_lookup(http.body, request.prompt_tokens)
+        self._cached, self._prompt_words, self._block_keys = server.prefix_lookup(
+            http.body, request.prompt_tokens
+        )
         self._format = api.format(
             FormatArgs(
                 request=request,
@@ -128,7 +130,7 @@ class Exchange(ExchangeLike):
             priority=self._request.priority,
             stall_after_tokens=plan.stall_after,
             stall_ns=round(plan.stall_s * NS_PER_S),
-            cached_tokens=self._cached,
+            cached_tokens=self._cached or 0,
         )
         if not self._server.scheduler.submit(seq):
             self._fail(429, "the simulator's admission queue is full", "rejected")
@@ -202,6 +204,9 @@ class Exchange(ExchangeLike):
         if outcome == "ok":
             success = self._server.counters.success
             success[self._finish_reason] = success.get(self._finish_reason, 0) + 1
+            if self._prompt_words:
+                answer = [word(i).strip() for i in range(self._reasoning + 1, self._tokens + 1)]
+                self._server.cache_answer(self._prompt_words + answer)
         self._server.trace.write(record)
 
     def _fail(self, status: int, message: str, outcome: str) -> None:

@@ -87,7 +87,9 @@ def parse_text(body: bytes) -> SimRequest:
     return parse_completion(body, is_chat=False)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
     """OpenAI's usage object; with prefix-cache hits, `prompt_tokens_details.cached_tokens`
     (as vLLM reports it with `--enable-prompt-tokens-details`)."""
     obj: dict[str, Any] = {
@@ -95,7 +97,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    if cached_tokens:
+    if cached_tokens is not None:
         obj["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return obj
 

@@ -6,10 +6,11 @@ body; message roles are not words, as the dialects count prompt tokens) is cut i
 `block_tokens`; block *i*'s key is a hash of block *i*'s words and block *i − 1*'s key, so a
 block hits only when the whole prefix up to it is the same. A request's cached tokens are its
 leading run of blocks found in the cache, at most the prompt less one token (the last token is
-always computed, as in vLLM, to produce the first output). A request's blocks are inserted
-when its first token is emitted (its prefill is done): a request arriving while another with
-the same prefix is still prefilling misses. Eviction is least recently used, by blocks, up to
-`capacity_tokens`.
+always computed, as in vLLM, to produce the first output). A request's prompt blocks are
+inserted when its first token is emitted (its prefill is done): a request arriving while
+another with the same prefix is still prefilling misses. When its stream ends ok, the blocks
+of prompt + answer are inserted too, so a chat's next turn, which repeats them, hits them.
+Eviction is least recently used, by blocks, up to `capacity_tokens`.
 """
 
 from __future__ import annotations

@@ -196,13 +196,23 @@ class SimServer:
             model=self.model,
         )
 
-    def prefix_lookup(self, body: bytes, prompt_tokens: int) -> tuple[int, list[int]]:
-        """(cached tokens, block keys) of a request's prompt; (0, []) without a cache."""
+    def prefix_lookup(
+        self, body: bytes, prompt_tokens: int
+    ) -> tuple[int | None, list[str], list[int]]:
+        """(cached tokens, prompt words, block keys) of a request; without a prefix cache
+        (None, [], []): the responses then say nothing of cached tokens, as vLLM's do."""
         cache = self.prefix_cache
         if cache is None:
-            return 0, []
-        keys = cache.keys(prompt_words(body))
-        return cache.lookup(keys, prompt_tokens), keys
+            return None, [], []
+        words = prompt_words(body)
+        keys = cache.keys(words)
+        return cache.lookup(keys, prompt_tokens), words, keys
+
+    def cache_answer(self, words: list[str]) -> None:
+        """A stream finished: its prompt and answer are in the KV cache, so a next turn that
+        repeats them (chat history) hits them."""
+        if self.prefix_cache is not None and words:
+            self.prefix_cache.insert(self.prefix_cache.keys(words))
 
     def on_first_token(self, prompt_tokens: int, keys: list[int], received_ns: int) -> None:
         """A request's prefill finished: count its prompt, cache its blocks, time its TTFT."""
