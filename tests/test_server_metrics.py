@@ -25,6 +25,8 @@ from loadgen.analysis.server import (
     histogram_change,
     server_audit,
     server_family,
+    server_timeline,
+    window_gauges,
 )
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition
@@ -423,3 +425,34 @@ def test_a_bad_metrics_url_is_a_clear_error(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "or a path such as /metrics" in result.output
     assert "Traceback" not in result.output
+
+
+def test_window_gauges_average_the_scrapes_inside_each_window() -> None:
+    """Scrapes at 0.5, 1.5, 2.5 s with queue 1, 3, 5: windows [0, 2) and [2, 4) get 2 and 5."""
+    frame = scrape_frame([(500 * MS, "vllm:num_requests_waiting 1\n"),
+                          (1500 * MS, "vllm:num_requests_waiting 3\n"),
+                          (2500 * MS, "vllm:num_requests_waiting 5\n")])  # fmt: skip
+    timeline = server_timeline(frame)
+    assert timeline.columns == ["t_s", "queue_depth"]
+    windows = pl.DataFrame({"window_start_s": [0.0, 2.0, 4.0], "window_end_s": [2.0, 4.0, 6.0]})
+    means = window_gauges(timeline, windows).sort("window_start_s")
+    assert means["server_queue_depth"].to_list() == [2.0, 5.0, None]
+
+
+def test_the_report_draws_the_server_beside_the_client(tmp_path: Path) -> None:
+    """A scraped run's report has the server section, its timeline figure and per-window
+    server columns."""
+    workload = workload_file(tmp_path, SESSIONS.replace("requests: 8", "requests: 2"))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id", "r",
+                                 "-q", "--lag-bound-ms", "1000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = runner.invoke(cli, ["report", str(tmp_path / "r"), "--window", "0.2"])
+    assert report.exit_code == 0, report.output
+    markdown = (tmp_path / "r" / "report" / "report.md").read_text()
+    assert "## Server: vllm" in markdown
+    assert "server-timeline.png" in markdown
+    assert "server queue (mean)" in markdown
+    assert "prefix-cache hit share" in markdown
+    png = (tmp_path / "r" / "report" / "server-timeline.png").read_bytes()
+    assert png.startswith(b"\x89PNG")

@@ -255,3 +255,31 @@ def _last_end_ns(records: pl.DataFrame) -> int | None:
         return None
     value = records["end_ns"].max()
     return int(value) if isinstance(value, int | float) else None
+
+
+def server_timeline(frame: pl.DataFrame) -> pl.DataFrame:
+    """The timeline figures at every scrape: `t_s` (since t0) and one column per figure of
+    `TIMELINE_FIGURES` the server exposes (absent ones left out)."""
+    family = server_family(frame["name"].unique().to_list()) if frame.height else "unknown"
+    out = frame.select(pl.col("t_ns").unique().sort())
+    for figure_name in TIMELINE_FIGURES:
+        series = figure_series(frame, figure_name, family)
+        if series.height:
+            out = out.join(series.rename({"value": figure_name}), on="t_ns", how="left")
+    return out.select((pl.col("t_ns") / 1e9).alias("t_s"), pl.exclude("t_ns"))
+
+
+def window_gauges(timeline: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Per time window (`window_start_s`, `window_end_s`), the mean of each timeline figure
+    over the scrapes in [start, end), as `server_<figure>` (null: no scrape in the window)."""
+    figures = [c for c in timeline.columns if c != "t_s"]
+    spans = windows.select("window_start_s", "window_end_s").unique()
+    if not figures or spans.height == 0:
+        return spans
+    joined = spans.join(timeline, how="cross").filter(
+        (pl.col("t_s") >= pl.col("window_start_s")) & (pl.col("t_s") < pl.col("window_end_s"))
+    )
+    means = joined.group_by("window_start_s", "window_end_s").agg(
+        pl.col(f).mean().alias(f"server_{f}") for f in figures
+    )
+    return spans.join(means, on=["window_start_s", "window_end_s"], how="left")

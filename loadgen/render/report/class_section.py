@@ -227,6 +227,13 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
     ]
     if chunking.mean is not None and chunking.mean > 1:
         rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
+    cache = cls.prefix_cache
+    if cache is not None:
+        rows.append((
+            "prefix-cache hit share (cached / prompt tokens)",
+            f"{pct(cache.hit_share)}: {num(cache.cached_tokens)} of {num(cache.prompt_tokens)} "
+            f"over {cache.requests} requests whose server said",
+        ))  # fmt: skip
     return Table("Tokens", ("", ""), rows)
 
 
@@ -241,7 +248,20 @@ def _errors_table(errors: Sequence[ErrorCount]) -> Table:
     return Table("Top errors", ("count", "outcome", "HTTP", "message"), rows)
 
 
+SERVER_WINDOW_COLUMNS = {"server_queue_depth": "server queue (mean)",
+                         "server_running": "server running (mean)",
+                         "server_kv_usage": "server KV use (mean)"}  # fmt: skip
+
+
+def _server_cell(w: dict[str, object], column: str) -> str:
+    value = w[column]
+    if not isinstance(value, float | int):
+        return "—"
+    return pct(float(value)) if column == "server_kv_usage" else f"{value:.1f}"
+
+
 def _windows_table(windows: pl.DataFrame) -> Table:
+    server = [c for c in SERVER_WINDOW_COLUMNS if c in windows.columns]
     rows = []
     for w in windows.iter_rows(named=True):
         rows.append(
@@ -255,6 +275,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
                 pct(w["attainment"]),
                 *(with_unit(w[c]) for c in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")),
                 *(with_unit(w[c]) for c in ("tpot_p99_ms", "itl_p50_ms", "itl_p99_ms")),
+                *(_server_cell(w, c) for c in server),
             )
         )
     headers = (
@@ -271,5 +292,6 @@ def _windows_table(windows: pl.DataFrame) -> Table:
         "TPOT p99",
         "ITL p50",
         "ITL p99",
+        *(SERVER_WINDOW_COLUMNS[c] for c in server),
     )
     return Table("Time windows (ok requests' percentiles)", headers, rows)
