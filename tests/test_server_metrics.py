@@ -23,7 +23,9 @@ from loadgen.analysis.server import (
     counter_delta,
     figure_series,
     histogram_change,
+    parse_server_thresholds,
     server_audit,
+    server_deltas,
     server_family,
     server_timeline,
     window_gauges,
@@ -31,6 +33,7 @@ from loadgen.analysis.server import (
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition
 from loadgen.results.runfolder import read_server_metrics, server_rows_frame
+from loadgen.results.summary import GaugeStats, ServerAudit
 from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, simulate
 from loadgen.sim.metrics import SimCounters, exposition
 from loadgen.sim.prefix import PrefixCache, prompt_words
@@ -410,7 +413,7 @@ def test_a_failing_metrics_endpoint_is_counted_and_the_run_goes_on(tmp_path: Pat
         result = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out",
                                           str(tmp_path), "--run-id", "r", "-q",
                                           "--server-metrics-url", "http://127.0.0.1:9/metrics",
-                                          "--server-metrics-interval", "0.1"])  # fmt: skip
+                                          "--server-metrics-interval", "0.05"])  # fmt: skip
     assert result.exit_code == 0, result.output
     server_block = json.loads((tmp_path / "r" / "summary.json").read_text())["server"]
     assert server_block["scrapes"] == 0
@@ -456,3 +459,64 @@ def test_the_report_draws_the_server_beside_the_client(tmp_path: Path) -> None:
     assert "prefix-cache hit share" in markdown
     png = (tmp_path / "r" / "report" / "server-timeline.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+
+
+# --- compare ------------------------------------------------------------------------------
+
+
+def _audit(queue_p99: float, hit_share: float | None) -> ServerAudit:
+    gauge = GaugeStats(mean=queue_p99 / 2, p99=queue_p99, max=queue_p99, samples=10)
+    return ServerAudit(url="u", server="vllm", interval_s=1, scrapes=10, failures=0,
+                       malformed_lines=0, last_error=None, gauges={"queue_depth": gauge},
+                       counters={"preemptions": 0.0}, prefix_cache_hit_share=hit_share,
+                       histograms_ms={})  # fmt: skip
+
+
+def test_server_deltas_are_informational_until_a_threshold_is_set() -> None:
+    """Queue p99 4 → 8 is +100 %: info without a threshold, regressed past +50 %, ok under
+    +150 %; a falling hit share is the worse direction."""
+    base, cur = [_audit(4, 0.8), _audit(4, 0.6)], _audit(8, 0.5)
+    plain = {d.figure: d for d in server_deltas(base, cur, {})}
+    assert plain["queue_depth_p99"].change == 4
+    assert plain["prefix_cache_hit_share"].baseline == pytest.approx(0.7)  # mean of the runs
+    assert not any(d.regressed for d in plain.values())
+    judged = {d.figure: d for d in server_deltas(base, cur, parse_server_thresholds(
+        ["queue_depth_p99=50%", "queue_depth_mean=+150%", "prefix_cache_hit_share=0.1"]))}  # fmt: skip
+    assert judged["queue_depth_p99"].regressed
+    assert not judged["queue_depth_mean"].regressed
+    assert judged["prefix_cache_hit_share"].regressed  # 0.7 → 0.5: 0.2 worse than 0.1
+    with pytest.raises(ValueError, match="FIGURE=VALUE"):
+        parse_server_thresholds(["queue_depth_p99"])
+
+
+def _server_with_queue(queue: int) -> ScriptedServer:
+    def handler(request: ReceivedRequest) -> list[bytes]:
+        if request.path == "/metrics":
+            body = f"vllm:num_requests_waiting {queue}\n".encode()
+            return [b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                    + str(len(body)).encode() + b"\r\n\r\n" + body]  # fmt: skip
+        return simple_chat(2)
+
+    return ScriptedServer(handler)
+
+
+def test_compare_shows_server_deltas_and_exits_2_past_a_threshold(tmp_path: Path) -> None:
+    """Two runs whose servers said queue 2 and 5: compare lists +3, and with
+    --server-threshold queue_depth_p99=50% exits 2 on it alone."""
+    workload = workload_file(tmp_path, _tiny("cmp", requests=25))  # 0.5 s: scrapes inside
+    runner = CliRunner()
+    for run_id, queue in (("a", 2), ("b", 5)):
+        with _server_with_queue(queue) as server:
+            result = runner.invoke(cli, ["run", str(workload), "--url", server.url, "--out",
+                                         str(tmp_path), "--run-id", run_id, "-q",
+                                         "--server-metrics-url", "/metrics",
+                                         "--server-metrics-interval", "0.05"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    plain = runner.invoke(cli, ["compare", *runs, "--format", "json"])
+    assert plain.exit_code == 0, plain.output
+    server = json.loads(plain.output)["server"]["queue_depth_p99"]
+    assert (server["baseline"], server["current"], server["verdict"]) == (2, 5, "info")
+    judged = runner.invoke(cli, ["compare", *runs, "--server-threshold", "queue_depth_p99=50%"])
+    assert judged.exit_code == 2, judged.output
+    assert "REGRESSED" in judged.output

@@ -283,3 +283,117 @@ def window_gauges(timeline: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
         pl.col(f).mean().alias(f"server_{f}") for f in figures
     )
     return spans.join(means, on=["window_start_s", "window_end_s"], how="left")
+
+
+# --- compare: the server's side of two runs -------------------------------------------------
+# Informational unless a threshold is set: a server figure is sampled every interval (a
+# gauge) or read twice (a counter), not measured per request, so there is no interval to
+# judge it by; a threshold is a plain limit on the change in the worse direction.
+
+LOWER_IS_WORSE = ("prefix_cache_hit_share",)
+
+
+def compared_figures(audit: ServerAudit) -> dict[str, float]:
+    """The figures `compare` sets side by side: gauges' mean and p99, counter changes, the
+    prefix-cache hit share, the server's own histograms' p50/p99 (ms)."""
+    out: dict[str, float] = {}
+    for name, stats in audit.gauges.items():
+        for stat in ("mean", "p99"):
+            value = getattr(stats, stat)
+            if value is not None:
+                out[f"{name}_{stat}"] = value
+    for name in ("preemptions",):
+        if name in audit.counters:
+            out[name] = audit.counters[name]
+    if audit.prefix_cache_hit_share is not None:
+        out["prefix_cache_hit_share"] = audit.prefix_cache_hit_share
+    for name, hist in audit.histograms_ms.items():
+        for stat in ("p50", "p99"):
+            value = getattr(hist, stat)
+            if value is not None:
+                out[f"server_{name}_{stat}_ms"] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerThreshold:
+    """A limit on a server figure's change in the worse direction: relative (0.5 = +50 %)
+    or absolute (in the figure's unit)."""
+
+    relative: float | None = None
+    absolute: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerDelta:
+    """One server figure on both sides (the baseline the mean over its runs that have it)."""
+
+    figure: str
+    baseline: float | None
+    current: float | None
+    threshold: ServerThreshold | None
+    regressed: bool
+
+    @property
+    def change(self) -> float | None:
+        """current − baseline."""
+        if self.baseline is None or self.current is None:
+            return None
+        return self.current - self.baseline
+
+
+def parse_server_thresholds(texts: Sequence[str]) -> dict[str, ServerThreshold]:
+    """`queue_depth_p99=50%` (relative) or `kv_usage_mean=0.1` (absolute), each once.
+
+    ValueError (what and how to fix) for a malformed one.
+    """
+    out: dict[str, ServerThreshold] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        name, value = name.strip(), value.strip().lstrip("+")
+        try:
+            if not sep or not name:
+                raise ValueError
+            if value.endswith("%"):
+                out[name] = ServerThreshold(relative=float(value[:-1]) / 100)
+            else:
+                out[name] = ServerThreshold(absolute=float(value))
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not FIGURE=VALUE: e.g. queue_depth_p99=50% or kv_usage_mean=0.1"
+            ) from None
+    return out
+
+
+def server_deltas(
+    baseline: Sequence[ServerAudit],
+    current: ServerAudit,
+    thresholds: Mapping[str, ServerThreshold],
+) -> list[ServerDelta]:
+    """Every figure either side has; `regressed` only where a threshold is set and the change
+    in the worse direction exceeds it."""
+    base_values: dict[str, list[float]] = {}
+    for audit in baseline:
+        for name, value in compared_figures(audit).items():
+            base_values.setdefault(name, []).append(value)
+    cur = compared_figures(current)
+    deltas = []
+    for name in sorted(set(base_values) | set(cur)):
+        values = base_values.get(name)
+        base = sum(values) / len(values) if values else None
+        threshold = thresholds.get(name)
+        regressed = _beyond(base, cur.get(name), threshold, name)
+        deltas.append(ServerDelta(figure=name, baseline=base, current=cur.get(name),
+                                  threshold=threshold, regressed=regressed))  # fmt: skip
+    return deltas
+
+
+def _beyond(
+    base: float | None, cur: float | None, threshold: ServerThreshold | None, name: str
+) -> bool:
+    if threshold is None or base is None or cur is None:
+        return False
+    worse = (base - cur) if name in LOWER_IS_WORSE else (cur - base)
+    if threshold.relative is not None:
+        return worse > threshold.relative * abs(base)
+    return threshold.absolute is not None and worse > threshold.absolute
