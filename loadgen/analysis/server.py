@@ -11,6 +11,10 @@ SGLang python/sglang/srt/metrics/collector.py and docs/references/production_met
 TGI docs/source/reference/metrics.md; llama.cpp tools/server/server.cpp (`/metrics`, with
 `--metrics`) and tools/server/README.md.
 
+llama.cpp's `prompt_tokens_total` counts only the prompt tokens it evaluated (its
+`prompt_tokens_cached_total` the ones it reused): its hit share is cached / (cached +
+evaluated). The simulator's prompt counter includes its cached tokens.
+
 Several series of one name (labels: engine, model, method) are summed for counts and
 averaged for ratios. A counter's change is reset-aware: a drop counts as a restart from 0.
 """
@@ -61,7 +65,9 @@ FIGURES: dict[str, Figure] = {
         "tgi": ("tgi_request_generated_tokens_sum",),
         "llama.cpp": ("llamacpp:tokens_predicted_total",)}),
     "prefix_cache_queries": Figure("counter", {"vllm": ("vllm:prefix_cache_queries_total",)}),
-    "prefix_cache_hits": Figure("counter", {"vllm": ("vllm:prefix_cache_hits_total",)}),
+    "prefix_cache_hits": Figure("counter", {
+        "vllm": ("vllm:prefix_cache_hits_total",),
+        "llama.cpp": ("llamacpp:prompt_tokens_cached_total",)}),
     "ttft": Figure("histogram", {
         "vllm": ("vllm:time_to_first_token_seconds",),
         "sglang": ("sglang:time_to_first_token_seconds",)}),
@@ -222,6 +228,8 @@ def server_audit(
         else:
             counters[figure_name] = round(counter_delta(series["value"].to_list()), 6)
     queries, hits = counters.get("prefix_cache_queries"), counters.get("prefix_cache_hits")
+    if family == "llama.cpp" and hits is not None and "prompt_tokens" in counters:
+        queries = hits + counters["prompt_tokens"]  # its prompt counter excludes cached tokens
     share = round(hits / queries, 6) if queries and hits is not None else None
     return ServerAudit(
         url=url, server=family, interval_s=interval_s, scrapes=scrapes, failures=failures,
