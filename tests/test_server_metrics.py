@@ -32,6 +32,7 @@ from loadgen.analysis.server import (
 )
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition
+from loadgen.render.terminal import server_line
 from loadgen.results.runfolder import read_server_metrics, server_rows_frame
 from loadgen.results.summary import GaugeStats, ServerAudit
 from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, simulate
@@ -520,3 +521,10 @@ def test_compare_shows_server_deltas_and_exits_2_past_a_threshold(tmp_path: Path
     judged = runner.invoke(cli, ["compare", *runs, "--server-threshold", "queue_depth_p99=50%"])
     assert judged.exit_code == 2, judged.output
     assert "REGRESSED" in judged.output
+
+
+def test_the_terminal_summary_names_the_servers_figures() -> None:
+    """One line after the generator's: family, scrapes, queue/running max and mean."""
+    line = server_line(_audit(4, 0.25)).plain
+    assert line == ("server: vllm · 10 scrapes (0 failed) · queue max 4, mean 2.0 · "
+                    "prefix-cache hits 25.0%")  # fmt: skip
