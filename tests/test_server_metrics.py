@@ -33,7 +33,12 @@ from loadgen.analysis.server import (
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition
 from loadgen.render.terminal import server_line
-from loadgen.results.runfolder import read_server_metrics, server_rows_frame
+from loadgen.results.runfolder import (
+    join_server_metrics,
+    read_server_metrics,
+    server_rows_frame,
+    write_server_part,
+)
 from loadgen.results.summary import GaugeStats, ServerAudit
 from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, simulate
 from loadgen.sim.metrics import SimCounters, exposition
@@ -528,3 +533,18 @@ def test_the_terminal_summary_names_the_servers_figures() -> None:
     line = server_line(_audit(4, 0.25)).plain
     assert line == ("server: vllm · 10 scrapes (0 failed) · queue max 4, mean 2.0 · "
                     "prefix-cache hits 25.0%")  # fmt: skip
+
+
+def test_spilled_parts_join_on_t0_into_one_file(tmp_path: Path) -> None:
+    """Parts hold the monotonic clock; the joined file counts from t0 (what a finished run
+    and `report --recover` both do), and the parts are gone."""
+    write_server_part(tmp_path, [(1_000, "a", (("k", "v"),), 1.0)])
+    write_server_part(tmp_path, [(3_000, "a", (("k", "v"),), 2.0), (3_000, "b", (), 5.0)])
+    frame = join_server_metrics(tmp_path, t0_mono_ns=2_000)
+    assert frame is not None
+    assert frame["t_ns"].to_list() == [-1_000, 1_000, 1_000]
+    assert frame["labels"].to_list()[0] == [{"name": "k", "value": "v"}]
+    assert not (tmp_path / "server_metrics.parts").exists()
+    again = read_server_metrics(tmp_path)
+    assert again is not None
+    assert again.equals(frame)
