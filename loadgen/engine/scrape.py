@@ -96,7 +96,9 @@ class Scraper:
         self.url = url
         self.interval_s = interval_s
         self._clock = clock
-        self._timeout_s = timeout_s if timeout_s is not None else max(0.1, min(interval_s, 5.0))
+        # A scrape may take longer than a short interval (missed ticks are skipped), but a
+        # hung endpoint is given up on: 2 s or the interval, whichever is longer, at most 10 s.
+        self._timeout_s = timeout_s if timeout_s is not None else min(max(interval_s, 2.0), 10.0)
         self._spill = spill
         self._transport = transport
         self.rows: list[Row] = []

@@ -108,6 +108,8 @@ def build_run_report(
     windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
     scraped = read_server_metrics(run_dir) if info.server_metrics is not None else None
     timeline = server_timeline(scraped) if scraped is not None and scraped.height else None
+    if timeline is not None and timeline.width == 1:
+        timeline = None  # an unknown server: no named figure to draw (its rows stay raw)
     if timeline is not None:
         spans = ["window_start_s", "window_end_s"]
         windows = windows.join(window_gauges(timeline, windows), on=spans, how="left")
