@@ -548,3 +548,15 @@ def test_spilled_parts_join_on_t0_into_one_file(tmp_path: Path) -> None:
     again = read_server_metrics(tmp_path)
     assert again is not None
     assert again.equals(frame)
+
+
+def test_a_counter_keeps_the_name_the_server_wrote() -> None:
+    """The parser would call a counter written without `_total` `<name>_total`; the rows keep
+    what was exposed (llama.cpp's `llamacpp:n_tokens_max` is such a counter)."""
+    text = ("# TYPE llamacpp:n_tokens_max counter\nllamacpp:n_tokens_max 7\n"
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 9\n")  # fmt: skip
+    samples, _ = parse_exposition(text)
+    assert [name for name, _, _ in samples] == [
+        "llamacpp:n_tokens_max",
+        "llamacpp:prompt_tokens_total",
+    ]

@@ -70,10 +70,28 @@ def parse_exposition(text: str) -> tuple[list[tuple[str, dict[str, str], float]]
 
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     out = []
+    exposed: set[str] | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            out.append((sample.name, dict(sample.labels), float(sample.value)))
+            name = sample.name
+            if family.type == "counter" and name.endswith("_total"):
+                # prometheus_client names a counter's sample `<name>_total` even when the
+                # server wrote `<name>` (llama.cpp's n_tokens_max): keep the name as exposed.
+                exposed = _exposed_names(text) if exposed is None else exposed
+                if name not in exposed and name[: -len("_total")] in exposed:
+                    name = name[: -len("_total")]
+            out.append((name, dict(sample.labels), float(sample.value)))
     return out
+
+
+def _exposed_names(text: str) -> set[str]:
+    """The sample names as written in the exposition (each line up to `{` or a space)."""
+    names = set()
+    for line in text.splitlines():
+        line = line.lstrip()
+        if line and not line.startswith("#"):
+            names.add(line.split("{", 1)[0].split(None, 1)[0])
+    return names
 
 
 class Scraper:
