@@ -20,6 +20,7 @@ from conftest import EngineRun
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
+from loadgen.engine.request_ids import plan_number
 from loadgen.results.records import Outcome, RequestRecord, TokenSource, from_frame, to_frame
 from loadgen.testing import PlanFactory, ReceivedRequest, Step, stream_steps
 from loadgen.workload.spec import Deadlines, SloTargets
@@ -153,7 +154,7 @@ def run_api(
     """Three plans: two streams that end well, one (request 1) with an error event."""
 
     def handler(request: ReceivedRequest) -> list[Step]:
-        return STREAMS[api](request.headers["x-request-id"] == "loadgen-1")
+        return STREAMS[api](plan_number(request.headers.get("x-request-id")) == 1)
 
     plans = PlanFactory(output_tokens=5, deadlines=FAST).at(0.0, 0.01, 0.02)
     records, server = engine_run(plans, handler, api=api)

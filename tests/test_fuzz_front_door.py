@@ -16,6 +16,7 @@ window thinned to no request (IndexError), `--start-at inf` (OverflowError).
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ HOSTILE = st.one_of(
         0, -1, 1, 2**31, 2**63, 10**30, -(10**30), 0.0, -0.0, 1e-12, 1e308, -1e308,
         float("nan"), float("inf"), float("-inf"), True, False, None, "", "1e-12", "40",
         "many", " ", "\x00", "é" * 50, [], {}, [1, 2], {"a": 1}, dt.date(2024, 1, 1),
-    ]),
+    ]).map(copy.deepcopy),  # a fresh copy: `workloads` mutates what it draws, in place
     st.integers(), st.floats(), st.text(max_size=20),
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )  # fmt: skip
@@ -155,7 +156,8 @@ def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def workloads(draw: st.DrawFn) -> Any:
     """A valid document with 0-2 mutations: a value replaced by a hostile one, a key removed,
     or an unknown key added, each at a random place."""
-    doc = draw(valid_workloads())
+    # A copy: the mutations below work in place, and the strategies share constants.
+    doc = copy.deepcopy(draw(valid_workloads()))
     for _ in range(draw(st.integers(0, 2))):
         path = draw(st.sampled_from(_paths(doc)))
         if not path:

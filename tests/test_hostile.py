@@ -141,7 +141,9 @@ def test_each_class_has_its_own_event_cap(tmp_path: Path) -> None:
     path.write_text(WORKLOAD + small)
     big_token = chat_chunk("x" * 10_240)
     with ScriptedServer(
-        lambda r: stream_steps([chat_chunk(role="assistant"), big_token])
+        lambda r: stream_steps(
+            [chat_chunk(role="assistant"), big_token, chat_chunk(finish="length")]
+        )
     ) as server:
         result = invoke(path, server.url, tmp_path)
     assert result.exit_code == 2, result.output

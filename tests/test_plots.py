@@ -85,3 +85,28 @@ def test_hop_boxplot_and_batch_progress_are_pngs_even_when_empty() -> None:
         batch_progress_png([], documents=3, title="b"),
     ):
         assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_fit_x_keeps_the_data_readable_and_says_when_the_slo_is_off_scale() -> None:
+    """15 ms values and a 20 s target: the axis fits the values and the target is off-scale;
+    a target near the values (linear: within 3x their span; log: a decade) is on the axis."""
+    values = np.asarray([14.0, 15.0, 16.0])
+    _, right, shown = plots.fit_x(values, 20_000.0, log=False)
+    assert not shown
+    assert right < 20
+    assert plots.fit_x(values, 17.0, log=False)[2]
+    assert plots.fit_x(values, 17.0, log=False)[1] >= 17
+    assert plots.fit_x(np.asarray([20.0, 2490.0]), 20_000.0, log=True)[2]
+    assert not plots.fit_x(np.asarray([20.0, 200.0]), 20_000.0, log=True)[2]
+
+
+def test_an_off_scale_slo_is_noted_and_a_near_one_drawn() -> None:
+    """On the axes: off-scale, no SLO line and a note naming it; near, a line at the target."""
+    fig, ax = plt.subplots()
+    plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 20_000.0)
+    assert ax.get_xlim()[1] < 20
+    assert not ax.get_lines()
+    assert any("SLO 20.0s off-scale (right)" in t.get_text() for t in ax.texts)
+    plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 17.0)
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [17.0]
+    plt.close(fig)

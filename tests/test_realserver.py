@@ -1,4 +1,5 @@
-"""Real servers: llama.cpp's `llama-server` and Hugging Face `transformers serve`.
+"""Real servers: llama.cpp's `llama-server`, Hugging Face `transformers serve`, and
+llama-cpp-python's own server (`python -m llama_cpp.server`).
 
 Both are built from registry packages with tiny random-weight models by
 `scripts/realserver/setup.sh`, started here on a free loopback port with one compute thread,
@@ -6,7 +7,10 @@ and driven by the real engine (`loadgen.run.execute.execute`) and the real `load
 They stream differently in ways that catch wrong decoders: transformers serve sends a
 role-only chunk before the request is even queued, sends no `[DONE]`, puts usage in the
 finish chunk and rejects unknown fields (HTTP 422); llama-server sends `content: null` with
-the role and closes the connection after every stream despite keep-alive. The tests assert
+the role and closes the connection after every stream despite keep-alive; llama-cpp-python's
+server refuses a non-UUID X-Request-Id (HTTP 400, empty body), ignores include_usage, sends
+partial UTF-8 tokens as `"content": ""`, pings with SSE comments, and by default cuts the
+running stream short (`[DONE]`, no finish_reason) when a new request arrives. The tests assert
 shapes and invariants, never absolute times.
 
 Not set up: skipped locally with the reason (deselect with `-m 'not realserver'`), but a
@@ -43,7 +47,7 @@ from loadgen.adapters.protocol import BodyOptions
 from loadgen.engine.preflight import preflight
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
-from loadgen.results.records import RequestRecord, TokenSource, from_frame
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, from_frame
 from loadgen.run.execute import RunOptions, RunResult, execute
 from loadgen.workload.spec import load
 
@@ -101,9 +105,15 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    cmd: list[str], *, log: Path, model: str, cwd: Path | None = None, env: dict[str, str]
+    cmd: list[str],
+    *,
+    log: Path,
+    model: str,
+    cwd: Path | None = None,
+    env: dict[str, str],
+    health: str = "/health",
 ) -> Iterator[Server]:
-    """Start `cmd` (its port already in it), wait for /health, stop it afterwards."""
+    """Start `cmd` (its port already in it), wait for `health`, stop it afterwards."""
     port = int(cmd[cmd.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
@@ -115,7 +125,7 @@ def running(
                 tail = log.read_text(errors="replace")[-2000:]
                 pytest.fail(f"{cmd[0]} exited with {process.returncode}:\n{tail}", pytrace=False)
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}{health}", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 pytest.fail(f"{cmd[0]} not healthy after 90 s; log: {log}", pytrace=False)
@@ -490,6 +500,166 @@ def test_hf_preflight_names_the_pinned_model(hf_server: Server, tmp_path: Path) 
     with pytest.raises(TargetError, match="HTTP 400") as caught:
         run_engine(path, hf_server.url, tmp_path)
     assert f"--model {hf_server.model}" in str(caught.value)
+
+
+# -- llama-cpp-python's server -------------------------------------------------------------
+# sse-starlette pings every 15 s by default; the tests shorten that (a class attribute, set
+# before the server starts) so that pings fall inside short streams.
+LCP_PING_S = 0.05
+LCP_SHIM = (
+    "import runpy, sys; import sse_starlette.sse as s; "
+    "s.EventSourceResponse.DEFAULT_PING_INTERVAL = float(sys.argv.pop(1)); "
+    "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)"
+)
+
+
+@contextlib.contextmanager
+def llamacpp_py(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[Server]:
+    """llama_cpp.server with the tiny GGUF, one thread, pings every LCP_PING_S, `flags`."""
+    info = manifest("llamacpp-py")
+    log = tmp_path_factory.mktemp("llamacpp-py") / "server.log"
+    cmd = [info["bin"], "-c", LCP_SHIM, str(LCP_PING_S), "--model", info["model"],
+           "--model_alias", info["alias"], "--host", "127.0.0.1", "--port", str(free_port()),
+           "--n_ctx", "4096", "--n_threads", "1", *flags]  # fmt: skip
+    with running(cmd, log=log, model=info["alias"], env=server_env(), health="/v1/models") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def lcp_interrupting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Its default: a new request interrupts the stream in progress."""
+    with llamacpp_py(tmp_path_factory) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def lcp_serial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`--interrupt_requests False`: requests wait for the one in progress (a global lock)."""
+    with llamacpp_py(tmp_path_factory, "--interrupt_requests", "False") as server:
+        yield server
+
+
+def raw_lines(url: str, body: dict[str, Any]) -> list[tuple[float, bytes]]:
+    """Every line of a streamed chat response (comments included), with its arrival time
+    in seconds since the request was sent."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    start = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", orjson.dumps({**body, "stream": True}),
+                 {"Content-Type": "application/json"})  # fmt: skip
+    response = conn.getresponse()
+    lines: list[tuple[float, bytes]] = []
+    buffer = b""
+    while chunk := response.read1(65536):
+        now = time.monotonic() - start
+        *complete, buffer = (buffer + chunk).replace(b"\r\n", b"\n").split(b"\n")
+        lines.extend((now, line) for line in complete if line)
+    conn.close()
+    return lines
+
+
+def disconnects(server: Server) -> int:
+    """Streams the server says it cut (it prints this for each: llama_cpp/server/app.py)."""
+    return server.log.read_text(errors="replace").count("Disconnected from client")
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_lcp_request_id_middleware_accepts_loadgens_ids_and_refuses_counters(
+    lcp_serial: Server, tmp_path: Path
+) -> None:
+    """Its RequestIdPlugin answers 400 (empty body) to `loadgen-1`; loadgen's UUIDs pass,
+    and the older counter format now fails at the preflight, naming the header it sent."""
+    refused = httpx.post(f"{lcp_serial.url}/v1/chat/completions", json=chat_body("tiny", 2),
+                         headers={"X-Request-Id": "loadgen-1"}, timeout=30)  # fmt: skip
+    assert (refused.status_code, refused.content) == (400, b"")
+    path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
+                    prompt_tokens=16, output_tokens=8)  # fmt: skip
+    _, records = run_engine(path, lcp_serial.url, tmp_path)
+    assert_all_ok(records, 3)
+    target = {"request_id": {"format": "counter"}}
+    path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
+                    prompt_tokens=16, output_tokens=8, target=target)  # fmt: skip
+    with pytest.raises(TargetError, match=r"HTTP 400: \(no body\)") as caught:
+        run_engine(path, lcp_serial.url, tmp_path / "counter")
+    assert "X-Request-Id: loadgen-" in str(caught.value)
+    assert "some refuse a X-Request-Id" in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_lcp_default_interruption_is_truncated_never_ok(
+    lcp_interrupting: Server, tmp_path: Path
+) -> None:
+    """Requests 0.25 s apart, each longer than that: every stream the server cut (its log
+    counts them) is `truncated`, short of its forced length with no finish reason; the
+    others are ok with all their tokens; the run misses its SLO (exit 2)."""
+    before = disconnects(lcp_interrupting)
+    path = workload(tmp_path, model=lcp_interrupting.model, requests=6, rate_per_s=4,
+                    prompt_tokens=32, output_tokens=256)  # fmt: skip
+    result, records = run_engine(path, lcp_interrupting.url, tmp_path)
+    time.sleep(1.0)  # the server logs a cut as its request handler unwinds
+    cut = [r for r in records if r.outcome is Outcome.TRUNCATED]
+    assert len(records) == 6
+    assert {str(r.outcome) for r in records} <= {"ok", "truncated"}
+    assert len(cut) >= 1
+    # The server logs one disconnect per stream it cut, and one for the preflight, which
+    # closes its stream after the first token.
+    assert len(cut) == disconnects(lcp_interrupting) - before - 1
+    for r in cut:
+        assert r.finish_reason is None
+        assert r.output_tokens < r.max_tokens
+    for r in records:
+        if r.outcome is Outcome.OK:
+            assert (r.finish_reason, r.output_tokens) == ("length", 256)
+    assert result.summary.classes["c"].stream_ends.truncated == len(cut)
+    assert result.exit_code in (2, 3)  # 3: this busy machine's client fell behind
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_lcp_serial_run_is_ok_and_n_counts_empty_partial_utf8_deltas(
+    lcp_serial: Server, tmp_path: Path
+) -> None:
+    """`--interrupt_requests False`: all ok; no usage comes, so N is counted from token
+    events, empty `"content": ""` deltas included: exactly the forced 256 (finish `length`
+    means the server generated max_tokens: llama_cpp/llama.py), though fewer chunks
+    carried text; the summary says N was counted."""
+    path = workload(tmp_path, model=lcp_serial.model, requests=6, rate_per_s=4,
+                    prompt_tokens=32, output_tokens=256)  # fmt: skip
+    result, records = run_engine(path, lcp_serial.url, tmp_path)
+    assert_all_ok(records, 6)
+    for r in records:
+        assert (r.token_source, r.finish_reason) == (TokenSource.CHUNKS, "length")
+        assert r.output_tokens == sum(r.chunk_tokens) == 256
+    assert sum(r.output_tokens - len(r.chunk_ns) for r in records) > 0  # empties were sent
+    ends = result.summary.classes["c"].stream_ends
+    assert (ends.n_counted, ends.n_from_usage_share, ends.truncated) == (True, 0.0, 0)
+    assert result.exit_code in (0, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: Path) -> None:
+    """A long prompt's prefill outlasts several `: ping` comments and the role chunk comes
+    first; neither is a token: TTFT is past the pings the raw stream saw, N is exact."""
+    body = chat_body("tiny", 16, min_tokens=16)
+    body["messages"] = [{"role": "user", "content": " ".join(["word"] * 1500)}]
+    lines = raw_lines(lcp_serial.url, body)
+    first_data = next(line for _, line in lines if line.startswith(b"data:"))
+    assert b'"role": "assistant"' in first_data
+    first_content = next(t for t, line in lines if b'"content": "' in line)
+    pings = [t for t, line in lines if line.startswith(b": ping") and t < first_content]
+    assert len(pings) >= 2
+    path = workload(tmp_path, model=lcp_serial.model, requests=2, rate_per_s=1,
+                    prompt_tokens=1500, output_tokens=16)  # fmt: skip
+    _, records = run_engine(path, lcp_serial.url, tmp_path)
+    assert_all_ok(records, 2)
+    for r in records:
+        assert r.output_tokens == 16
+        assert r.first_token_ns is not None
+        assert r.sent_ns is not None
+        assert r.first_token_ns - r.sent_ns > 2 * LCP_PING_S * 1e9
 
 
 # -- preflight messages, against a stub that answers like these servers -----------------

@@ -272,7 +272,7 @@ def test_html_shows_the_header_verdicts_and_tables(built: RunReport) -> None:
         "TTFT, failures worst",
         "Time windows",
         "queue full",
-        "≤ 1000 ms at p90",
+        "≤ 1,000 ms at p90",
     ):
         assert html_text(text) in page, text
 

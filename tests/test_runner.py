@@ -104,7 +104,7 @@ def test_early_role_chunk_and_heartbeats_do_not_stop_ttft(engine_run: EngineRun)
 def test_reasoning_then_content_stamps_both(engine_run: EngineRun) -> None:
     """A reasoning delta is the first generated token; the first visible content is stamped too."""
     events = [chat_chunk(reasoning="think")]
-    steps = stream_steps([*events, chat_chunk(" answer")], gap_s=0.1)
+    steps = stream_steps([*events, chat_chunk(" answer", finish="length")], gap_s=0.1)
     (record,), _ = run_cases(engine_run, {"r": steps}, ["r"])
     assert record.outcome is Outcome.OK
     assert record.first_content_ns - record.first_token_ns >= 100 * MS
@@ -192,7 +192,9 @@ def test_missing_done_and_close_delimited_bodies_are_fine(engine_run: EngineRun)
     nodone = stream_steps(
         [chat_chunk("a"), chat_chunk("b", finish="stop", usage=usage(2))], done=False
     )
-    close_delimited = stream_steps([chat_chunk("a"), chat_chunk("b")], chunked=False)
+    close_delimited = stream_steps(
+        [chat_chunk("a"), chat_chunk("b", finish="length")], chunked=False
+    )
     records, _ = run_cases(
         engine_run, {"nodone": nodone, "close": close_delimited}, ["nodone", "close"]
     )

@@ -15,7 +15,12 @@ from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
 
 SNAPSHOT = Path(__file__).parent / "schema" / "keys.json"
-KEYED_BY_NAME = {"classes", "per_hop_ms"}  # mappings whose keys are class names or hop numbers
+KEYED_BY_NAME = {
+    "classes",
+    "per_hop_ms",
+    "finish_reasons",
+    "n_from",
+}  # mappings whose keys are class names or hop numbers
 
 WORKLOAD = chat_workload("schema", requests=4, deadlines=None)
 

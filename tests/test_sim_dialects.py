@@ -681,7 +681,8 @@ def e2e(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def _server(run: E2eRun, request_id: int) -> dict[str, Any]:
-    return run.trace[f"loadgen-{request_id}"]
+    sent = next(r.request_id_sent for r in run.records if r.request_id == request_id)
+    return run.trace[str(sent)]
 
 
 def assert_ttft_is_the_first_token_write(record: Any, server: dict[str, Any], t0_ns: int) -> None:
@@ -749,7 +750,7 @@ def test_e2e_mid_stream_error_event_is_a_stream_error_with_partial_output(e2e: E
 def test_e2e_ollama_server_timings_are_kept(e2e: E2eRun) -> None:
     """Ollama's own durations reach the record; its decode time spans the 19 later steps."""
     record = e2e.records[0]
-    if e2e.trace["loadgen-0"]["api"] not in ("ollama-chat", "ollama-generate"):
+    if _server(e2e, 0)["api"] not in ("ollama-chat", "ollama-generate"):
         assert record.server_timings is None
         return
     timings = record.server_timings

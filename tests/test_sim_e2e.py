@@ -119,7 +119,7 @@ def noise_ms(trace: list[dict[str, Any]], records: Sequence[RequestRecord], t0_n
     late_step = max((s["written_ns"] - s["intended_ns"] for s in steps), default=0)
     late_read = late_stamp = 0
     for record in records:
-        server = served[f"loadgen-{record.request_id}"]
+        server = served[str(record.request_id_sent)]
         if record.sent_ns is not None:
             late_read = max(late_read, server["received_ns"] - (t0_ns + record.sent_ns))
         stamps = zip(record.chunk_ns, server["chunk_ns"], strict=False)
@@ -393,7 +393,8 @@ def test_ttft_is_not_stopped_by_an_early_role_chunk_or_heartbeats(
     # TTFT stopped by any of them would be ~0 instead of >= 62.5 ms; and the first token
     # comes well after the headers (half the server's interval allows a 30 ms late read).
     records, trace = dialect_run
-    record, server = records[0], trace["loadgen-0"]
+    record = records[0]
+    server = trace[str(record.request_id_sent)]
     assert server["outcome"] == "ok"
     assert len(server["chunk_ns"]) == 20
     server_ns = server["first_token_ns"] - server["received_ns"]
@@ -412,7 +413,8 @@ def test_multi_token_chunks_take_n_from_usage(
 ) -> None:
     """20 tokens sent 4 per chunk: 5 chunks, N = 20 from usage, apportioned over the chunks."""
     records, trace = dialect_run
-    record, server = records[1], trace["loadgen-1"]
+    record = records[1]
+    server = trace[str(record.request_id_sent)]
     assert len(server["chunk_ns"]) == 5
     assert len(record.chunk_ns) == 5
     assert (record.output_tokens, record.token_source) == (20, TokenSource.USAGE)

@@ -34,6 +34,8 @@ class AnthropicMessages:
     name = "anthropic"
     default_path = "/v1/messages"
     framing = "sse"
+    finish_signal = True  # message_delta's stop_reason before message_stop
+    forces_length = False
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """`anthropic-version`, and the key as `x-api-key`."""

@@ -37,7 +37,7 @@ PLACEHOLDER = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*")
 SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 FRAMINGS = ("sse", "ndjson")
 KEYS = ("framing", "body", "content", "reasoning", "done", "output_tokens", "prompt_tokens",
-        "error")  # fmt: skip
+        "error", "finish_reason")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +55,7 @@ class GenericSpec:
     output_tokens: Path | None = None
     prompt_tokens: Path | None = None
     error: Path | None = None  # a non-empty value here fails the stream
+    finish_reason: Path | None = None  # the stop reason; set: a stream without one is cut
 
 
 class GenericAdapter:
@@ -62,6 +63,7 @@ class GenericAdapter:
 
     name = "generic"
     default_path = ""  # `target.path` is required (checked at load)
+    forces_length = False  # the body template is the user's: loadgen adds no force fields
 
     def __init__(self, spec: GenericSpec) -> None:
         self.spec = spec
@@ -69,6 +71,8 @@ class GenericAdapter:
         self._done_data = spec.done_data.encode() if spec.done_data is not None else None
         self._done_event = spec.done_event.encode() if spec.done_event is not None else None
         self._uses_system = "$system" in orjson.dumps(spec.body).decode()
+        # Only a configured finish path says how this API ends a complete stream.
+        self.finish_signal = spec.finish_reason is not None
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
@@ -123,6 +127,10 @@ class GenericAdapter:
             delta.completion_tokens = token_count(walk(obj, spec.output_tokens))
         if spec.prompt_tokens is not None:
             delta.prompt_tokens = token_count(walk(obj, spec.prompt_tokens))
+        if spec.finish_reason is not None:
+            finish = walk(obj, spec.finish_reason)
+            if finish:
+                delta.finish_reason = str(finish)
         if spec.done_path is not None:
             value = walk(obj, spec.done_path, missing=_MISSING)
             delta.done = value is not _MISSING and value == spec.done_equals
@@ -203,6 +211,7 @@ def generic_spec(raw: object, source: str, prefix: str = "target.generic") -> Ge
         output_tokens=optional("output_tokens"),
         prompt_tokens=optional("prompt_tokens"),
         error=optional("error"),
+        finish_reason=optional("finish_reason"),
     )
 
 

@@ -35,6 +35,8 @@ DURATIONS = {  # Ollama field (ns) -> ServerTimings field (ms)
 
 class _Ollama:
     framing = "ndjson"
+    finish_signal = True  # the last line's done: true
+    forces_length = False
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer` (a proxy in front of Ollama, or its cloud)."""
@@ -115,8 +117,9 @@ def _envelope(data: bytes) -> tuple[Delta, dict[str, Any]]:
         return delta, {}
     if obj.get("done") is True:
         delta.done = True
-        if obj.get("done_reason"):
-            delta.finish_reason = str(obj["done_reason"])
+        # Ollama before done_reason existed ended with a bare `done: true`: that is the
+        # finish signal, recorded as "done".
+        delta.finish_reason = str(obj.get("done_reason") or "done")
         delta.completion_tokens = token_count(obj.get("eval_count"))
         delta.prompt_tokens = token_count(obj.get("prompt_eval_count"))
         delta.server_timings = _timings(obj)

@@ -2,7 +2,11 @@
 
 Generated output is `delta.content`, `delta.reasoning_content` / `delta.reasoning`
 (vLLM, SGLang, DeepSeek) or `delta.tool_calls`. A role-only delta, `content: null` or an
-empty string carries nothing.
+empty string carries nothing visible. A delta that is only `{"content": ""}` (no role, no
+finish, no tool call) is a token whose text is empty (`Delta.token_only`): llama-cpp-python's
+server sends one for each token that ends inside a UTF-8 character (llama_cpp/llama.py,
+`_create_completion`: the tail of a stream is sent one token per chunk, each decoded with
+`errors="ignore"`), and vLLM streams a token that decodes to no text yet the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ class OpenAIChat:
     name = "openai-chat"
     default_path = "/v1/chat/completions"
     framing = "sse"
+    finish_signal = True  # every chunk stream ends with a choice's finish_reason
+    forces_length = True  # ignore_eos + min_tokens
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
@@ -41,9 +47,12 @@ class OpenAIChat:
         if not isinstance(message, dict):
             return delta
         content = message.get("content")
-        if isinstance(content, str) and content:
-            delta.content_chars = len(content)
-            delta.text = content
+        if isinstance(content, str):
+            if content:
+                delta.content_chars = len(content)
+                delta.text = content
+            elif len(message) == 1 and delta.finish_reason is None:
+                delta.token_only = True
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             delta.reasoning_chars = len(reasoning)

@@ -15,6 +15,8 @@ class OpenAICompletions:
     name = "openai-completions"
     default_path = "/v1/completions"
     framing = "sse"
+    finish_signal = True  # every chunk stream ends with a choice's finish_reason
+    forces_length = True  # ignore_eos + min_tokens
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
@@ -32,7 +34,10 @@ class OpenAICompletions:
         if choice is None:
             return delta
         text = choice.get("text")
-        if isinstance(text, str) and text:
-            delta.content_chars = len(text)
-            delta.text = text
+        if isinstance(text, str):
+            if text:
+                delta.content_chars = len(text)
+                delta.text = text
+            elif delta.finish_reason is None and delta.completion_tokens is None:
+                delta.token_only = True  # a token ending inside a UTF-8 character
         return delta

@@ -39,6 +39,8 @@ class OpenAIResponses:
     name = "openai-responses"
     default_path = "/v1/responses"
     framing = "sse"
+    finish_signal = True  # response.completed / response.incomplete
+    forces_length = False
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""

@@ -59,7 +59,9 @@ class Delta:
     """What one stream event carried. Counts are characters of text, not tokens.
 
     `content_chars`/`reasoning_chars`/`has_tool_call` say whether the event carried generated
-    output (and so counts for TTFT and ITL); `done` marks an explicit end of stream
+    output (and so counts for TTFT and ITL); `token_only` marks an event the API sends for
+    one generated token whose text is empty (a partial UTF-8 character held back: it counts
+    in N when N is counted, not for TTFT or ITL); `done` marks an explicit end of stream
     (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
     server error event (the stream failed), in the server's words, uncut (see
     MalformedEvent). Usage-only events carry only the token counts;
@@ -82,6 +84,7 @@ class Delta:
         "response_id",
         "server_timings",
         "text",
+        "token_only",
     )
 
     def __init__(self) -> None:
@@ -97,6 +100,7 @@ class Delta:
         self.server_timings: ServerTimings | None = None
         self.cached_tokens: int | None = None
         self.response_id: str | None = None
+        self.token_only = False
 
     @property
     def has_output(self) -> bool:
@@ -121,11 +125,20 @@ class MalformedEvent(ValueError):
 
 
 class Adapter(Protocol):
-    """One API family: the default path, framing, headers, request body, event parser."""
+    """One API family: the default path, framing, headers, request body, event parser.
+
+    `finish_signal`: every complete stream of this API carries a stop reason (OpenAI
+    `finish_reason`, Anthropic `stop_reason`, TGI `details.finish_reason`, Ollama
+    `done: true`, a Responses terminal event), so a stream that ends without one was cut
+    short (`truncated`). `forces_length`: `force_output_tokens` reaches the server (the
+    body asks for exactly `max_tokens`), so fewer tokens without a stop reason is a cut.
+    """
 
     name: str
     default_path: str
     framing: str  # "sse" or "ndjson"
+    finish_signal: bool
+    forces_length: bool
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """Headers every request carries: the API's own, and the key where it expects it."""

@@ -5,7 +5,9 @@ Each event is `{"token": {"id", "text", "logprob", "special"}, "generated_text":
 is not output at all: it does not stamp TTFT, is not an output chunk (so the EOS at the
 end adds no inter-token gap), and an empty text carries nothing (as everywhere). The last
 event also carries `generated_text` and `details` (`finish_reason`, `generated_tokens`,
-`input_length`): it ends the stream (TGI sends no `[DONE]`). N is `generated_tokens`
+`input_length`): it ends the stream (TGI sends no `[DONE]`); a stream that ends without it
+was cut short. A non-special token with empty text (a partial UTF-8 character) is still
+one token (`Delta.token_only`). N is `generated_tokens`
 without that last token when it is special, so N counts the tokens a user saw plus any
 special tokens mid-stream. `{"error": ..., "error_type": ...}` fails the stream.
 """
@@ -33,6 +35,8 @@ class TgiGenerateStream:
     name = "tgi"
     default_path = "/generate_stream"
     framing = "sse"
+    finish_signal = True  # the last event's details.finish_reason
+    forces_length = False
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer` (Inference Endpoints)."""
@@ -71,9 +75,12 @@ class TgiGenerateStream:
                 raise MalformedEvent("token is not an object", data)
             special = token.get("special") is True
             text = token.get("text")
-            if not special and isinstance(text, str) and text:
-                delta.content_chars = len(text)
-                delta.text = text
+            if not special and isinstance(text, str):
+                if text:
+                    delta.content_chars = len(text)
+                    delta.text = text
+                else:
+                    delta.token_only = True
         details = obj.get("details")
         if isinstance(details, dict):
             _details(details, special, delta)

@@ -33,7 +33,7 @@ from loadgen.results.runfolder import (
     read_server_metrics,
     write_summary,
 )
-from loadgen.results.summary import ClassAudit, Summary, TokensPerChunk
+from loadgen.results.summary import ClassAudit, StreamEnds, Summary, TokensPerChunk
 from loadgen.workload.spec import SloTargets
 
 
@@ -105,7 +105,10 @@ def audit(
     `slo.verdict`).
     """
     duration_s = metrics.run_duration_s(frame)
-    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms)
+    rates = [o.requested_rate_per_s for o in objectives.values()]
+    requested = sum(r for r in rates if r is not None) if rates and None not in rates else None
+    generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
+                                         requested_rate_per_s=requested)  # fmt: skip
     classes = class_audits(frame, objectives, duration_s=duration_s)
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}
@@ -128,6 +131,7 @@ def class_audits(
     rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
     by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
     chunking = metrics.tokens_per_chunk(frame)
+    ends = metrics.stream_ends(frame)
     classes = {}
     for name in [*objectives, *sorted(set(by_class) - set(objectives))]:
         objective = objectives.get(name)
@@ -135,6 +139,7 @@ def class_audits(
             by_class.get(name, rows.clear()),
             metrics.itl_gaps_ms(frame, name),
             tokens_per_chunk=chunking.get(name, TokensPerChunk()),
+            stream_ends=ends.get(name, StreamEnds()),
             targets=objective.slo if objective else NO_TARGETS,
             duration_s=duration_s,
         )

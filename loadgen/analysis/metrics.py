@@ -36,13 +36,14 @@ from collections.abc import Sequence
 import polars as pl
 
 from loadgen.percentiles import nearest_rank
-from loadgen.results.records import Outcome, with_all_columns
+from loadgen.results.records import Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
     FailureRankedStats,
     GeneratorHealth,
     LagStats,
     LatencyStats,
     OutputTokens,
+    StreamEnds,
     TokensPerChunk,
 )
 
@@ -209,6 +210,29 @@ def tokens_per_chunk(frame: pl.DataFrame) -> dict[str, TokensPerChunk]:
     }
 
 
+def stream_ends(frame: pl.DataFrame) -> dict[str, StreamEnds]:
+    """Per class: stop reasons, stopped-early counts and the sources of N over the requests
+    that streamed some output; truncated over all of them (a cut may come before any
+    output). See `summary.StreamEnds`."""
+    frame = with_all_columns(frame)
+    ends = {}
+    for (name,), whole in sorted(frame.partition_by("class", as_dict=True).items()):
+        part = whole.filter(pl.col("first_token_ns").is_not_null())
+        reasons = part.get_column("finish_reason").fill_null("none").value_counts(sort=True)
+        sources = part.get_column("token_source").value_counts(sort=True)
+        n_from = {str(k): int(v) for k, v in sources.iter_rows()}
+        usage = n_from.get(TokenSource.USAGE.value, 0)
+        ends[str(name)] = StreamEnds(
+            finish_reasons={str(k): int(v) for k, v in reasons.iter_rows()},
+            truncated=int((whole.get_column("outcome") == Outcome.TRUNCATED.value).sum()),
+            stopped_early=int(part.get_column("stopped_early").fill_null(False).sum()),
+            n_from=n_from,
+            n_from_usage_share=round(usage / part.height, 6) if part.height else None,
+            n_counted=any(n_from.get(s.value, 0) for s in (TokenSource.TEXT, TokenSource.CHUNKS)),
+        )
+    return ends
+
+
 def run_duration_s(frame: pl.DataFrame) -> float:
     """max(end) - min(intended_ns) over the whole frame, in s; 0.0 for an empty frame.
 
@@ -251,7 +275,11 @@ def late_sends(lags_ms: pl.Series, bound_ms: float) -> bool:
 
 
 def generator_health(
-    frame: pl.DataFrame, *, planned: int, lag_bound_ms: float = 5.0
+    frame: pl.DataFrame,
+    *,
+    planned: int,
+    lag_bound_ms: float = 5.0,
+    requested_rate_per_s: float | None = None,
 ) -> GeneratorHealth:
     """How well the generator kept to its schedule: lag, and target vs achieved rate.
 
@@ -295,6 +323,9 @@ def generator_health(
         client_errors=client_errors,
         fell_behind=late_sends(scheduled, lag_bound_ms) or client_errors > 0,
         lag_bound_ms=lag_bound_ms,
+        requested_rate_per_s=None
+        if requested_rate_per_s is None
+        else round(requested_rate_per_s, 3),
     )
 
 

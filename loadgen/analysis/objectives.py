@@ -46,6 +46,8 @@ class Objective:
     batch_deadline_s: float | None = None
     concurrency: int | None = None
     trajectory_budget_s: float | None = None
+    # The arrival rate asked for (single open-loop requests only: chat without turns).
+    requested_rate_per_s: float | None = None
 
     @classmethod
     def of(cls, spec: ClassSpec) -> Objective:
@@ -54,6 +56,8 @@ class Objective:
             name=spec.name, kind=spec.kind, slo=spec.slo, has_sessions=spec.turns is not None,
             batch_deadline_s=spec.batch_deadline_s, concurrency=spec.concurrency,
             trajectory_budget_s=spec.trajectory_budget_s,
+            requested_rate_per_s=spec.arrival.mean_rate_per_s
+            if spec.kind == "chat" and spec.turns is None else None,
         )  # fmt: skip
 
     @classmethod
@@ -63,6 +67,7 @@ class Objective:
             name=recorded.name, kind=recorded.kind, slo=slo, has_sessions=recorded.has_turns,
             batch_deadline_s=recorded.batch_deadline_s, concurrency=recorded.concurrency,
             trajectory_budget_s=recorded.trajectory_budget_s,
+            requested_rate_per_s=recorded.requested_rate_per_s,
         )  # fmt: skip
 
 

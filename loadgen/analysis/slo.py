@@ -51,6 +51,7 @@ from loadgen.results.summary import (
     PrefixCacheShare,
     ServerTimings,
     SloAudit,
+    StreamEnds,
     TokensPerChunk,
     Verdict,
 )
@@ -136,6 +137,7 @@ def audit_class(
     tokens_per_chunk: TokensPerChunk,
     targets: SloTargets,
     duration_s: float,
+    stream_ends: StreamEnds | None = None,
 ) -> ClassAudit:
     """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
 
@@ -164,6 +166,7 @@ def audit_class(
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
         goodput=goodput(rows, duration_s=duration_s),
+        stream_ends=stream_ends or StreamEnds(),
         prefix_cache=prefix_cache_share(rows),
     )  # fmt: skip
 

@@ -3,7 +3,10 @@
 Uses httpx (not the engine's lean client): it is off the hot path, and its errors are
 well classified. It checks that the URL answers, that the path exists, and that the answer
 is a stream this adapter can decode into generated output. Its request is not a planned
-request and is not recorded.
+request and is not recorded, but it has the real requests' shape: the same headers (the
+user's, the API's, a request id in the run's format, a priority header) and the same body
+fields (a short prompt, 4 tokens), so a server that refuses what the run would send refuses
+it here, and the message lists what was sent (secrets redacted).
 
 Bounded whatever the server does: one overall deadline (`preflight_deadline`: the
 workload's longest first-token deadline, `--preflight-timeout`, never past the watchdog)
@@ -19,7 +22,7 @@ message (an error body, an error event, a bad payload) is quoted through the run
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
 
@@ -29,6 +32,7 @@ import orjson
 
 from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
+from loadgen.engine.request_ids import merged
 from loadgen.engine.runner import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint
@@ -82,13 +86,20 @@ def preflight(
     deadline_why: str = "the default",
     redactor: Redactor = NO_SECRETS,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    extra_headers: Mapping[str, str] | None = None,
+    extra_fields: Mapping[str, object] | None = None,
 ) -> None:
     """Raise `TargetError` saying what is wrong and how to fix it; return when the target
-    streamed a generated token. Ends within `timeout_s`, whatever the server sends."""
+    streamed a generated token. Ends within `timeout_s`, whatever the server sends.
+
+    `extra_headers` and `extra_fields` are what the engine adds to each real request (its
+    request id and priority header; a body `priority`), so the preflight sends them too.
+    """
     shown = endpoint.origin + endpoint.target.split("?", 1)[0]
     progress = _Progress()
     started_ns = perf_counter_ns()
     check = _Check(endpoint, adapter, options, redactor, max_event_bytes, progress)
+    check.extra_headers, check.extra_fields = extra_headers or {}, extra_fields or {}
     try:
         anyio.run(check.run, timeout_s, backend="asyncio")
     except TimeoutError:
@@ -153,16 +164,23 @@ class _Check:
         self.endpoint, self.adapter, self.options = endpoint, adapter, options
         self.redactor, self.max_event_bytes, self.progress = redactor, max_event_bytes, progress
         self.shown = endpoint.origin + endpoint.target.split("?", 1)[0]
+        self.extra_headers: Mapping[str, str] = {}
+        self.extra_fields: Mapping[str, object] = {}
+        self.sent = ""  # what was sent, for a refusal's message
 
     async def run(self, timeout_s: float) -> None:
         endpoint, adapter, options = self.endpoint, self.adapter, self.options
         fields = adapter.build_body([("user", "Say hello.")], 4, options)
+        fields.update(self.extra_fields)
         # What a strict server may reject and the user can turn off (not model, messages, ...).
         optional = [
             f for f in (*FORCE_FIELDS, "stream_options", *(options.extra_body or {})) if f in fields
         ]
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        headers.update(endpoint.headers)
+        # The engine's request headers (transport.encode_request), the same names and order.
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                   "User-Agent": "loadgen"}  # fmt: skip
+        headers = merged(merged(headers, endpoint.headers), self.extra_headers)
+        self.sent = _sent_note(headers, fields, self.redactor)
         url = endpoint.origin + endpoint.target
         with anyio.fail_after(timeout_s):
             # Plain http needs no TLS context (httpx builds one eagerly: ~16 ms).
@@ -189,10 +207,25 @@ class _Check:
         progress.content_type = self.redactor.quote(response.headers.get("content-type", ""), 80)
         if response.status_code >= 400:
             detail = await self._error_body(response)
-            raise TargetError(
-                _status_message(self.shown, response.status_code, detail, self.adapter, optional)
+            message = _status_message(
+                self.shown, response.status_code, detail, self.adapter, optional
             )
+            if 400 <= response.status_code < 500:
+                message += f"; {self._id_hint(detail)}{self.sent}"
+            raise TargetError(message)
         await self._check_stream(response)
+
+    def _id_hint(self, detail: str) -> str:
+        """With no reason given, the request-id header is a suspect worth naming."""
+        if detail:
+            return ""
+        ids = [k for k in self.extra_headers if k.lower().endswith("request-id")]
+        if not ids:
+            return ""
+        return (
+            f"the server gave no reason: some refuse a {ids[0]} they cannot parse (set "
+            "target.request_id: {format: uuid|counter} or off, or send your own with --header); "
+        )
 
     async def _error_body(self, response: httpx.Response) -> str:
         """The error body's first MAX_ERROR_BODY bytes, redacted (the rest is not read)."""
@@ -257,6 +290,18 @@ def _status_message(
         hint = _rejected_fields_hint(detail, optional)
     hint = hint or hints.get(status, "see the server's message")
     return f"{shown} answered HTTP {status}: {detail[:QUOTE_CHARS] or '(no body)'} ({hint})"
+
+
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})
+
+
+def _sent_note(headers: Mapping[str, str], fields: Mapping[str, object], redactor: Redactor) -> str:
+    """`sent headers A: v, B: (secret); body fields x, y`: what a refused request carried."""
+    shown = ", ".join(
+        f"{k}: {'(secret)' if k.lower() in SECRET_HEADERS else redactor.quote(v, 80)}"
+        for k, v in headers.items()
+    )
+    return f"sent headers {shown}; body fields {', '.join(fields)}"
 
 
 def _rejected_fields_hint(detail: str, optional: Collection[str]) -> str | None:

@@ -41,6 +41,7 @@ from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_te
 from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
+from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Connector, Link, encode_request
 from loadgen.results.records import Outcome, RequestRecord, TokenSource
@@ -88,6 +89,11 @@ class EngineConfig:
     redactor: Redactor = NO_SECRETS  # quotes server text into errors, secrets hidden
     # The cap on one stream event or line, by class name (`limits.max_event_bytes`).
     max_event_bytes: Mapping[str, int] = field(default_factory=dict)
+    # Each request's id header (`loadgen.engine.request_ids`): name (None: none sent),
+    # format, and the run's random UUID prefix.
+    request_id_header: str | None = DEFAULT_HEADER
+    request_id_format: str = "uuid"
+    request_id_nonce: int = field(default_factory=new_nonce)
 
 
 class Exchange:
@@ -108,10 +114,15 @@ class Exchange:
         redactor: Redactor = NO_SECRETS,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         clock: Clock = SYSTEM_CLOCK,
+        forced: bool = False,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         self.plan = plan
+        # N without usage: the text's tokens by target.tokenizer (the text is then kept).
+        self.count_tokens = count_tokens
+        self.forced = forced and adapter.forces_length  # the body asked for exactly max_tokens
         self._now = clock.now_ns
-        self.keep_text = keep_text  # flows build the next prompt from this answer
+        self.keep_text = keep_text or count_tokens is not None  # flows build on the answer
         self.texts: list[str] = []
         self.stall_ns = int(plan.deadlines.stall_s * 1e9)
         self.reused_connection = False
@@ -147,6 +158,9 @@ class Exchange:
         self.conn: Link | None = None
         self.lost_before_response = False
         self._stall_timer: asyncio.TimerHandle | None = None
+        self.request_id_sent: str | None = None
+        self.finish_reason: str | None = None  # the API's stop reason, as it sent it
+        self.hidden_at: list[int] = []  # token-only events: index of the chunk after each
 
     # -- ExchangeSink ------------------------------------------------------------------
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
@@ -239,6 +253,10 @@ class Exchange:
                 self.texts.append(delta.text)
             self.chunk_ns.append(t_ns)
             self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+        elif delta.token_only and self.first_token_ns is not None:
+            self.hidden_at.append(len(self.chunk_ns))
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
         if delta.completion_tokens is not None:
             self.usage_completion = delta.completion_tokens
         if delta.prompt_tokens is not None:
@@ -276,12 +294,18 @@ class Exchange:
             message = f"HTTP {status}" + (f": {body}" if body else "")
             return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
         if self.first_token_ns is None:
+            if self.saw_done and self.finish_reason is None and self.adapter.finish_signal:
+                # An explicit end with no stop reason, before any output: the same cut as
+                # after some (llama-cpp-python interrupting a stream still in prefill).
+                return Outcome.TRUNCATED, (
+                    "stream ended before any generated output, without a finish reason: cut short"
+                )
             message = "stream ended without any generated output"
             kind = self.content_type.split(";", 1)[0].strip()
             if kind and kind not in ("text/event-stream", "application/x-ndjson"):
                 message += f" (content-type {self.redactor.quote(kind, 80)!r})"
             return Outcome.STREAM_ERROR, message
-        return Outcome.OK, None
+        return stream_end(self.finish_reason, self.adapter.finish_signal)
 
     def timeout(self, outcome: Outcome, message: str) -> None:
         """A deadline fired: settle as that timeout (the connection is dropped)."""
@@ -307,18 +331,37 @@ class Exchange:
 
         self._stall_timer = loop.call_later(stall_ns / 1e9, check)
 
+    def output_tokens(self) -> tuple[int, TokenSource, list[int]]:
+        """N, where it came from, and the tokens each output chunk carried.
+
+        The server's usage when it sent one; else, with a tokenizer, the streamed text's
+        tokens (when no reasoning or tool output, which is not in the text, came); else the
+        count of token-bearing events: every output chunk and every token-only event after
+        the first output (each token-only event is counted in the output chunk after it).
+        """
+        n_chunks = len(self.chunk_ns)
+        if self.usage_completion is not None and n_chunks:
+            tokens = self.usage_completion
+            return tokens, TokenSource.USAGE, apportion(tokens, self.chunk_chars)
+        if not n_chunks:
+            source = TokenSource.USAGE if self.usage_completion else TokenSource.NONE
+            return self.usage_completion or 0, source, []
+        if self.count_tokens is not None and self.first_reasoning_ns is None and self.texts:
+            tokens = max(1, self.count_tokens("".join(self.texts)))
+            return tokens, TokenSource.TEXT, apportion(tokens, self.chunk_chars)
+        per_chunk = [1] * n_chunks
+        for index in self.hidden_at:
+            per_chunk[min(index, n_chunks - 1)] += 1
+        return n_chunks + len(self.hidden_at), TokenSource.CHUNKS, per_chunk
+
     def record(self, dispatched_ns: int | None) -> RequestRecord:
         """The one record of this request (relative times)."""
         outcome = self.outcome or Outcome.CANCELLED
-        n_chunks = len(self.chunk_ns)
-        if self.usage_completion is not None and n_chunks:
-            tokens, source = self.usage_completion, TokenSource.USAGE
-        elif n_chunks:
-            tokens, source = n_chunks, TokenSource.CHUNKS
-        else:
-            tokens, source = (
-                self.usage_completion or 0,
-                (TokenSource.USAGE if self.usage_completion else TokenSource.NONE),
+        tokens, source, per_chunk = self.output_tokens()
+        error, stopped_early = self.error, False
+        if outcome is Outcome.OK and self.forced and tokens < self.plan.output_tokens:
+            outcome, error, stopped_early = short_stream(
+                self.finish_reason, source, tokens, self.plan.output_tokens
             )
         t0 = self.t0_ns
 
@@ -339,25 +382,73 @@ class Exchange:
             last_token_ns=rel(self.last_token_ns),
             end_ns=rel(self.end_ns),
             chunk_ns=[t - t0 for t in self.chunk_ns],
-            chunk_tokens=apportion(tokens, self.chunk_chars)
-            if source is TokenSource.USAGE
-            else [1] * n_chunks,
+            chunk_tokens=per_chunk,
             output_tokens=tokens,
             token_source=source,
             prompt_tokens=self.usage_prompt,
             prompt_tokens_target=self.plan.prompt_tokens,
             max_tokens=self.plan.output_tokens,
             http_status=self.status,
-            error=self.error,
+            error=error,
             retries=self.retries,
             session_id=self.plan.session_id,
             turn=self.plan.turn,
             server_timings=self.server_timings,
+            request_id_sent=self.request_id_sent,
+            finish_reason=self.finish_reason,
+            stopped_early=stopped_early,
             cached_prompt_tokens=self.cached_tokens,
             server_request_id=self.redactor.quote(self.response_id, 200)
             if self.response_id is not None
             else None,
         )
+
+
+# Stop reasons that say the server gave up on the request, not that the output was done:
+# vLLM's "abort" and "error" (vllm/v1/engine/__init__.py, FINISH_REASON_STRINGS: stop,
+# length, abort, error, repetition), SGLang's "abort" (sglang/srt/managers/schedule_batch.py,
+# FINISH_ABORT); "cancelled" is what other servers use for the same.
+ABORT_REASONS = frozenset({"abort", "aborted", "cancelled", "canceled", "error"})
+# Stop reasons that mean "the length limit was reached", in each API's words.
+LENGTH_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "max_new_tokens"})
+
+
+def stream_end(finish_reason: str | None, finish_signal: bool) -> tuple[Outcome, str | None]:
+    """How a stream that ended cleanly after some output ended: ok, or truncated."""
+    if finish_reason is None:
+        if finish_signal:
+            return Outcome.TRUNCATED, (
+                "stream ended without a finish reason (this API always sends one): cut short"
+            )
+        return Outcome.OK, None
+    if finish_reason.lower() in ABORT_REASONS:
+        return Outcome.TRUNCATED, f"stream ended with finish reason {finish_reason!r}"
+    return Outcome.OK, None
+
+
+def short_stream(
+    finish_reason: str | None, source: TokenSource, tokens: int, forced: int
+) -> tuple[Outcome, str | None, bool]:
+    """An ok stream with fewer tokens than the forced length: (outcome, error, stopped early).
+
+    No stop reason (an API without a finish signal) and a trusted count (usage or text):
+    truncated. A stop reason that explains it (`stop`, EOS, a stop sequence: the server did
+    not honour the forced length; `length` by usage or text: it capped the length): ok, and
+    flagged. A `length` with N counted from chunks is not flagged: the count may be short.
+    """
+    trusted = source in (TokenSource.USAGE, TokenSource.TEXT)
+    if finish_reason is None:
+        if trusted:
+            return (
+                Outcome.TRUNCATED,
+                f"stream ended after {tokens} of {forced} forced tokens "
+                "with no stop reason: cut short",
+                False,
+            )
+        return Outcome.OK, None, False
+    if finish_reason.lower() in LENGTH_REASONS and not trusted:
+        return Outcome.OK, None, False
+    return Outcome.OK, None, True
 
 
 def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
@@ -411,9 +502,14 @@ class Engine:
         self._limiter = anyio.Semaphore(config.max_in_flight) if config.max_in_flight else None
         self._stopping = anyio.Event()
         self.prompts = config.prompts or PromptMaker(config.seed)
+        # N without usage, counted in the text when there is a tokenizer (target.tokenizer).
+        self._count_tokens = self.prompts.count if self.prompts.tokenizer is not None else None
         self.sending = anyio.CancelScope()
         self.requests = anyio.CancelScope()
         self.next_due_ns: int | None = None  # the scheduler's next send; None when all are out
+        user_headers = {**connector.endpoint.headers, **config.request_headers}
+        self.ids = RequestIds(config.request_id_header, config.request_id_format,
+                              config.request_id_nonce, user_headers)  # fmt: skip
 
     def stop(self) -> None:
         """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
@@ -488,7 +584,8 @@ class Engine:
         exchange = Exchange(
             plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
             max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
-            clock=self.clock,
+            clock=self.clock, forced=config.body_options.force_output_tokens,
+            count_tokens=self._count_tokens,
         )  # fmt: skip
         try:
             if self._limiter is not None:
@@ -621,11 +718,7 @@ class Engine:
                 f"not finished in {deadlines.total_s:g} s",
             ),
         ]
-        headers = {"X-Request-Id": f"loadgen-{plan.request_id}", **self.config.request_headers}
-        if plan.priority is not None and self.config.priority_header is not None:
-            headers[self.config.priority_header] = str(plan.priority)
-        if self.config.headers_for is not None:
-            headers.update(self.config.headers_for(plan))
+        headers = self._headers(exchange)
         request = encode_request(self.connector.endpoint, body, headers)
         if LOGGER.isEnabledFor(logging.DEBUG):
             point = self.connector.endpoint
@@ -651,6 +744,20 @@ class Engine:
         finally:
             for timer in timers:
                 timer.cancel()
+
+    def _headers(self, exchange: Exchange) -> dict[str, str]:
+        """The request's own headers: its id and priority (unless the user set the same
+        names: theirs replace loadgen's), then the configured ones. The id is recorded."""
+        plan, config = exchange.plan, self.config
+        headers, exchange.request_id_sent = self.ids.headers(plan.request_id)
+        if plan.priority is not None and config.priority_header is not None:
+            headers[config.priority_header] = str(plan.priority)
+        user = {k.lower() for k in self.connector.endpoint.headers}
+        headers = {k: v for k, v in headers.items() if k.lower() not in user}
+        headers = merged(headers, config.request_headers)
+        if config.headers_for is not None:
+            headers = merged(headers, config.headers_for(plan))
+        return headers
 
     async def _send(self, exchange: Exchange, request: bytes) -> bool:
         """Get a connection and write the request; False when the exchange already ended."""

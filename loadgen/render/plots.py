@@ -7,8 +7,10 @@ functions only draw: they take values already in ms (or counts) and return PNG b
 the Agg backend and every figure is closed after it is saved.
 
 Conventions: times in ms on the x axis; a log x axis when the values span more than two
-decades; SLO targets drawn as dashed lines with their value in the label; every percentile
-drawn is nearest rank (`loadgen.percentiles`), and its label says so.
+decades; the x axis fits the data (`fit_x`), and an SLO target is drawn as a dashed line
+with its value in the label when it lies near them, else named in a note as off-scale
+(a 20 s target beside 15 ms values would squeeze every value into one vertical line);
+every percentile drawn is nearest rank (`loadgen.percentiles`), and its label says so.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ DPI = 100
 SIZE_IN = (8.0, 4.5)
 MAX_CDF_POINTS = 4000  # a CDF drawn through more points looks the same and renders slower
 LOG_SPAN = 100.0  # max/min above this (two decades) switches an axis to log scale
+# An SLO line is drawn on the axis when showing it keeps the data on at least a third of
+# the width (linear), or within one decade of the data (log); else it is noted off-scale.
+SLO_SPAN_LINEAR = 3.0
+SLO_SPAN_LOG = 10.0
 TIMELINE_LOG_SPAN = 10.0  # TTFT, TPOT, ITL and their SLOs share one axis: log sooner
 # Fixed margins, not constrained layout: the labels are known and layout solving would
 # double the time per figure (a report draws five per class).
@@ -74,8 +80,7 @@ def cdf_png(
     else:
         ax.text(0.5, 0.5, "no completed values", transform=ax.transAxes, ha="center")
     ax.axhline(percentile / 100, color="grey", linestyle=":", label=f"p{percentile:g}")
-    if target_ms is not None:
-        ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+    _slo_line(ax, values, target_ms)
     if n:
         _mark_percentile(ax, values, n, percentile)
     if failures:
@@ -111,8 +116,7 @@ def itl_histogram_png(
         ax.set_ylim(bottom=0.7)
     else:
         ax.text(0.5, 0.5, "no gaps (no ok request had two chunks)", transform=ax.transAxes)
-    if target_ms is not None:
-        ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+    _slo_line(ax, gaps, target_ms)
     ax.set_xlabel("inter-chunk gap (ms)")
     ax.set_ylabel("gaps (log scale)")
     ax.set_title(title)
@@ -306,6 +310,56 @@ def figure_png(fig: Figure) -> bytes:
         return buf.getvalue()
     finally:
         plt.close(fig)
+
+
+def fit_x(values: FloatArray, target_ms: float | None, *, log: bool) -> tuple[float, float, bool]:
+    """The x range that fits `values` (> 0 on a log axis), and whether the SLO target is in it.
+
+    The target is included when the data still fill at least 1/SLO_SPAN_LINEAR of the
+    axis (linear) or it lies within SLO_SPAN_LOG of the data (log); else it is off-scale.
+    """
+    data = values[values > 0] if log else values
+    if not data.size:
+        data = values if values.size else np.asarray([target_ms or 1.0])
+    low, high = float(data.min()), float(data.max())
+    if log:
+        shown = (
+            target_ms is not None
+            and target_ms > 0
+            and (low / SLO_SPAN_LOG <= target_ms <= high * SLO_SPAN_LOG)
+        )
+        if shown and target_ms is not None:
+            low, high = min(low, target_ms), max(high, target_ms)
+        return low / 1.15, high * 1.15, shown
+    span = max(high - low, 0.25 * abs(high), 1e-3)  # one value: a quarter of it either side
+    shown = target_ms is not None and (
+        max(high, target_ms) - min(low, target_ms) <= SLO_SPAN_LINEAR * span
+    )
+    if shown and target_ms is not None:
+        low, high = min(low, target_ms), max(high, target_ms)
+    pad = 0.05 * max(high - low, span)
+    if 0 <= low <= high - low:  # the data start near 0: show the axis from 0
+        return 0.0, high + pad, shown
+    return low - pad, high + pad, shown
+
+
+def _slo_line(ax: Axes, values: FloatArray, target_ms: float | None) -> None:
+    """Fit the x axis to `values`; draw the SLO line there, or note it as off-scale."""
+    if not values.size:
+        if target_ms is not None:
+            ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+        return
+    left, right, shown = fit_x(values, target_ms, log=ax.get_xscale() == "log")
+    ax.set_xlim(left, right)
+    if target_ms is None:
+        return
+    if shown:
+        ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
+        return
+    side, where = ("right", "below") if target_ms > right else ("left", "above")
+    note = f"SLO {_ms(target_ms)} off-scale ({side}): every value shown is {where} it"
+    ax.text(0.98 if side == "right" else 0.02, 0.5, note, transform=ax.transAxes,
+            ha=side, va="center", color="tab:red", bbox=NOTE_BOX)  # fmt: skip
 
 
 def _thin(n: int) -> npt.NDArray[np.intp]:

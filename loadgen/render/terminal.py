@@ -11,7 +11,7 @@ shows its figures labelled partial and no verdict: nothing says MET or MISSED.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from rich import box
@@ -76,7 +76,8 @@ def _class_table(summary: Summary) -> Table:
     stop = stop_of(summary.verdict)
     stopped = f" · stopped early ({STOP_TEXT[stop]}): PARTIAL figures" if stop else ""
     duration = f"{summary.duration_s:.1f} s"
-    title = f"run {summary.run_id}{stopped} · {duration} · latencies in ms"
+    unit = table_unit(v for cls in summary.classes.values() for v in _shown_ms(cls))
+    title = f"run {summary.run_id}{stopped} · {duration} · latencies in {unit}"
     table = Table(
         title=title,
         title_justify="left",
@@ -94,22 +95,28 @@ def _class_table(summary: Summary) -> Table:
     table.add_column("good\nreq/s", justify="right", no_wrap=True)
     table.add_column("SLO", no_wrap=True)
     for name, cls in summary.classes.items():
-        table.add_row(*_class_row(name, cls))
+        table.add_row(*_class_row(name, cls, unit))
     return table
 
 
-def _class_row(name: str, cls: ClassAudit) -> list[RenderableType]:
+def _shown_ms(cls: ClassAudit) -> list[float | None]:
+    """The latencies a class's row shows (the table's unit fits them all)."""
+    return [cls.ttft_ms.p50, cls.ttft_ms.p99, cls.ttft_ms_with_failures.p99, cls.tpot_ms.p50,
+            cls.tpot_ms.p99, cls.itl_ms.p99, cls.e2e_ms.p99]  # fmt: skip
+
+
+def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableType]:
     attainment = cls.slo.attainment
     failed = sum(n for k, n in cls.outcomes.items() if k != "ok")
     return [
         name,
         str(cls.requests),
         Text(str(failed), style="red" if failed else ""),
-        f"{fmt_ms(cls.ttft_ms.p50)}/{fmt_ms(cls.ttft_ms.p99)}",
-        _with_failures(cls.ttft_ms_with_failures),
-        f"{fmt_ms(cls.tpot_ms.p50)}/{fmt_ms(cls.tpot_ms.p99)}",
-        fmt_ms(cls.itl_ms.p99),
-        fmt_ms(cls.e2e_ms.p99),
+        f"{fmt_in(cls.ttft_ms.p50, unit)}/{fmt_in(cls.ttft_ms.p99, unit)}",
+        _with_failures(cls.ttft_ms_with_failures, unit),
+        f"{fmt_in(cls.tpot_ms.p50, unit)}/{fmt_in(cls.tpot_ms.p99, unit)}",
+        fmt_in(cls.itl_ms.p99, unit),
+        fmt_in(cls.e2e_ms.p99, unit),
         f"{attainment * 100:.1f}%" if attainment is not None else "—",
         _rate(cls.goodput.requests_per_s),
         _verdict_cell(cls.slo),
@@ -127,19 +134,41 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def with_unit(value: float | None) -> str:
-    """`fmt_ms` with its unit: "412 ms", "24.0s"."""
+def with_unit(value: float | None, unit: str | None = None) -> str:
+    """`fmt_ms` with its unit: "412 ms", "24.0s"; with `unit` ("ms" or "s", one per table:
+    see `table_unit`) always in that unit: "20,000 ms", "0.412 s"."""
+    if unit is not None and value is not None:
+        return f"{fmt_in(value, unit)} {unit}"
     text = fmt_ms(value)
     return text if text.endswith("s") or value is None else f"{text} ms"
 
 
-def _with_failures(stats: FailureRankedStats) -> Text:
+def table_unit(values_ms: Iterable[float | None]) -> str:
+    """One unit for a table of latencies: "s" when any value reaches 10 s, else "ms" (give
+    it the measured values, not the targets: a 20 s target beside 15 ms values is shown as
+    20,000 ms, the values stay readable)."""
+    return "s" if any(v is not None and v >= 10_000 for v in values_ms) else "ms"
+
+
+def fmt_in(value: float | None, unit: str) -> str:
+    """A latency given in ms, shown in `unit` ("ms" or "s") with 3-4 significant figures."""
+    if value is None:
+        return "—"
+    shown = value / 1000 if unit == "s" else value
+    if shown >= 100:
+        return f"{shown:,.0f}"
+    if shown >= 10:
+        return f"{shown:.1f}"
+    return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
+
+
+def _with_failures(stats: FailureRankedStats, unit: str = "ms") -> Text:
     """The p99 with failures worst: "fail" in red when it falls on a failure."""
     if stats.count == 0:
         return Text("—")
     if stats.p99 is None:
         return Text("fail", style="bold red")
-    return Text(fmt_ms(stats.p99))
+    return Text(fmt_in(stats.p99, unit))
 
 
 def _rate(value: float | None) -> str:
@@ -173,6 +202,7 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
         if kinds:
             lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
         lines.extend(_objective_lines(name, cls))
+        lines.extend(Text(f"  {name}: {note}", style="yellow") for note in stream_notes(cls))
         lines.extend(_reasoning_and_server_lines(name, cls))
         missed = [_missed_check(name, c) for c in cls.slo.checks if not c.passed]
         if partial:
@@ -183,6 +213,26 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
                 line.append(" (diagnostic)")
         lines.extend(missed)
     return lines
+
+
+def stream_notes(cls: ClassAudit) -> list[str]:
+    """What a reader must know about N and stream ends: N counted (not the server's usage),
+    and requests that stopped before their forced length (not like for like)."""
+    ends, notes = cls.stream_ends, []
+    total = sum(ends.n_from.values())
+    if ends.n_counted:
+        counted = [f"{ends.n_from[s]} from {s}" for s in ("chunks", "text") if ends.n_from.get(s)]
+        share = ends.n_from_usage_share or 0.0
+        notes.append(
+            f"N counted by loadgen ({', '.join(counted)} of {total}; {share:.0%} from usage): "
+            "N from chunks may differ from the server's count, and TPOT with it"
+        )
+    if ends.stopped_early:
+        notes.append(
+            f"{ends.stopped_early} ok requests stopped early (a stop reason before the forced "
+            "length): their TPOT and goodput are not like for like"
+        )
+    return notes
 
 
 def _reasoning_and_server_lines(name: str, cls: ClassAudit) -> list[Text]:
@@ -259,14 +309,22 @@ def _missed_check(name: str, check: Check) -> Text:
     return Text(f"{label}fails: {check.note} (target {target})", style="red")
 
 
+def _rates_text(generator: GeneratorHealth) -> str:
+    """`rate 5.0/s asked, 6.5/s scheduled, 6.4/s achieved`: the rate asked for (when the
+    workload has one), the sampled schedule's, and the achieved one."""
+    target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
+    if generator.requested_rate_per_s is None:
+        return f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+    asked = _rate(generator.requested_rate_per_s)
+    return f"rate {asked}/s asked, {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+
+
 def _generator_line(generator: GeneratorHealth) -> Text:
     lag = generator.lag_ms
-    target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
     line = Text(
         f"generator: planned {generator.planned} · sent {generator.sent} · "
         f"recorded {generator.recorded} · retries {generator.retries} · "
-        f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · "
-        f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
+        f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · " + _rates_text(generator)
     )
     if generator.chained_lag_ms.p99 is not None:
         line.append(f" · next-turn reaction p99 {with_unit(generator.chained_lag_ms.p99)}")

@@ -42,6 +42,9 @@ class Outcome(enum.StrEnum):
     NOT_SENT = "not_sent"  # never sent: the run was stopped (or killed) before its time came
     SKIPPED = "skipped"  # never sent: an earlier turn or hop of its session/trajectory failed
     CLIENT_ERROR = "client_error"  # the client failed (no file descriptor, no local port)
+    # The stream ended cleanly but short: no finish signal where the API always sends one,
+    # an abort as the finish reason, or fewer tokens than forced with no reason given.
+    TRUNCATED = "truncated"
 
 
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
@@ -51,7 +54,8 @@ class TokenSource(enum.StrEnum):
     """Where `output_tokens` came from."""
 
     USAGE = "usage"  # the server's reported usage.completion_tokens
-    CHUNKS = "chunks"  # counted output-bearing chunks (one token each)
+    CHUNKS = "chunks"  # counted token-bearing events (one token each)
+    TEXT = "text"  # the streamed text's tokens, counted with target.tokenizer
     NONE = "none"  # no output at all
 
 
@@ -99,6 +103,9 @@ class RequestRecord:
     session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
     turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
     server_timings: ServerTimings | None = None  # what the server reported, if it did
+    request_id_sent: str | None = None  # the id header's value this request carried
+    finish_reason: str | None = None  # the API's stop reason as sent (None: none came)
+    stopped_early: bool = False  # ok, but a stop reason ended it before its forced length
     cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
     server_request_id: str | None = None  # the response's `id`, else its x-request-id header
 
@@ -131,6 +138,9 @@ SCHEMA: dict[str, pl.DataType] = {
     "turn": pl.Int32(),
     "first_reasoning_ns": pl.Int64(),
     "server_timings": SERVER_TIMINGS_DTYPE,
+    "request_id_sent": pl.String(),
+    "finish_reason": pl.String(),
+    "stopped_early": pl.Boolean(),
     "cached_prompt_tokens": pl.Int64(),
     "server_request_id": pl.String(),
 }
@@ -177,6 +187,7 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         row["token_source"] = TokenSource(row["token_source"])
         row["chunk_ns"] = tuple(row["chunk_ns"] or ())
         row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
+        row["stopped_early"] = bool(row.get("stopped_early"))  # null in older runs
         timings = row.get("server_timings")
         if isinstance(timings, dict) and any(v is not None for v in timings.values()):
             row["server_timings"] = ServerTimings(**timings)

@@ -30,16 +30,18 @@ from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
 from loadgen.results.summary import Summary
 from loadgen.workload.identity import identity_of_run
-from loadgen.workload.spec import METRICS_MS, SloTargets
+from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 6  # 6: records cached_prompt_tokens, server_request_id; summary.json
+SCHEMA_VERSION = 7  # 7: records cached_prompt_tokens, server_request_id; summary.json
 # server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet
-# 5: run.json workload.spec.classes.*.limits (max_event_bytes)
+# 6: summary classes.*.stream_ends, generator.requested_rate_per_s; records
+# request_id_sent, finish_reason, stopped_early; run.json target request_id_header/_format
+# (5: run.json workload.spec.classes.*.limits (max_event_bytes))
 # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
 # 3: adapters (visible-token TTFT, server timings), workers/shards
@@ -253,6 +255,7 @@ class RecordedClass:
     batch_deadline_s: float | None = None
     concurrency: int | None = None
     trajectory_budget_s: float | None = None
+    requested_rate_per_s: float | None = None  # single open-loop requests' asked rate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -343,7 +346,30 @@ def _recorded_class(name: str, raw: Mapping[str, Any]) -> RecordedClass:
         batch_deadline_s=raw.get("batch_deadline_s"),
         concurrency=raw.get("concurrency"),
         trajectory_budget_s=raw.get("trajectory_budget_s"),
+        requested_rate_per_s=_requested_rate(raw),
     )
+
+
+def _requested_rate(raw: Mapping[str, Any]) -> float | None:
+    """The rate a recorded chat class without turns asked for (see ArrivalSpec)."""
+    arrival = raw.get("arrival")
+    if raw.get("kind", "chat") != "chat" or raw.get("turns") is not None:
+        return None
+    if not isinstance(arrival, Mapping) or not isinstance(arrival.get("process"), str):
+        return None
+    try:
+        spec = ArrivalSpec(
+            process=arrival["process"],
+            rate_per_s=float(arrival.get("rate_per_s") or 0.0),
+            on_rate_per_s=float(arrival.get("on_rate_per_s") or 0.0),
+            off_rate_per_s=float(arrival.get("off_rate_per_s") or 0.0),
+            on_mean_s=float(arrival.get("on_mean_s") or 0.0),
+            off_mean_s=float(arrival.get("off_mean_s") or 0.0),
+            steps=tuple((float(r), float(d)) for r, d in arrival.get("steps") or ()),
+        )
+        return spec.mean_rate_per_s
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 # --- server_metrics.parquet ----------------------------------------------------------------

@@ -68,6 +68,28 @@ class TokensPerChunk:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StreamEnds:
+    """How a class's streams ended, and where their N came from (over requests with output;
+    `truncated` over all: a cut may come before any output).
+
+    `finish_reasons`: requests per stop reason in the API's words (`none`: no reason came).
+    `truncated`: cut short (also in `outcomes`: a breach). `stopped_early`: ok, but a stop
+    reason ended them before their forced length: their TPOT and goodput are not like for
+    like with full-length requests. `n_from`: requests per source of N (`usage`, `text`:
+    the streamed text by `target.tokenizer`, `chunks`: token-bearing events counted);
+    `n_from_usage_share` is the usage share. `n_counted` is true when any N was counted by
+    loadgen (text or chunks): N, TPOT and tokens/s may then differ from the server's count.
+    """
+
+    finish_reasons: Mapping[str, int] = field(default_factory=dict)
+    truncated: int = 0
+    stopped_early: int = 0
+    n_from: Mapping[str, int] = field(default_factory=dict)
+    n_from_usage_share: float | None = None
+    n_counted: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerTimings:
     """What the server reported about its own work, over the ok requests that carried it
     (`requests`: 0 when the API reports nothing)."""
@@ -234,6 +256,7 @@ class ClassAudit:
     batch: BatchAudit | None = field(default=None, metadata=OMIT_NONE)
     trajectory: TrajectoryAudit | None = field(default=None, metadata=OMIT_NONE)
     sessions: SessionsAudit | None = field(default=None, metadata=OMIT_NONE)
+    stream_ends: StreamEnds = field(default_factory=StreamEnds)
     prefix_cache: PrefixCacheShare | None = field(default=None, metadata=OMIT_NONE)
 
     @property
@@ -267,6 +290,9 @@ class GeneratorHealth:
     client_errors: int
     fell_behind: bool
     lag_bound_ms: float
+    # The rate the user asked for (the workload's arrival rates summed; None for traces,
+    # closed-loop and chained work): `target_rate_per_s` is the sampled schedule's.
+    requested_rate_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

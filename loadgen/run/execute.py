@@ -32,6 +32,7 @@ from loadgen.analysis.server import with_server
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
+from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import Scraper
 from loadgen.engine.secrets import Redactor
@@ -147,10 +148,12 @@ def _check_target(
 ) -> None:  # fmt: skip
     """The preflight: one request to the target before any load (TargetError: exit 1)."""
     timeout_s, why = preflight_deadline(spec, options.preflight_timeout_s, options.watchdog_s)
+    headers, fields = preflight_extras(spec, endpoint, config)
     try:
         preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
                   deadline_why=why, redactor=redactor,
-                  max_event_bytes=max(config.max_event_bytes.values()))  # fmt: skip
+                  max_event_bytes=max(config.max_event_bytes.values()),
+                  extra_headers=headers, extra_fields=fields)  # fmt: skip
     except LoadgenError as exc:
         raise TargetError(redactor.redact(str(exc))) from None
 
@@ -172,6 +175,24 @@ def _scraper(
     if not options.quiet:
         print(f"scraping {redact_url(url)} every {interval_s:g} s", file=log)
     return scraper
+
+
+def preflight_extras(
+    spec: WorkloadSpec, endpoint: Endpoint, config: EngineConfig
+) -> tuple[dict[str, str], dict[str, object]]:
+    """What the engine adds to a real request, for the preflight to send too: the id header
+    (the preflight's own id, `…-ffffffffffff`), and a class priority as header or body field."""
+    ids = RequestIds(config.request_id_header, config.request_id_format,
+                     config.request_id_nonce, endpoint.headers)  # fmt: skip
+    headers, _ = ids.headers(PREFLIGHT_ID)
+    fields: dict[str, object] = {}
+    priority = next((c.priority for c in spec.classes.values() if c.priority is not None), None)
+    if priority is not None:
+        if config.priority_header is not None:
+            headers[config.priority_header] = str(priority)
+        else:
+            fields["priority"] = priority
+    return headers, fields
 
 
 def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tuple[int, str]:

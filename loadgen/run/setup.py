@@ -106,5 +106,7 @@ def engine_setup(
         prompts=PromptMaker(seed, spec.target.tokenizer),
         redactor=redactor,
         max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
+        request_id_header=spec.target.request_id_header,
+        request_id_format=spec.target.request_id_format,
     )
     return endpoint, config

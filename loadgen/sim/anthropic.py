@@ -201,6 +201,14 @@ class AnthropicFormat:
             parts.append(sse("message_stop", {"type": "message_stop"}))
         return b"".join(parts)
 
+    def cut(self) -> bytes:
+        """`message_stop` with no `message_delta` (no stop_reason, no usage) before it."""
+        return b"" if self._args.dialect.no_done else sse("message_stop", {"type": "message_stop"})
+
+    def empty_token(self) -> bytes:
+        """None: Anthropic sends no empty text deltas."""
+        return b""
+
     def heartbeat(self) -> bytes:
         """A `ping` event."""
         return PING

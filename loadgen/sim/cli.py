@@ -132,6 +132,12 @@ _SECONDS = "simulated seconds (divided by --speed)"
     "--close-after-stream", is_flag=True, help="Close the connection after each response."
 )
 @click.option(
+    "--empty-every",
+    type=int,
+    help="Every k-th token after the first as an empty-text token event (OpenAI, TGI), as "
+    "llama-cpp-python sends partial UTF-8 tokens.  [default: 0 = never]",
+)
+@click.option(
     "--prefix-cache-tokens",
     type=int,
     help="Prefix cache capacity: a prompt's leading blocks seen before are not prefilled "

@@ -9,11 +9,12 @@ Faults and dialects (see `loadgen.sim.faults` for the per-request headers):
 
 * `faults` maps a fault name to the probability that a request gets it
   (`--fault stall=0.01`, repeatable; YAML `faults: {stall: 0.01}`). Names:
-  `drop_after`, `stall`, `status`, `garbage_after`, `error_after`, `header_delay`. Their
-  parameters: `fault_after_tokens` (k for drop/stall/garbage/error; unset = uniform over
-  the request's output), `stall_s`, `fault_status`, `header_delay_s`.
+  `drop_after`, `stall`, `status`, `garbage_after`, `error_after`, `header_delay`,
+  `cut_after`. Their parameters: `fault_after_tokens` (k for drop/stall/garbage/error/
+  cut; unset = uniform over the request's output), `stall_s`, `fault_status`, `header_delay_s`.
 * Dialect settings apply to every request: `role`, `no_done`, `usage_in_finish`,
-  `tokens_per_chunk`, `reasoning_tokens`, `heartbeat_s`, `close_after_stream`.
+  `tokens_per_chunk`, `reasoning_tokens`, `heartbeat_s`, `close_after_stream`,
+  `empty_every`.
 * `api`: `all` (default) serves every dialect on its own path; one API name serves only
   that dialect, on its paths and on `/` (see `loadgen.sim.dialects`).
 """
@@ -32,7 +33,8 @@ import yaml
 from loadgen.errors import ConfigError
 from loadgen.sim.engine import DecodeTable, EngineConfig
 
-FAULT_NAMES = ("drop_after", "stall", "status", "garbage_after", "error_after", "header_delay")
+FAULT_NAMES = ("drop_after", "stall", "status", "garbage_after", "error_after", "header_delay",
+               "cut_after")  # fmt: skip
 ROLE_MODES = ("early", "first", "none")
 OUTPUT_DIST_KINDS = ("fixed", "exponential", "lognormal")
 API_NAMES = (
@@ -73,6 +75,9 @@ class Dialect:
     reasoning_tokens: int = 0
     heartbeat_s: float = 0.0  # simulated seconds; 0 = no heartbeats
     close_after_stream: bool = False
+    # Every k-th token after the first goes out as an empty-text token event (OpenAI,
+    # TGI), as llama-cpp-python sends tokens that end inside a UTF-8 character; 0 = never.
+    empty_every: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +265,7 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "reasoning_tokens": (_int, "an integer >= 0"),
     "heartbeat_s": (_float, "simulated seconds >= 0; 0 = none"),
     "close_after_stream": (_bool, "true or false"),
+    "empty_every": (_int, "an integer >= 0"),
     "prefix_cache_tokens": (_int, "tokens >= 0; 0 = no prefix cache"),
     "prefix_block_tokens": (lambda v: _int(v, 1), "tokens per cache block, >= 1 (e.g. 16)"),
     "kv_capacity_tokens": (lambda v: _int(v, 1), "KV-cache tokens >= 1 (e.g. 262144)"),

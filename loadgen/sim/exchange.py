@@ -6,7 +6,8 @@ tokens is stamped into the trace record's `chunk_ns` right after the write.
 
 Fault mapping, the same in every dialect: drop = close with the body unterminated;
 garbage = bytes the dialect's decoder cannot accept, then the end of the body; error =
-the dialect's own mid-stream error event, then a clean end of the body; status = that
+the dialect's own mid-stream error event, then a clean end of the body; cut = the
+dialect's bare terminator with no stop reason, then a clean end of the body; status = that
 HTTP status with the dialect's error body; stall and header delay act on the engine.
 """
 
@@ -162,6 +163,8 @@ class Exchange(ExchangeLike):
             self._garbage()
         elif n == plan.error_after:
             self._error()
+        elif n == plan.cut_after:
+            self._cut()
         else:
             return False
         return True
@@ -233,6 +236,15 @@ class Exchange(ExchangeLike):
         else:
             self._conn.send_simple(200, junk, keep_alive=False)
 
+    def _cut(self) -> None:
+        self._server.scheduler.cancel(self._seq_id)
+        self._end("cut")
+        if not self._request.stream:
+            self._conn.close()
+            return
+        bare = self._format.cut()
+        self._conn.end_stream(frame(bare) if bare else b"")
+
     def _error(self) -> None:
         self._server.scheduler.cancel(self._seq_id)
         message = "simulated failure mid-stream (fault injection)"
@@ -266,9 +278,14 @@ class Exchange(ExchangeLike):
             self.record["first_token_ns"] = perf_counter_ns()
             self._prefilled()
             prefix = self._format.at_first(dialect.role, sent_early=self._sent_early)
-        marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after)
+        marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after,
+                 plan.cut_after)  # fmt: skip
         pending = n - self._pending_from + 1
-        if pending >= dialect.tokens_per_chunk or n in marks or n == self._reasoning:
+        empty = self._format.empty_token() if self._is_empty(n) else b""
+        if empty:
+            self._pending_from = n + 1
+            self._conn.write(frame(prefix + empty))
+        elif pending >= dialect.tokens_per_chunk or n in marks or n == self._reasoning:
             first, self._pending_from = self._pending_from, n + 1
             reasoning = first <= self._reasoning
             self._conn.write(frame(prefix + self._format.tokens(first, n, reasoning=reasoning)))
@@ -288,12 +305,18 @@ class Exchange(ExchangeLike):
             self._request.prompt_tokens, self._block_keys, self._received_ns
         )
 
+    def _is_empty(self, n: int) -> bool:
+        """Token `n` goes out as an empty-text token event (`empty_every`; never the first)."""
+        every = self._dialect.empty_every
+        return every > 0 and n > 1 and n % every == 0 and n > self._reasoning
+
     def _next_slow(self, n: int) -> int:
         """The next token index that needs the slow path (phase changes, marks, the end)."""
-        if self._dialect.tokens_per_chunk > 1 or n <= self._reasoning:
+        dialect = self._dialect
+        if dialect.tokens_per_chunk > 1 or n <= self._reasoning or dialect.empty_every:
             return n + 1
         plan = self._plan
-        marks = (plan.drop_after, plan.garbage_after, plan.error_after)
+        marks = (plan.drop_after, plan.garbage_after, plan.error_after, plan.cut_after)
         return min([self._tokens, *(k for k in marks if k is not None and k > n)])
 
     def _stream_end(self) -> StreamEnd:

@@ -9,6 +9,9 @@ Headers (names exact, values as shown; seconds are simulated, divided by `--spee
 | `X-Sim-Status: 503` | answer that status at once with the dialect's error body |
 | `X-Sim-Garbage-After: k` | after k tokens write bytes the dialect cannot decode, then end |
 | `X-Sim-Error-After: k` | after k tokens the dialect's own error event, then end the body |
+| `X-Sim-Cut-After: k` | after k tokens a clean end with no stop reason (see below) |
+| `X-Sim-Stop-After: k` | stop after k tokens with reason `stop`, even if the length was forced |
+| `X-Sim-Empty-Every: k` | every k-th token after the first as an empty-text token event |
 | `X-Sim-Header-Delay-S: S` | hold the response headers S s before the request reaches the engine |
 | `X-Sim-Heartbeat-S: S` | a heartbeat (`: ping` comment; Anthropic `ping`) every S s |
 | `X-Sim-Role: early\\|first\\|none` | opening event at accept, with token 1 (default), or never |
@@ -17,6 +20,11 @@ Headers (names exact, values as shown; seconds are simulated, divided by `--spee
 | `X-Sim-Tokens-Per-Chunk: k` | k tokens per content chunk |
 | `X-Sim-Reasoning-Tokens: k` | the first k tokens go out as the dialect's reasoning deltas |
 | `X-Sim-Close-After-Stream: 1` | close the connection after the response despite keep-alive |
+
+A cut ends the body cleanly after the dialect's bare terminator: OpenAI `[DONE]` with no
+finish chunk (as llama-cpp-python's server ends a stream it interrupts), Anthropic
+`message_stop` with no `message_delta`; TGI, Ollama and Responses just end (no details, no
+`done: true`, no terminal event). Empty-text token events exist in OpenAI and TGI only.
 
 Per dialect (see `loadgen.sim.dialects`): "opening event" is the OpenAI chat role chunk,
 Anthropic `message_start`, Responses `response.created` + `response.in_progress`, an empty
@@ -51,6 +59,8 @@ class FaultPlan:
     stall_s: float = 0.0
     garbage_after: int | None = None
     error_after: int | None = None
+    cut_after: int | None = None
+    stop_after: int | None = None
     header_delay_s: float = 0.0
     dialect: Dialect = field(default_factory=Dialect)
     applied: dict[str, Any] = field(default_factory=dict)
@@ -100,6 +110,9 @@ _HEADERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-status": ("status", _status),
     "x-sim-garbage-after": ("garbage_after", _k),
     "x-sim-error-after": ("error_after", _k),
+    "x-sim-cut-after": ("cut_after", _k),
+    "x-sim-stop-after": ("stop_after", lambda v: max(1, _k(v))),
+    "x-sim-empty-every": ("empty_every", _k),
     "x-sim-header-delay-s": ("header_delay", _seconds),
     "x-sim-heartbeat-s": ("heartbeat_s", _seconds),
     "x-sim-role": ("role", _role),
@@ -138,6 +151,7 @@ def _draw(rates: FaultRates, rng: random.Random, output_tokens: int) -> dict[str
             "drop_after": k,
             "garbage_after": k,
             "error_after": k,
+            "cut_after": k,
             "stall": (k, rates.stall_s),
             "status": rates.status,
             "header_delay": rates.header_delay_s,
@@ -178,6 +192,8 @@ def plan_faults(
         stall_s=stall[1],
         garbage_after=chosen.get("garbage_after"),
         error_after=chosen.get("error_after"),
+        cut_after=chosen.get("cut_after"),
+        stop_after=chosen.get("stop_after"),
         header_delay_s=chosen.get("header_delay", 0.0),
         dialect=Dialect(**{**_dialect_dict(dialect), **dialect_overrides}),
         applied=applied,

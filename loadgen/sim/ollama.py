@@ -187,6 +187,14 @@ class OllamaFormat:
         """The final `done: true` line with counts and durations."""
         return self._line(self._object("", **self._stats(end)))
 
+    def cut(self) -> bytes:
+        """Nothing: the body just ends, without the terminal event."""
+        return b""
+
+    def empty_token(self) -> bytes:
+        """None: no empty text deltas in this dialect."""
+        return b""
+
     def heartbeat(self) -> bytes:
         """Nothing: NDJSON has no comments."""
         return b""

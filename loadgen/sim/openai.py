@@ -187,6 +187,15 @@ class EventFormat:
             parts.append(DONE_EVENT)
         return b"".join(parts)
 
+    def cut(self) -> bytes:
+        """`[DONE]` with no finish chunk, as llama-cpp-python's server ends a stream it
+        interrupts for a newer request (llama_cpp/server/app.py, interrupt_requests)."""
+        return b"" if self._dialect.no_done else DONE_EVENT
+
+    def empty_token(self) -> bytes:
+        """`{"content": ""}` (chat) / `"text": ""`: a token ending inside a UTF-8 character."""
+        return self._event([self._choice({"content": ""}, None)])
+
     def heartbeat(self) -> bytes:
         """An SSE comment."""
         return SSE_COMMENT

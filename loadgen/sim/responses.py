@@ -236,6 +236,14 @@ class ResponsesFormat:
         response = self._response("completed", usage=self._usage(end))
         return closing + self._event("response.completed", {"response": response})
 
+    def cut(self) -> bytes:
+        """Nothing: the body just ends, without the terminal event."""
+        return b""
+
+    def empty_token(self) -> bytes:
+        """None: no empty text deltas in this dialect."""
+        return b""
+
     def heartbeat(self) -> bytes:
         """An SSE comment (the Responses API has no ping event)."""
         return SSE_COMMENT

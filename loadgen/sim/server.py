@@ -233,6 +233,8 @@ class SimServer:
             if request.reasoning_fraction > 0:  # asked for in the body; a header still wins
                 dialect = replace(dialect, reasoning_tokens=reasoning_tokens(request, tokens))
             plan = plan_faults(http.headers, dialect, config.faults, self.rng, tokens)
+            if plan.stop_after is not None and plan.stop_after < tokens:
+                tokens, finish_reason = plan.stop_after, "stop"  # stops early, length forced or not
         except (BadRequest, BadFaultHeader) as exc:
             record = _bad_request_record(seq_id, http, received_ns, str(exc))
             self.trace.write({**record, "api": api.name})

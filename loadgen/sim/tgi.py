@@ -158,6 +158,14 @@ class TgiFormat:
         """Nothing more: the last token event carried the end."""
         return b""
 
+    def cut(self) -> bytes:
+        """Nothing: the body ends without the last event's details."""
+        return b""
+
+    def empty_token(self) -> bytes:
+        """A non-special token event with empty text (a partial UTF-8 character)."""
+        return self._event(0, _token(101, b'""'))
+
     def heartbeat(self) -> bytes:
         """An SSE comment (TGI's server sends keep-alive comments)."""
         return SSE_COMMENT

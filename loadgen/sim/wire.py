@@ -118,6 +118,14 @@ class StreamFormat(Protocol):
         """Events of tokens `first..last` (one chunk), with any phase-change events before."""
         ...
 
+    def cut(self) -> bytes:
+        """The bare end of a stream cut short: the terminator, no stop reason or usage."""
+        ...
+
+    def empty_token(self) -> bytes:
+        """The event of one token with empty text (partial UTF-8), b"" if the dialect has none."""
+        ...
+
     def finish(self, end: StreamEnd) -> bytes:
         """The closing events after the last token."""
         ...

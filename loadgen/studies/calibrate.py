@@ -155,7 +155,9 @@ def run_engine(plans: Sequence[RequestPlan], url: str, t0_ns: int) -> tuple[list
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
     endpoint = make_endpoint(url, adapter.default_path, {})
-    config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0)
+    # `loadgen-<n>` ids: the comparison finds each request's server writes by its id.
+    config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0,
+                          request_id_format="counter")  # fmt: skip
     records: list[RequestRecord] = []
     with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         before_s = time.process_time()  # user + system, ns resolution

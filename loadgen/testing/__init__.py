@@ -54,6 +54,7 @@ class ReceivedRequest:
     body: Any
     connection: int  # which accepted connection carried it (0, 1, ...)
     received_ns: int
+    header_names: list[str] = field(default_factory=list)  # lower-case, as sent, repeats kept
 
 
 Handler = Callable[[ReceivedRequest], Iterable[Step]]  # a generator may play for ever
@@ -231,14 +232,15 @@ class ScriptedServer:
             return None
         lines = raw.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
-        headers = {}
+        headers, names = {}, []
         for line in lines[1:]:
             if ":" in line:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
+                names.append(name.strip().lower())
         body_bytes = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(body_bytes) if body_bytes else None
-        return ReceivedRequest(method, path, headers, body, index, perf_counter_ns())
+        return ReceivedRequest(method, path, headers, body, index, perf_counter_ns(), names)
 
     async def _play(self, steps: Iterable[Step], writer: asyncio.StreamWriter) -> bool:
         """Play one script; False when it closed the connection."""

@@ -25,6 +25,7 @@ from time import perf_counter_ns
 
 import polars as pl
 
+from loadgen.engine.request_ids import plan_number
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
 
 INTERRUPT_WORKLOAD = """
@@ -43,7 +44,7 @@ classes:
 
 def slow_after_five(request: ReceivedRequest) -> list[Step]:
     """The first five requests finish at once; the rest stream slowly (20 tokens, 0.2 s apart)."""
-    if int(request.headers.get("x-request-id", "preflight-0").split("-")[-1]) < 5:
+    if (plan_number(request.headers.get("x-request-id")) or 0) < 5:
         return simple_chat(20)
     return simple_chat(20, gap_s=0.2)
 
@@ -103,7 +104,7 @@ class KillResult:
 
 def varied_stream(request: ReceivedRequest) -> list[Step]:
     """5 to 24 tokens, 20 ms apart: requests end at scattered moments (0.1 to 0.5 s)."""
-    request_id = int(request.headers.get("x-request-id", "x-0").rsplit("-", 1)[-1])
+    request_id = plan_number(request.headers.get("x-request-id")) or 0
     return simple_chat(5 + request_id % 20, gap_s=0.02)
 
 
@@ -130,9 +131,9 @@ def kill_and_recover(
         process.kill()
         process.communicate(timeout=60)
         finished = {
-            int(request_id.rsplit("-", 1)[-1])
+            number
             for request_id, end_ns in server.finished.items()
-            if request_id.startswith("loadgen-") and end_ns < kill_ns - margin_s * 1e9
+            if (number := plan_number(request_id)) is not None and end_ns < kill_ns - margin_s * 1e9
         }
         received = received_ids(server)
     recovery = subprocess.run(
@@ -168,9 +169,9 @@ def kill_and_recover(
 def received_ids(server: ScriptedServer) -> set[int]:
     """The request ids of every loadgen request the server received (not the preflight)."""
     return {
-        int(r.headers["x-request-id"].rsplit("-", 1)[-1])
+        number
         for r in server.requests
-        if r.headers.get("x-request-id", "").startswith("loadgen-")
+        if (number := plan_number(r.headers.get("x-request-id"))) is not None
     }
 
 

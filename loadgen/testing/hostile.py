@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen.engine.request_ids import plan_number
 from loadgen.results.records import Outcome
 from loadgen.testing import (
     CLOSE,
@@ -270,11 +271,12 @@ def cut_echo(channel: str, echo: str, offset: int) -> list[Step]:
 
 
 def echo_cuts(request: ReceivedRequest) -> list[Step]:
-    """The handler: request N plays `CUTS[N]`; the preflight (no X-Request-Id) an error
+    """The handler: request N plays `CUTS[N]`; the preflight (its own id) an error
     body cut 12 characters into the key."""
-    if "x-request-id" not in request.headers:
+    number = plan_number(request.headers.get("x-request-id"))
+    if number is None:
         return cut_echo("body", "raw", 12)
-    return cut_echo(*CUTS[int(request.headers["x-request-id"].split("-")[-1])])
+    return cut_echo(*CUTS[number])
 
 
 def artifact_texts(root: Path) -> dict[str, str]:

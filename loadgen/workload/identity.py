@@ -36,7 +36,8 @@ SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
 # Left out of the fingerprint: (dataclass, field) pairs.
 _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
 _NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
-                ("TargetSpec", "url"), ("TargetSpec", "server_metrics_url"),
+                ("TargetSpec", "url"), ("TargetSpec", "request_id_header"),
+                ("TargetSpec", "request_id_format"), ("TargetSpec", "server_metrics_url"),
                 ("TargetSpec", "server_metrics_interval_s")}  # fmt: skip
 _NOT_TRAFFIC_TARGET = ("url", "server_metrics_url", "server_metrics_interval_s")
 _BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer")}

@@ -67,6 +67,10 @@ class TargetSpec:
     priority_header: str | None = None  # send class priority as this header, not in the body
     tokenizer: str | None = None  # a local tokenizer.json for exact prompt token counts
     generic: GenericSpec | None = None  # the `generic` API's framing, body template and paths
+    # Each request's id header (target.request_id): its name (None: off) and format
+    # (`uuid`, the default, or `counter`: loadgen-<n>); see loadgen.engine.request_ids.
+    request_id_header: str | None = "X-Request-Id"
+    request_id_format: str = "uuid"
     # The server's Prometheus endpoint, scraped during the run (`--server-metrics-url`): an
     # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.
     server_metrics_url: str | None = None
@@ -516,6 +520,7 @@ def _target(node: _Node) -> TargetSpec:
         "priority_header",
         "tokenizer",
         "generic",
+        "request_id",
         "server_metrics_url",
         "server_metrics_interval_s",
     )
@@ -556,7 +561,10 @@ def _target(node: _Node) -> TargetSpec:
     if api == "generic" and not node.has("generic"):
         raise node.error("generic", "is required for api: generic",
                          "describe the API: see README 'Generic streaming APIs'")  # fmt: skip
+    id_header, id_format = _request_id(node)
     return TargetSpec(
+        request_id_header=id_header,
+        request_id_format=id_format,
         api=api,
         model=node.string("model", "sim"),
         url=url,
@@ -584,6 +592,27 @@ def metrics_url_problem(url: str) -> str:
         return path_problem(url)
     problem = url_problem(url)
     return f"{problem}, or a path such as /metrics on the target" if problem else ""
+
+
+REQUEST_ID_FORMATS = ("uuid", "counter")
+
+
+def _request_id(node: _Node) -> tuple[str | None, str]:
+    """`request_id: off`, or `{header: X-Request-Id, format: uuid|counter}` (both optional)."""
+    raw = node.value.get("request_id", {})
+    fix = "e.g. request_id: {header: X-Request-Id, format: uuid}, or request_id: off"
+    if raw is False or raw == "off":
+        return None, "uuid"
+    if not isinstance(raw, Mapping) or set(raw) - {"header", "format"}:
+        raise node.error("request_id", f"must be off or a mapping of header and format (got "
+                         f"{raw!r})", fix)  # fmt: skip
+    header = raw.get("header", "X-Request-Id")
+    if not isinstance(header, str) or header_problem(header, "x"):
+        raise node.error("request_id.header", f"is not a header name ({header!r})", fix)
+    fmt = raw.get("format", "uuid")
+    if fmt not in REQUEST_ID_FORMATS:
+        raise node.error("request_id.format", f"must be uuid or counter (got {fmt!r})", fix)
+    return header, str(fmt)
 
 
 def url_problem(url: object) -> str:

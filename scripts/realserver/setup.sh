@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Set up the two real servers that tests/test_realserver.py drives, from registry packages only:
+# Set up the three real servers that tests/test_realserver.py drives, from registry packages only:
 #
 #   llama   llama.cpp's llama-server, built from the llama.cpp source that ships inside the
 #           llama-cpp-python sdist on PyPI (server target only, portable -O1 AVX2 build), plus a
 #           tiny random-weight GGUF model written without torch (gguf + tokenizers + numpy).
 #   hf      Hugging Face `transformers serve` in its own venv (transformers[serving] + CPU torch),
 #           plus a tiny random-weight HF model dir. No model hub anywhere (HF_HUB_OFFLINE=1).
+#   llamacpp-py  llama-cpp-python's own OpenAI-compatible server (`python -m llama_cpp.server`:
+#           FastAPI, uvicorn, sse-starlette) in its own venv; pip compiles llama.cpp's shared
+#           libraries (portable -O1 AVX2, no llava), once. It serves the same tiny GGUF as `llama`.
 #
-# Usage:  scripts/realserver/setup.sh [all|llama|hf]        (default: all)
+# Usage:  scripts/realserver/setup.sh [all|llama|hf|llamacpp-py]        (default: all)
 #
 # Everything goes to ${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver, outside the checkout, so
 # repeat CI runs skip the build (the compiled binary is keyed on llama.cpp version, CPU arch and
 # build flavour). Every step is idempotent. When done, each part writes a manifest
-# (llama-server.json, transformers.json) that the tests read.
+# (llama-server.json, transformers.json, llamacpp-py.json) that the tests read.
 #
 # Knobs: LOADGEN_CACHE, JOBS [nproc], PYTHON [python3],
 #        LOADGEN_TORCH_INDEX: a pip --index-url for torch (e.g. PyTorch's CPU wheel index), for
@@ -87,6 +90,26 @@ ensure_build_tools() {
   fi
 }
 
+# ------------------------------------------------------------------------------ the tiny GGUF
+ensure_tiny_gguf() {  # the model maker's venv and $CACHE/models/tiny.gguf (~2 s; remade when
+  # the maker changes); both llama.cpp servers serve it
+  mkvenv "$CACHE/venv-gguf"
+  if ! "$CACHE/venv-gguf/bin/python" -c "import gguf, tokenizers, numpy" 2>/dev/null; then
+    log "pip install gguf tokenizers numpy (GGUF maker, no torch)"
+    "$CACHE/venv-gguf/bin/pip" install --quiet "gguf==$GGUF_VERSION" \
+      "tokenizers==$TOKENIZERS_VERSION" "numpy<3"
+  fi
+  local model_key model=$CACHE/models/tiny.gguf
+  model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
+  if [ ! -f "$model" ] || [ "$(cat "$model.key" 2>/dev/null)" != "$model_key" ]; then
+    mkdir -p "$CACHE/models"
+    log "making tiny random-weight GGUF $model"
+    "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
+    mv "$model.part" "$model"
+    echo "$model_key" >"$model.key"  # the maker and shape it came from
+  fi
+}
+
 # ------------------------------------------------------------------------------ llama-server
 setup_llama() {
   local t0=$SECONDS arch flavour bin_dir bin
@@ -102,23 +125,9 @@ setup_llama() {
   bin_dir=$CACHE/llama-server/$LLAMA_CPP_PY_VERSION-$arch-$flavour
   bin=$bin_dir/llama-server
 
-  # 1. the model maker's venv and the tiny GGUF model (~2 s; rebuilt when the maker changes)
-  mkvenv "$CACHE/venv-gguf"
-  if ! "$CACHE/venv-gguf/bin/python" -c "import gguf, tokenizers, numpy" 2>/dev/null; then
-    log "pip install gguf tokenizers numpy (GGUF maker, no torch)"
-    "$CACHE/venv-gguf/bin/pip" install --quiet "gguf==$GGUF_VERSION" \
-      "tokenizers==$TOKENIZERS_VERSION" "numpy<3"
-  fi
-  local model_key model
-  model_key=$(stamp_of "$HERE/make_gguf.py" "$HERE/tokenizer.py")
-  model=$CACHE/models/tiny.gguf
-  if [ ! -f "$model" ] || [ "$(cat "$model.key" 2>/dev/null)" != "$model_key" ]; then
-    mkdir -p "$CACHE/models"
-    log "making tiny random-weight GGUF $model"
-    "$CACHE/venv-gguf/bin/python" "$HERE/make_gguf.py" "$model.part" "${MODEL_ARGS[@]}"
-    mv "$model.part" "$model"
-    echo "$model_key" >"$model.key"  # the maker and shape it came from
-  fi
+  # 1. the tiny GGUF model
+  local model=$CACHE/models/tiny.gguf
+  ensure_tiny_gguf
 
   # 2. llama-server, compiled once per (version, arch, flavour) and cached
   if [ ! -x "$bin" ]; then
@@ -195,10 +204,50 @@ setup_hf() {
   log "transformers serve setup done in $((SECONDS - t0)) s"
 }
 
+# ------------------------------------------------------------------------------ llama_cpp.server
+setup_llamacpp_py() {
+  # The server is Python (FastAPI + uvicorn + sse-starlette) over llama.cpp's shared libraries,
+  # which pip compiles from the sdist. Nothing compiled for `llama` can be reused (that binary is
+  # static and its build tree is removed), so the venv itself is the cache, keyed on the version
+  # and the build flags; the GGUF model is the one `llama` makes (that part runs first).
+  local t0=$SECONDS venv=$CACHE/venv-llamacpp-py arch
+  arch=$(uname -m)
+  local cmake_args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  cmake_args+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"
+  cmake_args+=" -DCMAKE_C_FLAGS_RELEASE=-O1 -DCMAKE_CXX_FLAGS_RELEASE=-O1 -DGGML_NATIVE=OFF"
+  if [ "$arch" = x86_64 ]; then
+    grep -qw avx2 /proc/cpuinfo || die "this x86_64 CPU has no AVX2; the portable build needs it"
+    cmake_args+=" -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  fi
+  local key
+  key=$(printf '%s\n' "$LLAMA_CPP_PY_VERSION" "$arch" "$cmake_args" | sha256sum | cut -c1-12)
+  ensure_tiny_gguf  # the model the llama part serves too
+  if [ "$(cat "$venv/.loadgen-key" 2>/dev/null)" != "$key" ] ||
+    ! "$venv/bin/python" -c "import llama_cpp.server.app" 2>/dev/null; then
+    rm -rf "$venv"
+    mkvenv "$venv"
+    log "pip install llama-cpp-python[server]==$LLAMA_CPP_PY_VERSION (compiles llama.cpp, niced;" \
+      "~6 min on 2 cores)"
+    local b0=$SECONDS
+    CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS nice -n 19 "$venv/bin/pip" install \
+      --quiet --no-cache-dir "llama-cpp-python[server]==$LLAMA_CPP_PY_VERSION" ||
+      die "pip install llama-cpp-python[server] failed"
+    "$venv/bin/python" -c "import llama_cpp.server.app" || die "llama_cpp.server does not import"
+    echo "$key" >"$venv/.loadgen-key"
+    log "llama-cpp-python built in $((SECONDS - b0)) s; cached at $venv"
+  else
+    log "llama-cpp-python cached: $venv"
+  fi
+  write_manifest "$CACHE/llamacpp-py.json" "bin=$venv/bin/python" \
+    "model=$CACHE/models/tiny.gguf" "alias=tiny" "version=$LLAMA_CPP_PY_VERSION"
+  log "llama_cpp.server setup done in $((SECONDS - t0)) s"
+}
+
 mkdir -p "$CACHE"
 case "${1:-all}" in
-  all) setup_llama; setup_hf ;;
+  all) setup_llama; setup_hf; setup_llamacpp_py ;;
   llama) setup_llama ;;
   hf) setup_hf ;;
+  llamacpp-py) setup_llamacpp_py ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#' >&2; exit 2 ;;
 esac

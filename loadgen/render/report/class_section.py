@@ -21,7 +21,7 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
-from loadgen.render.terminal import with_unit
+from loadgen.render.terminal import stream_notes, table_unit, with_unit
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
     BatchAudit,
@@ -122,15 +122,16 @@ def _sessions_table(sessions: SessionsAudit) -> Table:
 
 def _checks_table(slo: SloAudit) -> Table:
     rows = []
+    unit = table_unit(c.value_ms for c in slo.checks)
     for check in slo.checks:
         p, value = check.percentile, check.value_ms
-        shown = with_unit(value) if value is not None or check.population == 0 else "fail"
+        shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
         rows.append(
             (
                 check.metric.removesuffix("_ms").upper(),
                 f"p{p:g}" if p is not None else "—",
                 shown,
-                f"≤ {with_unit(check.target_ms)}" if check.target_ms is not None else "—",
+                f"≤ {with_unit(check.target_ms, unit)}" if check.target_ms is not None else "—",
                 str(check.population),
                 "PASS" if check.passed else "FAIL",
                 check.note or "",
@@ -177,11 +178,13 @@ def _percentile_rows(cls: ClassAudit) -> list[tuple[str, Percentiles, float | No
 def _percentile_table(cls: ClassAudit) -> Table:
     p = cls.slo.targets.percentile
     rows = []
-    for label, stats, target in _percentile_rows(cls):
+    measures = _percentile_rows(cls)
+    unit = table_unit(v for _, s, _ in measures for v in (s.p50, s.p90, s.p95, s.p99, s.max))
+    for label, stats, target in measures:
         missing = "fail" if stats.count else "—"
         points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
-        cells = [with_unit(v) if v is not None else missing for v in points]
-        target_text = f"≤ {with_unit(target)} at p{p:g}" if target is not None else ""
+        cells = [with_unit(v, unit) if v is not None else missing for v in points]
+        target_text = f"≤ {with_unit(target, unit)} at p{p:g}" if target is not None else ""
         rows.append((label, str(stats.count), *cells, target_text))
     headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
     return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
@@ -201,8 +204,9 @@ def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
     measured = [(SERVER_LABELS[name], stats) for name, stats in server.measured().items()]
     client = [("client TTFT from send", cls.ttft_from_send_ms), ("client E2E", cls.e2e_ms)]
     rows = []
+    unit = table_unit(v for _, s in [*measured, *client] for v in (s.p50, s.p90, s.p99, s.max))
     for label, stats in [*measured, *client]:
-        cells = [with_unit(v) if v is not None else "—"
+        cells = [with_unit(v, unit) if v is not None else "—"
                  for v in (stats.p50, stats.p90, stats.p99, stats.max)]  # fmt: skip
         rows.append((label, str(stats.count), *cells))
     title = f"Server-reported timings ({server.requests} ok requests), beside the client's own"
@@ -225,7 +229,16 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
         ("prompt tokens mean relative difference", f"{diff:+.2%}" if diff is not None else "—"),
         ("tokens per chunk mean / max", f"{num(chunking.mean)} / {num(chunking.max)}"),
     ]
-    if chunking.mean is not None and chunking.mean > 1:
+    ends = cls.stream_ends
+    if ends.n_from:
+        sources = ", ".join(f"{n} {source}" for source, n in ends.n_from.items())
+        rows.append(("N from (requests with output)",
+                     f"{sources}; {pct(ends.n_from_usage_share)} from usage"))  # fmt: skip
+    if ends.finish_reasons:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in ends.finish_reasons.items())
+        rows.append(("stop reasons (requests with output)", reasons))
+    rows.append(("truncated / stopped early", f"{ends.truncated} / {ends.stopped_early}"))
+    if chunking.mean is not None and chunking.mean > 1 and not ends.n_counted:
         rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
     cache = cls.prefix_cache
     if cache is not None:
@@ -234,7 +247,8 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
             f"{pct(cache.hit_share)}: {num(cache.cached_tokens)} of {num(cache.prompt_tokens)} "
             f"over {cache.requests} requests whose server said",
         ))  # fmt: skip
-    return Table("Tokens", ("", ""), rows)
+    rows.extend(("note", note) for note in stream_notes(cls))
+    return Table("Tokens and stream ends", ("", ""), rows)
 
 
 def _errors_table(errors: Sequence[ErrorCount]) -> Table:
@@ -263,6 +277,9 @@ def _server_cell(w: dict[str, object], column: str) -> str:
 def _windows_table(windows: pl.DataFrame) -> Table:
     server = [c for c in SERVER_WINDOW_COLUMNS if c in windows.columns]
     rows = []
+    latency = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
+               "itl_p99_ms")  # fmt: skip
+    unit = table_unit(w[c] for w in windows.iter_rows(named=True) for c in latency)
     for w in windows.iter_rows(named=True):
         rows.append(
             (
@@ -273,8 +290,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
                 str(w["ok"]),
                 str(w["failed"]),
                 pct(w["attainment"]),
-                *(with_unit(w[c]) for c in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")),
-                *(with_unit(w[c]) for c in ("tpot_p99_ms", "itl_p50_ms", "itl_p99_ms")),
+                *(with_unit(w[c], unit) for c in latency),
                 *(_server_cell(w, c) for c in server),
             )
         )

@@ -134,9 +134,11 @@ def _generator_table(generator: GeneratorHealth) -> Table:
         ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         (
-            "rate target / achieved",
+            "rate asked / schedule / achieved",
+            f"{num(generator.requested_rate_per_s, ' req/s')} / "
             f"{num(generator.target_rate_per_s, ' req/s')} / "
-            f"{num(generator.achieved_rate_per_s, ' req/s')}",
+            f"{num(generator.achieved_rate_per_s, ' req/s')} (the schedule's rate is that of "
+            "the sampled send times)",
         ),
         ("retries", str(generator.retries)),
     ]

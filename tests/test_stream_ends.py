@@ -1,0 +1,330 @@
+"""Both ends of a stream: the request id it carries, how it ended, and how N was counted.
+
+Known answers come from the simulator, which records what it really did (the id it was
+sent, the tokens it emitted, whether it cut the stream): a `cut` after k tokens is
+`truncated` with k tokens kept in every dialect; a `stop` after k tokens of a forced
+length is ok but flagged; empty-text token events (llama-cpp-python's partial UTF-8
+tokens) still count in N. Request ids and the preflight's headers are checked on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.audit import audit_run
+from loadgen.analysis.metrics import stream_ends
+from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, plan_number, uuid_for
+from loadgen.engine.runner import EngineConfig, short_stream, stream_end
+from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.errors import TargetError
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, to_frame
+from loadgen.run.simulator import SimProcess, running_sim
+from loadgen.testing import (
+    PlanFactory,
+    ReceivedRequest,
+    ScriptedServer,
+    chat_chunk,
+    head,
+    run_through,
+    simple_chat,
+    stream_steps,
+)
+from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.workload.prompts import PromptMaker
+
+APIS = ["openai-chat", "openai-completions", "anthropic", "openai-responses", "tgi",
+        "ollama-chat", "ollama-generate"]  # fmt: skip
+FORCING = {"openai-chat", "openai-completions"}  # force_output_tokens reaches the server
+TOKENS = 12
+CUT_AT = 3
+STOP_AT = 4
+EMPTY_EVERY = 3
+UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, Path]]:
+    """One fast simulator with a trace, for every dialect."""
+    trace = tmp_path_factory.mktemp("sim") / "trace.jsonl"
+    with running_sim(["--speed", "20", "--decode-step-ms", "10"], trace_file=trace) as process:
+        yield process, trace
+
+
+@dataclass
+class Run:
+    records: list[RequestRecord]
+    served: dict[str, dict[str, Any]]  # the simulator's trace records by the id sent
+
+
+def run_api(
+    sim: tuple[SimProcess, Path], api: str, faults: list[dict[str, str]], *, usage: bool = True
+) -> Run:
+    """One request per fault set through the real engine, and what the simulator did."""
+    process, trace = sim
+    plans = PlanFactory(output_tokens=TOKENS).at(*[0.05 * i for i in range(len(faults))])
+    adapter = adapter_for(api)
+    config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m", include_usage=usage),
+                          seed=0, headers_for=lambda p: faults[p.request_id])  # fmt: skip
+    endpoint = make_endpoint(process.url, adapter.default_path, adapter.headers(None))
+    records = run_through(plans, Pool(endpoint), config)
+    sent = {r.request_id_sent for r in records}
+    deadline = time.monotonic() + 10
+    while True:  # the simulator flushes its trace on its own schedule
+        lines = [json.loads(line) for line in trace.read_text().splitlines() if line]
+        served = {r["x_request_id"]: r for r in lines if r.get("x_request_id") in sent}
+        if len(served) == len(sent) or time.monotonic() > deadline:
+            return Run(records, served)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_cut_stream_is_truncated_in_every_dialect_and_a_stop_is_flagged_when_forced(
+    sim: tuple[SimProcess, Path], api: str
+) -> None:
+    """Full: ok with its stop reason; cut after 3: truncated, 3 tokens kept; stop after 4:
+    ok, flagged stopped-early only where the length was forced."""
+    run = run_api(sim, api, [{}, {"X-Sim-Cut-After": str(CUT_AT)},
+                             {"X-Sim-Stop-After": str(STOP_AT)}])  # fmt: skip
+    full, cut, stopped = run.records
+    assert [run.served[str(r.request_id_sent)]["outcome"] for r in run.records] == [
+        "ok", "cut", "ok"
+    ]  # fmt: skip
+    assert (full.outcome, full.output_tokens, full.stopped_early) == (Outcome.OK, TOKENS, False)
+    assert full.finish_reason is not None
+    assert cut.outcome is Outcome.TRUNCATED
+    assert len(cut.chunk_ns) == run.served[str(cut.request_id_sent)]["output_tokens"] == CUT_AT
+    assert cut.finish_reason is None
+    assert "finish reason" in str(cut.error)
+    assert stopped.outcome is Outcome.OK
+    # TGI's stop is its EOS token, the 4th generated: N counts the visible tokens before it.
+    assert stopped.output_tokens == STOP_AT - (api == "tgi")
+    assert stopped.stopped_early is (api in FORCING)
+
+
+@pytest.mark.parametrize("api", ["openai-chat", "openai-completions"])
+def test_n_counts_empty_token_events_without_usage(sim: tuple[SimProcess, Path], api: str) -> None:
+    """Every 3rd token as an empty-text event, no usage: N is the simulator's 12, from chunks,
+    while only 12 - 12 // 3 chunks carried text (TTFT/ITL stamp those alone)."""
+    run = run_api(sim, api, [{"X-Sim-Empty-Every": str(EMPTY_EVERY)}], usage=False)
+    (record,) = run.records
+    served = run.served[str(record.request_id_sent)]
+    assert served["output_tokens"] == TOKENS
+    assert (record.outcome, record.token_source) == (Outcome.OK, TokenSource.CHUNKS)
+    assert record.output_tokens == TOKENS
+    assert len(record.chunk_ns) == TOKENS - TOKENS // EMPTY_EVERY
+    assert sum(record.chunk_tokens) == TOKENS
+
+
+def test_request_ids_are_uuids_naming_the_plan_and_reach_the_server(
+    sim: tuple[SimProcess, Path],
+) -> None:
+    """Each request carries a v4 UUID whose last 12 hex digits are its plan's id; the
+    simulator saw exactly the id the record keeps."""
+    run = run_api(sim, "openai-chat", [{}, {}, {}])
+    for record in run.records:
+        assert UUID4.match(str(record.request_id_sent))
+        assert plan_number(record.request_id_sent) == record.request_id
+        assert run.served[record.request_id_sent]["x_request_id"] == record.request_id_sent
+    assert len({r.request_id_sent.split("-")[0] for r in run.records if r.request_id_sent}) == 1
+
+
+def test_uuid_layout_and_plan_numbers() -> None:
+    """The UUID keeps the plan id in its last group; counter ids and the preflight's parse."""
+    value = uuid_for(2**74 - 1, 42)
+    assert UUID4.match(value)
+    assert value.endswith("-00000000002a")
+    assert plan_number(value) == 42
+    assert plan_number(uuid_for(5, PREFLIGHT_ID)) is None
+    assert plan_number("loadgen-7") == 7
+    assert plan_number("mine") is None
+    assert plan_number(None) is None
+
+
+def test_a_user_header_replaces_the_id_whatever_its_case() -> None:
+    """`x-request-id` set by the user: loadgen adds none and records the user's value."""
+    ids = RequestIds("X-Request-Id", "uuid", 1, {"x-request-id": "abc"})
+    assert ids.headers(3) == ({}, "abc")
+    assert RequestIds(None, "uuid", 1, {}).headers(3) == ({}, None)
+    assert RequestIds("X-Request-Id", "counter", 1, {}).headers(3) == (
+        {"X-Request-Id": "loadgen-3"}, "loadgen-3"
+    )  # fmt: skip
+
+
+def served_requests(
+    user_headers: dict[str, str], *, request_id_header: str | None = "X-Request-Id"
+) -> tuple[list[RequestRecord], list[ReceivedRequest]]:
+    with ScriptedServer(lambda r: simple_chat(2)) as server:
+        adapter = adapter_for("openai-chat")
+        config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0,
+                              request_id_header=request_id_header)  # fmt: skip
+        endpoint = make_endpoint(server.url, adapter.default_path, user_headers)
+        records = run_through(PlanFactory().at(0.0, 0.01), Pool(endpoint), config)
+    return records, server.requests
+
+
+def test_the_wire_carries_one_id_header_the_users_when_set() -> None:
+    """With `X-REQUEST-ID: mine` from the user, each request has one id header, the user's."""
+    records, requests = served_requests({"X-REQUEST-ID": "mine"})
+    assert [r.header_names.count("x-request-id") for r in requests] == [1, 1]
+    assert {r.headers["x-request-id"] for r in requests} == {"mine"}
+    assert {r.request_id_sent for r in records} == {"mine"}
+    records, requests = served_requests({}, request_id_header=None)
+    assert all("x-request-id" not in r.headers for r in requests)
+    assert {r.request_id_sent for r in records} == {None}
+
+
+def refusing_400(request: ReceivedRequest) -> list[Any]:
+    """A server that refuses any X-Request-Id that is not a UUID, with an empty body (as
+    llama-cpp-python's RequestIdPlugin does)."""
+    value = request.headers.get("x-request-id", "")
+    if value and not UUID4.match(value):
+        return [head(400, chunked=False, length=0)]
+    return simple_chat(2)
+
+
+def test_preflight_sends_the_runs_id_header_and_names_what_it_sent() -> None:
+    """The preflight carries the run's id format: `counter` ids are refused at the preflight
+    (exit 1 there, not a run of failures) with the headers and fields it sent named; uuid
+    ids pass."""
+    adapter = adapter_for("openai-chat")
+    with ScriptedServer(refusing_400) as server:
+        endpoint = make_endpoint(server.url, adapter.default_path, {"Authorization": "Bearer k"})
+        options = BodyOptions(model="m")
+        counter, _ = RequestIds("X-Request-Id", "counter", 1, {}).headers(PREFLIGHT_ID)
+        with pytest.raises(TargetError) as caught:
+            preflight(endpoint, adapter, options, timeout_s=10, extra_headers=counter)
+        uuid, _ = RequestIds("X-Request-Id", "uuid", 1, {}).headers(PREFLIGHT_ID)
+        preflight(endpoint, adapter, options, timeout_s=10, extra_headers=uuid)
+    message = str(caught.value)
+    assert "HTTP 400: (no body)" in message
+    assert "some refuse a X-Request-Id they cannot parse" in message
+    assert f"X-Request-Id: loadgen-{PREFLIGHT_ID}" in message
+    assert "Authorization: (secret)" in message
+    assert "Bearer k" not in message
+    assert "body fields messages, model, max_tokens, stream, stream_options" in message
+    assert [r.header_names.count("x-request-id") for r in server.requests] == [1, 1]
+
+
+def test_stream_end_rules() -> None:
+    """No reason where the API always sends one, or an abort: truncated; else ok."""
+    assert stream_end(None, True)[0] is Outcome.TRUNCATED
+    assert stream_end(None, False) == (Outcome.OK, None)
+    assert stream_end("abort", True)[0] is Outcome.TRUNCATED
+    assert stream_end("length", True) == (Outcome.OK, None)
+
+
+@pytest.mark.parametrize(
+    ("reason", "source", "expected"),
+    [
+        (None, TokenSource.USAGE, (Outcome.TRUNCATED, False)),
+        (None, TokenSource.CHUNKS, (Outcome.OK, False)),  # chunks may undercount: no verdict
+        ("stop", TokenSource.CHUNKS, (Outcome.OK, True)),
+        ("eos_token", TokenSource.USAGE, (Outcome.OK, True)),
+        ("length", TokenSource.USAGE, (Outcome.OK, True)),  # the server capped the length
+        ("length", TokenSource.CHUNKS, (Outcome.OK, False)),
+    ],
+)
+def test_short_forced_streams(
+    reason: str | None, source: TokenSource, expected: tuple[Outcome, bool]
+) -> None:
+    """Fewer tokens than forced: which are cut, which flagged, which left alone."""
+    outcome, _, flagged = short_stream(reason, source, 5, 16)
+    assert (outcome, flagged) == expected
+
+
+def test_summary_counts_stream_ends_and_sources_of_n() -> None:
+    """Per class: stop reasons, truncated, stopped early, and the share of N from usage."""
+
+    def record(i: int, **fields: Any) -> RequestRecord:
+        return RequestRecord(request_id=i, class_name="c", intended_ns=0, first_token_ns=1,
+                             **fields)  # fmt: skip
+
+    frame = to_frame([
+        record(0, outcome=Outcome.OK, finish_reason="length", token_source=TokenSource.USAGE),
+        record(1, outcome=Outcome.OK, finish_reason="stop", token_source=TokenSource.USAGE,
+               stopped_early=True),
+        record(2, outcome=Outcome.TRUNCATED, token_source=TokenSource.CHUNKS),
+        record(3, outcome=Outcome.OK, finish_reason="length", token_source=TokenSource.CHUNKS),
+    ])  # fmt: skip
+    ends = stream_ends(frame)["c"]
+    assert ends.finish_reasons == {"length": 2, "stop": 1, "none": 1}
+    assert (ends.truncated, ends.stopped_early) == (1, 1)
+    assert ends.n_from == {"usage": 2, "chunks": 2}
+    assert ends.n_from_usage_share == 0.5
+    assert ends.n_counted
+
+
+DONE_MARKER = {"openai-chat", "openai-completions", "anthropic"}  # an explicit end event
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_cut_before_any_token_is_truncated_where_the_end_is_explicit(
+    sim: tuple[SimProcess, Path], api: str
+) -> None:
+    """Cut at 0 tokens: `[DONE]`/`message_stop` alone is the same cut (truncated); a body
+    that just ends with nothing in it stays a stream error."""
+    (record,) = run_api(sim, api, [{"X-Sim-Cut-After": "0"}]).records
+    expected = Outcome.TRUNCATED if api in DONE_MARKER else Outcome.STREAM_ERROR
+    assert (record.outcome, record.output_tokens) == (expected, 0)
+
+
+def test_the_rate_asked_for_is_kept_beside_the_sampled_schedules(tmp_path: Path) -> None:
+    """Poisson at 50/s over 20 requests: the summary keeps 50 as asked, the schedule's own
+    rate is what the sampled gaps give ((n - 1) / span, rarely exactly 50); re-auditing the
+    run folder from run.json gives the same asked rate."""
+    text = chat_workload(rate_per_s=50).replace("process: constant", "process: poisson")
+    path = workload_file(tmp_path, text)
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
+                                          str(tmp_path), "--run-id", "r", "-q",
+                                          "--lag-bound-ms", "1000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    generator = json.loads((tmp_path / "r" / "summary.json").read_text())["generator"]
+    intended = sorted(pl.read_parquet(tmp_path / "r" / "records.parquet")["intended_ns"])
+    schedule = (len(intended) - 1) * 1e9 / (intended[-1] - intended[0])
+    assert generator["requested_rate_per_s"] == 50.0
+    assert generator["target_rate_per_s"] == pytest.approx(schedule, abs=1e-3)
+    assert audit_run(tmp_path / "r")[0].generator.requested_rate_per_s == 50.0
+
+
+def test_with_a_tokenizer_n_is_the_streamed_texts_tokens(tmp_path: Path) -> None:
+    """No usage, three chunks of several words: with target.tokenizer N is the tokenizer's
+    count of the whole streamed text (source `text`), not the 3 chunks."""
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = ["the people of the world know the time and place " * 40]
+    tokenizer.train_from_iterator(
+        corpus, trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"])
+    )
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    pieces = [" the people of", " the world know the", " time and place"]
+    events = [chat_chunk(p) for p in pieces] + [chat_chunk(finish="length")]
+    expected = len(tokenizer.encode("".join(pieces), add_special_tokens=False).ids)
+    assert expected != len(pieces)
+    with ScriptedServer(lambda r: stream_steps(events)) as server:
+        adapter = adapter_for("openai-chat")
+        config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0,
+                              prompts=PromptMaker(0, str(path)))  # fmt: skip
+        endpoint = make_endpoint(server.url, adapter.default_path, {})
+        (record,) = run_through(PlanFactory(output_tokens=expected).at(0.0), Pool(endpoint),
+                                config)  # fmt: skip
+    assert (record.outcome, record.token_source) == (Outcome.OK, TokenSource.TEXT)
+    assert record.output_tokens == sum(record.chunk_tokens) == expected
+    assert not record.stopped_early
