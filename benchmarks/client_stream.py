@@ -215,7 +215,7 @@ def analyse(run: EngineRun, trace: dict[str, dict[str, Any]], notes: list[str]) 
     ttft_err: list[int] = []
     unmatched = count_mismatch = 0
     for record in run.records:
-        server = trace.get(f"loadgen-{record.request_id}")
+        server = trace.get(record.request_id_sent or f"loadgen-{record.request_id}")
         if server is None:
             unmatched += 1
             continue

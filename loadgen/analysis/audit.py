@@ -19,6 +19,7 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis import metrics
+from loadgen.analysis.connections import connection_use
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
@@ -121,6 +122,7 @@ def audit(
         generator=generator,
         classes=classes,
         verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
+        connections=connection_use(frame),
     )
 
 

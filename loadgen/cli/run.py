@@ -21,6 +21,7 @@ from loadgen.cli.options import (
     parse_headers,
     workload_options,
 )
+from loadgen.engine.warmup import warm_count
 from loadgen.errors import ConfigError
 from loadgen.render.plan_view import render_plan
 from loadgen.render.terminal import render_processes, render_summary
@@ -56,6 +57,16 @@ from loadgen.workload.spec import load, metrics_url_problem, override
     "--max-in-flight",
     type=click.IntRange(min=1, max=1_000_000),
     help="Cap on concurrent requests; waits for a slot count in latency.",
+)
+@click.option(
+    "--warm-connections",
+    "warm_text",
+    default="auto",
+    show_default=True,
+    metavar="N|auto|0",
+    help="Connections opened (and checked) before t0, so the first sends carry no "
+    "connection setup in their latency; auto: the requests that can be in flight in the "
+    "first second (capped at 1024); 0: today's cold start (setup inside TTFT).",
 )
 @click.option(
     "--lag-bound-ms",
@@ -152,6 +163,7 @@ def run(
     out_dir: Path,
     run_id: str | None,
     max_in_flight: int | None,
+    warm_text: str,
     lag_bound_ms: float,
     grace_s: float,
     headers: tuple[str, ...],
@@ -181,6 +193,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --warm-connections 0
       loadgen run workloads/mixed.yaml --server-metrics-url /metrics
     """
 
@@ -211,6 +224,7 @@ def run(
         workers=workers,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
+        warm_connections=parse_warm(warm_text),
         server_metrics_url=server_metrics_url,
         server_metrics_interval_s=server_metrics_interval_s,
     )
@@ -253,6 +267,24 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
+    warm = warm_count(work, options.warm_connections, None)
+    how = "auto" if options.warm_connections is None else "--warm-connections"
+    console.print(f"warm connections: {warm:,} opened before t0 ({how})")
     target = url or "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")
+
+
+def parse_warm(text: str) -> int | None:
+    """`--warm-connections`: a count ≥ 0, or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= 1_000_000:
+        problem = f"must be auto or a count 0..1000000 (got {text!r})"
+        fix = "e.g. --warm-connections auto, 512, or 0 for a cold start"
+        raise ConfigError("command line", "--warm-connections", problem, fix)
+    return count

@@ -34,6 +34,16 @@ def raise_open_files_limit() -> int | None:
     return int(soft)
 
 
+def open_files_limit() -> int | None:
+    """The soft open-files limit in force (None where the platform has none)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 @contextlib.contextmanager
 def quiet_gc() -> Iterator[None]:
     """Keep the garbage collector's full passes out of the measurement window.

@@ -24,6 +24,7 @@ import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -55,6 +56,11 @@ MAX_ERROR_BODY = 2048
 QUOTE_CHARS = 300  # server text shown in a record's error (a body, an error event, a reason)
 QUOTE_EVENT_CHARS = 120  # of a malformed event's payload
 NO_SECRETS = Redactor()
+# Requests are encoded this far ahead of their due time (at most this many), so a burst of
+# sends due together is a run of `send` calls, not of prompt and JSON building.
+ENCODE_AHEAD_NS = 50_000_000
+ENCODE_AHEAD_MAX = 4096
+ENCODE_AHEAD_BYTES = 64 * 1024 * 1024  # and at most this much request text (long prompts)
 # The client's own limits, not the server's failures: too many open files (process or
 # system), no free local port, no buffer memory. They make the run invalid (exit 3).
 CLIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS})
@@ -126,11 +132,20 @@ class Exchange:
         self.texts: list[str] = []
         self.stall_ns = int(plan.deadlines.stall_s * 1e9)
         self.reused_connection = False
+        self.connection: str | None = None  # new, warm or reused (`connection_label`)
+        # The closed loop's next send, run in the callback that ends this exchange's use of
+        # its connection (`Engine._batch`); called once, with that read's stamp.
+        self.then: Callable[[int], None] | None = None
+        self.timers: list[asyncio.TimerHandle] = []
+        self.holds_slot = False  # took a max_in_flight slot without waiting (`_launch`)
         self.adapter = adapter
         self.t0_ns = t0_ns
         self.redactor = redactor
         self.decoder = new_decoder(adapter, max_event_bytes)  # SSE or NDJSON, by framing
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # How `done` is resolved: at once, or (the engine's) once the connector has parsed
+        # the reads queued with this one's end (`Connector.after_reads`).
+        self.later: Callable[[Callable[[], None]], None] = _at_once
         # done.done() as a plain attribute: the per-chunk path asks after every event, and a
         # method call on the future costs more than the attribute (finish() sets both).
         self.settled = False
@@ -139,6 +154,7 @@ class Exchange:
         self.status: int | None = None
         self.content_type = ""
         self.sent_ns: int | None = None
+        self.dispatched_ns: int | None = None
         self.headers_ns: int | None = None
         self.first_token_ns: int | None = None
         self.first_content_ns: int | None = None
@@ -204,7 +220,9 @@ class Exchange:
         self.finish(t_ns, Outcome.STREAM_ERROR, f"{exc} ({where}): connection closed")
 
     def on_end(self, t_ns: int) -> None:
-        if self.done.done():
+        if self.settled:
+            self.conn = None  # settled by its last event: now its connection is free too
+            self._turn(t_ns)
             return
         if self.status is not None and self.status < 300:
             try:
@@ -220,7 +238,9 @@ class Exchange:
         self.finish(t_ns, None)
 
     def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
-        if self.done.done():
+        if self.settled:
+            self.conn = None
+            self._turn(t_ns)
             return
         self.conn = None
         if not got_response_bytes:
@@ -285,7 +305,24 @@ class Exchange:
             self._stall_timer.cancel()
         if self.conn is not None and outcome is not Outcome.OK:
             self.conn.detach()
-        self.done.set_result(None)
+            self.conn = None
+        self.later(partial(_resolve, self.done))
+        if self.then is not None and self.conn is None and not self.will_retry():
+            self._turn(t_ns)  # else when the connection ends (on_end), or the worker does it
+
+    def will_retry(self) -> bool:
+        """Lost unanswered on a kept-alive (or warm) connection: it is sent once more."""
+        return self.lost_before_response and self.reused_connection and self.retries == 0
+
+    def _turn(self, t_ns: int) -> None:
+        then, self.then = self.then, None
+        if then is None:
+            return
+        try:
+            then(t_ns)
+        except Exception as exc:  # a bug: report it; the worker sends the next one itself
+            loop = asyncio.get_running_loop()
+            loop.call_exception_handler({"message": "loadgen: closed-loop send", "exception": exc})
 
     def _clean_end_outcome(self) -> tuple[Outcome, str | None]:
         status = self.status
@@ -321,7 +358,7 @@ class Exchange:
         now = self._now
 
         def check() -> None:
-            if self.done.done():
+            if self.settled:
                 return
             overdue_ns = (self.last_token_ns or 0) + stall_ns - now()
             if overdue_ns <= 0:
@@ -397,6 +434,7 @@ class Exchange:
             request_id_sent=self.request_id_sent,
             finish_reason=self.finish_reason,
             stopped_early=stopped_early,
+            connection=self.connection,
             cached_prompt_tokens=self.cached_tokens,
             server_request_id=self.redactor.quote(self.response_id, 200)
             if self.response_id is not None
@@ -474,6 +512,59 @@ def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
     return [b + f for b, f in zip(base, floors, strict=True)]
 
 
+class Ahead:
+    """The scheduler's requests made ahead of their due time: singles, and batch flows'
+    first waves, up to `ENCODE_AHEAD_NS` ahead, `ENCODE_AHEAD_MAX` starts and
+    `ENCODE_AHEAD_BYTES` of request text."""
+
+    def __init__(self, engine: Engine, starts: Sequence[tuple[int, int, int]]) -> None:
+        self.engine = engine
+        self.starts = starts
+        self.next = 0  # starts[:next] are made (or were sent)
+        self.held = 0  # bytes of the requests made and not yet sent
+        self.singles: dict[int, tuple[Exchange, bytes]] = {}
+        self.waves: dict[int, list[tuple[Exchange, bytes]]] = {}
+
+    def fill(self, first: int, due_ns: int) -> None:
+        """Make the starts due by `due_ns` + the horizon; stop once `due_ns` has come."""
+        engine, starts, t0 = self.engine, self.starts, self.engine.t0_ns
+        horizon_ns = due_ns + ENCODE_AHEAD_NS
+        while (
+            self.next < len(starts)
+            and t0 + starts[self.next][0] <= horizon_ns
+            and self.next - first < ENCODE_AHEAD_MAX
+            and self.held < ENCODE_AHEAD_BYTES
+        ):
+            _, is_flow, index = starts[self.next]
+            if not is_flow:
+                self.singles[index] = made = engine._prepare(engine.work.singles[index])
+                self.held += len(made[1])
+            elif (flow := engine.work.flows[index]).kind == "batch":
+                wave = [engine._prepare(p) for p in flow.plans[: flow.concurrency]]
+                self.waves[index] = wave
+                self.held += sum(len(request) for _, request in wave)
+            self.next += 1
+            if self.next % 16 == 0 and engine._now() >= due_ns:
+                return  # due already: send what is made, make the rest as it goes
+
+    def take_single(self, index: int) -> tuple[Exchange, bytes]:
+        made = self.singles.pop(index, None)
+        if made is None:
+            return self.engine._prepare(self.engine.work.singles[index])
+        self.held -= len(made[1])
+        return made
+
+    def take_wave(self, index: int) -> list[tuple[Exchange, bytes]]:
+        """A batch flow's first wave ([] for other flows, or when it was not made ahead)."""
+        wave = self.waves.pop(index, [])
+        self.held -= sum(len(request) for _, request in wave)
+        return wave
+
+    def passed(self, index: int) -> None:
+        """Starts before `index` were sent: never make them again."""
+        self.next = max(self.next, index)
+
+
 class Engine:
     """Runs planned work through one connector and emits exactly one record per plan.
 
@@ -507,6 +598,7 @@ class Engine:
         self.sending = anyio.CancelScope()
         self.requests = anyio.CancelScope()
         self.next_due_ns: int | None = None  # the scheduler's next send; None when all are out
+        self._live: dict[int, Exchange] = {}  # started, not yet recorded, by request id
         user_headers = {**connector.endpoint.headers, **config.request_headers}
         self.ids = RequestIds(config.request_id_header, config.request_id_format,
                               config.request_id_nonce, user_headers)  # fmt: skip
@@ -520,13 +612,17 @@ class Engine:
         """Send every plan at t0 + its intended time; return when each has a record.
 
         After `stop()`, or when `requests` is cancelled, every plan that has no record yet
-        was never sent and is recorded as not_sent: planned == recorded, always.
+        was never sent and is recorded as not_sent: planned == recorded, always (one that
+        was written but whose task never ran is recorded from its exchange, as cancelled).
         """
         self.t0_ns = t0_ns
         with self.requests:
             async with anyio.create_task_group() as tg:
                 with self.sending:
                     await self._schedule(tg)
+        for exchange in list(self._live.values()):
+            self._settle_cancelled(exchange)
+            self._emit(exchange.record(exchange.dispatched_ns))
         for plan in self.plans:
             if not self._recorded[plan.request_id]:
                 self._emit(
@@ -534,19 +630,44 @@ class Engine:
                 )
 
     async def _schedule(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start singles and flows at their times, in one merged time order."""
+        """Start singles and flows at their times, in one merged time order.
+
+        Requests are made ahead of their due time (`Ahead`, while the scheduler would sleep
+        anyway), and every start due by the time it wakes is sent in one pass: each single
+        written on an idle (warm or kept-alive) connection straight away, stamped as it is
+        written, before any task starts. A burst of sends costs a `send` call each, not a
+        task start and a loop round each.
+        """
+        t0, singles, flows = self.t0_ns, self.work.singles, self.work.flows
         starts = sorted(
-            [(p.intended_ns, 0, i) for i, p in enumerate(self.work.singles)]
-            + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
+            [(p.intended_ns, 0, i) for i, p in enumerate(singles)]
+            + [(f.start_ns, 1, i) for i, f in enumerate(flows)]
         )
-        for due_rel, is_flow, index in starts:
-            self.next_due_ns = self.t0_ns + due_rel
+        ahead = Ahead(self, starts)
+        i, n = 0, len(starts)
+        while i < n:
+            self.next_due_ns = t0 + starts[i][0]
+            ahead.fill(i, self.next_due_ns)
             await self._sleep_until(self.next_due_ns)
-            if is_flow:
-                tg.start_soon(self._flow, self.work.flows[index])
-            else:
-                plan = self.work.singles[index]
-                tg.start_soon(self._request, plan, self._now(), None, False)
+            now = self._now()
+            end = i + 1
+            while end < n and t0 + starts[end][0] <= now:
+                end += 1
+            launched: list[tuple[Exchange, bytes, bool]] = []
+            started_flows: list[tuple[Flow, list[tuple[Exchange, bytes, bool]]]] = []
+            for _, is_flow, index in starts[i:end]:  # the writes: no await, no task start
+                if is_flow:
+                    wave = [(e, r, self._go(e, r, now)) for e, r in ahead.take_wave(index)]
+                    started_flows.append((flows[index], wave))
+                else:
+                    exchange, request = ahead.take_single(index)
+                    launched.append((exchange, request, self._go(exchange, request, now)))
+            for exchange, request, sent in launched:  # then the tasks that wait for them
+                tg.start_soon(self._follow, exchange, request, sent)
+            for flow, started in started_flows:
+                tg.start_soon(self._flow, flow, started)
+            i = end
+            ahead.passed(i)
         self.next_due_ns = None
 
     async def _sleep_until(self, due_ns: int) -> None:
@@ -574,12 +695,14 @@ class Engine:
         keep_text: bool,
     ) -> Exchange:
         """Send one request, wait for it, record it; the exchange tells a flow what happened."""
-        stats = self.stats
-        stats.in_flight += 1
-        if messages is None:
-            text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
-            messages = [("user", text)]
-        body = self._body(plan, messages)
+        exchange, request = self._prepare(plan, messages, keep_text)
+        sent = self._go(exchange, request, dispatched_ns)
+        return await self._follow(exchange, request, sent)
+
+    def _prepare(
+        self, plan: RequestPlan, messages: Sequence[Message] | None = None, keep_text: bool = False
+    ) -> tuple[Exchange, bytes]:
+        """The exchange of `plan` and its request's bytes, made ahead of its send."""
         config = self.config
         exchange = Exchange(
             plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
@@ -587,28 +710,89 @@ class Engine:
             clock=self.clock, forced=config.body_options.force_output_tokens,
             count_tokens=self._count_tokens,
         )  # fmt: skip
+        exchange.later = self.connector.after_reads
+        return exchange, self._encode(exchange, messages)
+
+    def _go(self, exchange: Exchange, request: bytes, dispatched_ns: int) -> bool:
+        """Start the exchange: written now when an idle connection (and slot) is free, else
+        its task connects (or waits for a slot). Its deadlines are armed by that task."""
+        exchange.dispatched_ns = dispatched_ns
+        self._live[exchange.plan.request_id] = exchange
+        self.stats.in_flight += 1
+        return self._launch(exchange, request)
+
+    def _launch(self, exchange: Exchange, request: bytes) -> bool:
+        """Write the request on an idle connection, without an await; False when there is
+        no idle connection or no free `max_in_flight` slot (the exchange's task then waits)."""
+        limiter = self._limiter
+        if limiter is not None:
+            try:
+                limiter.acquire_nowait()
+            except anyio.WouldBlock:
+                return False
+        conn = self.connector.take_idle()
+        if conn is None:
+            if limiter is not None:
+                limiter.release()
+            return False
+        exchange.holds_slot = limiter is not None
+        self._write(exchange, conn, request)
+        return True
+
+    async def _follow(self, exchange: Exchange, request: bytes, sent: bool) -> Exchange:
+        """Wait for a started exchange (sending it first when `_launch` could not), record it."""
+        config = self.config
         try:
-            if self._limiter is not None:
+            if sent:
+                await self._exchange(exchange, request, True)
+            elif self._limiter is not None:
                 async with self._limiter:
-                    await self._exchange(exchange, body)
+                    await self._exchange(exchange, request, False)
             else:
-                await self._exchange(exchange, body)
+                await self._exchange(exchange, request, False)
         finally:
-            stats.in_flight -= 1
-            if not exchange.done.done():  # cancelled mid-request: the connection is unusable
-                if exchange.conn is not None:
-                    exchange.conn.detach()
-                exchange.outcome = Outcome.CANCELLED
-                exchange.error = "run interrupted while this request was in flight"
-                exchange.end_ns = self._now()
+            if exchange.holds_slot and self._limiter is not None:
+                exchange.holds_slot = False
+                self._limiter.release()
+            self._settle_cancelled(exchange)
             if exchange.error:  # quoted on the way in; this pass guards the composed message
                 exchange.error = config.redactor.redact(exchange.error)
-            self._emit(exchange.record(dispatched_ns))
+            self._emit(exchange.record(exchange.dispatched_ns))
             if LOGGER.isEnabledFor(logging.DEBUG):
-                LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", plan.request_id,
+                LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", exchange.plan.request_id,
                              exchange.outcome, exchange.status, len(exchange.chunk_ns),
                              f": {exchange.error}" if exchange.error else "")  # fmt: skip
         return exchange
+
+    def _settle_cancelled(self, exchange: Exchange) -> None:
+        """Take the exchange off the live list; still unsettled: it was cancelled in flight."""
+        if self._live.pop(exchange.plan.request_id, None) is None:
+            return
+        self.stats.in_flight -= 1
+        for timer in exchange.timers:
+            timer.cancel()
+        if not exchange.settled:  # cancelled mid-request: the connection is unusable
+            exchange.then = None
+            if exchange.conn is not None:
+                exchange.conn.detach()
+            exchange.outcome = Outcome.CANCELLED
+            exchange.error = "run interrupted while this request was in flight"
+            exchange.end_ns = self._now()
+
+    def _encode(self, exchange: Exchange, messages: Sequence[Message] | None) -> bytes:
+        """The request's bytes: the prompt, the body, the headers (its id recorded)."""
+        plan = exchange.plan
+        if messages is None:
+            text = self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups)
+            messages = [("user", text)]
+        body = self._body(plan, messages)
+        headers = self._headers(exchange)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            point = self.connector.endpoint
+            sent = {**point.headers, **headers}
+            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
+                         point.target, sent)  # fmt: skip
+        return encode_request(self.connector.endpoint, body, headers)
 
     def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
         config = self.config
@@ -618,9 +802,9 @@ class Engine:
         return orjson.dumps(body)
 
     # -- flows --------------------------------------------------------------------------
-    async def _flow(self, flow: Flow) -> None:
+    async def _flow(self, flow: Flow, wave: list[tuple[Exchange, bytes, bool]]) -> None:
         if flow.kind == "batch":
-            await self._batch(flow)
+            await self._batch(flow, wave)
         else:
             await self._conversation(flow)
 
@@ -670,20 +854,57 @@ class Engine:
             history.append(("assistant", previous_output))
             due = exchange.end_ns or self._now()
 
-    async def _batch(self, flow: Flow) -> None:
-        """Documents sent closed-loop: `concurrency` workers, each taking the next when done."""
-        pending = iter(flow.plans)
+    async def _batch(self, flow: Flow, wave: list[tuple[Exchange, bytes, bool]]) -> None:
+        """Documents sent closed-loop: `concurrency` at a time, the next when one ends.
 
-        async def worker() -> None:
-            for plan in pending:  # shared iterator: each document goes to one worker
-                if self._stopping.is_set():
+        The first wave was started by the scheduler at the flow's start (its intended time).
+        Each later document is encoded while its predecessor streams and sent in the very
+        callback that ends the predecessor's use of its connection (`Exchange.then`), on
+        that connection; its intended time is that end's stamp, so sent − intended is the
+        client's turnaround. When the callback cannot (the stream settled but its
+        connection is still open), the worker sends it once the predecessor is recorded.
+        """
+        plans = list(flow.plans)
+        if not wave:  # encoded late: the scheduler had no time to do it ahead
+            now = self._now()
+            made = [self._prepare(p) for p in plans[: flow.concurrency]]
+            wave = [(e, r, self._go(e, r, now)) for e, r in made]
+        pending = iter(plans[len(wave) :])
+
+        async def worker(exchange: Exchange, request: bytes, sent: bool) -> None:
+            while True:
+                plan = None if self._stopping.is_set() else next(pending, None)
+                box: list[tuple[Exchange, bytes, bool]] = []
+                if plan is not None:  # made while this one streams
+                    following = self._prepare(plan)
+                    exchange.then = partial(self._turnaround, following, box)
+                await self._follow(exchange, request, sent)
+                if plan is None:
                     return
-                now = self._now()
-                await self._request(replace(plan, intended_ns=now - self.t0_ns), now, None, False)
+                exchange.then = None
+                if not box:
+                    if self._stopping.is_set():
+                        return  # not sent: run() records it as not_sent
+                    self._turnaround(following, box, exchange.end_ns or self._now())
+                exchange, request, sent = box[0]
 
         async with anyio.create_task_group() as tg:
-            for _ in range(flow.concurrency):
-                tg.start_soon(worker)
+            for exchange, request, sent in wave:
+                tg.start_soon(worker, exchange, request, sent)
+
+    def _turnaround(
+        self,
+        following: tuple[Exchange, bytes],
+        box: list[tuple[Exchange, bytes, bool]],
+        t_ns: int,
+    ) -> None:
+        """The closed loop's next send, due at `t_ns` (its predecessor's end): in the
+        callback where that stream ended, or from the worker when the callback could not."""
+        if self._stopping.is_set():
+            return
+        exchange, request = following
+        exchange.plan = replace(exchange.plan, intended_ns=t_ns - self.t0_ns)
+        box.append((exchange, request, self._go(exchange, request, self._now())))
 
     def _skip(self, plans: Sequence[RequestPlan], reason: str) -> None:
         for plan in plans:
@@ -700,16 +921,15 @@ class Engine:
             error=error, session_id=plan.session_id, turn=plan.turn,
         )  # fmt: skip
 
-    async def _exchange(self, exchange: Exchange, body: bytes) -> None:
-        """Send (retrying once on a reused connection that died unanswered) and wait."""
-        plan = exchange.plan
+    def _arm(self, exchange: Exchange) -> None:
+        """The first-token and total deadlines, from the intended time, as loop timers."""
         loop = asyncio.get_running_loop()
-        deadlines = plan.deadlines
-        start = self.t0_ns + plan.intended_ns
+        deadlines = exchange.plan.deadlines
+        start = self.t0_ns + exchange.plan.intended_ns
         first_ns = start + int(deadlines.first_token_s * 1e9)
         total_ns = start + int(deadlines.total_s * 1e9)
         now = self._now()
-        timers = [
+        exchange.timers = [
             loop.call_later(max(0, first_ns - now) / 1e9, self._first_token_deadline, exchange),
             loop.call_later(
                 max(0, total_ns - now) / 1e9,
@@ -718,21 +938,17 @@ class Engine:
                 f"not finished in {deadlines.total_s:g} s",
             ),
         ]
-        headers = self._headers(exchange)
-        request = encode_request(self.connector.endpoint, body, headers)
-        if LOGGER.isEnabledFor(logging.DEBUG):
-            point = self.connector.endpoint
-            sent = {**point.headers, **headers}
-            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
-                         point.target, sent)  # fmt: skip
+
+    async def _exchange(self, exchange: Exchange, request: bytes, sent: bool) -> None:
+        """Send unless `sent` (retrying once on a reused connection that died unanswered), wait."""
+        loop = asyncio.get_running_loop()
+        self._arm(exchange)  # written already (`_launch`) or not: from the intended time
         try:
             for attempt in range(2):
-                if not await self._send(exchange, request):
+                if not (sent and attempt == 0) and not await self._send(exchange, request):
                     return
                 await asyncio.shield(exchange.done)
-                if not (
-                    exchange.lost_before_response and attempt == 0 and exchange.reused_connection
-                ):
+                if not (attempt == 0 and exchange.will_retry()):
                     return
                 # A kept-alive connection the server had closed: retry once on a fresh one.
                 exchange.retries += 1
@@ -742,7 +958,7 @@ class Engine:
                 exchange.settled = False
                 exchange.outcome = exchange.error = None
         finally:
-            for timer in timers:
+            for timer in exchange.timers:
                 timer.cancel()
 
     def _headers(self, exchange: Exchange) -> dict[str, str]:
@@ -766,13 +982,18 @@ class Engine:
             conn = await self._connect(exchange)
             if conn is None:
                 return False
+        self._write(exchange, conn, request)
+        return True
+
+    def _write(self, exchange: Exchange, conn: Link, request: bytes) -> None:
+        """Hand the request to the kernel on `conn`; `sent_ns` is stamped just before."""
         exchange.reused_connection = conn.reused
+        exchange.connection = connection_label(conn)
         exchange.conn = conn
         exchange.sent_ns = self.stats.last_progress_ns = self._now()
         if exchange.retries == 0:
             self.stats.sent += 1
         conn.send(exchange, request)
-        return True
 
     async def _connect(self, exchange: Exchange) -> Link | None:
         """A new connection, unless a deadline ends the exchange first."""
@@ -783,7 +1004,7 @@ class Engine:
         finally:
             if not opening.done():
                 opening.cancel()
-        if exchange.done.done():
+        if exchange.settled:
             if opening.done() and not opening.cancelled() and opening.exception() is None:
                 opening.result().detach()
             return None
@@ -818,6 +1039,24 @@ class Engine:
         else:
             stats.failed += 1
         self.on_record(record)
+
+
+def _at_once(callback: Callable[[], None]) -> None:
+    callback()
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    """Mark an exchange's future done (unless cancelled meanwhile: an interrupted run)."""
+    if not done.done():
+        done.set_result(None)
+
+
+def connection_label(conn: Link) -> str:
+    """Which connection a request used: `new` (opened for it, its setup inside its latency),
+    `warm` (opened before t0, first use) or `reused` (kept alive from an earlier exchange)."""
+    if not conn.reused:
+        return "new"
+    return "warm" if conn.warm and conn.exchanges == 0 else "reused"
 
 
 def connect_message(exc: OSError) -> str:

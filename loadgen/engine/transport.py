@@ -24,7 +24,7 @@ import re
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -37,7 +37,11 @@ from loadgen.engine.clock import SYSTEM_CLOCK, Clock, ReadClock
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 4096
 MAX_CHUNK_SIZE_DIGITS = 16  # hex digits: a size past 2**64 bytes is not a size
+WARM_PARALLEL = 64  # connects in flight at once while warming (a listen backlog is ~128+)
+WARM_GRACE_S = 0.01  # after warming: time for a server's immediate close to arrive
+WARM_TIMEOUT_S = 10.0  # warming gives up on connects not done by then (SYNs dropped)
 DRAIN_SLICE = 32  # connections parsed per loop iteration (~0.3 ms) before polling again
+AFTER_EVERY_SLICES = 8  # `after_reads` callbacks wait at most this many slices
 
 
 class ExchangeSink(Protocol):
@@ -52,7 +56,9 @@ class ExchangeSink(Protocol):
 class Link(Protocol):
     """One connection as the engine sees it: it carries one exchange at a time."""
 
-    reused: bool  # it carried an earlier exchange (kept alive)
+    reused: bool  # it came from the idle list (kept alive, or warmed before t0)
+    warm: bool  # opened before t0 by `Connector.warm`, outside every latency
+    exchanges: int  # exchanges written on it so far (the current one included)
 
     def send(self, sink: ExchangeSink, request: bytes) -> None: ...
     def detach(self) -> None: ...
@@ -71,7 +77,20 @@ class Connector(Protocol):
 
     def take_idle(self) -> Link | None: ...
     async def connect(self) -> Link: ...
+    async def warm(self, count: int) -> WarmReport: ...
+    def after_reads(self, callback: Callable[[], None]) -> None: ...
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmReport:
+    """What `warm` did before t0: connections asked for, opened and verified, failed."""
+
+    requested: int
+    opened: int  # connected and still open after the grace: idle, ready for the first sends
+    failed: int  # the connect failed, or the server closed it straight away
+    error: str | None = None  # the first failure, for the message
+    seconds: float = 0.0  # how long warming took (before t0: in no latency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +208,8 @@ class Connection(asyncio.Protocol):
         self._floor_ns = 0
         self.closed = False
         self.reused = False
+        self.warm = False
+        self.exchanges = 0
         self._reset_response()
 
     def _reset_response(self) -> None:
@@ -396,9 +417,19 @@ class Connection(asyncio.Protocol):
         """Write one request; responses go to `sink` until it ends or is detached."""
         assert self.transport is not None
         self.sink = sink
+        self.exchanges += 1
         self._reset_response()
         self._floor_ns = self._now()
         self.transport.write(request)
+
+    def is_usable(self) -> bool:
+        """Open, idle, and not closed by the server (warm connections are checked with it)."""
+        if self.closed or self.transport is None or self.sink is not None or self._rx:
+            return False
+        alive = getattr(self.transport, "is_alive", None)  # StampedSocket: a MSG_PEEK
+        if alive is not None:
+            return bool(alive())
+        return not self.transport.is_closing()
 
     def detach(self) -> None:
         """The exchange gave up (deadline, cancel): the connection cannot be reused."""
@@ -533,6 +564,18 @@ class StampedSocket:
             self._shut()
             self._loop.call_soon(self._conn.connection_lost, None)
 
+    def is_alive(self) -> bool:
+        """Open, with nothing to read: a peek that would block (EOF or bytes: not usable)."""
+        if self._closed:
+            return False
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False  # b"": the server closed it; bytes: it spoke before being asked
+
     def _close(self, exc: Exception | None) -> None:
         if not self._closed:
             self._shut()
@@ -565,11 +608,14 @@ class Pool:
         self._open: set[Connection] = set()
         self._ready: list[Connection] = []  # connections with stamped, unparsed reads
         self._drain_scheduled = False
+        self._after: list[Callable[[], None]] = []  # `after_reads` callbacks, in order
+        self._slices = 0
         self.last_read_ns = 0  # when bytes last arrived on any connection (the watchdog)
         self._ssl: ssl.SSLContext | bool | None = None
         if endpoint.scheme == "https":
             self._ssl = ssl_context or ssl.create_default_context()
-        self.opened = 0
+        self.opened = 0  # every connection opened, warm ones included
+        self.warm_opened = 0  # of which opened before t0 by `warm`
         # Plain HTTP on Linux: sockets of our own, read with the kernel's receive time.
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
@@ -609,6 +655,56 @@ class Pool:
         self.opened += 1
         self._open.add(protocol)
         return protocol
+
+    async def warm(self, count: int) -> WarmReport:
+        """Open `count` connections before t0, check each is usable, and keep them idle.
+
+        Opened `WARM_PARALLEL` at a time (a burst of a thousand SYNs overflows a server's
+        listen backlog, and each lost SYN costs a 1 s retransmit). After `WARM_GRACE_S` each
+        is checked: still open, nothing unasked to read (a server that accepts and closes at
+        once, e.g. past its connection limit, fails here, not in a request); connects not
+        done within `WARM_TIMEOUT_S` are given up (failed). The usable ones
+        go to the idle list marked `warm`; the first requests take them, so connection setup
+        (TCP, and TLS when it is https) is in no latency. A server that later drops an idle
+        one is handled as for any kept-alive connection: one retry on a fresh connection.
+        """
+        start_ns = self.clock.now_ns()
+        opened: list[Connection] = []
+        errors: list[str] = []
+        gate = asyncio.Semaphore(WARM_PARALLEL)
+
+        async def open_one() -> None:
+            async with gate:
+                try:
+                    opened.append(await self.connect())
+                except OSError as exc:
+                    errors.append(exc.strerror or str(exc) or type(exc).__name__)
+
+        tasks = [asyncio.ensure_future(open_one()) for _ in range(max(0, count))]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=WARM_TIMEOUT_S)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+                errors.append(f"{len(late)} not connected within {WARM_TIMEOUT_S:g} s")
+        await asyncio.sleep(WARM_GRACE_S)
+        usable = [conn for conn in opened if conn.is_usable()]
+        for conn in opened:
+            if conn not in usable:
+                conn.detach()
+        for conn in usable:
+            conn.warm = True
+            self._idle.append(conn)
+        self.warm_opened += len(usable)
+        failed = count - len(usable)
+        if failed and not errors:
+            errors.append("closed by the server right after it was opened")
+        return WarmReport(
+            requested=count, opened=len(usable), failed=max(0, failed),
+            error=errors[0] if errors else None,
+            seconds=(self.clock.now_ns() - start_ns) / 1e9,
+        )  # fmt: skip
 
     async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
         """A connected non-blocking socket with kernel receive timestamps switched on.
@@ -679,8 +775,36 @@ class Pool:
                     _report(loop, again)
         if self._ready:
             loop.call_soon(self._drain)
+            self._slices += 1
+            if self._after and self._slices % AFTER_EVERY_SLICES == 0:
+                self._run_after(loop)
         else:
             self._drain_scheduled = False
+            self._slices = 0
+            if self._after:
+                self._run_after(loop)
+
+    def after_reads(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the reads stamped so far are parsed (at once when there are
+        none), or after `AFTER_EVERY_SLICES` slices when more keep coming.
+
+        What waits here is bookkeeping that can wait (waking the task that records an
+        exchange): when 512 streams end in one step, every stream's end, and a closed
+        loop's next send, is handled before any record is built, not one slice at a time
+        with the records of the slice before in between.
+        """
+        if self._drain_scheduled:
+            self._after.append(callback)
+        else:
+            callback()
+
+    def _run_after(self, loop: asyncio.AbstractEventLoop) -> None:
+        after, self._after = self._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception as exc:  # a bug: report it, run the rest
+                _report(loop, exc)
 
     def release(self, conn: Connection) -> None:
         """Return a connection whose response completed cleanly."""

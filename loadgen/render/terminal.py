@@ -25,6 +25,7 @@ from loadgen.results.runfolder import RunInfo, ShardTable
 from loadgen.results.summary import (
     Check,
     ClassAudit,
+    ConnectionUse,
     FailureRankedStats,
     GeneratorHealth,
     ServerAudit,
@@ -47,6 +48,8 @@ def render_summary(summary: Summary) -> RenderableType:
     parts: list[RenderableType] = [_class_table(summary)]
     parts.extend(_notes(summary.classes, partial=stop is not None))
     parts.append(_generator_line(summary.generator))
+    if summary.connections is not None:
+        parts.append(_connections_line(summary.connections))
     if summary.server is not None:
         parts.append(server_line(summary.server))
     parts.append(_verdict_line(summary.verdict, stop))
@@ -342,6 +345,17 @@ def _generator_line(generator: GeneratorHealth) -> Text:
             style="bold red",
         )
     return line
+
+
+def _connections_line(use: ConnectionUse) -> Text:
+    """Requests by the connection they were written on, with each kind's TTFT p50."""
+    kinds = (("warm", use.warm), ("reused", use.reused), ("new", use.new))
+    shown = [
+        f"{kind.requests} {name}"
+        + (f" (TTFT p50 {with_unit(kind.ttft_ms.p50)})" if kind.requests else "")
+        for name, kind in kinds
+    ]
+    return Text("connections: " + " · ".join(shown))
 
 
 def _verdict_line(verdict: Verdict, stop: str | None) -> Text:

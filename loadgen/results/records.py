@@ -106,6 +106,10 @@ class RequestRecord:
     request_id_sent: str | None = None  # the id header's value this request carried
     finish_reason: str | None = None  # the API's stop reason as sent (None: none came)
     stopped_early: bool = False  # ok, but a stop reason ended it before its forced length
+    # The connection its (last) attempt was written on: new (opened for it, during the run:
+    # its setup is inside its latency), warm (opened before t0) or reused (kept alive);
+    # None when it was never written.
+    connection: str | None = None
     cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
     server_request_id: str | None = None  # the response's `id`, else its x-request-id header
 
@@ -141,6 +145,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "request_id_sent": pl.String(),
     "finish_reason": pl.String(),
     "stopped_early": pl.Boolean(),
+    "connection": pl.String(),
     "cached_prompt_tokens": pl.Int64(),
     "server_request_id": pl.String(),
 }

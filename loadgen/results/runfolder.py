@@ -37,10 +37,11 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 7  # 7: records cached_prompt_tokens, server_request_id; summary.json
+SCHEMA_VERSION = 8  # 8: records cached_prompt_tokens, server_request_id; summary.json
 # server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet
-# 6: summary classes.*.stream_ends, generator.requested_rate_per_s; records
-# request_id_sent, finish_reason, stopped_early; run.json target request_id_header/_format
+# (7: records connection, run.json connections, summary connections; 6: summary
+# classes.*.stream_ends, generator.requested_rate_per_s; records request_id_sent,
+# finish_reason, stopped_early; run.json target request_id_header/_format)
 # (5: run.json workload.spec.classes.*.limits (max_event_bytes))
 # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
@@ -192,6 +193,19 @@ class HostInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionCounts:
+    """Connections of one engine process (or all of them, summed): warmed before t0
+    (`--warm-connections`), and opened during the run (each one's setup is inside the
+    latency of the request that opened it; the records' `connection` column says which)."""
+
+    warm_requested: int = 0
+    warm_opened: int = 0  # connected and checked usable before t0
+    warm_failed: int = 0
+    warm_s: float = 0.0  # how long warming took (the slowest process)
+    opened_during_run: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessInfo:
     """One engine process's share of the run: its records, send lag and t0 skew."""
 
@@ -205,6 +219,7 @@ class ProcessInfo:
     t0_skew_us: float | None = None
     reached_late_ms: float | None = None
     shard: int | None = field(default=None, metadata=OMIT_NONE)  # a merged run's shard
+    connections: ConnectionCounts | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +311,7 @@ class RunInfo:
     shards: ShardTable | None = field(default=None, metadata=OMIT_NONE)  # a merged run
     recovered: bool | None = field(default=None, metadata=OMIT_NONE)  # `report --recover`
     client_failure: str | None = field(default=None, metadata=OMIT_NONE)
+    connections: ConnectionCounts | None = field(default=None, metadata=OMIT_NONE)
     server_metrics: ServerMetricsInfo | None = field(default=None, metadata=OMIT_NONE)
 
     @property

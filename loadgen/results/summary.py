@@ -352,6 +352,29 @@ class ServerAudit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionKind:
+    """The requests written on one kind of connection: how many, their send lag (sent −
+    intended, ms: a new connection's setup is inside it) and TTFT (first token − intended,
+    ms, ok requests)."""
+
+    requests: int
+    send_lag_ms: LagStats
+    ttft_ms: LagStats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionUse:
+    """Which connection each request was written on (the records' `connection` column):
+    `new` (opened for it during the run), `warm` (opened before t0, `--warm-connections`),
+    `reused` (kept alive from an earlier request). Side by side, they show what connection
+    setup adds to a latency."""
+
+    new: ConnectionKind
+    warm: ConnectionKind
+    reused: ConnectionKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
     """summary.json: generator health, one audit per class, and the verdict."""
 
@@ -363,4 +386,5 @@ class Summary:
     generator: GeneratorHealth
     classes: Mapping[str, ClassAudit]
     verdict: Verdict
+    connections: ConnectionUse | None = field(default=None, metadata=OMIT_NONE)
     server: ServerAudit | None = field(default=None, metadata=OMIT_NONE)

@@ -19,8 +19,10 @@ from polars.exceptions import PanicException
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.harness import run_beside, run_engine
+from loadgen.engine.host import open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.transport import Endpoint, Pool
+from loadgen.engine.warmup import warm_count
 from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
 from loadgen.results.records import RecordWriter, RequestRecord
 from loadgen.results.runfolder import EXIT_INTERRUPTED
@@ -64,6 +66,11 @@ def drive(
             engine.stop()
             engine.requests.cancel()
 
+        if start_at_unix_ns is not None:  # warm shortly before an agreed start, not now
+            lead_ns = start_at_unix_ns - WARM_LEAD_NS - engine.clock.wall_ns()
+            if lead_ns > 0:
+                await anyio.sleep(lead_ns / 1e9)
+        await warm_up(engine, options, state, quiet, log)
         start = start_at_unix_ns if wait_start is None else await wait_start()
         state["t0"] = t0 = choose_t0(start, engine.clock)
         t0_ns = int(t0["perf_counter_ns"])
@@ -79,8 +86,34 @@ def drive(
             partial(_measure_anchor, t0, engine.clock),
         )  # fmt: skip
 
-    run_engine(work, Pool(endpoint), config, writer.add, session, stats=stats)
+    pool = Pool(endpoint)
+    run_engine(work, pool, config, writer.add, session, stats=stats)
+    if "connections" in state:
+        state["connections"]["opened_during_run"] = pool.opened - pool.warm_opened
     return state
+
+
+async def warm_up(
+    engine: Engine, options: RunOptions, state: dict[str, Any], quiet: bool, log: TextIO
+) -> None:
+    """Open the run's first connections before t0 (`engine.warmup`); say so when some failed."""
+    count = warm_count(engine.work, options.warm_connections, open_files_limit())
+    report = await engine.connector.warm(count)
+    state["connections"] = {
+        "warm_requested": report.requested,
+        "warm_opened": report.opened,
+        "warm_failed": report.failed,
+        "warm_s": round(report.seconds, 6),
+    }
+    if report.failed and not quiet:
+        print(
+            f"warning: {report.failed} of {report.requested} warm connections failed "
+            f"({report.error}); those requests open their own connections during the run",
+            file=log,
+        )
+
+
+WARM_LEAD_NS = 2_000_000_000  # with an agreed start: warm this long before it
 
 
 def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:

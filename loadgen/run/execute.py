@@ -58,7 +58,7 @@ from loadgen.run.failure import client_failures
 from loadgen.run.options import RunOptions
 from loadgen.run.setup import client_setup, engine_setup
 from loadgen.run.simulator import target_url
-from loadgen.run.workers import process_info, run_workers
+from loadgen.run.workers import process_info, run_workers, total_connections
 from loadgen.workload.identity import identity
 from loadgen.workload.plans import Work, plan_work
 from loadgen.workload.shards import check_start_at, split_work, utc_text
@@ -325,8 +325,10 @@ def _run(
         run_info["t0"] = state["t0"]
         run_info["workers"]["processes"] = [
             process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"],
-                         parent_t0=state["t0"], lag_bound_ms=options.lag_bound_ms)
+                         parent_t0=state["t0"], lag_bound_ms=options.lag_bound_ms,
+                         connections=state.get("connections"))
         ]  # fmt: skip
+        run_info["connections"] = total_connections(run_info["workers"]["processes"])
         return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state,
                       scraper=scraper)  # fmt: skip
 

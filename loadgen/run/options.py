@@ -29,5 +29,6 @@ class RunOptions:
     workers: int | None = None  # engine processes; None: 1, or one per core past the envelope
     shard: Share | None = None  # run only this share of the schedule (`--shard i/N`)
     start_at_unix_ns: int | None = None  # the agreed wall-clock t0 (`--start-at`)
+    warm_connections: int | None = None  # opened before t0 (`--warm-connections`); None: auto
     server_metrics_url: str | None = None  # `--server-metrics-url`; else target's, if any
     server_metrics_interval_s: float | None = None  # `--server-metrics-interval`

@@ -146,7 +146,7 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
         writer.flush()
     except OSError as exc:  # the disk is full (or the like): the parent names it, exit 3
         failure = failure or exc
-    done = {k: state.get(k) for k in ("interrupted", "watchdog", "t0")}
+    done = {k: state.get(k) for k in ("interrupted", "watchdog", "t0", "connections")}
     if failure is not None:
         done["client_failure"] = describe_os_error(failure, failure.filename)
     with contextlib.suppress(OSError):  # the parent is gone; the records are on disk
@@ -284,9 +284,11 @@ def _joined(
     run_info["workers"]["processes"] = [
         process_info(frame, [p.request_id for p in w.share.plans], index=w.child.index,
                      pid=w.child.pid or 0, t0=wt0, parent_t0=t0, lag_bound_ms=options.lag_bound_ms,
-                     exit_code=w.child.process.exitcode)
+                     exit_code=w.child.process.exitcode,
+                     connections=(w.done or {}).get("connections"))
         for w, wt0 in zip(workers, done_t0, strict=True)
     ]  # fmt: skip
+    run_info["connections"] = total_connections(run_info["workers"]["processes"])
     return frame
 
 
@@ -474,6 +476,7 @@ def process_info(
     parent_t0: Mapping[str, Any],
     lag_bound_ms: float,
     exit_code: int | None = 0,
+    connections: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One engine process's share of the run: its records, send lag and t0 skew.
 
@@ -493,7 +496,23 @@ def process_info(
         "fell_behind": health.fell_behind,
         "t0_skew_us": round(skew_ns / 1e3, 3),
         "reached_late_ms": t0.get("reached_late_ms"),
+        "connections": dict(connections) if connections else None,
     }
+
+
+def total_connections(processes: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The engine processes' connection counts, summed (warm_s: the slowest's)."""
+    blocks = [p["connections"] for p in processes if p.get("connections")]
+    if not blocks:
+        return None
+    total: dict[str, Any] = {}
+    for block in blocks:
+        for key, value in block.items():
+            if key == "warm_s":
+                total[key] = max(total.get(key, 0.0), value)
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:

@@ -311,10 +311,12 @@ def run_through(
     stop_after_s: float | None = None,
     loop_options: Mapping[str, Any] | None = None,
     t0_ns: int | None = None,
+    warm: int = 0,
 ) -> list[RequestRecord]:
     """Run plans through the engine harness on `connector` from `t0_ns` (absolute, on the
-    connector's clock; default 20 ms after the loop is up), with `engine.stop()` plus a
-    cancel after `stop_after_s`; records by request id."""
+    connector's clock; default 20 ms after the loop is up, after warming `warm`
+    connections), with `engine.stop()` plus a cancel after `stop_after_s`; records by
+    request id."""
     records: list[RequestRecord] = []
 
     async def session(engine: Engine) -> None:
@@ -325,6 +327,8 @@ def run_through(
             engine.requests.cancel()
 
         companions = [stop_later] if stop_after_s is not None else []
+        if warm:
+            await engine.connector.warm(warm)
         start_ns = engine.clock.now_ns() + 20_000_000 if t0_ns is None else t0_ns
         await run_beside(engine, start_ns, *companions)
 

@@ -100,17 +100,26 @@ class ScriptedPool(Pool):
     """
 
     def __init__(
-        self, handler: Handler, endpoint: Endpoint, clock: VirtualClock, *, refuse: bool = False
+        self,
+        handler: Handler,
+        endpoint: Endpoint,
+        clock: VirtualClock,
+        *,
+        refuse: bool = False,
+        connect_s: float = 0.0,
     ) -> None:
         super().__init__(endpoint, kernel_stamps=False, clock=clock)
         self.handler = handler
         self.refuse = refuse
+        self.connect_s = connect_s  # virtual time each connect takes (a handshake)
         self.requests: list[ReceivedRequest] = []
         self.finished: dict[str, int] = {}  # X-Request-Id → when its script's last step played
         self.connections = 0
 
     async def connect(self) -> Connection:
         """A new scripted connection, at once (loopback connects take no virtual time)."""
+        if self.connect_s:
+            await asyncio.sleep(self.connect_s)
         if self.refuse:
             raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
         conn = Connection(self)
@@ -148,6 +157,10 @@ class _ScriptedTransport:
             self._queue.append(request)
         if self._playing is None and self._queue:
             self._timer = self._loop.call_soon(self._next_script)
+
+    def is_closing(self) -> bool:
+        """Closed (by either side): what `Connection.is_usable` asks of a transport."""
+        return self._closed
 
     def abort(self) -> None:
         """The client gave up: stop playing; it hears of the close on the next iteration."""
@@ -230,18 +243,21 @@ def run_scripted(
     stop_after_s: float | None = None,
     generic: GenericSpec | None = None,
     refuse: bool = False,
+    warm: int = 0,
+    connect_s: float = 0.0,
 ) -> tuple[list[RequestRecord], ScriptedPool]:
     """`loadgen.testing.run_engine`, in virtual time against `handler`'s scripts: the
     records by request id, and the pool (what the server saw). Times in the records are
-    relative to t0, which is 20 ms after the start, as in `run_engine`."""
+    relative to t0, which is 20 ms after the start (and after warming `warm`
+    connections), as in `run_engine`; each connect takes `connect_s` of virtual time."""
     config = engine_config(api, max_in_flight=max_in_flight, headers_for=headers_for,
                            priority_header=priority_header, generic=generic)  # fmt: skip
     adapter = config.adapter
     endpoint = make_endpoint("http://127.0.0.1:8000", path or adapter.default_path,
                              adapter.headers(None))  # fmt: skip
     clock = VirtualClock()
-    pool = ScriptedPool(handler, endpoint, clock, refuse=refuse)
+    pool = ScriptedPool(handler, endpoint, clock, refuse=refuse, connect_s=connect_s)
     loop_options: dict[str, Any] = {"loop_factory": lambda: VirtualLoop(clock)}
     records = run_through(plans, pool, config, stop_after_s=stop_after_s,
-                          loop_options=loop_options)  # fmt: skip
+                          loop_options=loop_options, warm=warm)  # fmt: skip
     return records, pool
