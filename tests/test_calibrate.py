@@ -289,7 +289,7 @@ def test_quick_saves_only_with_save(
     monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))
     monkeypatch.setattr(
         cli_calibrate, "run_calibration",
-        lambda ladder, thresholds, progress: real_calibrate(
+        lambda ladder, thresholds, progress, **_: real_calibrate(
             ladder, thresholds, progress, measure=lambda n, _l, _t: fake_level(n, met=True)),
     )  # fmt: skip
     out = CliRunner().invoke(cli, ["calibrate", *args])

@@ -43,7 +43,8 @@ def current_keys(tmp_path: Path) -> dict[str, list[str]]:
     workload = workload_file(tmp_path, WORKLOAD)
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         result = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out", str(tmp_path),
-                                          "--run-id", "r", "-q", "--lag-bound-ms", "1000"])  # fmt: skip
+                                          "--run-id", "r", "-q", "--lag-bound-ms", "1000",
+                                          "--price-per-hour", "2"])  # fmt: skip  # the cost keys too
     assert result.exit_code == 0, result.output
     return {
         name: sorted(key_paths(json.loads((tmp_path / "r" / name).read_text())))

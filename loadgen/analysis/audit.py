@@ -20,6 +20,7 @@ import polars as pl
 from loadgen import __version__
 from loadgen.analysis import metrics
 from loadgen.analysis.connections import connection_use
+from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
@@ -34,7 +35,7 @@ from loadgen.results.runfolder import (
     read_server_metrics,
     write_summary,
 )
-from loadgen.results.summary import ClassAudit, StreamEnds, Summary, TokensPerChunk
+from loadgen.results.summary import ClassAudit, Cost, StreamEnds, Summary, TokensPerChunk
 from loadgen.workload.spec import SloTargets
 
 
@@ -97,13 +98,14 @@ def audit(
     planned: int,
     lag_bound_ms: float = 5.0,
     stopped: str | None = None,
+    price: Price | None = None,
 ) -> Summary:
     """The run's summary: generator health, one audit per class, and the verdict.
 
     Every class of `objectives` appears (even with no records), then any other class found
     in the frame, audited without targets. `stopped` (a key of `runfolder.STOPS`) withholds
     the verdict: the figures are kept, as partial figures, and nothing is judged (see
-    `slo.verdict`).
+    `slo.verdict`). With `price`, the summary has a `cost` block (`analysis.cost`).
     """
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
@@ -122,8 +124,25 @@ def audit(
         generator=generator,
         classes=classes,
         verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
+        cost=None if price is None else _cost(frame, objectives, list(classes), price, duration_s),
         connections=connection_use(frame),
     )
+
+
+def _cost(
+    frame: pl.DataFrame, objectives: Mapping[str, Objective], classes: list[str], price: Price,
+    duration_s: float,
+) -> Cost:  # fmt: skip
+    slos = {name: o.slo for name, o in objectives.items()}
+    return run_cost(price, duration_s=duration_s, tokens=class_tokens(frame, slos, classes))
+
+
+def recorded_price(info: RunInfo) -> Price | None:
+    """The price run.json's options keep (`run --price-per-hour`, `--replicas`), if any."""
+    options = info.options
+    if options is None or options.price_per_hour is None:
+        return None
+    return Price(per_hour=options.price_per_hour, replicas=options.replicas or 1)
 
 
 def class_audits(
@@ -173,6 +192,7 @@ def audit_run(
         planned=frame.height if info.planned is None else info.planned,
         stopped=info.stop,
         lag_bound_ms=info.lag_bound_ms,
+        price=recorded_price(info),
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return summary, frame, effective

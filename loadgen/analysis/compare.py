@@ -69,11 +69,13 @@ import numpy.typing as npt
 import polars as pl
 
 from loadgen.analysis import metrics
+from loadgen.analysis.audit import recorded_price
+from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import PARTS_DIR, RECORDS_FILE, Outcome, read_records
-from loadgen.results.runfolder import RUN_FILE
+from loadgen.results.runfolder import RUN_FILE, read_run_info
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry
 from loadgen.workload.spec import SloTargets
 
@@ -363,6 +365,7 @@ class Side:
     incomplete: tuple[str, ...] = ()  # its runs that stopped early (only when asked for)
     left_out: tuple[str, ...] = ()  # runs of the window it did not pool, each with why
     run_dirs: tuple[Path, ...] = ()  # its run folders (the server's side is read from them)
+    cost: float | None = None  # Σ fleet price × duration of its runs; None: a run has no price
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -499,6 +502,53 @@ def _open_reason(check: Check, base: Estimate, cur: Estimate, confidence: float)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CostChange:
+    """Cost per million (good) output tokens of one class (or `all`) on both sides.
+
+    Informational, never a verdict: at one price it is price / goodput, and goodput has its
+    own check with its interval. A side's cost is Σ fleet price × duration of its runs,
+    shared by its classes in proportion to their ok output tokens (`analysis.cost`).
+    """
+
+    class_name: str
+    baseline_per_million: float | None
+    current_per_million: float | None
+    baseline_per_million_good: float | None
+    current_per_million_good: float | None
+
+    @property
+    def change_relative(self) -> float | None:
+        """current / baseline - 1 of the cost per million good output tokens."""
+        base, cur = self.baseline_per_million_good, self.current_per_million_good
+        return None if base is None or cur is None or base == 0 else cur / base - 1
+
+
+def cost_changes(
+    base: Mapping[str, ClassSample], cur: Mapping[str, ClassSample], shared: Sequence[str],
+    base_cost: float | None, cur_cost: float | None,
+) -> tuple[CostChange, ...]:  # fmt: skip
+    """Per shared class and over all of them, when both sides have a cost."""
+    if base_cost is None or cur_cost is None:
+        return ()
+
+    def per_million(cost: float, samples: Mapping[str, ClassSample], names: Sequence[str]
+                    ) -> tuple[float | None, float | None]:  # fmt: skip
+        total = sum(s.ok_output_tokens for s in samples.values())
+        tokens = sum(samples[n].ok_output_tokens for n in names)
+        good = sum(samples[n].good_output_tokens for n in names)
+        charged = cost * tokens / total if total else 0.0
+        return (per_million_of(charged, tokens), per_million_of(charged, good))
+
+    rows = []
+    for label, names in [*((n, [n]) for n in shared), ("all", list(shared))]:
+        (bm, bg), (cm, cg) = per_million(base_cost, base, names), per_million(cur_cost, cur, names)
+        rows.append(CostChange(class_name=label, baseline_per_million=bm, current_per_million=cm,
+                               baseline_per_million_good=bg,
+                               current_per_million_good=cg))  # fmt: skip
+    return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     """Every check of every class both sides have, and the classes only one side has."""
 
@@ -514,6 +564,7 @@ class Comparison:
     current_workload: str = ""
     incomplete: tuple[str, ...] = ()  # runs on either side that stopped early (asked for)
     left_out: tuple[str, ...] = ()  # runs of the baseline window not pooled, each with why
+    cost: tuple[CostChange, ...] = ()  # when both sides' runs have a price
 
     @property
     def forced(self) -> bool:
@@ -589,6 +640,7 @@ def compare_sides(
         current_workload=current.workload,
         incomplete=(*baseline.incomplete, *current.incomplete),
         left_out=baseline.left_out,
+        cost=cost_changes(base_samples, cur_samples, shared, baseline.cost, current.cost),
     )
 
 
@@ -734,7 +786,19 @@ def _read_side(entries: Sequence[RunEntry], label: str) -> Side:
         workload=entries[0].workload_key,
         incomplete=tuple(e.run_id for e in entries if not e.is_complete),
         run_dirs=tuple(e.run_dir for e in entries),
+        cost=_side_cost(entries, frames),
     )
+
+
+def _side_cost(entries: Sequence[RunEntry], frames: Sequence[pl.DataFrame]) -> float | None:
+    """Σ fleet price per hour × duration of the runs; None when any run has no price."""
+    total = 0.0
+    for entry, frame in zip(entries, frames, strict=True):
+        price = recorded_price(read_run_info(entry.run_dir))
+        if price is None:
+            return None
+        total += price.fleet_per_hour * metrics.run_duration_s(frame) / 3600
+    return total
 
 
 # --- JSON ---------------------------------------------------------------------------------
@@ -783,6 +847,17 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
         "only_in_current": list(comparison.only_in_current),
         "regressions": [f"{r.class_name}.{r.check.name}" for r in comparison.regressions],
         "exit_code": comparison.exit_code,
+        "cost": {
+            c.class_name: {
+                "baseline_per_million_output_tokens": _number(c.baseline_per_million),
+                "current_per_million_output_tokens": _number(c.current_per_million),
+                "baseline_per_million_good_output_tokens": _number(c.baseline_per_million_good),
+                "current_per_million_good_output_tokens": _number(c.current_per_million_good),
+                "change_relative": _number(c.change_relative),
+            }
+            for c in comparison.cost
+        }
+        or None,
     }
 
 

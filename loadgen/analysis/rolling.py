@@ -58,6 +58,7 @@ from loadgen.analysis.minutes import (
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome, read_records
+from loadgen.results.runfolder import read_summary
 from loadgen.results.store import RunEntry, discover_runs, select_runs
 
 WITH_FAILURES: tuple[str, ...] = ("ttft", "tpot", "e2e")  # as `slo.WITH_FAILURES`
@@ -94,6 +95,7 @@ class _Bin:
     counts: dict[str, int] = field(default_factory=dict)
     histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
     run_ids: set[str] = field(default_factory=set)  # its runs (all of one workload)
+    run_requests: dict[str, int] = field(default_factory=dict)  # requests of each run in it
     values_ms: dict[str, list[npt.NDArray[np.float64]]] = field(default_factory=dict)  # exact
 
 
@@ -136,12 +138,14 @@ def rolling_windows(
     if exact:
         _add_exact_values(bins, runs, sorted({c for _, c in keys}), anchor, slot_ns)
     started = {r.run_id: r.started for r in runs}
+    costs = _run_costs(runs)
     rows = []
     for end_ns in ends:
         first, last = (end_ns - window_ns - anchor) // slot_ns, (end_ns - anchor) // slot_ns
         for key in keys:
             parts = [bins[(*key, s)] for s in range(first, last) if (*key, s) in bins]
             row = _window_row(parts, exact=exact)
+            row |= _window_cost(parts, key[1], costs)
             run_ids = sorted(set().union(*(p.run_ids for p in parts)), key=started.__getitem__)
             row |= {
                 "window_start": end_ns - window_ns,
@@ -155,6 +159,57 @@ def rolling_windows(
             }
             rows.append(row)
     return _frame(rows, exact=exact)
+
+
+# Per run and class: (its requests, its cost, its ok output tokens, its good output tokens).
+RunCosts = dict[str, dict[str, tuple[int, float | None, int, int]] | None]
+
+
+def _run_costs(runs: Sequence[RunEntry]) -> RunCosts:
+    """Each run's cost per class from its summary.json (None: no price, or no summary)."""
+    out: RunCosts = {}
+    for run in runs:
+        try:
+            summary = read_summary(run.run_dir)
+        except (LoadgenError, OSError, ValueError):
+            out[run.run_id] = None
+            continue
+        if summary.cost is None:
+            out[run.run_id] = None
+            continue
+        out[run.run_id] = {
+            name: (summary.classes[name].requests if name in summary.classes else 0,
+                   c.cost, c.output_tokens, c.good_output_tokens)
+            for name, c in summary.cost.classes.items()
+        }  # fmt: skip
+    return out
+
+
+def _window_cost(parts: Sequence[_Bin], class_name: str, costs: RunCosts) -> dict[str, Any]:
+    """Cost per million (good) output tokens over the window: each run's class cost and
+    tokens counted in the share of its requests that fall in the window (requests are binned
+    by intended time); null unless every run in the window has a price."""
+    in_window: dict[str, int] = {}
+    for p in parts:
+        for run_id, n in p.run_requests.items():
+            in_window[run_id] = in_window.get(run_id, 0) + n
+    cost = tokens = good = 0.0
+    for run_id, n in in_window.items():
+        per_class = costs.get(run_id)
+        figures = per_class.get(class_name) if per_class is not None else None
+        run_cost = figures[1] if figures is not None else None
+        if figures is None or run_cost is None or not figures[0]:
+            return {"cost_per_million_output_tokens": None,
+                    "cost_per_million_good_output_tokens": None}  # fmt: skip
+        requests, _, run_tokens, run_good = figures
+        share = n / requests
+        cost += share * run_cost
+        tokens += share * run_tokens
+        good += share * run_good
+    return {
+        "cost_per_million_output_tokens": cost / tokens * 1e6 if tokens and in_window else None,
+        "cost_per_million_good_output_tokens": cost / good * 1e6 if good and in_window else None,
+    }
 
 
 def pooled_runs(
@@ -235,6 +290,7 @@ def _bin_minutes(
     for row in slotted.iter_rows(named=True):
         b = bins.setdefault((row["workload"], row["class"], row["slot"]), _Bin())
         b.run_ids.add(row["run_id"])
+        b.run_requests[row["run_id"]] = b.run_requests.get(row["run_id"], 0) + row["requests"]
         for name in count_columns:
             b.counts[name] = b.counts.get(name, 0) + (row.get(name) or 0)
         for metric in METRICS:
@@ -380,6 +436,8 @@ def _frame(rows: Sequence[Mapping[str, Any]], *, exact: bool) -> pl.DataFrame:
         schema[name] = pl.Int64 if name.endswith("_count") else pl.Float64
     if exact:
         schema["max_rel_diff"] = pl.Float64
+    schema["cost_per_million_output_tokens"] = pl.Float64  # null without --price-per-hour
+    schema["cost_per_million_good_output_tokens"] = pl.Float64
     frame = (
         pl.DataFrame(list(rows), schema=schema, orient="row")
         if rows

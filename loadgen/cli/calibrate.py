@@ -8,17 +8,19 @@ warning.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
 
 import click
 
+from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
-from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds
+from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds, measure_level
 from loadgen.studies.calibrate import (
     calibrate as run_calibration,
 )
@@ -122,10 +124,13 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     "$LOADGEN_CALIBRATION, else ${XDG_CACHE_HOME:-~/.cache}/loadgen/calibration.json.",
 )
 @click.option("--no-save", is_flag=True, help="Do not save (loadgen run will not see it).")
+@live_options
 def calibrate(
     levels: str | None, tokens_per_s: float, seconds: float, processes: int,
     max_timestamp_err_ms: float, max_ttft_err_ms: float, max_send_lag_ms: float,
     all_levels: bool, quick: bool, fmt: str, save_path: str | None, no_save: bool,
+    prometheus_listen: str | None, prometheus_grace_s: float, otlp_endpoint: str | None,
+    otlp_interval_s: float,
 ) -> None:  # fmt: skip
     """Find the highest load this machine's client measures truthfully (its envelope).
 
@@ -142,6 +147,7 @@ def calibrate(
       loadgen calibrate
       loadgen calibrate --levels 256,512,1024 --workers 2 --format json
       loadgen calibrate --quick
+      loadgen calibrate --quick --prometheus-port 9464
     """
 
     clean_errors(_calibrate)(
@@ -161,6 +167,7 @@ def calibrate(
         ),
         fmt,
         (save_path, no_save),
+        (prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s),
     )
 
 
@@ -174,8 +181,9 @@ def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | 
 
 
 def _calibrate(
-    ladder: Ladder, thresholds: Thresholds, fmt: str, saving: tuple[str | None, bool]
-) -> None:
+    ladder: Ladder, thresholds: Thresholds, fmt: str, saving: tuple[str | None, bool],
+    live_flags: tuple[str | None, float, str | None, float] = (None, 0.0, None, 5.0),
+) -> None:  # fmt: skip
     save = save_target(saving[0], quick=ladder.quick, no_save=saving[1])
 
     def progress(level: Level) -> None:
@@ -184,15 +192,17 @@ def _calibrate(
 
     if fmt == "table":
         print(start_line(ladder), file=sys.stderr, flush=True)
-    result = run_calibration(ladder, thresholds, progress)
-    if save is not None:
-        save_calibration(result, save)
-    if fmt == "json":
-        click.echo(json.dumps(result, indent=2))
-    else:
-        console = output_console()
-        console.print(levels_table(result))
-        for line in conclusion(result, save):
-            console.print(line)
+    with open_live(*live_flags) as live:
+        measure = functools.partial(measure_level, live=live)
+        result = run_calibration(ladder, thresholds, progress, measure=measure)
+        if save is not None:
+            save_calibration(result, save)
+        if fmt == "json":
+            click.echo(json.dumps(result, indent=2))
+        else:
+            console = output_console()
+            console.print(levels_table(result))
+            for line in conclusion(result, save):
+                console.print(line)
     if result["envelope"] is None:
         sys.exit(2)

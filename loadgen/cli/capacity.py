@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import check_url, clean_errors, output_console
 from loadgen.errors import ConfigError
 from loadgen.render.capacity_view import (
@@ -153,12 +154,16 @@ Exit codes:
     help="Send lag above which a send is late; too many late sends make a step invalid.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line during the steps.")
+@live_options
+@price_options
 @clean_errors
 def capacity(
     workload: Path, url: str | None, param: str, start: str | None, maximum: str | None,
     factor: float, steps_text: str | None, resolution: float, min_tail: int,
     min_lifetimes: float, warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
     out_dir: Path | None, seed: int | None, lag_bound_ms: float, quiet: bool,
+    prometheus_listen: str | None, prometheus_grace_s: float, otlp_endpoint: str | None,
+    otlp_interval_s: float, price_per_hour: float | None, replicas: int,
 ) -> None:  # fmt: skip
     """Find the highest load the server sustains with every SLO of every class met (the knee).
 
@@ -178,6 +183,7 @@ def capacity(
       loadgen capacity workloads/chat-smoke.yaml
       loadgen capacity workloads/mixed.yaml --url http://candidate:8000 --proposed-limit 3
       loadgen capacity workloads/chat-smoke.yaml --param max_in_flight --start 4 --max 64
+      loadgen capacity workloads/chat-smoke.yaml --prometheus-port 9464
     """
 
     check_url(url)
@@ -198,22 +204,28 @@ def capacity(
         for line in step_lines(step, param, scale):
             console.print(line)
 
-    with _target_url(url, spec, quiet) as base_url:
-        run_one = run_one_against(base_url, seed=seed, out=out / "steps",
-                                  lag_bound_ms=lag_bound_ms, quiet=quiet)  # fmt: skip
-        run_step = step_runner(spec, run_one, param=param, min_tail=min_tail, warmup_s=warmup_s,
-                               min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms,
-                               on_start=on_start)  # fmt: skip
-        found = search(run_step, loads, resolution=resolution, integer=integer, on_step=on_step)
-    verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
-    console.print(steps_table(found, param, scale))
-    base_rate = base_rate_per_s(spec) if param == "rate" else None
-    settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
-                             safety_margin, proposed, base_rate)  # fmt: skip
-    write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
-    for line in conclusion(found, verdict, param, scale, safety_margin):
-        console.print(line)
-    console.print(f"knee plot, capacity.json and step runs: {out}")
+    fleet = None if price_per_hour is None else price_per_hour * replicas
+    live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
+                     price_per_hour=fleet)  # fmt: skip
+    with live as exporter:
+        with _target_url(url, spec, quiet) as base_url:
+            run_one = run_one_against(base_url, seed=seed, out=out / "steps",
+                                      lag_bound_ms=lag_bound_ms, quiet=quiet, live=exporter,
+                                      price_per_hour=price_per_hour, replicas=replicas)  # fmt: skip
+            run_step = step_runner(spec, run_one, param=param, min_tail=min_tail,
+                                   warmup_s=warmup_s, min_lifetimes=min_lifetimes,
+                                   lag_bound_ms=lag_bound_ms, on_start=on_start)  # fmt: skip
+            found = search(run_step, loads, resolution=resolution, integer=integer,
+                           on_step=on_step)  # fmt: skip
+        verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
+        console.print(steps_table(found, param, scale))
+        base_rate = base_rate_per_s(spec) if param == "rate" else None
+        settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
+                                 safety_margin, proposed, base_rate)  # fmt: skip
+        write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
+        for line in conclusion(found, verdict, param, scale, safety_margin):
+            console.print(line)
+        console.print(f"knee plot, capacity.json and step runs: {out}")
     sys.exit(exit_code(found, verdict))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     EXIT_CODES_HELP,
     MAX_WAIT_S,
@@ -22,10 +23,12 @@ from loadgen.cli.options import (
     workload_options,
 )
 from loadgen.engine.warmup import warm_count
-from loadgen.errors import ConfigError
+from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.plan_view import render_plan
+from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
 from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
@@ -143,6 +146,20 @@ from loadgen.workload.spec import load, metrics_url_problem, override
     help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
+@live_options
+@price_options
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's SLO checks as JUnit XML: a testcase per class per check.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the same checks as a Markdown table (for a CI job summary).",
+)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -179,6 +196,14 @@ def run(
     quiet: bool,
     max_memory_gb: float | None,
     dry_run: bool,
+    prometheus_listen: str | None,
+    prometheus_grace_s: float,
+    otlp_endpoint: str | None,
+    otlp_interval_s: float,
+    junit_path: Path | None,
+    markdown_path: Path | None,
+    price_per_hour: float | None,
+    replicas: int,
 ) -> None:
     """Run a workload against an endpoint and audit its SLOs.
 
@@ -195,12 +220,18 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --warm-connections 0
       loadgen run workloads/mixed.yaml --server-metrics-url /metrics
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
     """
 
     check_url(url)
     check_run_id(run_id)
     if server_metrics_url is not None and (problem := metrics_url_problem(server_metrics_url)):
         raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
+    check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
+    if prometheus_listen is not None:
+        parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if shard_text is not None and start_at_text is None:
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
@@ -227,19 +258,44 @@ def run(
         warm_connections=parse_warm(warm_text),
         server_metrics_url=server_metrics_url,
         server_metrics_interval_s=server_metrics_interval_s,
+        price_per_hour=price_per_hour,
+        replicas=replicas,
     )
     if dry_run:
         _dry_run(spec, options, memory)
         return
-    result = execute(spec, options)
-    console = output_console()
-    console.print(render_summary(result.summary))
-    for line in render_processes(result.run_info):
-        console.print(line)
-    console.print(f"records and summary: {result.run_dir}")
-    if result.watchdog:
-        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
+    fleet = None if price_per_hour is None else price_per_hour * replicas
+    live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
+                     price_per_hour=fleet)  # fmt: skip
+    with live as exporter:
+        result = execute(spec, options, live=exporter)
+        console = output_console()
+        console.print(render_summary(result.summary))
+        for line in render_processes(result.run_info):
+            console.print(line)
+        console.print(f"records and summary: {result.run_dir}")
+        for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
+            if path is not None:
+                write_text(path, text(result.summary))
+                console.print(f"wrote {path}")
+        if result.watchdog:
+            console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
+
+
+def check_report_paths(*paths: tuple[str, Path | None]) -> None:
+    """--junit / --markdown must land in an existing folder: checked before any traffic."""
+    for flag, path in paths:
+        if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
+            raise ConfigError("command line", flag, f"the folder of {path} does not exist",
+                              "create it first, or write the file elsewhere")  # fmt: skip
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise LoadgenError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _dry_run(spec: Any, options: Any, memory: str) -> None:

@@ -77,6 +77,7 @@ class LiveStats:
     failed: int = 0
     retries: int = 0
     ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+    in_flight_by_class: dict[str, int] = field(default_factory=dict)  # the live exporters' gauge
     last_progress_ns: int = 0  # the last send or completion (the watchdog reads it)
 
 
@@ -718,7 +719,10 @@ class Engine:
         its task connects (or waits for a slot). Its deadlines are armed by that task."""
         exchange.dispatched_ns = dispatched_ns
         self._live[exchange.plan.request_id] = exchange
-        self.stats.in_flight += 1
+        stats = self.stats
+        stats.in_flight += 1
+        by_class, name = stats.in_flight_by_class, exchange.plan.class_name
+        by_class[name] = by_class.get(name, 0) + 1
         return self._launch(exchange, request)
 
     def _launch(self, exchange: Exchange, request: bytes) -> bool:
@@ -769,6 +773,7 @@ class Engine:
         if self._live.pop(exchange.plan.request_id, None) is None:
             return
         self.stats.in_flight -= 1
+        self.stats.in_flight_by_class[exchange.plan.class_name] -= 1
         for timer in exchange.timers:
             timer.cancel()
         if not exchange.settled:  # cancelled mid-request: the connection is unusable

@@ -26,6 +26,7 @@ from loadgen.analysis.compare import (
     min_samples,
 )
 from loadgen.analysis.server import ServerDelta, ServerThreshold
+from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms
 
 
@@ -138,6 +139,7 @@ def _notes(comparison: Comparison) -> list[str]:
         notes.append(f"only in baseline, not compared: {', '.join(comparison.only_in_baseline)}")
     if comparison.only_in_current:
         notes.append(f"only in current, not compared: {', '.join(comparison.only_in_current)}")
+    notes.extend(cost_notes(comparison))
     no_data = sum(r.verdict is Verdict.NO_DATA for r in comparison.results)
     if no_data:
         need = min_samples(0.99, comparison.confidence)[1]
@@ -146,6 +148,23 @@ def _notes(comparison: Comparison) -> list[str]:
             f"sample: at {comparison.confidence:.0%} a p99 needs >= {need} baseline values)"
         )
     return notes
+
+
+def cost_notes(comparison: Comparison) -> list[str]:
+    """One line per class (and `all`): cost per M good and per M output tokens, both sides."""
+    lines = []
+    for c in comparison.cost:
+        change = c.change_relative
+        moved = "" if change is None else f" ({change:+.1%})"
+        lines.append(
+            f"cost {c.class_name}: {money(c.baseline_per_million_good)} → "
+            f"{money(c.current_per_million_good)} per M good output tokens{moved}; "
+            f"{money(c.baseline_per_million)} → {money(c.current_per_million)} per M output tokens"
+        )
+    if lines:
+        lines.append("cost is information, not a check: at one price it moves with goodput, "
+                     "whose check judges it")  # fmt: skip
+    return lines
 
 
 def _title(comparison: Comparison) -> str:
@@ -185,23 +204,28 @@ def render_table(comparison: Comparison) -> RenderableType:
 def render_markdown(comparison: Comparison) -> str:
     """A heading, the table (for a CI job summary) and the notes."""
     verdict = "REGRESSED" if comparison.regressions else "no regression"
-    lines = [f"### loadgen compare: {verdict}", "", _md(_title(comparison)), ""]
+    lines = [f"### loadgen compare: {verdict}", "", md_cell(_title(comparison)), ""]
     lines.append("| " + " | ".join(HEADERS) + " |")
     lines.append(
         "|" + "|".join("---:" if h in ("n base/cur", "change") else "---" for h in HEADERS) + "|"
     )
     for result in comparison.results:
-        cells = [_md(c) for c in row_cells(result)]
+        cells = [md_cell(c) for c in row_cells(result)]
         if result.verdict is Verdict.REGRESSED:
             cells[-1] = f"**{cells[-1]}**"
         lines.append("| " + " | ".join(cells) + " |")
     lines.extend(
-        ["", *(f"- {_md(n)}" for n in _notes(comparison)), "", _md(verdict_line(comparison))]
+        [
+            "",
+            *(f"- {md_cell(n)}" for n in _notes(comparison)),
+            "",
+            md_cell(verdict_line(comparison)),
+        ]
     )
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
+def md_cell(text: str) -> str:
     """Safe in a Markdown table cell: no HTML, pipes escaped, one line."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # a lone ">" is plain text
     return escaped.replace("|", "\\|").replace("\n", " ")

@@ -1,11 +1,13 @@
-"""`loadgen compare --junit`: the comparison as JUnit XML, a testsuite per class and a
-testcase per check, for CI systems that show test results."""
+"""JUnit XML for CI systems that show test results: one builder (`junit_xml`) for
+`loadgen compare --junit` (a testsuite per class, a testcase per check) and `loadgen run
+--junit` (`render.slo_junit`: a testcase per class per SLO check and objective)."""
 
 from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from loadgen.analysis.compare import CheckResult, Comparison, Verdict
 from loadgen.render.compare_view import (
@@ -17,55 +19,85 @@ from loadgen.render.compare_view import (
 )
 
 
-def render_junit(comparison: Comparison) -> str:
-    """JUnit XML: a testsuite per class, a testcase per check; a REGRESSED check is a
-    failure, "not enough data" is skipped, and every number is a property of the suite
-    (testcase-level properties are outside the common JUnit schema)."""
-    root = ET.Element("testsuites", name="loadgen compare")
-    classes = dict.fromkeys(r.class_name for r in comparison.results)
-    for name in classes:
-        results = [r for r in comparison.results if r.class_name == name]
-        root.append(_suite(name, results, comparison))
-    for name, side in [
-        *((n, "baseline") for n in comparison.only_in_baseline),
-        *((n, "current") for n in comparison.only_in_current),
-    ]:
-        suite = ET.SubElement(
-            root,
-            "testsuite",
-            name=f"compare.{name}",
-            tests="1",
-            failures="0",
-            errors="0",
-            skipped="1",
-            time="0",
-        )
-        case = ET.SubElement(
-            suite, "testcase", name="compared", classname=f"compare.{name}", time="0"
-        )
-        ET.SubElement(case, "skipped", message=f"only in the {side}: not compared")
-    suites = root.findall("testsuite")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """One testcase: passed, failed (`failure`: message, type and detail text) or
+    skipped (`skipped`: why); `output` goes to its system-out."""
+
+    name: str
+    failure: tuple[str, str, str] | None = None  # (message, type, detail)
+    skipped: str | None = None
+    output: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suite:
+    """One testsuite; its figures are properties (testcase-level properties are outside the
+    common JUnit schema)."""
+
+    name: str
+    cases: Sequence[Case]
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+def junit_xml(title: str, suites: Sequence[Suite]) -> str:
+    """The JUnit document: a testsuites root named `title` with the totals of its suites."""
+    root = ET.Element("testsuites", name=title)
+    for suite in suites:
+        root.append(_suite_element(suite))
+    elements = root.findall("testsuite")
     for key in ("tests", "failures", "errors"):
-        root.set(key, str(sum(int(s.get(key, "0")) for s in suites)))
+        root.set(key, str(sum(int(s.get(key, "0")) for s in elements)))
     root.set("time", "0")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, "unicode") + "\n"
 
 
-def _suite(name: str, results: Sequence[CheckResult], comparison: Comparison) -> ET.Element:
-    failures = sum(r.verdict is Verdict.REGRESSED for r in results)
-    skipped = sum(r.verdict is Verdict.NO_DATA for r in results)
-    suite = ET.Element(
+def _suite_element(suite: Suite) -> ET.Element:
+    element = ET.Element(
         "testsuite",
-        name=f"compare.{name}",
-        tests=str(len(results)),
-        failures=str(failures),
+        name=suite.name,
+        tests=str(len(suite.cases)),
+        failures=str(sum(c.failure is not None for c in suite.cases)),
         errors="0",
-        skipped=str(skipped),
+        skipped=str(sum(c.skipped is not None for c in suite.cases)),
         time="0",
     )
-    properties = ET.SubElement(suite, "properties")
-    shared = {
+    if suite.properties:
+        properties = ET.SubElement(element, "properties")
+        for key, value in suite.properties.items():
+            ET.SubElement(properties, "property", name=key, value=value)
+    for case in suite.cases:
+        item = ET.SubElement(element, "testcase", name=case.name, classname=suite.name, time="0")
+        if case.failure is not None:
+            message, kind, detail = case.failure
+            ET.SubElement(item, "failure", message=message, type=kind).text = detail
+        elif case.skipped is not None:
+            ET.SubElement(item, "skipped", message=case.skipped)
+        if case.output is not None:
+            ET.SubElement(item, "system-out").text = case.output
+    return element
+
+
+def render_junit(comparison: Comparison) -> str:
+    """JUnit XML: a testsuite per class, a testcase per check; a REGRESSED check is a
+    failure, "not enough data" is skipped, and every number is a property of the suite."""
+    classes = dict.fromkeys(r.class_name for r in comparison.results)
+    suites = [
+        _suite(name, [r for r in comparison.results if r.class_name == name], comparison)
+        for name in classes
+    ]
+    for name, side in [
+        *((n, "baseline") for n in comparison.only_in_baseline),
+        *((n, "current") for n in comparison.only_in_current),
+    ]:
+        case = Case(name="compared", skipped=f"only in the {side}: not compared")
+        suites.append(Suite(name=f"compare.{name}", cases=[case]))
+    return junit_xml("loadgen compare", suites)
+
+
+def _suite(name: str, results: Sequence[CheckResult], comparison: Comparison) -> Suite:
+    properties = {
         "baseline": comparison.baseline,
         "current": comparison.current,
         "baseline_workload": comparison.baseline_workload,
@@ -73,27 +105,28 @@ def _suite(name: str, results: Sequence[CheckResult], comparison: Comparison) ->
         "forced": str(comparison.forced).lower(),
         "confidence": f"{comparison.confidence:g}",
     }
-    for key, value in shared.items():
-        ET.SubElement(properties, "property", name=key, value=value)
     for r in results:
         for key, value in _numbers(r).items():
-            ET.SubElement(properties, "property", name=f"{r.check.name}.{key}", value=value)
+            properties[f"{r.check.name}.{key}"] = value
+    cases = []
     for r in results:
-        case = ET.SubElement(
-            suite, "testcase", name=r.check.name, classname=f"compare.{name}", time="0"
-        )
         detail = "  ".join(f"{h}: {c}" for h, c in zip(HEADERS[1:], row_cells(r)[1:], strict=True))
+        failure, skipped = None, None
         if r.verdict is Verdict.REGRESSED:
             message = (
                 f"{r.check.label} regressed: {format_value(r.check, r.baseline.value)} → "
                 f"{format_value(r.check, r.current.value)} ({format_change(r)}), beyond "
                 f"{format_tolerance(r.check, r.tolerance)} and the intervals"
             )
-            ET.SubElement(case, "failure", message=message, type="regression").text = detail
+            failure = (message, "regression", detail)
         elif r.verdict is Verdict.NO_DATA:
-            ET.SubElement(case, "skipped", message=f"not enough data: {r.reason}")
-        ET.SubElement(case, "system-out").text = f"{detail}\n{r.reason}"
-    return suite
+            skipped = f"not enough data: {r.reason}"
+        cases.append(
+            Case(
+                name=r.check.name, failure=failure, skipped=skipped, output=f"{detail}\n{r.reason}"
+            )
+        )
+    return Suite(name=f"compare.{name}", cases=cases, properties=properties)
 
 
 def _numbers(r: CheckResult) -> dict[str, str]:

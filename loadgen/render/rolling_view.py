@@ -25,6 +25,7 @@ from loadgen.analysis.minutes import (
     METRICS,
 )
 from loadgen.analysis.rolling import WITH_FAILURES, to_json
+from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms
 from loadgen.results.store import RunEntry
 from loadgen.workload.spec import SloTargets
@@ -51,9 +52,21 @@ def render_rolling_table(frame: pl.DataFrame) -> RenderableType:
     table.add_column("attain", justify="right", no_wrap=True)
     if "max_rel_diff" in frame.columns:
         table.add_column("Δ exact", justify="right", no_wrap=True)
+    priced = _has_cost(frame)
+    if priced:
+        table.add_column("cost/M\ngood tok", justify="right", no_wrap=True)
     for row in frame.iter_rows(named=True):
-        table.add_row(*_table_row(row))
+        cells = _table_row(row)
+        if priced:
+            cells.append(money(row.get("cost_per_million_good_output_tokens")))
+        table.add_row(*cells)
     return table
+
+
+def _has_cost(frame: pl.DataFrame) -> bool:
+    """Some window's runs had a price (`run --price-per-hour`): the cost column is shown."""
+    column = "cost_per_million_good_output_tokens"
+    return column in frame.columns and frame.get_column(column).drop_nulls().len() > 0
 
 
 def _title(frame: pl.DataFrame) -> str:

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.analysis.slo import stop_of
+from loadgen.render.cost_view import cost_line
 from loadgen.results.recover import Recovery
 from loadgen.results.runfolder import RunInfo, ShardTable
 from loadgen.results.summary import (
@@ -50,6 +51,8 @@ def render_summary(summary: Summary) -> RenderableType:
     parts.append(_generator_line(summary.generator))
     if summary.connections is not None:
         parts.append(_connections_line(summary.connections))
+    if summary.cost is not None:
+        parts.append(Text(cost_line(summary.cost)))
     if summary.server is not None:
         parts.append(server_line(summary.server))
     parts.append(_verdict_line(summary.verdict, stop))

@@ -37,11 +37,12 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 8  # 8: records cached_prompt_tokens, server_request_id; summary.json
+SCHEMA_VERSION = 9  # 9: records cached_prompt_tokens, server_request_id; summary.json
 # server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet
-# (7: records connection, run.json connections, summary connections; 6: summary
-# classes.*.stream_ends, generator.requested_rate_per_s; records request_id_sent,
-# finish_reason, stopped_early; run.json target request_id_header/_format)
+# (8: summary.json cost, run.json options.price_per_hour/replicas (with a price))
+# (7: records connection, run.json connections, summary connections)
+# (6: summary classes.*.stream_ends, generator.requested_rate_per_s; records
+# request_id_sent, finish_reason, stopped_early; run.json target request_id_header/_format)
 # (5: run.json workload.spec.classes.*.limits (max_event_bytes))
 # 4: verdict.status (a stopped run is no verdict), not_sent outcome,
 # run.json stopped/watchdog/workload.identity
@@ -166,6 +167,9 @@ class RunSettings:
     max_in_flight: int | None = None
     lag_bound_ms: float = 5.0
     grace_s: float = 5.0
+    # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
+    price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)
+    replicas: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -375,6 +375,34 @@ class ConnectionUse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClassCost:
+    """One class's share of the run's cost (`analysis.cost`): by its share of output tokens."""
+
+    output_tokens: int  # ok requests'
+    good_output_tokens: int  # requests meeting every per-request threshold
+    cost_share: float | None
+    cost: float | None
+    per_million_output_tokens: float | None
+    per_million_good_output_tokens: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cost:
+    """summary.json's `cost`: the fleet's price over the run's tokens (`analysis.cost`)."""
+
+    price_per_hour: float  # as given: one replica's (or the fleet's, with replicas 1)
+    replicas: int
+    fleet_per_hour: float
+    duration_s: float
+    run_cost: float
+    output_tokens: int
+    good_output_tokens: int
+    per_million_output_tokens: float | None
+    per_million_good_output_tokens: float | None
+    classes: Mapping[str, ClassCost]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
     """summary.json: generator health, one audit per class, and the verdict."""
 
@@ -387,4 +415,5 @@ class Summary:
     classes: Mapping[str, ClassAudit]
     verdict: Verdict
     connections: ConnectionUse | None = field(default=None, metadata=OMIT_NONE)
+    cost: Cost | None = field(default=None, metadata=OMIT_NONE)  # with --price-per-hour
     server: ServerAudit | None = field(default=None, metadata=OMIT_NONE)

@@ -45,6 +45,7 @@ def drive(
     quiet: bool,
     log: TextIO,
     wait_start: Callable[[], Awaitable[int]] | None = None,
+    observe: Callable[[RequestRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run the engine on `work` from t0 (200 ms from now, or the agreed `start_at_unix_ns`),
     with `control` (signals, or a parent's commands), record spills and the watchdog.
@@ -52,7 +53,8 @@ def drive(
     Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`. `started(t0)` is
     called once t0 is fixed, before the schedule begins. A worker process passes
     `wait_start`: it reports ready and returns the start its parent chose, once the loop
-    and the engine are up (so a worker is not still setting up when t0 comes).
+    and the engine are up (so a worker is not still setting up when t0 comes). `observe`
+    sees each record as it lands (the live exporters' tally), after the writer has it.
     """
     state: dict[str, Any] = {"interrupted": False}
 
@@ -87,7 +89,14 @@ def drive(
         )  # fmt: skip
 
     pool = Pool(endpoint)
-    run_engine(work, pool, config, writer.add, session, stats=stats)
+    add = writer.add
+
+    def observed(record: RequestRecord) -> None:
+        add(record)  # first: a record is never lost to the tally
+        observe(record)  # type: ignore[misc]  # only used when observe is set
+
+    on_record = add if observe is None else observed
+    run_engine(work, pool, config, on_record, session, stats=stats)
     if "connections" in state:
         state["connections"]["opened_during_run"] = pool.opened - pool.warm_opened
     return state

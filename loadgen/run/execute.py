@@ -15,8 +15,9 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,6 +27,8 @@ import polars as pl
 from loadgen import __version__
 from loadgen.adapters.protocol import Adapter
 from loadgen.analysis.audit import audit
+from loadgen.analysis.cost import Price
+from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
@@ -39,7 +42,7 @@ from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json
-from loadgen.results.records import RecordWriter
+from loadgen.results.records import RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
     RunInfo,
@@ -55,6 +58,7 @@ from loadgen.results.summary import Summary
 from loadgen.run.drive import drive, watch_signals
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.failure import client_failures
+from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.run.options import RunOptions
 from loadgen.run.setup import client_setup, engine_setup
 from loadgen.run.simulator import target_url
@@ -84,8 +88,14 @@ class RunResult:
         return self.summary.verdict.exit_code
 
 
-def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr) -> RunResult:
-    """Run the workload and write its folder; see `RunResult.exit_code` for the verdict."""
+def execute(
+    spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr,
+    live: LiveExporter | None = None,
+) -> RunResult:  # fmt: skip
+    """Run the workload and write its folder; see `RunResult.exit_code` for the verdict.
+
+    `live` publishes the run's figures as they come (`--prometheus-port`, `--otlp-endpoint`);
+    the caller closes it (a capacity search keeps one for all its steps)."""
     work = plan_work(spec, options.seed)
     if options.shard is not None:
         work = split_work(work, options.shard)
@@ -123,23 +133,78 @@ def execute(spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr
         run_info["host"]["open_files_limit"] = open_files
         run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
         scraper = _scraper(spec, options, endpoint, run_dir, run_info, log)
+        publish = _publisher(live, spec, work, run_dir.name, run_info)
         try:
             if workers > 1:  # the parent scrapes, once, for every worker
                 frame, run_info, state = run_workers(
-                    work, workers, base_url, run_dir, run_info, spec, options, log
+                    work, workers, base_url, run_dir, run_info, spec, options, log, publish=publish
                 )
+                if publish is not None:
+                    publish.final = tally_of(spec, from_frame(frame))
                 result = finish(frame, run_dir, run_info, spec, options, planned=planned,
                                 state=state, scraper=scraper)  # fmt: skip
             else:
                 result = _run(work, endpoint, config, run_dir, run_info, spec, options, log,
-                              scraper=scraper)  # fmt: skip
+                              publish, scraper=scraper)  # fmt: skip
         finally:
             if scraper is not None:
                 scraper.stop()
+        if publish is not None and live is not None:
+            live.end(publish.final)
         LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
     if sim_args is not None and not options.quiet:
         print("stopped the built-in simulator", file=log)
     return result
+
+
+@dataclass(slots=True)
+class Publish:
+    """How one run feeds a `LiveExporter`: the run's labels, its plans per class, a t0
+    holder, and (once the run is over) its final tally, of every record."""
+
+    live: LiveExporter
+    labels: dict[str, str]
+    planned: dict[str, int]
+    thresholds_ms: dict[str, dict[str, float]]
+    t0_ns: list[int] = field(default_factory=list)  # filled in at t0
+    final: LiveTally = field(default_factory=LiveTally)
+
+    def begin(
+        self, tally: Callable[[], LiveTally], in_flight: Callable[[], dict[str, int]]
+    ) -> None:
+        self.live.begin(LiveRun(labels=self.labels, tally=tally, in_flight=in_flight,
+                                planned=self.planned,
+                                t0_ns=lambda: self.t0_ns[0] if self.t0_ns else None))  # fmt: skip
+
+
+def tally_of(spec: WorkloadSpec, records: Iterable[RequestRecord]) -> LiveTally:
+    """The live tally of `records` under the spec's per-request thresholds."""
+    tally = LiveTally(thresholds(spec))
+    for record in records:
+        tally.observe(record)
+    return tally
+
+
+def thresholds(spec: WorkloadSpec) -> dict[str, dict[str, float]]:
+    return {name: cls.slo.thresholds_ms() for name, cls in spec.classes.items()}
+
+
+def _publisher(
+    live: LiveExporter | None, spec: WorkloadSpec, work: Work, run_id: str,
+    run_info: Mapping[str, Any],
+) -> Publish | None:  # fmt: skip
+    if live is None:
+        return None
+    labels = {
+        "run_id": run_id,
+        "workload": spec.name,
+        "workload_key": str(run_info["workload"]["identity"].get("key", "")),
+        "api": spec.target.api,
+        "model": spec.target.model or "",
+        "version": __version__,
+    }
+    planned = dict(Counter(plan.class_name for plan in work.plans))
+    return Publish(live=live, labels=labels, planned=planned, thresholds_ms=thresholds(spec))
 
 
 def _check_target(
@@ -263,6 +328,11 @@ def _run_info(
             "max_in_flight": options.max_in_flight,
             "lag_bound_ms": options.lag_bound_ms,
             "grace_s": options.grace_s,
+            **(
+                {"price_per_hour": options.price_per_hour, "replicas": options.replicas}
+                if options.price_per_hour is not None
+                else {}
+            ),
         },
         "shard": _shard_info(options),
         "host": {
@@ -296,6 +366,7 @@ def _run(
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
+    publish: Publish | None = None,
     *,
     scraper: Scraper | None = None,
 ) -> RunResult:
@@ -303,8 +374,13 @@ def _run(
     writer = RecordWriter(run_dir)
     stats = LiveStats()
     run_info = {"run_id": run_dir.name, **run_info}
+    tally = LiveTally(publish.thresholds_ms) if publish is not None else None
+    if publish is not None and tally is not None:
+        publish.begin(tally.snapshot, lambda: dict(stats.in_flight_by_class))
 
     def started(t0: dict[str, Any]) -> None:
+        if publish is not None:
+            publish.t0_ns.append(int(t0["perf_counter_ns"]))
         run_info["t0"] = t0
         write_json_atomic(
             run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
@@ -317,8 +393,10 @@ def _run(
         state = drive(
             work, endpoint, config, writer, stats, options,
             start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
-            quiet=options.quiet, log=log,
+            quiet=options.quiet, log=log, observe=tally.observe if tally is not None else None,
         )  # fmt: skip
+        if publish is not None and tally is not None:
+            publish.final = tally
         if state.get("client_failure") is not None:
             raise state["client_failure"]
         frame = writer.close()
@@ -361,7 +439,9 @@ def finish(
         planned=planned,
         stopped=stopped,
         lag_bound_ms=options.lag_bound_ms,
-    )
+        price=None if options.price_per_hour is None
+        else Price(per_hour=options.price_per_hour, replicas=options.replicas),
+    )  # fmt: skip
     if scraper is not None:
         summary = _server_block(summary, scraper, run_dir, run_info, frame)
     write_summary(run_dir, summary)

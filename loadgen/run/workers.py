@@ -43,6 +43,7 @@ import anyio
 import polars as pl
 
 from loadgen.analysis.histograms import LatencyHistogram
+from loadgen.analysis.live import LiveTally
 from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
@@ -86,6 +87,7 @@ class WorkerTask:
     share: Work
     run_dir: Path
     parent_pid: int
+    thresholds_ms: dict[str, dict[str, float]] | None = None  # set: keep a live tally
 
 
 class ShareWriter(RecordWriter):
@@ -126,6 +128,7 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
     endpoint, config = engine_setup(task.spec, options, task.base_url, adapter, headers, redactor)
     writer = ShareWriter(task.run_dir, task.index)
     stats = LiveStats()
+    tally = LiveTally(task.thresholds_ms) if task.thresholds_ms is not None else None
 
     async def wait_start() -> int:
         start = await anyio.to_thread.run_sync(ready_then_wait, conn)
@@ -134,12 +137,13 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
         return int(start)
 
     async def control(engine: Engine, state: dict[str, Any]) -> None:
-        await _obey_parent(conn, engine, writer, stats, state, options.grace_s)
+        await _obey_parent(conn, engine, writer, stats, state, options.grace_s, tally)
 
     state = drive(
         task.share, endpoint, config, writer, stats, options,
         start_at_unix_ns=None, started=lambda t0: None, control=control,
         quiet=True, log=sys.stderr, wait_start=wait_start,
+        observe=tally.observe if tally is not None else None,
     )  # fmt: skip
     failure = state.pop("client_failure", None)
     try:
@@ -160,8 +164,10 @@ async def _obey_parent(
     stats: LiveStats,
     state: dict[str, Any],
     grace_s: float,
+    tally: LiveTally | None = None,
 ) -> None:
-    """Follow the parent's commands and send it counters twice a second.
+    """Follow the parent's commands and send it counters twice a second (with the live
+    tally and the in-flight count per class when the parent publishes them).
 
     `stop`: no new requests, in-flight ones get `grace_s`, then are cancelled. `cancel`: stop
     and cancel now. `exit`: write pending records and exit at once. A closed pipe (the parent
@@ -191,7 +197,8 @@ async def _obey_parent(
         if time.monotonic() - last_stats >= STATS_EVERY_S:
             last_stats = time.monotonic()
             try:
-                conn.send(("stats", counters(stats), stats.ttft.encode()))
+                live = (tally.to_wire(), dict(stats.in_flight_by_class)) if tally else None
+                conn.send(("stats", counters(stats), stats.ttft.encode(), live))
             except OSError:
                 grace_end = time.monotonic()
 
@@ -221,6 +228,7 @@ class _Worker:
     counters: dict[str, int] | None = None
     ttft: str | None = None
     heard: float = 0.0  # time.monotonic() of its last message
+    live: tuple[dict[str, Any], dict[str, int]] | None = None  # its tally and in-flight
 
 
 def run_workers(
@@ -232,11 +240,17 @@ def run_workers(
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
+    *,
+    publish: Any = None,
 ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     """Send `work` from `count` processes; the joined records, run.json's content and the
-    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's."""
+    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's.
+    `publish` (an `execute.Publish`) gets the workers' live tallies merged, as they come."""
     per_worker = _per_worker_options(options, count)
-    workers = _spawn(work, count, spec, per_worker, base_url, run_dir)
+    thresholds = publish.thresholds_ms if publish is not None else None
+    workers = _spawn(work, count, spec, per_worker, base_url, run_dir, thresholds)
+    if publish is not None:
+        publish.begin(lambda: merged_tally(workers), lambda: merged_in_flight(workers))
     children = [w.child for w in workers]
     signals: list[int] = []
     previous = {s: signal.signal(s, _collector(signals)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -246,6 +260,8 @@ def run_workers(
                    interrupted=lambda: bool(signals))  # fmt: skip
         t0 = choose_t0(options.start_at_unix_ns or time.time_ns() + START_LEAD_NS)
         start_all(children, t0["unix_ns"])
+        if publish is not None:
+            publish.t0_ns.append(int(t0["perf_counter_ns"]))
         run_info["t0"] = t0
         write_json_atomic(
             run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
@@ -299,12 +315,13 @@ def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
 
 
 def _spawn(
-    work: Work, count: int, spec: WorkloadSpec, options: RunOptions, base_url: str, run_dir: Path
-) -> list[_Worker]:
+    work: Work, count: int, spec: WorkloadSpec, options: RunOptions, base_url: str, run_dir: Path,
+    thresholds_ms: dict[str, dict[str, float]] | None = None,
+) -> list[_Worker]:  # fmt: skip
     shares = [split_work(work, Share(index, count)) for index in range(count)]
     tasks = [
         (WorkerTask(index=index, spec=spec, options=options, base_url=base_url, share=share,
-                    run_dir=run_dir, parent_pid=os.getpid()),)
+                    run_dir=run_dir, parent_pid=os.getpid(), thresholds_ms=thresholds_ms),)
         for index, share in enumerate(shares)
     ]  # fmt: skip
     children = spawn(worker_main, tasks, "loadgen-worker")
@@ -327,6 +344,7 @@ def _listener(workers: list[_Worker]) -> Any:
         worker.heard = time.monotonic()
         if message[0] == "stats":
             worker.counters, worker.ttft = message[1], message[2]
+            worker.live = message[3]
         elif message[0] == "done":
             worker.done = message[2]
 
@@ -426,6 +444,25 @@ def merged_stats(workers: list[_Worker]) -> LiveStats:
             setattr(total, name, getattr(total, name) + value)
         if worker.ttft:
             total.ttft.merge(LatencyHistogram.decode(worker.ttft))
+    return total
+
+
+def merged_tally(workers: list[_Worker]) -> LiveTally:
+    """The workers' latest live tallies, merged (each is at most half a second old)."""
+    total = LiveTally()
+    for worker in workers:
+        if worker.live is not None:
+            total.merge(LiveTally.from_wire(worker.live[0]))
+    return total
+
+
+def merged_in_flight(workers: list[_Worker]) -> dict[str, int]:
+    """The workers' latest in-flight counts per class, summed."""
+    total: dict[str, int] = {}
+    for worker in workers:
+        if worker.live is not None and _running(worker):
+            for cls, n in worker.live[1].items():
+                total[cls] = total.get(cls, 0) + n
     return total
 
 

@@ -31,19 +31,23 @@ import loadgen.engine.runner  # noqa: F401  # imported for its import time
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.live import LiveTally
 from loadgen.engine import harness
 from loadgen.engine.harness import from_t0
 from loadgen.engine.host import backend_options, quiet_gc, raise_open_files_limit
-from loadgen.engine.runner import EngineConfig
+from loadgen.engine.runner import EngineConfig, LiveStats
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.errors import LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import RequestRecord
 from loadgen.run.envelope import Load, host_name
+from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.run.simulator import running_sim
 from loadgen.run.spawn import ready_then_wait, spawn, start_all, wait_ready
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
+
+Observe = Callable[[RequestRecord], None]
 
 START_DELAY_NS = 200_000_000  # t0 this far after the engines are ready, as `loadgen run` does
 
@@ -148,9 +152,13 @@ def sim_args(streams: int, tokens_per_s: float) -> list[str]:
     ]  # fmt: skip  # flag/value pairs read better one per line
 
 
-def run_engine(plans: Sequence[RequestPlan], url: str, t0_ns: int) -> tuple[list[Any], float]:
+def run_engine(
+    plans: Sequence[RequestPlan], url: str, t0_ns: int, *, observe: Observe | None = None,
+    stats: LiveStats | None = None,
+) -> tuple[list[Any], float]:  # fmt: skip
     """Run the plans through the engine harness as `loadgen run` does (uvloop, quiet GC),
-    with t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost."""
+    with t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s it cost.
+    `observe` sees each record as it lands (the live exporter's tally)."""
 
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
@@ -159,10 +167,16 @@ def run_engine(plans: Sequence[RequestPlan], url: str, t0_ns: int) -> tuple[list
     config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="sim"), seed=0,
                           request_id_format="counter")  # fmt: skip
     records: list[RequestRecord] = []
+    keep = records.append
+
+    def observed(record: RequestRecord) -> None:
+        keep(record)
+        observe(record)  # type: ignore[misc]  # only used when observe is set
+
     with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         before_s = time.process_time()  # user + system, ns resolution
-        harness.run_engine(plans, Pool(endpoint), config, records.append, from_t0(t0_ns),
-                           quiet=False)  # fmt: skip
+        harness.run_engine(plans, Pool(endpoint), config, keep if observe is None else observed,
+                           from_t0(t0_ns), stats=stats, quiet=False)  # fmt: skip
         cpu_s = time.process_time() - before_s
     return records, cpu_s
 
@@ -185,15 +199,17 @@ def _engine_process(plans: list[RequestPlan], url: str, conn: Any) -> None:
 
 
 def run_processes(
-    plans: Sequence[RequestPlan], url: str, processes: int
-) -> tuple[list[Any], float, int]:
+    plans: Sequence[RequestPlan], url: str, processes: int, *, observe: Observe | None = None,
+    stats: LiveStats | None = None,
+) -> tuple[list[Any], float, int]:  # fmt: skip
     """Run the plans on `processes` engine processes (plan i on process i mod N), all with
     one t0 (perf_counter is CLOCK_MONOTONIC, shared by processes on Linux); return every
-    record, their summed CPU s, and t0. One process runs in this process."""
+    record, their summed CPU s, and t0. One process runs in this process. `observe` sees
+    each record: as it lands with one process, as its process sends them back with more."""
     if processes == 1:
         warm_up()
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
-        own, own_cpu_s = run_engine(plans, url, t0_ns)
+        own, own_cpu_s = run_engine(plans, url, t0_ns, observe=observe, stats=stats)
         return own, own_cpu_s, t0_ns
     shares = [(list(plans[k::processes]), url) for k in range(processes)]
     children = spawn(_engine_process, shares, "loadgen-calibrate")
@@ -205,6 +221,9 @@ def run_processes(
         cpu_s = 0.0
         for child in children:
             part, part_cpu_s = child.conn.recv()
+            if observe is not None:
+                for record in part:
+                    observe(record)
             records += part
             cpu_s += part_cpu_s
     except EOFError:
@@ -245,16 +264,32 @@ def host_counters() -> dict[str, float]:
     return counters
 
 
-def measure_level(streams: int, ladder: Ladder, thresholds: Thresholds) -> Level:
-    """Start a fresh simulator with its trace, run one level through the engine, compare."""
+def measure_level(
+    streams: int, ladder: Ladder, thresholds: Thresholds, live: LiveExporter | None = None
+) -> Level:
+    """Start a fresh simulator with its trace, run one level through the engine, compare.
+    `live` publishes the level as a run (`calibrate-<streams>`) while it goes."""
 
     plans = level_plans(streams, ladder.tokens, ladder.ramp_s)
+    tally, stats = LiveTally(), LiveStats()
+    t0: list[int] = []
+    if live is not None:
+        labels = {"run_id": f"calibrate-{streams}", "workload": "calibrate", "workload_key": "",
+                  "api": "openai-chat", "model": "sim", "version": __version__}  # fmt: skip
+        live.begin(LiveRun(labels=labels, tally=tally.snapshot, planned={"calibrate": streams},
+                           in_flight=lambda: dict(stats.in_flight_by_class),
+                           t0_ns=lambda: t0[0] if t0 else None))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="loadgen-calibrate-") as tmp:
         trace_path = Path(tmp) / "sim-trace.jsonl"
         with running_sim(sim_args(streams, ladder.tokens_per_s), trace_file=trace_path) as sim:
             before = host_counters()
-            records, cpu_s, t0_ns = run_processes(plans, sim.url, ladder.processes)
+            observe = tally.observe if live is not None else None
+            records, cpu_s, t0_ns = run_processes(plans, sim.url, ladder.processes,
+                                                  observe=observe, stats=stats)  # fmt: skip
             after = host_counters()
+        t0.append(t0_ns)
+        if live is not None:
+            live.end(tally)
         trace = read_trace(trace_path)  # complete once the simulator has exited
     return compare(streams, ladder, thresholds, records, cpu_s, t0_ns, trace,
                    steal_ms=(after["steal_s"] - before["steal_s"]) * 1e3,

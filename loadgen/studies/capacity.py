@@ -62,6 +62,7 @@ from loadgen.errors import ConfigError
 from loadgen.results.records import read_records
 from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
 from loadgen.run.execute import RunOptions, execute
+from loadgen.run.live import LiveExporter
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
@@ -713,10 +714,12 @@ def step_runner(
 
 
 def run_one_against(
-    url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool
-) -> RunOne:
+    url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool,
+    live: LiveExporter | None = None, price_per_hour: float | None = None, replicas: int = 1,
+) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
-    its folder in `out`; only the first checks the target (preflight)."""
+    its folder in `out`; only the first checks the target (preflight). `live` publishes
+    every step on one endpoint (its counters go on rising from step to step)."""
     first = [True]
 
     def run_one(
@@ -724,10 +727,11 @@ def run_one_against(
     ) -> tuple[pl.DataFrame, bool, bool, Path]:
         options = RunOptions(
             url=url, seed=seed, out_dir=out, run_id=run_id, max_in_flight=cap, quiet=quiet,
-            lag_bound_ms=lag_bound_ms, check_target=first[0],
+            lag_bound_ms=lag_bound_ms, check_target=first[0], price_per_hour=price_per_hour,
+            replicas=replicas,
         )  # fmt: skip
         first[0] = False
-        result = execute(spec, options)
+        result = execute(spec, options, live=live)
         fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 

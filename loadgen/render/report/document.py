@@ -10,6 +10,7 @@ from pathlib import Path
 from loadgen import __version__
 from loadgen.analysis.slo import stop_of
 from loadgen.errors import LoadgenError
+from loadgen.render.cost_view import cost_table
 from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
 from loadgen.render.report.class_section import class_blocks
 from loadgen.render.report.model import RunReport
@@ -27,6 +28,8 @@ def document(report: RunReport) -> list[Block]:
     blocks.append(_run_table(report))
     blocks.append(_generator_table(summary.generator))
     blocks.append(_classes_table(summary.classes))
+    if summary.cost is not None:
+        blocks.append(cost_table(summary.cost))
     blocks.extend(server_blocks(report))
     for name, cls in summary.classes.items():
         blocks.extend(class_blocks(name, cls, report))

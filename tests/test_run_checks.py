@@ -1,0 +1,131 @@
+"""`run --junit` / `--markdown`: a testcase per class per SLO check, failures with figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from loadgen.cli import cli
+from loadgen.render.run_checks import render_run_junit, render_run_markdown, rows
+from loadgen.results.runfolder import read_summary
+from loadgen.testing import ScriptedServer, simple_chat
+from loadgen.testing.builders import chat_workload, workload_file
+
+JUNIT_SCHEMA = {  # the common JUnit schema's (junit-10.xsd) elements and attributes we use
+    "testsuites": {"name", "time", "tests", "failures", "errors"},
+    "testsuite": {"name", "tests", "failures", "errors", "skipped", "time"},
+    "properties": set(),
+    "property": {"name", "value"},
+    "testcase": {"name", "classname", "time"},
+    "failure": {"message", "type"},
+    "skipped": {"message", "type"},
+    "system-out": set(),
+}
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    """A run whose TTFT target (100 ms) cannot hold: the server waits 250 ms before the first
+    token; TPOT's 1 s target holds (the tokens come back to back)."""
+    tmp = tmp_path_factory.mktemp("checks")
+    text = chat_workload(requests=12, rate_per_s=20,
+                         slo="{ttft_ms: 100, tpot_ms: 1000, percentile: 90}")  # fmt: skip
+    path = workload_file(tmp, text)
+    with ScriptedServer(lambda r: simple_chat(3, first_delay_s=0.25)) as server:
+        result = CliRunner().invoke(
+            cli, ["run", str(path), "--url", server.url, "--out", str(tmp), "--run-id", "f",
+                  "-q", "--lag-bound-ms", "1000", "--junit", str(tmp / "junit.xml"),
+                  "--markdown", str(tmp / "slo.md")],
+        )  # fmt: skip
+    return result.exit_code, result.output, tmp
+
+
+def test_junit_has_the_failing_check_with_its_figures(failing_run: tuple[int, str, Path]) -> None:
+    """One testcase per check of the class plus the generator's; the TTFT case fails with
+    summary.json's measured value, the target and the request count; TPOT passes."""
+    code, output, tmp = failing_run
+    assert code == 2, output
+    root = ET.fromstring((tmp / "junit.xml").read_text())
+    assert root.get("tests") == "3"
+    assert root.get("failures") == "1"
+    cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+    assert set(cases) == {("run.chat", "ttft_ms p90"), ("run.chat", "tpot_ms p90"),
+                          ("run.generator", "send lag p99")}  # fmt: skip
+    check = json.loads((tmp / "f" / "summary.json").read_text())["classes"]["chat"]["slo"]
+    ttft = next(c for c in check["checks"] if c["metric"] == "ttft_ms")
+    assert ttft["value_ms"] >= 250  # the server's own wait: a floor, whatever the load
+    failure = cases[("run.chat", "ttft_ms p90")].find("failure")
+    assert failure is not None
+    message = failure.get("message", "")
+    assert f"{ttft['value_ms']:,.1f} ms" in message
+    assert "target ≤ 100.0 ms" in message
+    assert "over 12 requests" in message
+    assert cases[("run.chat", "tpot_ms p90")].find("failure") is None
+    for element in root.iter():
+        assert set(element.attrib) <= JUNIT_SCHEMA[element.tag], element.tag
+
+
+def test_markdown_is_the_same_table(failing_run: tuple[int, str, Path]) -> None:
+    """The Markdown twin: a row per testcase, the failure in bold and explained below."""
+    _, _, tmp = failing_run
+    text = (tmp / "slo.md").read_text()
+    assert text.startswith("### loadgen run: SLO MISSED (exit 2)")
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 3  # header + the three cases
+    assert "| chat | TTFT p90 (failures worst) |" in text
+    assert "| **FAIL** |" in table[1]
+    assert "| pass |" in table[2]
+    assert "- TTFT p90 (failures worst) of class chat:" in text
+
+
+def test_a_stopped_run_skips_every_case(failing_run: tuple[int, str, Path]) -> None:
+    """An interrupted run judges nothing: each case is skipped, saying how it stopped."""
+    _, _, tmp = failing_run
+    summary = read_summary(tmp / "f")
+    stopped = dataclasses.replace(
+        summary,
+        verdict=dataclasses.replace(summary.verdict, status="interrupted", slo_met=None,
+                                    exit_code=130),
+    )  # fmt: skip
+    assert all(r.status == "skipped" for r in rows(stopped))
+    root = ET.fromstring(render_run_junit(stopped))
+    assert root.get("failures") == "0"
+    assert len(list(root.iter("skipped"))) == 3
+    assert "no verdict" in render_run_markdown(stopped)
+
+
+def test_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    """--junit into a folder that does not exist: exit 1 before any traffic, no traceback."""
+    path = workload_file(tmp_path, chat_workload())
+    result = CliRunner().invoke(
+        cli, ["run", str(path), "--url", "http://127.0.0.1:9", "--out", str(tmp_path), "-q",
+              "--junit", str(tmp_path / "nope" / "j.xml")],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "--junit" in result.output
+    assert "does not exist" in result.output
+    assert not list(tmp_path.glob("*/run.json"))
+
+
+def test_a_generator_that_fell_behind_fails_as_invalid(failing_run: tuple[int, str, Path]) -> None:
+    """A run whose generator fell behind: the generator's case fails as `invalid` with the
+    lag and the bound, and the Markdown title says the run is invalid."""
+    _, _, tmp = failing_run
+    summary = read_summary(tmp / "f")
+    behind = dataclasses.replace(
+        summary,
+        generator=dataclasses.replace(summary.generator, fell_behind=True),
+        verdict=dataclasses.replace(summary.verdict, status="fell_behind", exit_code=3),
+    )
+    root = ET.fromstring(render_run_junit(behind))
+    failures = {f.get("type"): f.get("message", "") for f in root.iter("failure")}
+    assert set(failures) == {"slo", "invalid"}
+    assert "above the 1000 ms bound, over 12 sends" in failures["invalid"]
+    assert render_run_markdown(behind).startswith(
+        "### loadgen run: INVALID (the generator fell behind) (exit 3)"
+    )
