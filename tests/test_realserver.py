@@ -147,12 +147,13 @@ def server_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """llama-server with the tiny GGUF: one compute thread, 8 slots of 2048 tokens."""
+    """llama-server with the tiny GGUF: one compute thread, 8 slots of 2048 tokens, and its
+    Prometheus endpoint (`--metrics`)."""
     info = manifest("llama-server")
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
     cmd = [info["bin"], "-m", info["model"], "--alias", info["alias"],
            "--host", "127.0.0.1", "--port", str(free_port()),
-           "-t", "1", "-np", "8", "-c", str(8 * 2048)]  # fmt: skip
+           "-t", "1", "-np", "8", "-c", str(8 * 2048), "--metrics"]  # fmt: skip
     with running(cmd, log=log, model=info["alias"], env=server_env()) as server:
         yield server
 
@@ -361,6 +362,36 @@ def test_llama_eight_concurrent_streams_overlap_via_cli(
     ends = [r.last_token_ns or 0 for r in records]
     assert max(starts) < min(ends)
     assert all(r.output_tokens == 96 for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.realserver
+def test_llama_metrics_scraped_during_a_run_add_up_to_the_records(
+    llama_server: Server, tmp_path: Path
+) -> None:
+    """Scraping llama-server's /metrics during a run: its counters moved by exactly what the
+    records say (tokens_predicted = output tokens; evaluated + cached prompt tokens = prompt
+    tokens; cached = the responses' timings.cache_n), and its slots gauge saw the streams."""
+    path = workload(tmp_path, model=llama_server.model, requests=8, rate_per_s=400,
+                    prompt_tokens=32, output_tokens=64,
+                    target={"server_metrics_url": "/metrics",
+                            "server_metrics_interval_s": 0.1})  # fmt: skip
+    result, records = run_engine(path, llama_server.url, tmp_path)
+    assert_all_ok(records, 8)
+    server = result.summary.server
+    assert server is not None
+    assert (server.server, server.failures, server.malformed_lines) == ("llama.cpp", 0, 0)
+    assert server.scrapes >= 2
+    counters = server.counters
+    cached = sum(r.cached_prompt_tokens or 0 for r in records)
+    assert all(r.cached_prompt_tokens is not None for r in records)  # timings.cache_n
+    assert counters["generation_tokens"] == sum(r.output_tokens for r in records)
+    assert counters["prefix_cache_hits"] == cached
+    assert counters["prompt_tokens"] + cached == sum(r.prompt_tokens or 0 for r in records)
+    assert server.gauges["running"].max is not None
+    assert 1 <= server.gauges["running"].max <= 8  # 8 slots
+    assert all(r.server_request_id and r.server_request_id.startswith("chatcmpl-")
+               for r in records)  # fmt: skip
 
 
 # -- transformers serve --------------------------------------------------------------------

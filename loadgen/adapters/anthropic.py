@@ -88,6 +88,11 @@ class AnthropicMessages:
             usage = message.get("usage") if isinstance(message, dict) else None
             if isinstance(usage, dict):
                 delta.prompt_tokens = _prompt_tokens(usage)
+                # Tokens read from the prompt cache are its hits; cache_creation_input_tokens
+                # were written to it (computed this time), so they are not counted as cached.
+                delta.cached_tokens = token_count(usage.get("cache_read_input_tokens"))
+            if isinstance(message, dict) and isinstance(message.get("id"), str):
+                delta.response_id = message["id"]
         elif kind == "message_stop":
             delta.done = True
         elif kind == "error":

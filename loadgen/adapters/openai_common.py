@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
 
-from loadgen.adapters.protocol import BodyOptions, Delta, MalformedEvent
+from loadgen.adapters.protocol import (
+    BodyOptions,
+    Delta,
+    MalformedEvent,
+    ServerTimings,
+    token_count,
+)
 
 
 def common_body(body: dict[str, Any], max_tokens: int, options: BodyOptions) -> dict[str, Any]:
@@ -52,6 +59,10 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
             delta.completion_tokens = completion
         if isinstance(prompt, int):
             delta.prompt_tokens = prompt
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            delta.cached_tokens = token_count(details.get("cached_tokens"))
+        _closing(obj, delta)
     choices = obj.get("choices")
     if not choices:
         return delta, None
@@ -63,4 +74,44 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
     finish = choice.get("finish_reason")
     if finish:
         delta.finish_reason = str(finish)
+        _closing(obj, delta)
     return delta, choice
+
+
+def _closing(obj: dict[str, Any], delta: Delta) -> None:
+    """What a closing chunk (usage or finish) adds: the response id, and llama.cpp's
+    `timings` (tools/server/server.cpp: `cache_n` prompt tokens reused from its KV cache,
+    `prompt_n`/`prompt_ms` evaluated, `predicted_n`/`predicted_ms` generated). Read only on
+    these chunks, so the per-token chunks pay nothing for them."""
+    response_id = obj.get("id")
+    if isinstance(response_id, str) and response_id:
+        delta.response_id = response_id
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        delta.server_timings = llama_timings(timings)
+        cache_n = token_count(timings.get("cache_n"))
+        if cache_n is not None:
+            delta.cached_tokens = cache_n
+
+
+def llama_timings(timings: dict[str, Any]) -> ServerTimings | None:
+    """llama.cpp's `timings` object as ServerTimings (None when it holds none of them)."""
+
+    def ms(key: str) -> float | None:
+        value = timings.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(value) else None
+
+    prefill, decode = ms("prompt_ms"), ms("predicted_ms")
+    fields: dict[str, Any] = {
+        "prefill_ms": prefill,
+        "decode_ms": decode,
+        "total_ms": prefill + decode if prefill is not None and decode is not None else None,
+        "prefill_tokens": token_count(timings.get("prompt_n")),
+        "decode_tokens": token_count(timings.get("predicted_n")),
+        "cached_tokens": token_count(timings.get("cache_n")),
+    }
+    if all(v is None for v in fields.values()):
+        return None
+    return ServerTimings(**fields)

@@ -102,6 +102,11 @@ def _end(kind: str, response: object, delta: Delta) -> None:
     if isinstance(usage, dict):
         delta.completion_tokens = token_count(usage.get("output_tokens"))
         delta.prompt_tokens = token_count(usage.get("input_tokens"))
+        details = usage.get("input_tokens_details")
+        if isinstance(details, dict):
+            delta.cached_tokens = token_count(details.get("cached_tokens"))
+    if isinstance(response.get("id"), str):
+        delta.response_id = response["id"]
     if kind == "response.completed":
         delta.done = True
         delta.finish_reason = "stop"

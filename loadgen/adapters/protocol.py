@@ -65,10 +65,14 @@ class Delta:
     (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
     server error event (the stream failed), in the server's words, uncut (see
     MalformedEvent). Usage-only events carry only the token counts;
-    `server_timings` what the server reported about its own work (Ollama's durations).
+    `server_timings` what the server reported about its own work (Ollama's durations);
+    `cached_tokens` the prompt tokens it served from its prefix cache (OpenAI
+    `usage.prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`,
+    llama.cpp `timings.cache_n`); `response_id` the response's own id, where it has one.
     """
 
     __slots__ = (
+        "cached_tokens",
         "completion_tokens",
         "content_chars",
         "done",
@@ -77,6 +81,7 @@ class Delta:
         "has_tool_call",
         "prompt_tokens",
         "reasoning_chars",
+        "response_id",
         "server_timings",
         "text",
         "token_only",
@@ -93,6 +98,8 @@ class Delta:
         self.done = False
         self.error: str | None = None
         self.server_timings: ServerTimings | None = None
+        self.cached_tokens: int | None = None
+        self.response_id: str | None = None
         self.token_only = False
 
     @property

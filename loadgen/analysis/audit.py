@@ -24,6 +24,7 @@ from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
+from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.results.records import read_records
@@ -32,6 +33,7 @@ from loadgen.results.runfolder import (
     SLO_FIELDS,
     RunInfo,
     read_run_info,
+    read_server_metrics,
     write_summary,
 )
 from loadgen.results.summary import (
@@ -234,6 +236,7 @@ def audit_run(
         lag_bound_ms=info.lag_bound_ms,
         price=recorded_price(info),
     )
+    summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return summary, frame, effective
 
 

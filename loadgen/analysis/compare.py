@@ -364,6 +364,7 @@ class Side:
     workload: str = ""  # its workload key (`name@fingerprint`)
     incomplete: tuple[str, ...] = ()  # its runs that stopped early (only when asked for)
     left_out: tuple[str, ...] = ()  # runs of the window it did not pool, each with why
+    run_dirs: tuple[Path, ...] = ()  # its run folders (the server's side is read from them)
     cost: float | None = None  # Σ fleet price × duration of its runs; None: a run has no price
 
 
@@ -784,6 +785,7 @@ def _read_side(entries: Sequence[RunEntry], label: str) -> Side:
         duration_s=sum(metrics.run_duration_s(f) for f in frames),
         workload=entries[0].workload_key,
         incomplete=tuple(e.run_id for e in entries if not e.is_complete),
+        run_dirs=tuple(e.run_dir for e in entries),
         cost=_side_cost(entries, frames),
     )
 

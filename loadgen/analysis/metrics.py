@@ -133,6 +133,8 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
             pl.col("server_timings").struct.field(name).alias(f"server_{name}")
             for name in SERVER_MS_FIELDS
         ),
+        "prompt_tokens",
+        "cached_prompt_tokens",
     )
 
 

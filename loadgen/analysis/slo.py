@@ -48,6 +48,7 @@ from loadgen.results.summary import (
     Check,
     ClassAudit,
     Goodput,
+    PrefixCacheShare,
     ServerTimings,
     SloAudit,
     StreamEnds,
@@ -166,7 +167,21 @@ def audit_class(
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
         goodput=goodput(rows, duration_s=duration_s),
         stream_ends=stream_ends or StreamEnds(),
+        prefix_cache=prefix_cache_share(rows),
     )  # fmt: skip
+
+
+def prefix_cache_share(rows: pl.DataFrame) -> PrefixCacheShare | None:
+    """Cached / prompt tokens over the requests whose server reported cached tokens (None
+    when none did: the API or the server does not say)."""
+    said = rows.filter(pl.col("cached_prompt_tokens").is_not_null())
+    if said.height == 0:
+        return None
+    cached = int(said.get_column("cached_prompt_tokens").sum())
+    prompt = int(said.get_column("prompt_tokens").fill_null(0).sum())
+    share = round(cached / prompt, 6) if prompt else None
+    return PrefixCacheShare(requests=said.height, prompt_tokens=prompt, cached_tokens=cached,
+                            hit_share=share)  # fmt: skip
 
 
 def server_timings(ok: pl.DataFrame) -> ServerTimings:

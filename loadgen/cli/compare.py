@@ -5,22 +5,37 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 
 from loadgen.analysis.compare import (
+    Side,
     compare_sides,
     load_sides,
     parse_tolerances,
     to_json,
 )
 from loadgen.analysis.rolling import parse_duration
+from loadgen.analysis.server import (
+    ServerDelta,
+    ServerThreshold,
+    parse_server_thresholds,
+    server_deltas,
+)
 from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.render.compare_view import render_markdown, render_table
+from loadgen.render.compare_view import (
+    render_markdown,
+    render_server_table,
+    render_table,
+    server_json,
+)
 from loadgen.render.junit import render_junit
+from loadgen.results.runfolder import SUMMARY_FILE, read_summary
+from loadgen.results.summary import ServerAudit
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -28,7 +43,7 @@ Exit codes:
   1    usage error (missing run, no class in common, bad flag), runs of different
        workloads (without --force), or a run that stopped early (without
        --include-incomplete)
-  2    at least one check REGRESSED"""
+  2    at least one check REGRESSED (or a server figure passed its --server-threshold)"""
 
 
 @click.command(
@@ -88,6 +103,14 @@ Exit codes:
     "baseline window, or as BASELINE/CURRENT.",
 )
 @click.option(
+    "--server-threshold",
+    "server_threshold_texts",
+    multiple=True,
+    metavar="FIGURE=VALUE",
+    help="Judge a server figure's change (repeatable): queue_depth_p99=50%, "
+    "kv_usage_mean=0.1, preemptions=0; without one the server's side is informational.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
@@ -106,6 +129,7 @@ def compare(
     markdown_path: Path | None,
     force: bool,
     include_incomplete: bool,
+    server_threshold_texts: tuple[str, ...],
     fmt: str,
 ) -> None:
     """Compare CURRENT with BASELINE per class and figure; exit 2 on a regression.
@@ -119,7 +143,9 @@ def compare(
     data". Classes in only one side are listed, not compared. Only runs of one workload
     (name + spec fingerprint) are compared: the baseline window pools CURRENT's workload
     only; BASELINE of another workload needs --force. Runs that stopped early are left
-    out (refused as a side) unless --include-incomplete.
+    out (refused as a side) unless --include-incomplete. Runs that scraped the server
+    (run --server-metrics-url) add its figures side by side: informational unless a
+    --server-threshold is set.
 
     \b
     Example:
@@ -127,12 +153,13 @@ def compare(
       loadgen compare reports/run-b --baseline-window 30d --junit compare.xml
       loadgen compare reports/run-a reports/run-b --tolerance ttft_p99=20ms --format json
       loadgen compare reports/chat-run reports/mixed-run --force
+      loadgen compare reports/run-a reports/run-b --server-threshold queue_depth_p99=50%
     """
 
     options = (window_text, store, tolerance_texts, confidence, class_names)
     clean_errors(_compare)(
         runs, *options, junit_path, markdown_path, fmt, force=force,
-        include_incomplete=include_incomplete,
+        include_incomplete=include_incomplete, server_thresholds=server_threshold_texts,
     )  # fmt: skip
 
 
@@ -149,6 +176,7 @@ def _compare(
     *,
     force: bool = False,
     include_incomplete: bool = False,
+    server_thresholds: tuple[str, ...] = (),
 ) -> None:
     ctx = click.get_current_context()
     if window_text is None and len(runs) != 2:
@@ -167,6 +195,10 @@ def _compare(
     except ConfigError as exc:  # parse_duration names --window; this flag is another
         raise ConfigError(exc.source, "--baseline-window", exc.problem, exc.fix) from None
     tolerances = parse_tolerances(tolerance_texts)
+    try:
+        thresholds = parse_server_thresholds(server_thresholds)
+    except ValueError as exc:
+        raise ConfigError("command line", "--server-threshold", str(exc), "") from None
     baseline_dir = runs[0] if window is None else None
     baseline, current, slos = load_sides(
         runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,
@@ -180,21 +212,51 @@ def _compare(
         confidence=confidence,
         classes=class_names,
     )
+    deltas = _server_deltas(baseline, current, thresholds)
+    exit_code = max(comparison.exit_code, 2 if any(d.regressed for d in deltas) else 0)
     written = []
     if junit_path is not None:
         written.append(_write(junit_path, render_junit(comparison)))
     if markdown_path is not None:
         written.append(_write(markdown_path, render_markdown(comparison)))
     if fmt == "json":
-        click.echo(json.dumps(to_json(comparison), indent=2))
+        out = to_json(comparison)
+        if deltas:
+            out["server"] = server_json(deltas)
+            out["exit_code"] = exit_code
+        click.echo(json.dumps(out, indent=2))
         for path in written:
             click.echo(f"wrote {path}", err=True)
     else:
         console = output_console()
         console.print(render_table(comparison))
+        if deltas:
+            console.print(render_server_table(deltas))
+            if exit_code and not comparison.exit_code:
+                console.print("[bold red]a server figure passed its --server-threshold (exit 2)[/]")
         for path in written:
             console.print(f"wrote {path}")
-    sys.exit(comparison.exit_code)
+    sys.exit(exit_code)
+
+
+def _server_deltas(
+    baseline: Side, current: Side, thresholds: Mapping[str, ServerThreshold]
+) -> list[ServerDelta]:
+    """Both sides' server blocks (summary.json), compared; [] when CURRENT scraped none."""
+    current_server = _server_blocks(current)
+    if not current_server:
+        return []
+    return server_deltas(_server_blocks(baseline), current_server[0], thresholds)
+
+
+def _server_blocks(side: Side) -> list[ServerAudit]:
+    """The server blocks of a side's runs that have one (a run without summary.json, such as
+    one killed and not yet recovered, has none)."""
+    blocks = []
+    for run_dir in side.run_dirs:
+        if (run_dir / SUMMARY_FILE).exists() and (server := read_summary(run_dir).server):
+            blocks.append(server)
+    return blocks
 
 
 def _write(path: Path, text: str) -> Path:

@@ -32,7 +32,7 @@ from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
-from loadgen.workload.spec import load, override
+from loadgen.workload.spec import load, metrics_url_problem, override
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -133,6 +133,18 @@ from loadgen.workload.spec import load, override
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
+@click.option(
+    "--server-metrics-url",
+    metavar="URL",
+    help="Scrape the server's Prometheus endpoint during the run: a URL, or a path on the "
+    "target such as /metrics (default: the workload's target.server_metrics_url).",
+)
+@click.option(
+    "--server-metrics-interval",
+    "server_metrics_interval_s",
+    type=FiniteFloat(0.05, 3600),
+    help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @live_options
 @price_options
@@ -179,6 +191,8 @@ def run(
     workers: int | None,
     shard_text: str | None,
     start_at_text: str | None,
+    server_metrics_url: str | None,
+    server_metrics_interval_s: float | None,
     quiet: bool,
     max_memory_gb: float | None,
     dry_run: bool,
@@ -205,6 +219,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --warm-connections 0
+      loadgen run workloads/mixed.yaml --server-metrics-url /metrics
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
@@ -212,6 +227,8 @@ def run(
 
     check_url(url)
     check_run_id(run_id)
+    if server_metrics_url is not None and (problem := metrics_url_problem(server_metrics_url)):
+        raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
@@ -239,6 +256,8 @@ def run(
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
         warm_connections=parse_warm(warm_text),
+        server_metrics_url=server_metrics_url,
+        server_metrics_interval_s=server_metrics_interval_s,
         price_per_hour=price_per_hour,
         replicas=replicas,
     )

@@ -169,6 +169,8 @@ class Exchange:
         self.chunk_chars: list[int] = []
         self.usage_completion: int | None = None
         self.usage_prompt: int | None = None
+        self.cached_tokens: int | None = None
+        self.response_id: str | None = None  # the body's id, else the x-request-id header
         self.saw_done = False
         self.error_body = b""
         self.retries = 0
@@ -184,6 +186,7 @@ class Exchange:
         self.status = status
         self.headers_ns = t_ns
         self.content_type = headers.get("content-type", "")
+        self.response_id = headers.get("x-request-id")  # a body `id` replaces it
 
     def on_body(self, data: bytes, t_ns: int) -> None:
         if self.settled:
@@ -283,6 +286,10 @@ class Exchange:
             self.usage_prompt = delta.prompt_tokens
         if delta.server_timings is not None:
             self.server_timings = delta.server_timings
+        if delta.cached_tokens is not None:
+            self.cached_tokens = delta.cached_tokens
+        if delta.response_id is not None:
+            self.response_id = delta.response_id
         if delta.done:
             self.saw_done = True
             self.finish(t_ns, None)
@@ -432,6 +439,10 @@ class Exchange:
             stopped_early=stopped_early,
             connection=self.connection,
             model=self.model,
+            cached_prompt_tokens=self.cached_tokens,
+            server_request_id=self.redactor.quote(self.response_id, 200)
+            if self.response_id is not None
+            else None,
         )
 
 

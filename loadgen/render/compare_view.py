@@ -8,6 +8,8 @@ order-statistic intervals (see `analysis.compare`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -23,6 +25,7 @@ from loadgen.analysis.compare import (
     Verdict,
     min_samples,
 )
+from loadgen.analysis.server import ServerDelta, ServerThreshold
 from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms
 
@@ -226,3 +229,50 @@ def md_cell(text: str) -> str:
     """Safe in a Markdown table cell: no HTML, pipes escaped, one line."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # a lone ">" is plain text
     return escaped.replace("|", "\\|").replace("\n", " ")
+
+
+def render_server_table(deltas: Sequence[ServerDelta]) -> RenderableType:
+    """The server's side of the comparison: each figure on both sides and its change;
+    `informational` unless a --server-threshold was set for it."""
+    table = Table(title="server (/metrics): informational unless --server-threshold",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1), collapse_padding=True)  # fmt: skip
+    for header in ("figure", "baseline", "current", "change", "threshold", "verdict"):
+        table.add_column(header, justify="left" if header == "figure" else "right")
+    for d in deltas:
+        verdict = "REGRESSED" if d.regressed else ("ok" if d.threshold else "info")
+        style = "bold red" if d.regressed else ("green" if d.threshold else "dim")
+        table.add_row(d.figure, _server_value(d.baseline), _server_value(d.current),
+                      _server_value(d.change, signed=True), _threshold_text(d.threshold),
+                      Text(verdict, style=style))  # fmt: skip
+    return table
+
+
+def _server_value(value: float | None, *, signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def _threshold_text(threshold: ServerThreshold | None) -> str:
+    if threshold is None:
+        return ""
+    if threshold.relative is not None:
+        return f"+{threshold.relative:.0%}"
+    return f"+{threshold.absolute:g}"
+
+
+def server_json(deltas: Sequence[ServerDelta]) -> dict[str, Any]:
+    """The server's side for `--format json`."""
+    return {
+        d.figure: {
+            "baseline": d.baseline,
+            "current": d.current,
+            "change": d.change,
+            "threshold": None
+            if d.threshold is None
+            else {"relative": d.threshold.relative, "absolute": d.threshold.absolute},
+            "verdict": "regressed" if d.regressed else ("ok" if d.threshold else "info"),
+        }
+        for d in deltas
+    }

@@ -394,3 +394,79 @@ def _log_scale(ax: Axes, which: str) -> None:
 def _ms(value: float) -> str:
     """A latency for a label, as the terminal table shows it ("84.7 ms", "1000 ms", "24.0s")."""
     return with_unit(value)
+
+
+CLASS_COLOURS = ("tab:blue", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")
+
+
+def server_timeline_png(
+    *,
+    client: Mapping[str, tuple[Sequence[float], Sequence[float | None], Sequence[float]]],
+    server_t_s: Sequence[float],
+    server: Mapping[str, Sequence[float | None]],
+    title: str,
+) -> bytes:
+    """The client's and the server's view of the same seconds, on one time axis (s since t0).
+
+    Top: each class's per-window TTFT p99 (ms, nearest rank; left) and arrival rate (req/s,
+    dotted, right), `client[class] = (window mids, p99s, rates)`. Middle: the server's queue
+    depth and running requests at each scrape. Bottom: its KV-cache usage (0–1). Panels the
+    server does not expose say so.
+    """
+    fig, (top, middle, bottom) = plt.subplots(
+        3, 1, figsize=(SIZE_IN[0], 7.0), sharex=True, height_ratios=(3, 2, 1.3)
+    )
+    fig.subplots_adjust(left=0.1, right=0.9, bottom=0.08, top=0.88, hspace=0.1)
+    rate_axis = top.twinx()
+    present: list[float] = []
+    for i, (name, (mids, p99, rates)) in enumerate(client.items()):
+        colour = CLASS_COLOURS[i % len(CLASS_COLOURS)]
+        y = np.array([math.nan if v is None else v for v in p99], dtype=np.float64)
+        top.plot(mids, y, marker=".", color=colour, label=f"{name} TTFT p99")
+        present.extend(y[np.isfinite(y)].tolist())
+        rate_axis.plot(mids, rates, color=colour, linestyle=":", linewidth=1,
+                       label=f"{name} arrivals")  # fmt: skip
+    if present and _spans_decades(np.asarray(present), TIMELINE_LOG_SPAN):
+        _log_scale(top, "y")
+    top.set_ylabel("TTFT p99 per window (ms)")
+    rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
+    rate_axis.set_ylim(0, None)
+    lines, labels = top.get_legend_handles_labels()
+    more_lines, more_labels = rate_axis.get_legend_handles_labels()
+    top.legend(lines + more_lines, labels + more_labels, loc="lower left",
+               bbox_to_anchor=(0.0, 1.0), ncol=4, fontsize=8, frameon=False)  # fmt: skip
+    fig.suptitle(title)
+    x = np.asarray(server_t_s, dtype=np.float64)
+    _server_panel(middle, x, server, ("queue_depth", "running"), "requests")
+    _server_panel(bottom, x, server, ("kv_usage",), "KV usage")
+    if "kv_usage" in server:
+        bottom.set_ylim(0, max(1.0, *(v for v in server["kv_usage"] if v is not None)) * 1.05)
+    bottom.set_xlabel("time since run start (s): client windows by intended send, server by scrape")
+    return figure_png(fig)
+
+
+SERVER_LABELS = {"queue_depth": "server queue (waiting)", "running": "server running",
+                 "kv_usage": "server KV-cache usage"}  # fmt: skip
+SERVER_COLOURS = {"queue_depth": "tab:red", "running": "tab:green", "kv_usage": "tab:orange"}
+
+
+def _server_panel(
+    ax: Axes, x: FloatArray, server: Mapping[str, Sequence[float | None]],
+    figures: Sequence[str], ylabel: str,
+) -> None:  # fmt: skip
+    drawn = False
+    for name in figures:
+        if name not in server:
+            continue
+        y = np.array([math.nan if v is None else v for v in server[name]], dtype=np.float64)
+        ax.step(x, y, where="post", color=SERVER_COLOURS[name], label=SERVER_LABELS[name])
+        drawn = True
+    if drawn:
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
+        ax.set_ylim(bottom=0)
+    else:
+        names = " / ".join(SERVER_LABELS[n] for n in figures)
+        ax.text(0.5, 0.5, f"{names}: not exposed by this server", transform=ax.transAxes,
+                ha="center")  # fmt: skip
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)

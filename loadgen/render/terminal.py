@@ -30,6 +30,7 @@ from loadgen.results.summary import (
     FailureRankedStats,
     GeneratorHealth,
     ModelAudit,
+    ServerAudit,
     SloAudit,
     Summary,
     Verdict,
@@ -53,8 +54,29 @@ def render_summary(summary: Summary) -> RenderableType:
         parts.append(_connections_line(summary.connections))
     if summary.cost is not None:
         parts.append(Text(cost_line(summary.cost)))
+    if summary.server is not None:
+        parts.append(server_line(summary.server))
     parts.append(_verdict_line(summary.verdict, stop))
     return Group(*parts)
+
+
+def server_line(server: ServerAudit) -> Text:
+    """`server: vllm · 29 scrapes (0 failed) · queue max 4 · running max 13 · KV max 15.6%`."""
+    failed = "?" if server.failures is None else str(server.failures)
+    parts = [f"server: {server.server} · {server.scrapes} scrapes ({failed} failed)"]
+    for name, label in (("queue_depth", "queue"), ("running", "running")):
+        stats = server.gauges.get(name)
+        if stats is not None and stats.max is not None and stats.mean is not None:
+            parts.append(f"{label} max {stats.max:g}, mean {stats.mean:.1f}")
+    kv = server.gauges.get("kv_usage")
+    if kv is not None and kv.max is not None:
+        parts.append(f"KV max {kv.max:.1%}")
+    if server.prefix_cache_hit_share is not None:
+        parts.append(f"prefix-cache hits {server.prefix_cache_hit_share:.1%}")
+    if server.counters.get("preemptions"):
+        parts.append(f"{server.counters['preemptions']:g} preemptions")
+    style = "yellow" if server.failures or server.scrapes == 0 else ""
+    return Text(" · ".join(parts), style=style)
 
 
 def _class_table(summary: Summary) -> Table:

@@ -111,6 +111,8 @@ class RequestRecord:
     # None when it was never written.
     connection: str | None = None
     model: str | None = None  # the model (or LoRA adapter) the request named
+    cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
+    server_request_id: str | None = None  # the response's `id`, else its x-request-id header
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -146,6 +148,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "stopped_early": pl.Boolean(),
     "connection": pl.String(),
     "model": pl.String(),
+    "cached_prompt_tokens": pl.Int64(),
+    "server_request_id": pl.String(),
 }
 
 

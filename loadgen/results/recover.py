@@ -43,7 +43,12 @@ from loadgen.results.records import (
     to_frame,
     write_parquet_atomic,
 )
-from loadgen.results.runfolder import RunInfo, read_run_info, write_run_info
+from loadgen.results.runfolder import (
+    RunInfo,
+    join_server_metrics,
+    read_run_info,
+    write_run_info,
+)
 from loadgen.workload.identity import spec_from_resolved
 from loadgen.workload.plans import Flow, RequestPlan, Work, plan_work
 from loadgen.workload.shards import Share, split_work
@@ -79,6 +84,8 @@ def recover(run_dir: Path) -> Recovery:
     joined = pl.concat([frame, to_frame(filled)]).sort("request_id") if filled else frame
     write_parquet_atomic(joined, run_dir / RECORDS_FILE)
     remove_parts(parts)
+    if info.t0 is not None and info.t0.perf_counter_ns is not None:
+        join_server_metrics(run_dir, info.t0.perf_counter_ns)  # what the scraper spilled
 
     write_run_info(run_dir, replace(info, interrupted=True, recovered=True, stopped="incomplete"))
     counts = {o: sum(r.outcome is o for r in filled) for o in (Outcome.CANCELLED, Outcome.NOT_SENT)}

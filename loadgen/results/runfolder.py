@@ -18,11 +18,13 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import polars as pl
 
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
@@ -35,8 +37,10 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 9  # 9: records' model column; summary classes.*.models (a model mix) and
-# trajectory.per_hop; run.json spec classes' dataset, prompt sets, models and agent context
+SCHEMA_VERSION = 10  # 10: records cached_prompt_tokens, server_request_id; summary.json
+# server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet
+# (9: records' model column; summary classes.*.models (a model mix) and
+# trajectory.per_hop; run.json spec classes' dataset, prompt sets, models and agent context)
 # (8: summary.json cost, run.json options.price_per_hour/replicas (with a price))
 # (7: records connection, run.json connections, summary connections)
 # (6: summary classes.*.stream_ends, generator.requested_rate_per_s; records
@@ -276,6 +280,19 @@ class RecordedClass:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerMetricsInfo:
+    """run.json's `server_metrics`: the endpoint scraped and how the scraping went (counts
+    are None until the run's end writes them: a killed run's are recomputed from the file)."""
+
+    url: str
+    interval_s: float
+    scrapes: int | None = None
+    failures: int | None = None
+    malformed_lines: int | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunInfo:
     """run.json: what was run (the resolved spec, seed, target, options, host), its t0
     anchor, its processes, and how it ended. Enough, with the records, to recompute every
@@ -301,6 +318,7 @@ class RunInfo:
     recovered: bool | None = field(default=None, metadata=OMIT_NONE)  # `report --recover`
     client_failure: str | None = field(default=None, metadata=OMIT_NONE)
     connections: ConnectionCounts | None = field(default=None, metadata=OMIT_NONE)
+    server_metrics: ServerMetricsInfo | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def stop(self) -> str | None:
@@ -374,3 +392,94 @@ def _requested_rate(raw: Mapping[str, Any]) -> float | None:
         return spec.mean_rate_per_s
     except (TypeError, ValueError, ZeroDivisionError):
         return None
+
+
+# --- server_metrics.parquet ----------------------------------------------------------------
+# What the server's /metrics said during the run (`loadgen run --server-metrics-url`): one row
+# per sample per scrape. `t_ns` is the scrape's start, ns since t0 on the records' clock;
+# `labels` a list of {name, value} (Parquet's map layout); histograms and summaries are kept
+# as their `_bucket`/`_sum`/`_count` series. While the run lasts the rows are spilled to
+# `server_metrics.parts/` with `mono_ns` (the monotonic clock; t0 may not be chosen yet).
+
+SERVER_METRICS_FILE = "server_metrics.parquet"
+SERVER_PARTS_DIR = "server_metrics.parts"
+LABELS_DTYPE = pl.List(pl.Struct({"name": pl.String(), "value": pl.String()}))
+SERVER_METRICS_SCHEMA: dict[str, pl.DataType] = {
+    "t_ns": pl.Int64(),
+    "name": pl.String(),
+    "labels": LABELS_DTYPE,
+    "value": pl.Float64(),
+}
+_PART_SCHEMA = {
+    "mono_ns": pl.Int64(),
+    **{k: v for k, v in SERVER_METRICS_SCHEMA.items() if k != "t_ns"},
+}
+
+
+def server_rows_frame(
+    rows: Sequence[tuple[int, str, Sequence[tuple[str, str]], float]],
+) -> pl.DataFrame:
+    """Scraped rows `(mono_ns, name, labels, value)` as a part frame."""
+    return pl.DataFrame(
+        {
+            "mono_ns": [r[0] for r in rows],
+            "name": [r[1] for r in rows],
+            "labels": [[{"name": k, "value": v} for k, v in r[2]] for r in rows],
+            "value": [r[3] for r in rows],
+        },
+        schema=_PART_SCHEMA,
+    )
+
+
+def write_server_part(
+    run_dir: Path, rows: Sequence[tuple[int, str, Sequence[tuple[str, str]], float]]
+) -> None:
+    """Spill scraped rows to a new part file (temp name, then renamed)."""
+    if not rows:
+        return
+    parts = run_dir / SERVER_PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    index = len(list(parts.glob("part-*.parquet")))
+    path = parts / f"part-{index:06d}.parquet"
+    tmp = parts / f".{path.name}.tmp"
+    server_rows_frame(rows).write_parquet(tmp)
+    os.replace(tmp, path)
+
+
+def join_server_metrics(run_dir: Path, t0_mono_ns: int) -> pl.DataFrame | None:
+    """Join the spilled parts into `server_metrics.parquet` (t_ns since t0), remove them.
+
+    None when the run scraped nothing; an existing file is kept when there are no parts.
+    """
+    parts = run_dir / SERVER_PARTS_DIR
+    files = sorted(parts.glob("part-*.parquet")) if parts.exists() else []
+    if not files:
+        return read_server_metrics(run_dir)
+    frame = pl.concat([pl.read_parquet(f) for f in files], how="vertical")
+    frame = frame.select(
+        (pl.col("mono_ns") - t0_mono_ns).alias("t_ns"), "name", "labels", "value"
+    ).sort("t_ns", maintain_order=True)
+    write_server_metrics(run_dir, frame)
+    for f in files:
+        f.unlink()
+    parts.rmdir()
+    return frame
+
+
+def write_server_metrics(run_dir: Path, frame: pl.DataFrame) -> None:
+    """`server_metrics.parquet` (temp name, then renamed)."""
+    path = run_dir / SERVER_METRICS_FILE
+    tmp = run_dir / f".{SERVER_METRICS_FILE}.tmp"
+    frame.cast(SERVER_METRICS_SCHEMA).write_parquet(tmp)  # type: ignore[arg-type]  # dtypes
+    os.replace(tmp, path)
+
+
+def read_server_metrics(run_dir: Path) -> pl.DataFrame | None:
+    """A run's scraped server metrics, or None when it has none."""
+    path = run_dir / SERVER_METRICS_FILE
+    if not path.exists():
+        return None
+    try:
+        return pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise LoadgenError(f"cannot read {path}: {exc}") from None

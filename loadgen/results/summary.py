@@ -253,6 +253,17 @@ class ModelAudit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixCacheShare:
+    """A class's prompt tokens the server said it served from its prefix cache, over the
+    requests whose response said (`cached_prompt_tokens` not null)."""
+
+    requests: int  # requests whose response reported cached tokens
+    prompt_tokens: int
+    cached_tokens: int
+    hit_share: float | None  # cached / prompt tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClassAudit:
     """One class's block: outcomes, latency stats, the SLO audit, goodput, and the block of
     the objective its kind is judged by (batch, trajectory) or adds (sessions)."""
@@ -280,6 +291,7 @@ class ClassAudit:
     stream_ends: StreamEnds = field(default_factory=StreamEnds)
     # a class whose requests named more than one model: one block per model, by name
     models: Mapping[str, ModelAudit] | None = field(default=None, metadata=OMIT_NONE)
+    prefix_cache: PrefixCacheShare | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def failed(self) -> int:
@@ -327,6 +339,50 @@ class Verdict:
     slo_met: bool | None
     fell_behind: bool
     exit_code: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GaugeStats:
+    """A server gauge over the run's scrapes (t0 to the end): nearest-rank p99, max, mean."""
+
+    mean: float | None
+    p99: float | None
+    max: float | None
+    samples: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerHistogram:
+    """A server-side latency histogram's change over the run, in ms: mean (Δsum/Δcount) and
+    p50/p99 interpolated within buckets (Prometheus' histogram_quantile)."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerAudit:
+    """summary.json's `server` block: what the server's /metrics said over the run.
+
+    `server` is the family recognised from the metric names (vllm, sglang, tgi, llama.cpp or
+    unknown); `gauges` and `counters` hold loadgen's named figures (`analysis.server`);
+    counters are the change from the first scrape to the last. An unknown server keeps every
+    series raw in server_metrics.parquet and names none here.
+    """
+
+    url: str
+    server: str
+    interval_s: float
+    scrapes: int
+    failures: int | None  # None: not known (a recovered run's scraper never wrote its tally)
+    malformed_lines: int | None
+    last_error: str | None
+    gauges: Mapping[str, GaugeStats]
+    counters: Mapping[str, float]
+    prefix_cache_hit_share: float | None  # Δhits / Δqueries of the server's own counters
+    histograms_ms: Mapping[str, ServerHistogram]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -394,3 +450,4 @@ class Summary:
     verdict: Verdict
     connections: ConnectionUse | None = field(default=None, metadata=OMIT_NONE)
     cost: Cost | None = field(default=None, metadata=OMIT_NONE)  # with --price-per-hour
+    server: ServerAudit | None = field(default=None, metadata=OMIT_NONE)

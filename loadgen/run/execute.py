@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,11 +31,13 @@ from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
+from loadgen.analysis.server import with_server
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
+from loadgen.engine.scrape import Scraper
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
@@ -43,9 +46,12 @@ from loadgen.results.records import RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
     RunInfo,
+    ServerMetricsInfo,
+    join_server_metrics,
     new_run_id,
     write_json_atomic,
     write_run_info,
+    write_server_part,
     write_summary,
 )
 from loadgen.results.summary import Summary
@@ -126,16 +132,23 @@ def execute(
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
         run_info["host"]["open_files_limit"] = open_files
         run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
+        scraper = _scraper(spec, options, endpoint, run_dir, run_info, log)
         publish = _publisher(live, spec, work, run_dir.name, run_info)
-        if workers > 1:
-            frame, run_info, state = run_workers(
-                work, workers, base_url, run_dir, run_info, spec, options, log, publish=publish
-            )
-            if publish is not None:
-                publish.final = tally_of(spec, from_frame(frame))
-            result = finish(frame, run_dir, run_info, spec, options, planned=planned, state=state)
-        else:
-            result = _run(work, endpoint, config, run_dir, run_info, spec, options, log, publish)
+        try:
+            if workers > 1:  # the parent scrapes, once, for every worker
+                frame, run_info, state = run_workers(
+                    work, workers, base_url, run_dir, run_info, spec, options, log, publish=publish
+                )
+                if publish is not None:
+                    publish.final = tally_of(spec, from_frame(frame))
+                result = finish(frame, run_dir, run_info, spec, options, planned=planned,
+                                state=state, scraper=scraper)  # fmt: skip
+            else:
+                result = _run(work, endpoint, config, run_dir, run_info, spec, options, log,
+                              publish, scraper=scraper)  # fmt: skip
+        finally:
+            if scraper is not None:
+                scraper.stop()
         if publish is not None and live is not None:
             live.end(publish.final)
         LOGGER.info("run %s: written, exit code %d", run_dir.name, result.exit_code)
@@ -208,6 +221,25 @@ def _check_target(
                   extra_headers=headers, extra_fields=fields)  # fmt: skip
     except LoadgenError as exc:
         raise TargetError(redactor.redact(str(exc))) from None
+
+
+def _scraper(
+    spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, run_dir: Path,
+    run_info: dict[str, Any], log: TextIO,
+) -> Scraper | None:  # fmt: skip
+    """The server-metrics scraper, started, when a URL is given (a path is on the target)."""
+    url = options.server_metrics_url or spec.target.server_metrics_url
+    if url is None:
+        return None
+    if url.startswith("/"):
+        url = endpoint.origin + url
+    interval_s = options.server_metrics_interval_s or spec.target.server_metrics_interval_s
+    run_info["server_metrics"] = {"url": redact_url(url), "interval_s": interval_s}
+    scraper = Scraper(url, interval_s, spill=partial(write_server_part, run_dir))
+    scraper.start()
+    if not options.quiet:
+        print(f"scraping {redact_url(url)} every {interval_s:g} s", file=log)
+    return scraper
 
 
 def preflight_extras(
@@ -335,6 +367,8 @@ def _run(
     options: RunOptions,
     log: TextIO,
     publish: Publish | None = None,
+    *,
+    scraper: Scraper | None = None,
 ) -> RunResult:
     """One engine process: its own signals, progress line and watchdog."""
     writer = RecordWriter(run_dir)
@@ -373,7 +407,8 @@ def _run(
                          connections=state.get("connections"))
         ]  # fmt: skip
         run_info["connections"] = total_connections(run_info["workers"]["processes"])
-        return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state)
+        return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state,
+                      scraper=scraper)  # fmt: skip
 
 
 def finish(
@@ -385,8 +420,10 @@ def finish(
     *,
     planned: int,
     state: Mapping[str, Any],
+    scraper: Scraper | None = None,
 ) -> RunResult:
-    """Audit the joined records; write summary.json, histograms.parquet and the final run.json."""
+    """Audit the joined records; write summary.json, histograms.parquet and the final run.json
+    (and server_metrics.parquet, the scraper stopped, when the run scraped a server)."""
     run_id = run_dir.name
     watchdog = state.get("watchdog")
     interrupted = bool(state["interrupted"]) or watchdog is not None
@@ -405,6 +442,8 @@ def finish(
         price=None if options.price_per_hour is None
         else Price(per_hour=options.price_per_hour, replicas=options.replicas),
     )  # fmt: skip
+    if scraper is not None:
+        summary = _server_block(summary, scraper, run_dir, run_info, frame)
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
@@ -415,6 +454,22 @@ def finish(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
         run_info=final,
     )  # fmt: skip
+
+
+def _server_block(
+    summary: Summary, scraper: Scraper, run_dir: Path, run_info: dict[str, Any],
+    frame: pl.DataFrame,
+) -> Summary:  # fmt: skip
+    """Stop the scraper, join its parts on the run's t0, tally it in run.json, audit it."""
+    stats = scraper.stop()
+    run_info["server_metrics"] = {
+        **run_info.get("server_metrics", {}), "scrapes": stats.scrapes,
+        "failures": stats.failures, "malformed_lines": stats.malformed_lines,
+        "last_error": stats.last_error,
+    }  # fmt: skip
+    server = join_server_metrics(run_dir, int(run_info["t0"]["perf_counter_ns"]))
+    info = from_json(ServerMetricsInfo, run_info["server_metrics"])
+    return with_server(summary, server, info, frame)
 
 
 def shard_anchor(t0: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,10 @@ from loadgen.results.runfolder import (
     WorkersInfo,
     new_run_id,
     read_run_info,
+    read_server_metrics,
     read_summary,
     write_run_info,
+    write_server_metrics,
 )
 from loadgen.results.summary import Summary
 from loadgen.workload.shards import utc_text
@@ -182,10 +184,22 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     run_dir.mkdir(parents=True)
     write_parquet_atomic(frame, run_dir / RECORDS_FILE)
     write_run_info(run_dir, info)
+    _keep_server_metrics(shards, run_dir, start_ns)
     summary = write_audit(run_dir)
     behind = any(s.fell_behind for s in shards) and info.stopped is None
     code = EXIT_FELL_BEHIND if behind else summary.verdict.exit_code
     return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
+
+
+def _keep_server_metrics(shards: Sequence[ShardRun], run_dir: Path, start_ns: int) -> None:
+    """The first shard's scraped server metrics (run.json's `server_metrics` is that shard's
+    too), on the merged timeline: shards scrape one server, so theirs would repeat it."""
+    for shard in shards:
+        server = read_server_metrics(shard.run_dir)
+        if server is not None and shard.info.server_metrics is not None:
+            offset = shard.anchor_unix_ns - start_ns
+            write_server_metrics(run_dir, server.with_columns(pl.col("t_ns") + offset))
+            return
 
 
 def merged_info(shards: Sequence[ShardRun], run_id: str | None, start_ns: int) -> RunInfo:
@@ -199,6 +213,7 @@ def merged_info(shards: Sequence[ShardRun], run_id: str | None, start_ns: int) -
         run_id=name,
         planned=sum(s.planned for s in shards),
         t0=T0(perf_counter_ns=None, unix_ns=start_ns, utc=utc_text(start_ns)),
+        server_metrics=next((s.info.server_metrics for s in shards if s.info.server_metrics), None),
         shard=None,
         workers=merged_workers(shards),
         shards=shard_table(shards, start_ns),

@@ -32,3 +32,5 @@ class RunOptions:
     warm_connections: int | None = None  # opened before t0 (`--warm-connections`); None: auto
     price_per_hour: float | None = None  # `--price-per-hour`: one replica's, or the fleet's
     replicas: int = 1  # `--replicas`: the fleet's price is price_per_hour × replicas
+    server_metrics_url: str | None = None  # `--server-metrics-url`; else target's, if any
+    server_metrics_interval_s: float | None = None  # `--server-metrics-interval`

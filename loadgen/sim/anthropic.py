@@ -112,9 +112,10 @@ class AnthropicFormat:
             "stop_reason": None,
             "stop_sequence": None,
             "usage": {
-                "input_tokens": args.request.prompt_tokens,
+                # Anthropic's input_tokens exclude the tokens read from the cache.
+                "input_tokens": args.request.prompt_tokens - (args.cached_tokens or 0),
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": args.cached_tokens or 0,
                 "output_tokens": output_tokens,
             },
         }

@@ -137,6 +137,18 @@ _SECONDS = "simulated seconds (divided by --speed)"
     help="Every k-th token after the first as an empty-text token event (OpenAI, TGI), as "
     "llama-cpp-python sends partial UTF-8 tokens.  [default: 0 = never]",
 )
+@click.option(
+    "--prefix-cache-tokens",
+    type=int,
+    help="Prefix cache capacity: a prompt's leading blocks seen before are not prefilled "
+    "again and are reported as cached tokens; 0 = off.  [default: 0]",
+)
+@click.option("--prefix-block-tokens", type=int, help="Prefix cache block size.  [default: 16]")
+@click.option(
+    "--kv-capacity-tokens",
+    type=int,
+    help="KV-cache capacity that /metrics reports usage against.  [default: 262144]",
+)
 def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) -> None:
     """Serve a simulated streaming LLM whose timing follows a serving model, in every dialect.
 

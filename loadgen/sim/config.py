@@ -106,6 +106,9 @@ class SimConfig:
     seed: int = 0
     model: str = "loadgen-sim"
     api: str = "all"
+    prefix_cache_tokens: int = 0  # prefix cache capacity; 0 = no prefix cache
+    prefix_block_tokens: int = 16  # its block size (vLLM's default block size)
+    kv_capacity_tokens: int = 262_144  # the denominator of vllm:kv_cache_usage_perc
 
 
 def _int(value: object, minimum: int = 0, maximum: int | None = None) -> int:
@@ -263,6 +266,9 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "heartbeat_s": (_float, "simulated seconds >= 0; 0 = none"),
     "close_after_stream": (_bool, "true or false"),
     "empty_every": (_int, "an integer >= 0"),
+    "prefix_cache_tokens": (_int, "tokens >= 0; 0 = no prefix cache"),
+    "prefix_block_tokens": (lambda v: _int(v, 1), "tokens per cache block, >= 1 (e.g. 16)"),
+    "kv_capacity_tokens": (lambda v: _int(v, 1), "KV-cache tokens >= 1 (e.g. 262144)"),
 }
 
 
@@ -318,6 +324,9 @@ def config_from_mapping(mapping: Mapping[str, Any], source: str) -> SimConfig:
         seed=v.get("seed", base.seed),
         model=v.get("model", base.model),
         api=v.get("api", base.api),
+        prefix_cache_tokens=v.get("prefix_cache_tokens", base.prefix_cache_tokens),
+        prefix_block_tokens=v.get("prefix_block_tokens", base.prefix_block_tokens),
+        kv_capacity_tokens=v.get("kv_capacity_tokens", base.kv_capacity_tokens),
     )
 
 

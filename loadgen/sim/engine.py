@@ -93,6 +93,20 @@ class SeqRequest:
     priority: int = 0
     stall_after_tokens: int = -1  # after this many emitted tokens pause; -1 = never
     stall_ns: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache: not prefilled
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EngineState:
+    """What the engine holds at one instant (what `/metrics` reports).
+
+    `kv_tokens` counts, per sequence holding a slot, its prefilled prompt tokens and its
+    emitted tokens (the KV entries it needs); shared cached blocks count once per sequence.
+    """
+
+    waiting: int
+    running: int
+    kv_tokens: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +133,8 @@ class StepModel(Protocol):
     def advance(self, now_ns: int) -> list[StepResult]: ...
 
     def waiting_count(self) -> int: ...
+
+    def state(self) -> EngineState: ...
 
 
 class _Seq:
@@ -150,7 +166,7 @@ class _Seq:
         self.stall_ns = request.stall_ns
         self.arrival_ns = at_ns
         self.order = order
-        self.prefilled = 0
+        self.prefilled = min(max(0, request.cached_tokens), self.prompt_tokens)
         self.emitted = 0
         self.admitted = False
         self.cancelled = False
@@ -251,6 +267,12 @@ class Engine:
     def running_count(self) -> int:
         """Sequences holding a batch slot (prefilling, decoding or stalled)."""
         return sum(1 for s in self._running if not s.cancelled)
+
+    def state(self) -> EngineState:
+        """Waiting, running and KV tokens held now (see `EngineState`)."""
+        live = [s for s in self._running if not s.cancelled]
+        kv = sum(s.prefilled + s.emitted for s in live)
+        return EngineState(waiting=self._waiting.count, running=len(live), kv_tokens=kv)
 
     def submit(self, request: SeqRequest, at_ns: int) -> bool:
         """Queue a request arriving at `at_ns` (clamped to the engine clock); False = refused."""
@@ -406,6 +428,16 @@ class DisaggregatedEngine:
         """Requests waiting for a prefill replica."""
         return self._waiting.count
 
+    def state(self) -> EngineState:
+        """Waiting for a replica or a decode slot; prefilling or decoding; their KV tokens."""
+        decode = self._decode.state()
+        busy = [b[1] for b in self._busy if b is not None and not b[1].cancelled]
+        return EngineState(
+            waiting=self._waiting.count + decode.waiting,
+            running=len(busy) + decode.running,
+            kv_tokens=decode.kv_tokens + sum(s.prompt_tokens for s in busy),
+        )
+
     def submit(self, request: SeqRequest, at_ns: int) -> bool:
         """Queue a request for the prefill pool; False = refused by the queue cap."""
         cap = self._config.queue_cap
@@ -471,13 +503,14 @@ class DisaggregatedEngine:
                 return self._prefilled(busy[1], at_ns)
         i = self._busy.index(None)
         (seq,) = self._waiting.pop_eligible(at_ns, 1)
-        duration_ns = round(seq.prompt_tokens * self._ns_per_prefill_token)
+        duration_ns = round((seq.prompt_tokens - seq.prefilled) * self._ns_per_prefill_token)
         self._busy[i] = (at_ns + duration_ns, seq)
         return None
 
     def _prefilled(self, seq: _Seq, end_ns: int) -> StepResult:
         """Emit the first token and hand the sequence to the decode pool after the KV transfer."""
         self._by_id.pop(seq.seq_id, None)
+        computed = seq.prompt_tokens - seq.prefilled
         emitted: tuple[int, ...] = ()
         if not seq.cancelled:
             seq.prefilled = seq.prompt_tokens
@@ -485,10 +518,10 @@ class DisaggregatedEngine:
             if not seq.emit(end_ns):
                 self._decode.submit_prefilled(seq, end_ns + self._kv_ns)
         return StepResult(
-            start_ns=end_ns - round(seq.prompt_tokens * self._ns_per_prefill_token),
+            start_ns=end_ns - round(computed * self._ns_per_prefill_token),
             end_ns=end_ns,
             decode_batch=0,
-            prefill_tokens=seq.prompt_tokens,
+            prefill_tokens=computed,
             emitted=emitted,
             pool="prefill",
         )

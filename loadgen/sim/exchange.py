@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from loadgen.sim.engine import NS_PER_S, SeqRequest
 from loadgen.sim.faults import FaultPlan
 from loadgen.sim.protocol import Connection, ExchangeLike, HttpRequest
-from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame
+from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame, word
 
 if TYPE_CHECKING:
     from loadgen.sim.dialects import Api
@@ -66,6 +66,9 @@ class Exchange(ExchangeLike):
         self._chunk_ns: list[int] = []
         self._received_ns = received_ns
         self._entered_ns = received_ns
+        self._cached, self._prompt_words, self._block_keys = server.prefix_lookup(
+            http.body, request.prompt_tokens
+        )
         self._format = api.format(
             FormatArgs(
                 request=request,
@@ -76,6 +79,7 @@ class Exchange(ExchangeLike):
                 tokens=tokens,
                 reasoning_tokens=self._reasoning,
                 finish_reason=finish_reason,
+                cached_tokens=self._cached,
             )
         )
         self._token_frame = self._format.token_frame
@@ -93,6 +97,7 @@ class Exchange(ExchangeLike):
             "status": 200,
             "outcome": "ok",
             "prompt_tokens": request.prompt_tokens,
+            "cached_tokens": self._cached,
             "output_tokens": 0,
             "reasoning_tokens": self._reasoning,
             "opening_ns": None,
@@ -126,6 +131,7 @@ class Exchange(ExchangeLike):
             priority=self._request.priority,
             stall_after_tokens=plan.stall_after,
             stall_ns=round(plan.stall_s * NS_PER_S),
+            cached_tokens=self._cached or 0,
         )
         if not self._server.scheduler.submit(seq):
             self._fail(429, "the simulator's admission queue is full", "rejected")
@@ -198,6 +204,12 @@ class Exchange(ExchangeLike):
         record["outcome"] = outcome
         record["status"] = status
         record["output_tokens"] = self._emitted
+        if outcome == "ok":
+            success = self._server.counters.success
+            success[self._finish_reason] = success.get(self._finish_reason, 0) + 1
+            if self._prompt_words:
+                answer = [word(i).strip() for i in range(self._reasoning + 1, self._tokens + 1)]
+                self._server.cache_answer(self._prompt_words + answer)
         self._server.trace.write(record)
 
     def _fail(self, status: int, message: str, outcome: str) -> None:
@@ -264,6 +276,7 @@ class Exchange(ExchangeLike):
         prefix = b""
         if n == 1:
             self.record["first_token_ns"] = perf_counter_ns()
+            self._prefilled()
             prefix = self._format.at_first(dialect.role, sent_early=self._sent_early)
         marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after,
                  plan.cut_after)  # fmt: skip
@@ -286,6 +299,12 @@ class Exchange(ExchangeLike):
         else:
             self._slow_at = self._next_slow(n)
 
+    def _prefilled(self) -> None:
+        """The first token: the prompt is in the KV cache (counters, prefix cache)."""
+        self._server.on_first_token(
+            self._request.prompt_tokens, self._block_keys, self._received_ns
+        )
+
     def _is_empty(self, n: int) -> bool:
         """Token `n` goes out as an empty-text token event (`empty_every`; never the first)."""
         every = self._dialect.empty_every
@@ -306,6 +325,7 @@ class Exchange(ExchangeLike):
         return StreamEnd(
             finish_reason=self._finish_reason,
             prompt_tokens=self._request.prompt_tokens,
+            cached_tokens=self._cached,
             output_tokens=self._tokens,
             reasoning_tokens=self._reasoning,
             received_ns=self._received_ns,
@@ -324,6 +344,7 @@ class Exchange(ExchangeLike):
         """Non-streaming: count tokens; answer (or fail) when the plan says so."""
         if n == 1:
             self.record["first_token_ns"] = perf_counter_ns()
+            self._prefilled()
         if self._fault_at(n):
             return
         if n >= self._tokens:

@@ -87,13 +87,19 @@ def parse_text(body: bytes) -> SimRequest:
     return parse_completion(body, is_chat=False)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI's usage object."""
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage object; with prefix-cache hits, `prompt_tokens_details.cached_tokens`
+    (as vLLM reports it with `--enable-prompt-tokens-details`)."""
+    obj: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        obj["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return obj
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -171,7 +177,7 @@ class EventFormat:
 
     def finish(self, end: StreamEnd) -> bytes:
         """Finish chunk (usage inside it or in its own chunk, when asked), then `[DONE]`."""
-        usage_obj = usage(end.prompt_tokens, end.output_tokens)
+        usage_obj = usage(end.prompt_tokens, end.output_tokens, end.cached_tokens)
         in_finish = self._dialect.usage_in_finish
         extra = {"usage": usage_obj} if in_finish else None
         parts = [self._event([self._choice({}, end.finish_reason)], extra)]
@@ -220,5 +226,9 @@ class EventFormat:
         choice["finish_reason"] = end.finish_reason
         base["object"] = "chat.completion" if request.is_chat else "text_completion"
         return orjson.dumps(
-            {**base, "choices": [choice], "usage": usage(end.prompt_tokens, end.output_tokens)}
+            {
+                **base,
+                "choices": [choice],
+                "usage": usage(end.prompt_tokens, end.output_tokens, end.cached_tokens),
+            }
         )

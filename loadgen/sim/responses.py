@@ -224,7 +224,7 @@ class ResponsesFormat:
     def _usage(self, end: StreamEnd) -> dict[str, Any]:
         return {
             "input_tokens": end.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": end.cached_tokens or 0},
             "output_tokens": end.output_tokens,
             "output_tokens_details": {"reasoning_tokens": end.reasoning_tokens},
             "total_tokens": end.prompt_tokens + end.output_tokens,

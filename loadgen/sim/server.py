@@ -32,12 +32,16 @@ from loadgen.sim.dialects import Api, error_body_for, routes
 from loadgen.sim.engine import NS_PER_S, SeqRequest, StepModel, StepResult, build_engine
 from loadgen.sim.exchange import Exchange
 from loadgen.sim.faults import BadFaultHeader, plan_faults
+from loadgen.sim.metrics import SimCounters, exposition
+from loadgen.sim.prefix import PrefixCache, prompt_words
 from loadgen.sim.protocol import Connection, HttpRequest
 from loadgen.sim.trace import NullTrace, TraceWriter
 from loadgen.sim.wire import BadRequest, output_length, reasoning_tokens
 
 perf_counter_ns = time.perf_counter_ns
 SPIN_NS = 1_000_000  # the event loop's timer grain; busy-wait at most this long per step
+METRICS_PATH = "/metrics"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
 
 
 class SimClock:
@@ -145,7 +149,14 @@ class SimServer:
         self.model = config.model
         self.rng = random.Random(config.seed)
         self.clock = SimClock(config.speed)
-        self.scheduler = Scheduler(loop, build_engine(config.engine), self.clock, self._deliver)
+        self.engine = build_engine(config.engine)
+        self.scheduler = Scheduler(loop, self.engine, self.clock, self._deliver)
+        self.counters = SimCounters()
+        self.prefix_cache = (
+            PrefixCache(config.prefix_cache_tokens, config.prefix_block_tokens)
+            if config.prefix_cache_tokens > 0
+            else None
+        )
         self.exchanges: dict[int, Exchange] = {}
         self.connections: set[Connection] = set()
         self._ids = itertools.count(1)
@@ -160,6 +171,9 @@ class SimServer:
             self._generate(conn, http, api)
         elif http.path in self._gets and http.method == "GET":
             conn.send_simple(200, self._gets[http.path], keep_alive=keep_alive)
+        elif http.path == METRICS_PATH and http.method == "GET":
+            body = self.metrics()
+            conn.send_simple(200, body, keep_alive=keep_alive, content_type=METRICS_TYPE)
         elif api is not None or http.path in self._gets:
             method = "POST" if api is not None else "GET"
             message = f"{http.path} accepts {method}, not {http.method}"
@@ -169,6 +183,44 @@ class SimServer:
             served = ", ".join(sorted(p for p in self.routes if p != "/"))
             message = f"unknown path {http.path} (this simulator serves POST {served})"
             conn.send_simple(404, error_body_for(http.path)(404, message), keep_alive=keep_alive)
+
+    def metrics(self) -> bytes:
+        """The `/metrics` exposition: the engine's state now and the counters so far."""
+        cache = self.prefix_cache
+        return exposition(
+            self.engine.state(),
+            self.counters,
+            kv_capacity_tokens=self.config.kv_capacity_tokens,
+            cache_queries=cache.queries_tokens if cache is not None else 0,
+            cache_hits=cache.hits_tokens if cache is not None else 0,
+            model=self.model,
+        )
+
+    def prefix_lookup(
+        self, body: bytes, prompt_tokens: int
+    ) -> tuple[int | None, list[str], list[int]]:
+        """(cached tokens, prompt words, block keys) of a request; without a prefix cache
+        (None, [], []): the responses then say nothing of cached tokens, as vLLM's do."""
+        cache = self.prefix_cache
+        if cache is None:
+            return None, [], []
+        words = prompt_words(body)
+        keys = cache.keys(words)
+        return cache.lookup(keys, prompt_tokens), words, keys
+
+    def cache_answer(self, words: list[str]) -> None:
+        """A stream finished: its prompt and answer are in the KV cache, so a next turn that
+        repeats them (chat history) hits them."""
+        if self.prefix_cache is not None and words:
+            self.prefix_cache.insert(self.prefix_cache.keys(words))
+
+    def on_first_token(self, prompt_tokens: int, keys: list[int], received_ns: int) -> None:
+        """A request's prefill finished: count its prompt, cache its blocks, time its TTFT."""
+        counters = self.counters
+        counters.prompt_tokens += prompt_tokens
+        counters.ttft.observe((perf_counter_ns() - received_ns) * self.clock.speed / NS_PER_S)
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(keys)
 
     def _generate(self, conn: Connection, http: HttpRequest, api: Api) -> None:
         received_ns = perf_counter_ns()
@@ -205,6 +257,7 @@ class SimServer:
 
     def _deliver(self, step: StepResult, actual_ns: int) -> None:
         """Write one finished step's tokens, then record the step's timing."""
+        self.counters.generation_tokens += len(step.emitted)
         exchanges = self.exchanges
         for seq_id in step.emitted:
             exchange = exchanges.get(seq_id)

@@ -79,6 +79,7 @@ class StreamEnd:
     entered_ns: int  # when the request reached the engine (after any header delay)
     first_token_ns: int
     last_token_ns: int
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache; None: no cache
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +94,7 @@ class FormatArgs:
     tokens: int  # output tokens this response will carry if nothing fails
     reasoning_tokens: int
     finish_reason: str  # "length" or "stop"
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache; None: no cache
 
 
 class StreamFormat(Protocol):

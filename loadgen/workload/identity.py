@@ -37,7 +37,9 @@ SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
 _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
 _NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
                 ("TargetSpec", "url"), ("TargetSpec", "request_id_header"),
-                ("TargetSpec", "request_id_format")}  # fmt: skip
+                ("TargetSpec", "request_id_format"), ("TargetSpec", "server_metrics_url"),
+                ("TargetSpec", "server_metrics_interval_s")}  # fmt: skip
+_NOT_TRAFFIC_TARGET = ("url", "server_metrics_url", "server_metrics_interval_s")
 _BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer"), ("DatasetSpec", "path")}
 
 
@@ -181,5 +183,5 @@ def _left_out(path: tuple[str, ...], key: str) -> bool:
     if not path:
         return key in ("seed", "source", "raw")
     if path == ("target",):
-        return key == "url"
+        return key in _NOT_TRAFFIC_TARGET
     return len(path) == 2 and path[0] == "classes" and key in ("requests", "duration_s")

@@ -75,6 +75,10 @@ class TargetSpec:
     # (`uuid`, the default, or `counter`: loadgen-<n>); see loadgen.engine.request_ids.
     request_id_header: str | None = "X-Request-Id"
     request_id_format: str = "uuid"
+    # The server's Prometheus endpoint, scraped during the run (`--server-metrics-url`): an
+    # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.
+    server_metrics_url: str | None = None
+    server_metrics_interval_s: float = 1.0
 
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -601,6 +605,8 @@ def _target(node: _Node) -> TargetSpec:
         "tokenizer",
         "generic",
         "request_id",
+        "server_metrics_url",
+        "server_metrics_interval_s",
     )
     headers = node.value.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(
@@ -630,6 +636,9 @@ def _target(node: _Node) -> TargetSpec:
         raise node.error("url", problem)
     if node.has("path") and (problem := path_problem(node.string("path"))):
         raise node.error("path", problem)
+    metrics_url = node.string("server_metrics_url") if node.has("server_metrics_url") else None
+    if metrics_url is not None and (problem := metrics_url_problem(metrics_url)):
+        raise node.error("server_metrics_url", problem)
     api = node.string("api", "openai-chat", choices=APIS)
     if api == "generic" and not node.has("path"):
         raise node.error("path", "is required for api: generic", "e.g. path: /v1/generate")
@@ -654,7 +663,19 @@ def _target(node: _Node) -> TargetSpec:
         generic=generic_spec(node.value.get("generic"), node.source, node.key("generic"))
         if node.has("generic")
         else None,
+        server_metrics_url=metrics_url,
+        server_metrics_interval_s=node.number(
+            "server_metrics_interval_s", 1.0, minimum=0.05, maximum=3600
+        ),
     )
+
+
+def metrics_url_problem(url: str) -> str:
+    """What is wrong with a server-metrics URL (absolute, or a path on the target), or ""."""
+    if url.startswith("/"):
+        return path_problem(url)
+    problem = url_problem(url)
+    return f"{problem}, or a path such as /metrics on the target" if problem else ""
 
 
 REQUEST_ID_FORMATS = ("uuid", "counter")

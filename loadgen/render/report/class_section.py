@@ -264,6 +264,13 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
     rows.append(("truncated / stopped early", f"{ends.truncated} / {ends.stopped_early}"))
     if chunking.mean is not None and chunking.mean > 1 and not ends.n_counted:
         rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
+    cache = cls.prefix_cache
+    if cache is not None:
+        rows.append((
+            "prefix-cache hit share (cached / prompt tokens)",
+            f"{pct(cache.hit_share)}: {num(cache.cached_tokens)} of {num(cache.prompt_tokens)} "
+            f"over {cache.requests} requests whose server said",
+        ))  # fmt: skip
     rows.extend(("note", note) for note in stream_notes(cls))
     return Table("Tokens and stream ends", ("", ""), rows)
 
@@ -279,7 +286,20 @@ def _errors_table(errors: Sequence[ErrorCount]) -> Table:
     return Table("Top errors", ("count", "outcome", "HTTP", "message"), rows)
 
 
+SERVER_WINDOW_COLUMNS = {"server_queue_depth": "server queue (mean)",
+                         "server_running": "server running (mean)",
+                         "server_kv_usage": "server KV use (mean)"}  # fmt: skip
+
+
+def _server_cell(w: dict[str, object], column: str) -> str:
+    value = w[column]
+    if not isinstance(value, float | int):
+        return "—"
+    return pct(float(value)) if column == "server_kv_usage" else f"{value:.1f}"
+
+
 def _windows_table(windows: pl.DataFrame) -> Table:
+    server = [c for c in SERVER_WINDOW_COLUMNS if c in windows.columns]
     rows = []
     latency = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
                "itl_p99_ms")  # fmt: skip
@@ -295,6 +315,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
                 str(w["failed"]),
                 pct(w["attainment"]),
                 *(with_unit(w[c], unit) for c in latency),
+                *(_server_cell(w, c) for c in server),
             )
         )
     headers = (
@@ -311,5 +332,6 @@ def _windows_table(windows: pl.DataFrame) -> Table:
         "TPOT p99",
         "ITL p50",
         "ITL p99",
+        *(SERVER_WINDOW_COLUMNS[c] for c in server),
     )
     return Table("Time windows (ok requests' percentiles)", headers, rows)

@@ -14,6 +14,7 @@ from loadgen.render.cost_view import cost_table
 from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
 from loadgen.render.report.class_section import class_blocks
 from loadgen.render.report.model import RunReport
+from loadgen.render.report.server_section import server_blocks
 from loadgen.render.terminal import STOP_TEXT, with_unit
 from loadgen.results.runfolder import RunInfo, TargetInfo
 from loadgen.results.summary import ClassAudit, GeneratorHealth
@@ -29,6 +30,7 @@ def document(report: RunReport) -> list[Block]:
     blocks.append(_classes_table(summary.classes))
     if summary.cost is not None:
         blocks.append(cost_table(summary.cost))
+    blocks.extend(server_blocks(report))
     for name, cls in summary.classes.items():
         blocks.extend(class_blocks(name, cls, report))
     mode = f"sliding, step {report.step_s:g} s" if report.step_s else "tumbling"

@@ -138,3 +138,21 @@ def chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
         .unnest("chunk_tokens")
     )
     return {int(k): int(n) for k, n in counts.iter_rows()}
+
+
+def server_figure(
+    windows: pl.DataFrame, timeline: pl.DataFrame, *, step_s: float
+) -> tuple[str, bytes]:
+    """The run's server timeline: every class's per-window TTFT p99 and arrival rate above
+    the server's queue, running requests and KV usage at each scrape, on one time axis."""
+    client = {}
+    for (name,), rows in windows.sort("window_start_s").group_by("class", maintain_order=True):
+        mids = ((rows["window_start_s"] + rows["window_end_s"]) / 2).to_list()
+        client[str(name)] = (mids, rows["ttft_p99_ms"].to_list(),
+                             rows["arrival_rate_per_s"].to_list())  # fmt: skip
+    server = {c: timeline[c].to_list() for c in timeline.columns if c != "t_s"}
+    png = plots.server_timeline_png(
+        client=client, server_t_s=timeline["t_s"].to_list(), server=server,
+        title=f"client TTFT p99 ({step_s:g} s windows) and the server's state",
+    )  # fmt: skip
+    return "the server's queue, batch and KV cache beside the client's TTFT p99", png

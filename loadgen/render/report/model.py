@@ -1,9 +1,10 @@
 """The run report's model: one run re-audited, with its windows, class details and figures.
 
-`build_run_report` reads only run.json and the records: the summary is `analysis.audit`'s
-re-audit (equal to the stored one unless `--slo` replaced targets), the windows
-`windows.time_windows`, each class's details and figures (`figures`) come from the same
-frame.
+`build_run_report` reads only run.json and the records (and the scraped
+server_metrics.parquet, when the run has one): the summary is `analysis.audit`'s re-audit
+(equal to the stored one unless `--slo` replaced targets), the windows
+`windows.time_windows` (with the server's gauges averaged per window), each class's details
+and figures (`figures`) come from the same frame.
 """
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ import polars as pl
 
 from loadgen.analysis import metrics
 from loadgen.analysis.audit import audit_run
+from loadgen.analysis.server import server_timeline, window_gauges
 from loadgen.analysis.slo import per_request
 from loadgen.analysis.windows import time_windows
-from loadgen.render.report.figures import ClassView, chunks_by_tokens, class_figures
+from loadgen.render.report.figures import (
+    ClassView,
+    chunks_by_tokens,
+    class_figures,
+    server_figure,
+)
 from loadgen.results.records import Outcome
-from loadgen.results.runfolder import RecordedClass, RunInfo, read_run_info
+from loadgen.results.runfolder import RecordedClass, RunInfo, read_run_info, read_server_metrics
 from loadgen.results.summary import Summary
 from loadgen.workload.spec import SloTargets
 
@@ -80,6 +87,7 @@ class RunReport:
     classes: Mapping[str, ClassDetails]
     figures: Mapping[str, bytes]  # name -> PNG; the name is also the file stem in report.md
     captions: Mapping[str, str] = field(default_factory=dict)
+    server_timeline: pl.DataFrame | None = None  # `analysis.server.server_timeline`, if scraped
 
 
 def build_run_report(
@@ -98,6 +106,13 @@ def build_run_report(
     recorded, slos_as_run = info.classes(), info.slos()
     overridden = tuple(n for n in effective if slos_as_run.get(n) != effective[n])
     windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
+    scraped = read_server_metrics(run_dir) if info.server_metrics is not None else None
+    timeline = server_timeline(scraped) if scraped is not None and scraped.height else None
+    if timeline is not None and timeline.width == 1:
+        timeline = None  # an unknown server: no named figure to draw (its rows stay raw)
+    if timeline is not None:
+        spans = ["window_start_s", "window_end_s"]
+        windows = windows.join(window_gauges(timeline, windows), on=spans, how="left")
     rows = per_request(frame, slos=effective)
     figures: dict[str, bytes] = {}
     captions: dict[str, str] = {}
@@ -123,6 +138,9 @@ def build_run_report(
             figures[names[-1]] = png
             captions[names[-1]] = caption
         details[name] = _class_details(view, slugs[name], names)
+    if timeline is not None:
+        caption, png = server_figure(windows, timeline, step_s=sliding_step_s or window_s)
+        figures["server-timeline"], captions["server-timeline"] = png, caption
     return RunReport(
         run_info=info,
         summary=summary,
@@ -133,6 +151,7 @@ def build_run_report(
         classes=details,
         figures=figures,
         captions=captions,
+        server_timeline=timeline,
     )
 
 
