@@ -9,6 +9,7 @@ from pathlib import Path
 from prometheus_client.exposition import generate_latest
 
 from loadgen.analysis.live import LiveTally
+from loadgen.analysis.server import LIVE_FIGURES
 from loadgen.results.records import Outcome
 from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.testing.builders import failed_record, streamed_record
@@ -23,8 +24,9 @@ def exported_names() -> set[str]:
     tally.observe(streamed_record(0))
     tally.observe(failed_record(1, outcome=Outcome.TIMEOUT_TOTAL))
     live = LiveExporter(price_per_hour=2.0)
+    server = dict.fromkeys(LIVE_FIGURES, 1.0)  # every server figure a scrape can give
     live.begin(LiveRun(labels={"run_id": "r"}, tally=tally.snapshot, in_flight=dict,
-                       planned={"chat": 2}))  # fmt: skip
+                       planned={"chat": 2}, server=lambda: server))  # fmt: skip
     text = generate_latest(live.registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 

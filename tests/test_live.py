@@ -207,6 +207,53 @@ def test_scraped_during_a_run(tmp_path: Path) -> None:
     check_final_counts(final, result.run_dir)
 
 
+SERVER_WORKLOAD = """\
+name: live-server
+target: {api: openai-chat, model: sim}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 1000}
+    requests: 6
+    prompt_tokens: {dist: fixed, value: 16}
+    output_tokens: {dist: fixed, value: 40}
+    deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
+sim: {max_batch: 2, decode_step_ms: 20, prefill_tokens_per_s: 1000000000}
+"""
+
+
+def test_the_servers_own_gauges_are_republished(tmp_path: Path) -> None:
+    """The simulator's /metrics scraped every 0.1 s is re-published live as
+    loadgen_server_*. Known answer from its physics: 6 requests at once into 2 slots hold
+    2 running and 4 waiting for one 40-step stream (0.8 s), then 2 and 2, then 2 and 0;
+    the live figures never exceed that and see the first state; after the run they are the
+    last scrape in server_metrics.parquet."""
+    from loadgen.analysis.server import figure_series  # the parquet side of the same scrape
+
+    spec = load(workload_file(tmp_path, SERVER_WORKLOAD))
+    live = LiveExporter(port=0, grace_s=0)
+    assert live.url is not None
+    scraper = Scraper(live.url, 0.1)
+    scraper.start()
+    options = RunOptions(out_dir=tmp_path, run_id="s", quiet=True, lag_bound_ms=1000, seed=1,
+                         server_metrics_url="/metrics", server_metrics_interval_s=0.1)  # fmt: skip
+    result = execute(spec, options, live=live)
+    final = scrape(live.url)
+    scraper.halt.set()
+    scraper.join()
+    live.close()
+    assert result.exit_code == 0
+    queue = [value(s, "loadgen_server_queue_depth") for s in scraper.scrapes]
+    running = [value(s, "loadgen_server_running") for s in scraper.scrapes]
+    assert max(queue) == 4, queue
+    assert max(running) == 2, running
+    assert set(queue) <= {0, 2, 4}, queue  # whole pairs leave and enter the batch
+    frame = pl.read_parquet(result.run_dir / "server_metrics.parquet")
+    for figure in ("queue_depth", "running", "kv_usage"):
+        last = figure_series(frame, figure)["value"][-1]
+        assert value(final, f"loadgen_server_{figure}") == pytest.approx(last), figure
+    assert value(final, "loadgen_server_running") == 0
+
+
 @pytest.mark.slow
 def test_workers_publish_one_endpoint(tmp_path: Path) -> None:
     """With --workers 2 the parent serves one endpoint whose last scrape holds both

@@ -265,6 +265,28 @@ def _last_end_ns(records: pl.DataFrame) -> int | None:
     return int(value) if isinstance(value, int | float) else None
 
 
+LIVE_FIGURES = ("queue_depth", "running", "kv_usage", "prefix_cache_hit_rate")  # re-published
+
+
+def current_gauges(samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, float]:
+    """The gauge figures of `LIVE_FIGURES` one scrape's samples give, series combined as in
+    `figure_series` (NaN samples skipped); absent figures left out."""
+    family = server_family([name for name, _, _ in samples])
+    present = {name for name, _, _ in samples}
+    out: dict[str, float] = {}
+    for figure_name in LIVE_FIGURES:
+        figure = FIGURES[figure_name]
+        name = _metric_name(figure, family, present)
+        if name is None:
+            continue
+        values = [v for n, _, v in samples if n == name and not math.isnan(v)]
+        if values:
+            out[figure_name] = (
+                sum(values) / len(values) if figure.combine == "mean" else sum(values)
+            )
+    return out
+
+
 def server_timeline(frame: pl.DataFrame) -> pl.DataFrame:
     """The timeline figures at every scrape: `t_s` (since t0) and one column per figure of
     `TIMELINE_FIGURES` the server exposes (absent ones left out)."""

@@ -124,6 +124,9 @@ class Scraper:
         self.failures = 0
         self.malformed_lines = 0
         self.last_error: str | None = None
+        # The latest successful scrape's samples (replaced whole, so a reader in another
+        # thread sees one scrape or the next, never a mix): what a live exporter re-publishes.
+        self.latest: list[tuple[str, dict[str, str], float]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -188,6 +191,7 @@ class Scraper:
         samples, bad = parse_exposition(text)
         self.malformed_lines += bad
         self.scrapes += 1
+        self.latest = samples
         rows = self.rows
         for name, labels, value in samples:
             if math.isnan(value):

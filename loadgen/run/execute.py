@@ -31,7 +31,7 @@ from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
-from loadgen.analysis.server import with_server
+from loadgen.analysis.server import current_gauges, with_server
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
@@ -134,6 +134,8 @@ def execute(
         run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
         scraper = _scraper(spec, options, endpoint, run_dir, run_info, log)
         publish = _publisher(live, spec, work, run_dir.name, run_info)
+        if publish is not None:
+            publish.scraper = scraper
         try:
             if workers > 1:  # the parent scrapes, once, for every worker
                 frame, run_info, state = run_workers(
@@ -168,12 +170,18 @@ class Publish:
     thresholds_ms: dict[str, dict[str, float]]
     t0_ns: list[int] = field(default_factory=list)  # filled in at t0
     final: LiveTally = field(default_factory=LiveTally)
+    scraper: Scraper | None = None  # the server's /metrics, re-published as it is scraped
 
     def begin(
         self, tally: Callable[[], LiveTally], in_flight: Callable[[], dict[str, int]]
     ) -> None:
+        scraper = self.scraper
+
+        def server() -> dict[str, float]:
+            return current_gauges(scraper.latest) if scraper is not None else {}
+
         self.live.begin(LiveRun(labels=self.labels, tally=tally, in_flight=in_flight,
-                                planned=self.planned,
+                                planned=self.planned, server=server,
                                 t0_ns=lambda: self.t0_ns[0] if self.t0_ns else None))  # fmt: skip
 
 

@@ -24,6 +24,8 @@ Metric names (all exported; the Grafana dashboard in `dashboards/` queries these
 | `loadgen_price_per_hour` | gauge | | `--price-per-hour` × `--replicas` (when given) |
 | `loadgen_run_elapsed_seconds` | gauge | | since t0 (0 before it) |
 | `loadgen_run_finished` | gauge | | 1 once the last record is in: final counts |
+| `loadgen_server_{queue_depth,running,kv_usage}` | gauge | | the server's own, latest scrape |
+| `loadgen_server_prefix_cache_hit_rate` | gauge | | (`--server-metrics-url`, if exposed) |
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ LATENCY_HELP = {
     "e2e": "Intended send time to the last token, ok requests",
     "send_lag": "Generator lag: dispatch - intended send time, scheduled requests",
 }
+SERVER_HELP = {  # analysis.server.LIVE_FIGURES, as the latest scrape of the server's /metrics
+    "queue_depth": "The server's waiting requests, as its /metrics said at the latest scrape",
+    "running": "The server's running requests, as its /metrics said at the latest scrape",
+    "kv_usage": "The server's KV-cache usage (0-1), as its /metrics said at the latest scrape",
+    "prefix_cache_hit_rate": "The server's prefix-cache hit rate (0-1), at the latest scrape",
+}
 
 
 @dataclass(slots=True)
@@ -66,6 +74,8 @@ class LiveRun:
     in_flight: Callable[[], Mapping[str, int]]
     planned: Mapping[str, int]
     t0_ns: Callable[[], int | None] = lambda: None  # perf_counter_ns of t0, once known
+    # the server's own gauges from the latest scrape of its /metrics (--server-metrics-url)
+    server: Callable[[], Mapping[str, float]] = dict
 
 
 @dataclass(slots=True)
@@ -79,6 +89,7 @@ class LiveState:
     elapsed_s: float = 0.0  # of finished runs
     labels: dict[str, str] | None = None  # the latest run's, kept after it ends
     planned: dict[str, int] = field(default_factory=dict)  # of finished runs
+    server: dict[str, float] = field(default_factory=dict)  # the last run's, kept after it ends
 
 
 class LiveExporter:
@@ -143,6 +154,8 @@ class LiveExporter:
                 for cls, n in run.planned.items():
                     self.state.planned[cls] = self.state.planned.get(cls, 0) + n
             self.state.done.merge(final)
+            if run is not None:
+                self.state.server = dict(run.server())
             self.state.current = None
             self.state.finished = True
         if self.otlp is not None:
@@ -182,9 +195,11 @@ class LiveExporter:
         for cls, n in (run.planned if run is not None else {}).items():
             planned[cls] = planned.get(cls, 0) + n
         elapsed += _elapsed_s(run) if run is not None else 0.0
+        with self._lock:
+            server = dict(run.server()) if run is not None else dict(self.state.server)
         return list(
-            _families(labels, tally, in_flight, planned,
-                      finished=finished, price_per_hour=price, elapsed_s=elapsed)
+            _families(labels, tally, in_flight, planned, finished=finished,
+                      price_per_hour=price, elapsed_s=elapsed, server=server)
         )  # fmt: skip
 
 
@@ -206,7 +221,7 @@ def _elapsed_s(run: LiveRun) -> float:
 def _families(
     labels: Mapping[str, str] | None, tally: LiveTally, in_flight: Mapping[str, int],
     planned: Mapping[str, int], *, finished: bool, price_per_hour: float | None,
-    elapsed_s: float,
+    elapsed_s: float, server: Mapping[str, float] | None = None,
 ) -> Iterator[Metric]:  # fmt: skip
     if labels is not None:
         yield InfoMetricFamily("loadgen_run", "The run being measured", value=dict(labels))
@@ -252,6 +267,8 @@ def _families(
                                 "Price of the fleet under test per hour (--price-per-hour x "
                                 "--replicas)", value=price_per_hour)  # fmt: skip
     yield GaugeMetricFamily("loadgen_run_elapsed_seconds", "Seconds since t0", value=elapsed_s)
+    for figure, value in sorted((server or {}).items()):
+        yield GaugeMetricFamily(f"loadgen_server_{figure}", SERVER_HELP[figure], value=value)
     yield GaugeMetricFamily(
         "loadgen_run_finished",
         "1 once the last record is in: the counts are final",
