@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import sys
@@ -54,6 +53,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from client_stream import read_trace  # the script's folder is on sys.path
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
@@ -131,17 +131,6 @@ def run_once(
     figures["warm_opened"] = warm_opened
     figures["load_avg"] = load
     return figures
-
-
-def read_trace(path: Path) -> dict[str, dict[str, Any]]:
-    """The simulator's request lines, by X-Request-Id."""
-    by_id: dict[str, dict[str, Any]] = {}
-    with path.open("rb") as lines:
-        for line in lines:
-            item = json.loads(line)
-            if item.get("type") == "request" and item.get("x_request_id"):
-                by_id[item["x_request_id"]] = item
-    return by_id
 
 
 def analyse(
