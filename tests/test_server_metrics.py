@@ -459,7 +459,7 @@ def test_the_report_draws_the_server_beside_the_client(tmp_path: Path) -> None:
     report = runner.invoke(cli, ["report", str(tmp_path / "r"), "--window", "0.2"])
     assert report.exit_code == 0, report.output
     markdown = (tmp_path / "r" / "report" / "report.md").read_text()
-    assert "## Server: vllm" in markdown
+    assert "## Server: vllm metric names" in markdown
     assert "server-timeline.png" in markdown
     assert "server queue (mean)" in markdown
     assert "prefix-cache hit share" in markdown

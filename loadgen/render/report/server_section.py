@@ -23,7 +23,8 @@ def server_blocks(report: RunReport) -> list[Block]:
     server = report.summary.server
     if server is None:
         return []
-    blocks: list[Block] = [Heading(2, f"Server: {server.server} ({server.url})"), _scrapes(server)]
+    heading = Heading(2, f"Server: {server.server} metric names ({server.url})")
+    blocks: list[Block] = [heading, _scrapes(server)]
     if server.gauges or server.counters:
         blocks.append(_figures_table(server))
     if server.histograms_ms:
