@@ -45,6 +45,7 @@ from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.starts import Starts
 from loadgen.engine.transport import Connector, Link, encode_request
 from loadgen.results.records import Outcome, RequestRecord, TokenSource
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
@@ -649,6 +650,7 @@ class Engine:
             + [(f.start_ns, 1, i) for i, f in enumerate(flows)]
         )
         ahead = Ahead(self, starts)
+        tasks = Starts(tg)
         i, n = 0, len(starts)
         while i < n:
             self.next_due_ns = t0 + starts[i][0]
@@ -668,12 +670,13 @@ class Engine:
                     exchange, request = ahead.take_single(index)
                     launched.append((exchange, request, self._go(exchange, request, now)))
             for exchange, request, sent in launched:  # then the tasks that wait for them
-                tg.start_soon(self._follow, exchange, request, sent)
+                tasks.start(self._follow, exchange, request, sent)
             for flow, started in started_flows:
-                tg.start_soon(self._flow, flow, started)
+                tasks.start(self._flow, flow, started)
             i = end
             ahead.passed(i)
         self.next_due_ns = None
+        await tasks.wait()
 
     async def _sleep_until(self, due_ns: int) -> None:
         now = self._now
@@ -937,8 +940,10 @@ class Engine:
                 exchange, request, sent = box[0]
 
         async with anyio.create_task_group() as tg:
+            workers = Starts(tg)
             for exchange, request, sent in wave:
-                tg.start_soon(worker, exchange, request, sent)
+                workers.start(worker, exchange, request, sent)
+            await workers.wait()
 
     def _turnaround(
         self,
