@@ -37,8 +37,11 @@ a release changes what a default sends, the fingerprint must name the semantics 
   with an agent class cannot tell a fixed context from a growing one (runs written between
   the change of default and this rule hashed both alike), so `identity_of_run` derives the
   identity of such runs from their stored spec; every other run keeps the identity it
-  recorded. Agent workloads stored before this rule therefore start a new series: their
-  fixed-context runs pool with `grow: false` runs, their growing ones with growing ones.
+  recorded, and so does an agent run whose identity names this rule (`scheme` 2, recorded
+  since run.json schema 11; a newer loadgen's stored spec may hold settings this one
+  cannot rebuild, so its recorded key is the better one). Agent workloads stored before
+  this rule therefore start a new series: their fixed-context runs pool with `grow: false`
+  runs, their growing ones with growing ones.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ from loadgen.workload.plans import DEFAULT_TOOL_RESULT, is_agent_trace
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 FINGERPRINT_CHARS = 16
+# The fingerprint's rule, recorded with it (`workload.identity.scheme`): 2 = an agent class
+# hashes its context mode (identities recorded without it are scheme 1).
+SCHEME = 2
 SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
 # Left out of the fingerprint: (dataclass, field) pairs.
 _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
@@ -191,7 +197,7 @@ def offered_rate_per_s(spec: WorkloadSpec) -> float | None:
 
 
 def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[str, Any]:
-    """`{name, fingerprint, key, offered_rate_per_s}`: what run.json records as
+    """`{name, fingerprint, key, offered_rate_per_s, scheme}`: what run.json records as
     `workload.identity`. The key (`name@first 8 hex`) is what the store groups by."""
     print_ = fingerprint(spec, max_in_flight=max_in_flight)
     return {
@@ -199,18 +205,21 @@ def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[st
         "fingerprint": print_,
         "key": f"{spec.name}@{print_[:SHOWN_CHARS]}",
         "offered_rate_per_s": offered_rate_per_s(spec),
+        "scheme": SCHEME,
     }
 
 
 def identity_of_run(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's workload identity: as its run.json records it, or, for a run written before
-    identities were recorded or one with an agent class (whose recorded identity may not
-    say which context it ran: the module docstring), derived the same way from its stored
-    spec."""
+    """A run's workload identity: as its run.json records it, or derived the same way from
+    its stored spec for a run written before identities were recorded, and for one with an
+    agent class whose identity predates scheme 2 (it may not say which context it ran: the
+    module docstring)."""
     workload = info.get("workload") or {}
     stored = workload.get("identity")
-    if isinstance(stored, Mapping) and stored.get("key") and not _has_agent(workload):
-        return dict(stored)
+    if isinstance(stored, Mapping) and stored.get("key"):
+        scheme = stored.get("scheme", 1)
+        if not _has_agent(workload) or (isinstance(scheme, int) and scheme >= SCHEME):
+            return dict(stored)
     cap = (info.get("options") or {}).get("max_in_flight")
     stored_spec = workload.get("spec") or {}
     try:
@@ -242,7 +251,7 @@ def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict
                       separators=(",", ":"), default=str)  # fmt: skip
     print_ = hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
     return {"name": name, "fingerprint": print_, "key": f"{name}@{print_[:SHOWN_CHARS]}",
-            "offered_rate_per_s": None}  # fmt: skip
+            "offered_rate_per_s": None, "scheme": SCHEME}  # fmt: skip
 
 
 def _left_out(path: tuple[str, ...], key: str) -> bool:
