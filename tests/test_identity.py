@@ -250,6 +250,21 @@ def test_a_growing_run_recorded_before_the_agent_rule_gets_the_growing_identity(
     assert identity_of_run(now) == recorded
 
 
+def test_an_agent_identity_that_names_the_agent_rule_is_kept_as_recorded() -> None:
+    """A recorded agent identity of scheme 2 (this rule; a newer loadgen may hash settings
+    this one cannot rebuild) is kept even where the stored spec hashes otherwise here; the
+    same identity without its scheme (an older loadgen's) is re-derived from the spec."""
+    spec = load(AGENT)
+    newer = {**identity(spec), "fingerprint": "f" * 16, "key": "agent@ffffffff"}
+    run = {"workload": {"name": "agent", "spec": stored(spec), "identity": newer}}
+    assert identity_of_run(run)["key"] == "agent@ffffffff"
+    older = {k: v for k, v in newer.items() if k != "scheme"}
+    run = {"workload": {"name": "agent", "spec": stored(spec), "identity": older}}
+    assert identity_of_run(run) == identity(spec)
+    chat = {"workload": {"name": "chat", "spec": stored(loads(CHAT)), "identity": older}}
+    assert identity_of_run(chat)["key"] == "agent@ffffffff"  # not an agent: kept, any scheme
+
+
 def test_the_store_does_not_pool_an_old_fixed_context_run_with_a_growing_one(
     tmp_path: Path,
 ) -> None:
