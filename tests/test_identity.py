@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from loadgen.results.records import RequestRecord
+from loadgen.results.store import discover_runs
+from loadgen.testing import builders
 from loadgen.workload.identity import fingerprint, identity, identity_of_run, spec_from_resolved
 from loadgen.workload.plans import plan_work
-from loadgen.workload.spec import WorkloadSpec, load, loads, override
+from loadgen.workload.spec import ContextSpec, LengthDist, WorkloadSpec, load, loads, override
 
 WORKLOADS = sorted((Path(__file__).parent.parent / "workloads").glob("*.yaml"))
 CHAT = """
@@ -120,3 +124,181 @@ def test_a_dataset_counts_by_file_name_and_a_mix_or_prefix_set_is_another_worklo
     ))  # fmt: skip
     prints = {fingerprint(s) for s in (base, mixed, shared, here)}
     assert len(prints) == 4
+
+
+# -- agent context (what `kind: agent` sends changed: a growing context is now the default) --
+AGENT = Path(__file__).parent.parent / "workloads" / "agent.yaml"
+# A run.json of schema 8, written by a loadgen from before agents grew their context (its
+# "how" entry says which and how), with the plan that loadgen made.
+OLD_AGENT_RUN = Path(__file__).parent / "schema" / "run-v8-agent.json"
+# Fingerprints of the workloads shipped without an agent class and of CHAT, computed at
+# main fd111d6 (before agent classes hashed their context mode): they must not move.
+PINNED = {
+    "chat-smoke.yaml": ("12d9a38bdad73bd3", "8444d46819fcfd57"),
+    "chat.yaml": ("bda632f6a680b3f6", "5c38e2da54711187"),
+    "dataset-chat.yaml": ("bf3fac13cc329bd6", "c69bb7c394564adf"),
+    "generic-sse.yaml": ("37f5d06cded0e2af", "320c116e7cfd7ac7"),
+    "mixed.yaml": ("51ead8ec8b5f46af", "60934f11c497286b"),
+    "shared-prefix.yaml": ("2c6a24e585c883ef", "86c2c05b800b4e7d"),
+    "summarization.yaml": ("fba273cb105c7a4a", "b905e0dfe3a6e74f"),
+    "trace-azure-conv.yaml": ("4b2e10a238912d79", "9d502deac10f8cd6"),
+}
+
+
+def test_every_shipped_workload_without_an_agent_class_keeps_its_fingerprint() -> None:
+    """The fingerprints (without and with --max-in-flight 8) of every shipped workload that
+    has no agent class are the ones main computed before the agent rule, and so is CHAT's."""
+    shipped = {p.name: load(p) for p in WORKLOADS}
+    plain = {n for n, s in shipped.items() if all(c.kind != "agent" for c in s.classes.values())}
+    assert plain == set(PINNED)  # a new non-agent workload: pin it here
+    now = {n: (fingerprint(shipped[n]), fingerprint(shipped[n], max_in_flight=8)) for n in plain}
+    assert now == PINNED
+    assert fingerprint(loads(CHAT)) == "e5155fd109214867"
+
+
+def agent_with(**context: Any) -> WorkloadSpec:
+    """workloads/agent.yaml with its agent class's `context` (and `tool_result_tokens`,
+    given as `tool_result_tokens=`) replaced."""
+    spec = load(AGENT)
+    cls = spec.classes["agent"]
+    tools = context.pop("tool_result_tokens", cls.tool_result_tokens)
+    cls = dataclasses.replace(cls, context=ContextSpec(**context), tool_result_tokens=tools)
+    return dataclasses.replace(spec, classes={"agent": cls})
+
+
+def test_a_growing_and_a_fixed_context_are_two_workloads_and_each_is_stable() -> None:
+    """grow true (the default) vs false: two fingerprints; either, built twice, one. A cap,
+    its overflow and summary size, and the tool result's length are each another workload;
+    the default written out is the default, and a setting the mode ignores splits nothing."""
+    spec = load(AGENT)
+    grow, fixed = agent_with(grow=True), agent_with(grow=False)
+    assert fingerprint(grow) == fingerprint(spec) == fingerprint(load(AGENT))
+    assert fingerprint(fixed) == fingerprint(agent_with(grow=False))
+    assert fingerprint(grow) != fingerprint(fixed)
+    no_tools = agent_with(grow=True, tool_result_tokens=None)  # the plans' default: 100 tokens
+    assert fingerprint(no_tools) == fingerprint(grow)  # agent.yaml writes that default out
+    variants = [
+        grow,
+        fixed,
+        agent_with(grow=True, max_tokens=4000),
+        agent_with(grow=True, max_tokens=3000),
+        agent_with(grow=True, max_tokens=4000, overflow="summarize"),
+        agent_with(grow=True, max_tokens=4000, overflow="summarize", summary_tokens=300),
+        agent_with(grow=True, tool_result_tokens=LengthDist(dist="fixed", value=200)),
+    ]
+    prints = [fingerprint(s) for s in variants]
+    assert len(set(prints)) == len(prints)
+    ignored = [agent_with(grow=True, summary_tokens=300), agent_with(grow=True, overflow="summarize"),
+               agent_with(grow=False, tool_result_tokens=None)]  # fmt: skip
+    assert [fingerprint(s) for s in ignored] == [prints[0], prints[0], prints[1]]
+
+
+def test_an_explicit_fixed_context_keeps_the_key_it_had_before_the_agent_rule() -> None:
+    """`context: {grow: false}` hashes as the default-dropping rule hashed it before (the
+    fingerprint main computed for that file at fd111d6), so such runs stay one series."""
+    assert fingerprint(agent_with(grow=False, tool_result_tokens=None)) == "8ac1b096d320aa36"
+
+
+def old_agent_run() -> dict[str, Any]:
+    return dict(json.loads(OLD_AGENT_RUN.read_text(encoding="utf-8")))
+
+
+def test_an_old_shape_run_json_is_the_fixed_context_workload() -> None:
+    """A schema-8 agent run (no `context` in its stored spec; the identity it recorded,
+    agent@14281b2b, is what a growing run of that file also recorded before the agent rule)
+    is identified as the fixed-context workload, not as today's growing default."""
+    info = old_agent_run()
+    assert info["schema_version"] == 8
+    assert "context" not in info["workload"]["spec"]["classes"]["agent"]
+    assert info["workload"]["identity"]["key"] == "agent@14281b2b"
+    rebuilt = spec_from_resolved(info["workload"]["spec"])
+    assert rebuilt.classes["agent"].context == ContextSpec(grow=False)
+    fixed = dataclasses.replace(agent_with(grow=False, tool_result_tokens=None), seed=0)
+    assert identity_of_run(info) == identity(fixed)
+    assert identity_of_run(info)["key"] != identity(load(AGENT))["key"]
+    # What a run of that same file records today (it grows its context) is not the key the
+    # old run recorded, so nothing that reads recorded keys (a dashboard's workload_key
+    # label) pools them either; before the agent rule it recorded agent@14281b2b too.
+    as_written = agent_with(grow=True, tool_result_tokens=None)
+    assert identity(as_written)["key"] not in ("agent@14281b2b", identity_of_run(info)["key"])
+
+
+def test_recover_rebuilds_the_fixed_context_plan_an_old_run_made() -> None:
+    """spec_from_resolved of the schema-8 run plans exactly what that loadgen planned: the
+    same hops, times and lengths, as fixed-context trajectories without tool results."""
+    info = old_agent_run()
+    work = plan_work(spec_from_resolved(info["workload"]["spec"]), info["seed"])
+    assert not work.singles
+    got = [{"kind": f.kind, "session_id": f.session_id, "start_ns": f.start_ns,
+            "plans": [[p.request_id, p.intended_ns, p.prompt_tokens, p.output_tokens, p.turn,
+                       p.delay_s] for p in f.plans]} for f in work.flows]  # fmt: skip
+    assert got == info["planned_flows"]
+    assert [f.grow for f in work.flows] == [False] * 3
+    assert {p.tool_result_tokens for f in work.flows for p in f.plans} == {0}
+
+
+def test_a_growing_run_recorded_before_the_agent_rule_gets_the_growing_identity() -> None:
+    """A run written between the change of default and the agent rule: its stored spec grows
+    the context, its recorded identity is the ambiguous one; it is identified by its spec.
+    A run this loadgen writes keeps the identity it recorded."""
+    spec = load(AGENT)
+    recorded = identity(spec)
+    window = {"workload": {"name": "agent", "spec": stored(spec),
+                           "identity": old_agent_run()["workload"]["identity"]}}  # fmt: skip
+    assert identity_of_run(window) == recorded
+    now = {"workload": {"name": "agent", "spec": stored(spec), "identity": recorded}}
+    assert identity_of_run(now) == recorded
+
+
+def test_an_agent_identity_that_names_the_agent_rule_is_kept_as_recorded() -> None:
+    """A recorded agent identity of scheme 2 (this rule; a newer loadgen may hash settings
+    this one cannot rebuild) is kept even where the stored spec hashes otherwise here; the
+    same identity without its scheme (an older loadgen's) is re-derived from the spec."""
+    spec = load(AGENT)
+    newer = {**identity(spec), "fingerprint": "f" * 16, "key": "agent@ffffffff"}
+    run = {"workload": {"name": "agent", "spec": stored(spec), "identity": newer}}
+    assert identity_of_run(run)["key"] == "agent@ffffffff"
+    older = {k: v for k, v in newer.items() if k != "scheme"}
+    run = {"workload": {"name": "agent", "spec": stored(spec), "identity": older}}
+    assert identity_of_run(run) == identity(spec)
+    chat = {"workload": {"name": "chat", "spec": stored(loads(CHAT)), "identity": older}}
+    assert identity_of_run(chat)["key"] == "agent@ffffffff"  # not an agent: kept, any scheme
+
+
+def test_the_store_does_not_pool_an_old_fixed_context_run_with_a_growing_one(
+    tmp_path: Path,
+) -> None:
+    """A store of the schema-8 fixed-context run (TTFT 100 ms), a growing run recorded before
+    the agent rule (300 ms) and one recorded after (300 ms): `report STORE` shows two
+    workloads, the fixed one with its 1 run and p50 100 ms, the growing one with 2 and 300."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    def records(n: int, ttft_ms: float) -> list[RequestRecord]:
+        return [builders.streamed_record(i, intended_ms=100.0 * i, ttft_ms=ttft_ms,
+                                         class_name="agent") for i in range(n)]  # fmt: skip
+
+    def write(hour: int, ttft_ms: float, n: int, run_id: str, workload: dict[str, Any]) -> None:
+        run_dir = builders.write_run(tmp_path, datetime(2026, 3, 1, hour, tzinfo=UTC),
+                                     records(n, ttft_ms), slos={"agent": slo}, run_id=run_id)  # fmt: skip
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        (run_dir / "run.json").write_text(json.dumps({**info, "workload": workload}))
+
+    old, spec = old_agent_run(), load(AGENT)
+    slo = spec.classes["agent"].slo
+    growing = {"name": "agent", "spec": stored(spec)}
+    write(1, 100.0, 24, "old", old["workload"])
+    write(2, 300.0, 20, "window", {**growing, "identity": old["workload"]["identity"]})
+    write(3, 300.0, 16, "new", {**growing, "identity": identity(spec)})
+    keys = {e.run_id: e.workload_key for e in discover_runs(tmp_path)}
+    assert keys["window"] == keys["new"] != keys["old"]
+    args = ["report", str(tmp_path), "--window", "1d", "--step", "1d", "--format", "json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["workload"]: r for r in json.loads(result.stdout)}
+    assert sorted(rows) == sorted({keys["old"], keys["new"]})
+    assert (rows[keys["old"]]["runs"], rows[keys["old"]]["requests"]) == (1, 24)
+    assert (rows[keys["new"]]["runs"], rows[keys["new"]]["requests"]) == (2, 36)
+    assert rows[keys["old"]]["ttft_ms_p50"] == pytest.approx(100.0, rel=1e-3)
+    assert rows[keys["new"]]["ttft_ms_p50"] == pytest.approx(300.0, rel=1e-3)

@@ -37,8 +37,10 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 10  # 10: records cached_prompt_tokens, server_request_id; summary.json
-# server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet
+SCHEMA_VERSION = 11  # 11: run.json workload.identity.scheme (2: agent classes hash their
+# context mode; older agent identities are re-derived from the stored spec)
+# (10: records cached_prompt_tokens, server_request_id; summary.json
+# server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet)
 # (9: records' model column; summary classes.*.models (a model mix) and
 # trajectory.per_hop; run.json spec classes' dataset, prompt sets, models and agent context)
 # (8: summary.json cost, run.json options.price_per_hour/replicas (with a price))

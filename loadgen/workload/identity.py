@@ -15,6 +15,33 @@
   does not change the identity of existing workloads.
 - Recovery. Plans are a pure function of spec and seed, so `spec_from_resolved` and the
   seed rebuild the exact plan of a run that was killed (`loadgen.results.recover`).
+
+Leaving defaults out is sound only while a default means the traffic it always meant. Where
+a release changes what a default sends, the fingerprint must name the semantics instead:
+
+- Agent context. Before run.json schema 9 an agent hop carried a fixed context (the task
+  plus the previous answer); since, `kind: agent` grows its context by default (every
+  earlier hop and a tool result). So an agent class always hashes its context mode, even at
+  its default: `{"grow": false}` for a fixed context, or `{"grow": true, "max_tokens": cap
+  or null}` plus `overflow` when capped, `summary_tokens` when summarising, and the tool
+  result's length distribution (`tool_result_tokens`, or the one the plans use when the
+  class gives none; not for a recorded agent trace, which carries its own). Only what
+  shapes the traffic enters, so a setting that a mode ignores does not split a series.
+  `{"grow": false}` is exactly what the default-dropping rule hashed for an explicit
+  `grow: false`, so such runs keep their key (unless they set a `tool_result_tokens`, which
+  a fixed context never sends). Classes that are not agents hash as before: their
+  fingerprints are unchanged (tests/test_identity.py pins the shipped ones).
+- Old run.json. A stored agent class without a `context` key (schema 8 and older) ran a
+  fixed context: `spec_from_resolved` rebuilds it as `grow: false`, so both `recover` and
+  the identity see the traffic it sent. The identity an older loadgen recorded for a run
+  with an agent class cannot tell a fixed context from a growing one (runs written between
+  the change of default and this rule hashed both alike), so `identity_of_run` derives the
+  identity of such runs from their stored spec; every other run keeps the identity it
+  recorded, and so does an agent run whose identity names this rule (`scheme` 2, recorded
+  since run.json schema 11; a newer loadgen's stored spec may hold settings this one
+  cannot rebuild, so its recorded key is the better one). Agent workloads stored before
+  this rule therefore start a new series: their fixed-context runs pool with `grow: false`
+  runs, their growing ones with growing ones.
 """
 
 from __future__ import annotations
@@ -29,9 +56,13 @@ from pathlib import PurePath
 from typing import Any
 
 from loadgen.errors import LoadgenError
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.plans import DEFAULT_TOOL_RESULT, is_agent_trace
+from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 FINGERPRINT_CHARS = 16
+# The fingerprint's rule, recorded with it (`workload.identity.scheme`): 2 = an agent class
+# hashes its context mode (identities recorded without it are scheme 1).
+SCHEME = 2
 SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
 # Left out of the fingerprint: (dataclass, field) pairs.
 _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
@@ -51,12 +82,25 @@ def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:
     rebuilt spec has the names with empty values, enough to plan, not to send.
     """
     try:
-        spec = _build(data, WorkloadSpec)
+        spec = _build(_upgrade(data), WorkloadSpec)
     except (TypeError, ValueError, KeyError) as exc:
         raise LoadgenError(f"run.json: cannot rebuild the workload spec ({exc})") from None
     if not isinstance(spec, WorkloadSpec):
         raise LoadgenError("run.json: workload.spec is not a workload")
     return spec
+
+
+def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A stored spec of an older loadgen in today's terms, where a missing key's default
+    would not be what that loadgen sent: an agent class without `context` (run.json schema
+    8 and older) ran a fixed context, where today's default grows it."""
+    classes = data.get("classes")
+    if not isinstance(classes, Mapping):
+        return data
+    fixed = {name: {**cls, "context": {"grow": False}} for name, cls in classes.items()
+             if isinstance(cls, Mapping) and cls.get("kind") == "agent"
+             and "context" not in cls}  # fmt: skip
+    return {**data, "classes": {**classes, **fixed}} if fixed else data
 
 
 def _build(value: Any, tp: Any) -> Any:
@@ -107,6 +151,9 @@ def _canonical(value: Any) -> Any:
             if key in _BY_FILE_NAME and isinstance(current, str):
                 current = PurePath(current).name
             out[f.name] = _canonical(current)
+        if isinstance(value, ClassSpec) and value.kind == "agent":
+            out.pop("tool_result_tokens", None)  # in the context entry, when it shapes traffic
+            out["context"] = _agent_context(value)
         return out
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in value.items()}
@@ -115,6 +162,22 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)  # 4.0 and 4 are one rate
     return value
+
+
+def _agent_context(cls: ClassSpec) -> dict[str, Any]:
+    """An agent class's context mode and the settings that shape its traffic, defaults
+    included (the module docstring says why)."""
+    context = cls.context
+    if not context.grow:
+        return {"grow": False}
+    out: dict[str, Any] = {"grow": True, "max_tokens": context.max_tokens}
+    if context.max_tokens is not None:
+        out["overflow"] = context.overflow
+        if context.overflow == "summarize":
+            out["summary_tokens"] = context.summary_tokens
+    if not is_agent_trace(cls):
+        out["tool_result_tokens"] = _canonical(cls.tool_result_tokens or DEFAULT_TOOL_RESULT)
+    return out
 
 
 def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
@@ -134,7 +197,7 @@ def offered_rate_per_s(spec: WorkloadSpec) -> float | None:
 
 
 def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[str, Any]:
-    """`{name, fingerprint, key, offered_rate_per_s}`: what run.json records as
+    """`{name, fingerprint, key, offered_rate_per_s, scheme}`: what run.json records as
     `workload.identity`. The key (`name@first 8 hex`) is what the store groups by."""
     print_ = fingerprint(spec, max_in_flight=max_in_flight)
     return {
@@ -142,16 +205,21 @@ def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[st
         "fingerprint": print_,
         "key": f"{spec.name}@{print_[:SHOWN_CHARS]}",
         "offered_rate_per_s": offered_rate_per_s(spec),
+        "scheme": SCHEME,
     }
 
 
 def identity_of_run(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's workload identity: as its run.json records it, or, for a run written before
-    identities were recorded, derived the same way from its stored spec."""
+    """A run's workload identity: as its run.json records it, or derived the same way from
+    its stored spec for a run written before identities were recorded, and for one with an
+    agent class whose identity predates scheme 2 (it may not say which context it ran: the
+    module docstring)."""
     workload = info.get("workload") or {}
     stored = workload.get("identity")
     if isinstance(stored, Mapping) and stored.get("key"):
-        return dict(stored)
+        scheme = stored.get("scheme", 1)
+        if not _has_agent(workload) or (isinstance(scheme, int) and scheme >= SCHEME):
+            return dict(stored)
     cap = (info.get("options") or {}).get("max_in_flight")
     stored_spec = workload.get("spec") or {}
     try:
@@ -159,6 +227,14 @@ def identity_of_run(info: Mapping[str, Any]) -> dict[str, Any]:
     except LoadgenError:  # a spec this loadgen cannot rebuild: hash what is stored
         return _raw_identity(str(workload.get("name", "")), stored_spec, cap)
     return identity(spec, max_in_flight=cap)
+
+
+def _has_agent(workload: Mapping[str, Any]) -> bool:
+    """True when the stored spec has a `kind: agent` class."""
+    classes = (workload.get("spec") or {}).get("classes")
+    return isinstance(classes, Mapping) and any(
+        isinstance(cls, Mapping) and cls.get("kind") == "agent" for cls in classes.values()
+    )
 
 
 def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict[str, Any]:
@@ -175,7 +251,7 @@ def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict
                       separators=(",", ":"), default=str)  # fmt: skip
     print_ = hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
     return {"name": name, "fingerprint": print_, "key": f"{name}@{print_[:SHOWN_CHARS]}",
-            "offered_rate_per_s": None}  # fmt: skip
+            "offered_rate_per_s": None, "scheme": SCHEME}  # fmt: skip
 
 
 def _left_out(path: tuple[str, ...], key: str) -> bool:
