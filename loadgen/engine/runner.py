@@ -644,13 +644,22 @@ class Engine:
         written, before any task starts. A burst of sends costs a `send` call each, not a
         task start and a loop round each.
         """
-        t0, singles, flows = self.t0_ns, self.work.singles, self.work.flows
         starts = sorted(
-            [(p.intended_ns, 0, i) for i, p in enumerate(singles)]
-            + [(f.start_ns, 1, i) for i, f in enumerate(flows)]
+            [(p.intended_ns, 0, i) for i, p in enumerate(self.work.singles)]
+            + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
         )
+        tasks = Starts(tg)  # each request's task, a slice per loop iteration
+        try:
+            await self._send_at_times(starts, tasks)
+        finally:
+            await tasks.wait()  # shielded: every request written gets its task
+        self.next_due_ns = None
+
+    async def _send_at_times(self, starts: Sequence[tuple[int, int, int]], tasks: Starts) -> None:
+        """The scheduler's loop: sleep to the next start, write every one due, hand their
+        tasks to `tasks`."""
+        t0, flows = self.t0_ns, self.work.flows
         ahead = Ahead(self, starts)
-        tasks = Starts(tg)
         i, n = 0, len(starts)
         while i < n:
             self.next_due_ns = t0 + starts[i][0]
@@ -675,8 +684,6 @@ class Engine:
                 tasks.start(self._flow, flow, started)
             i = end
             ahead.passed(i)
-        self.next_due_ns = None
-        await tasks.wait()
 
     async def _sleep_until(self, due_ns: int) -> None:
         now = self._now

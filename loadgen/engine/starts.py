@@ -52,5 +52,8 @@ class Starts:
             self._idle.set()
 
     async def wait(self) -> None:
-        """Until every start asked for has been handed to the task group."""
-        await self._idle.wait()
+        """Until every start asked for has been handed to the task group; shielded, so a
+        host that is cancelled (a run told to stop sending) still starts every task it
+        asked for: each follows a request already written, whose record it makes."""
+        with anyio.CancelScope(shield=True):
+            await self._idle.wait()
