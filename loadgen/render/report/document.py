@@ -9,6 +9,7 @@ from pathlib import Path
 
 from loadgen import __version__
 from loadgen.analysis.slo import stop_of
+from loadgen.analysis.windows import MAX_WINDOWS, MIN_COVERAGE, MIN_REQUESTS_PER_WINDOW
 from loadgen.errors import LoadgenError
 from loadgen.render.cost_view import cost_table
 from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
@@ -40,11 +41,29 @@ def document(report: RunReport) -> list[Block]:
             f"(run written by loadgen {info.loadgen_version or '?'}). Latencies are "
             "measured from the intended send time; percentiles are nearest rank; "
             "'failures worst' ranks every failed request as +∞ and shows 'fail' where a "
-            f"percentile falls on one. Windows: {report.window_s:g} s, {mode}, requests by "
-            "intended time, ITL gaps by the time the gap ends."
+            f"percentile falls on one. Windows: {_window_text(report)}, {mode}, requests by "
+            "intended time, ITL gaps by the time the gap ends. A window's arrival rate is "
+            f"over the part of it the arrival schedule covered{_schedule_text(report)}; "
+            f"'—' where under {MIN_COVERAGE:.0%} of it was covered."
         )
     )
     return blocks
+
+
+def _window_text(report: RunReport) -> str:
+    """`5 s (chosen for this run: ...)`, or `10 s` as given."""
+    if not report.window_chosen:
+        return f"{report.window_s:g} s"
+    return (
+        f"{report.window_s:g} s (chosen for this run: the smallest round size giving at most "
+        f"{MAX_WINDOWS} windows and {MIN_REQUESTS_PER_WINDOW}+ requests per window on average; "
+        "--window sets one)"
+    )
+
+
+def _schedule_text(report: RunReport) -> str:
+    end = report.schedule_end_s
+    return "" if end is None else f" (the schedule ended at {end:.1f} s)"
 
 
 def _banners(report: RunReport) -> list[Block]:
