@@ -16,7 +16,7 @@ from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, 
 from loadgen.render.report.class_section import class_blocks
 from loadgen.render.report.model import RunReport
 from loadgen.render.report.server_section import server_blocks
-from loadgen.render.terminal import STOP_TEXT, with_unit
+from loadgen.render.terminal import STOP_TEXT, asked_text, with_unit
 from loadgen.results.runfolder import RunInfo, TargetInfo
 from loadgen.results.summary import ClassAudit, GeneratorHealth
 
@@ -157,14 +157,31 @@ def _generator_table(generator: GeneratorHealth) -> Table:
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         (
             "rate asked / schedule / achieved",
-            f"{num(generator.requested_rate_per_s, ' req/s')} / "
+            f"{asked_text(generator) or '—'} / "
             f"{num(generator.target_rate_per_s, ' req/s')} / "
             f"{num(generator.achieved_rate_per_s, ' req/s')} (the schedule's rate is that of "
-            "the sampled send times)",
+            f"the sampled send times{_asked_note(generator)})",
         ),
         ("retries", str(generator.retries)),
     ]
     return Table("Generator health", ("", ""), rows)
+
+
+def _asked_note(generator: GeneratorHealth) -> str:
+    """Why no request rate was asked, when the workload asked for something else."""
+    if generator.requested_rate_per_s is not None or not generator.asked:
+        return ""
+    units = {load.unit for load in generator.asked.values()}
+    why = []
+    if "sessions" in units:
+        why.append("a session's later turns follow its earlier answers")
+    if "trajectories" in units:
+        why.append("an agent's hops follow its earlier hops")
+    if "closed_loop" in units:
+        why.append("a closed loop sends when a request ends")
+    if "trace" in units:
+        why.append("a trace's times are read from its file")
+    return "; no run-wide request rate was asked: " + ", ".join(why) if why else ""
 
 
 def _classes_table(classes: Mapping[str, ClassAudit]) -> Table:
