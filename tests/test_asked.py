@@ -74,6 +74,10 @@ def test_the_asked_text_names_each_class_in_its_unit() -> None:
     assert asked_text(generator({"a": AskedLoad(unit="trace")})) == "a trace's times"
     assert asked_text(generator({"chat": sessions(5.0, "requests")}, 5.0)) == "5.0 req/s"
     assert asked_text(generator({})) is None  # a summary from before loadgen recorded it
+    agent = {"agent": sessions(0.25, "trajectories")}
+    assert asked_text(generator(agent)) == "0.25 trajectories/s"  # as written, not "0.2"
+    assert asked_text(generator({"c": sessions(1 / 3)})) == "0.333 sessions/s"
+    assert asked_text(generator({"c": sessions(1500.0, "requests")}, 1500.0)) == "1500.0 req/s"
 
 
 SESSIONS = """name: sessions

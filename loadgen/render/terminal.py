@@ -359,8 +359,13 @@ def _rates_text(generator: GeneratorHealth) -> str:
                 f"asked {asked}; requests {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
             )
         return f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
-    asked = _rate(generator.requested_rate_per_s)
+    asked = _asked_rate(generator.requested_rate_per_s)
     return f"rate {asked}/s asked, {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+
+
+def _asked_rate(value: float) -> str:
+    """A rate as the workload wrote it: `2.0`, `0.25` (not `0.2`), `0.333`."""
+    return f"{value:.1f}" if round(value, 1) == value else f"{value:.3g}"
 
 
 ASKED_UNIT_TEXT = {"requests": "req/s", "sessions": "sessions/s",
@@ -372,7 +377,7 @@ def asked_text(generator: GeneratorHealth) -> str | None:
     sessions/s`, `chat 2.0 req/s + summarize closed loop of 8`; None when the summary does
     not say (written before loadgen recorded it)."""
     if generator.requested_rate_per_s is not None:
-        return f"{_rate(generator.requested_rate_per_s)} req/s"
+        return f"{_asked_rate(generator.requested_rate_per_s)} req/s"
     if not generator.asked:
         return None
     parts = {name: _asked_one(load) for name, load in generator.asked.items()}
@@ -386,7 +391,7 @@ def _asked_one(load: AskedLoad) -> str:
         return f"closed loop of {load.concurrency}"
     if load.unit == "trace" or load.rate_per_s is None:
         return "a trace's times"
-    return f"{_rate(load.rate_per_s)} {ASKED_UNIT_TEXT.get(load.unit, load.unit + '/s')}"
+    return f"{_asked_rate(load.rate_per_s)} {ASKED_UNIT_TEXT.get(load.unit, load.unit + '/s')}"
 
 
 def _generator_line(generator: GeneratorHealth) -> Text:
