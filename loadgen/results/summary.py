@@ -308,6 +308,37 @@ class LagStats:
     max: float | None
 
 
+ASKED_UNITS = ("requests", "sessions", "trajectories")  # what an arrival process brings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AskedLoad:
+    """What one class's workload asked for, in its own unit: an arrival rate of requests,
+    sessions (multi-turn chat: later turns follow earlier answers) or trajectories (agents:
+    hops follow hops); a closed loop's concurrency; or a trace's recorded times.
+
+    `unit`: one of `ASKED_UNITS`, `closed_loop` or `trace`. `rate_per_s`: the arrival
+    process's long-run mean in `unit`s per second (None for a closed loop or a trace).
+    """
+
+    unit: str
+    rate_per_s: float | None = None
+    concurrency: int | None = None
+
+    @classmethod
+    def of(
+        cls, *, kind: str, sessions: bool, concurrency: int | None, process: str,
+        mean_rate_per_s: float | None,
+    ) -> AskedLoad:  # fmt: skip
+        """A class's asked load from its spec's kind, sessions, concurrency and arrival."""
+        if concurrency is not None:
+            return cls(unit="closed_loop", concurrency=concurrency)
+        if process == "trace" or mean_rate_per_s is None:
+            return cls(unit="trace")
+        unit = "trajectories" if kind == "agent" else "sessions" if sessions else "requests"
+        return cls(unit=unit, rate_per_s=round(mean_rate_per_s, 6))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GeneratorHealth:
     """How well the generator kept to its schedule (see `analysis.metrics.generator_health`)."""
@@ -327,6 +358,9 @@ class GeneratorHealth:
     # The rate the user asked for (the workload's arrival rates summed; None for traces,
     # closed-loop and chained work): `target_rate_per_s` is the sampled schedule's.
     requested_rate_per_s: float | None = None
+    # Per class, what was asked in the class's own unit (sessions/s, a closed loop's
+    # concurrency, ...): the rate asked where `requested_rate_per_s` has none to sum.
+    asked: Mapping[str, AskedLoad] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
