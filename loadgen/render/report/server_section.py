@@ -39,10 +39,17 @@ def _scrapes(server: ServerAudit) -> Para:
     text = (f"{server.scrapes} scrapes every {server.interval_s:g} s, {failed} failed"
             + (f", {server.malformed_lines} malformed lines skipped"
                if server.malformed_lines else ""))  # fmt: skip
-    if server.last_error:
+    if server.access is not None and server.access.problem:
+        text += f". {server.access.problem}"  # classified, with how to fix it
+    elif server.last_error:
         text += f"; last error: {server.last_error}"
-    if server.server == "unknown":
-        text += ". Unknown server: every series is kept raw in server_metrics.parquet."
+    if server.access is not None and server.access.headers:
+        sent = ", ".join(f"{n} (from {src})" for n, src in server.access.headers.items())
+        text += f". Sent {sent}"
+    if server.scrapes == 0:
+        text += ". No scrape answered: no server figures"
+    elif server.server == "unknown":
+        text += ". Unknown server: every series is kept raw in server_metrics.parquet"
     tone = "warn" if server.failures or server.scrapes == 0 else ""
     return Para(text + ".", tone)
 
