@@ -408,8 +408,8 @@ class Scraper:
         first_of_kind = kind not in self.failed_by
         self.failed_by[kind] = self.failed_by.get(kind, 0) + 1
         self.problem = (kind, status, self._redactor.redact(str(exc))[:200] or kind)
-        if first_of_kind:  # once per kind: the run log says when it began, not every tick
-            LOGGER.warning("server metrics: %s", problem_note(
+        if first_of_kind:  # once per kind, to the run log (the console shows the note)
+            LOGGER.info("server metrics: %s", problem_note(
                 kind, status, self.problem[2], redact_url(self.url), self.auth))  # fmt: skip
 
 

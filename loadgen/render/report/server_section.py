@@ -23,7 +23,8 @@ def server_blocks(report: RunReport) -> list[Block]:
     server = report.summary.server
     if server is None:
         return []
-    heading = Heading(2, f"Server: {server.server} metric names ({server.url})")
+    named = f"{server.server} metric names" if server.scrapes else "no scrape answered"
+    heading = Heading(2, f"Server: {named} ({server.url})")
     blocks: list[Block] = [heading, _scrapes(server)]
     if server.gauges or server.counters:
         blocks.append(_figures_table(server))
