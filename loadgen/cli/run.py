@@ -249,6 +249,10 @@ def run(
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     memory = check_memory_line(spec, seed, max_memory_gb)
+    if metrics_headers and not (server_metrics_url or spec.target.server_metrics_url):
+        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
+                          "metrics URL", "add --server-metrics-url URL (or a path such as "
+                          "/metrics), or set target.server_metrics_url")  # fmt: skip
     options = RunOptions(
         url=url,
         seed=seed,
