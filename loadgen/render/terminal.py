@@ -64,7 +64,8 @@ def render_summary(summary: Summary) -> RenderableType:
 def server_line(server: ServerAudit) -> Text:
     """`server: vllm · 29 scrapes (0 failed) · queue max 4 · running max 13 · KV max 15.6%`."""
     failed = "?" if server.failures is None else str(server.failures)
-    parts = [f"server: {server.server} · {server.scrapes} scrapes ({failed} failed)"]
+    family = server.server if server.scrapes else "no scrape answered"
+    parts = [f"server: {family} · {server.scrapes} scrapes ({failed} failed)"]
     for name, label in (("queue_depth", "queue"), ("running", "running")):
         stats = server.gauges.get(name)
         if stats is not None and stats.max is not None and stats.mean is not None:
@@ -77,7 +78,10 @@ def server_line(server: ServerAudit) -> Text:
     if server.counters.get("preemptions"):
         parts.append(f"{server.counters['preemptions']:g} preemptions")
     style = "yellow" if server.failures or server.scrapes == 0 else ""
-    return Text(" · ".join(parts), style=style)
+    text = " · ".join(parts)
+    if server.access is not None and server.access.problem:
+        text += f"\n  {server.access.problem}"  # what failed, where, how to fix it
+    return Text(text, style=style)
 
 
 def _class_table(summary: Summary) -> Table:

@@ -28,7 +28,7 @@ import polars as pl
 
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
-from loadgen.results.summary import AskedLoad, Summary
+from loadgen.results.summary import AskedLoad, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
 
@@ -37,7 +37,10 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 12  # 12: summary generator.asked (per class, the load asked in its unit)
+SCHEMA_VERSION = 13  # 13: run.json server_metrics.access and summary.json server.access
+# (how the metrics endpoint was asked: header names and their source, failures by kind, the
+# classified problem), run.json workload.spec.target.server_metrics_headers (names only)
+# (12: summary generator.asked (per class, the load asked in its unit))
 # (11: run.json workload.identity.scheme (2: agent classes hash their
 # context mode; older agent identities are re-derived from the stored spec))
 # (10: records cached_prompt_tokens, server_request_id; summary.json
@@ -294,6 +297,8 @@ class ServerMetricsInfo:
     failures: int | None = None
     malformed_lines: int | None = None
     last_error: str | None = None
+    # How the scraper asked and why it was refused (schema 12; None: written before).
+    access: ScrapeAccess | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

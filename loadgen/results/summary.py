@@ -397,6 +397,29 @@ class ServerHistogram:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeAccess:
+    """How the scraper asked the metrics endpoint, and what it answered when it refused.
+
+    `headers`: the header names sent with every GET (values are never stored), each with
+    where it came from: `target` (the target's own credentials, sent only when the metrics
+    URL has the target's origin), `server_metrics_headers` (given for the endpoint), `url`
+    (the metrics URL's user-info, as Basic auth). `withheld`: the target's credential
+    headers not sent because the metrics URL is another origin. `failed_by`: failed scrapes
+    by kind (`unauthorized` 401, `forbidden` 403, `not_found` 404, `http_error` other
+    non-2xx, `connect`, `timeout`, `too_large`, `not_text`, `redirect`, `error`); `problem` the
+    latest failure as a note that says what, where and how to fix it (None: none failed).
+    """
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    same_origin: bool = False
+    withheld: tuple[str, ...] = ()
+    failed_by: Mapping[str, int] = field(default_factory=dict)
+    problem: str | None = None
+    problem_kind: str | None = None
+    problem_status: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerAudit:
     """summary.json's `server` block: what the server's /metrics said over the run.
 
@@ -417,6 +440,8 @@ class ServerAudit:
     counters: Mapping[str, float]
     prefix_cache_hit_share: float | None  # Δhits / Δqueries of the server's own counters
     histograms_ms: Mapping[str, ServerHistogram]
+    # How it was asked and why it refused (schema 12; None: a run written before).
+    access: ScrapeAccess | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
