@@ -54,6 +54,28 @@ CASES: dict[str, Callable[[], bytes]] = {
     "tokens per chunk empty": lambda: plots.tokens_per_chunk_png({}, title="t"),
     "timeline": lambda: timeline([0, 2, 0, 5], [120.0, 450.0, None, 2000.0]),
     "timeline one window no values": lambda: timeline([0], [None]),
+    "timeline partial and rateless windows": lambda: plots.timeline_png(
+        window_mid_s=[5.0, 15.0, 25.0, 35.0],
+        step_s=10.0,
+        p99_ms={"ttft": [100.0] * 4},
+        targets_ms={"ttft": 300.0},
+        arrival_rate_per_s=[4.0, 4.0, 4.0, None],
+        failed=[0] * 4,
+        title="chat",
+        partial=[False, False, True, False],
+        schedule_end_s=25.0,
+    ),
+    "timeline no rate at all": lambda: plots.timeline_png(
+        window_mid_s=[5.0],
+        step_s=10.0,
+        p99_ms={"ttft": [None]},
+        targets_ms={},
+        arrival_rate_per_s=[None],
+        failed=[0],
+        title="chat",
+        partial=[False],
+        schedule_end_s=0.0,
+    ),
 }
 
 

@@ -22,6 +22,7 @@ KEYED_BY_NAME = {
     "n_from",
     "per_hop",
     "models",
+    "asked",
 }  # mappings whose keys are class names or hop numbers
 
 WORKLOAD = chat_workload("schema", requests=4, deadlines=None)

@@ -20,6 +20,7 @@ from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
 from loadgen.results.records import read_records
+from loadgen.results.runfolder import SERVER_METRICS_SCHEMA, write_server_metrics
 from loadgen.run.simulator import running_sim
 from loadgen.testing.builders import workload_file
 from loadgen.workload.plans import plan_work
@@ -227,3 +228,42 @@ def test_a_merge_with_a_recovered_shard_is_incomplete_and_judges_nothing(
         summary = json.loads((tmp_path / str(code) / "m" / "summary.json").read_text())
         assert summary["verdict"]["status"] == stop["stopped"]
         assert summary["verdict"]["slo_met"] is None
+
+
+@pytest.mark.slow  # reuses the four shards of the module's fixture
+def test_a_merge_keeps_one_shards_scrape_whole_rows_and_tally_together(
+    sharded: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """Shard 0's scrapes were all refused (401: no rows), shard 1's kept rows: the merged
+    run keeps shard 1's rows and shard 1's run.json tally (not shard 0's tally beside
+    shard 1's rows); with no shard's rows, shard 0's refusal and its note are kept."""
+    _, _, dirs = sharded
+    copies = []
+    for source in dirs:
+        shutil.copytree(source, tmp_path / source.name)
+        copies.append(tmp_path / source.name)
+    refused = {"url": "http://gpu/metrics", "interval_s": 1.0, "scrapes": 0, "failures": 7,
+               "malformed_lines": 0, "last_error": "ScrapeError: HTTP 401 Unauthorized",
+               "access": {"failed_by": {"unauthorized": 7}, "problem": "7 of 7 failed: 401",
+                          "problem_kind": "unauthorized", "problem_status": 401}}  # fmt: skip
+    kept = {**refused, "scrapes": 3, "failures": 0, "last_error": None, "access": {}}
+    for copy, block in ((copies[0], refused), (copies[1], kept)):
+        path = copy / "run.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "server_metrics": block}))
+    rows = pl.DataFrame({"t_ns": [5_000_000, 10_000_000, 15_000_000],  # inside the run
+                         "name": ["vllm:num_requests_waiting"] * 3,
+                         "labels": [[]] * 3, "value": [1.0, 4.0, 2.0]})  # fmt: skip
+    write_server_metrics(copies[1], rows.cast(SERVER_METRICS_SCHEMA))  # type: ignore[arg-type]
+    result = CliRunner().invoke(cli, ["merge", *map(str, copies), "--out", str(tmp_path / "out"),
+                                      "--run-id", "m"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    server = json.loads((tmp_path / "out" / "m" / "summary.json").read_text())["server"]
+    assert (server["scrapes"], server["failures"]) == (3, 0)
+    assert server["gauges"]["queue_depth"]["max"] == 4
+    (copies[1] / "server_metrics.parquet").unlink()
+    result = CliRunner().invoke(cli, ["merge", *map(str, copies), "--out", str(tmp_path / "none"),
+                                      "--run-id", "m"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    server = json.loads((tmp_path / "none" / "m" / "summary.json").read_text())["server"]
+    assert (server["scrapes"], server["failures"]) == (0, 7)
+    assert server["access"]["problem_kind"] == "unauthorized"

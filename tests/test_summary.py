@@ -14,7 +14,7 @@ from loadgen.errors import LoadgenError
 from loadgen.results.codec import from_json, to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import read_summary, write_summary
-from loadgen.results.summary import Summary, TrajectoryAudit
+from loadgen.results.summary import AskedLoad, Summary, TrajectoryAudit
 from loadgen.testing import streamed_record
 from loadgen.workload.spec import SloTargets
 
@@ -58,11 +58,13 @@ def known_objectives() -> dict[str, Objective]:
     """A chat class with sessions, a batch with a deadline, an agent with a budget."""
     return {
         "chat": Objective(name="chat", slo=SloTargets(ttft_ms=120, tpot_ms=20, percentile=90),
-                          has_sessions=True),
+                          has_sessions=True, asked=AskedLoad(unit="sessions", rate_per_s=3.0)),
         "docs": Objective(name="docs", kind="summarization", slo=SloTargets(ttft_ms=500),
-                          batch_deadline_s=2, concurrency=2),
+                          batch_deadline_s=2, concurrency=2,
+                          asked=AskedLoad(unit="closed_loop", concurrency=2)),
         "agent": Objective(name="agent", kind="agent", slo=SloTargets(ttft_ms=100, percentile=50),
-                           trajectory_budget_s=1.5),
+                           trajectory_budget_s=1.5,
+                           asked=AskedLoad(unit="trajectories", rate_per_s=0.5)),
         "idle": Objective(name="idle", kind="agent", slo=SloTargets(ttft_ms=100)),
     }  # fmt: skip
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.analysis.windows import SCHEMA, time_windows
+from loadgen.analysis.windows import (
+    MIN_COVERAGE,
+    SCHEMA,
+    default_window_s,
+    schedule_end_ns,
+    time_windows,
+)
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.testing import failed_record, streamed_record
 from loadgen.workload.spec import SloTargets
@@ -92,7 +100,10 @@ def test_tumbling_windows_known_answer() -> None:
     windows = check_against_brute_force(records, 1.0, None)
     assert windows.get_column("window_start_s").to_list() == [0.0, 1.0, 2.0]
     assert windows.get_column("requests").to_list() == [3, 1, 1]
-    assert windows.get_column("arrival_rate_per_s").to_list() == [3.0, 1.0, 1.0]
+    # the schedule ends one mean gap (2100 / 4 = 525 ms) after the last arrival, at 2.625 s:
+    # the last window ran 0.625 s, and its rate is over that part
+    assert windows.get_column("covered_s").to_list() == [1.0, 1.0, 0.625]
+    assert windows.get_column("arrival_rate_per_s").to_list() == [3.0, 1.0, 1.6]
     assert windows.get_column("in_flight").to_list() == [1, 0, 0]  # request 2 at t = 1 s
     assert windows.get_column("failed").to_list() == [0, 1, 0]
     # TTFT is from the intended time: request 4's 100 ms from its send plus its 20 ms send lag
@@ -171,3 +182,105 @@ def test_empty_frame_and_bad_windows() -> None:
     for window_s, step_s in ((0.0, None), (-1.0, None), (math.inf, None), (1.0, 2.0), (1.0, 0.0)):
         with pytest.raises(ValueError, match="window"):
             time_windows(frame, window_s=window_s, step_s=step_s)
+
+
+def constant(
+    rate_per_s: float, duration_s: float, *, class_name: str = "chat"
+) -> list[RequestRecord]:
+    """Constant arrivals at `rate_per_s` from t0 for `duration_s` (gaps of 1/rate), each ok."""
+    count = round(rate_per_s * duration_s)
+    return [
+        streamed_record(i, intended_ms=i * 1000 / rate_per_s, ttft_ms=50, gaps_ms=(10, 10),
+                        class_name=class_name)
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def test_a_last_window_cut_by_the_schedule_shows_the_true_rate_not_a_dip() -> None:
+    """2 req/s for 25 s in 10 s windows: the last window ran 5 s of its 10 and holds 10
+    arrivals: 2.0/s over what ran (requests / window would read 1.0/s, a dip that never was)."""
+    windows = time_windows(to_frame(constant(2.0, 25.0)), window_s=10.0)
+    assert windows.get_column("requests").to_list() == [20, 20, 10]
+    assert windows.get_column("covered_s").to_list() == [10.0, 10.0, 5.0]
+    assert windows.get_column("arrival_rate_per_s").to_list() == [2.0, 2.0, 2.0]
+
+
+def test_sliding_windows_are_covered_by_their_overlap_with_the_schedule() -> None:
+    """Sliding 10 s windows every 5 s over 25 s at 2 req/s: [20, 30) ran 5 s (2.0/s), and
+    [25, 35), wholly after the schedule's end (the drain), has no rate rather than 0."""
+    records = constant(2.0, 25.0)
+    records[-1] = streamed_record(49, intended_ms=24_500, ttft_ms=3_000)  # ends at 27.5 s
+    windows = time_windows(to_frame(records), window_s=10.0, step_s=5.0)
+    starts = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
+    assert windows.get_column("window_start_s").to_list() == pytest.approx(starts)
+    assert windows.get_column("covered_s").to_list() == [10.0, 10.0, 10.0, 10.0, 5.0, 0.0]
+    assert windows.get_column("arrival_rate_per_s").to_list() == [2.0] * 5 + [None]
+
+
+def test_a_window_the_schedule_barely_entered_has_no_rate() -> None:
+    """2 req/s for 21 s: [20, 30) ran 1 s (< a quarter of it) with 2 arrivals: no rate (a
+    2.0/s there would rest on two arrivals; 0.2/s would be a dip). The requests still count."""
+    windows = time_windows(to_frame(constant(2.0, 21.0)), window_s=10.0)
+    last = windows.row(-1, named=True)
+    assert last["covered_s"] == pytest.approx(1.0)
+    assert MIN_COVERAGE > 1.0 / 10.0
+    assert (last["requests"], last["arrival_rate_per_s"]) == (2, None)
+    assert windows.get_column("arrival_rate_per_s").to_list()[:2] == [2.0, 2.0]
+
+
+def test_poisson_arrivals_read_their_rate_in_a_partial_last_window() -> None:
+    """Poisson at 4/s for 100 s, 30 s windows: the last window ran ~10 s; its rate is within
+    4 standard deviations (sqrt(n) / covered) of 4/s; over the whole window it would be ~1.3."""
+    rng = np.random.default_rng(7)
+    times = np.cumsum(rng.exponential(1 / 4.0, size=600))
+    times = times[times < 100.0]
+    records = [streamed_record(i, intended_ms=t * 1000, ttft_ms=50) for i, t in enumerate(times)]
+    frame = to_frame(records)
+    last = time_windows(frame, window_s=30.0).row(-1, named=True)
+    assert last["window_start_s"] == 90.0
+    assert 7.5 <= last["covered_s"] <= 12.5  # the schedule's end, estimated: 100 s ± a few gaps
+    sd = math.sqrt(last["requests"]) / last["covered_s"]
+    assert abs(last["arrival_rate_per_s"] - 4.0) <= 4 * sd
+    assert abs(last["requests"] / 30.0 - 4.0) > 4 * sd  # the old reading: a dip
+
+
+def test_a_class_that_stopped_early_reads_zero_until_the_run_s_schedule_ends() -> None:
+    """Class a at 1/s for 10 s, class b at 1/s for 30 s: the run's schedule ends at 30 s,
+    so a's windows after 10 s are covered and read 0/s (it really stopped)."""
+    frame = to_frame(constant(1.0, 10.0, class_name="a") + [
+        dataclasses.replace(r, request_id=100 + r.request_id)
+        for r in constant(1.0, 30.0, class_name="b")
+    ])  # fmt: skip
+    assert schedule_end_ns(frame) == 30 * S
+    a = time_windows(frame, window_s=10.0).filter(pl.col("class") == "a")
+    assert a.get_column("arrival_rate_per_s").to_list() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("rate_per_s", "duration_s", "expected_s"),
+    [
+        (4.0, 10.0, 2.0),  # chat-smoke: 40 requests; 1 s windows would hold 4 each
+        (4.0, 30.0, 2.0),  # a 30 s smoke run at 4/s: 15 windows of 8 (1 s would hold 4)
+        (10.0, 30.0, 1.0),  # 30 windows of 10 requests
+        (2.0, 30.0, 5.0),  # 2 s windows would hold 4: 5 s, 6 windows of 10
+        (10.0, 600.0, 10.0),  # 10 min: 60 windows at most
+        (10.0, 3600.0, 60.0),  # an hour: 60 one-minute windows
+        (50.0, 8 * 3600.0, 600.0),  # a nightly 8 h soak: 48 windows of 10 min
+        (0.01, 100.0, 1.0),  # one request (ends at 70 ms): one window over the run
+        (0.03, 100.0, 120.0),  # three requests, the last ends at 66.7 s: one 120 s window
+    ],
+)
+def test_the_default_window_adapts_to_the_run(
+    rate_per_s: float, duration_s: float, expected_s: float
+) -> None:
+    """The smallest round size with at most 60 windows over the run and 5+ requests per
+    window on average (constant arrivals; each request ends 70 ms after it arrives)."""
+    count = max(1, round(rate_per_s * duration_s))
+    times = np.arange(count) / rate_per_s
+    frame = pl.DataFrame(
+        {"class": ["chat"] * count, "intended_ns": (times * S).astype(np.int64),
+         "end_ns": ((times + 0.07) * S).astype(np.int64)}
+    ).with_columns(
+        *[pl.lit(None, pl.Int64).alias(c) for c in ("last_token_ns", "first_token_ns", "sent_ns")]
+    )  # fmt: skip
+    assert default_window_s(frame) == expected_s

@@ -118,8 +118,9 @@ def audit(
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
     requested = sum(r for r in rates if r is not None) if rates and None not in rates else None
+    asked = {name: o.asked for name, o in objectives.items() if o.asked is not None}
     generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
-                                         requested_rate_per_s=requested)  # fmt: skip
+                                         requested_rate_per_s=requested, asked=asked)  # fmt: skip
     classes = class_audits(frame, objectives, duration_s=duration_s)
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}

@@ -31,13 +31,14 @@ request, ranked worst: a failure can never improve a percentile.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import polars as pl
 
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
+    AskedLoad,
     FailureRankedStats,
     GeneratorHealth,
     LagStats,
@@ -280,6 +281,7 @@ def generator_health(
     planned: int,
     lag_bound_ms: float = 5.0,
     requested_rate_per_s: float | None = None,
+    asked: Mapping[str, AskedLoad] | None = None,
 ) -> GeneratorHealth:
     """How well the generator kept to its schedule: lag, and target vs achieved rate.
 
@@ -326,6 +328,7 @@ def generator_health(
         requested_rate_per_s=None
         if requested_rate_per_s is None
         else round(requested_rate_per_s, 3),
+        asked=dict(asked or {}),
     )
 
 

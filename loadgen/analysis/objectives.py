@@ -21,6 +21,7 @@ from loadgen.analysis.slo import per_request
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import RecordedClass
 from loadgen.results.summary import (
+    AskedLoad,
     BatchAudit,
     ClassAudit,
     DurationStats,
@@ -47,18 +48,30 @@ class Objective:
     batch_deadline_s: float | None = None
     concurrency: int | None = None
     trajectory_budget_s: float | None = None
-    # The arrival rate asked for (single open-loop requests only: chat without turns).
+    # The arrival rate asked for (single open-loop requests only: chat without sessions, a
+    # dataset's replayed conversations being sessions too).
     requested_rate_per_s: float | None = None
+    # What was asked in the class's own unit (sessions/s, a closed loop's concurrency, ...).
+    asked: AskedLoad | None = None
 
     @classmethod
     def of(cls, spec: ClassSpec) -> Objective:
         """The objective of a validated class spec."""
+        replayed = spec.dataset is not None and spec.dataset.turns == "all"
+        asked = AskedLoad.of(
+            kind=spec.kind,
+            sessions=spec.turns is not None or replayed,
+            concurrency=spec.concurrency,
+            process=spec.arrival.process,
+            mean_rate_per_s=spec.arrival.mean_rate_per_s,
+        )
         return cls(
             name=spec.name, kind=spec.kind, slo=spec.slo, has_sessions=spec.turns is not None,
             batch_deadline_s=spec.batch_deadline_s, concurrency=spec.concurrency,
             trajectory_budget_s=spec.trajectory_budget_s,
             requested_rate_per_s=spec.arrival.mean_rate_per_s
-            if spec.kind == "chat" and spec.turns is None else None,
+            if spec.kind == "chat" and asked.unit == "requests" else None,
+            asked=asked,
         )  # fmt: skip
 
     @classmethod
@@ -68,7 +81,7 @@ class Objective:
             name=recorded.name, kind=recorded.kind, slo=slo, has_sessions=recorded.has_turns,
             batch_deadline_s=recorded.batch_deadline_s, concurrency=recorded.concurrency,
             trajectory_budget_s=recorded.trajectory_budget_s,
-            requested_rate_per_s=recorded.requested_rate_per_s,
+            requested_rate_per_s=recorded.requested_rate_per_s, asked=recorded.asked,
         )  # fmt: skip
 
 

@@ -31,7 +31,13 @@ import polars as pl
 
 from loadgen.percentiles import nearest_rank
 from loadgen.results.runfolder import SERVER_METRICS_SCHEMA, ServerMetricsInfo
-from loadgen.results.summary import GaugeStats, ServerAudit, ServerHistogram, Summary
+from loadgen.results.summary import (
+    GaugeStats,
+    ScrapeAccess,
+    ServerAudit,
+    ServerHistogram,
+    Summary,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +210,7 @@ def server_audit(
     malformed_lines: int | None,
     last_error: str | None,
     end_ns: int | None = None,
+    access: ScrapeAccess | None = None,
 ) -> ServerAudit:
     """summary.json's `server` block from the scraped rows (gauges over t0..end_ns)."""
     names = frame["name"].unique().to_list() if len(frame) else []
@@ -235,6 +242,7 @@ def server_audit(
         url=url, server=family, interval_s=interval_s, scrapes=scrapes, failures=failures,
         malformed_lines=malformed_lines, last_error=last_error, gauges=gauges,
         counters=counters, prefix_cache_hit_share=share, histograms_ms=histograms,
+        access=access,
     )  # fmt: skip
 
 
@@ -253,7 +261,7 @@ def with_server(
     block = server_audit(
         frame, url=info.url, interval_s=info.interval_s, scrapes=scrapes,
         failures=info.failures, malformed_lines=info.malformed_lines,
-        last_error=info.last_error, end_ns=_last_end_ns(records),
+        last_error=info.last_error, end_ns=_last_end_ns(records), access=info.access,
     )  # fmt: skip
     return dataclasses.replace(summary, server=block)
 

@@ -4,9 +4,10 @@ Sits beside the SLO audit, after `analysis.metrics`: a pure function of the reco
 the report (tables, timeline plot) reads. No I/O.
 
 Windows are anchored at the run's t0: window k covers [k·step, k·step + window) ns since
-t0. Tumbling (step = window) puts every event in exactly one window; sliding
-(step < window) puts it in every window that covers it. Windows run from t0 to the run's
-last moment, so the drain after the last arrival shows too; every class gets every window.
+t0 (the report's default size: `default_window_s`). Tumbling (step = window) puts every
+event in exactly one window; sliding (step < window) puts it in every window that covers
+it. Windows run from t0 to the run's last moment, so the drain after the last arrival shows
+too; every class gets every window.
 
 Per class and window:
 
@@ -16,7 +17,21 @@ Per class and window:
   nearest rank, like the summary; failures show in the outcome counts.
 - ITL percentiles: over individual gaps of ok requests, each assigned by the arrival time
   of the chunk that ends it.
-- arrival_rate_per_s = requests / window_s (a window cut off by the run's end reads low).
+- covered_s: how much of the window the run's arrival schedule covered: the part of
+  [start, end) inside [t0, schedule end), where the schedule end is estimated from the
+  records as the latest, over classes, of a class's last intended time plus its mean gap
+  between intended times ((last - first) / (n - 1)): arrivals can fall only before the
+  schedule ends, and the next arrival would have come about one gap after the last one (for
+  constant arrivals at rate r over D s this is D exactly; for Poisson arrivals right on
+  average: the expected time from the last arrival to the end is one mean gap). The same
+  rule for tumbling and sliding windows: a tumbling run has at most one partly covered
+  window (the one holding the schedule's end), a sliding one every window that straddles
+  it; windows wholly after it (the drain) have covered_s 0. A class whose own
+  arrivals stopped earlier is still covered until the run's schedule end: its zero is real.
+- arrival_rate_per_s = requests / covered_s: the rate over the part of the window the run
+  covered, so a window cut off by the run's end reads its true rate, not a dip. Null when
+  covered_s < MIN_COVERAGE of the window (too little of it ran to estimate a rate): the
+  drain's windows and a last window the schedule barely entered.
 - in_flight: requests sent at or before the window's end and not yet ended at it
   (sent_ns <= t < end, where a record without end_ns ends at its latest known moment).
 - attainment = requests meeting every threshold of the class (`slo.per_request`) /
@@ -38,6 +53,9 @@ from loadgen.workload.spec import SloTargets
 
 WINDOW_PERCENTILES: tuple[float, ...] = (50.0, 99.0)
 FAILURE_OUTCOMES: tuple[str, ...] = tuple(o for o in OUTCOMES if o != Outcome.OK.value)
+# A window whose covered part is under this share of its length has no arrival rate: a
+# quarter of a window holds a quarter of its arrivals, too few to read as the window's rate.
+MIN_COVERAGE = 0.25
 
 _LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
 _PERCENTILE_COLUMNS = [
@@ -57,6 +75,7 @@ SCHEMA: dict[str, pl.DataType] = {
     **dict.fromkeys(_PERCENTILE_COLUMNS, pl.Float64()),
     "itl_gaps": pl.Int64(),
     **dict.fromkeys(FAILURE_OUTCOMES, pl.Int64()),
+    "covered_s": pl.Float64(),
 }
 
 
@@ -90,12 +109,19 @@ def time_windows(
         .join(flight, on=["class", "window"], how="left")
         .with_columns(pl.col(counts).fill_null(0))
     )
-    start_s = pl.col("window") * step_ns / NS_PER_S
+    start_ns = pl.col("window") * step_ns
+    covered_ns = (pl.min_horizontal(start_ns + window_ns, schedule_end_ns(frame)) - start_ns).clip(
+        lower_bound=0
+    )
+    covered_s = covered_ns / NS_PER_S
     return (
         joined.with_columns(
-            start_s.alias("window_start_s"),
-            (start_s + window_ns / NS_PER_S).alias("window_end_s"),
-            (pl.col("requests") / (window_ns / NS_PER_S)).alias("arrival_rate_per_s"),
+            (start_ns / NS_PER_S).alias("window_start_s"),
+            ((start_ns + window_ns) / NS_PER_S).alias("window_end_s"),
+            pl.when(covered_ns >= MIN_COVERAGE * window_ns)
+            .then(pl.col("requests") / covered_s)
+            .alias("arrival_rate_per_s"),
+            covered_s.alias("covered_s"),
             (pl.col("requests") - pl.col("ok")).alias("failed"),
             pl.when(pl.col("requests") > 0)
             .then(pl.col("met_slo") / pl.col("requests"))
@@ -104,6 +130,60 @@ def time_windows(
         .sort("class", "window")
         .select([pl.col(name).cast(dtype) for name, dtype in SCHEMA.items()])
     )
+
+
+# The report's default window when none is given (`default_window_s`): round sizes, from the
+# default scrape interval of the server's /metrics (1 s: a shorter window could hold no scrape).
+WINDOW_LADDER_S: tuple[float, ...] = (
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400,
+)  # fmt: skip
+MAX_WINDOWS = 60
+MIN_REQUESTS_PER_WINDOW = 5
+
+
+def default_window_s(frame: pl.DataFrame) -> float:
+    """The window a run's report uses unless told: the smallest of `WINDOW_LADDER_S` that
+    (a) cuts the run (t0 to its last moment) into at most `MAX_WINDOWS` windows, and
+    (b) gives its busiest class at least `MIN_REQUESTS_PER_WINDOW` requests per window on
+    average over the arrival schedule (see `schedule_end_ns`).
+
+    (a) with the ladder's steps of at most 2.5x gives 24-60 windows for a run long enough
+    for (b); (b) keeps per-window percentiles and rates off one or two requests, so a sparse
+    run gets fewer, wider windows (a window holds at most all of a class's requests). When
+    no size meets (b) (a class of under 5 requests), one window over the whole run: the
+    smallest size reaching its last moment.
+    """
+    if frame.height == 0:
+        return float(WINDOW_LADDER_S[0])
+    last_s = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item()) / NS_PER_S
+    span_s = schedule_end_ns(frame) / NS_PER_S
+    busiest = int(frame.group_by("class").len().get_column("len").max())  # type: ignore[arg-type]
+    for size in WINDOW_LADDER_S:
+        per_window = busiest if size >= span_s else busiest * size / span_s
+        if last_s / size <= MAX_WINDOWS and per_window >= MIN_REQUESTS_PER_WINDOW:
+            return float(size)
+    return float(next((s for s in WINDOW_LADDER_S if s >= last_s), WINDOW_LADDER_S[-1]))
+
+
+def schedule_end_ns(frame: pl.DataFrame) -> int:
+    """When the run's arrival schedule ended, in ns since t0, estimated from intended times.
+
+    Per class: its last intended time plus its mean gap, (last - first) / (n - 1) (0 for a
+    class of one request); the run's is the latest of its classes'. See the module docstring.
+    """
+    if frame.height == 0:
+        return 0
+    per_class = frame.group_by("class").agg(
+        pl.col("intended_ns").max().alias("last"),
+        pl.col("intended_ns").min().alias("first"),
+        pl.len().alias("n"),
+    )
+    gap = (
+        pl.when(pl.col("n") > 1)
+        .then((pl.col("last") - pl.col("first")) // (pl.col("n") - 1))
+        .otherwise(0)
+    )
+    return int(per_class.select((pl.col("last") + gap).max()).item())
 
 
 def _grid_ns(window_s: float, step_s: float | None) -> tuple[int, int]:

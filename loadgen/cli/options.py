@@ -147,15 +147,15 @@ def output_console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
-def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
-    """`NAME:VALUE` strings as a dict; a malformed one is a usage error."""
+def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, str]:
+    """`NAME:VALUE` strings as a dict; a malformed one is a usage error (of `flag`)."""
 
     headers = {}
     for value in values:
         name, sep, rest = value.partition(":")
         if not sep or not name.strip():
-            raise click.BadParameter(f"{value!r} is not NAME:VALUE", param_hint="--header")
+            raise click.BadParameter(f"{value!r} is not NAME:VALUE", param_hint=flag)
         if problem := header_problem(name.strip(), rest.strip()):
-            raise click.BadParameter(f"{value!r:.80}: {problem}", param_hint="--header")
+            raise click.BadParameter(f"{value!r:.80}: {problem}", param_hint=flag)
         headers[name.strip()] = rest.strip()
     return headers

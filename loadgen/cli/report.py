@@ -34,8 +34,8 @@ from loadgen.results.store import discover_runs, select_runs
     "--window",
     "window_text",
     default=None,
-    help="One run: window length in s (default 10). Results store: trailing window, "
-    "e.g. 30d (default).",
+    help="One run: window length in s (default: chosen by the run's length and requests; "
+    "see README). Results store: trailing window, e.g. 30d (default).",
 )
 @click.option(
     "--step",
@@ -144,7 +144,7 @@ def _report_run(
     if slo_text:
         slos = apply_slo_override(read_run_info(run_dir).slos(), parse_slo_override(slo_text))
     try:
-        window_s = float(window_text) if window_text else 10.0
+        window_s = float(window_text) if window_text else None  # None: by the run's length
         step_s = float(step_text) if step_text else None
         built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
     except ValueError as exc:

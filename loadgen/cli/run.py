@@ -140,6 +140,14 @@ from loadgen.workload.spec import load, metrics_url_problem, override
     "target such as /metrics (default: the workload's target.server_metrics_url).",
 )
 @click.option(
+    "--server-metrics-header",
+    "metrics_headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="Header sent with each scrape (repeatable; ${VAR} is read from the environment): "
+    "the endpoint's own credentials. The target's are sent only to the target's origin.",
+)
+@click.option(
     "--server-metrics-interval",
     "server_metrics_interval_s",
     type=FiniteFloat(0.05, 3600),
@@ -192,6 +200,7 @@ def run(
     shard_text: str | None,
     start_at_text: str | None,
     server_metrics_url: str | None,
+    metrics_headers: tuple[str, ...],
     server_metrics_interval_s: float | None,
     quiet: bool,
     max_memory_gb: float | None,
@@ -220,6 +229,8 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --warm-connections 0
       loadgen run workloads/mixed.yaml --server-metrics-url /metrics
+      loadgen run workloads/chat.yaml --url http://gw:8000 --server-metrics-url \\
+        http://gpu:8000/metrics --server-metrics-header 'Authorization: Bearer ${TOKEN}'
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
@@ -238,6 +249,10 @@ def run(
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     memory = check_memory_line(spec, seed, max_memory_gb)
+    if metrics_headers and not (server_metrics_url or spec.target.server_metrics_url):
+        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
+                          "metrics URL", "add --server-metrics-url URL (or a path such as "
+                          "/metrics), or set target.server_metrics_url")  # fmt: skip
     options = RunOptions(
         url=url,
         seed=seed,
@@ -258,6 +273,7 @@ def run(
         warm_connections=parse_warm(warm_text),
         server_metrics_url=server_metrics_url,
         server_metrics_interval_s=server_metrics_interval_s,
+        server_metrics_headers=parse_headers(metrics_headers, "--server-metrics-header"),
         price_per_hour=price_per_hour,
         replicas=replicas,
     )

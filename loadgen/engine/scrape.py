@@ -9,6 +9,15 @@ summaries stay as their `_bucket`/`_sum`/`_count` series. A scrape that fails or
 (connect error, non-2xx, a body over the cap) is counted with its last error, never fatal; a
 line the parser rejects is skipped and counted, the rest of the scrape is kept.
 
+Auth (`scrape_auth`): a scrape sends the target's own credential headers (Authorization,
+x-api-key, ...: the names `engine.secrets` treats as credentials, and the target URL's
+user-info as Basic auth) only when the metrics URL has the target's origin (scheme, host,
+port), never to another; the endpoint's own headers (`target.server_metrics_headers`,
+`--server-metrics-header`) and the metrics URL's user-info are sent to it. A redirect to
+another origin is followed without any of them. A refused scrape is classified (401, 403,
+404, other status, connect, timeout, ...) and the latest becomes a note saying what, where
+and how to fix it (`ScrapeAccess.problem`); header values never enter a message.
+
 Rows are spilled to `server_metrics.parts/` (results.runfolder) about every ten scrapes, so a
 killed run keeps what was scraped; the run's end joins them into `server_metrics.parquet`
 with `t_ns` since t0.
@@ -16,16 +25,23 @@ with `t_ns` since t0.
 
 from __future__ import annotations
 
+import base64
 import math
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.logs import LOGGER
+from loadgen.engine.secrets import CREDENTIAL_HEADERS, Redactor
+from loadgen.engine.transport import redact_url
+from loadgen.results.summary import ScrapeAccess
 
 MAX_SCRAPE_BYTES = 32 * 1024 * 1024  # a /metrics body past this is a failed scrape
 SPILL_EVERY = 10  # scrapes between spills of the rows to a part file
@@ -35,7 +51,8 @@ Row = tuple[int, str, tuple[tuple[str, str], ...], float]  # (mono_ns, name, lab
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScrapeStats:
-    """What the scraper did: scrapes kept, failed scrapes, skipped lines, the last error."""
+    """What the scraper did: scrapes kept, failed scrapes, skipped lines, the last error,
+    and how it asked (header names, failures by kind, the classified problem)."""
 
     url: str
     interval_s: float
@@ -43,6 +60,151 @@ class ScrapeStats:
     failures: int
     malformed_lines: int
     last_error: str | None
+    access: ScrapeAccess | None = None
+
+
+# --- auth: which headers a scrape sends -------------------------------------------------------
+
+TARGET, OWN, URL_USERINFO = "target", "server_metrics_headers", "url"  # where a header came from
+FIX_FLAG = "--server-metrics-header"  # named in the notes, with the workload's key
+FIX_KEY = "target.server_metrics_headers"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeAuth:
+    """The headers every scrape sends (values in memory only) and where each came from."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)  # name -> TARGET | OWN | URL
+    same_origin: bool = False  # the metrics URL has the target's origin
+    withheld: tuple[str, ...] = ()  # the target's credential headers not sent (another origin)
+    target_origin: str = ""  # for the notes
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """A URL's origin: (scheme, host, port), the port defaulted by scheme, case folded."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def scrape_auth(
+    metrics_url: str,
+    target_origin: str,
+    target_headers: Mapping[str, str],
+    own_headers: Mapping[str, str] | None = None,
+) -> ScrapeAuth:
+    """What a scrape of `metrics_url` sends: the target's credential headers when it has the
+    target's origin, the metrics URL's user-info as Basic auth, then the endpoint's own
+    headers (each replaces one of the same name, whatever its case)."""
+    same = origin(metrics_url) == origin(target_origin)
+    credentials = {n: v for n, v in target_headers.items() if CREDENTIAL_HEADERS.search(n)}
+    headers: dict[str, str] = {}
+    sources: dict[str, str] = {}
+
+    def put(name: str, value: str, source: str) -> None:
+        for old in [n for n in headers if n.lower() == name.lower()]:
+            del headers[old], sources[old]
+        headers[name], sources[name] = value, source
+
+    if same:
+        for name, value in credentials.items():
+            put(name, value, TARGET)
+    parts = urlsplit(metrics_url)
+    if parts.username is not None:
+        creds = f"{parts.username}:{parts.password or ''}".encode()
+        put("Authorization", "Basic " + base64.b64encode(creds).decode(), URL_USERINFO)
+    for name, value in (own_headers or {}).items():
+        put(name, value, OWN)
+    withheld = () if same else tuple(sorted(credentials))
+    return ScrapeAuth(headers=headers, sources=sources, same_origin=same, withheld=withheld,
+                      target_origin=target_origin)  # fmt: skip
+
+
+def without_userinfo(url: str) -> str:
+    """The URL as requested: its user-info is sent as a header of our own (`scrape_auth`)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+# --- a refused scrape: its kind and the note that says how to fix it --------------------------
+
+
+def problem_note(kind: str, status: int | None, detail: str, url: str, auth: ScrapeAuth) -> str:
+    """What went wrong with `GET url`, and how to fix it (header names only, never values;
+    `url` already redacted; no server-supplied text)."""
+    sent = ", ".join(f"{n} (from {auth.sources[n]})" for n in sorted(auth.headers))
+    own = f"{FIX_FLAG} 'Authorization: Bearer ${{METRICS_TOKEN}}' (or {FIX_KEY})"
+    what = f"GET {url} → {_status_text(status)}" if status is not None else f"GET {url}"
+    if kind == "unauthorized":
+        if auth.headers:
+            return (
+                f"{what}: the endpoint refused the credentials sent ({sent}): check them, "
+                f"or give it its own with {own}, which replaces one of the same name"
+            )
+        why = "sent no credentials"
+        if auth.withheld:
+            why += (
+                f": the target's ({', '.join(auth.withheld)}) go only to the target's "
+                f"origin ({auth.target_origin}), never to another host"
+            )
+        return f"{what}: {why}; pass its credentials with {own}"
+    if kind == "forbidden":
+        asked = f"with the credentials sent ({sent})" if auth.headers else "without credentials"
+        return (
+            f"{what}: the endpoint refuses to serve its metrics {asked}: give credentials "
+            f"allowed to read it with {own}, or scrape the server itself, past its "
+            "gateway (--server-metrics-url http://HOST:PORT/metrics)"
+        )
+    if kind == "not_found":
+        return (
+            f"{what}: no metrics at this path: check --server-metrics-url (vLLM and TGI "
+            "serve /metrics; SGLang with --enable-metrics; llama.cpp with --metrics)"
+        )
+    if kind == "http_error":
+        return f"{what}: the endpoint answered an error, not metrics: check it serves them here"
+    if kind == "connect":
+        return (
+            f"{what}: cannot connect ({detail}): check the host and port, and that the "
+            "server is up and exposes its metrics there"
+        )
+    if kind == "timeout":
+        return f"{what}: no answer in time ({detail}): the endpoint is slow or unreachable"
+    if kind == "too_large":
+        return f"{what}: a body over {MAX_SCRAPE_BYTES} bytes: not one server's /metrics?"
+    if kind == "not_text":
+        return f"{what}: not UTF-8 text: not a Prometheus text exposition"
+    if kind == "redirect":
+        return f"{what}: {detail}: give the URL it finally serves with --server-metrics-url"
+    return f"{what}: {detail}"
+
+
+def _status_text(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
+
+
+def _classify(exc: Exception) -> tuple[str, int | None]:
+    if isinstance(exc, ScrapeError):
+        return exc.kind, exc.status
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", None
+    if isinstance(exc, httpx.ConnectError):
+        return "connect", None
+    if isinstance(exc, httpx.TooManyRedirects):
+        return "redirect", None
+    if isinstance(exc, UnicodeDecodeError):
+        return "not_text", None
+    return "error", None
 
 
 def parse_exposition(text: str) -> tuple[list[tuple[str, dict[str, str], float]], int]:
@@ -110,13 +272,19 @@ class Scraper:
         timeout_s: float | None = None,
         spill: Callable[[list[Row]], None] | None = None,
         transport: httpx.BaseTransport | None = None,
+        auth: ScrapeAuth | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.url = url
         self.interval_s = interval_s
+        self.auth = auth if auth is not None else scrape_auth(url, url, {})
+        self._redactor = redactor if redactor is not None else Redactor()
+        self._request_url = without_userinfo(url)  # its user-info is in auth's headers
+        self._origin = origin(url)
         self._clock = clock
         # A scrape may take longer than a short interval (missed ticks are skipped), but a
         # hung endpoint is given up on: 2 s or the interval, whichever is longer, at most 10 s.
-        self._timeout_s = timeout_s if timeout_s is not None else min(max(interval_s, 2.0), 10.0)
+        self.timeout_s = timeout_s if timeout_s is not None else min(max(interval_s, 2.0), 10.0)
         self._spill = spill
         self._transport = transport
         self.rows: list[Row] = []
@@ -124,6 +292,9 @@ class Scraper:
         self.failures = 0
         self.malformed_lines = 0
         self.last_error: str | None = None
+        self.failed_by: dict[str, int] = {}
+        self.problem: tuple[str, int | None, str] | None = None  # kind, status, detail
+        self.first_done = threading.Event()  # set when the first scrape has ended
         # The latest successful scrape's samples (replaced whole, so a reader in another
         # thread sees one scrape or the next, never a mix): what a live exporter re-publishes.
         self.latest: list[tuple[str, dict[str, str], float]] = []
@@ -155,10 +326,37 @@ class Scraper:
             failures=self.failures,
             malformed_lines=self.malformed_lines,
             last_error=self.last_error,
+            access=self.access(),
         )
 
+    def access(self) -> ScrapeAccess:
+        """How the endpoint was asked, the failures by kind and the latest one's note."""
+        note = kind = status = None
+        if self.problem is not None:
+            kind, status, detail = self.problem
+            shown = redact_url(self.url)
+            tried = self.scrapes + self.failures
+            note = (f"{self.failures} of {tried} scrapes failed; the latest: "
+                    + problem_note(kind, status, detail, shown, self.auth))  # fmt: skip
+        return ScrapeAccess(
+            headers={name: self.auth.sources[name] for name in sorted(self.auth.headers)},
+            same_origin=self.auth.same_origin, withheld=self.auth.withheld,
+            failed_by=dict(sorted(self.failed_by.items())), problem=note, problem_kind=kind,
+            problem_status=status,
+        )  # fmt: skip
+
+    def _strip_elsewhere(self, request: httpx.Request) -> None:
+        """A request hook (it sees every redirect too): no header of ours to another origin."""
+        if origin(str(request.url)) != self._origin:
+            for name in self.auth.headers:
+                request.headers.pop(name, None)
+
     def _loop(self) -> None:
-        kwargs: dict[str, Any] = {"timeout": self._timeout_s, "follow_redirects": True}
+        kwargs: dict[str, Any] = {
+            "timeout": self.timeout_s, "follow_redirects": True,
+            "headers": {"accept": "text/plain", **self.auth.headers},
+            "event_hooks": {"request": [self._strip_elsewhere]},
+        }  # fmt: skip
         if self.url.startswith("http://"):
             # No TLS on this URL: skip building a certificate store (~30 ms of CPU, measured
             # by benchmarks/scrape_overhead.py) that it would never use.
@@ -183,11 +381,12 @@ class Scraper:
         """One GET, parsed into rows; a failure is counted, never raised."""
         t_ns = self._clock.now_ns()
         try:
-            text = _get(client, self.url)
+            text = _get(client, self._request_url)
         except (httpx.HTTPError, ScrapeError, UnicodeDecodeError) as exc:
-            self.failures += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            self._failed(exc)
             return
+        finally:
+            self.first_done.set()
         samples, bad = parse_exposition(text)
         self.malformed_lines += bad
         self.scrapes += 1
@@ -201,18 +400,40 @@ class Scraper:
             self._spill(rows)
             self.rows = []
 
+    def _failed(self, exc: Exception) -> None:
+        kind, status = _classify(exc)
+        detail = self._redactor.redact(f"{type(exc).__name__}: {exc}")[:300]
+        self.failures += 1
+        self.last_error = detail
+        first_of_kind = kind not in self.failed_by
+        self.failed_by[kind] = self.failed_by.get(kind, 0) + 1
+        self.problem = (kind, status, self._redactor.redact(str(exc))[:200] or kind)
+        if first_of_kind:  # once per kind, to the run log (the console shows the note)
+            LOGGER.info("server metrics: %s", problem_note(
+                kind, status, self.problem[2], redact_url(self.url), self.auth))  # fmt: skip
+
+
+STATUS_KINDS = {401: "unauthorized", 403: "forbidden", 404: "not_found"}
+
 
 class ScrapeError(Exception):
-    """A scrape's response that is not an exposition (status, size)."""
+    """A scrape's response that is not an exposition (status, size), with its kind."""
+
+    def __init__(self, message: str, kind: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
 
 
 def _get(client: httpx.Client, url: str) -> str:
-    with client.stream("GET", url, headers={"accept": "text/plain"}) as response:
-        if response.status_code >= 300:
-            raise ScrapeError(f"HTTP {response.status_code}")
+    with client.stream("GET", url) as response:
+        status = response.status_code
+        if status >= 300:
+            kind = STATUS_KINDS.get(status, "http_error")
+            raise ScrapeError(f"HTTP {_status_text(status).removeprefix('HTTP ')}", kind, status)
         body = bytearray()
         for chunk in response.iter_bytes():
             body += chunk
             if len(body) > MAX_SCRAPE_BYTES:
-                raise ScrapeError(f"body over {MAX_SCRAPE_BYTES} bytes")
+                raise ScrapeError(f"body over {MAX_SCRAPE_BYTES} bytes", "too_large")
     return body.decode("utf-8")

@@ -21,8 +21,10 @@ import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from loadgen.workload.spec import CREDENTIAL_NAMES
+
 REDACTED = "<redacted>"
-CREDENTIAL_HEADERS = re.compile(r"authorization|api[-_]?key|token|secret|cookie", re.IGNORECASE)
+CREDENTIAL_HEADERS = CREDENTIAL_NAMES  # header names whose values are secrets (one pattern)
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
 RUN_CHARS = 8  # a run this long of a secret's characters is redacted wherever it appears
 

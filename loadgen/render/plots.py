@@ -148,15 +148,20 @@ def timeline_png(
     step_s: float,
     p99_ms: Mapping[str, Sequence[float | None]],
     targets_ms: Mapping[str, float | None],
-    arrival_rate_per_s: Sequence[float],
+    arrival_rate_per_s: Sequence[float | None],
     failed: Sequence[int],
     title: str,
+    partial: Sequence[bool] = (),
+    schedule_end_s: float | None = None,
 ) -> bytes:
     """Per-window p99 TTFT/TPOT/ITL (ms, left) with SLO lines and the arrival rate (req/s,
     right); failed requests per window as bars in a panel below, on the same time axis.
 
     `p99_ms` and `targets_ms` are keyed by metric (`ttft`, `tpot`, `itl`); None marks a
-    window without values (drawn as a gap in the line).
+    window without values (drawn as a gap in the line). The arrival rate is over the part
+    of each window the schedule covered (`analysis.windows`): None (too little covered) is
+    a gap, a `partial` window's rate is a hollow marker, and `schedule_end_s` a dotted line
+    labelled "arrivals end", so the rate's end reads as the schedule's, not as a dip.
     """
     x = np.asarray(window_mid_s, dtype=np.float64)
     fig, (top, bottom) = plt.subplots(
@@ -187,9 +192,21 @@ def timeline_png(
     top.set_ylabel("p99 per window (ms, nearest rank)")
     fig.suptitle(title)
     rate_axis = top.twinx()
-    rate_axis.plot(x, arrival_rate_per_s, color="grey", alpha=0.6, linewidth=1, label="arrivals")
+    rates = np.array([math.nan if r is None else r for r in arrival_rate_per_s], dtype=np.float64)
+    rate_axis.plot(x, rates, color="grey", alpha=0.6, linewidth=1, label="arrivals")
+    cut = np.array([bool(p) for p in partial] or [False] * len(x), dtype=bool) & np.isfinite(rates)
+    if cut.any():
+        rate_axis.plot(x[cut], rates[cut], linestyle="none", marker="o", markersize=5,
+                       markerfacecolor="white", color="grey",
+                       label="arrivals (window partly run)")  # fmt: skip
+    if schedule_end_s is not None:
+        rate_axis.axvline(schedule_end_s, color="grey", linestyle=":", linewidth=1)
+        rate_axis.annotate("arrivals end", (schedule_end_s, 0.02),
+                           xycoords=("data", "axes fraction"), rotation=90, ha="right",
+                           va="bottom", color="grey", fontsize=8)  # fmt: skip
     rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
-    rate_axis.set_ylim(0, max([1.0, *arrival_rate_per_s]) * 1.3)  # headroom: clear of SLO labels
+    finite = rates[np.isfinite(rates)].tolist()
+    rate_axis.set_ylim(0, max([1.0, *finite]) * 1.3)  # headroom: clear of SLO labels
     lines, labels = top.get_legend_handles_labels()
     more_lines, more_labels = rate_axis.get_legend_handles_labels()
     top.legend(

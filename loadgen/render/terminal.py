@@ -24,6 +24,7 @@ from loadgen.render.cost_view import cost_line
 from loadgen.results.recover import Recovery
 from loadgen.results.runfolder import RunInfo, ShardTable
 from loadgen.results.summary import (
+    AskedLoad,
     Check,
     ClassAudit,
     ConnectionUse,
@@ -63,7 +64,8 @@ def render_summary(summary: Summary) -> RenderableType:
 def server_line(server: ServerAudit) -> Text:
     """`server: vllm · 29 scrapes (0 failed) · queue max 4 · running max 13 · KV max 15.6%`."""
     failed = "?" if server.failures is None else str(server.failures)
-    parts = [f"server: {server.server} · {server.scrapes} scrapes ({failed} failed)"]
+    family = server.server if server.scrapes else "no scrape answered"
+    parts = [f"server: {family} · {server.scrapes} scrapes ({failed} failed)"]
     for name, label in (("queue_depth", "queue"), ("running", "running")):
         stats = server.gauges.get(name)
         if stats is not None and stats.max is not None and stats.mean is not None:
@@ -76,7 +78,10 @@ def server_line(server: ServerAudit) -> Text:
     if server.counters.get("preemptions"):
         parts.append(f"{server.counters['preemptions']:g} preemptions")
     style = "yellow" if server.failures or server.scrapes == 0 else ""
-    return Text(" · ".join(parts), style=style)
+    text = " · ".join(parts)
+    if server.access is not None and server.access.problem:
+        text += f"\n  {server.access.problem}"  # what failed, where, how to fix it
+    return Text(text, style=style)
 
 
 def _class_table(summary: Summary) -> Table:
@@ -347,12 +352,50 @@ def _missed_check(name: str, check: Check) -> Text:
 
 def _rates_text(generator: GeneratorHealth) -> str:
     """`rate 5.0/s asked, 6.5/s scheduled, 6.4/s achieved`: the rate asked for (when the
-    workload has one), the sampled schedule's, and the achieved one."""
+    workload has one), the sampled schedule's, and the achieved one. A workload that asked
+    for no request rate (sessions, trajectories, a closed loop) says what it asked for:
+    `asked 1.0 sessions/s; requests 1.7/s scheduled, 1.7/s achieved`."""
     target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
     if generator.requested_rate_per_s is None:
+        asked = asked_text(generator)
+        if asked is not None:
+            return (
+                f"asked {asked}; requests {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+            )
         return f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
-    asked = _rate(generator.requested_rate_per_s)
+    asked = _asked_rate(generator.requested_rate_per_s)
     return f"rate {asked}/s asked, {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+
+
+def _asked_rate(value: float) -> str:
+    """A rate as the workload wrote it: `2.0`, `0.25` (not `0.2`), `0.333`."""
+    return f"{value:.1f}" if round(value, 1) == value else f"{value:.3g}"
+
+
+ASKED_UNIT_TEXT = {"requests": "req/s", "sessions": "sessions/s",
+                   "trajectories": "trajectories/s"}  # fmt: skip
+
+
+def asked_text(generator: GeneratorHealth) -> str | None:
+    """What the workload asked for, each class in its own unit: `2.0 req/s`, `1.0
+    sessions/s`, `chat 2.0 req/s + summarize closed loop of 8`; None when the summary does
+    not say (written before loadgen recorded it)."""
+    if generator.requested_rate_per_s is not None:
+        return f"{_asked_rate(generator.requested_rate_per_s)} req/s"
+    if not generator.asked:
+        return None
+    parts = {name: _asked_one(load) for name, load in generator.asked.items()}
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    return " + ".join(f"{name} {part}" for name, part in parts.items())
+
+
+def _asked_one(load: AskedLoad) -> str:
+    if load.unit == "closed_loop":
+        return f"closed loop of {load.concurrency}"
+    if load.unit == "trace" or load.rate_per_s is None:
+        return "a trace's times"
+    return f"{_asked_rate(load.rate_per_s)} {ASKED_UNIT_TEXT.get(load.unit, load.unit + '/s')}"
 
 
 def _generator_line(generator: GeneratorHealth) -> Text:

@@ -28,7 +28,7 @@ import polars as pl
 
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
-from loadgen.results.summary import Summary
+from loadgen.results.summary import AskedLoad, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
 
@@ -37,8 +37,12 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 11  # 11: run.json workload.identity.scheme (2: agent classes hash their
-# context mode; older agent identities are re-derived from the stored spec)
+SCHEMA_VERSION = 13  # 13: run.json server_metrics.access and summary.json server.access
+# (how the metrics endpoint was asked: header names and their source, failures by kind, the
+# classified problem), run.json workload.spec.target.server_metrics_headers (names only)
+# (12: summary generator.asked (per class, the load asked in its unit))
+# (11: run.json workload.identity.scheme (2: agent classes hash their
+# context mode; older agent identities are re-derived from the stored spec))
 # (10: records cached_prompt_tokens, server_request_id; summary.json
 # server and classes.*.prefix_cache; run.json server_metrics; server_metrics.parquet)
 # (9: records' model column; summary classes.*.models (a model mix) and
@@ -279,6 +283,7 @@ class RecordedClass:
     concurrency: int | None = None
     trajectory_budget_s: float | None = None
     requested_rate_per_s: float | None = None  # single open-loop requests' asked rate
+    asked: AskedLoad | None = None  # what was asked, in the class's unit (None: unknown)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +297,8 @@ class ServerMetricsInfo:
     failures: int | None = None
     malformed_lines: int | None = None
     last_error: str | None = None
+    # How the scraper asked and why it was refused (schema 12; None: written before).
+    access: ScrapeAccess | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -371,14 +378,37 @@ def _recorded_class(name: str, raw: Mapping[str, Any]) -> RecordedClass:
         concurrency=raw.get("concurrency"),
         trajectory_budget_s=raw.get("trajectory_budget_s"),
         requested_rate_per_s=_requested_rate(raw),
+        asked=_asked(raw),
     )
 
 
 def _requested_rate(raw: Mapping[str, Any]) -> float | None:
-    """The rate a recorded chat class without turns asked for (see ArrivalSpec)."""
-    arrival = raw.get("arrival")
-    if raw.get("kind", "chat") != "chat" or raw.get("turns") is not None:
+    """The rate a recorded chat class of single requests asked for (see ArrivalSpec): not
+    one of sessions (turns, or a dataset's conversations replayed whole)."""
+    asked = _asked(raw)
+    if raw.get("kind", "chat") != "chat" or asked is None or asked.unit != "requests":
         return None
+    return _mean_rate(raw)
+
+
+def _asked(raw: Mapping[str, Any]) -> AskedLoad | None:
+    """What a recorded class asked for (`AskedLoad.of`); None when run.json cannot say."""
+    arrival = raw.get("arrival")
+    if not isinstance(arrival, Mapping) or not isinstance(arrival.get("process"), str):
+        return None
+    dataset = raw.get("dataset")
+    replayed = isinstance(dataset, Mapping) and dataset.get("turns") == "all"
+    concurrency = raw.get("concurrency")
+    return AskedLoad.of(
+        kind=str(raw.get("kind", "chat")), sessions=raw.get("turns") is not None or replayed,
+        concurrency=concurrency if isinstance(concurrency, int) else None,
+        process=arrival["process"], mean_rate_per_s=_mean_rate(raw),
+    )  # fmt: skip
+
+
+def _mean_rate(raw: Mapping[str, Any]) -> float | None:
+    """A recorded class's arrival process's long-run mean rate (see ArrivalSpec)."""
+    arrival = raw.get("arrival")
     if not isinstance(arrival, Mapping) or not isinstance(arrival.get("process"), str):
         return None
     try:

@@ -308,6 +308,37 @@ class LagStats:
     max: float | None
 
 
+ASKED_UNITS = ("requests", "sessions", "trajectories")  # what an arrival process brings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AskedLoad:
+    """What one class's workload asked for, in its own unit: an arrival rate of requests,
+    sessions (multi-turn chat: later turns follow earlier answers) or trajectories (agents:
+    hops follow hops); a closed loop's concurrency; or a trace's recorded times.
+
+    `unit`: one of `ASKED_UNITS`, `closed_loop` or `trace`. `rate_per_s`: the arrival
+    process's long-run mean in `unit`s per second (None for a closed loop or a trace).
+    """
+
+    unit: str
+    rate_per_s: float | None = None
+    concurrency: int | None = None
+
+    @classmethod
+    def of(
+        cls, *, kind: str, sessions: bool, concurrency: int | None, process: str,
+        mean_rate_per_s: float | None,
+    ) -> AskedLoad:  # fmt: skip
+        """A class's asked load from its spec's kind, sessions, concurrency and arrival."""
+        if concurrency is not None:
+            return cls(unit="closed_loop", concurrency=concurrency)
+        if process == "trace" or mean_rate_per_s is None:
+            return cls(unit="trace")
+        unit = "trajectories" if kind == "agent" else "sessions" if sessions else "requests"
+        return cls(unit=unit, rate_per_s=round(mean_rate_per_s, 6))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GeneratorHealth:
     """How well the generator kept to its schedule (see `analysis.metrics.generator_health`)."""
@@ -327,6 +358,9 @@ class GeneratorHealth:
     # The rate the user asked for (the workload's arrival rates summed; None for traces,
     # closed-loop and chained work): `target_rate_per_s` is the sampled schedule's.
     requested_rate_per_s: float | None = None
+    # Per class, what was asked in the class's own unit (sessions/s, a closed loop's
+    # concurrency, ...): the rate asked where `requested_rate_per_s` has none to sum.
+    asked: Mapping[str, AskedLoad] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -363,6 +397,29 @@ class ServerHistogram:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeAccess:
+    """How the scraper asked the metrics endpoint, and what it answered when it refused.
+
+    `headers`: the header names sent with every GET (values are never stored), each with
+    where it came from: `target` (the target's own credentials, sent only when the metrics
+    URL has the target's origin), `server_metrics_headers` (given for the endpoint), `url`
+    (the metrics URL's user-info, as Basic auth). `withheld`: the target's credential
+    headers not sent because the metrics URL is another origin. `failed_by`: failed scrapes
+    by kind (`unauthorized` 401, `forbidden` 403, `not_found` 404, `http_error` other
+    non-2xx, `connect`, `timeout`, `too_large`, `not_text`, `redirect`, `error`); `problem` the
+    latest failure as a note that says what, where and how to fix it (None: none failed).
+    """
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    same_origin: bool = False
+    withheld: tuple[str, ...] = ()
+    failed_by: Mapping[str, int] = field(default_factory=dict)
+    problem: str | None = None
+    problem_kind: str | None = None
+    problem_status: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerAudit:
     """summary.json's `server` block: what the server's /metrics said over the run.
 
@@ -383,6 +440,8 @@ class ServerAudit:
     counters: Mapping[str, float]
     prefix_cache_hit_share: float | None  # Δhits / Δqueries of the server's own counters
     histograms_ms: Mapping[str, ServerHistogram]
+    # How it was asked and why it refused (schema 12; None: a run written before).
+    access: ScrapeAccess | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,11 +37,11 @@ from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
-from loadgen.engine.scrape import Scraper
+from loadgen.engine.scrape import Scraper, scrape_auth
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
-from loadgen.results.codec import from_json
+from loadgen.results.codec import from_json, to_json
 from loadgen.results.records import RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
@@ -60,7 +60,7 @@ from loadgen.run.envelope import envelope_warning, expected_peak_load, last_enve
 from loadgen.run.failure import client_failures
 from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.run.options import RunOptions
-from loadgen.run.setup import client_setup, engine_setup
+from loadgen.run.setup import client_setup, engine_setup, metrics_headers, metrics_url
 from loadgen.run.simulator import target_url
 from loadgen.run.workers import process_info, run_workers, total_connections
 from loadgen.workload.identity import identity
@@ -132,7 +132,7 @@ def execute(
         run_info = _run_info(spec, options, endpoint, planned, sim_args)
         run_info["host"]["open_files_limit"] = open_files
         run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
-        scraper = _scraper(spec, options, endpoint, run_dir, run_info, log)
+        scraper = _scraper(spec, options, endpoint, run_dir, run_info, log, redactor)
         publish = _publisher(live, spec, work, run_dir.name, run_info)
         if publish is not None:
             publish.scraper = scraper
@@ -233,20 +233,32 @@ def _check_target(
 
 def _scraper(
     spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, run_dir: Path,
-    run_info: dict[str, Any], log: TextIO,
+    run_info: dict[str, Any], log: TextIO, redactor: Redactor,
 ) -> Scraper | None:  # fmt: skip
-    """The server-metrics scraper, started, when a URL is given (a path is on the target)."""
-    url = options.server_metrics_url or spec.target.server_metrics_url
+    """The server-metrics scraper, started, when a URL is given (a path is on the target).
+
+    It sends the target's credentials only to the target's origin, and the endpoint's own
+    headers (`engine.scrape.scrape_auth`). Unless quiet, the first scrape's outcome is
+    awaited (before t0: it delays no request) so a refused endpoint is said at once.
+    """
+    url = metrics_url(spec, options)
     if url is None:
         return None
     if url.startswith("/"):
         url = endpoint.origin + url
     interval_s = options.server_metrics_interval_s or spec.target.server_metrics_interval_s
+    auth = scrape_auth(url, endpoint.origin, endpoint.headers, metrics_headers(spec, options))
     run_info["server_metrics"] = {"url": redact_url(url), "interval_s": interval_s}
-    scraper = Scraper(url, interval_s, spill=partial(write_server_part, run_dir))
+    scraper = Scraper(url, interval_s, spill=partial(write_server_part, run_dir), auth=auth,
+                      redactor=redactor)  # fmt: skip
     scraper.start()
     if not options.quiet:
-        print(f"scraping {redact_url(url)} every {interval_s:g} s", file=log)
+        sent = f" with {', '.join(sorted(auth.headers))}" if auth.headers else ""
+        print(f"scraping {redact_url(url)} every {interval_s:g} s{sent}", file=log)
+        if scraper.first_done.wait(scraper.timeout_s + 1) and scraper.failures:
+            note = scraper.access().problem
+            print(f"server metrics: {note}; the run goes on, its client figures unaffected",
+                  file=log)  # fmt: skip
     return scraper
 
 
@@ -313,6 +325,7 @@ def _run_info(
     resolved = dataclasses.asdict(spec)
     resolved.pop("raw", None)
     resolved["target"]["headers"] = sorted(spec.target.headers)  # names only: values may be secret
+    resolved["target"]["server_metrics_headers"] = sorted(spec.target.server_metrics_headers)
     return {
         "schema_version": SCHEMA_VERSION,
         "loadgen_version": __version__,
@@ -474,6 +487,7 @@ def _server_block(
         **run_info.get("server_metrics", {}), "scrapes": stats.scrapes,
         "failures": stats.failures, "malformed_lines": stats.malformed_lines,
         "last_error": stats.last_error,
+        "access": to_json(stats.access) if stats.access is not None else None,
     }  # fmt: skip
     server = join_server_metrics(run_dir, int(run_info["t0"]["perf_counter_ns"]))
     info = from_json(ServerMetricsInfo, run_info["server_metrics"])

@@ -29,6 +29,7 @@ from loadgen.errors import LoadgenError
 from loadgen.results.records import RECORDS_FILE, write_parquet_atomic
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
+    SERVER_METRICS_FILE,
     SUMMARY_FILE,
     T0,
     RunInfo,
@@ -191,21 +192,30 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
 
 
+def scraping_shard(shards: Sequence[ShardRun]) -> ShardRun | None:
+    """The shard whose scrape the merged run keeps, rows and run.json block together:
+    shards scrape one server, so one shard's scrape is the server's (theirs would repeat
+    it). The first whose scrape kept rows; else the first that scraped at all, so that its
+    failures and their note (a 401, ...) stay with the run; None: no shard scraped."""
+    tried = [s for s in shards if s.info.server_metrics is not None]
+    kept = (s for s in tried if (s.run_dir / SERVER_METRICS_FILE).exists())
+    return next(kept, tried[0] if tried else None)
+
+
 def _keep_server_metrics(shards: Sequence[ShardRun], run_dir: Path, start_ns: int) -> None:
-    """The first shard's scraped server metrics (run.json's `server_metrics` is that shard's
-    too), on the merged timeline: shards scrape one server, so theirs would repeat it."""
-    for shard in shards:
-        server = read_server_metrics(shard.run_dir)
-        if server is not None and shard.info.server_metrics is not None:
-            offset = shard.anchor_unix_ns - start_ns
-            write_server_metrics(run_dir, server.with_columns(pl.col("t_ns") + offset))
-            return
+    """The scraping shard's server metrics (`scraping_shard`), on the merged timeline."""
+    shard = scraping_shard(shards)
+    server = read_server_metrics(shard.run_dir) if shard is not None else None
+    if shard is not None and server is not None:
+        offset = shard.anchor_unix_ns - start_ns
+        write_server_metrics(run_dir, server.with_columns(pl.col("t_ns") + offset))
 
 
 def merged_info(shards: Sequence[ShardRun], run_id: str | None, start_ns: int) -> RunInfo:
     """The merged run's run.json: the first shard's, with the merged t0 (the agreed start,
     on no one monotonic clock), processes, shard table and stop, and every plan counted."""
     base = shards[0].info
+    scraped = scraping_shard(shards)  # its server_metrics block, with the rows kept
     name = run_id or new_run_id(base.workload.name if base.workload else "merged")
     return replace(
         merged_stop(base, shards),
@@ -213,7 +223,7 @@ def merged_info(shards: Sequence[ShardRun], run_id: str | None, start_ns: int) -
         run_id=name,
         planned=sum(s.planned for s in shards),
         t0=T0(perf_counter_ns=None, unix_ns=start_ns, utc=utc_text(start_ns)),
-        server_metrics=next((s.info.server_metrics for s in shards if s.info.server_metrics), None),
+        server_metrics=scraped.info.server_metrics if scraped is not None else None,
         shard=None,
         workers=merged_workers(shards),
         shards=shard_table(shards, start_ns),

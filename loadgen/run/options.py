@@ -34,3 +34,5 @@ class RunOptions:
     replicas: int = 1  # `--replicas`: the fleet's price is price_per_hour × replicas
     server_metrics_url: str | None = None  # `--server-metrics-url`; else target's, if any
     server_metrics_interval_s: float | None = None  # `--server-metrics-interval`
+    # `--server-metrics-header`s: the metrics endpoint's own (over target.server_metrics_headers)
+    server_metrics_headers: Mapping[str, str] = field(default_factory=dict)

@@ -18,9 +18,8 @@ from loadgen.engine.transport import Endpoint, make_endpoint
 from loadgen.errors import ConfigError
 from loadgen.run.options import RunOptions
 from loadgen.workload.prompts import PromptMaker
+from loadgen.workload.spec import ENV_REFERENCE as ENV_REF
 from loadgen.workload.spec import WorkloadSpec, header_problem
-
-ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def resolve_headers(
@@ -31,23 +30,8 @@ def resolve_headers(
     Every value read from the environment is appended to `env_values` (they are secrets).
     """
     source = spec.source
-    headers: dict[str, str] = {}
     env_values = env_values if env_values is not None else []
-    for name, value in {**spec.target.headers, **extra}.items():
-
-        def expand(match: re.Match[str], name: str = name) -> str:
-            var = match.group(1)
-            if var not in os.environ:
-                raise ConfigError(
-                    source,
-                    f"target.headers.{name}",
-                    f"${{{var}}} is not set",
-                    f"export {var}=... before the run",
-                )
-            env_values.append(os.environ[var])
-            return os.environ[var]
-
-        headers[name] = ENV_REF.sub(expand, value)
+    headers = _expanded(source, "target.headers", {**spec.target.headers, **extra}, env_values)
     key_env, key = spec.target.api_key_env, None
     if key_env:
         key = os.environ.get(key_env)
@@ -69,15 +53,67 @@ def resolve_headers(
     return resolved
 
 
+def _expanded(
+    source: str, key: str, given: Mapping[str, str], env_values: list[str]
+) -> dict[str, str]:
+    """`given` with each `${VAR}` read from the environment (each value read appended to
+    `env_values`); an unset one is a ConfigError at `key.NAME`."""
+    headers: dict[str, str] = {}
+    for name, value in given.items():
+
+        def expand(match: re.Match[str], name: str = name) -> str:
+            var = match.group(1)
+            if var not in os.environ:
+                raise ConfigError(
+                    source, f"{key}.{name}", f"${{{var}}} is not set",
+                    f"export {var}=... before the run",
+                )  # fmt: skip
+            env_values.append(os.environ[var])
+            return os.environ[var]
+
+        headers[name] = ENV_REF.sub(expand, value)
+    return headers
+
+
+def metrics_headers(
+    spec: WorkloadSpec, options: RunOptions, env_values: list[str] | None = None
+) -> dict[str, str]:
+    """The metrics endpoint's own headers: the file's `target.server_metrics_headers`, then
+    `--server-metrics-header`s, `${VAR}` read from the environment."""
+    given = {**spec.target.server_metrics_headers, **options.server_metrics_headers}
+    values = env_values if env_values is not None else []
+    headers = _expanded(spec.source, "target.server_metrics_headers", given, values)
+    for name, value in headers.items():  # a value read from the environment: CR/LF, ...
+        if problem := header_problem(name, value):
+            problem = problem.replace("a header value", "its value")
+            fix = "check the environment variable it is read from"
+            raise ConfigError(spec.source, f"server metrics header {name}", problem, fix)
+    return headers
+
+
+def metrics_url(spec: WorkloadSpec, options: RunOptions) -> str | None:
+    """The URL scraped, as given (a path is on the target's origin), or None: no scraping."""
+    return options.server_metrics_url or spec.target.server_metrics_url
+
+
 def client_setup(
     spec: WorkloadSpec, options: RunOptions
 ) -> tuple[Adapter, dict[str, str], Redactor, str | None]:
-    """The adapter, the request headers, the redactor of their secrets, and the URL."""
+    """The adapter, the request headers, the redactor of their secrets, and the URL.
+
+    The redactor knows the metrics endpoint's secrets too (every value of its own headers,
+    its URL's user-info and query): a log line or error of any process hides them.
+    """
     adapter = adapter_for(spec.target.api, spec.target.generic)
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
-    return adapter, headers, Redactor(run_secrets(headers, env_values, url)), url
+    secrets = run_secrets(headers, env_values, url)
+    scraped = metrics_url(spec, options)
+    if scraped is not None:
+        own = metrics_headers(spec, options, secrets)
+        secrets += [*own.values(), *run_secrets({}, (), scraped)]
+    return adapter, headers, Redactor(secrets), url
 
 
 def engine_setup(

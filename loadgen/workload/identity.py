@@ -69,8 +69,10 @@ _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
 _NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
                 ("TargetSpec", "url"), ("TargetSpec", "request_id_header"),
                 ("TargetSpec", "request_id_format"), ("TargetSpec", "server_metrics_url"),
-                ("TargetSpec", "server_metrics_interval_s")}  # fmt: skip
-_NOT_TRAFFIC_TARGET = ("url", "server_metrics_url", "server_metrics_interval_s")
+                ("TargetSpec", "server_metrics_interval_s"),
+                ("TargetSpec", "server_metrics_headers")}  # fmt: skip
+_NOT_TRAFFIC_TARGET = ("url", "server_metrics_url", "server_metrics_interval_s",
+                       "server_metrics_headers")  # fmt: skip
 _BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer"), ("DatasetSpec", "path")}
 
 

@@ -79,6 +79,9 @@ class TargetSpec:
     # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.
     server_metrics_url: str | None = None
     server_metrics_interval_s: float = 1.0
+    # The metrics endpoint's own headers (its credentials when they differ from the target's,
+    # which are sent only to the target's origin); `${VAR}` read from the environment.
+    server_metrics_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -607,6 +610,7 @@ def _target(node: _Node) -> TargetSpec:
         "request_id",
         "server_metrics_url",
         "server_metrics_interval_s",
+        "server_metrics_headers",
     )
     headers = node.value.get("headers") or {}
     if not isinstance(headers, Mapping) or not all(
@@ -667,7 +671,30 @@ def _target(node: _Node) -> TargetSpec:
         server_metrics_interval_s=node.number(
             "server_metrics_interval_s", 1.0, minimum=0.05, maximum=3600
         ),
+        server_metrics_headers=_metrics_headers(node),
     )
+
+
+def _metrics_headers(node: _Node) -> dict[str, str]:
+    """`target.server_metrics_headers`: names to string values; a credential's value must be
+    read from the environment (`${VAR}`), never written in the file."""
+    headers = node.value.get("server_metrics_headers") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise node.error("server_metrics_headers", "must map header names to string values",
+                         "e.g. {Authorization: 'Bearer ${METRICS_TOKEN}'}")  # fmt: skip
+    for name, value in headers.items():
+        key = f"server_metrics_headers.{name}"
+        if problem := header_problem(name, value):
+            raise node.error(key, problem)
+        if CREDENTIAL_NAMES.search(name) and not ENV_REFERENCE.search(value):
+            raise node.error(
+                key, "secrets must not be written in the workload file",
+                f"read it from the environment: {name}: 'Bearer ${{METRICS_TOKEN}}', "
+                "and export METRICS_TOKEN=... before the run",
+            )  # fmt: skip
+    return dict(headers)
 
 
 def metrics_url_problem(url: str) -> str:
@@ -718,6 +745,10 @@ def url_problem(url: object) -> str:
     return ""
 
 
+# Header names that carry credentials (engine.secrets redacts their values; a metrics
+# header so named must read its value from the environment), and a `${VAR}` reference.
+CREDENTIAL_NAMES = re.compile(r"authorization|api[-_]?key|token|secret|cookie", re.IGNORECASE)
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field-name characters
 
 

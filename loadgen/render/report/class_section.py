@@ -5,6 +5,7 @@ errors, figures and time windows."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import polars as pl
 
@@ -298,6 +299,19 @@ def _server_cell(w: dict[str, object], column: str) -> str:
     return pct(float(value)) if column == "server_kv_usage" else f"{value:.1f}"
 
 
+def _rate_cell(w: Mapping[str, Any]) -> str:
+    """`2.00`; `2.00 (over 4.5 s)` for a partly covered window; `— (arrivals ended 1.2 s
+    in)` when too little of it was covered to estimate a rate (`analysis.windows`)."""
+    rate, covered = w["arrival_rate_per_s"], w["covered_s"]
+    span = w["window_end_s"] - w["window_start_s"]
+    if rate is None:
+        return (
+            "— (after arrivals ended)" if covered == 0 else f"— (arrivals ended {covered:.2g} s in)"
+        )
+    whole = covered >= span - 1e-6  # seconds from ns: float noise is not a partial window
+    return f"{rate:.2f}" if whole else f"{rate:.2f} (over {covered:.1f} s)"
+
+
 def _windows_table(windows: pl.DataFrame) -> Table:
     server = [c for c in SERVER_WINDOW_COLUMNS if c in windows.columns]
     rows = []
@@ -309,7 +323,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
             (
                 f"{w['window_start_s']:g}–{w['window_end_s']:g} s",
                 str(w["requests"]),
-                f"{w['arrival_rate_per_s']:.2f}",
+                _rate_cell(w),
                 str(w["in_flight"]),
                 str(w["ok"]),
                 str(w["failed"]),

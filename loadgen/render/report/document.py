@@ -9,13 +9,14 @@ from pathlib import Path
 
 from loadgen import __version__
 from loadgen.analysis.slo import stop_of
+from loadgen.analysis.windows import MAX_WINDOWS, MIN_COVERAGE, MIN_REQUESTS_PER_WINDOW
 from loadgen.errors import LoadgenError
 from loadgen.render.cost_view import cost_table
 from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
 from loadgen.render.report.class_section import class_blocks
 from loadgen.render.report.model import RunReport
 from loadgen.render.report.server_section import server_blocks
-from loadgen.render.terminal import STOP_TEXT, with_unit
+from loadgen.render.terminal import STOP_TEXT, asked_text, with_unit
 from loadgen.results.runfolder import RunInfo, TargetInfo
 from loadgen.results.summary import ClassAudit, GeneratorHealth
 
@@ -40,11 +41,29 @@ def document(report: RunReport) -> list[Block]:
             f"(run written by loadgen {info.loadgen_version or '?'}). Latencies are "
             "measured from the intended send time; percentiles are nearest rank; "
             "'failures worst' ranks every failed request as +∞ and shows 'fail' where a "
-            f"percentile falls on one. Windows: {report.window_s:g} s, {mode}, requests by "
-            "intended time, ITL gaps by the time the gap ends."
+            f"percentile falls on one. Windows: {_window_text(report)}, {mode}, requests by "
+            "intended time, ITL gaps by the time the gap ends. A window's arrival rate is "
+            f"over the part of it the arrival schedule covered{_schedule_text(report)}; "
+            f"'—' where under {MIN_COVERAGE:.0%} of it was covered."
         )
     )
     return blocks
+
+
+def _window_text(report: RunReport) -> str:
+    """`5 s (chosen for this run: ...)`, or `10 s` as given."""
+    if not report.window_chosen:
+        return f"{report.window_s:g} s"
+    return (
+        f"{report.window_s:g} s (chosen for this run: the smallest round size giving at most "
+        f"{MAX_WINDOWS} windows and {MIN_REQUESTS_PER_WINDOW}+ requests per window on average; "
+        "--window sets one)"
+    )
+
+
+def _schedule_text(report: RunReport) -> str:
+    end = report.schedule_end_s
+    return "" if end is None else f" (the schedule ended at {end:.1f} s)"
 
 
 def _banners(report: RunReport) -> list[Block]:
@@ -138,14 +157,31 @@ def _generator_table(generator: GeneratorHealth) -> Table:
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         (
             "rate asked / schedule / achieved",
-            f"{num(generator.requested_rate_per_s, ' req/s')} / "
+            f"{asked_text(generator) or '—'} / "
             f"{num(generator.target_rate_per_s, ' req/s')} / "
             f"{num(generator.achieved_rate_per_s, ' req/s')} (the schedule's rate is that of "
-            "the sampled send times)",
+            f"the sampled send times{_asked_note(generator)})",
         ),
         ("retries", str(generator.retries)),
     ]
     return Table("Generator health", ("", ""), rows)
+
+
+def _asked_note(generator: GeneratorHealth) -> str:
+    """Why no request rate was asked, when the workload asked for something else."""
+    if generator.requested_rate_per_s is not None or not generator.asked:
+        return ""
+    units = {load.unit for load in generator.asked.values()}
+    why = []
+    if "sessions" in units:
+        why.append("a session's later turns follow its earlier answers")
+    if "trajectories" in units:
+        why.append("an agent's hops follow its earlier hops")
+    if "closed_loop" in units:
+        why.append("a closed loop sends when a request ends")
+    if "trace" in units:
+        why.append("a trace's times are read from its file")
+    return "; no run-wide request rate was asked: " + ", ".join(why) if why else ""
 
 
 def _classes_table(classes: Mapping[str, ClassAudit]) -> Table:

@@ -29,6 +29,7 @@ class ClassView:
     step_s: float
     budget_s: float | None = None  # agent: the trajectory budget
     deadline_s: float | None = None  # summarization: the batch deadline
+    schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
 
 
 def class_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
@@ -126,9 +127,17 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
                 arrival_rate_per_s=view.windows.get_column("arrival_rate_per_s").to_list(),
                 failed=view.windows.get_column("failed").to_list(),
                 title=f"{name}: p99 per window, arrival rate and failures",
+                partial=_partly_covered(view.windows),
+                schedule_end_s=view.schedule_end_s,
             ),
         ),
     }
+
+
+def _partly_covered(windows: pl.DataFrame) -> list[bool]:
+    """Windows the arrival schedule covered only in part (their rate is over that part)."""
+    span = windows["window_end_s"] - windows["window_start_s"]
+    return ((windows["covered_s"] < span - 1e-6) & (windows["covered_s"] > 0)).to_list()
 
 
 def chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
@@ -148,8 +157,8 @@ def server_figure(
     client = {}
     for (name,), rows in windows.sort("window_start_s").group_by("class", maintain_order=True):
         mids = ((rows["window_start_s"] + rows["window_end_s"]) / 2).to_list()
-        client[str(name)] = (mids, rows["ttft_p99_ms"].to_list(),
-                             rows["arrival_rate_per_s"].to_list())  # fmt: skip
+        rates = rows["arrival_rate_per_s"].fill_null(float("nan")).to_list()  # a gap: no rate
+        client[str(name)] = (mids, rows["ttft_p99_ms"].to_list(), rates)
     server = {c: timeline[c].to_list() for c in timeline.columns if c != "t_s"}
     png = plots.server_timeline_png(
         client=client, server_t_s=timeline["t_s"].to_list(), server=server,

@@ -20,7 +20,7 @@ from loadgen.analysis import metrics
 from loadgen.analysis.audit import audit_run
 from loadgen.analysis.server import server_timeline, window_gauges
 from loadgen.analysis.slo import per_request
-from loadgen.analysis.windows import time_windows
+from loadgen.analysis.windows import default_window_s, schedule_end_ns, time_windows
 from loadgen.render.report.figures import (
     ClassView,
     chunks_by_tokens,
@@ -81,31 +81,43 @@ class RunReport:
     run_info: RunInfo  # run.json as stored
     summary: Summary  # what summary.json holds
     windows: pl.DataFrame  # `windows.time_windows` of the run
-    window_s: float
+    window_s: float  # as given, else `windows.default_window_s` of the run (`window_chosen`)
     step_s: float | None  # None: tumbling windows
     slos_overridden: tuple[str, ...]  # classes whose SLOs differ from run.json's
     classes: Mapping[str, ClassDetails]
     figures: Mapping[str, bytes]  # name -> PNG; the name is also the file stem in report.md
     captions: Mapping[str, str] = field(default_factory=dict)
     server_timeline: pl.DataFrame | None = None  # `analysis.server.server_timeline`, if scraped
+    window_chosen: bool = False  # window_s was chosen by the run's length, not given
+    schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
 
 
 def build_run_report(
     run_dir: Path,
     *,
     slos: Mapping[str, SloTargets] | None = None,
-    window_s: float = 10.0,
+    window_s: float | None = None,
     sliding_step_s: float | None = None,
 ) -> RunReport:
     """`audit_run`, plus the time windows, per-class details and figures, all from the records.
 
+    `window_s` None: `windows.default_window_s` of the run's records.
     Raises LoadgenError for a folder that is not a run, ValueError for a bad window/step.
     """
     info = read_run_info(run_dir)
     summary, frame, effective = audit_run(run_dir, slos=slos)
     recorded, slos_as_run = info.classes(), info.slos()
     overridden = tuple(n for n in effective if slos_as_run.get(n) != effective[n])
+    chosen = window_s is None
+    if window_s is None:
+        window_s = default_window_s(frame)
+        if sliding_step_s is not None and sliding_step_s > window_s:
+            raise ValueError(
+                f"window step {sliding_step_s:g} s is longer than the window chosen for this "
+                f"run ({window_s:g} s): give --window too"
+            )
     windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
+    schedule_end_s = schedule_end_ns(frame) / metrics.NS_PER_S if frame.height else None
     scraped = read_server_metrics(run_dir) if info.server_metrics is not None else None
     timeline = server_timeline(scraped) if scraped is not None and scraped.height else None
     if timeline is not None and timeline.width == 1:
@@ -131,6 +143,7 @@ def build_run_report(
             step_s=sliding_step_s or window_s,
             budget_s=as_run.trajectory_budget_s,
             deadline_s=as_run.batch_deadline_s,
+            schedule_end_s=schedule_end_s,
         )
         names = []
         for kind, (caption, png) in class_figures(view).items():
@@ -152,6 +165,8 @@ def build_run_report(
         figures=figures,
         captions=captions,
         server_timeline=timeline,
+        window_chosen=chosen,
+        schedule_end_s=schedule_end_s,
     )
 
 

@@ -23,7 +23,8 @@ def server_blocks(report: RunReport) -> list[Block]:
     server = report.summary.server
     if server is None:
         return []
-    heading = Heading(2, f"Server: {server.server} metric names ({server.url})")
+    named = f"{server.server} metric names" if server.scrapes else "no scrape answered"
+    heading = Heading(2, f"Server: {named} ({server.url})")
     blocks: list[Block] = [heading, _scrapes(server)]
     if server.gauges or server.counters:
         blocks.append(_figures_table(server))
@@ -39,10 +40,17 @@ def _scrapes(server: ServerAudit) -> Para:
     text = (f"{server.scrapes} scrapes every {server.interval_s:g} s, {failed} failed"
             + (f", {server.malformed_lines} malformed lines skipped"
                if server.malformed_lines else ""))  # fmt: skip
-    if server.last_error:
+    if server.access is not None and server.access.problem:
+        text += f". {server.access.problem}"  # classified, with how to fix it
+    elif server.last_error:
         text += f"; last error: {server.last_error}"
-    if server.server == "unknown":
-        text += ". Unknown server: every series is kept raw in server_metrics.parquet."
+    if server.access is not None and server.access.headers:
+        sent = ", ".join(f"{n} (from {src})" for n, src in server.access.headers.items())
+        text += f". Sent {sent}"
+    if server.scrapes == 0:
+        text += ". No scrape answered: no server figures"
+    elif server.server == "unknown":
+        text += ". Unknown server: every series is kept raw in server_metrics.parquet"
     tone = "warn" if server.failures or server.scrapes == 0 else ""
     return Para(text + ".", tone)
 
