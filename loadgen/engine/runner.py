@@ -650,14 +650,16 @@ class Engine:
         )
         tasks = Starts(tg)  # each request's task, a slice per loop iteration
         try:
-            await self._send_at_times(starts, tasks)
+            await self._send_at_times(starts, tg, tasks)
         finally:
             await tasks.wait()  # shielded: every request written gets its task
         self.next_due_ns = None
 
-    async def _send_at_times(self, starts: Sequence[tuple[int, int, int]], tasks: Starts) -> None:
+    async def _send_at_times(
+        self, starts: Sequence[tuple[int, int, int]], tg: anyio.abc.TaskGroup, tasks: Starts
+    ) -> None:
         """The scheduler's loop: sleep to the next start, write every one due, hand their
-        tasks to `tasks`."""
+        tasks to `tasks` (those that must connect first straight to `tg`)."""
         t0, flows = self.t0_ns, self.work.flows
         ahead = Ahead(self, starts)
         i, n = 0, len(starts)
@@ -679,7 +681,10 @@ class Engine:
                     exchange, request = ahead.take_single(index)
                     launched.append((exchange, request, self._go(exchange, request, now)))
             for exchange, request, sent in launched:  # then the tasks that wait for them
-                tasks.start(self._follow, exchange, request, sent)
+                if sent:  # written: its task only arms deadlines and waits, a slice at a time
+                    tasks.start(self._follow, exchange, request, sent)
+                else:  # it connects first: at once, or a cold burst's last is sent later
+                    tg.start_soon(self._follow, exchange, request, sent)
             for flow, started in started_flows:
                 tasks.start(self._flow, flow, started)
             i = end
