@@ -21,7 +21,17 @@ from loadgen.run.envelope import (
     last_envelope,
     save_calibration,
 )
-from loadgen.studies.calibrate import Ladder, Level, Thresholds, calibrate, compare
+from loadgen.run.simulator import running_sim
+from loadgen.studies.calibrate import (
+    Ladder,
+    Level,
+    Thresholds,
+    calibrate,
+    compare,
+    level_plans,
+    run_engine,
+    sim_args,
+)
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines, WorkloadSpec, loads
 
@@ -244,6 +254,21 @@ def test_quick_calibration_measures_every_chunk_against_the_simulator(tmp_path: 
     assert saved["quick"] is True  # saved because --save was given, and says what it was
     assert saved["ladder"] == {"levels": [8, 16], "tokens_per_s": 50.0, "stream_s": 1.0,
                                "ramp_s": 0.2, "processes": 1, "all_levels": False}  # fmt: skip
+
+
+def test_calibration_opens_its_connections_before_t0_as_a_run_does() -> None:
+    """A level's streams go out on connections warmed before t0 (`--warm-connections
+    auto`, what `loadgen run` does), so connection setup is in none of its figures: no
+    request opened its own (`new`, every one of them, before): each took a warm one, or
+    one a finished stream had given back (`reused`)."""
+    with running_sim(sim_args(8, 50.0)) as sim:
+        t0_ns = time.perf_counter_ns() + 200_000_000
+        records, cpu_s = run_engine(level_plans(8, 5, 0.1), sim.url, t0_ns)
+    assert [r.outcome for r in records] == [Outcome.OK] * 8
+    used = [r.connection for r in records]
+    assert used[0] == "warm"
+    assert "new" not in used, used
+    assert cpu_s > 0
 
 
 def test_quick_calibration_on_two_engine_processes_measures_every_chunk() -> None:

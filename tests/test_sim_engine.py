@@ -158,3 +158,21 @@ def test_cancel_frees_the_slot_for_the_next_request() -> None:
     emitted = [seq_id for s in steps for seq_id in s.emitted]
     assert emitted.count(2) == 1
     assert emitted.count(1) < 100
+
+
+def test_an_idle_engine_wakes_at_the_earliest_eligible_waiting_request() -> None:
+    """The next event of an idle engine is when its first waiting request becomes eligible,
+    whichever the queue serves first: a stall before the first token holds the
+    high-priority one to 300 ms, so the low-priority one (100 ms) is the event; a cancelled
+    request no longer counts, and a newer arrival can be the earliest."""
+    engine = Engine(SEED)
+    engine.submit(_req(1, 10, 5, priority=0, stall_after_tokens=0, stall_ns=300 * NS_PER_MS), 0)
+    engine.submit(_req(2, 10, 5, priority=1), 100 * NS_PER_MS)
+    assert engine.next_event_ns() == 100 * NS_PER_MS
+    engine.cancel(2)
+    assert engine.next_event_ns() == 300 * NS_PER_MS
+    engine.submit(_req(3, 10, 5, priority=2), 200 * NS_PER_MS)
+    assert engine.next_event_ns() == 200 * NS_PER_MS
+    engine.cancel(3)
+    engine.cancel(1)
+    assert engine.next_event_ns() is None

@@ -45,6 +45,7 @@ from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.starts import Starts
 from loadgen.engine.transport import Connector, Link, encode_request
 from loadgen.results.records import Outcome, RequestRecord, TokenSource
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
@@ -643,11 +644,23 @@ class Engine:
         written, before any task starts. A burst of sends costs a `send` call each, not a
         task start and a loop round each.
         """
-        t0, singles, flows = self.t0_ns, self.work.singles, self.work.flows
         starts = sorted(
-            [(p.intended_ns, 0, i) for i, p in enumerate(singles)]
-            + [(f.start_ns, 1, i) for i, f in enumerate(flows)]
+            [(p.intended_ns, 0, i) for i, p in enumerate(self.work.singles)]
+            + [(f.start_ns, 1, i) for i, f in enumerate(self.work.flows)]
         )
+        tasks = Starts(tg)  # each request's task, a slice per loop iteration
+        try:
+            await self._send_at_times(starts, tg, tasks)
+        finally:
+            await tasks.wait()  # shielded: every request written gets its task
+        self.next_due_ns = None
+
+    async def _send_at_times(
+        self, starts: Sequence[tuple[int, int, int]], tg: anyio.abc.TaskGroup, tasks: Starts
+    ) -> None:
+        """The scheduler's loop: sleep to the next start, write every one due, hand their
+        tasks to `tasks` (those that must connect first straight to `tg`)."""
+        t0, flows = self.t0_ns, self.work.flows
         ahead = Ahead(self, starts)
         i, n = 0, len(starts)
         while i < n:
@@ -668,12 +681,14 @@ class Engine:
                     exchange, request = ahead.take_single(index)
                     launched.append((exchange, request, self._go(exchange, request, now)))
             for exchange, request, sent in launched:  # then the tasks that wait for them
-                tg.start_soon(self._follow, exchange, request, sent)
+                if sent:  # written: its task only arms deadlines and waits, a slice at a time
+                    tasks.start(self._follow, exchange, request, sent)
+                else:  # it connects first: at once, or a cold burst's last is sent later
+                    tg.start_soon(self._follow, exchange, request, sent)
             for flow, started in started_flows:
-                tg.start_soon(self._flow, flow, started)
+                tasks.start(self._flow, flow, started)
             i = end
             ahead.passed(i)
-        self.next_due_ns = None
 
     async def _sleep_until(self, due_ns: int) -> None:
         now = self._now
@@ -937,8 +952,10 @@ class Engine:
                 exchange, request, sent = box[0]
 
         async with anyio.create_task_group() as tg:
+            workers = Starts(tg)
             for exchange, request, sent in wave:
-                tg.start_soon(worker, exchange, request, sent)
+                workers.start(worker, exchange, request, sent)
+            await workers.wait()
 
     def _turnaround(
         self,

@@ -1,0 +1,165 @@
+"""No burst of work holds the event loop: task starts, record bookkeeping and the
+simulator's writes go a slice per loop iteration, the sockets polled between slices.
+
+A read that waits for the loop merges with the chunks that arrive meanwhile, and carries
+the kernel stamp of its last segment: a burst of 512 task steps (~20 ms) stamped a first
+token up to a decode step late. Each test counts, per loop iteration, how much of a burst
+ran, and fails when a burst runs in one iteration (the code before slicing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from functools import partial
+
+import anyio
+
+from loadgen.engine import transport
+from loadgen.engine.starts import START_SLICE, Starts
+from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.sim.config import config_from_mapping
+from loadgen.sim.engine import StepResult
+from loadgen.sim.server import DELIVER_SLICE, SimServer
+from loadgen.sim.trace import NullTrace
+
+
+def per_iteration(count: Callable[[], int], until: Callable[[], bool]) -> asyncio.Future[list[int]]:
+    """How far `count()` moved in each loop iteration, sampled by a callback that
+    re-arms itself (a callback scheduled during an iteration runs in the next one)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[list[int]] = loop.create_future()
+    steps: list[int] = []
+    last = [count()]
+
+    def sample() -> None:
+        now = count()
+        steps.append(now - last[0])
+        last[0] = now
+        if until():
+            done.set_result([s for s in steps if s])
+        else:
+            loop.call_soon(sample)
+
+    loop.call_soon(sample)
+    return done
+
+
+def test_starts_hand_a_burst_of_tasks_to_the_group_a_slice_per_iteration() -> None:
+    """100 tasks started at once: at most START_SLICE first steps per loop iteration, all
+    100 started, in order; `wait` returns once the last is handed over."""
+    total = 100
+    started: list[int] = []
+
+    async def task(i: int) -> None:
+        started.append(i)
+
+    async def main() -> list[int]:
+        steps: list[int] = []
+        async with anyio.create_task_group() as tg:
+            sampled = per_iteration(lambda: len(started), lambda: len(started) == total)
+            starts = Starts(tg)
+            for i in range(total):
+                starts.start(task, i)
+            await starts.wait()
+            steps += await sampled
+        return steps
+
+    steps = anyio.run(main, backend="asyncio")
+    assert started == list(range(total))
+    assert START_SLICE == 32
+    assert steps == [32, 32, 32, 4]  # all at once (one iteration of 100) before slicing
+
+
+class EndsTogether:
+    """A connection whose one read ends `n` exchanges (as 512 streams ending in one step
+    end one each): each asks the pool to run its bookkeeping after the reads."""
+
+    def __init__(self, pool: Pool, n: int, ran: list[int]) -> None:
+        self.pool, self.n, self.ran = pool, n, ran
+
+    def process(self) -> None:
+        for i in range(self.n):
+            self.pool.after_reads(partial(self.ran.append, i))
+
+
+def test_after_reads_callbacks_run_a_slice_per_iteration_in_order() -> None:
+    """200 exchanges end in one drain: their bookkeeping runs AFTER_SLICE per iteration
+    (the sockets read between), every one of them, in the order they ended."""
+    total = 200
+    ran: list[int] = []
+
+    async def main() -> list[int]:
+        pool = Pool(make_endpoint("http://127.0.0.1:9", "/v1/chat/completions", {}))
+        steps = per_iteration(lambda: len(ran), lambda: len(ran) == total)
+        pool.schedule(EndsTogether(pool, total, ran))  # type: ignore[arg-type]
+        return await steps
+
+    steps = asyncio.run(main())
+    assert ran == list(range(total))
+    assert transport.AFTER_SLICE == 32
+    assert steps == [32] * 6 + [8]  # [200] before slicing
+
+
+def test_after_reads_runs_at_once_only_when_nothing_waits_before_it() -> None:
+    """With callbacks still queued, a new one waits its turn (order kept); with none and
+    no reads pending, it runs at once."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        pool = Pool(make_endpoint("http://127.0.0.1:9", "/v1/chat/completions", {}))
+        pool.after_reads(lambda: ran.append("idle"))
+        assert ran == ["idle"]
+        pool.schedule(EndsTogether(pool, transport.AFTER_SLICE + 1, []))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the drain ran: one slice done, one callback left
+        pool.after_reads(lambda: ran.append("late"))
+        assert ran == ["idle"]  # behind the one still queued
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert ran == ["idle", "late"]
+
+    asyncio.run(main())
+
+
+class Writer:
+    """A simulator exchange that only notes the order its tokens were written in."""
+
+    def __init__(self, seq_id: int, log: list[int]) -> None:
+        self.seq_id, self.log = seq_id, log
+
+    def on_token(self) -> None:
+        self.log.append(self.seq_id)
+
+
+def step(index: int, seq_ids: range) -> StepResult:
+    return StepResult(start_ns=index, end_ns=index + 1, decode_batch=len(seq_ids),
+                      prefill_tokens=0, emitted=tuple(seq_ids))  # fmt: skip
+
+
+def test_the_simulator_writes_a_step_a_slice_per_iteration_steps_in_order() -> None:
+    """A step of 150 tokens then one of 10: DELIVER_SLICE written at once, the rest a
+    slice per iteration (requests are read between), every token once, steps in order;
+    each step's trace record once its last token is written."""
+    log: list[int] = []
+    traced: list[tuple[int, int]] = []
+
+    class Trace(NullTrace):
+        def write(self, record: dict[str, object]) -> None:
+            traced.append((int(record["emitted"]), len(log)))  # type: ignore[call-overload]
+
+    async def main() -> tuple[int, list[int]]:
+        loop = asyncio.get_running_loop()
+        app = SimServer(config_from_mapping({}, "test"), loop, Trace())
+        app.exchanges.update({i: Writer(i, log) for i in range(160)})  # type: ignore[misc]
+        app._deliver(step(0, range(150)), 0)
+        app._deliver(step(1, range(150, 160)), 0)
+        at_once = len(log)
+        steps = await per_iteration(lambda: len(log), lambda: len(log) == 160)
+        return at_once, steps
+
+    at_once, steps = asyncio.run(main())
+    assert DELIVER_SLICE == 64
+    assert at_once == 64  # the first slice at once: no step is written late for it
+    assert log == list(range(160))
+    assert steps == [64, 32]  # the rest of step 1, then its last 22 and step 2's 10
+    assert traced == [(150, 150), (10, 160)]
