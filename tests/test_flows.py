@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from loadgen.analysis.objectives import Objective, batch_block, trajectory_block
+from loadgen.engine.request_ids import DEFAULT_HEADER
 from loadgen.errors import ConfigError
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.run.simulator import running_sim
@@ -299,8 +300,11 @@ def test_trace_prefix_blocks_become_shared_prompt_prefixes(tmp_path: Path) -> No
     arrival: {{process: trace, path: {trace}, format: mooncake}}
 """)
     with ScriptedServer(lambda r: simple_chat(1)) as server:
-        run_engine(plan_work(spec), server.url)
-    words = [r.body["messages"][0]["content"].split() for r in server.requests]
+        records = run_engine(plan_work(spec), server.url)
+    # In plan order, by the id each request carried (a busy box may deliver them out of order).
+    by_id = {r.headers[DEFAULT_HEADER.lower()]: r for r in server.requests}
+    sent = [by_id[rec.request_id_sent] for rec in sorted(records, key=lambda r: r.request_id)]
+    words = [r.body["messages"][0]["content"].split() for r in sent]
     assert [len(w) for w in words] == [1100, 1100, 600, 600]
     assert words[0][:1024] == words[1][:1024]  # two shared blocks
     assert words[0][1024:] != words[1][1024:]
