@@ -135,6 +135,7 @@ class Writer:
 
     def __init__(self, seq_id: int, log: list[int]) -> None:
         self.seq_id, self.log = seq_id, log
+        self.last_token_sim_ns: int | None = None
 
     def on_token(self) -> None:
         self.log.append(self.seq_id)

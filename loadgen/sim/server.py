@@ -282,14 +282,18 @@ class SimServer:
     def _write_slice(self) -> None:
         """Write up to `DELIVER_SLICE` queued tokens, steps in order; re-arm while any remain."""
         budget = DELIVER_SLICE
-        exchanges, outbox = self.exchanges, self._outbox
+        exchanges, outbox, itl = self.exchanges, self._outbox, self.counters.itl
         while outbox and budget > 0:
             step, actual_ns, start = outbox[0]
-            emitted = step.emitted
+            emitted, at_ns = step.emitted, step.end_ns
             end = min(len(emitted), start + budget)
             for seq_id in emitted[start:end]:
                 exchange = exchanges.get(seq_id)
                 if exchange is not None:
+                    last = exchange.last_token_sim_ns
+                    if last is not None:  # vLLM's inter-token latency: engine time between
+                        itl.observe((at_ns - last) / NS_PER_S)  # a request's two iterations
+                    exchange.last_token_sim_ns = at_ns
                     exchange.on_token()
             budget -= end - start
             if end < len(emitted):
