@@ -267,3 +267,40 @@ def test_a_merge_keeps_one_shards_scrape_whole_rows_and_tally_together(
     server = json.loads((tmp_path / "none" / "m" / "summary.json").read_text())["server"]
     assert (server["scrapes"], server["failures"]) == (0, 7)
     assert server["access"]["problem_kind"] == "unauthorized"
+
+
+@pytest.mark.slow  # reuses the four shards of the module's fixture
+def test_a_merge_keeps_the_scrape_that_spans_the_longest_stretch_of_the_run(
+    sharded: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """Shards end at different times. Shard 1 scraped from 5 to 15 ms, shard 2 from 5 to
+    60 ms (its streams ran longer): the merged run keeps shard 2's rows and tally, not the
+    first shard's shorter window; with equal spans, the first."""
+    _, _, dirs = sharded
+    copies = []
+    for source in dirs:
+        shutil.copytree(source, tmp_path / source.name)
+        copies.append(tmp_path / source.name)
+    block = {"url": "http://gpu/metrics", "interval_s": 1.0, "failures": 0,
+             "malformed_lines": 0, "last_error": None, "access": {}}  # fmt: skip
+    for copy, times, values in ((copies[1], [5, 10, 15], [1.0, 4.0, 2.0]),
+                                (copies[2], [5, 10, 15, 60], [1.0, 4.0, 2.0, 9.0])):  # fmt: skip
+        path = copy / "run.json"
+        info = {**json.loads(path.read_text()), "server_metrics": {**block, "scrapes": len(times)}}
+        path.write_text(json.dumps(info))
+        rows = pl.DataFrame({"t_ns": [t * 1_000_000 for t in times],
+                             "name": ["vllm:num_requests_waiting"] * len(times),
+                             "labels": [[]] * len(times), "value": values})  # fmt: skip
+        write_server_metrics(copy, rows.cast(SERVER_METRICS_SCHEMA))  # type: ignore[arg-type]
+    result = CliRunner().invoke(cli, ["merge", *map(str, copies), "--out", str(tmp_path / "out"),
+                                      "--run-id", "m"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    server = json.loads((tmp_path / "out" / "m" / "summary.json").read_text())["server"]
+    assert server["scrapes"] == 4
+    assert server["gauges"]["queue_depth"]["max"] == 9
+    shutil.copy(copies[1] / "server_metrics.parquet", copies[2] / "server_metrics.parquet")
+    result = CliRunner().invoke(cli, ["merge", *map(str, copies), "--out", str(tmp_path / "eq"),
+                                      "--run-id", "m"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    server = json.loads((tmp_path / "eq" / "m" / "summary.json").read_text())["server"]
+    assert server["scrapes"] == 3  # shard 1's block: the first of equal spans

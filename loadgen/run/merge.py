@@ -195,11 +195,27 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
 def scraping_shard(shards: Sequence[ShardRun]) -> ShardRun | None:
     """The shard whose scrape the merged run keeps, rows and run.json block together:
     shards scrape one server, so one shard's scrape is the server's (theirs would repeat
-    it). The first whose scrape kept rows; else the first that scraped at all, so that its
-    failures and their note (a 401, ...) stay with the run; None: no shard scraped."""
+    it). Of those whose scrape kept rows, the one whose scrapes span the longest stretch of
+    the run (shards end at different times: the first shard's may stop while another's
+    stream still run, and its counters would miss their tokens), the first of equals; else
+    the first that scraped at all, so that its failures and their note (a 401, ...) stay
+    with the run; None: no shard scraped."""
     tried = [s for s in shards if s.info.server_metrics is not None]
-    kept = (s for s in tried if (s.run_dir / SERVER_METRICS_FILE).exists())
-    return next(kept, tried[0] if tried else None)
+    spans = [(_scrape_span_ns(s), -i, s) for i, s in enumerate(tried)]
+    kept = [item for item in spans if item[0] is not None]
+    if kept:
+        return max(kept, key=lambda item: (item[0], item[1]))[2]
+    return tried[0] if tried else None
+
+
+def _scrape_span_ns(shard: ShardRun) -> int | None:
+    """Last − first scrape time of a shard's kept rows; None when it kept none."""
+    if not (shard.run_dir / SERVER_METRICS_FILE).exists():
+        return None
+    rows = read_server_metrics(shard.run_dir)
+    if rows is None or rows.height == 0:
+        return None
+    return int(rows["t_ns"].max()) - int(rows["t_ns"].min())  # type: ignore[arg-type]
 
 
 def _keep_server_metrics(shards: Sequence[ShardRun], run_dir: Path, start_ns: int) -> None:
