@@ -748,6 +748,9 @@ def _window_runs(
     return entries, left_out
 
 
+SHOWN_DIFFERENCES = 5  # settings named in a refusal; the rest are counted
+
+
 def _latest_per_workload(entries: Sequence[RunEntry], current: RunEntry) -> list[RunEntry]:
     """The latest run of each workload other than CURRENT's, by workload key."""
     latest = {e.workload_key: e for e in entries if e.workload_key != current.workload_key}
@@ -780,9 +783,6 @@ def _check_complete(entry: RunEntry, side: str, include_incomplete: bool) -> Non
         )
 
 
-SHOWN_DIFFERENCES = 5  # settings named in a refusal; the rest are counted
-
-
 def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> tuple[str, ...]:
     """Nothing for runs of one workload; else what differs between them (BASELINE's value
     first), when `force`; else LoadgenError naming each setting and how to align it."""
@@ -801,8 +801,7 @@ def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> 
     remedies = "; ".join(dict.fromkeys(d.remedy() for d in differences[:SHOWN_DIFFERENCES]))
     raise LoadgenError(
         f"{head}. They differ in (BASELINE vs CURRENT) {_named(differences)}. To compare "
-        f"them: {remedies}; "
-        "or add --force to compare them anyway (the output says so)"
+        f"them: {remedies}; or add --force to compare them anyway (the output says so)"
     )
 
 
