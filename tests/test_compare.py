@@ -512,6 +512,24 @@ def test_two_runs_differing_in_an_agent_context_mode_are_refused_naming_it(tmp_p
     assert f"(it vs CURRENT: {named})" in " ".join(err.split())
 
 
+def test_runs_keyed_apart_by_another_fingerprint_rule_say_no_setting_differs(
+    tmp_path: Path,
+) -> None:
+    """Two runs of one spec whose recorded keys differ (one written under another rule):
+    the refusal says no hashed setting differs, not a made-up one; --force says so too."""
+    a = agent_run(tmp_path, T0, "a", grow=True)
+    b = agent_run(tmp_path, T0 + timedelta(hours=1), "b", grow=True)
+    info = json.loads((b / "run.json").read_text())
+    info["workload"]["identity"] = {**info["workload"]["identity"], "key": "agent@00000000"}
+    (b / "run.json").write_text(json.dumps(info))
+    code, _, err = invoke(a, b)
+    assert code == 1
+    assert "no setting this loadgen hashes differs" in " ".join(err.split())
+    assert "They differ in" not in err
+    code, out, _ = invoke(a, b, "--force", "--format", "json")
+    assert json.loads(out)["workload_differences"][0].startswith("no setting this loadgen")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
