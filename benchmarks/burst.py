@@ -12,9 +12,11 @@ CLOCK_MONOTONIC as the client). Each run starts a fresh simulator: a flat decode
   TTFT (its first-token write − its receive of the request) mean: the client's over-report,
   split into its two parts, the client's own send lag (mean sent − intended) and the time
   from the write to the simulator's receive stamp (mean; the loopback hop and however long
-  the simulator, one process on a shared box, takes to read and parse its share of the
-  burst); and the first-token stamp error (client stamp − the simulator's write of chunk
-  0) p99.
+  the simulator, one process on a shared box, takes to read its share of the burst: its
+  receive stamp is when the read that brought a request's last byte returned, before it
+  handles any of them); `sim_queue_ms`, the mean time from that stamp to when the
+  simulator began to handle the request (its own queue, inside its TTFT); and the
+  first-token stamp error (client stamp − the simulator's write of chunk 0) p99.
 * `closed`: a closed loop of N streams (one batch flow, concurrency N, `--waves` × N
   documents, the next sent when one ends), the first wave included. TTFT over-report as
   above (all documents, and the first wave alone), and the turnaround: sent − intended of
@@ -142,6 +144,7 @@ def analyse(
     client_part: list[int] = []
     later_from_send: list[int] = []
     server_part: list[int] = []
+    sim_queue: list[int] = []  # the simulator's own: read off the socket → handled
     for r in records:
         sent_id = getattr(r, "request_id_sent", None)  # None on a tree before request ids
         server = trace.get(sent_id or f"loadgen-{r.request_id}")
@@ -152,6 +155,8 @@ def analyse(
         if r.sent_ns is not None:  # the over-report's two parts: the client's, the server's
             client_part.append(r.sent_ns - r.intended_ns)
             server_part.append(server["received_ns"] - (t0 + r.sent_ns))
+        if server.get("handled_ns") is not None:  # None: a simulator before read stamps
+            sim_queue.append(server["handled_ns"] - server["received_ns"])
         client_ttft.append(client)
         sim_ttft.append(own)
         if r.request_id < n:
@@ -175,6 +180,7 @@ def analyse(
         "of_which_send_lag_ms": _mean_ms(client_part),  # sent − intended, mean
         "of_which_to_sim_read_ms": _mean_ms(server_part),  # sim's receive stamp − sent, mean
         "sim_ttft_mean_ms": _mean_ms(sim_ttft),
+        "sim_queue_ms": _mean_ms(sim_queue),  # inside sim_ttft: read → handled, mean
         "stamp_err_p99_ms": float(np.percentile(_ms(stamp_err), 99)) if stamp_err else np.nan,
         **{f"conn_{k}": v for k, v in kinds.items()},
     }

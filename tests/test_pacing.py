@@ -3,21 +3,30 @@ simulator's writes go a slice per loop iteration, the sockets polled between sli
 
 A read that waits for the loop merges with the chunks that arrive meanwhile, and carries
 the kernel stamp of its last segment: a burst of 512 task steps (~20 ms) stamped a first
-token up to a decode step late. Each test counts, per loop iteration, how much of a burst
+token up to a decode step late. The simulator, for its part, stamps each request as it
+reads it and handles a burst of them a slice at a time. Each test counts, per loop iteration, how much of a burst
 ran, and fails when a burst runs in one iteration (the code before slicing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import socket
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import anyio
+import pytest
 
 from loadgen.engine import transport
 from loadgen.engine.starts import START_SLICE, Starts
 from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.run.simulator import running_sim
+from loadgen.sim import protocol
 from loadgen.sim.config import config_from_mapping
 from loadgen.sim.engine import StepResult
 from loadgen.sim.server import DELIVER_SLICE, SimServer
@@ -126,6 +135,7 @@ class Writer:
 
     def __init__(self, seq_id: int, log: list[int]) -> None:
         self.seq_id, self.log = seq_id, log
+        self.last_token_sim_ns: int | None = None
 
     def on_token(self) -> None:
         self.log.append(self.seq_id)
@@ -163,3 +173,140 @@ def test_the_simulator_writes_a_step_a_slice_per_iteration_steps_in_order() -> N
     assert log == list(range(160))
     assert steps == [64, 32]  # the rest of step 1, then its last 22 and step 2's 10
     assert traced == [(150, 150), (10, 160)]
+
+
+class FakeTransport:
+    """Takes the simulator connection's writes; never closes."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def post(n: int = 0) -> bytes:
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi %d"}],"stream":true}' % n
+    return b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+
+
+def sim_connections(
+    n: int, inbox: protocol.Inbox | None
+) -> tuple[list[protocol.Connection], list[tuple[int, int]]]:
+    """`n` simulator connections whose handler logs (received_ns, handled at) per request."""
+    handled: list[tuple[int, int]] = []
+
+    def handler(conn: protocol.Connection, http: protocol.HttpRequest) -> None:
+        handled.append((http.received_ns, protocol.perf_counter_ns()))
+
+    conns = [protocol.Connection(handler, set(), inbox) for _ in range(n)]
+    for conn in conns:
+        conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+    return conns, handled
+
+
+def test_the_simulator_stamps_a_burst_as_read_and_handles_it_a_slice_per_iteration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100 requests read in one iteration: each stamped in its own read (a clock that
+    ticks once per call), every stamp before any handling; handled READ_SLICE per
+    iteration after the reads. Without the inbox request k is stamped after request
+    k − 1 was handled, the server's own queue counted before its receive stamp."""
+    ticks = iter(range(1, 10_000))
+    monkeypatch.setattr(protocol, "perf_counter_ns", lambda: next(ticks))
+
+    async def main() -> list[int]:
+        conns, handled = sim_connections(100, protocol.Inbox())
+        for i, conn in enumerate(conns):
+            conn.data_received(post(i))  # one loop iteration's reads
+        assert handled == []  # nothing handled inside the reads
+        slices = await per_iteration(lambda: len(handled), lambda: len(handled) == 100)
+        stamps = [r for r, _ in handled]
+        assert stamps == list(range(1, 101))  # in read order, one tick per read
+        assert max(stamps) < min(at for _, at in handled)
+        return slices
+
+    assert protocol.READ_SLICE == 32
+    assert asyncio.run(main()) == [32, 32, 32, 4]
+
+
+def test_without_an_inbox_each_request_is_handled_in_its_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The contrast the inbox exists for: handled at once, each stamp after the previous
+    request's handling (what every request's stamp was before read stamps)."""
+    ticks = iter(range(1, 10_000))
+    monkeypatch.setattr(protocol, "perf_counter_ns", lambda: next(ticks))
+    conns, handled = sim_connections(3, None)
+    for i, conn in enumerate(conns):
+        conn.data_received(post(i))
+    assert handled == [(1, 2), (3, 4), (5, 6)]
+
+
+def test_a_request_is_stamped_by_the_read_that_brought_its_last_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request split over two reads carries the second read's stamp; two pipelined
+    requests in one read carry that read's; the next one, completed later, its own."""
+    clock = [0]
+    monkeypatch.setattr(protocol, "perf_counter_ns", lambda: clock[0])
+    (conn,), handled = sim_connections(1, None)
+    first, second, third = post(1), post(2), post(3)
+    clock[0] = 100
+    conn.data_received(first[:20])
+    clock[0] = 200
+    conn.data_received(first[20:] + second + third[:10])
+    clock[0] = 250
+    conn._done(keep_alive=True)  # the first answered: the second, read at 200, is next
+    clock[0] = 300
+    conn.data_received(third[10:])  # busy with the second: waits
+    clock[0] = 350
+    conn._done(keep_alive=True)
+    assert [r for r, _ in handled] == [200, 200, 300]
+
+
+def test_the_running_simulator_reads_a_whole_burst_before_it_handles_any(tmp_path: Path) -> None:
+    """20 requests written while the simulator is stopped (SIGSTOP) are all in its socket
+    buffers when it resumes: it reads (stamps) all 20 before it handles the first, so the
+    first handled request's handling starts after the last one's receive stamp. Without
+    the inbox each is handled in its own read: no stamp after the first handling."""
+    trace_file = tmp_path / "sim.jsonl"
+    with running_sim(["--speed", "50"], trace_file=trace_file) as sim:
+        host, port = sim.url.removeprefix("http://").rsplit(":", 1)
+        socks = [socket.create_connection((host, int(port)), timeout=30) for _ in range(20)]
+        for sock in socks:  # a round trip each: every connection accepted before the stop
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: sim\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(65536)
+            length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            while len(head.split(b"\r\n\r\n", 1)[1]) < length:
+                head += sock.recv(65536)
+        os.kill(sim.pid, signal.SIGSTOP)
+        try:
+            for i, sock in enumerate(socks):
+                sock.sendall(post(i))
+        finally:
+            os.kill(sim.pid, signal.SIGCONT)
+        for sock in socks:
+            reply = b""
+            while not reply.endswith(b"0\r\n\r\n"):
+                data = sock.recv(65536)
+                assert data, "the simulator closed the connection mid-response"
+                reply += data
+            sock.close()
+    records = [json.loads(line) for line in trace_file.read_bytes().splitlines()]
+    requests = [r for r in records if r.get("type") == "request"]
+    assert len(requests) == 20
+    first_handled = min(r["handled_ns"] for r in requests)
+    assert all(r["received_ns"] <= r["handled_ns"] for r in requests)
+    assert max(r["received_ns"] for r in requests) < first_handled

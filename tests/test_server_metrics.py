@@ -3,6 +3,7 @@ hits and server ids in every record, and the simulator's true state as the known
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -42,9 +43,12 @@ from loadgen.results.runfolder import (
     write_server_part,
 )
 from loadgen.results.summary import GaugeStats, ServerAudit
-from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, simulate
+from loadgen.sim.config import config_from_mapping
+from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, StepResult, simulate
 from loadgen.sim.metrics import SimCounters, exposition
 from loadgen.sim.prefix import PrefixCache, prompt_words
+from loadgen.sim.server import SimServer
+from loadgen.sim.trace import NullTrace
 from loadgen.testing import ReceivedRequest, ScriptedServer, simple_chat, sse
 from loadgen.testing import chunk as http_chunk
 from loadgen.testing.builders import workload_file
@@ -90,6 +94,39 @@ def test_sim_metrics_report_the_engines_true_waiting_running_and_kv_tokens() -> 
     assert value["vllm:kv_cache_usage_perc"] == pytest.approx(202 / 1000)
     assert value["vllm:prefix_cache_queries_total"] == 7
     assert value["vllm:prefix_cache_hits_total"] == 3
+
+
+def test_sim_inter_token_latency_is_the_engine_time_between_a_requests_tokens() -> None:
+    """Steps ending at 0, 20, 40 and 90 ms (simulated): request 1 emits in all four, request 2
+    joins at 40 ms. Its gaps are the steps' ends apart (20, 20, 50; 50 for request 2), not
+    when the writes happened; a first token is no gap. vLLM's buckets: two at or under
+    25 ms, all four at or under 50 ms; the sum 140 ms."""
+    sim_ms = 1_000_000
+
+    class Token:
+        last_token_sim_ns: int | None = None
+
+        def on_token(self) -> None:
+            pass
+
+    async def main() -> SimCounters:
+        app = SimServer(config_from_mapping({}, "test"), asyncio.get_running_loop(), NullTrace())
+        app.exchanges.update({1: Token(), 2: Token()})  # type: ignore[dict-item]
+        for end_ms, seqs in ((0, (1,)), (20, (1,)), (40, (1, 2)), (90, (1, 2))):
+            app._deliver(StepResult(start_ns=0, end_ns=end_ms * sim_ms, decode_batch=len(seqs),
+                                    prefill_tokens=0, emitted=seqs), 0)  # fmt: skip
+        return app.counters
+
+    counters = asyncio.run(main())
+    assert counters.itl.count == 4
+    assert counters.itl.total == pytest.approx(0.140)
+    text = exposition(Engine(EngineConfig()).state(), counters, kv_capacity_tokens=1,
+                      cache_queries=0, cache_hits=0, model="m").decode()  # fmt: skip
+    bucket = 'vllm:inter_token_latency_seconds_bucket{le="%s",model_name="m"} %s'
+    assert bucket % ("0.01", "0.0") in text
+    assert bucket % ("0.025", "2.0") in text
+    assert bucket % ("0.05", "4.0") in text
+    assert 'vllm:inter_token_latency_seconds_count{model_name="m"} 4.0' in text
 
 
 def test_cached_prompt_tokens_are_not_prefilled() -> None:
@@ -365,7 +402,8 @@ sim: {prefix_cache_tokens: 100000, speed: 4, max_batch: 2}
 
 def test_scraped_counters_equal_what_the_records_measured(tmp_path: Path) -> None:
     """Over the run the simulator's counters moved by exactly the records' totals: prompt and
-    generated tokens, prefix-cache queries and hits; its running gauge never passed max_batch
+    generated tokens, prefix-cache queries and hits, one inter-token gap per token after the
+    first, their mean the client's (in simulated ms); its running gauge never passed max_batch
     (8 sessions 25 ms apart share a batch of 2); the class's hit share is cached / prompt
     tokens of its records."""
     workload = workload_file(tmp_path, SESSIONS)
@@ -385,6 +423,11 @@ def test_scraped_counters_equal_what_the_records_measured(tmp_path: Path) -> Non
     assert counters["prefix_cache_queries"] == records["prompt_tokens"].sum()
     assert counters["prefix_cache_hits"] == records["cached_prompt_tokens"].sum() > 0
     assert counters["preemptions"] == 0
+    itl = server["histograms_ms"]["itl"]  # one gap per generated token after a stream's first
+    assert itl["count"] == (records["output_tokens"] - 1).clip(lower_bound=0).sum()
+    assert itl["mean"] >= 20.0  # no step is shorter than the decode step at batch <= 16
+    client_itl_ms = summary["classes"]["chat"]["itl_ms"]["mean"] * 4  # speed 4: sim ms
+    assert client_itl_ms == pytest.approx(itl["mean"], rel=0.1)  # the two sides agree
     assert server["gauges"]["running"]["max"] <= 2  # max_batch
     later_turns = records.filter(pl.col("turn") > 0)
     assert (later_turns["cached_prompt_tokens"] > 0).all()  # each repeats the turn before
@@ -399,6 +442,49 @@ def test_scraped_counters_equal_what_the_records_measured(tmp_path: Path) -> Non
     assert not (run_dir / "server_metrics.parts").exists()
     info = json.loads((run_dir / "run.json").read_text())["server_metrics"]
     assert info["scrapes"] == server["scrapes"]
+
+
+STALL = """\
+name: stall-itl
+target: {api: openai-chat, model: sim, server_metrics_url: /metrics,
+         server_metrics_interval_s: 0.5}
+sim: {speed: 4, max_batch: 64, chunk_tokens: 0}
+classes:
+  victims:
+    arrival: {process: constant, rate_per_s: 40000}
+    requests: 32
+    prompt_tokens: {dist: fixed, value: 16}
+    output_tokens: {dist: fixed, value: 300}
+  long:
+    arrival: {process: constant, rate_per_s: 1, start_s: 0.25}
+    requests: 1
+    prompt_tokens: {dist: fixed, value: 4000}
+    output_tokens: {dist: fixed, value: 300}
+"""
+
+
+def test_the_servers_inter_token_histogram_holds_the_seeds_530_ms_stall(tmp_path: Path) -> None:
+    """The seed's stall: 32 victims decoding when a 4,000-token prompt arrives, unchunked at
+    8,000 tok/s (500 ms of prefill plus a ~30 ms decode step in one step). The simulator's
+    ITL histogram counts one gap per token after a stream's first, exactly one per victim in
+    (0.5 s, 0.75 s], none longer. (Steps that also prefill victims arriving a step late
+    are longer than a decode step, by how many joined: not asserted.)"""
+    workload = workload_file(tmp_path, STALL)
+    result = CliRunner().invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id",
+                                      "s", "-q", "--no-preflight"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    frame = read_server_metrics(tmp_path / "s")
+    assert frame is not None
+    last = frame["t_ns"].max()
+    rows = frame.filter((pl.col("name") == "vllm:inter_token_latency_seconds_bucket")
+                        & (pl.col("t_ns") == last))  # fmt: skip
+    cumulative = {{x["name"]: x["value"] for x in labels}["le"]: value
+                  for labels, value in zip(rows["labels"], rows["value"], strict=True)}  # fmt: skip
+    records = pl.read_parquet(tmp_path / "s" / "records.parquet")
+    gaps = int((records["output_tokens"] - 1).sum())
+    assert cumulative["+Inf"] == gaps
+    assert cumulative["0.75"] - cumulative["0.5"] == 32  # the stall, once per victim
+    assert cumulative["0.75"] == gaps  # and no gap longer
 
 
 def test_report_re_audits_the_server_block_from_the_folder(tmp_path: Path) -> None:

@@ -968,8 +968,9 @@ class Engine:
         if self._stopping.is_set():
             return
         exchange, request = following
-        exchange.plan = replace(exchange.plan, intended_ns=t_ns - self.t0_ns)
-        box.append((exchange, request, self._go(exchange, request, self._now())))
+        sent = self._go(exchange, request, self._now())  # nothing before the write reads the
+        exchange.plan = replace(exchange.plan, intended_ns=t_ns - self.t0_ns)  # intended time
+        box.append((exchange, request, sent))
 
     def _skip(self, plans: Sequence[RequestPlan], reason: str) -> None:
         for plan in plans:

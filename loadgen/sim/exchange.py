@@ -64,6 +64,7 @@ class Exchange(ExchangeLike):
         self._sent_early = False
         self._timer: asyncio.TimerHandle | None = None
         self._chunk_ns: list[int] = []
+        self.last_token_sim_ns: int | None = None  # the engine's time of its last token
         self._received_ns = received_ns
         self._entered_ns = received_ns
         self._cached, self._prompt_words, self._block_keys = server.prefix_lookup(

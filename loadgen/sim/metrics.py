@@ -17,7 +17,10 @@ from the engine at the moment of the scrape, counters count since the simulator 
 | vllm:prefix_cache_queries_total | counter | prompt tokens looked up in the prefix cache |
 | vllm:prefix_cache_hits_total | counter | of them, found |
 | vllm:time_to_first_token_seconds | histogram | received → first token, simulated seconds |
+| vllm:inter_token_latency_seconds | histogram | token after a first: engine time since the last |
 
+Inter-token latency is the engine's time between a request's two tokens, the simulated
+ends of the steps that emitted them (vLLM times its iterations, not the stream's writes).
 Simulated seconds are real seconds × `speed`, the physics' own time. KV usage is 0..1, and
 above 1 when `kv_capacity_tokens` is set below what the batch holds (the simulator never
 preempts). Prompt tokens include the cached ones, as vLLM counts them.
@@ -35,6 +38,13 @@ from loadgen.sim.engine import EngineState
 TTFT_BUCKETS_S = (
     *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75),
     *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
+
+# vLLM's buckets for inter_token_latency_seconds (and time_per_output_token_seconds, its
+# older name, same buckets and meaning: vllm/v1/metrics/loggers.py).
+ITL_BUCKETS_S = (
+    *(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75),
+    *(1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
 )
 
 
@@ -66,6 +76,7 @@ class SimCounters:
     generation_tokens: int = 0
     success: dict[str, int] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
 
 
 def exposition(
@@ -118,6 +129,9 @@ def exposition(
     ttft = "vllm:time_to_first_token_seconds"
     metric(ttft, "histogram", "Histogram of time to first token in seconds.",
            _histogram(ttft, counters.ttft, label))  # fmt: skip
+    itl = "vllm:inter_token_latency_seconds"
+    metric(itl, "histogram", "Histogram of inter-token latency in seconds.",
+           _histogram(itl, counters.itl, label))  # fmt: skip
     return ("\n".join(out) + "\n").encode()
 
 

@@ -35,7 +35,7 @@ from loadgen.sim.exchange import Exchange
 from loadgen.sim.faults import BadFaultHeader, plan_faults
 from loadgen.sim.metrics import SimCounters, exposition
 from loadgen.sim.prefix import PrefixCache, prompt_words
-from loadgen.sim.protocol import Connection, HttpRequest
+from loadgen.sim.protocol import Connection, HttpRequest, Inbox
 from loadgen.sim.trace import NullTrace, TraceWriter
 from loadgen.sim.wire import BadRequest, output_length, reasoning_tokens
 
@@ -229,7 +229,8 @@ class SimServer:
             self.prefix_cache.insert(keys)
 
     def _generate(self, conn: Connection, http: HttpRequest, api: Api) -> None:
-        received_ns = perf_counter_ns()
+        handled_ns = perf_counter_ns()
+        received_ns = http.received_ns or handled_ns  # read off its socket (see protocol.py)
         seq_id = next(self._ids)
         config = self.config
         try:
@@ -243,7 +244,7 @@ class SimServer:
                 tokens, finish_reason = plan.stop_after, "stop"  # stops early, length forced or not
         except (BadRequest, BadFaultHeader) as exc:
             record = _bad_request_record(seq_id, http, received_ns, str(exc))
-            self.trace.write({**record, "api": api.name})
+            self.trace.write({**record, "api": api.name, "handled_ns": handled_ns})
             body = api.error_body(400, str(exc))
             conn.send_simple(400, body, keep_alive=http.keep_alive)
             return
@@ -259,6 +260,7 @@ class SimServer:
             finish_reason=finish_reason,
             received_ns=received_ns,
         )
+        exchange.record["handled_ns"] = handled_ns
         exchange.start()
 
     def _deliver(self, step: StepResult, actual_ns: int) -> None:
@@ -280,14 +282,18 @@ class SimServer:
     def _write_slice(self) -> None:
         """Write up to `DELIVER_SLICE` queued tokens, steps in order; re-arm while any remain."""
         budget = DELIVER_SLICE
-        exchanges, outbox = self.exchanges, self._outbox
+        exchanges, outbox, itl = self.exchanges, self._outbox, self.counters.itl
         while outbox and budget > 0:
             step, actual_ns, start = outbox[0]
-            emitted = step.emitted
+            emitted, at_ns = step.emitted, step.end_ns
             end = min(len(emitted), start + budget)
             for seq_id in emitted[start:end]:
                 exchange = exchanges.get(seq_id)
                 if exchange is not None:
+                    last = exchange.last_token_sim_ns
+                    if last is not None:  # vLLM's inter-token latency: engine time between
+                        itl.observe((at_ns - last) / NS_PER_S)  # a request's two iterations
+                    exchange.last_token_sim_ns = at_ns
                     exchange.on_token()
             budget -= end - start
             if end < len(emitted):
@@ -391,8 +397,9 @@ async def serve(config: SimConfig) -> None:
         trace = TraceWriter(config.trace_file, loop)
     app = SimServer(config, loop, trace)
     trace.write(_start_record(config, app.clock))
+    inbox = Inbox()
     server = await loop.create_server(
-        lambda: Connection(app.handle, app.connections),
+        lambda: Connection(app.handle, app.connections, inbox),
         config.host,
         config.port,
         backlog=4096,

@@ -13,7 +13,10 @@ processes on one host). Line types:
   generation request (any dialect) when it ends; `chunk_ns` holds the write time of every
   chunk that carries generated tokens, `output_tokens` the tokens generated, `opening_ns`
   the write time of an opening event sent before queueing (role "early"), `heartbeats`
-  how many heartbeat events were written.
+  how many heartbeat events were written. `received_ns` is when the read that brought
+  the request's last byte returned (the server's door: its TTFT counts from there),
+  `handled_ns` when the server began to handle it (parse, plan, queue); between them, the
+  requests read in the same burst and handled before it.
 
 Lines are buffered in memory and flushed every `flush_interval_s` and at close.
 """
