@@ -1,4 +1,4 @@
-"""Fixtures the suites share: the engine against scripted responses.
+"""Fixtures the suites share: the engine against scripted responses, the figures a plot drew.
 
 Builders of records, run folders and workload files live in `loadgen.testing.builders`,
 plain functions that module-scoped fixtures and benchmarks can call too.
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from matplotlib.figure import Figure
 
+from loadgen.render import plots
 from loadgen.results.records import RequestRecord
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, run_engine
 from loadgen.testing.virtual import run_scripted
@@ -44,3 +46,31 @@ class EngineRun:
 def engine_run(request: pytest.FixtureRequest) -> EngineRun:
     """The engine against scripts, once over loopback and once in virtual time."""
     return EngineRun(exact=request.param == "virtual")
+
+
+def arrivals_end_marks(fig: Figure) -> list[tuple[list[float], list[str]]]:
+    """Per panel (twin axes merged into their host), the x of every dotted vertical line
+    and the texts annotated on it."""
+    panels: dict[tuple[float, ...], tuple[list[float], list[str]]] = {}
+    for ax in fig.axes:
+        xs, texts = panels.setdefault(tuple(ax.get_position().bounds), ([], []))
+        for line in ax.get_lines():
+            x = line.get_xdata()
+            if line.get_linestyle() == ":" and len(x) == 2 and x[0] == x[1]:
+                xs.append(float(x[0]))
+        texts.extend(t.get_text() for t in ax.texts)
+    return list(panels.values())
+
+
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """The figures the plot functions draw, caught before they are closed."""
+    figures: list[Figure] = []
+    keep = plots.figure_png
+
+    def catch(fig: Figure) -> bytes:
+        figures.append(fig)
+        return keep(fig)
+
+    monkeypatch.setattr(plots, "figure_png", catch)
+    return figures

@@ -134,3 +134,44 @@ def test_a_session_and_a_mixed_run_show_what_was_asked(
     markdown = (tmp_path / "r" / "report" / "report.md").read_text()
     assert cell in markdown
     assert "no run-wide request rate was asked" in markdown
+
+
+OPEN_BATCH = """name: open-batch
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    arrival: {process: poisson, rate_per_s: 4}
+    requests: 6
+    prompt_tokens: {dist: fixed, value: 5}
+    output_tokens: {dist: fixed, value: 3}
+  docs:
+    kind: summarization
+    arrival: {process: poisson, rate_per_s: 4}
+    requests: 6
+    prompt_tokens: {dist: fixed, value: 50}
+    output_tokens: {dist: fixed, value: 3}
+"""
+
+
+def test_an_open_loop_summarization_class_asks_a_request_rate(tmp_path: Path) -> None:
+    """A summarization class without concurrency sends one document per arrival: Poisson at
+    4/s asks 4.0 req/s, so with a 4/s chat class the run asked 8.0 req/s, from the spec,
+    from run.json's resolved spec, and in a real run's summary.json and terminal line."""
+    spec = load(workload_file(tmp_path, OPEN_BATCH))
+    stored = json.loads(json.dumps(dataclasses.asdict(spec), default=str))["classes"]
+    docs = Objective.of(spec.classes["docs"])
+    assert docs.asked == sessions(4.0, "requests")
+    assert docs.requested_rate_per_s == 4.0
+    assert _recorded_class("docs", stored["docs"]).requested_rate_per_s == 4.0
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(cli, ["run", str(workload_file(tmp_path, OPEN_BATCH)),
+                                          "--url", server.url, "--out", str(tmp_path),
+                                          "--run-id", "r", *LAX])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    generator = json.loads((tmp_path / "r" / "summary.json").read_text())["generator"]
+    assert generator["requested_rate_per_s"] == 8.0
+    assert "rate 8.0/s asked" in " ".join(result.output.split())
+    report = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--out", str(tmp_path / "a")])
+    assert report.exit_code == 0, report.output
+    again = json.loads((tmp_path / "a" / "summary.json").read_text())["generator"]
+    assert again["requested_rate_per_s"] == 8.0  # the re-audit reads it from run.json

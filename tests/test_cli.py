@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from loadgen.engine.secrets import Redactor, run_secrets
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
 from loadgen.results.records import OUTCOMES
+from loadgen.run.execute import RunOptions, execute
 from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.testing.hostile import (
@@ -140,6 +143,29 @@ def test_run_writes_records_and_summary_and_exits_0(tmp_path: Path) -> None:
     assert run_info["planned"] == 10
     assert run_info["finished"] is True
     assert "MET" in output
+
+
+def test_every_run_writes_its_progress_to_the_stderr_of_its_own_call(tmp_path: Path) -> None:
+    """Two runs in one process, each under its own CliRunner, both get their progress lines."""
+    path = write_tiny(tmp_path, requests=3)
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        results = [CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
+                                            str(tmp_path / "o"), "--run-id", f"r{i}", *LAX])
+                   for i in range(2)]  # fmt: skip
+    for result in results:
+        assert result.exit_code == 0, result.output
+        assert "workers: 1" in result.stderr
+
+
+def test_execute_writes_to_the_stderr_of_the_call_not_of_the_import(tmp_path: Path) -> None:
+    """`execute` with no `log` writes to whatever sys.stderr is when it runs."""
+    spec = load(write_tiny(tmp_path, requests=3))
+    caught = io.StringIO()
+    with ScriptedServer(lambda r: simple_chat(3)) as server, contextlib.redirect_stderr(caught):
+        result = execute(spec, RunOptions(url=server.url, out_dir=tmp_path / "o", run_id="r",
+                                          lag_bound_ms=1000))  # fmt: skip
+    assert result.exit_code == 0
+    assert "workers: 1" in caught.getvalue()
 
 
 def test_failures_make_the_slo_miss_exit_2_and_are_all_recorded(tmp_path: Path) -> None:

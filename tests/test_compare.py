@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -41,7 +42,8 @@ from loadgen.render.compare_view import render_markdown, render_table
 from loadgen.render.junit import render_junit
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.testing import builders
-from loadgen.workload.spec import SloTargets
+from loadgen.workload.identity import identity
+from loadgen.workload.spec import SloTargets, loads
 
 NS_PER_MS = 1_000_000
 SLO = {"ttft_ms": 400.0, "tpot_ms": 50.0, "percentile": 99.0}
@@ -465,6 +467,67 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     code, out, _ = invoke(a, slow, "--format", "json", "--class", "chat")
     assert code == 2
     assert "chat.ttft_p50" in json.loads(out)["regressions"]
+
+
+AGENT_YAML = Path(__file__).parent.parent / "workloads" / "agent.yaml"
+
+
+def agent_run(store: Path, t0: datetime, run_id: str, *, grow: bool) -> Path:
+    """A run of workloads/agent.yaml with its context growing (as shipped) or fixed, its
+    run.json's workload block as `loadgen run` writes it."""
+    text = AGENT_YAML.read_text()
+    if not grow:
+        text = text.replace("    kind: agent\n", "    kind: agent\n    context: {grow: false}\n")
+    spec = loads(text)
+    stored = dataclasses.asdict(spec)
+    stored.pop("raw")
+    stored["target"]["headers"] = []
+    run_dir = write_run(store, t0, records(1 + grow, 300, cls="agent"), run_id=run_id,
+                        workload=spec.name)  # fmt: skip
+    info = json.loads((run_dir / "run.json").read_text())
+    info["workload"] = {"name": spec.name, "spec": json.loads(json.dumps(stored)),
+                        "identity": identity(spec)}  # fmt: skip
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return run_dir
+
+
+def test_two_runs_differing_in_an_agent_context_mode_are_refused_naming_it(tmp_path: Path) -> None:
+    """A fixed vs a growing context: exit 1 naming the class, the setting, both values and
+    how to align them; --force compares them and names the setting in the table and JSON;
+    a baseline window holding only the other workload's run names it too."""
+    fixed = agent_run(tmp_path, T0, "fixed", grow=False)
+    growing = agent_run(tmp_path, T0 + timedelta(hours=1), "growing", grow=True)
+    code, _, err = invoke(fixed, growing)
+    assert code == 1
+    named = "classes.agent.context.grow: false vs true (class agent's context: fixed vs growing)"
+    assert named in " ".join(err.split())
+    assert "give class agent one context mode in both workloads" in " ".join(err.split())
+    assert "--force" in err
+    code, out, _ = invoke(fixed, growing, "--force", "--format", "json")
+    assert json.loads(out)["workload_differences"] == [named]
+    code, out, _ = invoke(fixed, growing, "--force")
+    assert named in " ".join(out.split())
+    code, _, err = invoke(growing, "--baseline-window", "1d")  # the window holds only `fixed`
+    assert code == 1
+    assert f"(it vs CURRENT: {named})" in " ".join(err.split())
+
+
+def test_runs_keyed_apart_by_another_fingerprint_rule_say_no_setting_differs(
+    tmp_path: Path,
+) -> None:
+    """Two runs of one spec whose recorded keys differ (one written under another rule):
+    the refusal says no hashed setting differs, not a made-up one; --force says so too."""
+    a = agent_run(tmp_path, T0, "a", grow=True)
+    b = agent_run(tmp_path, T0 + timedelta(hours=1), "b", grow=True)
+    info = json.loads((b / "run.json").read_text())
+    info["workload"]["identity"] = {**info["workload"]["identity"], "key": "agent@00000000"}
+    (b / "run.json").write_text(json.dumps(info))
+    code, _, err = invoke(a, b)
+    assert code == 1
+    assert "no setting this loadgen hashes differs" in " ".join(err.split())
+    assert "They differ in" not in err
+    code, out, _ = invoke(a, b, "--force", "--format", "json")
+    assert json.loads(out)["workload_differences"][0].startswith("no setting this loadgen")
 
 
 @pytest.mark.parametrize(

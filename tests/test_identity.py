@@ -13,9 +13,24 @@ import pytest
 from loadgen.results.records import RequestRecord
 from loadgen.results.store import discover_runs
 from loadgen.testing import builders
-from loadgen.workload.identity import fingerprint, identity, identity_of_run, spec_from_resolved
+from loadgen.workload.identity import (
+    SettingDifference,
+    fingerprint,
+    identity,
+    identity_of_run,
+    spec_from_resolved,
+    workload_differences,
+)
 from loadgen.workload.plans import plan_work
-from loadgen.workload.spec import ContextSpec, LengthDist, WorkloadSpec, load, loads, override
+from loadgen.workload.spec import (
+    ContextSpec,
+    Deadlines,
+    LengthDist,
+    WorkloadSpec,
+    load,
+    loads,
+    override,
+)
 
 WORKLOADS = sorted((Path(__file__).parent.parent / "workloads").glob("*.yaml"))
 CHAT = """
@@ -302,3 +317,53 @@ def test_the_store_does_not_pool_an_old_fixed_context_run_with_a_growing_one(
     assert (rows[keys["new"]]["runs"], rows[keys["new"]]["requests"]) == (2, 36)
     assert rows[keys["old"]]["ttft_ms_p50"] == pytest.approx(100.0, rel=1e-3)
     assert rows[keys["new"]]["ttft_ms_p50"] == pytest.approx(300.0, rel=1e-3)
+
+
+# -- what differs between two runs' workloads (compare's refusal names it) --------------------
+
+
+def run_of(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[str, Any]:
+    """The run.json keys the identity reads, as `loadgen run` writes them."""
+    return {"workload": {"name": spec.name, "spec": stored(spec),
+                         "identity": identity(spec, max_in_flight=max_in_flight)},
+            "options": {"max_in_flight": max_in_flight}}  # fmt: skip
+
+
+def test_a_fixed_and_a_growing_context_differ_in_the_context_mode_alone() -> None:
+    """grow true vs false is one difference, named as the class's context mode; the tool
+    results a growing context sends (and a fixed one ignores) are not listed beside it."""
+    differences = workload_differences(
+        run_of(agent_with(grow=True)), run_of(agent_with(grow=False))
+    )
+    assert differences == [SettingDifference(path="classes.agent.context.grow", first="true",
+                                             second="false")]  # fmt: skip
+    assert differences[0].describe() == (
+        "classes.agent.context.grow: true vs false (class agent's context: growing vs fixed)"
+    )
+    assert "context: {grow: false}" in differences[0].remedy()
+    capped = agent_with(grow=True, max_tokens=4000)
+    assert [d.describe() for d in workload_differences(run_of(agent_with(grow=True)), run_of(capped))] == [
+        "classes.agent.context.max_tokens: (default) vs 4000"
+    ]  # fmt: skip
+
+
+def test_every_hashed_setting_that_differs_is_named_with_both_values() -> None:
+    """Rate, a deadline set on one side only (the other's default value shown), an SLO
+    target dropped, the name and --max-in-flight; seed, URL and run length are not."""
+    base = loads(CHAT)
+    other = loads(CHAT.replace("rate_per_s: 4", "rate_per_s: 12").replace("tpot_ms: 50, ", "")
+                  .replace("requests: 40", "requests: 400\n    deadlines: {first_token_s: 3}")
+                  .replace("name: chat", "name: chat-3x").replace("http://a:8000", "http://b:9"))  # fmt: skip
+    got = [d.describe() for d in workload_differences(run_of(base), run_of(other, max_in_flight=8))]
+    assert got == [
+        "classes.chat.arrival.rate_per_s: 4 vs 12",
+        f"classes.chat.deadlines.first_token_s: {Deadlines().first_token_s:g} (default) vs 3",
+        "classes.chat.slo.tpot_ms: 50 vs (default)",
+        "max_in_flight: (default) vs 8",
+        'name: "chat" vs "chat-3x"',
+    ]
+    same = loads(
+        CHAT.replace("http://a:8000", "http://c:1").replace("requests: 40", "duration_s: 9")
+    )
+    assert workload_differences(run_of(base), run_of(dataclasses.replace(same, seed=7))) == []
+    assert identity(same)["key"] == identity(base)["key"]  # the rule the list follows

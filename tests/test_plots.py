@@ -9,6 +9,8 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from conftest import arrivals_end_marks
+from matplotlib.figure import Figure
 
 from loadgen.render import plots
 
@@ -132,3 +134,32 @@ def test_an_off_scale_slo_is_noted_and_a_near_one_drawn() -> None:
     plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 17.0)
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [17.0]
     plt.close(fig)
+
+
+def server_timeline(schedule_end_s: float | None) -> bytes:
+    return plots.server_timeline_png(
+        client={"chat": ([2.5, 7.5, 12.5], [100.0, 120.0, None], [4.0, 4.0, None])},
+        server_t_s=[0.0, 5.0, 10.0, 15.0],
+        server={"queue_depth": [0, 3, 1, 0], "running": [2, 8, 4, 0], "kv_usage": [0.1] * 4},
+        title="t",
+        schedule_end_s=schedule_end_s,
+    )
+
+
+def test_both_timelines_mark_where_arrivals_ended_in_every_panel(drawn: list[Figure]) -> None:
+    """The client and the server timeline draw the "arrivals end" line at the schedule's
+    end across each of their panels, labelled once; without an end, neither draws one."""
+    CASES["timeline partial and rateless windows"]()  # schedule_end_s=25.0
+    server_timeline(12.0)
+    client, server = (arrivals_end_marks(fig) for fig in drawn)
+    assert [xs for xs, _ in client] == [[25.0], [25.0]]
+    assert [xs for xs, _ in server] == [[12.0], [12.0], [12.0]]
+    for marks in (client, server):
+        assert [texts.count("arrivals end") for _, texts in marks] == [1] + [0] * (len(marks) - 1)
+    drawn.clear()
+    timeline([0, 1], [100.0, 200.0])
+    server_timeline(None)
+    for fig in drawn:
+        assert all(
+            xs == [] and "arrivals end" not in texts for xs, texts in arrivals_end_marks(fig)
+        )

@@ -17,6 +17,7 @@ from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.html import render_html
+from loadgen.render.report.markdown import render_markdown
 from loadgen.render.report.model import RunReport, build_run_report
 from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
@@ -275,6 +276,43 @@ def test_html_shows_the_header_verdicts_and_tables(built: RunReport) -> None:
         "≤ 1,000 ms at p90",
     ):
         assert html_text(text) in page, text
+
+
+def steady_run(tmp_path: Path) -> Path:
+    """360 ok chat requests, one every 125 ms (8/s for 45 s), each done 71 ms after it arrives."""
+    records = [
+        ok_record(i, intended_ms=i * 125.0, ttft_ms=50.0, gaps_ms=(20.0,)) for i in range(360)
+    ]
+    return make_run(tmp_path, records)
+
+
+def windows_summaries(page: str) -> list[tuple[str, str]]:
+    return re.findall(r"<details( open)?><summary>([^<]*)</summary>", page)
+
+
+def details_rows(page: str) -> int:
+    """Table rows inside the page's one <details> block."""
+    return page.split("<details", 1)[1].split("</details>", 1)[0].count("<tr><td>")
+
+
+def test_the_html_page_shows_every_window_the_fitted_size_gives(tmp_path: Path) -> None:
+    """45 s at 8/s: 1 s windows (the smallest with 5+ requests each), 45 rows, all shown."""
+    report = build_run_report(steady_run(tmp_path))
+    assert (report.window_s, report.windows.height) == (1.0, 45)
+    page = render_html(report)
+    assert windows_summaries(page) == [(" open", "chat: 45 windows")]
+    assert details_rows(page) == 45
+
+
+def test_more_windows_than_the_fitted_size_allows_are_folded_with_a_note(tmp_path: Path) -> None:
+    """--window 0.5 over the same 45 s: 90 windows, past the 60 a fitted size gives: folded,
+    its summary line says so, every row is still in the page, and the Markdown names the count."""
+    report = build_run_report(steady_run(tmp_path), window_s=0.5)
+    assert report.windows.height == 90
+    page = render_html(report)
+    assert windows_summaries(page) == [("", "chat: 90 windows (over 60): folded, click to show")]
+    assert details_rows(page) == 90
+    assert "**chat: 90 windows (over 60)**" in render_markdown(report)
 
 
 def html_text(text: str) -> str:

@@ -15,6 +15,8 @@ import orjson
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import arrivals_end_marks
+from matplotlib.figure import Figure
 
 from loadgen.adapters.anthropic import AnthropicMessages
 from loadgen.adapters.openai_chat import OpenAIChat
@@ -534,15 +536,24 @@ def test_window_gauges_average_the_scrapes_inside_each_window() -> None:
     assert means["server_queue_depth"].to_list() == [2.0, 5.0, None]
 
 
-def test_the_report_draws_the_server_beside_the_client(tmp_path: Path) -> None:
+def test_the_report_draws_the_server_beside_the_client(tmp_path: Path, drawn: list[Figure]) -> None:
     """A scraped run's report has the server section, its timeline figure and per-window
-    server columns."""
+    server columns; the server timeline marks where arrivals ended where the client's does:
+    at the last intended time plus the mean gap between intended times."""
     workload = workload_file(tmp_path, SESSIONS.replace("requests: 8", "requests: 2"))
     runner = CliRunner()
     result = runner.invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id", "r",
                                  "-q", "--lag-bound-ms", "1000"])  # fmt: skip
     assert result.exit_code == 0, result.output
+    intended = sorted(pl.read_parquet(tmp_path / "r" / "records.parquet")["intended_ns"])
+    end_s = (intended[-1] + (intended[-1] - intended[0]) / (len(intended) - 1)) / 1e9
+    drawn.clear()
     report = runner.invoke(cli, ["report", str(tmp_path / "r"), "--window", "0.2"])
+    timelines = [arrivals_end_marks(f) for f in drawn if "per window" in f.get_suptitle()]
+    server = [arrivals_end_marks(f) for f in drawn if "server's state" in f.get_suptitle()]
+    assert len(timelines) == len(server) == 1
+    for marks in (*timelines, *server):
+        assert [xs for xs, _ in marks] == [[pytest.approx(end_s)]] * len(marks)
     assert report.exit_code == 0, report.output
     markdown = (tmp_path / "r" / "report" / "report.md").read_text()
     assert "## Server: vllm metric names" in markdown

@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadgen.analysis.windows import (
+    MAX_WINDOWS,
     MIN_COVERAGE,
     SCHEMA,
     default_window_s,
@@ -284,3 +285,20 @@ def test_the_default_window_adapts_to_the_run(
         *[pl.lit(None, pl.Int64).alias(c) for c in ("last_token_ns", "first_token_ns", "sent_ns")]
     )  # fmt: skip
     assert default_window_s(frame) == expected_s
+    last_ns = int(frame.get_column("end_ns").max())  # type: ignore[arg-type]
+    assert last_ns // round(expected_s * S) + 1 <= MAX_WINDOWS  # windows 0 .. last // size
+
+
+def test_a_run_ending_on_a_window_edge_still_gets_at_most_60_windows() -> None:
+    """5/s for 60 s, the last request ending at 60.000 s exactly: 1 s windows would be 61
+    (the last moment opens window [60, 61)), so the fit takes 2 s: 31 windows of 10 arrivals."""
+    records = [streamed_record(i, intended_ms=i * 200.0, ttft_ms=50.0, gaps_ms=(19.0,))
+               for i in range(299)]  # fmt: skip
+    records.append(streamed_record(299, intended_ms=59_800.0, ttft_ms=180.0, gaps_ms=(19.0,)))
+    frame = to_frame(records)
+    assert frame.get_column("end_ns").max() == 60 * S
+    assert default_window_s(frame) == 2.0
+    windows = time_windows(frame, window_s=2.0)
+    assert windows.height == 31
+    assert windows.get_column("requests").to_list()[:30] == [10] * 30
+    assert time_windows(frame, window_s=1.0).height == 61  # why 1 s is refused

@@ -74,9 +74,11 @@ from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
+from loadgen.results.codec import to_json as plain
 from loadgen.results.records import PARTS_DIR, RECORDS_FILE, Outcome, read_records
 from loadgen.results.runfolder import RUN_FILE, read_run_info
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry
+from loadgen.workload.identity import SettingDifference, workload_differences
 from loadgen.workload.spec import SloTargets
 
 Values = npt.NDArray[np.float64]
@@ -366,6 +368,8 @@ class Side:
     left_out: tuple[str, ...] = ()  # runs of the window it did not pool, each with why
     run_dirs: tuple[Path, ...] = ()  # its run folders (the server's side is read from them)
     cost: float | None = None  # Σ fleet price × duration of its runs; None: a run has no price
+    # a forced BASELINE of another workload: each setting that differs from CURRENT's
+    workload_differences: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -565,6 +569,7 @@ class Comparison:
     incomplete: tuple[str, ...] = ()  # runs on either side that stopped early (asked for)
     left_out: tuple[str, ...] = ()  # runs of the baseline window not pooled, each with why
     cost: tuple[CostChange, ...] = ()  # when both sides' runs have a price
+    workload_differences: tuple[str, ...] = ()  # forced: the settings that differ
 
     @property
     def forced(self) -> bool:
@@ -641,6 +646,7 @@ def compare_sides(
         incomplete=(*baseline.incomplete, *current.incomplete),
         left_out=baseline.left_out,
         cost=cost_changes(base_samples, cur_samples, shared, baseline.cost, current.cost),
+        workload_differences=baseline.workload_differences,
     )
 
 
@@ -690,9 +696,10 @@ def load_sides(
     if baseline_dir is not None:
         entries = [_run_entry(baseline_dir)]
         _check_complete(entries[0], "BASELINE", include_incomplete)
-        _check_same_workload(entries[0], current_entry, force)
-        label = entries[0].run_id
-    elif window is not None:
+        differences = _check_same_workload(entries[0], current_entry, force)
+        side = replace(_read_side(entries, entries[0].run_id), workload_differences=differences)
+        return side, current, dict(current_entry.slos)
+    if window is not None:
         folder = current_dir.parent if store is None else store
         entries, left_out = _window_runs(folder, current_entry, window, include_incomplete)
         label = (
@@ -701,9 +708,7 @@ def load_sides(
         )
         side = replace(_read_side(entries, label), left_out=left_out)
         return side, current, dict(current_entry.slos)
-    else:
-        raise ValueError("give baseline_dir or window")
-    return _read_side(entries, label), current, dict(current_entry.slos)
+    raise ValueError("give baseline_dir or window")
 
 
 def _window_runs(
@@ -722,9 +727,7 @@ def _window_runs(
     entries = [e for e in in_window if e.workload_key == current.workload_key
                and (include_incomplete or e.is_complete)]  # fmt: skip
     if not entries:
-        others = sorted(
-            {e.workload_key for e in in_window if e.workload_key != current.workload_key}
-        )
+        others = [_versus(e, current) for e in _latest_per_workload(in_window, current)]
         stopped = sum(not e.is_complete for e in in_window
                       if e.workload_key == current.workload_key)  # fmt: skip
         held = (f"; it holds {len(in_window)} other runs in that window"
@@ -745,6 +748,32 @@ def _window_runs(
     return entries, left_out
 
 
+SHOWN_DIFFERENCES = 5  # settings named in a refusal; the rest are counted
+
+
+def _latest_per_workload(entries: Sequence[RunEntry], current: RunEntry) -> list[RunEntry]:
+    """The latest run of each workload other than CURRENT's, by workload key."""
+    latest = {e.workload_key: e for e in entries if e.workload_key != current.workload_key}
+    return [latest[key] for key in sorted(latest)]
+
+
+def _versus(entry: RunEntry, current: RunEntry) -> str:
+    """`chat@1a2b3c4d (classes.chat.arrival.rate_per_s: 12 vs 4)`: a workload key and, up
+    to `SHOWN_DIFFERENCES`, how its latest run's settings differ from CURRENT's."""
+    differences = workload_differences(plain(read_run_info(entry.run_dir)),
+                                       plain(read_run_info(current.run_dir)))  # fmt: skip
+    if not differences:
+        return entry.workload_key
+    return f"{entry.workload_key} (it vs CURRENT: {_named(differences)})"
+
+
+def _named(differences: Sequence[SettingDifference]) -> str:
+    """The first `SHOWN_DIFFERENCES` differences described, and how many more."""
+    named = "; ".join(d.describe() for d in differences[:SHOWN_DIFFERENCES])
+    more = len(differences) - SHOWN_DIFFERENCES
+    return named + (f"; and {more} more" if more > 0 else "")
+
+
 def _check_complete(entry: RunEntry, side: str, include_incomplete: bool) -> None:
     if entry.stopped is not None and not include_incomplete:
         raise LoadgenError(
@@ -754,15 +783,31 @@ def _check_complete(entry: RunEntry, side: str, include_incomplete: bool) -> Non
         )
 
 
-def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> None:
-    if baseline.workload_key != current.workload_key and not force:
-        raise LoadgenError(
-            f"BASELINE {baseline.run_id} and CURRENT {current.run_id} are runs of different "
-            f"workloads ({baseline.workload_key} vs {current.workload_key}: name or spec "
-            "differs beyond seed, run length and URL, e.g. another rate or SLO), so a change "
-            "between them is not a regression; compare runs of one workload, or add --force "
-            "to compare them anyway (the output says so)"
-        )
+def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> tuple[str, ...]:
+    """Nothing for runs of one workload; else what differs between them (BASELINE's value
+    first), when `force`; else LoadgenError naming each setting and how to align it."""
+    if baseline.workload_key == current.workload_key:
+        return ()
+    differences = workload_differences(plain(read_run_info(baseline.run_dir)),
+                                       plain(read_run_info(current.run_dir)))  # fmt: skip
+    if force:
+        return tuple(d.describe() for d in differences) or (_NO_SETTING,)
+    head = (f"BASELINE {baseline.run_id} and CURRENT {current.run_id} are runs of different "
+            f"workloads ({baseline.workload_key} vs {current.workload_key}), so a change "
+            "between them is not a regression")  # fmt: skip
+    if not differences:
+        raise LoadgenError(f"{head}: {_NO_SETTING}; rerun BASELINE with this loadgen, or add "
+                           "--force to compare them anyway (the output says so)")  # fmt: skip
+    remedies = "; ".join(dict.fromkeys(d.remedy() for d in differences[:SHOWN_DIFFERENCES]))
+    raise LoadgenError(
+        f"{head}. They differ in (BASELINE vs CURRENT) {_named(differences)}. To compare "
+        f"them: {remedies}; or add --force to compare them anyway (the output says so)"
+    )
+
+
+# Two runs whose recorded keys differ while every setting this loadgen hashes is alike.
+_NO_SETTING = ("no setting this loadgen hashes differs: their keys were recorded under "
+               "another fingerprint rule (an older or newer loadgen)")  # fmt: skip
 
 
 def _run_entry(run_dir: Path) -> RunEntry:
@@ -840,6 +885,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "workload": comparison.current_workload,
         },
         "forced": comparison.forced,  # different workloads, compared because --force asked
+        "workload_differences": list(comparison.workload_differences),  # what differs, forced
         "incomplete_runs": list(comparison.incomplete),
         "confidence": comparison.confidence,
         "classes": classes,

@@ -48,8 +48,9 @@ class Objective:
     batch_deadline_s: float | None = None
     concurrency: int | None = None
     trajectory_budget_s: float | None = None
-    # The arrival rate asked for (single open-loop requests only: chat without sessions, a
-    # dataset's replayed conversations being sessions too).
+    # The arrival rate asked for (single open-loop requests only, `asked.unit` "requests":
+    # chat without sessions, a dataset's replayed conversations being sessions too, or an
+    # open-loop summarization class: one document per arrival).
     requested_rate_per_s: float | None = None
     # What was asked in the class's own unit (sessions/s, a closed loop's concurrency, ...).
     asked: AskedLoad | None = None
@@ -70,7 +71,7 @@ class Objective:
             batch_deadline_s=spec.batch_deadline_s, concurrency=spec.concurrency,
             trajectory_budget_s=spec.trajectory_budget_s,
             requested_rate_per_s=spec.arrival.mean_rate_per_s
-            if spec.kind == "chat" and asked.unit == "requests" else None,
+            if asked.unit == "requests" else None,
             asked=asked,
         )  # fmt: skip
 

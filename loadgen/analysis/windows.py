@@ -96,8 +96,9 @@ def time_windows(
         return pl.DataFrame(schema=SCHEMA)
     last_ns = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item())
     classes = sorted(frame.get_column("class").unique().to_list())
+    count = window_count(last_ns, window_s, step_s)
     grid = pl.DataFrame({"class": classes}).join(
-        pl.DataFrame({"window": pl.arange(0, last_ns // step_ns + 1, eager=True)}), how="cross"
+        pl.DataFrame({"window": pl.arange(0, count, eager=True)}), how="cross"
     )
     requests = _request_stats(frame, slos, window_ns, step_ns)
     gaps = _gap_stats(frame, window_ns, step_ns)
@@ -155,14 +156,22 @@ def default_window_s(frame: pl.DataFrame) -> float:
     """
     if frame.height == 0:
         return float(WINDOW_LADDER_S[0])
-    last_s = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item()) / NS_PER_S
+    last_ns = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item())
     span_s = schedule_end_ns(frame) / NS_PER_S
     busiest = int(frame.group_by("class").len().get_column("len").max())  # type: ignore[arg-type]
     for size in WINDOW_LADDER_S:
         per_window = busiest if size >= span_s else busiest * size / span_s
-        if last_s / size <= MAX_WINDOWS and per_window >= MIN_REQUESTS_PER_WINDOW:
+        if window_count(last_ns, size) <= MAX_WINDOWS and per_window >= MIN_REQUESTS_PER_WINDOW:
             return float(size)
-    return float(next((s for s in WINDOW_LADDER_S if s >= last_s), WINDOW_LADDER_S[-1]))
+    last_s = last_ns / NS_PER_S
+    return float(next((s for s in WINDOW_LADDER_S if s > last_s), WINDOW_LADDER_S[-1]))
+
+
+def window_count(last_ns: int, window_s: float, step_s: float | None = None) -> int:
+    """How many windows `time_windows` makes per class for a run whose last moment is
+    `last_ns`: windows 0 .. last_ns // step, so a last moment right on a window's edge opens
+    one more window (a 60 s run in 1 s windows has 61: its last moment is in [60, 61))."""
+    return last_ns // _grid_ns(window_s, step_s)[1] + 1
 
 
 def schedule_end_ns(frame: pl.DataFrame) -> int:

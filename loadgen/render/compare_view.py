@@ -125,9 +125,11 @@ def verdict_line(comparison: Comparison) -> str:
 def _notes(comparison: Comparison) -> list[str]:
     notes = []
     if comparison.forced:
+        differ = "; ".join(comparison.workload_differences)
         notes.append(
             f"FORCED: different workloads ({comparison.baseline_workload} vs "
-            f"{comparison.current_workload}); a change may be the workload's, not the server's"
+            f"{comparison.current_workload}{': ' + differ if differ else ''}); a change may "
+            "be the workload's, not the server's"
         )
     if comparison.left_out:
         notes.append(f"left out of the baseline window (another workload, or stopped early): "

@@ -199,11 +199,7 @@ def timeline_png(
         rate_axis.plot(x[cut], rates[cut], linestyle="none", marker="o", markersize=5,
                        markerfacecolor="white", color="grey",
                        label="arrivals (window partly run)")  # fmt: skip
-    if schedule_end_s is not None:
-        rate_axis.axvline(schedule_end_s, color="grey", linestyle=":", linewidth=1)
-        rate_axis.annotate("arrivals end", (schedule_end_s, 0.02),
-                           xycoords=("data", "axes fraction"), rotation=90, ha="right",
-                           va="bottom", color="grey", fontsize=8)  # fmt: skip
+    mark_arrivals_end((rate_axis, bottom), schedule_end_s)
     rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
     finite = rates[np.isfinite(rates)].tolist()
     rate_axis.set_ylim(0, max([1.0, *finite]) * 1.3)  # headroom: clear of SLO labels
@@ -226,6 +222,21 @@ def timeline_png(
     bottom.set_ylim(0, max([1, *failed]) * 1.15)
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     return figure_png(fig)
+
+
+ARRIVALS_END = "arrivals end"
+
+
+def mark_arrivals_end(axes: Sequence[Axes], schedule_end_s: float | None) -> None:
+    """A dotted grey line at `schedule_end_s` (when the run's arrival schedule ended,
+    `analysis.windows.schedule_end_ns`) across every panel, labelled on the first: the
+    client timeline and the server timeline mark the same moment the same way."""
+    if schedule_end_s is None:
+        return
+    for ax in axes:
+        ax.axvline(schedule_end_s, color="grey", linestyle=":", linewidth=1)
+    axes[0].annotate(ARRIVALS_END, (schedule_end_s, 0.02), xycoords=("data", "axes fraction"),
+                     rotation=90, ha="right", va="bottom", color="grey", fontsize=8)  # fmt: skip
 
 
 def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> None:
@@ -422,13 +433,15 @@ def server_timeline_png(
     server_t_s: Sequence[float],
     server: Mapping[str, Sequence[float | None]],
     title: str,
+    schedule_end_s: float | None = None,
 ) -> bytes:
     """The client's and the server's view of the same seconds, on one time axis (s since t0).
 
     Top: each class's per-window TTFT p99 (ms, nearest rank; left) and arrival rate (req/s,
     dotted, right), `client[class] = (window mids, p99s, rates)`. Middle: the server's queue
     depth and running requests at each scrape. Bottom: its KV-cache usage (0–1). Panels the
-    server does not expose say so.
+    server does not expose say so. `schedule_end_s`: the "arrivals end" line of
+    `timeline_png`, across the three panels (what the server did after it is the drain).
     """
     fig, (top, middle, bottom) = plt.subplots(
         3, 1, figsize=(SIZE_IN[0], 7.0), sharex=True, height_ratios=(3, 2, 1.3)
@@ -458,6 +471,7 @@ def server_timeline_png(
     _server_panel(bottom, x, server, ("kv_usage",), "KV usage")
     if "kv_usage" in server:
         bottom.set_ylim(0, max(1.0, *(v for v in server["kv_usage"] if v is not None)) * 1.05)
+    mark_arrivals_end((rate_axis, middle, bottom), schedule_end_s)
     bottom.set_xlabel("time since run start (s): client windows by intended send, server by scrape")
     return figure_png(fig)
 

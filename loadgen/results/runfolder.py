@@ -383,10 +383,11 @@ def _recorded_class(name: str, raw: Mapping[str, Any]) -> RecordedClass:
 
 
 def _requested_rate(raw: Mapping[str, Any]) -> float | None:
-    """The rate a recorded chat class of single requests asked for (see ArrivalSpec): not
-    one of sessions (turns, or a dataset's conversations replayed whole)."""
+    """The rate a recorded class of single open-loop requests asked for (see ArrivalSpec):
+    chat or summarization, not sessions (turns, or a dataset's conversations replayed
+    whole), trajectories, a closed loop or a trace (`AskedLoad.of`)."""
     asked = _asked(raw)
-    if raw.get("kind", "chat") != "chat" or asked is None or asked.unit != "requests":
+    if asked is None or asked.unit != "requests":
         return None
     return _mean_rate(raw)
 

@@ -89,13 +89,16 @@ class RunResult:
 
 
 def execute(
-    spec: WorkloadSpec, options: RunOptions, *, log: TextIO = sys.stderr,
+    spec: WorkloadSpec, options: RunOptions, *, log: TextIO | None = None,
     live: LiveExporter | None = None,
 ) -> RunResult:  # fmt: skip
     """Run the workload and write its folder; see `RunResult.exit_code` for the verdict.
 
+    `log` takes the progress lines; none: whatever `sys.stderr` is at the call, not at
+    import (click's test runner, pytest's capture and an embedding program swap it).
     `live` publishes the run's figures as they come (`--prometheus-port`, `--otlp-endpoint`);
     the caller closes it (a capacity search keeps one for all its steps)."""
+    log = sys.stderr if log is None else log
     work = plan_work(spec, options.seed)
     if options.shard is not None:
         work = split_work(work, options.shard)

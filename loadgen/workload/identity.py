@@ -243,17 +243,18 @@ def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict
     """An identity from the stored spec as written (the same fields left out, defaults
     kept): stable for runs of one loadgen version, if not across versions."""
 
-    def strip(value: Any, path: tuple[str, ...]) -> Any:
-        if isinstance(value, Mapping):
-            return {k: strip(v, (*path, k)) for k, v in value.items()
-                    if not _left_out(path, k)}  # fmt: skip
-        return value
-
-    text = json.dumps({"spec": strip(stored, ()), "max_in_flight": cap}, sort_keys=True,
+    text = json.dumps({"spec": _strip(stored, ()), "max_in_flight": cap}, sort_keys=True,
                       separators=(",", ":"), default=str)  # fmt: skip
     print_ = hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
     return {"name": name, "fingerprint": print_, "key": f"{name}@{print_[:SHOWN_CHARS]}",
             "offered_rate_per_s": None, "scheme": SCHEME}  # fmt: skip
+
+
+def _strip(value: Any, path: tuple[str, ...]) -> Any:
+    """A stored spec without the keys the fingerprint leaves out."""
+    if isinstance(value, Mapping):
+        return {k: _strip(v, (*path, k)) for k, v in value.items() if not _left_out(path, k)}
+    return value
 
 
 def _left_out(path: tuple[str, ...], key: str) -> bool:
@@ -263,3 +264,104 @@ def _left_out(path: tuple[str, ...], key: str) -> bool:
     if path == ("target",):
         return key in _NOT_TRAFFIC_TARGET
     return len(path) == 2 and path[0] == "classes" and key in ("requests", "duration_s")
+
+
+# --- what differs between two runs' workloads ----------------------------------------------
+
+_DEFAULT = "(default)"  # a setting left at its default on one side (so not hashed there)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SettingDifference:
+    """One setting in which two runs' workloads differ, as the fingerprint sees them.
+
+    `path`: the setting's place in run.json's `workload.spec` (`classes.agent.context.grow`),
+    or `max_in_flight` (`--max-in-flight`); `first` and `second`: its value in each run,
+    as text (`(default)` for a setting one side left at its default)."""
+
+    path: str
+    first: str
+    second: str
+
+    def describe(self) -> str:
+        """`classes.agent.context.grow: false vs true (class agent's context: fixed vs
+        growing)`: the setting, both values, and what they mean where loadgen knows."""
+        text = f"{self.path}: {self.first} vs {self.second}"
+        if _is_context_mode(self.path):
+            mode = {"false": "fixed", "true": "growing"}
+            first, second = (mode.get(v, v) for v in (self.first, self.second))
+            text += f" (class {self.path.split('.')[1]}'s context: {first} vs {second})"
+        return text
+
+    def remedy(self) -> str:
+        """How to make the two runs alike in this setting."""
+        if _is_context_mode(self.path):
+            name = self.path.split(".")[1]
+            return (
+                f"give class {name} one context mode in both workloads (`context: {{grow: "
+                "false}` fixed, `{grow: true}` growing, the default) and rerun one"
+            )
+        if self.path == "max_in_flight":
+            return "run both with one --max-in-flight"
+        if self.path == "name":
+            return "give both workloads one name"
+        return f"set {self.path} alike in both workloads and rerun one"
+
+
+def workload_differences(
+    first: Mapping[str, Any], second: Mapping[str, Any]
+) -> list[SettingDifference]:
+    """Every setting the fingerprint hashes whose value differs between two runs (their
+    run.json data), in path order: the name, a spec field, an agent class's context mode,
+    `max_in_flight`. Empty when the two hash alike under this loadgen's rule (runs whose
+    recorded keys differ all the same were fingerprinted by another rule: see the module
+    docstring). Values come from each run's stored spec with its defaults filled in."""
+    (a, a_all), (b, b_all) = _hashed_settings(first), _hashed_settings(second)
+
+    def shown(path: str, hashed: Mapping[str, str], every: Mapping[str, str]) -> str:
+        if path in hashed:
+            return hashed[path]
+        return f"{every[path]} (default)" if path in every else _DEFAULT
+
+    differing = [p for p in sorted(a.keys() | b.keys())  # by value, defaults filled in:
+                 if a.get(p, a_all.get(p)) != b.get(p, b_all.get(p))]  # fmt: skip
+    modes = {p.removesuffix("grow") for p in differing if _is_context_mode(p)}
+    return [SettingDifference(path=p, first=shown(p, a, a_all), second=shown(p, b, b_all))
+            for p in differing  # a fixed context ignores the settings of a growing one
+            if _is_context_mode(p) or not any(p.startswith(m) for m in modes)]  # fmt: skip
+
+
+def _is_context_mode(path: str) -> bool:
+    """`classes.<name>.context.grow`: an agent class's context mode."""
+    parts = path.split(".")
+    return len(parts) == 4 and parts[0] == "classes" and parts[2:] == ["context", "grow"]
+
+
+def _hashed_settings(info: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """A run's hashed settings as `{dotted path: value as JSON text}` (leaves only), and
+    every setting of its spec, defaults included (to name a default's value)."""
+    workload = info.get("workload") or {}
+    stored = workload.get("spec") or {}
+    cap = (info.get("options") or {}).get("max_in_flight")
+    try:
+        spec = spec_from_resolved(stored)
+    except LoadgenError:  # hash what is stored, as `_raw_identity` does
+        hashed, every = _strip(stored, ()), stored
+    else:
+        hashed, every = _canonical(spec), dataclasses.asdict(spec)
+    return _flat({"spec": hashed, "max_in_flight": cap}), _flat({"spec": every})
+
+
+def _flat(value: Any, path: str = "") -> dict[str, str]:
+    """Nested mappings as `{dotted path: leaf as JSON text}`, the `spec.` prefix dropped;
+    None leaves are left out (a setting at its default, or none)."""
+    if isinstance(value, Mapping):
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{path}.{key}" if path else str(key)))
+        return out
+    if value is None:
+        return {}
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # as `_canonical` hashes it: 60.0 and 60 are one deadline
+    return {path.removeprefix("spec."): json.dumps(value, sort_keys=True, default=str)}

@@ -150,10 +150,12 @@ def chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
 
 
 def server_figure(
-    windows: pl.DataFrame, timeline: pl.DataFrame, *, step_s: float
-) -> tuple[str, bytes]:
+    windows: pl.DataFrame, timeline: pl.DataFrame, *, step_s: float,
+    schedule_end_s: float | None = None,
+) -> tuple[str, bytes]:  # fmt: skip
     """The run's server timeline: every class's per-window TTFT p99 and arrival rate above
-    the server's queue, running requests and KV usage at each scrape, on one time axis."""
+    the server's queue, running requests and KV usage at each scrape, on one time axis, with
+    the classes' timelines' "arrivals end" line (`schedule_end_s`)."""
     client = {}
     for (name,), rows in windows.sort("window_start_s").group_by("class", maintain_order=True):
         mids = ((rows["window_start_s"] + rows["window_end_s"]) / 2).to_list()
@@ -163,5 +165,6 @@ def server_figure(
     png = plots.server_timeline_png(
         client=client, server_t_s=timeline["t_s"].to_list(), server=server,
         title=f"client TTFT p99 ({step_s:g} s windows) and the server's state",
+        schedule_end_s=schedule_end_s,
     )  # fmt: skip
     return "the server's queue, batch and KV cache beside the client's TTFT p99", png

@@ -55,8 +55,10 @@ def _html_block(block: Block, report: RunReport) -> str:
             f"<figcaption>{e(block.caption)}</figcaption></figure>"
         )
     inner = "\n".join(_html_block(b, report) for b in block.blocks)
-    is_open = " open" if block.is_open else ""
-    return f"<details{is_open}><summary>{e(block.summary)}</summary>\n{inner}\n</details>"
+    if block.is_open:
+        return f"<details open><summary>{e(block.summary)}</summary>\n{inner}\n</details>"
+    folded = f"{e(block.summary)}: folded, click to show"
+    return f"<details><summary>{folded}</summary>\n{inner}\n</details>"
 
 
 def _html_table(table: Table) -> str:

@@ -152,7 +152,9 @@ def build_run_report(
             captions[names[-1]] = caption
         details[name] = _class_details(view, slugs[name], names)
     if timeline is not None:
-        caption, png = server_figure(windows, timeline, step_s=sliding_step_s or window_s)
+        caption, png = server_figure(
+            windows, timeline, step_s=sliding_step_s or window_s, schedule_end_s=schedule_end_s
+        )
         figures["server-timeline"], captions["server-timeline"] = png, caption
     return RunReport(
         run_info=info,
