@@ -25,6 +25,13 @@ CLOCK_MONOTONIC as the client). Each run starts a fresh simulator: a flat decode
   their send over the simulator's, i.e. without the turnaround (what a client that starts
   its timer at the send, as the code before this benchmark did, would report).
 
+* `pass`: where a burst's send lag goes, without a server: the engine's own work per
+  write (`Engine._go` on an idle connection whose transport takes the bytes and does
+  nothing: the pass's Python) and a bare `socket.send` per request on N warm loopback TCP
+  connections whose peer is not read (the kernel's part, with no server process to wake).
+  The burst part's send lag per request, (p99 / N), minus these two is what the kernel
+  spends when a server reads on the other core, waking it and handing it the bytes.
+
 `cold` opens each connection inside its request (today's `--warm-connections 0`);
 `warm` opens N before t0 (`Pool.warm`, what `--warm-connections auto` does). Cold and
 warm run back to back per repeat (their order alternating), each printed with the load
@@ -37,6 +44,7 @@ Usage (from the repository root):
     python benchmarks/burst.py --streams 128,512,1024 --repeats 5
     python benchmarks/burst.py --part closed --streams 512 --repeats 3
     python benchmarks/burst.py --part burst --streams 512 --modes warm --profile burst.prof
+    python benchmarks/burst.py --part pass --streams 512 --repeats 7
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -62,7 +71,7 @@ from loadgen.adapters.protocol import BodyOptions
 from loadgen.engine.harness import run_engine
 from loadgen.engine.host import backend_options, raise_open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig
-from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.engine.transport import Connection, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.run.simulator import running_sim
 from loadgen.workload.plans import Flow, RequestPlan, Work
@@ -133,6 +142,64 @@ def run_once(
     figures["warm_opened"] = warm_opened
     figures["load_avg"] = load
     return figures
+
+
+class _Sink:
+    """A transport that takes a request's bytes and does nothing (the pass's Python alone)."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def pass_cost(streams: int, tokens: int) -> dict[str, float]:
+    """µs per request of one burst pass's writes: the engine's (`_go` on idle connections
+    to a sink) and the kernel's (`send` on warm loopback connections nobody reads)."""
+
+    async def engine_part() -> float:
+        adapter = adapter_for("openai-chat")
+        pool = Pool(make_endpoint("http://127.0.0.1:9", adapter.default_path, {}))
+        config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0)
+        engine = Engine(plans_for("burst", streams, tokens, 1), pool, config, lambda r: None)
+        engine.t0_ns = perf_counter_ns()
+        made = [engine._prepare(p) for p in engine.work.singles]  # made ahead, as in a run
+        for _ in made:
+            conn = Connection(pool)
+            conn.connection_made(_Sink())  # type: ignore[arg-type]
+            pool._idle.append(conn)
+        now = engine._now()
+        start = perf_counter_ns()
+        for exchange, request in made:
+            engine._go(exchange, request, now)
+        return (perf_counter_ns() - start) / streams / 1e3
+
+    engine_us = anyio.run(engine_part, backend_options=backend_options())
+    request = b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 300\r\n\r\n" + b"x" * 300
+    with socket.create_server(("127.0.0.1", 0), backlog=streams) as server:
+        port = server.getsockname()[1]
+        pairs = []
+        for _ in range(streams):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pairs.append((client, server.accept()[0]))
+        for client, _ in pairs:  # one send each first: the kernel's first-use costs
+            client.send(request)
+        start = perf_counter_ns()
+        for client, _ in pairs:
+            client.send(request)
+        kernel_us = (perf_counter_ns() - start) / streams / 1e3
+        for client, peer in pairs:
+            client.close()
+            peer.close()
+    return {"engine_us_per_write": engine_us, "send_us_per_write": kernel_us}
 
 
 def analyse(
@@ -226,7 +293,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n", 1)[0],
         epilog="Example: python benchmarks/burst.py --streams 128,512,1024 --repeats 5",
     )
-    parser.add_argument("--part", choices=["all", "burst", "closed"], default="all")
+    parser.add_argument("--part", choices=["all", "burst", "closed", "pass"], default="all")
     parser.add_argument("--streams", default="128,512,1024", help="burst sizes, comma-separated")
     parser.add_argument("--modes", default="cold,warm", help="cold, warm or both")
     parser.add_argument("--repeats", type=int, default=3)
@@ -251,6 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_files_limit()
     anyio.run(anyio.sleep, 0, backend_options=backend_options())  # one-time imports, untimed
     profiler = cProfile.Profile() if args.profile else None
+    if args.part == "pass":
+        for streams in args.sizes:
+            runs = [pass_cost(streams, args.tokens) for _ in range(args.repeats)]
+            for repeat, figures in enumerate(runs):
+                print(f"pass {streams} #{repeat + 1}: {show(figures)}", flush=True)
+            summarize(f"pass, {streams} writes", runs)
+        return 0
     parts = ["burst", "closed"] if args.part == "all" else [args.part]
     any_failed = False
     results: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
