@@ -9,7 +9,8 @@ from rich.console import Console
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
-from loadgen.render.terminal import fmt_ms, render_summary
+from loadgen.render.report.document import _generator_table
+from loadgen.render.terminal import fmt_ms, render_summary, with_unit
 from loadgen.results.records import RequestRecord, to_frame
 from loadgen.results.summary import Summary
 from loadgen.testing import failed_record, streamed_record
@@ -142,3 +143,29 @@ def test_a_run_that_stopped_early_says_partial_and_no_verdict() -> None:
         assert "partial" in text
         assert "MET" not in text
         assert "MISSED" not in text
+
+
+def test_a_slow_next_turn_reaction_is_a_warning_not_a_verdict() -> None:
+    """Later turns sent 20 ms after their predecessor ended (the client's reaction, p99 20
+    ms > the 5 ms bound): the run is not called fell-behind (its schedule was kept), but the
+    terminal warns that those turns' TTFT carries the client's time, and the report's
+    generator table says SLOW; at 2 ms neither."""
+    for reaction_ms, slow in ((20.0, True), (2.0, False)):
+        records = [record(0, "chat")] + [
+            replace(record(i, "chat", lag_ms=reaction_ms), session_id=0, turn=i)
+            for i in range(1, 6)
+        ]
+        summary = summarize(
+            to_frame(records), run_id="r", slos={"chat": SloTargets(ttft_ms=500.0)}, planned=6
+        )
+        generator = summary.generator
+        assert generator.chained_lag_ms.p99 == reaction_ms
+        assert generator.fell_behind is False
+        assert generator.slow_reaction is slow
+        text = render(summary)
+        assert ("SLOW REACTION: next-turn reaction p99 20.0 ms > 5 ms" in text) is slow
+        assert "verdict: SLO MET (exit 0)" in text
+        rows = dict(_generator_table(generator).rows)
+        shown = rows["next-turn reaction p50 / p99 / max"]
+        assert shown.split(" (")[0] == " / ".join([with_unit(reaction_ms)] * 3)
+        assert ("SLOW" in shown) is slow

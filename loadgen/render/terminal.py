@@ -420,6 +420,14 @@ def _generator_line(generator: GeneratorHealth) -> Text:
             " these latencies describe the generator, not the server",
             style="bold red",
         )
+    if generator.slow_reaction and not generator.client_errors:
+        line.append(
+            f"\nSLOW REACTION: next-turn reaction p99 {with_unit(generator.chained_lag_ms.p99)}"
+            f" > {generator.lag_bound_ms:g} ms: the client's own turnaround, inside those"
+            " turns' TTFT; the generator is near its limit (spread it: --workers N; measure"
+            " this host: loadgen calibrate)",
+            style="yellow",
+        )
     return line
 
 

@@ -362,6 +362,14 @@ class GeneratorHealth:
     # concurrency, ...): the rate asked where `requested_rate_per_s` has none to sum.
     asked: Mapping[str, AskedLoad] = field(default_factory=dict)
 
+    @property
+    def slow_reaction(self) -> bool:
+        """The client's own next-turn reaction (a closed loop's or a session's later
+        requests, inside their TTFT) had a p99 over the lag bound: the generator is near
+        its limit, and those turns' latencies carry its time. A warning, not a verdict."""
+        p99 = self.chained_lag_ms.p99
+        return p99 is not None and p99 > self.lag_bound_ms
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:

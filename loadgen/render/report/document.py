@@ -155,6 +155,7 @@ def _generator_table(generator: GeneratorHealth) -> Table:
         ("health", f"{health} (late: over {generator.lag_bound_ms:g} ms; fails at > 1 %)"),
         ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
+        *_reaction_rows(generator),
         (
             "rate asked / schedule / achieved",
             f"{asked_text(generator) or '—'} / "
@@ -165,6 +166,18 @@ def _generator_table(generator: GeneratorHealth) -> Table:
         ("retries", str(generator.retries)),
     ]
     return Table("Generator health", ("", ""), rows)
+
+
+def _reaction_rows(generator: GeneratorHealth) -> list[tuple[str, str]]:
+    """The client's next-turn reaction (later turns and documents), when there were any."""
+    react = generator.chained_lag_ms
+    if react.p99 is None:
+        return []
+    note = "the client's own, inside those turns' TTFT"
+    if generator.slow_reaction:
+        note += f"; SLOW: over {generator.lag_bound_ms:g} ms at p99, the generator near its limit"
+    values = " / ".join(map(with_unit, (react.p50, react.p99, react.max)))
+    return [("next-turn reaction p50 / p99 / max", f"{values} ({note})")]
 
 
 def _asked_note(generator: GeneratorHealth) -> str:
