@@ -278,6 +278,19 @@ def test_html_shows_the_header_verdicts_and_tables(built: RunReport) -> None:
         assert html_text(text) in page, text
 
 
+def test_a_wide_table_scrolls_sideways_and_keeps_each_figure_on_one_line(
+    built: RunReport,
+) -> None:
+    """The windows table (16 columns) sits in a scrolling block whose cells do not wrap;
+    the two-column tables (run, generator health) are left to wrap as text does."""
+    page = render_html(built)
+    wide = re.findall(r'<div class="wide"><table><thead><tr>((?:<th>[^<]*</th>)+)', page)
+    assert wide and all(cells.count("<th>") >= 8 for cells in wide)
+    assert any("<th>TTFT p99</th>" in cells for cells in wide)  # the windows table
+    assert '<h3>Run</h3>\n<table>' in page  # not wrapped
+    assert ".wide td{white-space:nowrap}" in page
+
+
 def steady_run(tmp_path: Path) -> Path:
     """360 ok chat requests, one every 125 ms (8/s for 45 s), each done 71 ms after it arrives."""
     records = [
