@@ -288,7 +288,7 @@ def test_a_wide_table_scrolls_sideways_and_keeps_each_figure_on_one_line(
     assert wide
     assert all(cells.count("<th>") >= 8 for cells in wide)
     assert any("<th>TTFT p99</th>" in cells for cells in wide)  # the windows table
-    assert '<h3>Run</h3>\n<table>' in page  # not wrapped
+    assert "<h3>Run</h3>\n<table>" in page  # not wrapped
     assert ".wide td{white-space:nowrap}" in page
 
 
