@@ -310,3 +310,19 @@ def test_the_running_simulator_reads_a_whole_burst_before_it_handles_any(tmp_pat
     first_handled = min(r["handled_ns"] for r in requests)
     assert all(r["received_ns"] <= r["handled_ns"] for r in requests)
     assert max(r["received_ns"] for r in requests) < first_handled
+
+
+def test_a_client_trickling_a_request_keeps_the_simulators_read_stamps_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request sent one byte per read: at most READ_STAMPS stamps are kept while it
+    arrives, and it carries the stamp of the read that brought its last byte."""
+    clock = [0]
+    monkeypatch.setattr(protocol, "perf_counter_ns", lambda: clock[0])
+    (conn,), handled = sim_connections(1, None)
+    request = post(7)
+    for i, byte in enumerate(request):
+        clock[0] = 1000 + i
+        conn.data_received(bytes([byte]))
+        assert len(conn._reads) <= protocol.READ_STAMPS
+    assert [r for r, _ in handled] == [1000 + len(request) - 1]

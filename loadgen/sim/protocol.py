@@ -31,6 +31,7 @@ from loadgen import __version__
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 READ_SLICE = 32  # requests handled per loop iteration (~1 ms) before the sockets are read again
+READ_STAMPS = 64  # reads' stamps kept per connection; a client trickling bytes keeps the latest
 _SERVER = f"loadgen-sim/{__version__}".encode()
 perf_counter_ns = time.perf_counter_ns
 
@@ -150,7 +151,10 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._read_total += len(data)
-        self._reads.append((self._read_total, perf_counter_ns()))
+        reads = self._reads
+        if len(reads) >= READ_STAMPS:  # bounded: a request ending in a dropped read gets
+            reads.popleft()  # the next kept read's (later) stamp
+        reads.append((self._read_total, perf_counter_ns()))
         self._buffer += data
         if not self._busy:
             self._request_next()
