@@ -424,8 +424,8 @@ def _generator_line(generator: GeneratorHealth) -> Text:
         line.append(
             f"\nSLOW REACTION: next-turn reaction p99 {with_unit(generator.chained_lag_ms.p99)}"
             f" > {generator.lag_bound_ms:g} ms: the client's own turnaround, inside those"
-            " turns' TTFT; the generator is near its limit (spread it: --workers N; measure"
-            " this host: loadgen calibrate)",
+            " turns' TTFT; the generator is near its limit (give it cores to spare: --workers"
+            " N on a host that has them; measure this host: loadgen calibrate)",
             style="yellow",
         )
     return line
