@@ -74,6 +74,7 @@ from loadgen.engine.runner import Engine, EngineConfig
 from loadgen.engine.transport import Connection, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.run.simulator import running_sim
+from loadgen.testing import NullTransport
 from loadgen.workload.plans import Flow, RequestPlan, Work
 from loadgen.workload.spec import Deadlines
 
@@ -144,22 +145,6 @@ def run_once(
     return figures
 
 
-class _Sink:
-    """A transport that takes a request's bytes and does nothing (the pass's Python alone)."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
 def pass_cost(streams: int, tokens: int) -> dict[str, float]:
     """µs per request of one burst pass's writes: the engine's (`_go` on idle connections
     to a sink) and the kernel's (`send` on warm loopback connections nobody reads)."""
@@ -173,7 +158,7 @@ def pass_cost(streams: int, tokens: int) -> dict[str, float]:
         made = [engine._prepare(p) for p in engine.work.singles]  # made ahead, as in a run
         for _ in made:
             conn = Connection(pool)
-            conn.connection_made(_Sink())  # type: ignore[arg-type]
+            conn.connection_made(NullTransport())  # type: ignore[arg-type]
             pool._idle.append(conn)
         now = engine._now()
         start = perf_counter_ns()

@@ -31,6 +31,7 @@ from loadgen.sim.config import config_from_mapping
 from loadgen.sim.engine import StepResult
 from loadgen.sim.server import DELIVER_SLICE, SimServer
 from loadgen.sim.trace import NullTrace
+from loadgen.testing import NullTransport
 
 
 def per_iteration(count: Callable[[], int], until: Callable[[], bool]) -> asyncio.Future[list[int]]:
@@ -175,25 +176,6 @@ def test_the_simulator_writes_a_step_a_slice_per_iteration_steps_in_order() -> N
     assert traced == [(150, 150), (10, 160)]
 
 
-class FakeTransport:
-    """Takes the simulator connection's writes; never closes."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
 def post(n: int = 0) -> bytes:
     body = b'{"model":"m","messages":[{"role":"user","content":"hi %d"}],"stream":true}' % n
     return b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
@@ -210,7 +192,7 @@ def sim_connections(
 
     conns = [protocol.Connection(handler, set(), inbox) for _ in range(n)]
     for conn in conns:
-        conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+        conn.connection_made(NullTransport())  # type: ignore[arg-type]
     return conns, handled
 
 

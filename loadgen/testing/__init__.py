@@ -44,6 +44,26 @@ RESET = "reset"  # step: abort the connection (RST)
 Step = bytes | float | str  # bytes: write; float: sleep seconds; CLOSE / RESET
 
 
+class NullTransport:
+    """A transport that keeps what is written and sends nothing: a connection's writes
+    without a socket (the simulator's protocol in tests, the send path in benchmarks)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class ReceivedRequest:
     """What the scripted server saw: method, path, headers (lower-case), JSON body."""
