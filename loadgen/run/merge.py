@@ -197,7 +197,7 @@ def scraping_shard(shards: Sequence[ShardRun]) -> ShardRun | None:
     shards scrape one server, so one shard's scrape is the server's (theirs would repeat
     it). Of those whose scrape kept rows, the one whose scrapes span the longest stretch of
     the run (shards end at different times: the first shard's may stop while another's
-    stream still run, and its counters would miss their tokens), the first of equals; else
+    streams still ran, and its counters would miss their tokens), the first of equals; else
     the first that scraped at all, so that its failures and their note (a 401, ...) stay
     with the run; None: no shard scraped."""
     tried = [s for s in shards if s.info.server_metrics is not None]
