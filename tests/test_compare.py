@@ -493,7 +493,8 @@ def agent_run(store: Path, t0: datetime, run_id: str, *, grow: bool) -> Path:
 
 def test_two_runs_differing_in_an_agent_context_mode_are_refused_naming_it(tmp_path: Path) -> None:
     """A fixed vs a growing context: exit 1 naming the class, the setting, both values and
-    how to align them; --force compares them and names the setting in the table and JSON;
+    how to align them; --force compares them and names the setting in the table, the JSON
+    and the JUnit properties;
     a baseline window holding only the other workload's run names it too."""
     fixed = agent_run(tmp_path, T0, "fixed", grow=False)
     growing = agent_run(tmp_path, T0 + timedelta(hours=1), "growing", grow=True)
@@ -507,6 +508,11 @@ def test_two_runs_differing_in_an_agent_context_mode_are_refused_naming_it(tmp_p
     assert json.loads(out)["workload_differences"] == [named]
     code, out, _ = invoke(fixed, growing, "--force")
     assert named in " ".join(out.split())
+    junit = tmp_path / "forced.xml"
+    code, _, _ = invoke(fixed, growing, "--force", "--junit", junit)
+    names = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    assert names["forced"] == "true"
+    assert names["workload_differences"] == named  # the CI report says why they differ
     code, _, err = invoke(growing, "--baseline-window", "1d")  # the window holds only `fixed`
     assert code == 1
     assert f"(it vs CURRENT: {named})" in " ".join(err.split())

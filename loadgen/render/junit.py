@@ -105,6 +105,8 @@ def _suite(name: str, results: Sequence[CheckResult], comparison: Comparison) ->
         "forced": str(comparison.forced).lower(),
         "confidence": f"{comparison.confidence:g}",
     }
+    if comparison.forced and comparison.workload_differences:  # what made them differ
+        properties["workload_differences"] = "; ".join(comparison.workload_differences)
     for r in results:
         for key, value in _numbers(r).items():
             properties[f"{r.check.name}.{key}"] = value
