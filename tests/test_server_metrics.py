@@ -539,7 +539,8 @@ def test_window_gauges_average_the_scrapes_inside_each_window() -> None:
 def test_the_report_draws_the_server_beside_the_client(tmp_path: Path, drawn: list[Figure]) -> None:
     """A scraped run's report has the server section, its timeline figure and per-window
     server columns; the server timeline marks where arrivals ended where the client's does:
-    at the last intended time plus the mean gap between intended times."""
+    at the last intended time plus the mean gap between intended times; both share one time
+    axis, from t0 to the later of the last window's end and the last scrape."""
     workload = workload_file(tmp_path, SESSIONS.replace("requests: 8", "requests: 2"))
     runner = CliRunner()
     result = runner.invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id", "r",
@@ -554,6 +555,12 @@ def test_the_report_draws_the_server_beside_the_client(tmp_path: Path, drawn: li
     assert len(timelines) == len(server) == 1
     for marks in (*timelines, *server):
         assert [xs for xs, _ in marks] == [[pytest.approx(end_s)]] * len(marks)
+    spans = {f.axes[0].get_xlim() for f in drawn if "per window" in f.get_suptitle()
+             or "server's state" in f.get_suptitle()}  # fmt: skip
+    assert len(spans) == 1  # one time axis: the same second at the same place in both
+    start, end = spans.pop()
+    assert start == 0
+    assert end > end_s  # to the last window's end or the last scrape, past the arrivals
     assert report.exit_code == 0, report.output
     markdown = (tmp_path / "r" / "report" / "report.md").read_text()
     assert "## Server: vllm metric names" in markdown
