@@ -77,7 +77,7 @@ def _run(tmp_path: Path, url: str, *extra: str, workload: str = WORKLOAD) -> Res
     path = workload_file(tmp_path, workload)
     return CliRunner().invoke(cli, ["run", str(path), "--url", url, "--out", str(tmp_path),
                                     "--run-id", "r", "--server-metrics-interval", "0.05",
-                                    *extra])  # fmt: skip
+                                    "--lag-bound-ms", "1000", *extra])  # fmt: skip
 
 
 def _server_block(tmp_path: Path) -> dict[str, Any]:

@@ -365,7 +365,7 @@ def test_x_request_id_header_is_the_server_id_when_the_body_has_none(tmp_path: P
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out",
                                           str(tmp_path), "--run-id", "r", "-q",
-                                          "--no-preflight"])  # fmt: skip
+                                          "--no-preflight", "--lag-bound-ms", "1000"])  # fmt: skip
     assert result.exit_code == 0, result.output
     records = pl.read_parquet(tmp_path / "r" / "records.parquet")
     assert records["server_request_id"].to_list() == ["srv-42", "srv-42"]
@@ -471,7 +471,7 @@ def test_the_servers_inter_token_histogram_holds_the_seeds_530_ms_stall(tmp_path
     are longer than a decode step, by how many joined: not asserted.)"""
     workload = workload_file(tmp_path, STALL)
     result = CliRunner().invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id",
-                                      "s", "-q", "--no-preflight"])  # fmt: skip
+                                      "s", "-q", "--no-preflight", "--lag-bound-ms", "1000"])  # fmt: skip
     assert result.exit_code == 0, result.output
     frame = read_server_metrics(tmp_path / "s")
     assert frame is not None
@@ -507,7 +507,8 @@ def test_a_failing_metrics_endpoint_is_counted_and_the_run_goes_on(tmp_path: Pat
         result = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out",
                                           str(tmp_path), "--run-id", "r", "-q",
                                           "--server-metrics-url", "http://127.0.0.1:9/metrics",
-                                          "--server-metrics-interval", "0.05"])  # fmt: skip
+                                          "--server-metrics-interval", "0.05",
+                                          "--lag-bound-ms", "1000"])  # fmt: skip
     assert result.exit_code == 0, result.output
     server_block = json.loads((tmp_path / "r" / "summary.json").read_text())["server"]
     assert server_block["scrapes"] == 0
@@ -539,7 +540,8 @@ def test_window_gauges_average_the_scrapes_inside_each_window() -> None:
 def test_the_report_draws_the_server_beside_the_client(tmp_path: Path, drawn: list[Figure]) -> None:
     """A scraped run's report has the server section, its timeline figure and per-window
     server columns; the server timeline marks where arrivals ended where the client's does:
-    at the last intended time plus the mean gap between intended times."""
+    at the last intended time plus the mean gap between intended times; both share one time
+    axis, from t0 to the later of the last window's end and the last scrape."""
     workload = workload_file(tmp_path, SESSIONS.replace("requests: 8", "requests: 2"))
     runner = CliRunner()
     result = runner.invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id", "r",
@@ -554,6 +556,12 @@ def test_the_report_draws_the_server_beside_the_client(tmp_path: Path, drawn: li
     assert len(timelines) == len(server) == 1
     for marks in (*timelines, *server):
         assert [xs for xs, _ in marks] == [[pytest.approx(end_s)]] * len(marks)
+    spans = {f.axes[0].get_xlim() for f in drawn if "per window" in f.get_suptitle()
+             or "server's state" in f.get_suptitle()}  # fmt: skip
+    assert len(spans) == 1  # one time axis: the same second at the same place in both
+    start, end = spans.pop()
+    assert start == 0
+    assert end > end_s  # to the last window's end or the last scrape, past the arrivals
     assert report.exit_code == 0, report.output
     markdown = (tmp_path / "r" / "report" / "report.md").read_text()
     assert "## Server: vllm metric names" in markdown
@@ -613,7 +621,8 @@ def test_compare_shows_server_deltas_and_exits_2_past_a_threshold(tmp_path: Path
             result = runner.invoke(cli, ["run", str(workload), "--url", server.url, "--out",
                                          str(tmp_path), "--run-id", run_id, "-q",
                                          "--server-metrics-url", "/metrics",
-                                         "--server-metrics-interval", "0.05"])  # fmt: skip
+                                         "--server-metrics-interval", "0.05",
+                                         "--lag-bound-ms", "1000"])  # fmt: skip
         assert result.exit_code == 0, result.output
     runs = [str(tmp_path / "a"), str(tmp_path / "b")]
     plain = runner.invoke(cli, ["compare", *runs, "--format", "json"])

@@ -153,6 +153,7 @@ def timeline_png(
     title: str,
     partial: Sequence[bool] = (),
     schedule_end_s: float | None = None,
+    x_end_s: float | None = None,
 ) -> bytes:
     """Per-window p99 TTFT/TPOT/ITL (ms, left) with SLO lines and the arrival rate (req/s,
     right); failed requests per window as bars in a panel below, on the same time axis.
@@ -162,6 +163,7 @@ def timeline_png(
     of each window the schedule covered (`analysis.windows`): None (too little covered) is
     a gap, a `partial` window's rate is a hollow marker, and `schedule_end_s` a dotted line
     labelled "arrivals end", so the rate's end reads as the schedule's, not as a dip.
+    `x_end_s`: the time axis runs from t0 to it (`run_time_axis`), as the server timeline's.
     """
     x = np.asarray(window_mid_s, dtype=np.float64)
     fig, (top, bottom) = plt.subplots(
@@ -221,7 +223,16 @@ def timeline_png(
     bottom.set_xlabel("time since run start (s), by intended send time")
     bottom.set_ylim(0, max([1, *failed]) * 1.15)
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    run_time_axis(bottom, x_end_s)
     return figure_png(fig)
+
+
+def run_time_axis(ax: Axes, x_end_s: float | None) -> None:
+    """A time axis from t0 to `x_end_s` (the report's one span for every timeline, the
+    last window's end or the last scrape), so that the class timelines and the server
+    timeline put the same second at the same place; matplotlib's own limits when None."""
+    if x_end_s is not None and x_end_s > 0:
+        ax.set_xlim(0, x_end_s)
 
 
 ARRIVALS_END = "arrivals end"
@@ -434,6 +445,7 @@ def server_timeline_png(
     server: Mapping[str, Sequence[float | None]],
     title: str,
     schedule_end_s: float | None = None,
+    x_end_s: float | None = None,
 ) -> bytes:
     """The client's and the server's view of the same seconds, on one time axis (s since t0).
 
@@ -441,7 +453,8 @@ def server_timeline_png(
     dotted, right), `client[class] = (window mids, p99s, rates)`. Middle: the server's queue
     depth and running requests at each scrape. Bottom: its KV-cache usage (0–1). Panels the
     server does not expose say so. `schedule_end_s`: the "arrivals end" line of
-    `timeline_png`, across the three panels (what the server did after it is the drain).
+    `timeline_png`, across the three panels (what the server did after it is the drain);
+    `x_end_s` that figure's time axis too (a scrape before t0 is cut at t0).
     """
     fig, (top, middle, bottom) = plt.subplots(
         3, 1, figsize=(SIZE_IN[0], 7.0), sharex=True, height_ratios=(3, 2, 1.3)
@@ -473,6 +486,7 @@ def server_timeline_png(
         bottom.set_ylim(0, max(1.0, *(v for v in server["kv_usage"] if v is not None)) * 1.05)
     mark_arrivals_end((rate_axis, middle, bottom), schedule_end_s)
     bottom.set_xlabel("time since run start (s): client windows by intended send, server by scrape")
+    run_time_axis(bottom, x_end_s)
     return figure_png(fig)
 
 

@@ -30,6 +30,7 @@ class ClassView:
     budget_s: float | None = None  # agent: the trajectory budget
     deadline_s: float | None = None  # summarization: the batch deadline
     schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
+    x_end_s: float | None = None  # every timeline's time axis ends here (`plots.run_time_axis`)
 
 
 def class_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
@@ -129,6 +130,7 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
                 title=f"{name}: p99 per window, arrival rate and failures",
                 partial=_partly_covered(view.windows),
                 schedule_end_s=view.schedule_end_s,
+                x_end_s=view.x_end_s,
             ),
         ),
     }
@@ -151,7 +153,7 @@ def chunks_by_tokens(frame: pl.DataFrame) -> dict[int, int]:
 
 def server_figure(
     windows: pl.DataFrame, timeline: pl.DataFrame, *, step_s: float,
-    schedule_end_s: float | None = None,
+    schedule_end_s: float | None = None, x_end_s: float | None = None,
 ) -> tuple[str, bytes]:  # fmt: skip
     """The run's server timeline: every class's per-window TTFT p99 and arrival rate above
     the server's queue, running requests and KV usage at each scrape, on one time axis, with
@@ -165,6 +167,6 @@ def server_figure(
     png = plots.server_timeline_png(
         client=client, server_t_s=timeline["t_s"].to_list(), server=server,
         title=f"client TTFT p99 ({step_s:g} s windows) and the server's state",
-        schedule_end_s=schedule_end_s,
+        schedule_end_s=schedule_end_s, x_end_s=x_end_s,
     )  # fmt: skip
     return "the server's queue, batch and KV cache beside the client's TTFT p99", png

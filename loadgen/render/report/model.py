@@ -125,6 +125,7 @@ def build_run_report(
     if timeline is not None:
         spans = ["window_start_s", "window_end_s"]
         windows = windows.join(window_gauges(timeline, windows), on=spans, how="left")
+    x_end_s = _time_axis_end_s(windows, timeline)
     rows = per_request(frame, slos=effective)
     figures: dict[str, bytes] = {}
     captions: dict[str, str] = {}
@@ -144,6 +145,7 @@ def build_run_report(
             budget_s=as_run.trajectory_budget_s,
             deadline_s=as_run.batch_deadline_s,
             schedule_end_s=schedule_end_s,
+            x_end_s=x_end_s,
         )
         names = []
         for kind, (caption, png) in class_figures(view).items():
@@ -153,8 +155,9 @@ def build_run_report(
         details[name] = _class_details(view, slugs[name], names)
     if timeline is not None:
         caption, png = server_figure(
-            windows, timeline, step_s=sliding_step_s or window_s, schedule_end_s=schedule_end_s
-        )
+            windows, timeline, step_s=sliding_step_s or window_s, schedule_end_s=schedule_end_s,
+            x_end_s=x_end_s,
+        )  # fmt: skip
         figures["server-timeline"], captions["server-timeline"] = png, caption
     return RunReport(
         run_info=info,
@@ -170,6 +173,16 @@ def build_run_report(
         window_chosen=chosen,
         schedule_end_s=schedule_end_s,
     )
+
+
+def _time_axis_end_s(windows: pl.DataFrame, timeline: pl.DataFrame | None) -> float | None:
+    """Where every timeline's time axis ends: the last window's end or the last scrape,
+    whichever is later (None: nothing to draw)."""
+    columns = [windows["window_end_s"]]
+    if timeline is not None:
+        columns.append(timeline["t_s"])
+    ends = [float(c.cast(pl.Float64).max() or 0.0) for c in columns if len(c)]  # type: ignore[arg-type]
+    return max(ends) if ends else None
 
 
 def _class_details(view: ClassView, slug: str, figures: list[str]) -> ClassDetails:
