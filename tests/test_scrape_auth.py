@@ -212,7 +212,7 @@ def test_a_refused_endpoint_is_said_before_the_first_request(tmp_path: Path, key
         spec = load(workload_file(tmp_path, WORKLOAD))
         options = RunOptions(url=target.url, out_dir=tmp_path, run_id="r",
                              server_metrics_url=metrics.url + "/metrics",
-                             server_metrics_interval_s=0.05)  # fmt: skip
+                             server_metrics_interval_s=0.05, lag_bound_ms=1000.0)  # fmt: skip
         result = execute(spec, options, log=log)
     assert result.exit_code == 0
     text = log.getvalue()
