@@ -409,6 +409,10 @@ def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
     assert html_text("Class chat: partial") in page
     assert "MET" not in page
     assert "MISSED" not in page
+    checks = page[page.index("SLO checks on partial figures") :].split("</table>")[0]
+    assert "not judged" in checks  # the banner says no SLO is judged: so do the check rows
+    assert "FAIL" not in checks
+    assert 'class="bad"' not in checks
 
 
 def test_an_override_is_announced(built: RunReport) -> None:

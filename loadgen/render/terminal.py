@@ -145,7 +145,7 @@ def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableT
         str(cls.requests),
         Text(str(failed), style="red" if failed else ""),
         f"{fmt_in(cls.ttft_ms.p50, unit)}/{fmt_in(cls.ttft_ms.p99, unit)}",
-        _with_failures(cls.ttft_ms_with_failures, unit),
+        _with_failures(cls.ttft_ms_with_failures, unit, judged=cls.slo.met is not None),
         f"{fmt_in(cls.tpot_ms.p50, unit)}/{fmt_in(cls.tpot_ms.p99, unit)}",
         fmt_in(cls.itl_ms.p99, unit),
         fmt_in(cls.e2e_ms.p99, unit),
@@ -194,12 +194,13 @@ def fmt_in(value: float | None, unit: str) -> str:
     return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
 
 
-def _with_failures(stats: FailureRankedStats, unit: str = "ms") -> Text:
-    """The p99 with failures worst: "fail" in red when it falls on a failure."""
+def _with_failures(stats: FailureRankedStats, unit: str = "ms", *, judged: bool = True) -> Text:
+    """The p99 with failures worst: "fail" in red when it falls on a failure (yellow in a
+    run that stopped early, which judges nothing: a figure, not a verdict)."""
     if stats.count == 0:
         return Text("—")
     if stats.p99 is None:
-        return Text("fail", style="bold red")
+        return Text("fail", style="bold red" if judged else "yellow")
     return Text(fmt_in(stats.p99, unit))
 
 

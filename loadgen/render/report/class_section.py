@@ -155,12 +155,21 @@ def _sessions_table(sessions: SessionsAudit) -> Table:
     ])  # fmt: skip
 
 
+NOT_JUDGED = "not judged"  # a check of a run that stopped early: partial figures
+
+
 def _checks_table(slo: SloAudit) -> Table:
+    """One row per check; a run that stopped early (met is None) judges none of them, so
+    its rows say "not judged" (never a red FAIL under a banner saying nothing is judged)."""
     rows = []
     unit = table_unit(c.value_ms for c in slo.checks)
+    partial = slo.met is None
     for check in slo.checks:
         p, value = check.percentile, check.value_ms
         shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
+        if partial and shown == "fail":
+            shown = "on a failure"  # a figure, not a verdict: not toned red
+        result = NOT_JUDGED if partial else ("PASS" if check.passed else "FAIL")
         rows.append(
             (
                 check.metric.removesuffix("_ms").upper(),
@@ -168,7 +177,7 @@ def _checks_table(slo: SloAudit) -> Table:
                 shown,
                 f"≤ {with_unit(check.target_ms, unit)}" if check.target_ms is not None else "—",
                 str(check.population),
-                "PASS" if check.passed else "FAIL",
+                result,
                 check.note or "",
             )
         )
@@ -176,8 +185,8 @@ def _checks_table(slo: SloAudit) -> Table:
         rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
     headers = ("check", "percentile", "value", "target", "population", "result", "note")
     if slo.met is None:  # a run that stopped early: the checks' figures are partial
-        return Table("SLO checks on partial figures (failures ranked worst; judge nothing)",
-                     headers, rows)  # fmt: skip
+        return Table("SLO checks on partial figures (failures ranked worst; not judged: the "
+                     "run stopped early)", headers, rows)  # fmt: skip
     return Table("SLO checks (failures ranked worst)", headers, rows)
 
 
