@@ -355,7 +355,8 @@ def _wait(wait_ms: float, budget_ms: float | None = None) -> str:
     shown = "unbounded (a ≥ c)" if math.isinf(wait_ms) else f"{wait_ms:,.0f} ms"
     if budget_ms is None:
         return shown
-    return f"{shown}{_verdict(wait_ms <= budget_ms, budget_ms)}"
+    is_met = wait_ms <= budget_ms
+    return f"{shown} {'≤' if is_met else '>'} {budget_ms:,.0f} ms {'ok' if is_met else 'MISSES'}"
 
 
 def _share(probability: float) -> str:
