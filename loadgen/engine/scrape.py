@@ -337,12 +337,6 @@ class Scraper:
             access=self.access(),
         )
 
-    def live_gauges(self) -> dict[str, float]:
-        """The latest scrape's figures a live exporter re-publishes (`analysis.server`)."""
-        from loadgen.analysis.server import current_gauges  # polars, imported lazily
-
-        return current_gauges(self.latest)
-
     def access(self) -> ScrapeAccess:
         """How the endpoint was asked, the failures by kind and the latest one's note."""
         note = kind = status = None

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from loadgen.analysis.server import current_gauges
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.scrape import ScrapeAuth, Scraper, ScrapeStats, default_timeout_s
 from loadgen.engine.secrets import Redactor
@@ -57,8 +58,8 @@ class ScrapeTask:
 
 class ScraperProcess:
     """`engine.scrape.Scraper`'s interface (start, stop, stats, access, first_done,
-    failures, timeout_s, live_gauges) for a scraper that runs in a spawned process and
-    spills its rows to `run_dir`."""
+    failures, timeout_s) for a scraper that runs in a spawned process and spills its rows
+    to `run_dir`, plus `live_gauges` (computed there: no samples cross the pipe)."""
 
     def __init__(
         self,
@@ -182,8 +183,6 @@ def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
     die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from loadgen.analysis.server import current_gauges  # polars: here, not in every import
-
     lock = threading.Lock()
 
     def tell(message: tuple[Any, ...]) -> None:
