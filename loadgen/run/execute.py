@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
@@ -32,7 +33,7 @@ from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
 from loadgen.engine.host import raise_open_files_limit
-from loadgen.engine.logs import LOGGER, run_log
+from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
@@ -41,9 +42,10 @@ from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json, to_json
-from loadgen.results.records import RecordWriter, RequestRecord, from_frame
+from loadgen.results.records import PARTS_DIR, RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
+    SERVER_PARTS_DIR,
     RunInfo,
     ServerMetricsInfo,
     join_server_metrics,
@@ -117,6 +119,43 @@ def execute(
     adapter, headers, redactor, url = client_setup(spec, options)
     open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
+    try:
+        return _execute(spec, options, log, live, work, (workers, why), planned, adapter,
+                        headers, redactor, url, open_files, run_dir)  # fmt: skip
+    except TargetError as exc:
+        if (kept := _unstarted(run_dir)) is None:
+            raise
+        raise TargetError(f"{exc} (nothing was sent; its log: {kept})") from None
+    except BaseException:
+        _unstarted(run_dir)
+        raise
+
+
+def _unstarted(run_dir: Path) -> Path | None:
+    """A run that ended before t0 (a failed or interrupted preflight, a simulator that did
+    not start) leaves no half-made folder, so the same --run-id can be given again: its log
+    is moved beside it to `<run-id>.failed.log`, the folder removed. Returns the log's new
+    path; None (the folder kept) once the run has begun (run.json) or measured anything."""
+    measured = ("run.json", PARTS_DIR, SERVER_PARTS_DIR, "records.parquet")
+    if not run_dir.is_dir() or any((run_dir / name).exists() for name in measured):
+        return None
+    kept = run_dir.parent / f"{run_dir.name}.failed.log"
+    try:
+        if (run_dir / RUN_LOG).exists():
+            os.replace(run_dir / RUN_LOG, kept)
+        shutil.rmtree(run_dir)
+    except OSError:
+        return None  # a read-only or vanished folder: left as it is
+    return kept if kept.exists() else None
+
+
+def _execute(
+    spec: WorkloadSpec, options: RunOptions, log: TextIO, live: LiveExporter | None, work: Work,
+    chosen: tuple[int, str], planned: int, adapter: Adapter, headers: dict[str, str],
+    redactor: Redactor, url: str | None, open_files: int | None, run_dir: Path,
+) -> RunResult:  # fmt: skip
+    """`execute` once its run folder exists (`chosen`: the worker count and why)."""
+    workers, why = chosen
     trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
     with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
         base_url, sim_args = target
