@@ -10,8 +10,9 @@ small messages over a pipe: after each scrape the tally (`ScrapeStats`) and the 
 live gauges (what a live exporter re-publishes); the scraper's log lines, for the run log;
 at the end, the final tally. A reader thread takes them: a few µs per scrape.
 
-The child ignores SIGINT and SIGTERM (the parent owns them and stops it with a message)
-and dies with its parent (`run.lifeline`), as a worker does.
+The child runs at a lower CPU priority (`nice` 10): where cores are short, the scrape
+waits, not the sends. It ignores SIGINT and SIGTERM (the parent owns them and stops it
+with a message) and dies with its parent (`run.lifeline`), as a worker does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from loadgen.results.summary import ScrapeAccess
 from loadgen.run.lifeline import die_with_parent
 
 READY_TIMEOUT_S = 120.0  # a scraper process not set up by then is broken (as a worker)
+NICENESS = 10  # the scraper's lower CPU priority: a scrape may wait, a send may not
 STOP_TIMEOUT_S = 30.0  # its last scrape (at most the scrape timeout, 10 s) and last spill
 
 Pipe = multiprocessing.connection.Connection
@@ -183,6 +185,8 @@ def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
     die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):  # not on every platform
+        os.nice(NICENESS)  # on a busy host the sends, not the scrapes, get the CPU first
     lock = threading.Lock()
 
     def tell(message: tuple[Any, ...]) -> None:
