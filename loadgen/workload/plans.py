@@ -557,10 +557,11 @@ PLAN_BYTES = 750  # its plan, held all run (tracemalloc peak of plan_work: ~720 
 RECORD_BYTES = 8_000  # its record through the audit, before its tokens (measured 2-7 KB)
 TOKEN_BYTES = 220  # per output token: chunk times and ITL gaps in the frame, the audit and
 # the histograms (measured 170-210 B)
-# Per character of dataset prompt text (a 50 MB one-line dataset, benchmarks/plan_memory.py
-# --prompt-mb): the text held all run (the file read, its parsed row, the plans' shared
-# messages: `check` peaked at 2.8 B per character over its baseline), and what sending the
-# largest prompt adds (its JSON body and the send buffer: the run at 3.5 B per character).
+# Per character of dataset prompt text (one-line 20 and 50 MB jsonl datasets of `lorem `
+# words; peak RSS by `/usr/bin/time -f %M loadgen check|run` less a 1 MB line's): the text
+# held all run (the file read, its parsed row, the plans' shared messages: `check` peaked at
+# 2.8 B per character), and what sending the largest prompt adds (its JSON body and the
+# send buffer: the run at 3.5 B per character).
 PROMPT_HELD_COPIES = 3  # × the kept rows' text, once per row however often it is sent
 PROMPT_SENT_COPIES = 2  # × the largest prompt: the request in flight
 TRACE_TOKENS = 256  # output tokens assumed per request of a trace too big to read first
