@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -284,7 +289,8 @@ def run(
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
     with live as exporter:
-        result = execute(spec, options, live=exporter)
+        with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
+            result = execute(spec, options, live=exporter)
         console = output_console()
         console.print(render_summary(result.summary))
         for line in render_processes(result.run_info):
@@ -297,6 +303,24 @@ def run(
         if result.watchdog:
             console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM before t0 (during the preflight, the simulator's start) stops the command as
+    Ctrl-C does: exit 130, as the run maps it (README, Exit codes), not the default 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread (an embedding program's call)
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_report_paths(*paths: tuple[str, Path | None]) -> None:
