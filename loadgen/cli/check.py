@@ -6,18 +6,30 @@ from pathlib import Path
 
 import click
 
-from loadgen.cli.options import check_memory_line, clean_errors, output_console, workload_options
+from loadgen.cli.options import (
+    OUTPUT,
+    GroupedHelp,
+    check_memory_line,
+    clean_errors,
+    option,
+    output_console,
+    workload_options,
+)
 from loadgen.render.plan_view import render_plan
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_run
 from loadgen.workload.spec import load, override
 
 
-@click.command()
+@click.command(cls=GroupedHelp)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @workload_options
-@click.option(
-    "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
+@option(
+    OUTPUT,
+    "--schedule",
+    "show_schedule",
+    is_flag=True,
+    help="Also print the first intended send times.",
 )
 @clean_errors
 def check(

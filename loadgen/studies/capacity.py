@@ -714,24 +714,27 @@ def step_runner(
 
 
 def run_one_against(
-    url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool,
-    live: LiveExporter | None = None, price_per_hour: float | None = None, replicas: int = 1,
+    url: str, *, out: Path, options: RunOptions | None = None, seed: int | None = None,
+    lag_bound_ms: float = 5.0, quiet: bool = False, live: LiveExporter | None = None,
+    price_per_hour: float | None = None, replicas: int = 1,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
-    its folder in `out`; only the first checks the target (preflight). `live` publishes
-    every step on one endpoint (its counters go on rising from step to step)."""
-    first = [True]
+    its folder in `out`, with `options` (every option `capacity` shares with `run`; else
+    the few keywords); only the first step checks the target (preflight, unless the options
+    skip it). `live` publishes every step on one endpoint (its counters go on rising)."""
+    base = options or RunOptions(
+        seed=seed, lag_bound_ms=lag_bound_ms, quiet=quiet, price_per_hour=price_per_hour,
+        replicas=replicas,
+    )  # fmt: skip
+    preflight = [base.check_target]
 
     def run_one(
         spec: WorkloadSpec, cap: int | None, run_id: str
     ) -> tuple[pl.DataFrame, bool, bool, Path]:
-        options = RunOptions(
-            url=url, seed=seed, out_dir=out, run_id=run_id, max_in_flight=cap, quiet=quiet,
-            lag_bound_ms=lag_bound_ms, check_target=first[0], price_per_hour=price_per_hour,
-            replicas=replicas,
-        )  # fmt: skip
-        first[0] = False
-        result = execute(spec, options, live=live)
+        step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
+                       check_target=preflight[0])  # fmt: skip
+        preflight[0] = False
+        result = execute(spec, step, live=live)
         fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 
