@@ -39,6 +39,7 @@ from loadgen.cli.options import (
 from loadgen.errors import ConfigError
 from loadgen.render.capacity_view import (
     conclusion,
+    judged_steps,
     rule_lines,
     start_line,
     step_lines,
@@ -72,7 +73,9 @@ Exit codes:
   1    usage or configuration error (bad file, bad flag, unreachable target)
   2    the proposed limit fails; without it, no knee in range (no step passed,
        or every step up to --max passed)
-  3    the generator fell behind before the answer was known: rerun on a bigger machine
+  3    the generator fell behind before the answer was known (the first step
+       included: then no load was judged and no knee.png is drawn): rerun on a
+       bigger or quieter machine
   130  interrupted"""
 
 
@@ -248,7 +251,10 @@ def capacity(
         write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
         for line in conclusion(found, verdict, param, scale, safety_margin):
             console.print(line)
-        console.print(f"knee plot, capacity.json and step runs: {out}")
+        if judged_steps(found):
+            console.print(f"knee plot, capacity.json and step runs: {out}")
+        else:
+            console.print(f"capacity.json and step runs: {out} (no knee plot: no step judged)")
     sys.exit(exit_code(found, verdict))
 
 

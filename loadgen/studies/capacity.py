@@ -308,8 +308,8 @@ def exit_code(found: Search, verdict: Verdict | None) -> int:
         return EXIT_PASS
     if verdict is None and found.knee_found:
         return EXIT_PASS
-    if stopped is not None and found.upper is None and found.highest_pass is not None:
-        return EXIT_FELL_BEHIND  # load above the last pass was never judged
+    if stopped is not None and found.upper is None:
+        return EXIT_FELL_BEHIND  # load above the last pass (or any load at all) never judged
     return EXIT_FAIL
 
 
