@@ -197,3 +197,56 @@ def test_capacity_steps_on_the_simulator_run_with_the_shared_options(tmp_path: P
         assert info["options"]["lag_bound_ms"] == 400
         assert info["server_metrics"]["scrapes"] >= 1
         assert (step / "server_metrics.parquet").exists()
+
+
+HEADER_WORKLOAD = WORKLOAD.replace(
+    "target: {api: openai-chat, model: from-the-file}",
+    "target: {api: openai-chat, model: m, headers: {X-File: '${%s}'}}",
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--dry-run", "--header", "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+        ["capacity", "--url", "http://127.0.0.1:9", "--steps", "1x", "--header",
+         "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+        ["run", "--dry-run", "--server-metrics-url", "/metrics", "--server-metrics-header",
+         "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+    ],
+    ids=["run", "capacity", "metrics-header"],
+)  # fmt: skip
+def test_an_unset_variable_in_a_header_flag_names_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """A missing ${VAR} in --header is the flag's, not the workload file's."""
+    from loadgen.cli import cli
+
+    monkeypatch.delenv("LOADGEN_UNSET_KEY", raising=False)
+    monkeypatch.setenv("LOADGEN_SET", "v")
+    path = workload_file(tmp_path, HEADER_WORKLOAD % "LOADGEN_SET")
+    command, *rest = args
+    result = CliRunner().invoke(cli, [command, str(path), "--out", str(tmp_path / "o"), *rest])
+    assert result.exit_code == 1, result.output
+    flag = rest[-2]
+    assert result.stderr.startswith(
+        f"error: {flag} 'Authorization: Bearer ${{LOADGEN_UNSET_KEY}}': LOADGEN_UNSET_KEY is "
+        "not set (export LOADGEN_UNSET_KEY=..."
+    ), result.stderr
+    assert str(path) not in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_unset_variable_in_the_files_header_still_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loadgen.cli import cli
+
+    monkeypatch.delenv("LOADGEN_UNSET_KEY", raising=False)
+    path = workload_file(tmp_path, HEADER_WORKLOAD % "LOADGEN_UNSET_KEY")
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--header", "X-Other: 1"])
+    assert result.exit_code == 1, result.output
+    assert f"{path}: target.headers.X-File: ${{LOADGEN_UNSET_KEY}} is not set" in result.stderr
+    # ... unless the flag replaces that header: then the file's value is never read
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--header", "X-File: 1"])
+    assert result.exit_code == 0, result.output

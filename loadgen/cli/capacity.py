@@ -47,6 +47,7 @@ from loadgen.render.capacity_view import (
     write_capacity,
     x_axis,
 )
+from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
     MIN_LIFETIMES,
@@ -212,6 +213,7 @@ def capacity(
     spec = shared_spec(workload, shared)
     check_run_step_options(shared, spec)
     base = shared_run_options(shared)  # every step runs with these (its url, folder, cap added)
+    client_setup(spec, base)  # headers and their ${VAR}s: refused before the first step
     integer = param == "max_in_flight"
     loads = _loads(spec, param, start, maximum, factor, steps_text)
     proposed = _load_value(spec, param, proposed_limit, "--proposed-limit")
