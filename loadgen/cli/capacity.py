@@ -197,9 +197,11 @@ def capacity(
     lifetimes), completing within 3 % of the offered rate, with no rise in requests in
     flight or TTFT beyond what noise allows, and every SLO met; its warm-up is left out.
     An over-saturated step (completing less than offered) bounds the search: no load
-    above what it served is run. A step whose generator fell behind is invalid, not
-    failed: the search stops raising load there. Goodput (requests and tokens within
-    SLO) is the objective; raw throughput is shown beside it.
+    above what it served is run. A closed loop (--param max_in_flight) is steady by
+    construction: once it held its cap, its SLOs decide (rate and trends are shown, not
+    judged). A step whose generator fell behind (or whose closed loop did not hold its
+    cap) is invalid, not failed: the search stops raising load there. Goodput (requests
+    and tokens within SLO) is the objective; raw throughput is shown beside it.
 
     \b
     Example:

@@ -80,8 +80,9 @@ def rule_lines(
         )
     else:
         lines.append(
-            "a closed loop sends as fast as it completes, so every step is steady at its cap; "
-            "latencies are judged from the send, and every SLO must be met"
+            "a closed loop sends as fast as it completes, so every step is steady at its cap "
+            "(completed vs offered and the TTFT trend are shown, not judged); latencies are "
+            "judged from the send, and every SLO must be met"
         )
     return lines
 
@@ -103,10 +104,13 @@ def evidence_line(step: Step) -> str:
     for trend in steady.trends:
         unit = " ms" if trend.series == "ttft_ms" else ""
         name = "TTFT" if trend.series == "ttft_ms" else "in flight"
+        tag = "" if not trend.rising else " rising" if step.closed_loop else " RISING"
         parts.append(
             f"{name} {trend.rise:+.3g}{unit} (bound {trend.allowance:.2g}, floor "
-            f"{trend.floor:.2g}){' RISING' if trend.rising else ''}"
+            f"{trend.floor:.2g}){tag}"
         )
+    if step.closed_loop:
+        parts.append("closed loop: rate and trends shown, not judged")
     if step.attempts > 1:
         parts.append("run twice (the first was too short)")
     return " · ".join(parts)
