@@ -7,9 +7,12 @@ from pathlib import Path
 import click
 
 from loadgen.cli.options import (
+    OUTPUT,
+    GroupedHelp,
     check_memory_line,
     clean_errors,
     memory_cap,
+    option,
     output_console,
     workload_options,
 )
@@ -20,11 +23,15 @@ from loadgen.workload.plans import estimate_memory, plan_run
 from loadgen.workload.spec import load, override
 
 
-@click.command()
+@click.command(cls=GroupedHelp)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @workload_options
-@click.option(
-    "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
+@option(
+    OUTPUT,
+    "--schedule",
+    "show_schedule",
+    is_flag=True,
+    help="Also print the first intended send times.",
 )
 @clean_errors
 def check(

@@ -113,6 +113,8 @@ def execute(
     workers, why = choose_workers(spec, work, options.workers)
     if not options.quiet:
         print(f"workers: {workers} ({why})", file=log)
+    for said in workers_warnings(work, options.workers, workers):  # even with -q
+        print(f"warning: {said}", file=log)
 
     if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
         print(warning, file=log)
@@ -325,7 +327,10 @@ def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tup
     """How many engine processes, and why: as asked; else one per core when the workload's
     expected peak load exceeds what one process held in this host's last `loadgen
     calibrate`; else one."""
+    starts = start_count(work)
     if requested is not None:
+        if requested > starts:
+            return starts, f"--workers {requested}, capped at the plan's {_starts(starts)}"
         return requested, f"--workers {requested}"
     envelope = last_envelope()
     if envelope is None:
@@ -333,11 +338,49 @@ def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tup
     peak = expected_peak_load(spec, work.plans)
     cores = os.cpu_count() or 1
     if peak.exceeds(envelope.load):
-        return cores, (
+        return min(cores, starts), (
             f"one per core: the expected peak ({peak}) exceeds one process's calibrated "
             f"envelope ({envelope.load})"
         )
     return 1, f"the expected peak ({peak}) fits one process's calibrated envelope ({envelope.load})"
+
+
+def start_count(work: Work) -> int:
+    """The plan's starts (independent requests and flows): what the workers share out; a
+    worker beyond them would get nothing to send (`workload.shards`)."""
+    return max(len(work.singles) + len(work.flows), 1)
+
+
+def _starts(count: int) -> str:
+    return f"{count:,} start{'' if count == 1 else 's'}"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, else the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on this platform
+        return os.cpu_count() or 1
+
+
+def workers_warnings(work: Work, requested: int | None, chosen: int) -> list[str]:
+    """What to tell the user about --workers: capped at the plan's starts (a worker with
+    none costs its start-up and sends nothing), or more processes than cores (they share
+    the cores: each one's start-up queues behind the others' and its sends lag)."""
+    warnings = []
+    if requested is not None and chosen < requested:
+        warnings.append(
+            f"--workers {requested} capped at {chosen}: the plan has {_starts(chosen)} "
+            "(requests and flows) to share out, and a worker without one sends nothing"
+        )
+    cores = usable_cores()
+    if requested is not None and chosen > cores:
+        warnings.append(
+            f"{chosen} workers on {cores} cores: the processes share the cores, so their "
+            "start-up queues and their sends lag (a late send makes the run invalid, exit 3); "
+            f"use --workers {cores} or fewer here"
+        )
+    return warnings
 
 
 def _make_run_dir(out_dir: Path, run_id: str) -> Path:
