@@ -3,11 +3,16 @@ request, with bounded memory and time, in the run and in the preflight."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from time import perf_counter
+from time import monotonic, perf_counter, sleep
 
 import polars as pl
 import pytest
@@ -18,8 +23,9 @@ from loadgen.adapters.protocol import BodyOptions
 from loadgen.cli import cli
 from loadgen.engine.preflight import preflight
 from loadgen.engine.transport import make_endpoint
-from loadgen.errors import TargetError
-from loadgen.results.records import Outcome
+from loadgen.errors import RunBusy, TargetError
+from loadgen.results.liveness import LOCK_FILE, live_writer, run_lock
+from loadgen.results.records import HEARTBEAT, PARTS_DIR, Outcome
 from loadgen.testing import ScriptedServer, chat_chunk, simple_chat, stream_steps
 from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.testing.hostile import CASES, DEADLINES, HostileCase
@@ -155,3 +161,67 @@ def test_each_class_has_its_own_event_cap(tmp_path: Path) -> None:
         "a stream event over the 4 KiB cap (limits.max_event_bytes of class small): "
         "connection closed"
     }
+
+
+# -- one writer per run folder -------------------------------------------------------------
+SMOKE = Path(__file__).resolve().parents[1] / "workloads" / "chat-smoke.yaml"
+
+
+def loadgen_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True,
+                          text=True, timeout=timeout_s)  # fmt: skip
+
+
+def test_recover_refuses_a_live_run_and_waits_for_it_with_wait(tmp_path: Path) -> None:
+    """`report --recover` and `report` of a run still running exit 6 saying it is running,
+    and the run goes on to record all 60 plans; `--recover --wait` waits for its end."""
+    command = [sys.executable, "-m", "loadgen", "run", str(SMOKE), "--requests", "60",
+               "--out", str(tmp_path), "--run-id", "live", "-q", "--lag-bound-ms", "1000"]  # fmt: skip
+    live = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "live"
+    try:
+        give_up = monotonic() + 120  # a generous wait for a state, not a timing claim
+        while not list((run_dir / "records.parts").glob("part-*.parquet")):
+            assert live.poll() is None and monotonic() < give_up, "the run never wrote a part"
+            sleep(0.1)
+        refused = loadgen_cli("report", "--recover", str(run_dir))
+        reported = loadgen_cli("report", str(run_dir))
+        waited = loadgen_cli("report", "--recover", "--wait", str(run_dir), "--format", "json")
+    finally:
+        _, stderr = live.communicate(timeout=120)
+    assert refused.returncode == 6, refused.stderr
+    assert f"{run_dir} is running: its lock (run.lock) is held by pid {live.pid}" in refused.stderr
+    assert reported.returncode == 6 and "is running" in reported.stderr, reported.stderr
+    assert "killed" not in reported.stdout + reported.stderr
+    assert live.returncode in (0, 2), stderr  # the live run was not broken by the attempts
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["finished"] is True and info.get("client_failure") is None
+    assert not info.get("recovered")
+    assert pl.read_parquet(run_dir / "records.parquet").height == 60
+    assert "waiting:" in waited.stderr and "nothing to recover" in waited.stderr
+    assert waited.returncode == live.returncode
+    assert not (run_dir / "run.lock").exists()
+
+
+def test_a_fresh_heartbeat_without_a_settling_lock_is_a_live_run(tmp_path: Path) -> None:
+    """No lock file (another host, an older loadgen): a heartbeat touched a moment ago is a
+    live run, one 10 s old is not; a free lock taken on this host settles it whatever the
+    heartbeat says (a run killed a moment ago is recoverable at once)."""
+    parts = tmp_path / PARTS_DIR
+    parts.mkdir()
+    beat = parts / f"{HEARTBEAT}-w001"
+    beat.touch()
+    assert "heartbeat was touched" in (live_writer(tmp_path) or "")
+    old = time.time() - 10
+    os.utime(beat, (old, old))
+    assert live_writer(tmp_path) is None
+    beat.touch()
+    (tmp_path / LOCK_FILE).write_text(f"1 {socket.gethostname()}\n")  # its holder died
+    assert live_writer(tmp_path) is None
+    (tmp_path / LOCK_FILE).write_text("1 another-host\n")
+    assert live_writer(tmp_path) is not None
+    with run_lock(tmp_path, doing="test"):
+        assert f"held by pid {os.getpid()}" in (live_writer(tmp_path) or "")
+        with pytest.raises(RunBusy, match="is running"):
+            with run_lock(tmp_path, doing="recover"):
+                pass

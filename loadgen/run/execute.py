@@ -42,6 +42,7 @@ from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json, to_json
+from loadgen.results.liveness import run_lock
 from loadgen.results.records import RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
@@ -119,7 +120,11 @@ def execute(
     open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
     trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
-    with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
+    with (
+        run_lock(run_dir, doing="write into"),  # one writer: `report --recover` refuses it
+        run_log(run_dir, redactor.redact),
+        target_url(url, spec, trace_file=trace) as target,
+    ):
         base_url, sim_args = target
         if sim_args is not None and not options.quiet:
             print(
