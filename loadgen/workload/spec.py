@@ -9,6 +9,7 @@ key is read from the environment variable the file names (`target.api_key_env`).
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import re
@@ -738,10 +739,38 @@ def url_problem(url: object) -> str:
     if not parts.hostname:
         return f"has no host, e.g. http://127.0.0.1:8000 (got {url!r:.80})"
     if port == 0:
-        return f"port must be 1-65535 (got {url!r:.80})"
+        return f"has port 0: the port must be 1-65535 (got {url!r:.80})"
     if any(c in url for c in "\r\n\t\x00 ") or not url.isascii():
         return (f"must be ASCII without spaces or control characters (percent-encode "
                 f"others) (got {url!r:.80})")  # fmt: skip
+    if problem := host_problem(parts.hostname):
+        return f"{problem} (got {url!r:.80})"
+    return ""
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def host_problem(host: str) -> str:
+    """What is wrong with a URL's host (an IPv4 address past 255, a bad IPv6 literal, an
+    empty or over-long DNS label), or "": what every client that connects would refuse."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return f"has host [{host:.60}], which is not an IPv6 address"
+        return ""
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return (f"has host {host:.60}, which is not an IPv4 address (four numbers "
+                    "0-255, e.g. 127.0.0.1)")  # fmt: skip
+        return ""
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return (f"has host {host:.60}, which is not a host name (dot-separated labels of "
+                "1-63 letters, digits, - and _)")  # fmt: skip
     return ""
 
 
