@@ -107,8 +107,9 @@ def live_writer(run_dir: Path) -> str | None:
 def run_lock(run_dir: Path, *, doing: str) -> Iterator[None]:
     """Hold the run folder's lock for the block; `RunBusy` if another process holds it.
 
-    `doing` says what the caller wanted to do, for the refusal's message. The lock file is
-    removed when released (a later reader finds no lock: no run holds it).
+    `doing` says what the caller wanted to do, for the refusal's message. Released, the
+    lock file is removed once the folder has no record parts left (a run that failed keeps
+    it: a free lock of this host tells `report --recover` at once that no run holds it).
     """
     if fcntl is None:
         yield
@@ -131,8 +132,9 @@ def run_lock(run_dir: Path, *, doing: str) -> Iterator[None]:
             os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         yield
     finally:
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if not (run_dir / PARTS_DIR).exists():  # else it stays, and settles that none runs
+            with contextlib.suppress(OSError):
+                path.unlink()
         os.close(fd)  # releases the lock
 
 
