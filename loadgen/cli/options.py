@@ -14,6 +14,7 @@ from rich.console import Console
 
 from loadgen.adapters import APIS
 from loadgen.errors import LoadgenError
+from loadgen.printable import printable
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
 from loadgen.workload.spec import MAX_REQUESTS, MAX_SEED, MAX_SPAN_S, header_problem, url_problem
@@ -43,7 +44,8 @@ def clean_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except LoadgenError as exc:
-            click.echo(f"error: {exc}", err=True)
+            lines = str(exc).split("\n")  # loadgen's own line breaks; nothing else breaks one
+            click.echo("error: " + "\n".join(map(printable, lines)), err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature

@@ -130,7 +130,9 @@ def preflight(
             _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
         ) from None
     except httpx.InvalidURL as exc:  # url_problem refuses these first: a backstop
-        raise TargetError(f"{shown}: not a URL that can be connected to: {exc} (check --url)")
+        raise TargetError(
+            f"{shown}: not a URL that can be connected to: {exc} (check --url)"
+        ) from None
     except httpx.HTTPError as exc:
         reason = _reason(exc, redactor)
         if progress.stage == "headers" and "Receive buffer too long" in reason:  # h11's words

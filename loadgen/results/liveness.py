@@ -120,8 +120,8 @@ def run_lock(run_dir: Path, *, doing: str) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunBusy(busy_message(run_dir, f"its lock ({LOCK_FILE}) is held by {_owner_text(path)}",
-                                   doing)) from None  # fmt: skip
+        why = f"its lock ({LOCK_FILE}) is held by {_owner_text(path)}"
+        raise RunBusy(busy_message(run_dir, why, doing)) from None
     except OSError:  # locks not supported on this file system: the heartbeats stand in
         os.close(fd)
         yield
