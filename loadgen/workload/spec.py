@@ -803,10 +803,22 @@ def path_problem(path: str) -> str:
     return ""
 
 
+def _not_a_file(node: _Node, key: str, resolved: Path) -> None:
+    """Refuse a path that exists but is no regular file (not "not found": it is there)."""
+    if resolved.is_dir():
+        raise node.error(key, f"{resolved} is a directory, not a file", "name the file in it")
+    if resolved.exists() and not resolved.is_file():
+        raise node.error(
+            key, f"{resolved} is not a regular file (a device, FIFO or socket)",
+            "give a file on disk: loadgen reads it whole, and a device never ends",
+        )  # fmt: skip
+
+
 def _local_path(node: _Node, key: str) -> str:
-    """A file path relative to the workload file; it must exist."""
+    """A file path relative to the workload file; it must be a regular file."""
     path = Path(node.string(key))
     resolved = path if path.is_absolute() else Path(node.source).parent / path
+    _not_a_file(node, key, resolved)
     if not resolved.is_file():
         raise node.error(
             key, f"file {resolved} not found", "paths are relative to the workload file"
@@ -1173,6 +1185,7 @@ def _trace(node: _Node, source: str) -> TraceSpec:
     path = node.string("path")
     base = Path(source).parent
     resolved = (base / path) if not Path(path).is_absolute() else Path(path)
+    _not_a_file(node, "path", resolved)
     if not resolved.is_file():
         raise node.error("path", f"trace file {resolved} not found",
                          "paths are relative to the workload file")  # fmt: skip
