@@ -144,9 +144,18 @@ def check_memory_line(spec: Any, seed: int | None, max_memory_gb: float | None) 
     return f"client memory: {estimate.text()} (cap {size_text(cap)}: {source})"
 
 
+class _PipedConsole(Console):
+    """rich's console, but a reader that stopped reading (`| head -1`) is the quiet exit 0
+    of `cli.exits`, not rich's own exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def output_console() -> Console:
     """stdout for tables: the terminal's width, or 120 columns when piped to a file or CI log."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    return _PipedConsole(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, str]:
