@@ -342,7 +342,8 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     warm = warm_count(work, options.warm_connections, None, options.max_in_flight)
     how = "auto" if options.warm_connections is None else "--warm-connections"
     capped = warm_capped_note(work, options.warm_connections, None, options.max_in_flight)
-    console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})")
+    console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})",
+                  soft_wrap=True)  # fmt: skip
     target = url or "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

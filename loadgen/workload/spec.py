@@ -745,6 +745,11 @@ def url_problem(url: object) -> str:
                 f"others) (got {url!r:.80})")  # fmt: skip
     if problem := host_problem(parts.hostname):
         return f"{problem} (got {url!r:.80})"
+    hostport = parts.netloc.rpartition("@")[2].lower()
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    rest = hostport.removeprefix(host.lower())
+    if rest == hostport or not re.fullmatch(r"(:[0-9]*)?", rest):  # 127.[::1], [::1]x:80
+        return f"has a host and port that do not parse ({hostport:.60}) (got {url!r:.80})"
     return ""
 
 
