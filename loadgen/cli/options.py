@@ -31,6 +31,7 @@ Exit codes:
        descriptors or permission mid-run): its numbers are not the server's
   4    the watchdog stopped a run where nothing progressed; records are written
   5    incomplete: a run killed outright, finished by report --recover (no verdict)
+  6    the run is still running: report (and report --recover) refuse it; --wait waits
   130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
        verdict: the figures are partial)"""
 
