@@ -16,7 +16,13 @@ sending heartbeats forever would hold it for ever). The failure says what it was
 waiting for. Memory is bounded as in the engine: headers by httpx (100 KiB), an error
 body read to `MAX_ERROR_BODY`, a stream event to `max_event_bytes`. Server text in a
 message (an error body, an error event, a bad payload) is quoted through the run's
-`Redactor`: redacted first, then cut.
+`Redactor`: redacted first, then cut, then shown printable.
+
+Its header lines are the engine's (`transport.request_headers`), byte for byte: httpx's own
+defaults (`Accept-Encoding`, `Connection`) are dropped. Wrong turns are named: a TLS
+handshake that fails or hangs (a plain-HTTP server behind `https://`), a redirect (not
+followed), a compressed stream, and an answer h11 cannot parse, which is sent once more on
+a raw socket to see its first bytes (an HTTP/2-only server's SETTINGS frame).
 """
 
 from __future__ import annotations
