@@ -20,8 +20,9 @@ import click
 
 from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.live_options import live_options, open_live, price_options
-from loadgen.cli.options import check_url, clean_errors, output_console
-from loadgen.errors import ConfigError
+from loadgen.cli.options import cache_options, check_url, clean_errors, output_console
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
     conclusion,
     rule_lines,
@@ -31,6 +32,7 @@ from loadgen.render.capacity_view import (
     write_capacity,
     x_axis,
 )
+from loadgen.results.runfolder import read_summary
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
     MIN_LIFETIMES,
@@ -46,7 +48,7 @@ from loadgen.studies.capacity import (
     settings_json,
     step_runner,
 )
-from loadgen.workload.spec import WorkloadSpec, load, rate_scale
+from loadgen.workload.spec import WorkloadSpec, load, override, rate_scale
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -154,6 +156,7 @@ Exit codes:
     help="Send lag above which a send is late; too many late sends make a step invalid.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress line during the steps.")
+@cache_options
 @live_options
 @price_options
 @clean_errors
@@ -164,6 +167,7 @@ def capacity(
     out_dir: Path | None, seed: int | None, lag_bound_ms: float, quiet: bool,
     prometheus_listen: str | None, prometheus_grace_s: float, otlp_endpoint: str | None,
     otlp_interval_s: float, price_per_hour: float | None, replicas: int,
+    cache: str | None = None, nonce: str | None = None,
 ) -> None:  # fmt: skip
     """Find the highest load the server sustains with every SLO of every class met (the knee).
 
@@ -184,10 +188,11 @@ def capacity(
       loadgen capacity workloads/mixed.yaml --url http://candidate:8000 --proposed-limit 3
       loadgen capacity workloads/chat-smoke.yaml --param max_in_flight --start 4 --max 64
       loadgen capacity workloads/chat-smoke.yaml --prometheus-port 9464
+      loadgen capacity workloads/chat-smoke.yaml --url http://gpu:8000 --cache reset
     """
 
     check_url(url)
-    spec = load(workload)
+    spec = override(load(workload), cache=cache)
     integer = param == "max_in_flight"
     loads = _loads(spec, param, start, maximum, factor, steps_text)
     proposed = _load_value(spec, param, proposed_limit, "--proposed-limit")
@@ -203,13 +208,15 @@ def capacity(
     def on_step(step: Step) -> None:
         for line in step_lines(step, param, scale):
             console.print(line)
+        if (cached := step_cache_line(step)) is not None:
+            console.print(cached)
 
     fleet = None if price_per_hour is None else price_per_hour * replicas
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
     with live as exporter:
         with _target_url(url, spec, quiet) as base_url:
-            run_one = run_one_against(base_url, seed=seed, out=out / "steps",
+            run_one = run_one_against(base_url, seed=seed, out=out / "steps", nonce=nonce,
                                       lag_bound_ms=lag_bound_ms, quiet=quiet, live=exporter,
                                       price_per_hour=price_per_hour, replicas=replicas)  # fmt: skip
             run_step = step_runner(spec, run_one, param=param, min_tail=min_tail,
@@ -227,6 +234,18 @@ def capacity(
             console.print(line)
         console.print(f"knee plot, capacity.json and step runs: {out}")
     sys.exit(exit_code(found, verdict))
+
+
+def step_cache_line(step: Step) -> str | None:
+    """`  cache: cold (nonce …), prefix-cache hit share 4.0% (…)`: a step's cache warmth
+    (each step starts cold of the others by default), from its summary.json."""
+    if step.run_dir is None:
+        return None
+    try:
+        cache = read_summary(Path(step.run_dir)).cache
+    except LoadgenError:  # an interrupted step may have written none
+        return None
+    return f"  {cache_line(cache)}" if cache is not None else None
 
 
 def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> float | None:

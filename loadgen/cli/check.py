@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from loadgen.cli.options import check_memory_line, clean_errors, output_console, workload_options
+from loadgen.cli.options import (
+    cache_options,
+    check_memory_line,
+    clean_errors,
+    output_console,
+    workload_options,
+)
+from loadgen.errors import ConfigError
+from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_run
@@ -16,6 +24,7 @@ from loadgen.workload.spec import load, override
 @click.command()
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @workload_options
+@cache_options
 @click.option(
     "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
 )
@@ -29,6 +38,8 @@ def check(
     api: str | None,
     model: str | None,
     force_output_tokens: bool | None,
+    cache: str | None,
+    nonce: str | None,
     max_memory_gb: float | None,
     show_schedule: bool,
 ) -> None:
@@ -42,10 +53,15 @@ def check(
     """
 
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
-                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+                    api=api, model=model, force_output_tokens=force_output_tokens,
+                    cache=cache)  # fmt: skip
+    if nonce is not None and spec.cache != "cold":
+        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+                          "drop --nonce, or add --cache cold")  # fmt: skip
     sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
     memory = check_memory_line(spec, seed, max_memory_gb)
     plans = plan_run(spec, seed)
     console = output_console()
     console.print(render_plan(spec, plans, show_schedule=show_schedule))
     console.print(memory)
+    console.print(cache_plan_line(spec.cache, nonce))

@@ -16,7 +16,14 @@ from loadgen.adapters import APIS
 from loadgen.errors import LoadgenError
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
-from loadgen.workload.spec import MAX_REQUESTS, MAX_SEED, MAX_SPAN_S, header_problem, url_problem
+from loadgen.workload.spec import (
+    CACHE_MODES,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SPAN_S,
+    header_problem,
+    url_problem,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,6 +135,36 @@ def workload_options(func: F) -> F:
         click.option("--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
                      help="Refuse a plan whose estimated client memory (plans, records and "
                      "their audit) exceeds this many GiB (default: half of this host's memory)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+NONCE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def check_nonce(_ctx: click.Context, _param: click.Parameter, nonce: str | None) -> str | None:
+    """A nonce is recorded in run.json and shown: 1-64 letters, digits and `-_.`."""
+    if nonce is not None and not NONCE.match(nonce):
+        raise click.BadParameter(f"{nonce!r:.80} is not a nonce: use 1-64 letters, digits "
+                                 "and -_. (e.g. the one a run.json records)",
+                                 param_hint="--nonce")  # fmt: skip
+    return nonce
+
+
+def cache_options(func: F) -> F:
+    """--cache and --nonce: how a run stands to the server's prefix cache (README "Cache
+    warmth"); `run`, `check` and `capacity` share them."""
+    options = [
+        click.option("--cache", type=click.Choice(CACHE_MODES),
+                     help="cold: prompts start with a run nonce, so nothing is cached from "
+                     "an earlier run; warm: the same bytes as every run of this file and "
+                     "seed; reset: those, after asking the server to empty its prefix cache. "
+                     "Replaces the file's `cache` (default cold)."),
+        click.option("--nonce", callback=check_nonce,
+                     help="A cold run's nonce (run.json's cache.nonce), to send exactly the "
+                     "bytes of that run again (default: drawn per run and recorded)."),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)

@@ -14,6 +14,7 @@ from loadgen.cli.options import (
     EXIT_CODES_HELP,
     MAX_WAIT_S,
     FiniteFloat,
+    cache_options,
     check_memory_line,
     check_run_id,
     check_url,
@@ -43,6 +44,7 @@ from loadgen.workload.spec import load, metrics_url_problem, override
     "Without it (and without target.url) the built-in simulator is started.",
 )
 @workload_options
+@cache_options
 @click.option(
     "--out",
     "out_dir",
@@ -185,6 +187,8 @@ def run(
     api: str | None,
     model: str | None,
     force_output_tokens: bool | None,
+    cache: str | None,
+    nonce: str | None,
     out_dir: Path,
     run_id: str | None,
     max_in_flight: int | None,
@@ -234,6 +238,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --cache warm
     """
 
     check_url(url)
@@ -247,7 +252,8 @@ def run(
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
-                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+                    api=api, model=model, force_output_tokens=force_output_tokens,
+                    cache=cache)  # fmt: skip
     memory = check_memory_line(spec, seed, max_memory_gb)
     if metrics_headers and not (server_metrics_url or spec.target.server_metrics_url):
         raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
@@ -276,6 +282,7 @@ def run(
         server_metrics_headers=parse_headers(metrics_headers, "--server-metrics-header"),
         price_per_hour=price_per_hour,
         replicas=replicas,
+        nonce=nonce,
     )
     if dry_run:
         _dry_run(spec, options, memory)

@@ -716,10 +716,13 @@ def step_runner(
 def run_one_against(
     url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool,
     live: LiveExporter | None = None, price_per_hour: float | None = None, replicas: int = 1,
+    nonce: str | None = None,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
     its folder in `out`; only the first checks the target (preflight). `live` publishes
-    every step on one endpoint (its counters go on rising from step to step)."""
+    every step on one endpoint (its counters go on rising from step to step). Each step is
+    a run of its own to the cache too: a cold step draws its own nonce (`nonce.step-NN`
+    when `--nonce` is given), a reset step resets."""
     first = [True]
 
     def run_one(
@@ -728,7 +731,7 @@ def run_one_against(
         options = RunOptions(
             url=url, seed=seed, out_dir=out, run_id=run_id, max_in_flight=cap, quiet=quiet,
             lag_bound_ms=lag_bound_ms, check_target=first[0], price_per_hour=price_per_hour,
-            replicas=replicas,
+            replicas=replicas, nonce=f"{nonce}.{run_id}" if nonce is not None else None,
         )  # fmt: skip
         first[0] = False
         result = execute(spec, options, live=live)
