@@ -25,10 +25,11 @@ from loadgen.cli.options import (
 )
 from loadgen.engine.warmup import warm_count
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
-from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.execute import RunOptions, cache_warmth, client_setup, execute
 from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
@@ -337,6 +338,7 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     _, _, _, url = client_setup(spec, options)
     if url is None:
         sim_args_from_mapping(spec.sim, spec.source)
+    cache_warmth(spec, options)  # a --nonce outside cold mode is refused here too
     folder = options.out_dir / options.run_id if options.run_id is not None else None
     if folder is not None and folder.exists():
         raise ConfigError(
@@ -346,6 +348,7 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
+    console.print(cache_plan_line(spec.cache, options.nonce))
     warm = warm_count(work, options.warm_connections, None)
     how = "auto" if options.warm_connections is None else "--warm-connections"
     console.print(f"warm connections: {warm:,} opened before t0 ({how})")
