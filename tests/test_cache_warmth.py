@@ -335,3 +335,52 @@ def test_check_says_the_cache_mode_a_run_would_use(tmp_path: Path) -> None:
     assert "cache: warm: the same bytes as every run" in result.output
     result = CliRunner().invoke(cli, ["check", str(path), "--cache", "cold", "--nonce", "n1"])
     assert "cache: cold: prompts start with a run nonce (n1, given)" in result.output
+
+
+# --- capacity: every step its own run to the cache --------------------------------------------
+
+CAPACITY = """\
+name: steps
+target: {api: openai-chat, model: sim}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 20}
+    requests: 40
+    prompt_tokens: {dist: fixed, value: 20}
+    output_tokens: {dist: fixed, value: 4}
+    slo: {ttft_ms: 5000, percentile: 50}
+sim: {speed: 10, prefix_cache_tokens: 100000}
+"""
+
+
+def capacity_steps(tmp_path: Path, *args: str) -> list[tuple[dict[str, Any], pl.DataFrame]]:
+    """Two capacity steps (1x, 2x) on one built-in simulator: each step's summary cache and
+    records. No step fails, so the search finds no knee in range (exit 2)."""
+    tmp_path.mkdir()
+    path = workload_file(tmp_path, CAPACITY)
+    out = tmp_path / "capacity"
+    result = CliRunner().invoke(cli, ["capacity", str(path), "--steps", "1x,2x", "--min-tail",
+                                      "1", "--min-lifetimes", "1", "--out", str(out), "-q",
+                                      "--lag-bound-ms", "1000", *args])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    steps = []
+    for step in sorted((out / "steps").iterdir()):
+        cache = json.loads((step / "summary.json").read_text())["cache"]
+        assert f"cache: {cache['mode']}" in result.output  # under each step's line
+        steps.append((cache, pl.read_parquet(step / "records.parquet")))
+    return steps
+
+
+def test_each_cold_capacity_step_starts_cold_of_the_steps_before(tmp_path: Path) -> None:
+    """Every prompt is its own (no sharing within a step): cold steps hit nothing, each with
+    its own nonce (`X.step-NN` from --nonce X); warm, step 2's requests that step 1 sent too
+    (the same ids: the same bytes) find their whole 16-token block of 20, the others nothing."""
+    cold = capacity_steps(tmp_path / "cold", "--nonce", "x")
+    assert [c["nonce"] for c, _ in cold] == ["x.step-01", "x.step-02"]
+    assert [c["usage_hit_share"] for c, _ in cold] == [0.0, 0.0]
+    (first, sent), (second, again) = capacity_steps(tmp_path / "warm", "--cache", "warm")
+    assert first["usage_hit_share"] == 0.0
+    repeated = pl.col("request_id") < sent.height
+    assert set(again.filter(repeated)["cached_prompt_tokens"]) == {BLOCK}
+    assert set(again.filter(~repeated)["cached_prompt_tokens"]) <= {0}
+    assert second["usage_hit_share"] > 0
