@@ -128,6 +128,34 @@ def test_dataset_text_gets_the_nonce_in_front_of_its_first_message_only() -> Non
     assert PromptMaker(0).lead_messages(messages) == messages
 
 
+def test_with_a_tokenizer_a_cold_prompt_is_still_exactly_its_planned_tokens(
+    tmp_path: Path,
+) -> None:
+    """With target.tokenizer the nonce is fitted in: every first message encodes to exactly
+    its planned count, and one long enough for the nonce's words (this toy tokenizer spends
+    several tokens on a word it never saw) starts with them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = ["the people of the world know the time and place " * 40, "water light city " * 40]
+    tokenizer.train_from_iterator(
+        corpus, trainer=trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"])
+    )
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    cold = PromptMaker(0, str(path), nonce="ab")
+    for request_id, tokens in enumerate([2, 20, 77, 300]):
+        text = cold.text(request_id, tokens, first=True)
+        assert len(tokenizer.encode(text, add_special_tokens=False).ids) == tokens
+        if tokens >= 20:
+            assert text.split(" ")[:NONCE_WORDS] == list(cold.lead)
+    shared = cold.shared(5, 1, PREFIX, PREFIX + SUFFIX)
+    assert len(tokenizer.encode(shared, add_special_tokens=False).ids) == PREFIX + SUFFIX
+    assert shared.split(" ")[:NONCE_WORDS] == list(cold.lead)
+
+
 # --- on the simulator: hit shares with known answers -----------------------------------------
 
 
