@@ -67,6 +67,9 @@ class TargetSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     include_usage: bool = True  # stream_options.include_usage
     force_output_tokens: bool = True  # send ignore_eos + min_tokens so N is what was planned
+    # A forced length that ends short on a stop reason is ok (flagged `stopped_early`), not
+    # `truncated`: for a server that ignores ignore_eos/min_tokens.
+    allow_early_stops: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     priority_header: str | None = None  # send class priority as this header, not in the body
     tokenizer: str | None = None  # a local tokenizer.json for exact prompt token counts
@@ -603,6 +606,7 @@ def _target(node: _Node) -> TargetSpec:
         "headers",
         "include_usage",
         "force_output_tokens",
+        "allow_early_stops",
         "extra_body",
         "priority_header",
         "tokenizer",
@@ -661,6 +665,7 @@ def _target(node: _Node) -> TargetSpec:
         headers=dict(headers),
         include_usage=node.boolean("include_usage", True),
         force_output_tokens=node.boolean("force_output_tokens", True),
+        allow_early_stops=node.boolean("allow_early_stops", False),
         extra_body=dict(extra_body),
         priority_header=node.string("priority_header") if node.has("priority_header") else None,
         tokenizer=_local_path(node, "tokenizer") if node.has("tokenizer") else None,
