@@ -121,7 +121,8 @@ class Check:
     """One population target: the p-th percentile of `metric` (failures worst) <= target.
 
     `metric` is `requests` (percentile and target None) for a class with targets but no
-    recorded request: it cannot pass. `value_ms` None: no values, or a failure.
+    recorded request: it cannot pass. `value_ms` None: no values (the check then fails:
+    nothing measured passes), or a failure.
     """
 
     metric: str
