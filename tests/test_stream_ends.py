@@ -76,7 +76,7 @@ class Run:
 
 def run_api(
     sim: tuple[SimProcess, Path], api: str, faults: list[dict[str, str]], *, usage: bool = True,
-    allow_early_stops: bool = False,
+    allow_early_stops: bool = False, request_id_body: str = "auto",
 ) -> Run:  # fmt: skip
     """One request per fault set through the real engine, and what the simulator did."""
     process, trace = sim
@@ -84,7 +84,8 @@ def run_api(
     adapter = adapter_for(api)
     config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m", include_usage=usage),
                           seed=0, headers_for=lambda p: faults[p.request_id],
-                          allow_early_stops=allow_early_stops)  # fmt: skip
+                          allow_early_stops=allow_early_stops,
+                          request_id_body=request_id_body)  # fmt: skip
     endpoint = make_endpoint(process.url, adapter.default_path, adapter.headers(None))
     records = run_through(plans, Pool(endpoint), config)
     sent = {r.request_id_sent for r in records}
@@ -454,3 +455,27 @@ def test_anthropic_prompt_tokens_are_read_from_message_delta_behind_a_gateway(
     served = run.served[str(late.request_id_sent)]["prompt_tokens"]
     assert served > 0
     assert late.prompt_tokens == plain.prompt_tokens == served
+
+
+@pytest.mark.parametrize(("api", "field"), [("openai-responses", ("metadata", "request_id")),
+                                            ("anthropic", ("metadata", "user_id"))])  # fmt: skip
+def test_the_request_id_rides_in_the_body_where_the_api_has_a_field(
+    api: str, field: tuple[str, str]
+) -> None:
+    """Responses and Anthropic bodies carry the id header's value in their metadata by
+    default (a gateway that drops the header still passes it on); chat only with `on`."""
+    with ScriptedServer(lambda r: simple_chat(2)) as server:
+        for name, mode in ((api, "auto"), ("openai-chat", "auto"), ("openai-chat", "on"),
+                           (api, "off")):  # fmt: skip
+            adapter = adapter_for(name)
+            config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0,
+                                  request_id_body=mode)  # fmt: skip
+            endpoint = make_endpoint(server.url, adapter.default_path, {})
+            run_through(PlanFactory().at(0.0), Pool(endpoint), config)
+    bodies = [r.body for r in server.requests]
+    ids = [r.headers["x-request-id"] for r in server.requests]
+    outer, key = field
+    assert bodies[0][outer] == {key: ids[0]}
+    assert "user" not in bodies[1]
+    assert bodies[2]["user"] == ids[2]
+    assert outer not in bodies[3]

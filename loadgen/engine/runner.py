@@ -43,7 +43,13 @@ from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.engine.agents import Trajectory
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
-from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
+from loadgen.engine.request_ids import (
+    DEFAULT_HEADER,
+    RequestIds,
+    merged,
+    new_nonce,
+    put_in_body,
+)
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.starts import Starts
 from loadgen.engine.transport import Connector, Link, encode_request
@@ -103,6 +109,8 @@ class EngineConfig:
     request_id_header: str | None = DEFAULT_HEADER
     request_id_format: str = "uuid"
     request_id_nonce: int = field(default_factory=new_nonce)
+    # Where the id also goes in the body (`request_ids.put_in_body`): auto, on or off.
+    request_id_body: str = "auto"
     # A forced length that ends short on a stop reason is ok (flagged), not truncated.
     allow_early_stops: bool = False
 
@@ -916,8 +924,8 @@ class Engine:
         plan = exchange.plan
         if messages is None:
             messages = self._messages(plan)
-        body = self._body(plan, messages)
-        headers = self._headers(exchange)
+        headers = self._headers(exchange)  # first: it records the id the body carries too
+        body = self._body(plan, messages, exchange.request_id_sent)
         if LOGGER.isEnabledFor(logging.DEBUG):
             point = self.connector.endpoint
             sent = {**point.headers, **headers}
@@ -925,11 +933,14 @@ class Engine:
                          point.target, sent)  # fmt: skip
         return encode_request(self.connector.endpoint, body, headers)
 
-    def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
+    def _body(
+        self, plan: RequestPlan, messages: Sequence[Message], request_id: str | None
+    ) -> bytes:
         config = self.config
         body = config.adapter.build_body(messages, plan.output_tokens, self._options(plan.model))
         if plan.priority is not None and config.priority_header is None:
             body["priority"] = plan.priority
+        put_in_body(body, config.adapter.name, config.request_id_body, request_id)
         return orjson.dumps(body)
 
     # -- flows --------------------------------------------------------------------------

@@ -145,5 +145,6 @@ def engine_setup(
         request_id_header=spec.target.request_id_header,
         request_id_format=spec.target.request_id_format,
         allow_early_stops=spec.target.allow_early_stops,
+        request_id_body=spec.target.request_id_body,
     )
     return endpoint, config
