@@ -424,6 +424,7 @@ def test_a_usage_count_no_server_can_mean_is_a_problem_not_a_figure(
     text (as parsed: a number past 64 bits arrives as a float)."""
     delta = adapter_for(api).parse(b"", (event % value).encode())
     assert delta.completion_tokens is None
-    assert delta.usage_problem is not None and delta.usage_problem.endswith(f"={shown}")
+    assert delta.usage_problem is not None
+    assert delta.usage_problem.endswith(f"={shown}")
     ok = adapter_for(api).parse(b"", (event % "2147483647").encode())
     assert (ok.completion_tokens, ok.usage_problem) == (2**31 - 1 - (api == "tgi"), None)

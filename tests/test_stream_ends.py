@@ -424,7 +424,8 @@ def test_a_cut_behind_a_gateway_is_truncated_where_forced_and_its_usage_disagree
     assert run.served[str(record.request_id_sent)]["outcome"] == "gateway_cut"
     assert (record.usage_output_tokens, record.counted_output_tokens) == (9, GATEWAY_CUT)
     assert len(record.chunk_ns) == GATEWAY_CUT
-    assert record.output_tokens == 9 and record.token_source is TokenSource.USAGE
+    assert record.output_tokens == 9
+    assert record.token_source is TokenSource.USAGE
     if api in FORCING:
         assert record.outcome is Outcome.TRUNCATED
         assert f"after 7 of {TOKENS} forced tokens (7 arrived, usage said 9)" in str(record.error)
