@@ -348,7 +348,7 @@ def _completed(status: str | None, **response: Any) -> dict[str, Any]:
             "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}},
          True, "length", None),  # OpenAI
         (_completed("incomplete", incomplete_details={"reason": "content_filter"}),
-         True, "content_filter", None),
+         False, None, "response.completed (status 'incomplete', content_filter)"),
         (_completed("cancelled"), True, "cancelled", None),  # vLLM: an aborted request
         (_completed("incomplete", incomplete_details={"reason": "other"}), False, None,
          "response.completed (status 'incomplete', other)"),

@@ -379,7 +379,7 @@ END_ROWS = [
     ("openai-responses", "completed", Outcome.OK, "stop"),
     ("openai-responses", "incomplete", Outcome.OK, "length"),  # vLLM, llama-server
     ("openai-responses", "incomplete-event", Outcome.OK, "length"),  # OpenAI
-    ("openai-responses", "content-filter", Outcome.OK, "content_filter"),
+    ("openai-responses", "content-filter", Outcome.STREAM_ERROR, None),
     ("openai-responses", "cancelled", Outcome.TRUNCATED, "cancelled"),  # vLLM: aborted
     ("openai-responses", "failed", Outcome.STREAM_ERROR, None),
     ("anthropic", "end_turn", Outcome.OK, "end_turn"),
@@ -403,8 +403,10 @@ def test_every_end_a_server_sends_is_read_as_its_row_says(
     (record,) = run_api(sim, api, [{"X-Sim-Finish": word}]).records
     assert (record.outcome, record.finish_reason) == (outcome, finish), record.error
     assert len(record.chunk_ns) == TOKENS
-    if outcome is Outcome.STREAM_ERROR:
+    if word == "failed":
         assert "simulated failure at the end" in str(record.error)  # the server's words kept
+    elif outcome is Outcome.STREAM_ERROR:
+        assert "content_filter" in str(record.error)
 
 
 GATEWAY_CUT = 7  # claimed as 7 * 9 // 7 = 9 output tokens: more than arrived

@@ -7,9 +7,9 @@ Output: `response.output_text.delta` and `response.refusal.delta` (visible conte
 `usage` (`input_tokens`; `output_tokens`, which includes
 `output_tokens_details.reasoning_tokens`); the end is its `response.status`, whichever event
 carried it: `completed` (finish `stop`), `incomplete` with `incomplete_details.reason`
-`max_output_tokens` (the planned length was reached: finish `length`) or `content_filter`,
-`cancelled` (an abort: finish `cancelled`, `truncated`); `failed` or any other status or
-reason fails it, as does an `error` event (with or without a `type`). Every other event
+`max_output_tokens` (the planned length was reached: finish `length`), `cancelled` (an
+abort: finish `cancelled`, `truncated`); `failed` or any other status or reason
+(`content_filter`) fails it, as does an `error` event (with or without a `type`). Every other event
 (created, in_progress, output_item.added, content_part.added, *.done) carries no output. The
 type is read from the JSON `type` field (it repeats the SSE event name). No `[DONE]`.
 """
@@ -48,9 +48,9 @@ END_STATUS = {
 }
 ENDS = frozenset(END_STATUS)
 END_STATUSES = ("completed", "incomplete", "cancelled", "failed")  # a tuple: JSON may be a list
-# `incomplete_details.reason` of an incomplete response that is a complete stream, as the
-# finish reason it records: the length cap (`length`), or the server's content filter.
-INCOMPLETE_ENDS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+# `incomplete_details.reason` of an incomplete response that is the planned end, as the
+# finish reason it records: the length cap. Any other reason (`content_filter`) fails it.
+INCOMPLETE_ENDS = {"max_output_tokens": "length"}
 
 
 class OpenAIResponses:
