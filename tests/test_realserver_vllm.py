@@ -211,6 +211,29 @@ def test_vllm_each_api_family_matches_vllms_counters(
     assert result.summary.classes["c"].outcomes["ok"] == 6
 
 
+def test_vllm_scraped_by_loadgen_is_recognised_and_adds_up(vllm: Server, tmp_path: Path) -> None:
+    """loadgen's own scraper on vLLM's /metrics (every 0.25 s) during a run: the server is
+    recognised as vLLM from its metric names, no scrape fails, and its counters (first scrape
+    to the last, taken after the run) equal the records' and this file's own reading."""
+    target = {"server_metrics_url": "/metrics", "server_metrics_interval_s": 0.25}
+    path = vllm_workload(tmp_path, requests=6, rate_per_s=6, target=target)
+    before = scrape(vllm.url)
+    result, records = run_engine(path, vllm.url, tmp_path / "reports")
+    moved = deltas(vllm.url, before, finished=6)
+    assert [r.outcome for r in records] == ["ok"] * 6
+    server = result.summary.server
+    assert server is not None
+    assert (server.server, server.failures, server.malformed_lines) == ("vllm", 0, 0)
+    assert server.scrapes >= 2
+    assert server.counters["generation_tokens"] == moved["generation_tokens"] == 6 * 12
+    assert server.counters["prompt_tokens"] == moved["prompt_tokens"]
+    assert server.counters["prompt_tokens"] == sum(r.prompt_tokens or 0 for r in records)
+    assert server.counters["prefix_cache_hits"] == moved["prefix_cache_hits"]
+    running = server.gauges["running"].max
+    assert running is not None
+    assert 1 <= running <= 6
+
+
 def test_vllm_responses_forced_length_is_length_not_stop(vllm: Server, tmp_path: Path) -> None:
     """vLLM ends a Responses stream at max_output_tokens with `response.completed` holding
     `status: "incomplete"`, `incomplete_details.reason: "max_output_tokens"`; loadgen reads
