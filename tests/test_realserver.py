@@ -227,10 +227,10 @@ def run_engine(
     return result, from_frame(frame)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
     """`loadgen ...` in a subprocess, as a user runs it."""
     cmd = [sys.executable, "-m", "loadgen", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=100, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def assert_all_ok(records: list[RequestRecord], planned: int) -> None:

@@ -350,3 +350,34 @@ def test_vllm_reset_mode_empties_vllms_cache_before_the_run(vllm: Server, tmp_pa
     assert again <= first + 0.05
     run = json.loads((out / "reset" / "run.json").read_text())
     assert "reset" in json.dumps(run)
+
+
+def test_vllm_capacity_steps_each_start_cold(vllm: Server, tmp_path: Path) -> None:
+    """`loadgen capacity` against vLLM, the workload's model and metrics endpoint given on
+    the command line (`--model`, `--server-metrics-url`, as `run` takes them): two steps of
+    one workload of 256-token prompts, and no step is served from the cache an earlier step
+    warmed (before cache modes, every step after the first was ~71 % cached: 0.12 then
+    0.71), by loadgen's records and by vLLM's own counters."""
+    httpx.post(f"{vllm.url}/reset_prefix_cache", timeout=60).raise_for_status()
+    path = vllm_workload(tmp_path, requests=40, rate_per_s=2, prompt_tokens=256, output_tokens=4)
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec["target"]["model"] = "sim"  # the file's model is not vLLM's: --model says which
+    spec["classes"]["c"]["slo"]["percentile"] = 50  # 10 requests per judged tail
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    out = tmp_path / "capacity"
+    done = run_cli("capacity", str(path), "--url", vllm.url, "--model", MODEL,
+                   "--server-metrics-url", "/metrics", "--steps", "2,3", "--min-tail", "5",
+                   "--min-lifetimes", "5", "--lag-bound-ms", LAG_BOUND_MS, "--out", str(out),
+                   "-q", timeout=400)  # fmt: skip
+    assert done.returncode in (0, 2, 3), done.stderr  # the verdict is not what is checked
+    steps = sorted(out.glob("step-*/records.parquet"))
+    assert len(steps) >= 2, (done.stdout, done.stderr)
+    shares = [hit_share(from_frame(pl.read_parquet(p))) for p in steps]
+    # Distinct prompts share only the chat template's opening (less than a cache block):
+    # a step served from an earlier one's cache would be most of its prompt tokens.
+    assert all(share < 0.2 for share in shares), shares
+    for step in steps:  # vLLM's own counters say the same, step by step
+        summary = json.loads((step.parent / "summary.json").read_text())
+        server_share = summary["server"]["prefix_cache_hit_share"]
+        assert server_share is not None
+        assert server_share < 0.2, (step.parent.name, server_share)
