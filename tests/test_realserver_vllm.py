@@ -370,7 +370,7 @@ def test_vllm_capacity_steps_each_start_cold(vllm: Server, tmp_path: Path) -> No
                    "--min-lifetimes", "5", "--lag-bound-ms", LAG_BOUND_MS, "--out", str(out),
                    "-q", timeout=400)  # fmt: skip
     assert done.returncode in (0, 2, 3), done.stderr  # the verdict is not what is checked
-    steps = sorted(out.glob("step-*/records.parquet"))
+    steps = sorted(out.glob("steps/step-*/records.parquet"))
     assert len(steps) >= 2, (done.stdout, done.stderr)
     shares = [hit_share(from_frame(pl.read_parquet(p))) for p in steps]
     # Distinct prompts share only the chat template's opening (less than a cache block):
