@@ -366,3 +366,47 @@ def test_a_short_trace_replay_fails_without_a_pointless_rerun(tmp_path: Path) ->
     assert calls == ["step-01"]
     assert step.status == FAIL
     assert "a trace replay lasts as long as its trace" in step.note
+
+
+def test_a_first_step_whose_generator_fell_behind_exits_3_without_a_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every send 20 ms late against a 5 ms lag bound: the first step is invalid, so no load
+    was judged. That is exit 3 (the client's numbers, not the server's), not 2 with "lower
+    --start"; no matplotlib warning, no empty knee.png; capacity.json says exit 3."""
+    import warnings
+
+    from loadgen.cli.capacity import capacity
+
+    def fake_run_one_against(url, *, options, out, live):  # type: ignore[no-untyped-def]
+        def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+            seconds = spec_at.classes["chat"].duration_s
+            return steady_frame(16.0, seconds, 0.1, lag_ms=20.0), False, False, tmp_path / run_id
+
+        return run_one
+
+    monkeypatch.setattr("loadgen.cli.capacity.run_one_against", fake_run_one_against)
+    workload, _ = knee_workload(tmp_path, rate=16)
+    out = tmp_path / "out"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(capacity, [str(workload), "--out", str(out), "--url",
+                                               "http://127.0.0.1:9", "--lag-bound-ms", "5",
+                                               "--steps", "1x,2x"])  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], caught
+    assert "lower --start" not in result.output
+    assert "no step was judged" in result.output
+    assert "the generator fell behind" in result.output
+    assert not (out / "knee.png").exists()
+    data = json.loads((out / "capacity.json").read_text())
+    assert data["exit_code"] == 3
+    assert [s["status"] for s in data["steps"]] == [INVALID]
+
+
+def test_exit_code_3_when_the_generator_fell_behind_before_any_load_was_judged() -> None:
+    """Stopped by an invalid first step, with or without a proposed limit: 3, not 2."""
+    invalid = Step(load=1.0, status=INVALID, note="fell behind")
+    found = Search(steps=(invalid,), highest_pass=None, first_fail=None, stopped_by=invalid)
+    assert exit_code(found, None) == 3
+    assert exit_code(found, judge(found, 1.0)) == 3

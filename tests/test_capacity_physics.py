@@ -18,9 +18,11 @@ from virtual_server import closed_loop_frame, open_loop_frame
 from loadgen.sim.config import config_from_mapping
 from loadgen.studies.capacity import (
     FAIL,
+    INVALID,
     LIFETIME_CUSHION,
     MIN_LIFETIMES,
     PASS,
+    RATE_TOLERANCE,
     audit_step,
     geometric_loads,
     search,
@@ -76,8 +78,9 @@ def virtual_run_one(seed: int = 1):  # type: ignore[no-untyped-def]
             engine = config_from_mapping(spec_at.sim, spec_at.source).engine
             assert cls.requests is not None
             frame = closed_loop_frame(
-                engine, cap, cls.requests, cls.output_tokens.value, seed + calls[0]
-            )
+                engine, cap, cls.requests, cls.output_tokens.value, seed + calls[0],
+                prompt=int(cls.prompt_tokens.value),
+            )  # fmt: skip
         return frame, False, False, Path(run_id)
 
     return run_one
@@ -181,3 +184,109 @@ def test_a_steady_step_below_mu_passes_every_check() -> None:
     assert step.steady.lifetimes >= 20
     assert not step.steady.rising()
     assert step.steady.completed_per_s == pytest.approx(0.7 * mu, rel=0.1)
+
+
+SEED_CLOSED_LOOP = """\
+name: seed-closed-loop
+target: {{api: openai-chat, model: sim}}
+classes:
+  chat:
+    arrival: {{process: constant, rate_per_s: 1}}
+    requests: 100
+    prompt_tokens: {{dist: fixed, value: {prompt}}}
+    output_tokens: {{dist: fixed, value: 20}}
+    slo: {{ttft_ms: {ttft_ms}, percentile: 90}}
+    deadlines: {{first_token_s: 600, stall_s: 600, total_s: 600}}
+sim: {{max_batch: 32, decode_step_ms: 30, prefill_tokens_per_s: 8000}}
+"""
+
+
+@pytest.mark.parametrize(("prompt", "ttft_ms", "knee"), [(2000, 1100, 4), (2000, 2100, 8),
+                                                         (1000, 1100, 8)])  # fmt: skip
+def test_closed_loop_knee_on_the_seed_physics_is_the_slo_over_the_prefill(
+    prompt: int, ttft_ms: float, knee: int
+) -> None:
+    """The seed's physics: prefill 8,000 tok/s, whole prompts, 32 slots. C <= 32 clients of a
+    closed loop send together and stay in lockstep (equal prompts, equal outputs), so each
+    cycle's first step prefills C prompts at once: TTFT from the send = C·P / 8000 exactly
+    (2,000 tokens: 250 ms per client). The SLO decides, at ⌊SLO · 8000 / P⌋: 1,100 ms → 4
+    (1,000 ms) passes and 5 (1,250 ms) fails; 2,100 ms → 8. Every passing step is steady by
+    construction: it passes on its SLOs whatever its completed share says."""
+    spec = specs.loads(SEED_CLOSED_LOOP.format(prompt=prompt, ttft_ms=ttft_ms))
+    assert knee == int(ttft_ms * 8000 / prompt // 1000)
+    found = run_search(spec, [1, 2, 4, 8, 16], param="max_in_flight", resolution=0.01)
+    trace = [(s.load, s.status, s.note) for s in found.steps]
+    assert (found.highest_pass, found.first_fail) == (knee, knee + 1), trace
+    for step in found.steps:
+        figures = step.classes["chat"]
+        assert figures.ttft_ms == pytest.approx(step.load * prompt / 8, abs=2), trace  # C·P/R
+        assert step.closed_loop
+        if step.status == FAIL:
+            assert step.note == "missed: chat", trace  # the SLO, nothing else
+
+
+def closed_loop_records(cap: int, count: int, ttft_ms, tokens: int = 20, gap_ms: float = 10,  # type: ignore[no-untyped-def]
+                        start_ms=lambda k: 0.0):  # fmt: skip
+    """`cap` clients in a closed loop (each sends the moment its last request ends; client k
+    first at `start_ms(k)`) against a server whose TTFT is `ttft_ms(send time in s)` and
+    whose tokens come `gap_ms` apart."""
+    import heapq
+
+    from loadgen.results.records import to_frame
+    from loadgen.testing import streamed_record
+
+    free = [(start_ms(client), client) for client in range(cap)]
+    records = []
+    for i in range(count):
+        at_ms, client = heapq.heappop(free)
+        first = ttft_ms(at_ms / 1000)
+        gaps = (gap_ms,) * (tokens - 1)
+        records.append(streamed_record(i, intended_ms=at_ms, ttft_ms=first, gaps_ms=gaps))
+        heapq.heappush(free, (at_ms + first + gap_ms * (tokens - 1), client))
+    return to_frame(records)
+
+
+def test_a_closed_loop_step_with_a_rising_ttft_passes_on_its_slos() -> None:
+    """A server slowing over the step (TTFT from the send 50 → ~150 ms) under a 1 s SLO: a
+    closed loop of 4 cannot queue beyond its cap, so the step passes on its SLOs, the rise
+    shown (and found: it is beyond its bound) but not judged. The same records judged as an
+    open loop fail on it: the trend check is live, only not applied to a closed loop."""
+    spec, _ = workload(ttft_ms=1000)
+    at, cap = step_spec(spec, 4, param="max_in_flight", min_tail=10, warmup_s=None)
+    assert cap == 4
+    frame = closed_loop_records(4, 2000, lambda t: 50 + 1.0 * t)
+    closed = audit_step(frame, at, 4, min_tail=10, warmup_s=None, from_send=True,
+                        fell_behind=False)  # fmt: skip
+    assert closed.steady is not None
+    assert [t.series for t in closed.steady.rising()] == ["ttft_ms"]
+    assert closed.status == PASS, closed.note
+    assert closed.note == "closed loop, steady at its cap: every SLO met"
+    assert closed.classes["chat"].ttft_ms is not None
+    assert closed.classes["chat"].ttft_ms < 1000
+    opened = audit_step(frame, at, 4, min_tail=10, warmup_s=None, from_send=False,
+                        fell_behind=False)  # fmt: skip
+    assert opened.status == FAIL
+    assert "TTFT from intended rising" in opened.note
+
+
+def test_a_closed_loop_that_does_not_hold_its_cap_is_invalid() -> None:
+    """14 clients that join one per second (a loop slow to fill) into a server with a
+    constant 100 ms TTFT: the judged part averages well under 14 in flight, so the step did
+    not apply the load it names. Invalid, not passed, whatever its SLOs say; its completed
+    share is short of offered by the in-flight growth (< the cap), shown, not judged."""
+    spec, _ = workload(ttft_ms=1000)
+    at, _ = step_spec(spec, 14, param="max_in_flight", min_tail=10, warmup_s=None)
+    frame = closed_loop_records(14, 400, lambda t: 100.0, start_ms=lambda k: 1000.0 * k)
+    step = audit_step(frame, at, 14, min_tail=10, warmup_s=None, from_send=True,
+                      fell_behind=False, min_lifetimes=5)  # fmt: skip
+    assert step.steady is not None
+    assert step.steady.mean_in_flight < 14 * (1 - RATE_TOLERANCE)
+    assert 0 < step.steady.offered - step.steady.completed <= 14
+    assert step.status == INVALID, step.note
+    assert step.note.startswith("the closed loop did not hold its cap")
+    steady = closed_loop_records(14, 400, lambda t: 100.0)  # all 14 from the start
+    held = audit_step(steady, at, 14, min_tail=10, warmup_s=None, from_send=True,
+                      fell_behind=False, min_lifetimes=5)  # fmt: skip
+    assert held.steady is not None
+    assert held.steady.mean_in_flight >= 14 * (1 - RATE_TOLERANCE)
+    assert held.status == PASS, held.note

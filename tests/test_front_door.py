@@ -435,13 +435,14 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
         cli, ["run", str(path), "--dry-run", "--header", "X-Token:${FRONT_DOOR_TOKEN}"]
     )
     assert missing.exit_code == 1
-    assert "${FRONT_DOOR_TOKEN} is not set" in missing.output
+    assert "--header 'X-Token: ${FRONT_DOOR_TOKEN}': FRONT_DOOR_TOKEN is not set" in missing.output
     monkeypatch.setenv("FRONT_DOOR_TOKEN", "abc\r\nX-Injected: 1")
     injected = CliRunner().invoke(
         cli, ["run", str(path), "--dry-run", "--header", "X-Token:${FRONT_DOOR_TOKEN}"]
     )
     assert injected.exit_code == 1
-    assert "header X-Token: its value must not contain CR, LF or NUL" in injected.output
+    flag = "--header 'X-Token: ${FRONT_DOOR_TOKEN}'"
+    assert f"{flag}: its value must not contain CR, LF or NUL" in injected.output
     assert "Injected" not in injected.output  # the value (maybe a secret) is never echoed
     (tmp_path / "out" / "taken").mkdir(parents=True)
     taken = CliRunner().invoke(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import click
@@ -108,6 +109,72 @@ def test_seed_fleet() -> None:
     assert fleet.slots_exact == pytest.approx(277.5 + 2 * math.sqrt(277.5))
     assert fleet.slots == 311
     assert (fleet.replicas_without_spare, fleet.replicas, fleet.replicas_naive) == (10, 11, 9)
+
+
+def _erlang_c_by_factorials(servers: int, offered: float) -> float:
+    """Erlang C from its textbook sum in exact fractions, independent of the planner's recursion."""
+    a = Fraction(offered)
+    top = a**servers / math.factorial(servers) * servers / (servers - a)
+    below = sum(a**k / math.factorial(k) for k in range(servers))
+    return float(top / (below + top))
+
+
+@pytest.mark.parametrize(("servers", "offered"), [(1, 0.5), (2, 1.0), (32, 27.75), (32, 20.0)])
+def test_erlang_c_known_answers(servers: int, offered: float) -> None:
+    """Erlang C: ρ for one server, 1/3 for c = 2 at a = 1, and the factorial sum elsewhere."""
+    expected = {(1, 0.5): 0.5, (2, 1.0): 1 / 3}.get((servers, offered))
+    got = planner.erlang_c(servers, offered)
+    assert got == pytest.approx(_erlang_c_by_factorials(servers, offered), rel=1e-9)
+    if expected is not None:
+        assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_many_server_wait_with_one_server_is_mm1() -> None:
+    """c = 1: P(W > t) = ρ·e^{−(μ − λ)t}, so p99 wait = ln(ρ / 0.01) / (μ − λ)."""
+    probability, wait_ms = planner.many_server_wait_ms(1, 3.0, 0.25)  # μ = 4/s, ρ = 0.75
+    assert probability == pytest.approx(0.75)
+    assert wait_ms == pytest.approx(math.log(75) / 1.0 * 1000)
+    assert planner.many_server_wait_ms(1, 0.005, 1.0)[1] == 0.0  # under 1 % wait: p99 is 0
+    assert math.isinf(planner.many_server_wait_ms(4, 8.0, 1.0)[1])  # a ≥ c: no steady state
+
+
+def test_seed_fleet_and_single_server_figures_are_different_quantities() -> None:
+    """The seed's 11 replicas fill 277.5 / 320 of the batch slots with one queue for them all
+    (under 1 % wait, so p99 wait 0); the single-server ρ_max 0.363 (1.27 req/s per replica)
+    asks for ⌈30 / 1.27⌉ + 1 = 25; a queue per replica (M/M/32 each) needs 14."""
+    inputs, _ = planner.resolve({**SEED_FLAGS, "service_cv": 1.0})
+    result = planner.make_plan(inputs)
+    fleet = result.fleet
+    assert fleet is not None
+    assert fleet.replicas == 11
+    assert fleet.slot_utilization == pytest.approx(277.5 / 320)
+    assert result.max_utilization == pytest.approx(0.363, abs=5e-4)
+    assert result.max_rate_per_replica_per_s == pytest.approx(1.27, abs=5e-3)
+    assert fleet.replicas_single_server == math.ceil(30 / result.max_rate_per_replica_per_s) + 1
+    assert fleet.replicas_single_server == 25
+    assert fleet.pooled_wait_probability == pytest.approx(_erlang_c_by_factorials(320, 277.5))
+    assert fleet.pooled_wait_probability < 0.01
+    assert fleet.pooled_wait_ms == 0.0
+    per_replica = _erlang_c_by_factorials(32, 27.75)
+    assert fleet.per_replica_wait_probability == pytest.approx(per_replica)
+    drain = 32 / 9.25 - 3.0
+    assert fleet.per_replica_wait_ms == pytest.approx(math.log(per_replica / 0.01) / drain * 1e3)
+    assert fleet.replicas_queue_per_replica == 14
+    waits = [planner.many_server_wait_ms(32, 30 / r, 9.25)[1] for r in (12, 13)]
+    assert waits[0] > 750 >= waits[1]  # 13 replicas (+1 spare) is the first that fits
+
+
+def test_plan_text_names_the_two_utilizations() -> None:
+    """The text says which utilization is the batch slots' and which the single server's."""
+    result = CliRunner().invoke(plan, SEED_ARGS, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "batch-slot utilization" in result.output
+    assert "0.867" in result.output
+    assert "single-server ρ_max (M/G/1)" in result.output
+    assert "replicas, single-server picture" in result.output
+    assert "another quantity" in result.output
+    assert "ONE queue feeds every slot" in result.output
+    assert "replica utilization " not in result.output
 
 
 def test_seed_goodput() -> None:

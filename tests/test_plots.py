@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from conftest import arrivals_end_marks
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from loadgen.render import plots
@@ -89,8 +90,55 @@ def test_every_plot_is_a_png_and_closes_its_figure(name: str) -> None:
     image = matplotlib.image.imread(io.BytesIO(png), format="png")
     height, width = image.shape[:2]
     assert width == 800
-    assert height in (450, 550)
+    assert height == HEIGHTS.get(name, 450)
     assert plt.get_fignums() == []
+
+
+# a timeline is 190 px per metric panel plus 190 px for failures, title and axis label
+HEIGHTS = {"timeline": 760, "timeline one window no values": 760,
+           "timeline partial and rateless windows": 380, "timeline no rate at all": 380}  # fmt: skip
+
+
+def _dashed_levels(ax: Axes) -> list[float]:
+    return [float(line.get_ydata()[0]) for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+def test_each_timeline_metric_has_its_own_panel_and_only_its_own_slo(drawn: list[Figure]) -> None:
+    """TTFT, TPOT and ITL p99 are drawn in panels of their own: the TPOT SLO line sits with
+    the TPOT series, and the ITL panel (no ITL SLO) carries no SLO line but a note saying
+    the TPOT SLO does not judge it, so an ITL p99 of 52 ms never reads as a TPOT breach."""
+    plots.timeline_png(
+        window_mid_s=[5.0, 15.0],
+        step_s=10.0,
+        p99_ms={"ttft": [300.0, 320.0], "tpot": [24.0, 25.0], "itl": [52.0, 70.0]},
+        targets_ms={"ttft": 1000.0, "tpot": 50.0, "itl": None},
+        arrival_rate_per_s=[1.7, 1.7],
+        failed=[0, 0],
+        title="chat",
+    )
+    (fig,) = drawn
+    hosts = [ax for ax in fig.axes if ax.get_ylabel().endswith("p99 (ms)")]
+    assert [ax.get_ylabel() for ax in hosts] == ["TTFT p99 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)"]
+    ttft, tpot, itl = hosts
+    assert _dashed_levels(ttft) == [1000.0]
+    assert _dashed_levels(tpot) == [50.0]
+    assert _dashed_levels(itl) == []
+    assert [line.get_ydata().tolist() for line in itl.get_lines()] == [[52.0, 70.0]]
+    assert any("TPOT SLO judges request averages" in t.get_text() for t in itl.texts)
+    assert not any("TPOT" in t.get_text() for t in ttft.texts)
+
+
+def test_an_itl_slo_is_drawn_on_the_itl_panel(drawn: list[Figure]) -> None:
+    """With an ITL target the ITL panel gets its own dashed line and no "no ITL SLO" note."""
+    plots.timeline_png(
+        window_mid_s=[5.0], step_s=10.0, p99_ms={"tpot": [24.0], "itl": [52.0]},
+        targets_ms={"tpot": 50.0, "itl": 80.0}, arrival_rate_per_s=[1.0], failed=[0],
+        title="chat",
+    )  # fmt: skip
+    (fig,) = drawn
+    tpot, itl = (ax for ax in fig.axes if ax.get_ylabel().endswith("p99 (ms)"))
+    assert (_dashed_levels(tpot), _dashed_levels(itl)) == ([50.0], [80.0])
+    assert not any("no ITL SLO" in t.get_text() for t in itl.texts)
 
 
 def test_the_backend_is_agg() -> None:

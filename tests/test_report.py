@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.report.document import _generator_table
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.html import render_html
 from loadgen.render.report.markdown import render_markdown
 from loadgen.render.report.model import RunReport, build_run_report
+from loadgen.render.terminal import render_summary
 from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
@@ -409,6 +412,10 @@ def test_a_run_that_stopped_early_is_reported_partial_with_no_verdict(
     assert html_text("Class chat: partial") in page
     assert "MET" not in page
     assert "MISSED" not in page
+    checks = page[page.index("SLO checks on partial figures") :].split("</table>")[0]
+    assert "not judged" in checks  # the banner says no SLO is judged: so do the check rows
+    assert "FAIL" not in checks
+    assert 'class="bad"' not in checks
 
 
 def test_an_override_is_announced(built: RunReport) -> None:
@@ -460,3 +467,73 @@ def test_a_folder_without_run_json_is_a_clear_error(tmp_path: Path) -> None:
     """Pointing the report at a folder that is not a run says so."""
     with pytest.raises(LoadgenError, match=r"no run\.json"):
         build_run_report(tmp_path)
+
+
+def _late(records: list[RequestRecord], bound_ms: float) -> tuple[int, int]:
+    """(sends later than the bound, sends with a start time), straight from the records."""
+    lags = [((r.dispatched_ns or r.sent_ns) - r.intended_ns) / MS for r in records
+            if (r.dispatched_ns or r.sent_ns) is not None]  # fmt: skip
+    return sum(lag > bound_ms for lag in lags), len(lags)
+
+
+def test_generator_health_is_said_in_words_one_unit_per_row(built: RunReport) -> None:
+    """The health row names the share and count of late sends, the bound and the rule; the
+    rate asked and the request rates scheduled and achieved are rows of their own."""
+    late, sends = _late(synthetic_records(), 0.5)
+    assert late > 0.01 * sends  # every ok send is 1 ms late against a 0.5 ms bound
+    assert built.late_sends == (late, sends)
+    rows = dict(_generator_table(built.summary.generator, built.late_sends).rows)
+    assert rows["generator health"] == (
+        f"FELL BEHIND — {late / sends * 100:.1f} % of sends ({late} of {sends}) later than "
+        "0.5 ms (fails above 1 %, and above one send)"
+    )
+    assert rows["request rate scheduled"].endswith(" req/s (over the sampled send times)")
+    assert rows["request rate achieved"].endswith(" req/s")
+    assert "/" not in rows["rate asked"].replace("req/s", "")  # no mixed units in one cell
+    assert "health" not in rows  # the old cryptic row is gone
+
+
+def test_throughput_table_matches_the_records(built: RunReport) -> None:
+    """Requests, output tokens and input tokens per second of the run, for ok requests and
+    for those meeting every SLO, equal sums over the raw records; goodput agrees with the
+    summary's."""
+    chat = [r for r in synthetic_records() if r.class_name == "chat" and r.outcome is Outcome.OK]
+    duration = built.summary.duration_s
+    t = built.classes["chat"].throughput
+    assert t is not None
+    assert t.completed.requests == 37
+    assert t.completed.requests_per_s == pytest.approx(37 / duration)
+    assert t.completed.output_tokens_per_s == pytest.approx(
+        sum(r.output_tokens or 0 for r in chat) / duration
+    )
+    assert t.completed.input_tokens_per_s == pytest.approx(
+        sum(r.prompt_tokens or 0 for r in chat) / duration
+    )
+    goodput = built.summary.classes["chat"].goodput
+    assert t.good.requests_per_s == pytest.approx(goodput.requests_per_s, abs=1e-3)
+    assert t.good.output_tokens_per_s == pytest.approx(goodput.output_tokens_per_s, abs=1e-3)
+    page = render_markdown(built)
+    assert "| completed (ok) | 37 | " in page
+    assert "input tokens/s" in page
+
+
+def test_counts_have_one_format_in_the_report_and_the_terminal(tmp_path: Path) -> None:
+    """1,005 requests read `1,005` in every table and line, never `1005`."""
+    records = [
+        ok_record(i, intended_ms=i * 5.0, ttft_ms=50.0, gaps_ms=(20.0,)) for i in range(1005)
+    ]
+    run_dir = make_run(tmp_path, records)
+    report = build_run_report(run_dir, window_s=600.0)
+    page = render_markdown(report)
+    assert "1,005" in page
+    assert re.search(r"(?<![\d,.])1005(?![\d,])", page) is None
+    text = render_summary_text(report.summary)
+    assert "1,005" in text
+    assert re.search(r"(?<![\d,.])1005(?![\d,])", text) is None
+
+
+def render_summary_text(summary: Any) -> str:
+    """The terminal summary as plain text, wide enough for one line per row."""
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render_summary(summary))
+    return console.export_text()

@@ -96,7 +96,11 @@ def test_a_stopped_run_skips_every_case(failing_run: tuple[int, str, Path]) -> N
     root = ET.fromstring(render_run_junit(stopped))
     assert root.get("failures") == "0"
     assert len(list(root.iter("skipped"))) == 3
-    assert "no verdict" in render_run_markdown(stopped)
+    assert all(s.get("message", "").startswith("not judged: ") for s in root.iter("skipped"))
+    markdown = render_run_markdown(stopped)
+    assert "no verdict" in markdown
+    assert "| not judged |" in markdown
+    assert "FAIL" not in markdown
 
 
 def test_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:

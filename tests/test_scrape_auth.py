@@ -340,7 +340,9 @@ def test_a_literal_secret_in_the_file_is_refused_and_an_unset_var_is_clear(
         ],
     )
     assert result.exit_code == 1, result.output
-    assert "${LG_UNSET_VAR} is not set" in result.output
+    assert "--server-metrics-header 'X-Key: ${LG_UNSET_VAR}': LG_UNSET_VAR is not set" in (
+        result.output
+    )
     assert "Traceback" not in result.output
     alone = CliRunner().invoke(cli, ["run", str(workload_file(tmp_path, WORKLOAD)), "--dry-run",
                                      "--server-metrics-header", "X-Key: 1"])  # fmt: skip

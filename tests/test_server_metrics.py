@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -666,3 +667,74 @@ def test_a_counter_keeps_the_name_the_server_wrote() -> None:
         "llamacpp:n_tokens_max",
         "llamacpp:prompt_tokens_total",
     ]
+
+
+def test_the_sending_process_never_parses_a_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run scrapes from a process of its own: the run's scrapes all counted, yet the
+    exposition parser was never called in the process that sent (issue #26)."""
+    import loadgen.engine.scrape as scrape_module
+
+    calls: list[int] = []
+    parse = scrape_module.text_string_to_metric_families
+
+    def counted(text: str) -> Any:
+        calls.append(os.getpid())
+        return parse(text)
+
+    monkeypatch.setattr(scrape_module, "text_string_to_metric_families", counted)
+    workload = workload_file(tmp_path, SESSIONS)
+    result = CliRunner().invoke(cli, ["run", str(workload), "--out", str(tmp_path), "--run-id",
+                                      "r", "-q", "--lag-bound-ms", "1000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    server = json.loads((tmp_path / "r" / "summary.json").read_text())["server"]
+    assert server["scrapes"] >= 2
+    assert server["failures"] == 0
+    assert read_server_metrics(tmp_path / "r") is not None
+    assert calls == []
+    scrape_module.parse_exposition("up 1\n")  # a parse in this process is seen: it can fail
+    assert calls == [os.getpid()]
+
+
+def test_the_scraper_process_reports_its_pid_its_tally_and_its_log(tmp_path: Path) -> None:
+    """The scraper runs in another process; a refused scrape's note reaches this process's
+    log and the tally, as the in-process scraper's would."""
+    import logging
+
+    from loadgen.engine.scrape import scrape_auth
+    from loadgen.run.scraper import ScraperProcess
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    keep = Keep()
+    logger = logging.getLogger("loadgen")
+    logger.addHandler(keep)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with ScriptedServer(lambda r: _answer_404()) as server:
+            url = server.url + "/metrics"
+            scraper = ScraperProcess(url, 0.05, run_dir=tmp_path, auth=scrape_auth(url, url, {}))
+            scraper.start()
+            assert scraper.pid is not None
+            assert scraper.pid != os.getpid()
+            assert scraper.first_done.wait(30)
+            stats = scraper.stop()
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+    assert stats.scrapes == 0
+    assert stats.failures >= 2  # the first, and the last one asked for at stop
+    assert stats.access is not None
+    assert (stats.access.problem_kind, stats.access.problem_status) == ("not_found", 404)
+    assert any("no metrics at this path" in line for line in lines)
+    assert scraper.stop() == stats  # a second stop changes nothing
+
+
+def _answer_404() -> list[bytes]:
+    return [b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"]

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
+from loadgen.render import terminal
 from loadgen.render.report.document import _generator_table
 from loadgen.render.terminal import fmt_ms, render_summary, with_unit
 from loadgen.results.records import RequestRecord, to_frame
@@ -143,6 +144,11 @@ def test_a_run_that_stopped_early_says_partial_and_no_verdict() -> None:
         assert "partial" in text
         assert "MET" not in text
         assert "MISSED" not in text
+        cell = terminal._class_row("chat", summary.classes["chat"])[4]  # TTFT p99·all
+        assert (str(cell), str(cell.style)) == ("fail", "yellow")  # a figure: not a red verdict
+    whole = summarize(to_frame(records), run_id="r", slos=slos, planned=11)
+    cell = terminal._class_row("chat", whole.classes["chat"])[4]
+    assert (str(cell), str(cell.style)) == ("fail", "bold red")
 
 
 def test_a_slow_next_turn_reaction_is_a_warning_not_a_verdict() -> None:

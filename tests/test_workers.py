@@ -161,7 +161,7 @@ def test_default_workers_follow_the_calibrated_envelope(
     result = {"host": host_name(), "processes": 1, "measured_at": "2026-11-29T00:00:00Z"}
     save_calibration({**result, "envelope": {"streams": 1, "chunks_per_s": 10.0}})
     count, why = choose_workers(spec, work, None)
-    assert count == (os.cpu_count() or 1)
+    assert count == min(os.cpu_count() or 1, 50)  # one per core, at most the plan's 50 starts
     assert "one per core" in why
     save_calibration({**result, "envelope": {"streams": 10_000, "chunks_per_s": 1e6}})
     assert choose_workers(spec, work, None)[0] == 1
@@ -233,3 +233,50 @@ def test_a_dead_worker_loses_nothing_of_the_other_and_invalidates_the_run(tmp_pa
         assert outcomes <= expected
     assert (records["outcome"] == "client_error").sum() >= 1
     assert "recorded as client_error" in stderr.decode()
+
+
+def test_workers_beyond_the_plans_starts_are_capped_with_a_warning(tmp_path: Path) -> None:
+    """40 singles + 6 sessions + 3 trajectories + 1 batch = 50 starts: --workers 64 is 50
+    workers (14 would get nothing to send), and the run says so."""
+    from loadgen.run.execute import workers_warnings
+
+    spec = load(write_workload(tmp_path))
+    work = plan_work(spec, 3)
+    assert len(work.singles) + len(work.flows) == 50
+    count, why = choose_workers(spec, work, 64)
+    assert (count, why) == (50, "--workers 64, capped at the plan's 50 starts")
+    said = workers_warnings(work, 64, count)
+    assert said[0].startswith("--workers 64 capped at 50: the plan has 50 starts")
+    assert choose_workers(spec, work, 50) == (50, "--workers 50")  # at the count: not capped
+
+
+def test_more_workers_than_cores_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loadgen.run import execute
+
+    work = plan_work(load(write_workload(tmp_path)), 3)
+    monkeypatch.setattr(execute, "usable_cores", lambda: 2)
+    said = execute.workers_warnings(work, 8, 8)
+    assert said == [
+        "8 workers on 2 cores: the processes share the cores, so their start-up queues and "
+        "their sends lag (a late send makes the run invalid, exit 3); use --workers 2 or "
+        "fewer here"
+    ]
+    assert execute.workers_warnings(work, 2, 2) == []  # one per core: nothing to say
+    assert execute.workers_warnings(work, None, 8) == []  # chosen by loadgen, not asked
+
+
+def test_a_run_with_more_workers_than_requests_warns_even_when_quiet(tmp_path: Path) -> None:
+    """--workers 4 for a plan of one request: one process runs it (no spawned workers),
+    the warning is on stderr under -q, and run.json says why."""
+    text = WORKLOAD.split("  chat:")[0].replace("requests: 40", "requests: 1")
+    path = workload_file(tmp_path, text)
+    result = CliRunner().invoke(cli, ["run", str(path), "--out", str(tmp_path / "o"),
+                                      "--run-id", "r", "--workers", "4", "-q",
+                                      "--lag-bound-ms", "1000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "warning: --workers 4 capped at 1: the plan has 1 start " in result.stderr
+    info = json.loads((tmp_path / "o" / "r" / "run.json").read_text())
+    assert info["workers"]["count"] == 1
+    assert info["workers"]["chosen"] == "--workers 4, capped at the plan's 1 start"

@@ -63,8 +63,9 @@ def open_loop_frame(spec: WorkloadSpec, seed: int) -> pl.DataFrame:
 
 
 def closed_loop_frame(engine_config: EngineConfig, cap: int, count: int, tokens: int,
-                      seed: int) -> pl.DataFrame:  # fmt: skip
-    """`cap` clients, each sending its next request the moment its last one ends."""
+                      seed: int, *, prompt: int = 16) -> pl.DataFrame:  # fmt: skip
+    """`cap` clients, each sending its next request (`prompt` tokens in, `tokens` out) the
+    moment its last one ends."""
     engine = build_engine(engine_config)
     rng = np.random.default_rng(seed)
     emitted: dict[int, list[int]] = {}
@@ -78,7 +79,7 @@ def closed_loop_frame(engine_config: EngineConfig, cap: int, count: int, tokens:
         if due is not None and (event is None or due <= event):
             at, seq = heapq.heappop(pending)
             engine.advance(at - 1)
-            engine.submit(SeqRequest(seq_id=seq, prompt_tokens=16, output_tokens=tokens), at)
+            engine.submit(SeqRequest(seq_id=seq, prompt_tokens=prompt, output_tokens=tokens), at)
             sent_at[seq] = at
             continue
         assert event is not None
@@ -86,7 +87,9 @@ def closed_loop_frame(engine_config: EngineConfig, cap: int, count: int, tokens:
             for seq in step.emitted:
                 emitted.setdefault(seq, []).append(step.end_ns)
                 if len(emitted[seq]) == tokens:
-                    records.append(_record(seq, "chat", sent_at[seq], emitted[seq], rng))
+                    records.append(
+                        _record(seq, "chat", sent_at[seq], emitted[seq], rng, prompt=prompt)
+                    )
                     if next_id < count:
                         heapq.heappush(pending, (step.end_ns, next_id))
                         next_id += 1

@@ -264,6 +264,21 @@ def rate_per_s(times_ns: pl.Series) -> float | None:
     return (present.len() - 1) * NS_PER_S / span_ns
 
 
+def late_send_count(frame: pl.DataFrame, bound_ms: float) -> tuple[int, int]:
+    """(sends later than `bound_ms`, scheduled sends with a lag): the count `late_sends`
+    judges, over the same sends as `generator_health`'s lag (the schedule's own, not a
+    session's later turns). The report states it in words."""
+    present = _scheduled_lags_ms(frame).drop_nulls()
+    return int((present > bound_ms).sum()), present.len()
+
+
+def _scheduled_lags_ms(frame: pl.DataFrame) -> pl.Series:
+    """The start lag (ms) of every request the schedule placed (not a chained turn)."""
+    chained = pl.col("turn").fill_null(0) > 0 if "turn" in frame.columns else pl.lit(False)
+    lags = frame.select(_ms(_lag_ns()).alias("lag"), chained.alias("chained"))
+    return lags.filter(~pl.col("chained")).get_column("lag")
+
+
 def late_sends(lags_ms: pl.Series, bound_ms: float) -> bool:
     """True when more than 1 % of the sends (and more than one) were later than the bound.
 

@@ -20,10 +20,26 @@ import click
 
 from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.live_options import live_options, open_live, price_options
-from loadgen.cli.options import check_url, clean_errors, output_console
+from loadgen.cli.options import (
+    OUTPUT,
+    SEARCH,
+    GroupedHelp,
+    check_memory_line,
+    check_run_step_options,
+    check_url,
+    clean_errors,
+    option,
+    output_console,
+    run_step_options,
+    shared_run_options,
+    shared_spec,
+    spec_options,
+    url_option,
+)
 from loadgen.errors import ConfigError
 from loadgen.render.capacity_view import (
     conclusion,
+    judged_steps,
     rule_lines,
     start_line,
     step_lines,
@@ -31,11 +47,13 @@ from loadgen.render.capacity_view import (
     write_capacity,
     x_axis,
 )
+from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
     MIN_LIFETIMES,
     PARAMS,
     WARMUP_LIFETIMES,
+    RunOne,
     Step,
     base_rate_per_s,
     exit_code,
@@ -46,7 +64,7 @@ from loadgen.studies.capacity import (
     settings_json,
     step_runner,
 )
-from loadgen.workload.spec import WorkloadSpec, load, rate_scale
+from loadgen.workload.spec import WorkloadSpec, rate_scale
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,115 +74,120 @@ Exit codes:
   1    usage or configuration error (bad file, bad flag, unreachable target)
   2    the proposed limit fails; without it, no knee in range (no step passed,
        or every step up to --max passed)
-  3    the generator fell behind before the answer was known: rerun on a bigger machine
+  3    the generator fell behind before the answer was known (the first step
+       included: then no load was judged and no knee.png is drawn): rerun on a
+       bigger or quieter machine
   130  interrupted"""
 
 
+class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
+    """`capacity`: grouped help, usage errors exit 1."""
+
+
 @click.command(
-    cls=UsageErrorsExitOne,
+    cls=CapacityCommand,
     epilog=EXIT_HELP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--url",
-    help="Base URL of the endpoint; without it one built-in simulator "
-    "is started for the whole search (the workload's sim: section).",
-)
-@click.option(
+@url_option
+@spec_options
+@run_step_options
+@option(
+    SEARCH,
     "--param",
     type=click.Choice(PARAMS),
     default="rate",
     show_default=True,
-    help="rate: multiply every class's arrival rate; max_in_flight: step a "
-    "concurrency cap, each class sending closed-loop so the cap stays full.",
+    help="rate: multiply every class's arrival rate; max_in_flight: step a concurrency cap, "
+    "each class sending closed-loop so the cap stays full.",
 )
-@click.option(
+@option(
+    SEARCH,
     "--start",
-    help="First load: a multiplier (0.5x) or total req/s (rate), "
-    "a cap (max_in_flight). Default 0.5x / 1.",
+    help="First load: a multiplier (0.5x) or total req/s (rate), a cap (max_in_flight). "
+    "Default 0.5x / 1.",
 )
-@click.option("--max", "maximum", help="Highest load to try. Default 16x / 256.")
-@click.option(
+@option(SEARCH, "--max", "maximum", help="Highest load to try. Default 16x / 256.")
+@option(
+    SEARCH,
     "--factor",
     type=click.FloatRange(min=1, min_open=True),
     default=2.0,
     show_default=True,
     help="Geometric step between loads.",
 )
-@click.option(
+@option(
+    SEARCH,
     "--steps",
     "steps_text",
     metavar="L1,L2,...",
     help="Explicit increasing loads instead of --start/--max/--factor.",
 )
-@click.option(
+@option(
+    SEARCH,
     "--resolution",
     type=click.FloatRange(min=0, min_open=True),
     default=0.05,
     show_default=True,
     help="Bisect until first fail <= highest pass × (1 + this).",
 )
-@click.option(
+@option(
+    SEARCH,
     "--min-tail",
     type=click.IntRange(min=1),
     default=10,
     show_default=True,
     help="Requests each class needs beyond its SLO percentile (p99: n >= 10/0.01).",
 )
-@click.option(
+@option(
+    SEARCH,
     "--min-lifetimes",
     type=click.FloatRange(min=1),
     default=MIN_LIFETIMES,
     show_default=True,
     help="Mean request lifetimes (intended → end) each step's judged part must last.",
 )
-@click.option(
+@option(
+    SEARCH,
     "--warmup-s",
     type=click.FloatRange(min=0),
     default=None,
     help="Seconds at the start of each step left out of the audit "
     f"(default the larger of 10 % and {WARMUP_LIFETIMES:g} lifetimes).",
 )
-@click.option(
+@option(
+    SEARCH,
     "--proposed-limit",
-    help="A load to judge (same units as --start): pass only "
-    "if <= highest passing load × (1 − safety margin).",
+    help="A load to judge (same units as --start): pass only if <= highest passing load × "
+    "(1 − safety margin).",
 )
-@click.option(
+@option(
+    SEARCH,
     "--safety-margin",
     type=click.FloatRange(min=0, max=1, max_open=True),
     default=0.10,
     show_default=True,
     help="Share kept below the highest pass.",
 )
-@click.option(
+@option(
+    OUTPUT,
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for capacity.json, knee.png and the steps' runs "
-    "(default reports/capacity-<UTC time>).",
+    help="Folder for capacity.json, knee.png and the steps' runs (default "
+    "reports/capacity-<UTC time>).",
 )
-@click.option("--seed", type=int, help="Seed for arrivals, lengths and prompts.")
-@click.option(
-    "--lag-bound-ms",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="Send lag above which a send is late; too many late sends make a step invalid.",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress line during the steps.")
 @live_options
 @price_options
 @clean_errors
 def capacity(
-    workload: Path, url: str | None, param: str, start: str | None, maximum: str | None,
-    factor: float, steps_text: str | None, resolution: float, min_tail: int,
-    min_lifetimes: float, warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
-    out_dir: Path | None, seed: int | None, lag_bound_ms: float, quiet: bool,
-    prometheus_listen: str | None, prometheus_grace_s: float, otlp_endpoint: str | None,
-    otlp_interval_s: float, price_per_hour: float | None, replicas: int,
-) -> None:  # fmt: skip
+    workload: Path, param: str, start: str | None, maximum: str | None, factor: float,
+    steps_text: str | None, resolution: float, min_tail: int, min_lifetimes: float,
+    warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
+    out_dir: Path | None, prometheus_listen: str | None, prometheus_grace_s: float,
+    otlp_endpoint: str | None, otlp_interval_s: float, **shared: Any,
+) -> None:  # fmt: skip  # the options it shares with `run` (loadgen.cli.options) in `shared`
     """Find the highest load the server sustains with every SLO of every class met (the knee).
 
     Steps the load up geometrically (or through --steps) until a step fails, then
@@ -174,9 +197,11 @@ def capacity(
     lifetimes), completing within 3 % of the offered rate, with no rise in requests in
     flight or TTFT beyond what noise allows, and every SLO met; its warm-up is left out.
     An over-saturated step (completing less than offered) bounds the search: no load
-    above what it served is run. A step whose generator fell behind is invalid, not
-    failed: the search stops raising load there. Goodput (requests and tokens within
-    SLO) is the objective; raw throughput is shown beside it.
+    above what it served is run. A closed loop (--param max_in_flight) is steady by
+    construction: once it held its cap, its SLOs decide (rate and trends are shown, not
+    judged). A step whose generator fell behind (or whose closed loop did not hold its
+    cap) is invalid, not failed: the search stops raising load there. Goodput (requests
+    and tokens within SLO) is the objective; raw throughput is shown beside it.
 
     \b
     Example:
@@ -186,8 +211,11 @@ def capacity(
       loadgen capacity workloads/chat-smoke.yaml --prometheus-port 9464
     """
 
-    check_url(url)
-    spec = load(workload)
+    check_url(shared["url"])
+    spec = shared_spec(workload, shared)
+    check_run_step_options(shared, spec)
+    base = shared_run_options(shared)  # every step runs with these (its url, folder, cap added)
+    client_setup(spec, base)  # headers and their ${VAR}s: refused before the first step
     integer = param == "max_in_flight"
     loads = _loads(spec, param, start, maximum, factor, steps_text)
     proposed = _load_value(spec, param, proposed_limit, "--proposed-limit")
@@ -204,17 +232,19 @@ def capacity(
         for line in step_lines(step, param, scale):
             console.print(line)
 
-    fleet = None if price_per_hour is None else price_per_hour * replicas
+    price = base.price_per_hour
+    fleet = None if price is None else price * base.replicas
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
     with live as exporter:
-        with _target_url(url, spec, quiet) as base_url:
-            run_one = run_one_against(base_url, seed=seed, out=out / "steps",
-                                      lag_bound_ms=lag_bound_ms, quiet=quiet, live=exporter,
-                                      price_per_hour=price_per_hour, replicas=replicas)  # fmt: skip
+        with _target_url(base.url, spec, base.quiet) as base_url:
+            run_one = _memory_checked(
+                run_one_against(base_url, options=base, out=out / "steps", live=exporter),
+                base.seed, shared["max_memory_gb"],
+            )  # fmt: skip
             run_step = step_runner(spec, run_one, param=param, min_tail=min_tail,
                                    warmup_s=warmup_s, min_lifetimes=min_lifetimes,
-                                   lag_bound_ms=lag_bound_ms, on_start=on_start)  # fmt: skip
+                                   lag_bound_ms=base.lag_bound_ms, on_start=on_start)  # fmt: skip
             found = search(run_step, loads, resolution=resolution, integer=integer,
                            on_step=on_step)  # fmt: skip
         verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
@@ -225,8 +255,22 @@ def capacity(
         write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
         for line in conclusion(found, verdict, param, scale, safety_margin):
             console.print(line)
-        console.print(f"knee plot, capacity.json and step runs: {out}")
+        if judged_steps(found):
+            console.print(f"knee plot, capacity.json and step runs: {out}")
+        else:
+            console.print(f"capacity.json and step runs: {out} (no knee plot: no step judged)")
     sys.exit(exit_code(found, verdict))
+
+
+def _memory_checked(run_one: RunOne, seed: int | None, max_memory_gb: float | None) -> RunOne:
+    """Each step's plan is refused over the memory cap (--max-memory-gb), as `run` refuses
+    its plan, before it is run."""
+
+    def checked(spec_at: WorkloadSpec, cap: int | None, run_id: str) -> Any:
+        check_memory_line(spec_at, seed, max_memory_gb)
+        return run_one(spec_at, cap, run_id)
+
+    return checked
 
 
 def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> float | None:

@@ -6,18 +6,32 @@ from pathlib import Path
 
 import click
 
-from loadgen.cli.options import check_memory_line, clean_errors, output_console, workload_options
+from loadgen.cli.options import (
+    OUTPUT,
+    GroupedHelp,
+    check_memory_line,
+    clean_errors,
+    memory_cap,
+    option,
+    output_console,
+    workload_options,
+)
 from loadgen.render.plan_view import render_plan
 from loadgen.run.simulator import sim_args_from_mapping
-from loadgen.workload.plans import plan_run
+from loadgen.workload.inputs import size_text
+from loadgen.workload.plans import estimate_memory, plan_run
 from loadgen.workload.spec import load, override
 
 
-@click.command()
+@click.command(cls=GroupedHelp)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @workload_options
-@click.option(
-    "--schedule", "show_schedule", is_flag=True, help="Also print the first intended send times."
+@option(
+    OUTPUT,
+    "--schedule",
+    "show_schedule",
+    is_flag=True,
+    help="Also print the first intended send times.",
 )
 @clean_errors
 def check(
@@ -44,8 +58,10 @@ def check(
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
     sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
-    memory = check_memory_line(spec, seed, max_memory_gb)
+    check_memory_line(spec, seed, max_memory_gb)  # refused before the plans are built
     plans = plan_run(spec, seed)
     console = output_console()
     console.print(render_plan(spec, plans, show_schedule=show_schedule))
-    console.print(memory)
+    cap, source = memory_cap(max_memory_gb)  # the plan's own count, as the table above says
+    estimate = estimate_memory(spec, seed, plans)
+    console.print(f"client memory: {estimate.text()} (cap {size_text(cap)}: {source})")

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from loadgen.cli.options import FiniteFloat
+from loadgen.cli.options import COST, LIVE, FiniteFloat, option
 from loadgen.errors import ConfigError
 from loadgen.run.live import LiveExporter, parse_listen
 
@@ -18,41 +18,41 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def live_options(func: F) -> F:
     """--prometheus-port, --prometheus-grace, --otlp-endpoint, --otlp-interval."""
-    for option in reversed(
+    for decorator in reversed(
         [
-            click.option(
-                "--prometheus-port", "prometheus_listen", metavar="[ADDRESS:]PORT",
+            option(
+                LIVE, "--prometheus-port", "prometheus_listen", metavar="[ADDRESS:]PORT",
                 help="Serve the run's live figures for Prometheus at http://ADDRESS:PORT/metrics "
                 "(ADDRESS defaults to 127.0.0.1; port 0 picks a free one).",
             ),
-            click.option(
-                "--prometheus-grace", "prometheus_grace_s", type=FiniteFloat(0, 86_400),
+            option(
+                LIVE, "--prometheus-grace", "prometheus_grace_s", type=FiniteFloat(0, 86_400),
                 default=15.0, show_default=True,
                 help="Seconds the endpoint stays up after the run, for a last scrape.",
             ),
-            click.option(
-                "--otlp-endpoint", metavar="URL",
+            option(
+                LIVE, "--otlp-endpoint", metavar="URL",
                 help="Push the same figures by OTLP/HTTP to this collector, e.g. "
                 "http://127.0.0.1:4318/v1/metrics (needs pip install 'loadgen[otel]').",
             ),
-            click.option(
-                "--otlp-interval", "otlp_interval_s", type=FiniteFloat(0.1, 3600),
+            option(
+                LIVE, "--otlp-interval", "otlp_interval_s", type=FiniteFloat(0.1, 3600),
                 default=5.0, show_default=True, help="Seconds between OTLP pushes.",
             ),
         ]
     ):  # fmt: skip
-        func = option(func)
+        func = decorator(func)
     return func
 
 
 def price_options(func: F) -> F:
     """--price-per-hour and --replicas: the run's cost per million (good) output tokens."""
-    func = click.option(
-        "--replicas", type=click.IntRange(min=1, max=100_000), default=1, show_default=True,
+    func = option(
+        COST, "--replicas", type=click.IntRange(min=1, max=100_000), default=1, show_default=True,
         help="Replicas behind the URL: the fleet's price is --price-per-hour × this.",
     )(func)  # fmt: skip
-    return click.option(
-        "--price-per-hour", "price_per_hour", type=FiniteFloat(0, 1e9, low_open=True),
+    return option(
+        COST, "--price-per-hour", "price_per_hour", type=FiniteFloat(0, 1e9, low_open=True),
         metavar="PRICE",
         help="Price of one replica per hour (or the fleet's, with --replicas 1): adds the cost "
         "per million output tokens and per million good output tokens to the summary.",

@@ -6,17 +6,29 @@ import functools
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
 from loadgen.adapters import APIS
-from loadgen.errors import LoadgenError
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
-from loadgen.workload.spec import MAX_REQUESTS, MAX_SEED, MAX_SPAN_S, header_problem, url_problem
+from loadgen.workload.spec import (
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SPAN_S,
+    WorkloadSpec,
+    header_problem,
+    load,
+    metrics_url_problem,
+    override,
+    url_problem,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -106,32 +118,209 @@ def memory_cap(max_memory_gb: float | None) -> tuple[int, str]:
     return default_memory_cap()
 
 
-def workload_options(func: F) -> F:
-    """--requests, --duration, --rate, --seed, --api, --model, --force-output-tokens: what
-    `check` and `run` both change (applied by `spec.override`)."""
+# -- grouped help: every option belongs to one group of `--help` -------------------------
+TARGET, LOAD, TIMING, SERVER_METRICS = "Target", "Load", "Deadlines and pacing", "Server metrics"
+OUTPUT, LIVE, COST, SEARCH = "Output", "Live export", "Cost", "Search"
+HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, OUTPUT, LIVE, COST)
+HELP_OPTION_GROUP = "Help"  # --help itself (click adds it, ungrouped)
 
-    options = [
-        click.option("--requests", type=click.IntRange(min=1, max=MAX_REQUESTS),
-                     help="Requests (or sessions, trajectories) per class, replacing the file's."),
-        click.option("--duration", type=FiniteFloat(0, MAX_SPAN_S, low_open=True),
-                     help="Seconds of arrivals per class, replacing the file's."),
-        click.option("--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
-        click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED),
-                     help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."),
-        click.option("--api", type=click.Choice(APIS),
-                     help="API family, replacing target.api; the path follows it unless "
-                     "target.path is set."),
-        click.option("--model", help="Model name sent in every request, replacing target.model."),
-        click.option("--force-output-tokens/--no-force-output-tokens", default=None,
-                     help="Send ignore_eos + min_tokens (OpenAI APIs), replacing "
-                     "target.force_output_tokens; servers that reject them answer HTTP 422."),
-        click.option("--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
-                     help="Refuse a plan whose estimated client memory (plans, records and "
-                     "their audit) exceeds this many GiB (default: half of this host's memory)."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        func = option(func)
+
+class GroupedOption(click.Option):
+    """An option that says which `--help` group it is listed in."""
+
+    def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+def option(group: str, *decls: str, **attrs: Any) -> Callable[[F], F]:
+    """`click.option` listed under `group` in `--help`."""
+    return click.option(*decls, cls=GroupedOption, group=group, **attrs)
+
+
+def option_group(param: click.Parameter) -> str | None:
+    """The `--help` group of a parameter (None: an argument, or an ungrouped option)."""
+    if isinstance(param, GroupedOption):
+        return param.group
+    if isinstance(param, click.Option) and "--help" in param.opts:
+        return HELP_OPTION_GROUP
+    return None
+
+
+class GroupedHelp(click.Command):
+    """A command whose `--help` lists its options in HELP_GROUPS sections, not one list of
+    dozens (an ungrouped option lands under "Other options", which a test forbids)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):
+                group = option_group(param) or "Other options"
+                sections.setdefault(group, []).append(record)
+        order = [*HELP_GROUPS, HELP_OPTION_GROUP]
+        for name in sorted(sections, key=lambda n: order.index(n) if n in order else len(order)):
+            with formatter.section(f"{name} options" if name in HELP_GROUPS else name):
+                formatter.write_dl(sections[name])
+
+
+Decorator = Callable[[Any], Any]
+
+
+def _apply(options: Sequence[Decorator], func: F) -> F:
+    for decorator in reversed(options):
+        func = decorator(func)
     return func
+
+
+# -- the shared option sets -----------------------------------------------------------------
+# One definition per option, used by every command it applies to (`check`, `run`,
+# `capacity`), so the commands never drift. To add an option that changes the workload
+# (what `spec.override` applies) to all three, add it to SPEC_OPTIONS; to `run` and
+# `capacity`, to RUN_STEP_OPTIONS. `tests/test_options.py` names the `run` options that
+# `capacity` does not take, each with its reason.
+
+COUNT_OPTIONS: list[Decorator] = [
+    option(LOAD, "--requests", type=click.IntRange(min=1, max=MAX_REQUESTS),
+           help="Requests (or sessions, trajectories) per class, replacing the file's."),
+    option(LOAD, "--duration", type=FiniteFloat(0, MAX_SPAN_S, low_open=True),
+           help="Seconds of arrivals per class, replacing the file's."),
+    option(LOAD, "--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
+]  # fmt: skip
+
+SPEC_OPTIONS: list[Decorator] = [
+    option(LOAD, "--seed", type=click.IntRange(min=0, max=MAX_SEED),
+           help="Seed for arrivals, lengths and prompts (default: the file's, else 0)."),
+    option(TARGET, "--api", type=click.Choice(APIS), metavar="NAME",
+           help=f"API family ({', '.join(APIS)}), replacing target.api; the path follows it "
+           "unless target.path is set."),
+    option(TARGET, "--model", help="Model name sent in every request, replacing target.model."),
+    option(TARGET, "--force-output-tokens/--no-force-output-tokens", default=None,
+           help="Send ignore_eos + min_tokens (OpenAI APIs), replacing "
+           "target.force_output_tokens; servers that reject them answer HTTP 422."),
+    option(LOAD, "--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
+           help="Refuse a plan whose estimated client memory (plans, records and their "
+           "audit) exceeds this many GiB (default: half of this host's memory)."),
+]  # fmt: skip
+
+URL_OPTION = option(
+    TARGET, "--url",
+    help="Base URL of the endpoint, e.g. http://127.0.0.1:8000. Without it (and without "
+    "target.url) the built-in simulator is started.",
+)  # fmt: skip
+
+RUN_STEP_OPTIONS: list[Decorator] = [
+    option(TARGET, "--header", "headers", multiple=True, metavar="NAME:VALUE",
+           help="Extra request header (repeatable); ${VAR} is read from the environment."),
+    option(TARGET, "--no-preflight", is_flag=True,
+           help="Skip the one-request check of the target."),
+    option(TARGET, "--preflight-timeout", "preflight_timeout_s",
+           type=FiniteFloat(0, MAX_WAIT_S, low_open=True),
+           help="The preflight's overall deadline in seconds (default: the longest "
+           "deadlines.first_token_s of the classes; never more than --watchdog)."),
+    option(LOAD, "--warm-connections", "warm_text", default="auto", show_default=True,
+           metavar="N|auto|0",
+           help="Connections opened (and checked) before t0, so the first sends carry no "
+           "connection setup in their latency; auto: the requests that can be in flight in "
+           "the first second (capped at 1024); 0: today's cold start (setup inside TTFT)."),
+    option(LOAD, "--workers", type=click.IntRange(min=1, max=256),
+           help="Engine processes sharing the schedule (default 1; one per core when the "
+           "expected peak exceeds this host's calibrated envelope). Capped at the plan's "
+           "requests and flows; more than this host's cores is warned about."),
+    option(TIMING, "--lag-bound-ms", type=FiniteFloat(0, 3_600_000, low_open=True),
+           default=5.0, show_default=True,
+           help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3 (a "
+           "capacity step: invalid)."),
+    option(TIMING, "--grace", "grace_s", type=FiniteFloat(0, 86_400), default=5.0,
+           show_default=True, help="Seconds in-flight requests get to finish after Ctrl-C."),
+    option(TIMING, "--watchdog", "watchdog_s", type=FiniteFloat(0, MAX_WAIT_S, low_open=True),
+           default=300.0, show_default=True,
+           help="Abort (exit 4) when nothing progresses this many seconds while requests "
+           "are due."),
+    option(SERVER_METRICS, "--server-metrics-url", metavar="URL",
+           help="Scrape the server's Prometheus endpoint during the run: a URL, or a path on "
+           "the target such as /metrics (default: the workload's target.server_metrics_url)."),
+    option(SERVER_METRICS, "--server-metrics-header", "metrics_headers", multiple=True,
+           metavar="NAME:VALUE",
+           help="Header sent with each scrape (repeatable; ${VAR} is read from the "
+           "environment): the endpoint's own credentials. The target's are sent only to the "
+           "target's origin."),
+    option(SERVER_METRICS, "--server-metrics-interval", "server_metrics_interval_s",
+           type=FiniteFloat(0.05, 3600),
+           help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1)."),
+    option(OUTPUT, "-q", "--quiet", is_flag=True, help="No progress line, only the final table."),
+]  # fmt: skip
+
+
+def workload_options(func: F) -> F:
+    """--requests, --duration, --rate and SPEC_OPTIONS: what `check` and `run` both change."""
+    return _apply([*COUNT_OPTIONS, *SPEC_OPTIONS], func)
+
+
+def spec_options(func: F) -> F:
+    """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --max-memory-gb."""
+    return _apply(SPEC_OPTIONS, func)
+
+
+def run_step_options(func: F) -> F:
+    """RUN_STEP_OPTIONS: how one run (or capacity step) reaches and paces the target."""
+    return _apply(RUN_STEP_OPTIONS, func)
+
+
+def url_option(func: F) -> F:
+    """--url (first in `--help`, so a decorator of its own)."""
+    return URL_OPTION(func)
+
+
+def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
+    """The workload file with the shared options applied (`spec.override`)."""
+    return override(
+        load(workload), requests=opts.get("requests"), duration_s=opts.get("duration"),
+        rate=opts.get("rate"), api=opts.get("api"), model=opts.get("model"),
+        force_output_tokens=opts.get("force_output_tokens"),
+    )  # fmt: skip
+
+
+def check_run_step_options(opts: dict[str, Any], spec: WorkloadSpec) -> None:
+    """What RUN_STEP_OPTIONS can get wrong, refused before anything is sent."""
+    check_url(opts["url"])
+    metrics_url = opts["server_metrics_url"]
+    if metrics_url is not None and (problem := metrics_url_problem(metrics_url)):
+        raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
+    if opts["metrics_headers"] and not (metrics_url or spec.target.server_metrics_url):
+        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
+                          "metrics URL", "add --server-metrics-url URL (or a path such as "
+                          "/metrics), or set target.server_metrics_url")  # fmt: skip
+
+
+def shared_run_options(opts: dict[str, Any], **own: Any) -> RunOptions:
+    """The RunOptions the shared options make (`own`: what the command adds, e.g. --run-id)."""
+    return RunOptions(
+        url=opts["url"], seed=opts["seed"], quiet=opts["quiet"],
+        lag_bound_ms=opts["lag_bound_ms"], grace_s=opts["grace_s"],
+        check_target=not opts["no_preflight"], preflight_timeout_s=opts["preflight_timeout_s"],
+        watchdog_s=opts["watchdog_s"], extra_headers=parse_headers(opts["headers"]),
+        workers=opts["workers"], warm_connections=parse_warm(opts["warm_text"]),
+        server_metrics_url=opts["server_metrics_url"],
+        server_metrics_interval_s=opts["server_metrics_interval_s"],
+        server_metrics_headers=parse_headers(opts["metrics_headers"], "--server-metrics-header"),
+        price_per_hour=opts.get("price_per_hour"), replicas=opts.get("replicas", 1), **own,
+    )  # fmt: skip
+
+
+def parse_warm(text: str) -> int | None:
+    """`--warm-connections`: a count >= 0, or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= 1_000_000:
+        problem = f"must be auto or a count 0..1000000 (got {text!r})"
+        fix = "e.g. --warm-connections auto, 512, or 0 for a cold start"
+        raise ConfigError("command line", "--warm-connections", problem, fix)
+    return count
 
 
 def check_memory_line(spec: Any, seed: int | None, max_memory_gb: float | None) -> str:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -12,14 +17,20 @@ import click
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     EXIT_CODES_HELP,
-    MAX_WAIT_S,
-    FiniteFloat,
+    LOAD,
+    OUTPUT,
+    GroupedHelp,
     check_memory_line,
     check_run_id,
+    check_run_step_options,
     check_url,
     clean_errors,
+    option,
     output_console,
-    parse_headers,
+    run_step_options,
+    shared_run_options,
+    shared_spec,
+    url_option,
     workload_options,
 )
 from loadgen.engine.warmup import warm_count
@@ -27,23 +38,20 @@ from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
-from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.execute import client_setup, execute
 from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
-from loadgen.workload.spec import load, metrics_url_problem, override
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(cls=GroupedHelp, epilog=EXIT_CODES_HELP)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--url",
-    help="Base URL of the endpoint, e.g. http://127.0.0.1:8000. "
-    "Without it (and without target.url) the built-in simulator is started.",
-)
+@url_option
 @workload_options
-@click.option(
+@run_step_options
+@option(
+    OUTPUT,
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -51,124 +59,57 @@ from loadgen.workload.spec import load, metrics_url_problem, override
     show_default=True,
     help="Results store; the run lands in OUT/<run-id>/.",
 )
-@click.option(
+@option(
+    OUTPUT,
     "--run-id",
     help="Name of the run folder: letters, digits and -_. (default: UTC time, workload name, "
     "random).",
 )
-@click.option(
+@option(
+    LOAD,
     "--max-in-flight",
     type=click.IntRange(min=1, max=1_000_000),
     help="Cap on concurrent requests; waits for a slot count in latency.",
 )
-@click.option(
-    "--warm-connections",
-    "warm_text",
-    default="auto",
-    show_default=True,
-    metavar="N|auto|0",
-    help="Connections opened (and checked) before t0, so the first sends carry no "
-    "connection setup in their latency; auto: the requests that can be in flight in the "
-    "first second (capped at 1024); 0: today's cold start (setup inside TTFT).",
-)
-@click.option(
-    "--lag-bound-ms",
-    type=FiniteFloat(0, 3_600_000, low_open=True),
-    default=5.0,
-    show_default=True,
-    help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3.",
-)
-@click.option(
-    "--grace",
-    "grace_s",
-    type=FiniteFloat(0, 86_400),
-    default=5.0,
-    show_default=True,
-    help="Seconds in-flight requests get to finish after Ctrl-C.",
-)
-@click.option(
-    "--header",
-    "headers",
-    multiple=True,
-    metavar="NAME:VALUE",
-    help="Extra request header (repeatable); ${VAR} is read from the environment.",
-)
-@click.option("--no-preflight", is_flag=True, help="Skip the one-request check of the target.")
-@click.option(
-    "--preflight-timeout",
-    "preflight_timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    help="The preflight's overall deadline in seconds (default: the longest "
-    "deadlines.first_token_s of the classes; never more than --watchdog).",
-)
-@click.option(
+@option(
+    OUTPUT,
     "--sim-trace",
     is_flag=True,
     help="With the built-in simulator, keep its server-side trace in the run folder.",
 )
-@click.option(
-    "--watchdog",
-    "watchdog_s",
-    type=FiniteFloat(0, MAX_WAIT_S, low_open=True),
-    default=300.0,
-    show_default=True,
-    help="Abort (exit 4) when nothing progresses this many seconds while requests are due.",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1, max=256),
-    help="Engine processes sharing the schedule (default 1; one per core when the expected "
-    "peak exceeds this host's calibrated envelope).",
-)
-@click.option(
+@option(
+    LOAD,
     "--shard",
     "shard_text",
     metavar="I/N",
     help="Run only shard I (from 0) of N of the schedule; needs --start-at. Merge the N run "
     "folders with `loadgen merge`.",
 )
-@click.option(
+@option(
+    LOAD,
     "--start-at",
     "start_at_text",
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
-@click.option(
-    "--server-metrics-url",
-    metavar="URL",
-    help="Scrape the server's Prometheus endpoint during the run: a URL, or a path on the "
-    "target such as /metrics (default: the workload's target.server_metrics_url).",
-)
-@click.option(
-    "--server-metrics-header",
-    "metrics_headers",
-    multiple=True,
-    metavar="NAME:VALUE",
-    help="Header sent with each scrape (repeatable; ${VAR} is read from the environment): "
-    "the endpoint's own credentials. The target's are sent only to the target's origin.",
-)
-@click.option(
-    "--server-metrics-interval",
-    "server_metrics_interval_s",
-    type=FiniteFloat(0.05, 3600),
-    help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1).",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress line, only the final table.")
 @live_options
 @price_options
-@click.option(
+@option(
+    OUTPUT,
     "--junit",
     "junit_path",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the run's SLO checks as JUnit XML: a testcase per class per check.",
 )
-@click.option(
+@option(
+    OUTPUT,
     "--markdown",
     "markdown_path",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the same checks as a Markdown table (for a CI job summary).",
 )
-@click.option(
+@option(
+    OUTPUT,
     "--dry-run",
     is_flag=True,
     help="Validate everything the run would use (file, flags, URL, headers, run folder, "
@@ -177,33 +118,12 @@ from loadgen.workload.spec import load, metrics_url_problem, override
 @clean_errors
 def run(
     workload: Path,
-    url: str | None,
-    requests: int | None,
-    duration: float | None,
-    rate: str | None,
-    seed: int | None,
-    api: str | None,
-    model: str | None,
-    force_output_tokens: bool | None,
     out_dir: Path,
     run_id: str | None,
     max_in_flight: int | None,
-    warm_text: str,
-    lag_bound_ms: float,
-    grace_s: float,
-    headers: tuple[str, ...],
-    no_preflight: bool,
-    preflight_timeout_s: float | None,
     sim_trace: bool,
-    watchdog_s: float,
-    workers: int | None,
     shard_text: str | None,
     start_at_text: str | None,
-    server_metrics_url: str | None,
-    metrics_headers: tuple[str, ...],
-    server_metrics_interval_s: float | None,
-    quiet: bool,
-    max_memory_gb: float | None,
     dry_run: bool,
     prometheus_listen: str | None,
     prometheus_grace_s: float,
@@ -211,9 +131,8 @@ def run(
     otlp_interval_s: float,
     junit_path: Path | None,
     markdown_path: Path | None,
-    price_per_hour: float | None,
-    replicas: int,
-) -> None:
+    **shared: Any,
+) -> None:  # the shared options (loadgen.cli.options) come in `shared`
     """Run a workload against an endpoint and audit its SLOs.
 
     Writes OUT/<run-id>/records.parquet (one row per planned request), run.json and
@@ -236,55 +155,33 @@ def run(
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
     """
 
-    check_url(url)
     check_run_id(run_id)
-    if server_metrics_url is not None and (problem := metrics_url_problem(server_metrics_url)):
-        raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if shard_text is not None and start_at_text is None:
         raise ConfigError("command line", "--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
-    spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
-                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
-    memory = check_memory_line(spec, seed, max_memory_gb)
-    if metrics_headers and not (server_metrics_url or spec.target.server_metrics_url):
-        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
-                          "metrics URL", "add --server-metrics-url URL (or a path such as "
-                          "/metrics), or set target.server_metrics_url")  # fmt: skip
-    options = RunOptions(
-        url=url,
-        seed=seed,
-        out_dir=out_dir,
-        run_id=run_id,
-        max_in_flight=max_in_flight,
-        quiet=quiet,
-        lag_bound_ms=lag_bound_ms,
-        grace_s=grace_s,
-        check_target=not no_preflight,
-        preflight_timeout_s=preflight_timeout_s,
+    check_url(shared["url"])
+    spec = shared_spec(workload, shared)
+    check_run_step_options(shared, spec)
+    memory = check_memory_line(spec, shared["seed"], shared["max_memory_gb"])
+    options = shared_run_options(
+        shared, out_dir=out_dir, run_id=run_id, max_in_flight=max_in_flight,
         sim_trace=sim_trace,
-        watchdog_s=watchdog_s,
-        extra_headers=parse_headers(headers),
-        workers=workers,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
-        warm_connections=parse_warm(warm_text),
-        server_metrics_url=server_metrics_url,
-        server_metrics_interval_s=server_metrics_interval_s,
-        server_metrics_headers=parse_headers(metrics_headers, "--server-metrics-header"),
-        price_per_hour=price_per_hour,
-        replicas=replicas,
-    )
+    )  # fmt: skip
     if dry_run:
         _dry_run(spec, options, memory)
         return
-    fleet = None if price_per_hour is None else price_per_hour * replicas
+    price_per_hour = shared["price_per_hour"]
+    fleet = None if price_per_hour is None else price_per_hour * shared["replicas"]
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
     with live as exporter:
-        result = execute(spec, options, live=exporter)
+        with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
+            result = execute(spec, options, live=exporter)
         console = output_console()
         console.print(render_summary(result.summary))
         for line in render_processes(result.run_info):
@@ -297,6 +194,24 @@ def run(
         if result.watchdog:
             console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
     sys.exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM before t0 (during the preflight, the simulator's start) stops the command as
+    Ctrl-C does: exit 130, as the run maps it (README, Exit codes), not the default 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread (an embedding program's call)
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_report_paths(*paths: tuple[str, Path | None]) -> None:
@@ -345,18 +260,3 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     target = url or "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")
-
-
-def parse_warm(text: str) -> int | None:
-    """`--warm-connections`: a count ≥ 0, or auto (None)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        count = int(text)
-    except ValueError:
-        count = -1
-    if not 0 <= count <= 1_000_000:
-        problem = f"must be auto or a count 0..1000000 (got {text!r})"
-        fix = "e.g. --warm-connections auto, 512, or 0 for a cold start"
-        raise ConfigError("command line", "--warm-connections", problem, fix)
-    return count

@@ -286,10 +286,23 @@ def _status_message(
     hint = None
     if status == 400:
         hint = _pinned_model_hint(detail)
+    if status == 404 and _is_about_the_model(detail):  # the path is right: the model is not
+        hint = "the server does not serve this model: check target.model (--model)"
     if status in (400, 422) and hint is None:
         hint = _rejected_fields_hint(detail, optional)
     hint = hint or hints.get(status, "see the server's message")
     return f"{shown} answered HTTP {status}: {detail[:QUOTE_CHARS] or '(no body)'} ({hint})"
+
+
+def _is_about_the_model(detail: str) -> bool:
+    """A 404 that says the model is missing, not the path: vLLM's and SGLang's `The model
+    `x` does not exist.` (with `"param": "model"`), Ollama's `model "x" not found`,
+    llama.cpp's and TGI's `model not found`."""
+    return bool(
+        re.search(r'"param"\s*:\s*"model"', detail)
+        or re.search(r"\bmodel\b.{0,200}?\b(does not exist|not found|not exist|unknown|"
+                     r"no such|not available|not loaded)", detail, re.IGNORECASE | re.DOTALL)
+    )  # fmt: skip
 
 
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})

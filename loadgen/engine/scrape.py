@@ -3,6 +3,8 @@
 Off the hot path: a thread of its own (one blocking GET per interval with httpx, parsed with
 prometheus_client's text-format parser, the reference implementation of the format), never a
 task on the engine's event loop, so a slow or hung endpoint cannot delay a send or a read.
+`loadgen run` runs it in a process of its own (`run.scraper`): parsing a real server's
+exposition holds the GIL for tens of ms, which would delay sends of the same process.
 Each scrape is stamped on the run's monotonic clock when its GET starts (as Prometheus stamps
 a scrape) and kept as one row per sample: `(mono_ns, name, labels, value)`; histograms and
 summaries stay as their `_bucket`/`_sum`/`_count` series. A scrape that fails or times out
@@ -256,6 +258,12 @@ def _exposed_names(text: str) -> set[str]:
     return names
 
 
+def default_timeout_s(interval_s: float) -> float:
+    """A scrape may take longer than a short interval (missed ticks are skipped), but a
+    hung endpoint is given up on: 2 s or the interval, whichever is longer, at most 10 s."""
+    return min(max(interval_s, 2.0), 10.0)
+
+
 class Scraper:
     """Scrape `url` every `interval_s` seconds in a thread, from `start()` to `stop()`.
 
@@ -274,6 +282,7 @@ class Scraper:
         transport: httpx.BaseTransport | None = None,
         auth: ScrapeAuth | None = None,
         redactor: Redactor | None = None,
+        on_scrape: Callable[[Scraper], None] | None = None,
     ) -> None:
         self.url = url
         self.interval_s = interval_s
@@ -282,11 +291,10 @@ class Scraper:
         self._request_url = without_userinfo(url)  # its user-info is in auth's headers
         self._origin = origin(url)
         self._clock = clock
-        # A scrape may take longer than a short interval (missed ticks are skipped), but a
-        # hung endpoint is given up on: 2 s or the interval, whichever is longer, at most 10 s.
-        self.timeout_s = timeout_s if timeout_s is not None else min(max(interval_s, 2.0), 10.0)
+        self.timeout_s = timeout_s if timeout_s is not None else default_timeout_s(interval_s)
         self._spill = spill
         self._transport = transport
+        self._on_scrape = on_scrape  # after each scrape, kept or failed (in the scrape thread)
         self.rows: list[Row] = []
         self.scrapes = 0
         self.failures = 0
@@ -369,6 +377,8 @@ class Scraper:
             while True:
                 stopping = self._stop.is_set()
                 self.scrape_once(client)
+                if self._on_scrape is not None:
+                    self._on_scrape(self)
                 if stopping:
                     return
                 next_ns += interval_ns

@@ -80,8 +80,9 @@ def rule_lines(
         )
     else:
         lines.append(
-            "a closed loop sends as fast as it completes, so every step is steady at its cap; "
-            "latencies are judged from the send, and every SLO must be met"
+            "a closed loop sends as fast as it completes, so every step is steady at its cap "
+            "(completed vs offered and the TTFT trend are shown, not judged); latencies are "
+            "judged from the send, and every SLO must be met"
         )
     return lines
 
@@ -103,10 +104,13 @@ def evidence_line(step: Step) -> str:
     for trend in steady.trends:
         unit = " ms" if trend.series == "ttft_ms" else ""
         name = "TTFT" if trend.series == "ttft_ms" else "in flight"
+        tag = "" if not trend.rising else " rising" if step.closed_loop else " RISING"
         parts.append(
             f"{name} {trend.rise:+.3g}{unit} (bound {trend.allowance:.2g}, floor "
-            f"{trend.floor:.2g}){' RISING' if trend.rising else ''}"
+            f"{trend.floor:.2g}){tag}"
         )
+    if step.closed_loop:
+        parts.append("closed loop: rate and trends shown, not judged")
     if step.attempts > 1:
         parts.append("run twice (the first was too short)")
     return " · ".join(parts)
@@ -216,6 +220,14 @@ def conclusion(
 ) -> list[Text]:
     lines = []
     stopped = found.stopped_by
+    if stopped is not None and stopped.status == INVALID and not judged_steps(found):
+        lines.append(Text(
+            f"no step was judged: at {load_label(stopped.load, param, scale)}, the first load, "
+            f"{stopped.note}; its numbers describe the client, not the server (exit 3): "
+            "rerun on a bigger or quieter machine, with --workers, or a looser --lag-bound-ms",
+            style="bold yellow",
+        ))  # fmt: skip
+        return lines
     if stopped is not None and stopped.status == INVALID:
         lines.append(Text(
             f"stopped at {load_label(stopped.load, param, scale)}: {stopped.note}; the search "
@@ -271,4 +283,10 @@ def write_capacity(
     out.mkdir(parents=True, exist_ok=True)
     data = to_json(found, verdict, settings, base_rate)
     (out / "capacity.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    (out / "knee.png").write_bytes(knee_png(found, x_scale=scale, x_label=unit))
+    if judged_steps(found):  # else there is nothing to draw: no knee.png, and the
+        (out / "knee.png").write_bytes(knee_png(found, x_scale=scale, x_label=unit))  # why is said
+
+
+def judged_steps(found: Search) -> list[Step]:
+    """The steps with a verdict on the server (passed or failed): what the knee plot draws."""
+    return [s for s in found.steps if s.status in (PASS, FAIL)]

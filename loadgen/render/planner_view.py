@@ -50,12 +50,8 @@ def plan_notes(inputs: PlanInputs, result: Plan, measured: Measured | None) -> l
             "the typical prompt leaves less than one request's wait in the TTFT "
             "budget: any queueing misses"
         )
-    if result.fleet and result.fleet.replica_utilization > result.max_utilization:
-        notes.append(
-            f"the fleet runs replicas at ρ = {result.fleet.replica_utilization:.2f}, "
-            f"above the single-server bound {result.max_utilization:.2f}: that bound is "
-            "pessimistic for many-slot replicas: measure the p99 there"
-        )
+    if result.fleet:
+        notes.append(fleet_note(inputs, result))
     best = result.goodput_optimal_batch
     if best is not None and inputs.slots_per_replica > best:
         notes.append(
@@ -77,6 +73,27 @@ def plan_notes(inputs: PlanInputs, result: Plan, measured: Measured | None) -> l
             "chunks lengthened the steps these requests decoded in"
         )
     return notes
+
+
+def fleet_note(inputs: PlanInputs, result: Plan) -> str:
+    """Why the fleet's replicas and the single-server figures differ: different quantities."""
+    f = result.fleet
+    assert f is not None
+    apart = f.replicas_queue_per_replica
+    apart_text = f"{apart} replicas" if apart is not None else "no replica count"
+    single = f.replicas_single_server
+    return (
+        f"the {f.replicas} replicas hold when ONE queue feeds every slot of the fleet (a router "
+        f"that dispatches to any free slot): {f.slot_utilization:.3f} of the batch slots busy, "
+        f"p{inputs.percentile:g} queue wait {_wait(f.pooled_wait_ms)}; with a queue per replica "
+        f"(a balancer spreading requests over replicas) the p{inputs.percentile:g} wait at "
+        f"{f.replicas_without_spare} is {_wait(f.per_replica_wait_ms)} and {apart_text} keep it "
+        f"in the {f.wait_budget_ms:,.0f} ms budget. The single-server ρ_max "
+        f"{result.max_utilization:.3f} and {_num(result.max_rate_per_replica_per_s, ' req/s')} "
+        f"per replica are another quantity: a replica seen as one server of S = 1/μ, which "
+        f"would ask for {single if single is not None else '—'} replicas; pessimistic, as a "
+        "replica with a free slot queues nothing"
+    )
 
 
 def inputs_table(
@@ -168,12 +185,17 @@ def _plan_rows(i: PlanInputs, r: Plan) -> list[tuple[str, str, str] | None]:
         None,
         ("P–K wait inflation", f"{r.pk_inflation:.3g}×", "(1 + C_v²) / 2"),
         (
-            "max utilization (M/G/1)",
+            "single-server ρ_max (M/G/1)",
             f"{r.max_utilization:.3f} ({r.utilization_bound_by})",
-            f"t_prefill + {r.tail_factor:.2f} × W_q ≤ SLO, W_q = ρS(1 + C_v²)/(2(1 − ρ)), S = 1/μ",
+            f"a replica as ONE server of S = 1/μ: t_prefill + {r.tail_factor:.2f} × W_q ≤ SLO, "
+            "W_q = ρS(1 + C_v²)/(2(1 − ρ))",
         ),
-        ("max utilization (M/M/1)", f"{r.max_utilization_mm1:.3f}", "same with C_v = 1"),
-        ("max rate per replica", _num(r.max_rate_per_replica_per_s, " req/s"), "ρ_max × μ"),
+        ("single-server ρ_max (M/M/1)", f"{r.max_utilization_mm1:.3f}", "same with C_v = 1"),
+        (
+            "max rate per replica, single server",
+            _num(r.max_rate_per_replica_per_s, " req/s"),
+            "ρ_max × μ (not the fleet's sizing: see below)",
+        ),
         (
             "M/G/1 ρ waiting like M/M/1 at 0.8",
             f"{r.mg1_utilization_matching_mm1_knee:.3f}",
@@ -208,14 +230,41 @@ def _fleet_rows(i: PlanInputs, r: Plan) -> list[tuple[str, str, str] | None]:
         (
             "replicas",
             f"{f.replicas_without_spare} + 1 = {f.replicas}",
-            f"⌈c / {i.slots_per_replica}⌉ + 1 spare for a failure",
+            f"⌈c / {i.slots_per_replica}⌉ + 1 spare for a failure; one queue for every slot",
         ),
         (
             "replicas sized on the mean",
             str(f.replicas_naive),
             "⌈a / slots per replica⌉: misses p99",
         ),
-        ("replica utilization", f"{f.replica_utilization:.3f}", "λ / (replicas without spare × μ)"),
+        (
+            "batch-slot utilization",
+            f"{f.slot_utilization:.3f}",
+            f"a / ({f.replicas_without_spare} × {i.slots_per_replica} slots): not the "
+            "single-server ρ",
+        ),
+        (
+            f"p{i.percentile:g} queue wait, one fleet queue",
+            _wait(f.pooled_wait_ms, f.wait_budget_ms),
+            f"M/M/c, c = {f.replicas_without_spare * i.slots_per_replica} slots held T_hold "
+            f"(Erlang C): {_share(f.pooled_wait_probability)} wait",
+        ),
+        (
+            f"p{i.percentile:g} queue wait, a queue per replica",
+            _wait(f.per_replica_wait_ms, f.wait_budget_ms),
+            f"M/M/c, c = {i.slots_per_replica}, at λ / {f.replicas_without_spare}: "
+            f"{_share(f.per_replica_wait_probability)} wait",
+        ),
+        (
+            "replicas, a queue per replica",
+            _num(f.replicas_queue_per_replica),
+            "fewest R with that wait ≤ budget, + 1 spare",
+        ),
+        (
+            "replicas, single-server picture",
+            _num(f.replicas_single_server),
+            "⌈λ / max rate per replica, single server⌉ + 1: pessimistic",
+        ),
     ]
 
 
@@ -299,6 +348,19 @@ def _num(value: float | None, unit: str = "") -> str:
     if float(value).is_integer():
         return f"{int(value):,}{unit}"
     return f"{value:,.3g}{unit}" if abs(value) < 100 else f"{value:,.1f}{unit}"
+
+
+def _wait(wait_ms: float, budget_ms: float | None = None) -> str:
+    """`0 ms`, `7,651 ms`, `unbounded`; with a budget, `≤ 750 ms ok` or `> 750 ms MISSES`."""
+    shown = "unbounded (a ≥ c)" if math.isinf(wait_ms) else f"{wait_ms:,.0f} ms"
+    if budget_ms is None:
+        return shown
+    is_met = wait_ms <= budget_ms
+    return f"{shown} {'≤' if is_met else '>'} {budget_ms:,.0f} ms {'ok' if is_met else 'MISSES'}"
+
+
+def _share(probability: float) -> str:
+    return f"{probability * 100:.2g} %"
 
 
 def _ttft(steps: int | None, ttft_ms: float | None) -> str:

@@ -44,7 +44,7 @@ LOG_SPAN = 100.0  # max/min above this (two decades) switches an axis to log sca
 # the width (linear), or within one decade of the data (log); else it is noted off-scale.
 SLO_SPAN_LINEAR = 3.0
 SLO_SPAN_LOG = 10.0
-TIMELINE_LOG_SPAN = 10.0  # TTFT, TPOT, ITL and their SLOs share one axis: log sooner
+TIMELINE_LOG_SPAN = 10.0  # a timeline panel's values and SLO: log past one decade
 # Fixed margins, not constrained layout: the labels are known and layout solving would
 # double the time per figure (a report draws five per class).
 MARGINS = {"left": 0.1, "right": 0.97, "bottom": 0.12, "top": 0.92}
@@ -155,9 +155,13 @@ def timeline_png(
     schedule_end_s: float | None = None,
     x_end_s: float | None = None,
 ) -> bytes:
-    """Per-window p99 TTFT/TPOT/ITL (ms, left) with SLO lines and the arrival rate (req/s,
-    right); failed requests per window as bars in a panel below, on the same time axis.
+    """Per-window p99 of each metric (ms) in a panel of its own with its own SLO line, the
+    arrival rate (req/s, right) on the first, failed requests per window as bars in a panel
+    below, all on one time axis.
 
+    One panel per metric because the metrics are judged apart: ITL p99 is over single gaps,
+    the TPOT SLO over request averages, so an ITL line above the TPOT SLO is no breach and
+    must not be drawn against it; a metric without a target says so in its panel.
     `p99_ms` and `targets_ms` are keyed by metric (`ttft`, `tpot`, `itl`); None marks a
     window without values (drawn as a gap in the line). The arrival rate is over the part
     of each window the schedule covered (`analysis.windows`): None (too little covered) is
@@ -166,32 +170,19 @@ def timeline_png(
     `x_end_s`: the time axis runs from t0 to it (`run_time_axis`), as the server timeline's.
     """
     x = np.asarray(window_mid_s, dtype=np.float64)
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(SIZE_IN[0], 5.5), sharex=True, height_ratios=(3, 1)
+    metrics = list(p99_ms) or ["ttft"]
+    fig, axes = plt.subplots(
+        len(metrics) + 1,
+        1,
+        figsize=(SIZE_IN[0], timeline_height_in(len(metrics))),
+        sharex=True,
+        height_ratios=(*([2.0] * len(metrics)), 1.0),
     )
-    fig.subplots_adjust(left=0.1, right=0.9, bottom=0.1, top=0.86, hspace=0.08)
-    present: list[float] = []
-    for metric, series in p99_ms.items():
-        y = np.array([math.nan if v is None else v for v in series], dtype=np.float64)
-        colour = METRIC_COLOURS.get(metric, "black")
-        top.plot(x, y, marker=".", color=colour, label=f"{metric.upper()} p99")
-        present.extend(y[np.isfinite(y)].tolist())
-        target = targets_ms.get(metric)
-        if target is not None:
-            top.axhline(target, color=colour, linestyle="--", linewidth=1)
-            present.append(target)
-            top.annotate(
-                f"{metric.upper()} SLO {_ms(target)}",
-                (0.99, target),
-                xycoords=("axes fraction", "data"),
-                ha="right",
-                va="bottom",
-                color=colour,
-                fontsize=8,
-            )
-    if present and _spans_decades(np.asarray(present), TIMELINE_LOG_SPAN):
-        _log_scale(top, "y")
-    top.set_ylabel("p99 per window (ms, nearest rank)")
+    fig.subplots_adjust(left=0.1, right=0.9, bottom=0.08, top=0.9, hspace=0.12)
+    panels, bottom = list(axes[:-1]), axes[-1]
+    for ax, metric in zip(panels, metrics, strict=True):
+        _metric_panel(ax, x, metric, p99_ms.get(metric, []), targets_ms.get(metric))
+    top = panels[0]
     fig.suptitle(title)
     rate_axis = top.twinx()
     rates = np.array([math.nan if r is None else r for r in arrival_rate_per_s], dtype=np.float64)
@@ -201,8 +192,8 @@ def timeline_png(
         rate_axis.plot(x[cut], rates[cut], linestyle="none", marker="o", markersize=5,
                        markerfacecolor="white", color="grey",
                        label="arrivals (window partly run)")  # fmt: skip
-    mark_arrivals_end((rate_axis, bottom), schedule_end_s)
-    rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
+    mark_arrivals_end((rate_axis, *panels[1:], bottom), schedule_end_s)
+    rate_axis.set_ylabel("arrivals (req/s)", color="grey")
     finite = rates[np.isfinite(rates)].tolist()
     rate_axis.set_ylim(0, max([1.0, *finite]) * 1.3)  # headroom: clear of SLO labels
     lines, labels = top.get_legend_handles_labels()
@@ -225,6 +216,45 @@ def timeline_png(
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     run_time_axis(bottom, x_end_s)
     return figure_png(fig)
+
+
+def timeline_height_in(metrics: int) -> float:
+    """The class timeline's height: 1.9 in per metric panel plus 1.9 in for the failures
+    panel, the title and the axis label (three metrics: 7.6 in, 760 px)."""
+    return 1.9 * (metrics + 1)
+
+
+NO_SLO_NOTES = {"itl": "no ITL SLO: ITL p99 is over single gaps; the TPOT SLO judges request "
+                       "averages, not these"}  # fmt: skip
+
+
+def _metric_panel(
+    ax: Axes, x: FloatArray, metric: str, series: Sequence[float | None], target: float | None
+) -> None:
+    """One metric's p99 per window, its own SLO as a dashed line, or a note saying it has none."""
+    y = np.array([math.nan if v is None else v for v in series], dtype=np.float64)
+    colour = METRIC_COLOURS.get(metric, "black")
+    name = metric.upper()
+    ax.plot(x[: y.size], y, marker=".", color=colour, label=f"{name} p99")
+    present = y[np.isfinite(y)].tolist()
+    if target is not None:
+        ax.axhline(target, color=colour, linestyle="--", linewidth=1)
+        present.append(target)
+        ax.annotate(f"{name} SLO {_ms(target)}", (0.99, target),
+                    xycoords=("axes fraction", "data"), ha="right", va="bottom", color=colour,
+                    fontsize=8)  # fmt: skip
+    else:
+        note = NO_SLO_NOTES.get(metric, f"no {name} SLO")
+        ax.text(0.99, 0.95, note, transform=ax.transAxes, ha="right", va="top", color=colour,
+                fontsize=8, bbox=NOTE_BOX)  # fmt: skip
+    positive = [v for v in present if v > 0]
+    if positive and _spans_decades(np.asarray(positive), TIMELINE_LOG_SPAN):
+        _log_scale(ax, "y")
+        ax.set_ylim(min(positive) / 1.3, max(positive) * 1.6)  # room for the SLO's label
+    elif present:
+        ax.set_ylim(0, max([*present, 1e-3]) * 1.25)
+    ax.set_ylabel(f"{name} p99 (ms)", color=colour)
+    ax.grid(True, alpha=0.3)
 
 
 def run_time_axis(ax: Axes, x_end_s: float | None) -> None:

@@ -44,7 +44,7 @@ def rows(summary: Summary) -> list[Row]:
         out.extend(_class_rows(name, block))
     out.append(_generator_row(summary))
     if stopped is not None:
-        why = f"the run stopped before its end ({stopped}): no verdict"
+        why = f"not judged: the run stopped before its end ({stopped}): no verdict"
         out = [_skip(row, why) for row in out]
     return out
 
@@ -173,7 +173,7 @@ def render_run_markdown(summary: Summary) -> str:
         "|---|---|---:|---:|---:|---|",
     ]
     for row in rows(summary):
-        status = row.status if row.status in ("pass", "skipped") else f"**{row.status}**"
+        status = {"pass": "pass", "skipped": "not judged"}.get(row.status, f"**{row.status}**")
         cells = [row.class_name, row.label, row.measured, row.target, f"{row.requests:,}", status]
         lines.append("| " + " | ".join(md_cell(c) if i < 5 else c
                                         for i, c in enumerate(cells)) + " |")  # fmt: skip

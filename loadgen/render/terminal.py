@@ -124,8 +124,8 @@ def _model_row(model: str, part: ModelAudit, unit: str = "ms") -> list[Renderabl
     attainment = part.attainment
     return [
         Text(f"  └ {model}", style="dim"),
-        str(part.requests),
-        Text(str(part.failed), style="red" if part.failed else ""),
+        f"{part.requests:,}",
+        Text(f"{part.failed:,}", style="red" if part.failed else ""),
         f"{fmt_in(part.ttft_ms.p50, unit)}/{fmt_in(part.ttft_ms.p99, unit)}",
         "",
         f"{fmt_in(part.tpot_ms.p50, unit)}/{fmt_in(part.tpot_ms.p99, unit)}",
@@ -142,10 +142,10 @@ def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableT
     failed = sum(n for k, n in cls.outcomes.items() if k != "ok")
     return [
         name,
-        str(cls.requests),
-        Text(str(failed), style="red" if failed else ""),
+        f"{cls.requests:,}",
+        Text(f"{failed:,}", style="red" if failed else ""),
         f"{fmt_in(cls.ttft_ms.p50, unit)}/{fmt_in(cls.ttft_ms.p99, unit)}",
-        _with_failures(cls.ttft_ms_with_failures, unit),
+        _with_failures(cls.ttft_ms_with_failures, unit, judged=cls.slo.met is not None),
         f"{fmt_in(cls.tpot_ms.p50, unit)}/{fmt_in(cls.tpot_ms.p99, unit)}",
         fmt_in(cls.itl_ms.p99, unit),
         fmt_in(cls.e2e_ms.p99, unit),
@@ -194,12 +194,13 @@ def fmt_in(value: float | None, unit: str) -> str:
     return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
 
 
-def _with_failures(stats: FailureRankedStats, unit: str = "ms") -> Text:
-    """The p99 with failures worst: "fail" in red when it falls on a failure."""
+def _with_failures(stats: FailureRankedStats, unit: str = "ms", *, judged: bool = True) -> Text:
+    """The p99 with failures worst: "fail" in red when it falls on a failure (yellow in a
+    run that stopped early, which judges nothing: a figure, not a verdict)."""
     if stats.count == 0:
         return Text("—")
     if stats.p99 is None:
-        return Text("fail", style="bold red")
+        return Text("fail", style="bold red" if judged else "yellow")
     return Text(fmt_in(stats.p99, unit))
 
 
@@ -230,7 +231,7 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
     partial figures: their checks judge nothing)."""
     lines: list[RenderableType] = []
     for name, cls in classes.items():
-        kinds = [f"{n} {k}" for k, n in cls.outcomes.items() if k != "ok" and n]
+        kinds = [f"{n:,} {k}" for k, n in cls.outcomes.items() if k != "ok" and n]
         if kinds:
             lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
         lines.extend(_objective_lines(name, cls))
@@ -273,7 +274,7 @@ def _reasoning_and_server_lines(name: str, cls: ClassAudit) -> list[Text]:
     visible = cls.ttfvt_ms
     if cls.reasoning_requests and visible.count:
         lines.append(Text(
-            f"  {name}: reasoning streamed in {cls.reasoning_requests} requests; time to "
+            f"  {name}: reasoning streamed in {cls.reasoning_requests:,} requests; time to "
             f"first visible token p50/p99 {fmt_ms(visible.p50)}/{fmt_ms(visible.p99)} ms "
             "(TTFT counts the first reasoning token)"
         ))  # fmt: skip
@@ -282,7 +283,7 @@ def _reasoning_and_server_lines(name: str, cls: ClassAudit) -> list[Text]:
         parts = [f"{key.removesuffix('_ms')} p50 {fmt_ms(stats.p50)}"
                  for key, stats in server.measured().items()]  # fmt: skip
         lines.append(Text(
-            f"  {name}: server-reported timings (ms, {server.requests} responses): "
+            f"  {name}: server-reported timings (ms, {server.requests:,} responses): "
             + ", ".join(parts), style="dim"
         ))  # fmt: skip
     return lines
@@ -295,7 +296,7 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
         deadline = f" (deadline {batch.deadline_s:g} s)" if batch.deadline_s else ""
         took = batch.completion_time_s
         lines.append(Text(
-            f"  {name} batch: {batch.ok}/{batch.documents} documents ok in "
+            f"  {name} batch: {batch.ok:,}/{batch.documents:,} documents ok in "
             f"{'-' if took is None else f'{took:,.1f}'} s{deadline} · "
             f"{_rate(batch.input_tokens_per_s)} input tok/s · "
             f"{_rate(batch.output_tokens_per_s)} output tok/s · {_met_text(batch.met)}",
@@ -306,7 +307,7 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
         split = trajectory.time_split_s
         budget = f" within {trajectory.budget_s:g} s" if trajectory.budget_s else ""
         lines.append(Text(
-            f"  {name} trajectories: {trajectory.ok}/{trajectory.trajectories} ok{budget} "
+            f"  {name} trajectories: {trajectory.ok:,}/{trajectory.trajectories:,} ok{budget} "
             f"({trajectory.attainment:.1%}, target {trajectory.target_attainment:.0%}) · "
             f"{trajectory.failed_hops} failed, {trajectory.skipped_hops} skipped hops · "
             f"time in ttft {split.ttft:,.1f} s, decode {split.decode:,.1f} s, "
@@ -320,8 +321,8 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
         )))  # fmt: skip
     if sessions := cls.sessions:
         lines.append(Text(
-            f"  {name} sessions: {sessions.sessions} ({sessions.completed} with every "
-            f"turn ok), {sessions.turns} turns",
+            f"  {name} sessions: {sessions.sessions:,} ({sessions.completed:,} with every "
+            f"turn ok), {sessions.turns:,} turns",
         ))  # fmt: skip
     return lines
 
@@ -351,20 +352,19 @@ def _missed_check(name: str, check: Check) -> Text:
 
 
 def _rates_text(generator: GeneratorHealth) -> str:
-    """`rate 5.0/s asked, 6.5/s scheduled, 6.4/s achieved`: the rate asked for (when the
-    workload has one), the sampled schedule's, and the achieved one. A workload that asked
-    for no request rate (sessions, trajectories, a closed loop) says what it asked for:
-    `asked 1.0 sessions/s; requests 1.7/s scheduled, 1.7/s achieved`."""
+    """`rate 5.0 req/s asked, 6.5 req/s scheduled, 6.4 req/s achieved`: the rate asked for
+    (when the workload has one), the sampled schedule's, and the achieved one, each with its
+    unit. A workload that asked for no request rate (sessions, trajectories, a closed loop)
+    says what it asked for, in its unit, apart from the request rates:
+    `asked 1.0 sessions/s; requests 1.7 req/s scheduled, 1.7 req/s achieved`."""
     target, achieved = generator.target_rate_per_s, generator.achieved_rate_per_s
+    rates = f"{_rate(target)} req/s scheduled, {_rate(achieved)} req/s achieved"
     if generator.requested_rate_per_s is None:
         asked = asked_text(generator)
         if asked is not None:
-            return (
-                f"asked {asked}; requests {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
-            )
-        return f"rate {_rate(target)}/s target, {_rate(achieved)}/s achieved"
-    asked = _asked_rate(generator.requested_rate_per_s)
-    return f"rate {asked}/s asked, {_rate(target)}/s scheduled, {_rate(achieved)}/s achieved"
+            return f"asked {asked}; requests {rates}"
+        return f"rate {_rate(target)} req/s target, {_rate(achieved)} req/s achieved"
+    return f"rate {_asked_rate(generator.requested_rate_per_s)} req/s asked, {rates}"
 
 
 def _asked_rate(value: float) -> str:
@@ -401,8 +401,8 @@ def _asked_one(load: AskedLoad) -> str:
 def _generator_line(generator: GeneratorHealth) -> Text:
     lag = generator.lag_ms
     line = Text(
-        f"generator: planned {generator.planned} · sent {generator.sent} · "
-        f"recorded {generator.recorded} · retries {generator.retries} · "
+        f"generator: planned {generator.planned:,} · sent {generator.sent:,} · "
+        f"recorded {generator.recorded:,} · retries {generator.retries:,} · "
         f"lag p99 {with_unit(lag.p99)}, max {with_unit(lag.max)} · " + _rates_text(generator)
     )
     if generator.chained_lag_ms.p99 is not None:
@@ -435,7 +435,7 @@ def _connections_line(use: ConnectionUse) -> Text:
     """Requests by the connection they were written on, with each kind's TTFT p50."""
     kinds = (("warm", use.warm), ("reused", use.reused), ("new", use.new))
     shown = [
-        f"{kind.requests} {name}"
+        f"{kind.requests:,} {name}"
         + (f" (TTFT p50 {with_unit(kind.ttft_ms.p50)})" if kind.requests else "")
         for name, kind in kinds
     ]
@@ -465,7 +465,7 @@ def render_processes(run_info: RunInfo) -> list[Text]:
         for p in processes:
             late = p.late_share
             lines.append(Text(
-                f"worker {p.index}: pid {p.pid} · {p.records} records · lag p99 "
+                f"worker {p.index}: pid {p.pid} · {p.records:,} records · lag p99 "
                 f"{with_unit(p.lag_ms_p99)} · late sends "
                 f"{'—' if late is None else f'{late:.2%}'} · t0 skew {p.t0_skew_us:g} µs"
                 + (f" · exit {p.exit_code}" if p.exit_code else ""),
@@ -483,7 +483,7 @@ def render_processes(run_info: RunInfo) -> list[Text]:
 def shard_lines(table: ShardTable) -> list[str]:
     """One line per shard (records, skew, whether it fell behind) and the spread."""
     lines = [
-        f"shard {row.index}/{table.count}: {row.records} records · host {row.host} · "
+        f"shard {row.index}/{table.count}: {row.records:,} records · host {row.host} · "
         f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
         + (" · FELL BEHIND" if row.fell_behind else "")
         for row in table.shards
@@ -498,7 +498,7 @@ def shard_lines(table: ShardTable) -> list[str]:
 def recovery_line(run_dir: Path, done: Recovery) -> str:
     """What `report --recover` did: the records it kept and the plans it recorded, and how."""
     return (
-        f"recovered {run_dir}: planned {done.planned} · {done.kept} records kept from its "
-        f"parts · {done.cancelled} cancelled (sent, no record survived) · {done.not_sent} "
+        f"recovered {run_dir}: planned {done.planned:,} · {done.kept:,} records kept from its "
+        f"parts · {done.cancelled:,} cancelled (sent, no record survived) · {done.not_sent:,} "
         "not_sent; marked incomplete (no verdict, exit 5)"
     )

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,27 +31,27 @@ from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
-from loadgen.analysis.server import current_gauges, with_server
+from loadgen.analysis.server import with_server
 from loadgen.engine.host import raise_open_files_limit
-from loadgen.engine.logs import LOGGER, run_log
+from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
-from loadgen.engine.scrape import Scraper, scrape_auth
+from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json, to_json
-from loadgen.results.records import RecordWriter, RequestRecord, from_frame
+from loadgen.results.records import PARTS_DIR, RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
+    SERVER_PARTS_DIR,
     RunInfo,
     ServerMetricsInfo,
     join_server_metrics,
     new_run_id,
     write_json_atomic,
     write_run_info,
-    write_server_part,
     write_summary,
 )
 from loadgen.results.summary import Summary
@@ -60,6 +60,7 @@ from loadgen.run.envelope import envelope_warning, expected_peak_load, last_enve
 from loadgen.run.failure import client_failures
 from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.run.options import RunOptions
+from loadgen.run.scraper import ScraperProcess
 from loadgen.run.setup import client_setup, engine_setup, metrics_headers, metrics_url
 from loadgen.run.simulator import target_url
 from loadgen.run.workers import process_info, run_workers, total_connections
@@ -112,12 +113,51 @@ def execute(
     workers, why = choose_workers(spec, work, options.workers)
     if not options.quiet:
         print(f"workers: {workers} ({why})", file=log)
+    for said in workers_warnings(work, options.workers, workers):  # even with -q
+        print(f"warning: {said}", file=log)
 
     if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
         print(warning, file=log)
     adapter, headers, redactor, url = client_setup(spec, options)
     open_files = raise_open_files_limit()
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
+    try:
+        return _execute(spec, options, log, live, work, (workers, why), planned, adapter,
+                        headers, redactor, url, open_files, run_dir)  # fmt: skip
+    except TargetError as exc:
+        if (kept := _unstarted(run_dir)) is None:
+            raise
+        raise TargetError(f"{exc} (nothing was sent; its log: {kept})") from None
+    except BaseException:
+        _unstarted(run_dir)
+        raise
+
+
+def _unstarted(run_dir: Path) -> Path | None:
+    """A run that ended before t0 (a failed or interrupted preflight, a simulator that did
+    not start) leaves no half-made folder, so the same --run-id can be given again: its log
+    is moved beside it to `<run-id>.failed.log`, the folder removed. Returns the log's new
+    path; None (the folder kept) once the run has begun (run.json) or measured anything."""
+    measured = ("run.json", PARTS_DIR, SERVER_PARTS_DIR, "records.parquet")
+    if not run_dir.is_dir() or any((run_dir / name).exists() for name in measured):
+        return None
+    kept = run_dir.parent / f"{run_dir.name}.failed.log"
+    try:
+        if (run_dir / RUN_LOG).exists():
+            os.replace(run_dir / RUN_LOG, kept)
+        shutil.rmtree(run_dir)
+    except OSError:
+        return None  # a read-only or vanished folder: left as it is
+    return kept if kept.exists() else None
+
+
+def _execute(
+    spec: WorkloadSpec, options: RunOptions, log: TextIO, live: LiveExporter | None, work: Work,
+    chosen: tuple[int, str], planned: int, adapter: Adapter, headers: dict[str, str],
+    redactor: Redactor, url: str | None, open_files: int | None, run_dir: Path,
+) -> RunResult:  # fmt: skip
+    """`execute` once its run folder exists (`chosen`: the worker count and why)."""
+    workers, why = chosen
     trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
     with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
         base_url, sim_args = target
@@ -173,7 +213,7 @@ class Publish:
     thresholds_ms: dict[str, dict[str, float]]
     t0_ns: list[int] = field(default_factory=list)  # filled in at t0
     final: LiveTally = field(default_factory=LiveTally)
-    scraper: Scraper | None = None  # the server's /metrics, re-published as it is scraped
+    scraper: ScraperProcess | None = None  # the server's /metrics, re-published as scraped
 
     def begin(
         self, tally: Callable[[], LiveTally], in_flight: Callable[[], dict[str, int]]
@@ -181,7 +221,7 @@ class Publish:
         scraper = self.scraper
 
         def server() -> dict[str, float]:
-            return current_gauges(scraper.latest) if scraper is not None else {}
+            return scraper.live_gauges() if scraper is not None else {}
 
         self.live.begin(LiveRun(labels=self.labels, tally=tally, in_flight=in_flight,
                                 planned=self.planned, server=server,
@@ -237,8 +277,9 @@ def _check_target(
 def _scraper(
     spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, run_dir: Path,
     run_info: dict[str, Any], log: TextIO, redactor: Redactor,
-) -> Scraper | None:  # fmt: skip
-    """The server-metrics scraper, started, when a URL is given (a path is on the target).
+) -> ScraperProcess | None:  # fmt: skip
+    """The server-metrics scraper (a process of its own: `run.scraper`), started, when a URL
+    is given (a path is on the target).
 
     It sends the target's credentials only to the target's origin, and the endpoint's own
     headers (`engine.scrape.scrape_auth`). Unless quiet, the first scrape's outcome is
@@ -252,8 +293,7 @@ def _scraper(
     interval_s = options.server_metrics_interval_s or spec.target.server_metrics_interval_s
     auth = scrape_auth(url, endpoint.origin, endpoint.headers, metrics_headers(spec, options))
     run_info["server_metrics"] = {"url": redact_url(url), "interval_s": interval_s}
-    scraper = Scraper(url, interval_s, spill=partial(write_server_part, run_dir), auth=auth,
-                      redactor=redactor)  # fmt: skip
+    scraper = ScraperProcess(url, interval_s, run_dir=run_dir, auth=auth, redactor=redactor)
     scraper.start()
     if not options.quiet:
         sent = f" with {', '.join(sorted(auth.headers))}" if auth.headers else ""
@@ -287,7 +327,10 @@ def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tup
     """How many engine processes, and why: as asked; else one per core when the workload's
     expected peak load exceeds what one process held in this host's last `loadgen
     calibrate`; else one."""
+    starts = start_count(work)
     if requested is not None:
+        if requested > starts:
+            return starts, f"--workers {requested}, capped at the plan's {_starts(starts)}"
         return requested, f"--workers {requested}"
     envelope = last_envelope()
     if envelope is None:
@@ -295,11 +338,49 @@ def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tup
     peak = expected_peak_load(spec, work.plans)
     cores = os.cpu_count() or 1
     if peak.exceeds(envelope.load):
-        return cores, (
+        return min(cores, starts), (
             f"one per core: the expected peak ({peak}) exceeds one process's calibrated "
             f"envelope ({envelope.load})"
         )
     return 1, f"the expected peak ({peak}) fits one process's calibrated envelope ({envelope.load})"
+
+
+def start_count(work: Work) -> int:
+    """The plan's starts (independent requests and flows): what the workers share out; a
+    worker beyond them would get nothing to send (`workload.shards`)."""
+    return max(len(work.singles) + len(work.flows), 1)
+
+
+def _starts(count: int) -> str:
+    return f"{count:,} start{'' if count == 1 else 's'}"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, else the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on this platform
+        return os.cpu_count() or 1
+
+
+def workers_warnings(work: Work, requested: int | None, chosen: int) -> list[str]:
+    """What to tell the user about --workers: capped at the plan's starts (a worker with
+    none costs its start-up and sends nothing), or more processes than cores (they share
+    the cores: each one's start-up queues behind the others' and its sends lag)."""
+    warnings = []
+    if requested is not None and chosen < requested:
+        warnings.append(
+            f"--workers {requested} capped at {chosen}: the plan has {_starts(chosen)} "
+            "(requests and flows) to share out, and a worker without one sends nothing"
+        )
+    cores = usable_cores()
+    if requested is not None and chosen > cores:
+        warnings.append(
+            f"{chosen} workers on {cores} cores: the processes share the cores, so their "
+            "start-up queues and their sends lag (a late send makes the run invalid, exit 3); "
+            f"use --workers {cores} or fewer here"
+        )
+    return warnings
 
 
 def _make_run_dir(out_dir: Path, run_id: str) -> Path:
@@ -392,7 +473,7 @@ def _run(
     log: TextIO,
     publish: Publish | None = None,
     *,
-    scraper: Scraper | None = None,
+    scraper: ScraperProcess | None = None,
 ) -> RunResult:
     """One engine process: its own signals, progress line and watchdog."""
     writer = RecordWriter(run_dir)
@@ -444,7 +525,7 @@ def finish(
     *,
     planned: int,
     state: Mapping[str, Any],
-    scraper: Scraper | None = None,
+    scraper: ScraperProcess | None = None,
 ) -> RunResult:
     """Audit the joined records; write summary.json, histograms.parquet and the final run.json
     (and server_metrics.parquet, the scraper stopped, when the run scraped a server)."""
@@ -481,7 +562,7 @@ def finish(
 
 
 def _server_block(
-    summary: Summary, scraper: Scraper, run_dir: Path, run_info: dict[str, Any],
+    summary: Summary, scraper: ScraperProcess, run_dir: Path, run_info: dict[str, Any],
     frame: pl.DataFrame,
 ) -> Summary:  # fmt: skip
     """Stop the scraper, join its parts on the run's t0, tally it in run.json, audit it."""

@@ -31,7 +31,11 @@ def resolve_headers(
     """
     source = spec.source
     env_values = env_values if env_values is not None else []
-    headers = _expanded(source, "target.headers", {**spec.target.headers, **extra}, env_values)
+    own = {k: v for k, v in spec.target.headers.items() if k not in extra}
+    headers = {
+        **_expanded(source, "target.headers", own, env_values),
+        **_expanded(source, "", extra, env_values, flag="--header"),
+    }
     key_env, key = spec.target.api_key_env, None
     if key_env:
         key = os.environ.get(key_env)
@@ -49,21 +53,35 @@ def resolve_headers(
         if problem := header_problem(name, value):
             problem = problem.replace("a header value", "its value")
             fix = "check the environment variable it is read from"
+            if name in extra:
+                raise ConfigError(_flag_text("--header", name, extra[name]), "", problem, fix)
             raise ConfigError(source, f"header {name}", problem, fix)
     return resolved
 
 
+def _flag_text(flag: str, name: str, value: str) -> str:
+    """How the user wrote a header flag: `--header 'Authorization: ${KEY}'`."""
+    return f"{flag} {f'{name}: {value}'!r:.120}"
+
+
 def _expanded(
-    source: str, key: str, given: Mapping[str, str], env_values: list[str]
-) -> dict[str, str]:
+    source: str, key: str, given: Mapping[str, str], env_values: list[str],
+    flag: str | None = None,
+) -> dict[str, str]:  # fmt: skip
     """`given` with each `${VAR}` read from the environment (each value read appended to
-    `env_values`); an unset one is a ConfigError at `key.NAME`."""
+    `env_values`); an unset one is a ConfigError at `key.NAME` of the file, or, for headers
+    given by `flag` on the command line, at that flag as written."""
     headers: dict[str, str] = {}
     for name, value in given.items():
 
-        def expand(match: re.Match[str], name: str = name) -> str:
+        def expand(match: re.Match[str], name: str = name, value: str = value) -> str:
             var = match.group(1)
             if var not in os.environ:
+                if flag is not None:
+                    raise ConfigError(
+                        _flag_text(flag, name, value), "", f"{var} is not set",
+                        f"export {var}=... before the run, or give the value itself",
+                    )  # fmt: skip
                 raise ConfigError(
                     source, f"{key}.{name}", f"${{{var}}} is not set",
                     f"export {var}=... before the run",
@@ -80,13 +98,20 @@ def metrics_headers(
 ) -> dict[str, str]:
     """The metrics endpoint's own headers: the file's `target.server_metrics_headers`, then
     `--server-metrics-header`s, `${VAR}` read from the environment."""
-    given = {**spec.target.server_metrics_headers, **options.server_metrics_headers}
+    extra = options.server_metrics_headers
+    own = {k: v for k, v in spec.target.server_metrics_headers.items() if k not in extra}
     values = env_values if env_values is not None else []
-    headers = _expanded(spec.source, "target.server_metrics_headers", given, values)
+    flag = "--server-metrics-header"
+    headers = {
+        **_expanded(spec.source, "target.server_metrics_headers", own, values),
+        **_expanded(spec.source, "", extra, values, flag=flag),
+    }
     for name, value in headers.items():  # a value read from the environment: CR/LF, ...
         if problem := header_problem(name, value):
             problem = problem.replace("a header value", "its value")
             fix = "check the environment variable it is read from"
+            if name in extra:
+                raise ConfigError(_flag_text(flag, name, extra[name]), "", problem, fix)
             raise ConfigError(spec.source, f"server metrics header {name}", problem, fix)
     return headers
 

@@ -40,9 +40,20 @@ Loads: `--param rate` multiplies every class's arrival rate (1.0 = the file's ra
 `--param max_in_flight` caps concurrent requests, each class sending closed-loop (its next
 request as soon as one ends), so the cap is always full; latencies are then judged from
 the moment a request got its slot (sent), i.e. what the server does at that concurrency.
-A closed loop is steady by construction (it sends as fast as it completes), so there the
-SLOs decide; the known answer for B batch slots is a knee at B when the TTFT SLO lies
-between the unqueued TTFT and the wait for a slot.
+A closed loop is steady by construction, so there checks 3 and 4 are shown, not judged,
+and the SLOs decide (after 1, 2 and the warm-up), once the loop is seen to hold its cap:
+the time-averaged requests in flight over the judged part are at least the cap less
+RATE_TOLERANCE (else the step is *invalid*: the load asked was not applied; the closed-loop
+counterpart of "completed what was offered"). Its next request is sent when one ends,
+so the requests in flight are the cap at every instant and no queue can grow without
+bound, at the client or the server (at most cap − slots wait there, a fixed amount that
+the TTFT from the send includes). Completed and offered then differ only by the change
+in requests in flight between the judged part's two edges (at most the cap), and a
+TTFT that rises with a fixed population is the server changing over the step (cache,
+memory), not load it cannot carry: its SLOs over the judged part say whether that matters.
+The known answers: for B batch slots, a knee at B when the TTFT SLO lies between the
+unqueued TTFT and the wait for a slot; with whole-prompt prefill of P tokens at R tok/s
+and C ≤ B clients in lockstep, TTFT = C·P/R, so the knee is ⌊SLO·R/P⌋.
 """
 
 from __future__ import annotations
@@ -112,6 +123,7 @@ class Step:
     min_lifetimes: float = MIN_LIFETIMES
     capacity_load: float | None = None  # over-saturated: the load the server did serve
     attempts: int = 1  # 2 when the first run was too short and the step was run again
+    closed_loop: bool = False  # a max_in_flight step: rate and trends shown, not judged
 
     @property
     def over_saturated(self) -> bool:
@@ -308,8 +320,8 @@ def exit_code(found: Search, verdict: Verdict | None) -> int:
         return EXIT_PASS
     if verdict is None and found.knee_found:
         return EXIT_PASS
-    if stopped is not None and found.upper is None and found.highest_pass is not None:
-        return EXIT_FELL_BEHIND  # load above the last pass was never judged
+    if stopped is not None and found.upper is None:
+        return EXIT_FELL_BEHIND  # load above the last pass (or any load at all) never judged
     return EXIT_FAIL
 
 
@@ -489,7 +501,7 @@ def audit_step(
     first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
     return replace(
         step, steady=steady, warmup_s=(cut - first) / NS_PER_S, min_lifetimes=min_lifetimes,
-        capacity_load=capacity,
+        capacity_load=capacity, closed_loop=from_send,
     )  # fmt: skip
 
 
@@ -563,6 +575,11 @@ def _status(
     """(status, reason, capacity load if over-saturated), the checks in the module's order."""
     if fell_behind or summary.verdict.fell_behind:
         return INVALID, "the generator fell behind (late sends, or client errors)", None
+    if closed_loop and steady_checks and steady.mean_in_flight < load * (1 - RATE_TOLERANCE):
+        return INVALID, (
+            f"the closed loop did not hold its cap: {steady.mean_in_flight:.3g} of {load:g} "
+            "in flight on average over the judged part, so the load asked was not applied"
+        ), None  # fmt: skip
     short = [
         f"{name} {c.requests}/{c.required} requests"
         for name, c in classes.items()
@@ -580,7 +597,7 @@ def _status(
             f"{steady.offered_per_s:.3g} req/s offered ({share:.0%}), short by "
             f"{shortfall(steady):.0f} requests (allowed {allowed_shortfall(steady):.0f})"
         )
-    if steady_checks:
+    if steady_checks and not closed_loop:  # a closed loop's queue is bounded by its cap
         reasons += [f"{_SERIES[t.series]} rising {_rise(t)}" for t in steady.rising()]
     missed = [name for name, c in classes.items() if not c.met]
     if missed:
@@ -590,6 +607,8 @@ def _status(
         return FAIL, "; ".join(reasons + tail), capacity
     if short:
         return SHORT, f"shorter than the rule: {', '.join(short)}", None
+    if closed_loop and steady_checks:
+        return PASS, "closed loop, steady at its cap: every SLO met", None
     return PASS, "steady, every SLO met" if steady_checks else "every SLO met", None
 
 
@@ -714,24 +733,27 @@ def step_runner(
 
 
 def run_one_against(
-    url: str, *, seed: int | None, out: Path, lag_bound_ms: float, quiet: bool,
-    live: LiveExporter | None = None, price_per_hour: float | None = None, replicas: int = 1,
+    url: str, *, out: Path, options: RunOptions | None = None, seed: int | None = None,
+    lag_bound_ms: float = 5.0, quiet: bool = False, live: LiveExporter | None = None,
+    price_per_hour: float | None = None, replicas: int = 1,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
-    its folder in `out`; only the first checks the target (preflight). `live` publishes
-    every step on one endpoint (its counters go on rising from step to step)."""
-    first = [True]
+    its folder in `out`, with `options` (every option `capacity` shares with `run`; else
+    the few keywords); only the first step checks the target (preflight, unless the options
+    skip it). `live` publishes every step on one endpoint (its counters go on rising)."""
+    base = options or RunOptions(
+        seed=seed, lag_bound_ms=lag_bound_ms, quiet=quiet, price_per_hour=price_per_hour,
+        replicas=replicas,
+    )  # fmt: skip
+    preflight = [base.check_target]
 
     def run_one(
         spec: WorkloadSpec, cap: int | None, run_id: str
     ) -> tuple[pl.DataFrame, bool, bool, Path]:
-        options = RunOptions(
-            url=url, seed=seed, out_dir=out, run_id=run_id, max_in_flight=cap, quiet=quiet,
-            lag_bound_ms=lag_bound_ms, check_target=first[0], price_per_hour=price_per_hour,
-            replicas=replicas,
-        )  # fmt: skip
-        first[0] = False
-        result = execute(spec, options, live=live)
+        step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
+                       check_target=preflight[0])  # fmt: skip
+        preflight[0] = False
+        result = execute(spec, step, live=live)
         fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 

@@ -25,7 +25,17 @@ tokens, λ = arrival rate, μ = drain rate of one replica):
   a many-slot replica (a request waits only when every slot is busy); the fleet sizing
   below is the many-server answer.
 - fleet: Little's law a = λ·T_hold, T_hold = P/r + N·t_d; square-root headroom
-  c = a + β√a slots; replicas = ⌈c / slots per replica⌉ + 1 spare for a failure.
+  c = a + β√a slots; replicas = ⌈c / slots per replica⌉ + 1 spare for a failure. Its
+  utilization is a batch-slot figure, a / (replicas × slots), not the single-server ρ above:
+  the two are different quantities. The fleet is checked as many servers (M/M/c, Erlang C,
+  each slot a server holding a request for T_hold; Allen–Cunneen's (1 + C_v²)/2 for the
+  service CV): P(wait) = C(c, a), p-th percentile wait = infl · ln(C / (1 − p)) / (c/T_hold
+  − λ), 0 when C ≤ 1 − p. Square-root staffing is the answer for ONE queue in front of every
+  slot of the fleet (c = replicas × slots); with a queue per replica (a balancer that sends
+  each request to a replica, which queues it) each replica is M/M/c on its own λ/replicas,
+  which needs more replicas (`replicas_queue_per_replica`). The single-server ρ_max asks for
+  ⌈λ / (ρ_max·μ)⌉ (`replicas_single_server`): pessimistic, since a replica with a free slot
+  queues nothing.
 - goodput: for each (B, t(B)) of a decode table, tokens/s = B/t(B), and it counts only
   when t(B) ≤ TPOT_slo; the optimum is the feasible B with the most tokens/s.
 - cost: replicas × GPUs × $/GPU-hour over the SLO-meeting output tokens per hour (λ·N).
@@ -130,7 +140,14 @@ class Fleet:
     replicas_without_spare: int  # ⌈c / slots per replica⌉
     replicas: int  # plus one spare for a failure
     replicas_naive: int  # ⌈a / slots per replica⌉: sized on the average, misses the p99
-    replica_utilization: float  # λ / (replicas without spare × μ)
+    slot_utilization: float  # a / (replicas without spare × slots): batch slots busy
+    wait_budget_ms: float  # the queue wait the SLOs leave (TTFT, and E2E when given)
+    pooled_wait_probability: float  # Erlang C, one queue, c = replicas without spare × slots
+    pooled_wait_ms: float  # its p-th percentile queue wait (inf when a ≥ c)
+    per_replica_wait_probability: float  # Erlang C of one replica's slots at λ / replicas
+    per_replica_wait_ms: float  # its p-th percentile queue wait
+    replicas_queue_per_replica: int | None  # fewest (+1 spare) keeping that wait in budget
+    replicas_single_server: int | None  # ⌈λ / (ρ_max·μ)⌉ + 1: the single-server picture
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,6 +259,44 @@ def matching_utilization(mm1_utilization: float, service_cv: float) -> float:
     return x / (1 + x)
 
 
+def erlang_c(servers: int, offered: float) -> float:
+    """P(an arrival waits) in M/M/c with c servers and a = λ·S busy on average; 1 when a ≥ c.
+
+    Erlang B by its recursion B_k = a·B_{k−1} / (k + a·B_{k−1}) (no factorials, stable for
+    thousands of servers), then C = c·B / (c − a(1 − B)).
+    """
+    if offered >= servers:
+        return 1.0
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return servers * blocking / (servers - offered * (1 - blocking))
+
+
+def many_server_wait_ms(
+    servers: int,
+    arrival_rate_per_s: float,
+    hold_s: float,
+    service_cv: float = 1.0,
+    percentile: float = 99.0,
+) -> tuple[float, float]:
+    """(P(wait), p-th percentile wait in ms) of M/M/c, the wait scaled by (1 + C_v²)/2.
+
+    M/M/c: P(W > t) = C · exp(−(c/S − λ)·t), so the p-th percentile is ln(C / (1 − p/100))
+    / (c/S − λ), and 0 when no more than 1 − p/100 of arrivals wait. Allen–Cunneen's
+    (1 + C_v²)/2 carries the service-time variability over (an approximation; exact at 1).
+    """
+    offered = arrival_rate_per_s * hold_s
+    waiting = erlang_c(servers, offered)
+    if offered >= servers:
+        return waiting, math.inf
+    miss = 1 - percentile / 100
+    if waiting <= miss:
+        return waiting, 0.0
+    drain = servers / hold_s - arrival_rate_per_s
+    return waiting, pk_inflation(service_cv) * math.log(waiting / miss) / drain * 1000
+
+
 def hold_time_s(prefill_ms: float, output_tokens: float, decode_step_ms: float) -> float:
     """T_hold = t_prefill + N_out × t_decode: how long a request holds a batch slot, in s."""
     return (prefill_ms + output_tokens * decode_step_ms) / 1000
@@ -292,7 +347,7 @@ def make_plan(inputs: PlanInputs) -> Plan:
     rho, bound_by = _utilization(i, wait_budget, e2e_ms, service_ms)
     options = batch_options(i.decode_table, i.tpot_slo_ms)
     best = goodput_optimum(options)
-    fleet = _fleet(i, t_hold, drain)
+    fleet = _fleet(i, t_hold, _wait_budget(i, wait_budget, e2e_ms), rho * drain)
     return Plan(
         prefill_ms=prefill_ms,
         e2e_unqueued_ms=e2e_ms,
@@ -352,20 +407,62 @@ def _utilization(
     return (rho, "ttft") if rho <= rho_e2e else (rho_e2e, "e2e")
 
 
-def _fleet(i: PlanInputs, t_hold_s: float, drain: float) -> Fleet | None:
+def _wait_budget(i: PlanInputs, ttft_budget_ms: float, e2e_ms: float) -> float:
+    """The queue wait the SLOs leave: TTFT_slo − t_prefill, and E2E_slo − E2E when given."""
+    if i.e2e_slo_ms is None:
+        return ttft_budget_ms
+    return min(ttft_budget_ms, i.e2e_slo_ms - e2e_ms)
+
+
+def _fleet(
+    i: PlanInputs, t_hold_s: float, budget_ms: float, single_server_rate: float
+) -> Fleet | None:
     if i.arrival_rate_per_s is None:
         return None
-    offered, headroom = fleet_slots(i.arrival_rate_per_s, t_hold_s, i.beta)
-    needed = replicas_for(headroom, i.slots_per_replica)
+    lam, slots = i.arrival_rate_per_s, i.slots_per_replica
+    offered, headroom = fleet_slots(lam, t_hold_s, i.beta)
+    needed = replicas_for(headroom, slots)
+    pooled = many_server_wait_ms(needed * slots, lam, t_hold_s, i.service_cv, i.percentile)
+    apart = many_server_wait_ms(slots, lam / needed, t_hold_s, i.service_cv, i.percentile)
     return Fleet(
         offered_slots=offered,
         slots_exact=headroom,
         slots=math.ceil(round(headroom, 9)),
         replicas_without_spare=needed,
         replicas=needed + 1,
-        replicas_naive=replicas_for(offered, i.slots_per_replica),
-        replica_utilization=i.arrival_rate_per_s / (needed * drain),
+        replicas_naive=replicas_for(offered, slots),
+        slot_utilization=offered / (needed * slots),
+        wait_budget_ms=budget_ms,
+        pooled_wait_probability=pooled[0],
+        pooled_wait_ms=pooled[1],
+        per_replica_wait_probability=apart[0],
+        per_replica_wait_ms=apart[1],
+        replicas_queue_per_replica=_replicas_apart(i, t_hold_s, budget_ms, needed),
+        replicas_single_server=(
+            math.ceil(round(lam / single_server_rate, 9)) + 1 if single_server_rate > 0 else None
+        ),
     )
+
+
+def _replicas_apart(i: PlanInputs, t_hold_s: float, budget_ms: float, first: int) -> int | None:
+    """Fewest replicas, each queueing its own λ/R, whose p-th percentile wait fits the
+    budget, plus the spare (a bisection: the wait falls as R grows); None without a budget
+    or beyond 1,000× the pooled count."""
+    if budget_ms <= 0 or i.arrival_rate_per_s is None:
+        return None
+    lam, slots = i.arrival_rate_per_s, i.slots_per_replica
+
+    def fits(replicas: int) -> bool:
+        wait = many_server_wait_ms(slots, lam / replicas, t_hold_s, i.service_cv, i.percentile)
+        return wait[1] <= budget_ms
+
+    low, high = first - 1, 1000 * first  # fits(high), not fits(low) (or low below first)
+    if not fits(high):
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high + 1
 
 
 def _cost(i: PlanInputs, fleet: Fleet | None, best: BatchOption | None) -> Cost | None:

@@ -557,6 +557,13 @@ PLAN_BYTES = 750  # its plan, held all run (tracemalloc peak of plan_work: ~720 
 RECORD_BYTES = 8_000  # its record through the audit, before its tokens (measured 2-7 KB)
 TOKEN_BYTES = 220  # per output token: chunk times and ITL gaps in the frame, the audit and
 # the histograms (measured 170-210 B)
+# Per character of dataset prompt text (one-line 20 and 50 MB jsonl datasets of `lorem `
+# words; peak RSS by `/usr/bin/time -f %M loadgen check|run` less a 1 MB line's): the text
+# held all run (the file read, its parsed row, the plans' shared messages: `check` peaked at
+# 2.8 B per character), and what sending the largest prompt adds (its JSON body and the
+# send buffer: the run at 3.5 B per character).
+PROMPT_HELD_COPIES = 3  # × the kept rows' text, once per row however often it is sent
+PROMPT_SENT_COPIES = 2  # × the largest prompt: the request in flight
 TRACE_TOKENS = 256  # output tokens assumed per request of a trace too big to read first
 TRACE_READ_FIRST = 16 * MIB  # a trace up to this size is read to count its requests exactly
 
@@ -565,23 +572,34 @@ TRACE_READ_FIRST = 16 * MIB  # a trace up to this size is read to count its requ
 class MemoryEstimate:
     """The client memory a run of the plan needs at its peak (plans, records and their audit).
 
-    bytes = requests × (PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES × tokens), with `requests`
-    the expected count (an upper bound for a large trace: every row, times rate_scale) and
-    `tokens` their mean output length.
+    bytes = requests × (PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES × tokens)
+            + PROMPT_HELD_COPIES × dataset text + PROMPT_SENT_COPIES × its largest prompt,
+
+    with `requests` the expected count (an upper bound for a large trace: every row, times
+    rate_scale; the plan's own count once it is built), `tokens` their mean output length,
+    and the dataset text in characters of the rows kept (generated prompts are made at send
+    time, one request's at a time: not counted).
     """
 
     requests: int
     output_tokens: float  # mean per request
     bytes: int
+    prompt_chars: int = 0  # the datasets' kept text
 
     def text(self) -> str:
-        """`~1.2 GiB for 200,000 requests of ~100 output tokens`."""
+        """`~1.2 GiB for 200,000 requests of ~100 output tokens` (`and 50.0 MiB of dataset
+        prompts` when there are)."""
+        prompts = (f" and {size_text(self.prompt_chars)} of dataset prompts"
+                   if self.prompt_chars else "")  # fmt: skip
         return (f"~{size_text(self.bytes)} for {self.requests:,} requests of "
-                f"~{self.output_tokens:,.0f} output tokens")  # fmt: skip
+                f"~{self.output_tokens:,.0f} output tokens{prompts}")  # fmt: skip
 
 
-def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstimate:
-    """The estimate, from the spec alone (nothing is sampled; small traces are read)."""
+def estimate_memory(
+    spec: WorkloadSpec, seed: int | None = None, plans: Sequence[RequestPlan] | None = None
+) -> MemoryEstimate:
+    """The estimate, from the spec alone (nothing is sampled; small traces are read), or
+    from the built `plans` of it (their count and output lengths: what `check` prints)."""
     run_seed = spec.seed if seed is None else seed
     counts, tokens = [], []
     for cls in spec.classes.values():
@@ -590,9 +608,29 @@ def estimate_memory(spec: WorkloadSpec, seed: int | None = None) -> MemoryEstima
         tokens.append(count * mean_tokens)
     requests = sum(counts)
     mean = sum(tokens) / requests if requests else 0.0
+    if plans is not None:
+        requests = float(len(plans))
+        mean = sum(p.output_tokens for p in plans) / len(plans) if plans else 0.0
+    held, largest = _dataset_chars(spec)
     per_request = PLAN_BYTES + RECORD_BYTES + TOKEN_BYTES * mean
-    return MemoryEstimate(requests=round(requests), output_tokens=mean,
-                          bytes=round(requests * per_request))  # fmt: skip
+    total = requests * per_request + PROMPT_HELD_COPIES * held + PROMPT_SENT_COPIES * largest
+    return MemoryEstimate(requests=round(requests), output_tokens=mean, bytes=round(total),
+                          prompt_chars=held)  # fmt: skip
+
+
+def _dataset_chars(spec: WorkloadSpec) -> tuple[int, int]:
+    """Characters of every dataset's kept rows (each file once), and of the largest row."""
+    held, largest, seen = 0, 0, set()
+    for cls in spec.classes.values():
+        if cls.dataset is None or cls.dataset in seen:
+            continue
+        seen.add(cls.dataset)
+        data = load_dataset(cls.dataset, spec.target.tokenizer, cls.output_from_dataset)
+        for row in data.kept:
+            chars = len(row.system or "") + sum(len(q) + len(a or "") for q, a in row.turns)
+            held += chars
+            largest = max(largest, chars)
+    return held, largest
 
 
 def _expected_class(cls: ClassSpec, seed: int, tokenizer: str | None) -> tuple[float, float]:

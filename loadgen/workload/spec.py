@@ -1301,7 +1301,9 @@ def override(
     """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
     `--model` and `--force-output-tokens` applied.
 
-    `requests`/`duration_s` replace every class's count or duration. `rate` is either a
+    `requests` replaces every class's count; `duration_s` every open-loop class's duration
+    (a closed-loop batch, `concurrency`, keeps its `requests` documents: it has no arrivals
+    to last for a duration; a spec of batches only is refused). `rate` is either a
     multiplier (`2x`, `0.5x`) applied to every class's rate, or a total rate in req/s that
     every class is scaled to in proportion to its own rate. `api` replaces `target.api`
     (the request path then follows the new API unless `target.path` is set); `model` and
@@ -1315,6 +1317,13 @@ def override(
     if duration_s is not None and not 0 < duration_s <= MAX_SPAN_S:
         raise ConfigError("command line", "--duration", f"must be > 0 and <= {_num(MAX_SPAN_S)}"
                           f" s ({SPAN_WHY}) (got {duration_s:g})")  # fmt: skip
+    if duration_s is not None and all(c.concurrency is not None for c in spec.classes.values()):
+        batches = ", ".join(f"{name}: {c.requests} documents, {c.concurrency} in flight"
+                            for name, c in spec.classes.items())  # fmt: skip
+        raise ConfigError("command line", "--duration",
+                          f"every class of {spec.source} is a closed-loop batch ({batches}), "
+                          "which sends its documents, not arrivals for a duration",
+                          "give --requests N (documents per class) instead")  # fmt: skip
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {}
@@ -1322,7 +1331,7 @@ def override(
         count, duration = cls.requests, cls.duration_s
         if requests is not None:
             count, duration = requests, None
-        elif duration_s is not None:
+        elif duration_s is not None and cls.concurrency is None:
             count, duration = None, duration_s
         classes[name] = replace(
             cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration

@@ -63,6 +63,12 @@ def pct(value: float | None) -> str:
     return f"{value * 100:.1f}%" if value is not None else "—"
 
 
+def count(value: int | None) -> str:
+    """A count with thousands separators, as every table and line shows one ("—" when
+    missing): `5,680`, never `5680` beside `5,736`."""
+    return "—" if value is None else f"{value:,}"
+
+
 def num(value: float | None, unit: str = "") -> str:
     """A number as people read it: whole with thousands separators, else two decimals (none
     from 1,000 up), with its unit ("—" when missing)."""

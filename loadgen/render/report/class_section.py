@@ -17,6 +17,7 @@ from loadgen.render.report.blocks import (
     Heading,
     Para,
     Table,
+    count,
     met_word,
     num,
     pct,
@@ -43,16 +44,16 @@ Percentiles = LatencyStats | FailureRankedStats
 
 def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
     details = report.classes[name]
-    slo, goodput = cls.slo, cls.goodput
+    slo = cls.slo
     blocks: list[Block] = [
         Heading(2, f"Class {name}: {verdict_word(slo)}"),
         *_objective_tables(cls),
         _checks_table(slo),
         Para(
-            f"Attainment {pct(slo.attainment)} of {cls.requests} requests met every "
-            f"threshold of the class. Goodput {num(goodput.requests_per_s, ' req/s')}, "
-            f"{num(goodput.output_tokens_per_s, ' output tokens/s')}."
+            f"Attainment {pct(slo.attainment)} of {cls.requests:,} requests met every "
+            "threshold of the class."
         ),
+        *_throughput_tables(details, report.summary.duration_s),
         _outcomes_table(cls),
         _percentile_table(cls),
         _tokens_table(cls, details),
@@ -66,6 +67,25 @@ def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
     blocks.extend(Figure(f, report.captions.get(f, f)) for f in details.figures)
     windows = report.windows.filter(pl.col("class") == name)
     blocks.append(_windows_details(name, windows))
+    return blocks
+
+
+def _throughput_tables(details: ClassDetails, duration_s: float) -> list[Block]:
+    """Throughput and goodput in requests, output tokens and input tokens per second."""
+    t = details.throughput
+    if t is None:
+        return []
+    rows = [
+        (label, count(r.requests), num(r.requests_per_s), num(r.output_tokens_per_s),
+         num(r.input_tokens_per_s))
+        for label, r in (("completed (ok)", t.completed), ("goodput (met every SLO)", t.good))
+    ]  # fmt: skip
+    headers = ("", "requests", "requests/s", "output tokens/s", "input tokens/s")
+    title = f"Throughput (per second of the run's {duration_s:,.1f} s)"
+    blocks: list[Block] = [Table(title, headers, rows)]
+    if t.input_planned:
+        blocks.append(Para(f"Input tokens: planned counts for {t.input_planned:,} ok requests "
+                           "whose server reported no prompt tokens."))  # fmt: skip
     return blocks
 
 
@@ -96,7 +116,7 @@ def _batch_table(batch: BatchAudit) -> Table:
     deadline = batch.deadline_s
     return Table("Batch (judges this class; latency checks below are diagnostic)",
                  ("measure", "value"), [
-        ("documents ok", f"{batch.ok} / {batch.documents}"),
+        ("documents ok", f"{batch.ok:,} / {batch.documents:,}"),
         ("completion time", num(batch.completion_time_s, " s")),
         ("deadline", "none" if deadline is None else num(deadline, " s")),
         ("input tokens/s", num(batch.input_tokens_per_s)),
@@ -109,7 +129,7 @@ def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
     split, duration = trajectory.time_split_s, trajectory.duration_s
     summary = Table("Trajectories (judge this class; latency checks below are diagnostic)",
                     ("measure", "value"), [
-        ("trajectories ok", f"{trajectory.ok} / {trajectory.trajectories}"),
+        ("trajectories ok", f"{trajectory.ok:,} / {trajectory.trajectories:,}"),
         ("attainment / target", f"{pct(trajectory.attainment)} / "
                                 f"{pct(trajectory.target_attainment)}"),
         ("budget", num(trajectory.budget_s, " s")),
@@ -120,13 +140,13 @@ def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
     ])  # fmt: skip
     hops = Table("Per-hop duration (intended send → end, ok hops)",
                  ("hop", "p50", "p90", "p99", "n"), [
-        (hop, num(v.p50, " ms"), num(v.p90, " ms"), num(v.p99, " ms"), str(v.count))
+        (hop, num(v.p50, " ms"), num(v.p90, " ms"), num(v.p99, " ms"), f"{v.count:,}")
         for hop, v in trajectory.per_hop_ms.items()
     ])  # fmt: skip
     growth = Table("Per-hop context and TTFT (ok hops): prefill growth and cache effects",
                    ("hop", "requests", "context tokens mean / max", "server prompt tokens",
                     "TTFT p50", "TTFT p90"), [
-        (hop, str(h.requests), f"{num(h.prompt_tokens_mean)} / {num(h.prompt_tokens_max)}",
+        (hop, f"{h.requests:,}", f"{num(h.prompt_tokens_mean)} / {num(h.prompt_tokens_max)}",
          num(h.server_prompt_tokens_mean), num(h.ttft_ms.p50, " ms"), num(h.ttft_ms.p90, " ms"))
         for hop, h in trajectory.per_hop.items()
     ])  # fmt: skip
@@ -138,7 +158,7 @@ def _models_table(models: Mapping[str, ModelAudit]) -> Table:
     return Table("Per model (each model's requests against the class's targets)",
                  ("model", "requests", "failed", "TTFT p50 / p99", "TPOT p50 / p99",
                   "E2E p99", "attainment", "goodput", "targets"), [
-        (model, str(m.requests), str(m.failed),
+        (model, f"{m.requests:,}", f"{m.failed:,}",
          f"{num(m.ttft_ms.p50, ' ms')} / {num(m.ttft_ms.p99, ' ms')}",
          f"{num(m.tpot_ms.p50, ' ms')} / {num(m.tpot_ms.p99, ' ms')}",
          num(m.e2e_ms.p99, " ms"), pct(m.attainment), num(m.goodput.requests_per_s, " req/s"),
@@ -149,26 +169,35 @@ def _models_table(models: Mapping[str, ModelAudit]) -> Table:
 
 def _sessions_table(sessions: SessionsAudit) -> Table:
     return Table("Sessions", ("measure", "value"), [
-        ("sessions", str(sessions.sessions)),
-        ("with every turn ok", str(sessions.completed)),
-        ("turns", str(sessions.turns)),
+        ("sessions", f"{sessions.sessions:,}"),
+        ("with every turn ok", f"{sessions.completed:,}"),
+        ("turns", f"{sessions.turns:,}"),
     ])  # fmt: skip
 
 
+NOT_JUDGED = "not judged"  # a check of a run that stopped early: partial figures
+
+
 def _checks_table(slo: SloAudit) -> Table:
+    """One row per check; a run that stopped early (met is None) judges none of them, so
+    its rows say "not judged" (never a red FAIL under a banner saying nothing is judged)."""
     rows = []
     unit = table_unit(c.value_ms for c in slo.checks)
+    partial = slo.met is None
     for check in slo.checks:
         p, value = check.percentile, check.value_ms
         shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
+        if partial and shown == "fail":
+            shown = "on a failure"  # a figure, not a verdict: not toned red
+        result = NOT_JUDGED if partial else ("PASS" if check.passed else "FAIL")
         rows.append(
             (
                 check.metric.removesuffix("_ms").upper(),
                 f"p{p:g}" if p is not None else "—",
                 shown,
                 f"≤ {with_unit(check.target_ms, unit)}" if check.target_ms is not None else "—",
-                str(check.population),
-                "PASS" if check.passed else "FAIL",
+                f"{check.population:,}",
+                result,
                 check.note or "",
             )
         )
@@ -176,15 +205,15 @@ def _checks_table(slo: SloAudit) -> Table:
         rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
     headers = ("check", "percentile", "value", "target", "population", "result", "note")
     if slo.met is None:  # a run that stopped early: the checks' figures are partial
-        return Table("SLO checks on partial figures (failures ranked worst; judge nothing)",
-                     headers, rows)  # fmt: skip
+        return Table("SLO checks on partial figures (failures ranked worst; not judged: the "
+                     "run stopped early)", headers, rows)  # fmt: skip
     return Table("SLO checks (failures ranked worst)", headers, rows)
 
 
 def _outcomes_table(cls: ClassAudit) -> Table:
     total = cls.requests
     rows = [
-        (outcome, str(n), pct(n / total if total else None))
+        (outcome, f"{n:,}", pct(n / total if total else None))
         for outcome, n in cls.outcomes.items()
         if n or outcome == Outcome.OK.value
     ]
@@ -205,7 +234,7 @@ def _percentile_rows(cls: ClassAudit) -> list[tuple[str, Percentiles, float | No
         ("E2E, failures worst", cls.e2e_ms_with_failures, t.e2e_ms),
     ]
     if cls.reasoning_requests:  # reasoning streamed: the visible answer came later
-        label = f"TTFVT (first visible token; {cls.reasoning_requests} with reasoning)"
+        label = f"TTFVT (first visible token; {cls.reasoning_requests:,} with reasoning)"
         rows.insert(3, (label, cls.ttfvt_ms, None))
     return rows
 
@@ -220,7 +249,7 @@ def _percentile_table(cls: ClassAudit) -> Table:
         points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
         cells = [with_unit(v, unit) if v is not None else missing for v in points]
         target_text = f"≤ {with_unit(target, unit)} at p{p:g}" if target is not None else ""
-        rows.append((label, str(stats.count), *cells, target_text))
+        rows.append((label, f"{stats.count:,}", *cells, target_text))
     headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
     return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
 
@@ -243,8 +272,8 @@ def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
     for label, stats in [*measured, *client]:
         cells = [with_unit(v, unit) if v is not None else "—"
                  for v in (stats.p50, stats.p90, stats.p99, stats.max)]  # fmt: skip
-        rows.append((label, str(stats.count), *cells))
-    title = f"Server-reported timings ({server.requests} ok requests), beside the client's own"
+        rows.append((label, f"{stats.count:,}", *cells))
+    title = f"Server-reported timings ({server.requests:,} ok requests), beside the client's own"
     return Table(title, ("measure", "n", "p50", "p90", "p99", "max"), rows)
 
 
@@ -259,18 +288,18 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
         (
             "prompt tokens planned vs server-reported (mean)",
             f"{num(prompt.target_mean)} vs {num(prompt.reported_mean)} "
-            f"over {prompt.requests} requests with usage",
+            f"over {prompt.requests:,} requests with usage",
         ),
         ("prompt tokens mean relative difference", f"{diff:+.2%}" if diff is not None else "—"),
         ("tokens per chunk mean / max", f"{num(chunking.mean)} / {num(chunking.max)}"),
     ]
     ends = cls.stream_ends
     if ends.n_from:
-        sources = ", ".join(f"{n} {source}" for source, n in ends.n_from.items())
+        sources = ", ".join(f"{n:,} {source}" for source, n in ends.n_from.items())
         rows.append(("N from (requests with output)",
                      f"{sources}; {pct(ends.n_from_usage_share)} from usage"))  # fmt: skip
     if ends.finish_reasons:
-        reasons = ", ".join(f"{n} {reason}" for reason, n in ends.finish_reasons.items())
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in ends.finish_reasons.items())
         rows.append(("stop reasons (requests with output)", reasons))
     rows.append(("truncated / stopped early", f"{ends.truncated} / {ends.stopped_early}"))
     if chunking.mean is not None and chunking.mean > 1 and not ends.n_counted:
@@ -293,7 +322,7 @@ def _errors_table(errors: Sequence[ErrorCount]) -> Table:
         if len(message) > ERROR_TEXT_CHARS:
             message = message[:ERROR_TEXT_CHARS] + "…"
         status = str(e.http_status) if e.http_status is not None else "—"
-        rows.append((str(e.count), e.outcome, status, message))
+        rows.append((f"{e.count:,}", e.outcome, status, message))
     return Table("Top errors", ("count", "outcome", "HTTP", "message"), rows)
 
 
@@ -332,11 +361,11 @@ def _windows_table(windows: pl.DataFrame) -> Table:
         rows.append(
             (
                 f"{w['window_start_s']:g}–{w['window_end_s']:g} s",
-                str(w["requests"]),
+                count(w["requests"]),
                 _rate_cell(w),
-                str(w["in_flight"]),
-                str(w["ok"]),
-                str(w["failed"]),
+                count(w["in_flight"]),
+                count(w["ok"]),
+                count(w["failed"]),
                 pct(w["attainment"]),
                 *(with_unit(w[c], unit) for c in latency),
                 *(_server_cell(w, c) for c in server),

@@ -27,7 +27,7 @@ def document(report: RunReport) -> list[Block]:
     blocks: list[Block] = [Heading(1, f"loadgen report · {summary.run_id}")]
     blocks.extend(_banners(report))
     blocks.append(_run_table(report))
-    blocks.append(_generator_table(summary.generator))
+    blocks.append(_generator_table(summary.generator, report.late_sends))
     blocks.append(_classes_table(summary.classes))
     if summary.cost is not None:
         blocks.append(cost_table(summary.cost))
@@ -124,7 +124,8 @@ def _run_table(report: RunReport) -> Table:
         ("duration", f"{summary.duration_s:.1f} s (first intended send → last end)"),
         (
             "requests",
-            f"planned {generator.planned} · sent {generator.sent} · recorded {generator.recorded}",
+            f"planned {generator.planned:,} · sent {generator.sent:,} · "
+            f"recorded {generator.recorded:,}",
         ),
         ("seed", "?" if info.seed is None else str(info.seed)),
         ("max in flight", "open loop (no cap)" if cap is None else str(cap)),
@@ -148,24 +149,38 @@ def _utc(text: object) -> str:
         return "unknown"
 
 
-def _generator_table(generator: GeneratorHealth) -> Table:
+def _generator_table(generator: GeneratorHealth, late: tuple[int, int] | None = None) -> Table:
+    """The generator's health in words and its rates, one unit per row: the rate asked
+    (req/s, sessions/s, ...) on its own row, the request rates scheduled and achieved on
+    theirs. `late`: (sends later than the bound, scheduled sends), from the records."""
     lag, send = generator.lag_ms, generator.send_lag_ms
-    health = "FELL BEHIND" if generator.fell_behind else "OK"
     rows = [
-        ("health", f"{health} (late: over {generator.lag_bound_ms:g} ms; fails at > 1 %)"),
+        ("generator health", health_text(generator, late)),
         ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         *_reaction_rows(generator),
+        ("rate asked", f"{asked_text(generator) or '—'}{_asked_note(generator)}"),
         (
-            "rate asked / schedule / achieved",
-            f"{asked_text(generator) or '—'} / "
-            f"{num(generator.target_rate_per_s, ' req/s')} / "
-            f"{num(generator.achieved_rate_per_s, ' req/s')} (the schedule's rate is that of "
-            f"the sampled send times{_asked_note(generator)})",
+            "request rate scheduled",
+            f"{num(generator.target_rate_per_s, ' req/s')} (over the sampled send times)",
         ),
-        ("retries", str(generator.retries)),
+        ("request rate achieved", num(generator.achieved_rate_per_s, " req/s")),
+        ("retries", f"{generator.retries:,}"),
     ]
     return Table("Generator health", ("", ""), rows)
+
+
+def health_text(generator: GeneratorHealth, late: tuple[int, int] | None) -> str:
+    """`OK — 0.2 % of sends (1 of 500) later than 5 ms (fails above 1 %, and above one
+    send)`: `metrics.late_sends`'s rule in words; FELL BEHIND when it failed."""
+    word = "FELL BEHIND" if generator.fell_behind else "OK"
+    rule = f"later than {generator.lag_bound_ms:g} ms (fails above 1 %, and above one send)"
+    if generator.client_errors:
+        return f"FELL BEHIND — {generator.client_errors:,} requests failed in the client itself"
+    if late is None or late[1] == 0:
+        return f"{word} — judged on the share of sends {rule}"
+    share = late[0] / late[1] * 100
+    return f"{word} — {share:.1f} % of sends ({late[0]:,} of {late[1]:,}) {rule}"
 
 
 def _reaction_rows(generator: GeneratorHealth) -> list[tuple[str, str]]:
@@ -194,12 +209,12 @@ def _asked_note(generator: GeneratorHealth) -> str:
         why.append("a closed loop sends when a request ends")
     if "trace" in units:
         why.append("a trace's times are read from its file")
-    return "; no run-wide request rate was asked: " + ", ".join(why) if why else ""
+    return " (no run-wide request rate was asked: " + ", ".join(why) + ")" if why else ""
 
 
 def _classes_table(classes: Mapping[str, ClassAudit]) -> Table:
     rows = [
-        (name, str(cls.requests), str(cls.failed), pct(cls.slo.attainment),
+        (name, f"{cls.requests:,}", f"{cls.failed:,}", pct(cls.slo.attainment),
          num(cls.goodput.requests_per_s, " req/s"), verdict_word(cls.slo))
         for name, cls in classes.items()
     ]  # fmt: skip

@@ -27,7 +27,8 @@ figcaption{color:#555;font-size:.9em}details{margin:1em 0}summary{cursor:pointer
 .wide{overflow-x:auto}.wide td{white-space:nowrap}
 """
 WIDE_COLUMNS = 8  # a table this wide scrolls sideways rather than wrap "12.3 ms" in two
-_CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fail": "bad"}
+_CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fail": "bad",
+              "not judged": "warn"}  # fmt: skip
 
 
 def render_html(report: RunReport) -> str:

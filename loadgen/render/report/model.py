@@ -56,6 +56,27 @@ class ErrorCount:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Rates:
+    """Requests, output tokens and input (prompt) tokens per second of the run's duration."""
+
+    requests: int
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    input_tokens_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Throughput:
+    """A class's throughput (its ok requests) and goodput (those that met every SLO), over
+    the run's duration as goodput in summary.json is; input tokens are the server's reported
+    prompt tokens, the planned count where it reported none (`input_planned` such requests)."""
+
+    completed: Rates
+    good: Rates
+    input_planned: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClassDetails:
     """What a class's section shows beyond the summary, computed from its records.
 
@@ -72,6 +93,7 @@ class ClassDetails:
     chunks_by_tokens: Mapping[int, int]
     top_errors: Sequence[ErrorCount]
     figures: Sequence[str]
+    throughput: Throughput | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +112,7 @@ class RunReport:
     server_timeline: pl.DataFrame | None = None  # `analysis.server.server_timeline`, if scraped
     window_chosen: bool = False  # window_s was chosen by the run's length, not given
     schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
+    late_sends: tuple[int, int] | None = None  # `metrics.late_send_count`: (late, scheduled)
 
 
 def build_run_report(
@@ -152,7 +175,7 @@ def build_run_report(
             names.append(f"{slugs[name]}-{kind}")
             figures[names[-1]] = png
             captions[names[-1]] = caption
-        details[name] = _class_details(view, slugs[name], names)
+        details[name] = _class_details(view, slugs[name], names, summary.duration_s)
     if timeline is not None:
         caption, png = server_figure(
             windows, timeline, step_s=sliding_step_s or window_s, schedule_end_s=schedule_end_s,
@@ -172,6 +195,7 @@ def build_run_report(
         server_timeline=timeline,
         window_chosen=chosen,
         schedule_end_s=schedule_end_s,
+        late_sends=metrics.late_send_count(frame, summary.generator.lag_bound_ms),
     )
 
 
@@ -185,7 +209,9 @@ def _time_axis_end_s(windows: pl.DataFrame, timeline: pl.DataFrame | None) -> fl
     return max(ends) if ends else None
 
 
-def _class_details(view: ClassView, slug: str, figures: list[str]) -> ClassDetails:
+def _class_details(
+    view: ClassView, slug: str, figures: list[str], duration_s: float
+) -> ClassDetails:
     return ClassDetails(
         name=view.name,
         slug=slug,
@@ -193,7 +219,31 @@ def _class_details(view: ClassView, slug: str, figures: list[str]) -> ClassDetai
         chunks_by_tokens=chunks_by_tokens(view.frame),
         top_errors=_top_errors(view.frame),
         figures=tuple(figures),
+        throughput=throughput(view.frame, view.rows, duration_s),
     )
+
+
+def throughput(frame: pl.DataFrame, rows: pl.DataFrame, duration_s: float) -> Throughput:
+    """Per second of `duration_s`: ok requests and their output and input tokens, and the
+    same for those that met every SLO (`rows`: `slo.per_request` of `frame`, row by row)."""
+    both = pl.concat([rows.select("outcome", "output_tokens", "meets_slo"),
+                      frame.select("prompt_tokens", "prompt_tokens_target")],
+                     how="horizontal")  # fmt: skip
+    ok = both.filter(pl.col("outcome") == Outcome.OK.value)
+
+    def rates(part: pl.DataFrame) -> Rates:
+        if duration_s <= 0:
+            return Rates(requests=part.height, requests_per_s=None, output_tokens_per_s=None,
+                         input_tokens_per_s=None)  # fmt: skip
+        output = int(part.get_column("output_tokens").fill_null(0).sum())
+        prompt = part.select(pl.coalesce("prompt_tokens", "prompt_tokens_target").fill_null(0))
+        return Rates(requests=part.height, requests_per_s=part.height / duration_s,
+                     output_tokens_per_s=output / duration_s,
+                     input_tokens_per_s=int(prompt.to_series().sum()) / duration_s)  # fmt: skip
+
+    planned = int(ok.get_column("prompt_tokens").is_null().sum())
+    return Throughput(completed=rates(ok), good=rates(ok.filter(pl.col("meets_slo"))),
+                      input_planned=planned)  # fmt: skip
 
 
 def _prompt_token_stats(frame: pl.DataFrame) -> PromptTokens:

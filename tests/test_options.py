@@ -1,0 +1,252 @@
+"""The shared option set: `capacity` takes every `run` option that applies, defined once,
+each reaches every step; every option of `run`, `capacity` and `check` is in one help group."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from loadgen.cli.capacity import capacity
+from loadgen.cli.check import check
+from loadgen.cli.options import HELP_GROUPS, option_group
+from loadgen.cli.run import run
+from loadgen.testing.builders import workload_file
+
+# The `run` options `capacity` does not take, each with its reason. A new `run` option
+# lands in `capacity` (through loadgen.cli.options) or here, with a reason: never silently.
+RUN_ONLY = {
+    "requests": "each step's count is planned by the search (--min-tail, --min-lifetimes)",
+    "duration": "each step's length is planned by the search (--min-tail, --min-lifetimes)",
+    "rate": "the load is what the search steps (--param rate, --start, --max, --steps)",
+    "max_in_flight": "the cap is what --param max_in_flight steps",
+    "run_id": "the steps are named step-NN inside --out",
+    "shard_text": "a search is judged step by step on all of a step's records: not sharded",
+    "start_at_text": "goes with --shard",
+    "sim_trace": "capacity starts one simulator for every step; a trace is per run",
+    "junit_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
+    "markdown_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
+    "dry_run": "a step's plan depends on the lifetimes measured at the steps before it",
+}
+# Options both take with a meaning of their own (so not from the shared set).
+OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder"}
+
+
+def options(command: click.Command) -> dict[str, click.Option]:
+    return {p.name: p for p in command.params if isinstance(p, click.Option) and p.name}
+
+
+def test_capacity_takes_every_run_option_that_applies() -> None:
+    """run's options less capacity's are exactly RUN_ONLY: --model, --api, --header,
+    --server-metrics-url, --warm-connections, --lag-bound-ms ... are all on capacity."""
+    missing = set(options(run)) - set(options(capacity))
+    assert missing == set(RUN_ONLY), f"run options missing from capacity: {missing - set(RUN_ONLY)}"
+    for name in ("model", "api", "headers", "server_metrics_url", "warm_text",
+                 "force_output_tokens", "lag_bound_ms", "watchdog_s", "workers"):  # fmt: skip
+        assert name in options(capacity), name
+
+
+def test_the_shared_options_are_one_definition() -> None:
+    """Every option both commands take has the same flags, type, default and help."""
+    ours, theirs = options(run), options(capacity)
+    shared = (set(ours) & set(theirs)) - set(OWN_MEANING)
+    assert len(shared) >= 24  # run has 36 options, 11 its own, --out of each its own
+    for name in shared:
+        a, b = ours[name], theirs[name]
+        assert (a.opts, a.secondary_opts, a.default, a.help, a.multiple) == (
+            b.opts, b.secondary_opts, b.default, b.help, b.multiple,
+        ), name  # fmt: skip
+        assert type(a.type) is type(b.type)
+        assert a.type.to_info_dict() == b.type.to_info_dict()
+
+
+def test_check_takes_the_workload_options_of_run() -> None:
+    """check shares run's definitions of what changes the plan."""
+    for name in ("requests", "duration", "rate", "seed", "api", "model", "force_output_tokens",
+                 "max_memory_gb"):  # fmt: skip
+        assert options(check)[name].help == options(run)[name].help
+
+
+SECTION = re.compile(r"^(\S.*):$")
+
+
+def help_sections(command: click.Command) -> dict[str, str]:
+    """`--help`'s option sections: title -> body."""
+    text = CliRunner().invoke(command, ["--help"], terminal_width=100).output
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        match = SECTION.match(line)
+        if match:
+            current = match.group(1)
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {title: "\n".join(body) for title, body in sections.items()}
+
+
+@pytest.mark.parametrize("command", [run, capacity, check], ids=["run", "capacity", "check"])
+def test_every_option_is_listed_in_exactly_one_help_group(command: click.Command) -> None:
+    sections = help_sections(command)
+    titles = [t for t in sections if t.endswith(" options")]
+    assert titles
+    assert "Other options" not in sections, list(sections)
+    assert all(t.removesuffix(" options") in HELP_GROUPS for t in titles)
+    for param in command.params:
+        if not isinstance(param, click.Option):
+            continue
+        assert option_group(param) in HELP_GROUPS, param.name
+        flag = max(param.opts, key=len)
+        entry = re.compile(rf"^  (?:-\w, )?{re.escape(flag)}(?: |$)", re.M)  # an entry, not a help
+        where = [t for t in titles if entry.search(sections[t])]
+        assert len(where) == 1, (flag, where)
+        assert option_group(param) + " options" == where[0]
+
+
+def test_run_help_is_grouped_not_one_list() -> None:
+    """No section of run --help holds more than a dozen options (it was 37 in one)."""
+    sections = help_sections(run)
+    for title, body in sections.items():
+        if title.endswith(" options"):
+            flags = re.findall(r"^  (?:-\w, )?--[\w-]+", body, flags=re.M)
+            assert len(flags) <= 12, (title, len(flags))
+
+
+WORKLOAD = """\
+name: shared
+target: {api: openai-chat, model: from-the-file}
+classes:
+  chat:
+    arrival: {process: constant, rate_per_s: 16}
+    requests: 50
+    prompt_tokens: {dist: fixed, value: 16}
+    output_tokens: {dist: fixed, value: 20}
+    slo: {ttft_ms: 5000, percentile: 90}
+    deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
+sim: {speed: 4, max_batch: 8, decode_step_ms: 25, prefill_tokens_per_s: 1000000000}
+"""
+
+
+def test_every_shared_option_reaches_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step's RunOptions and spec carry what the command line said (the steps are
+    faked: the search stops after the first)."""
+    import loadgen.studies.capacity as studies
+
+    seen: list[tuple[Any, Any]] = []
+
+    def fake_run_one_against(url: str, *, options: Any, out: Path, live: Any) -> Any:
+        def run_one(spec: Any, cap: int | None, run_id: str) -> Any:
+            seen.append((spec, studies.replace(options, url=url, run_id=run_id)))
+            raise SystemExit(0)
+
+        return run_one
+
+    monkeypatch.setattr("loadgen.cli.capacity.run_one_against", fake_run_one_against)
+    monkeypatch.setenv("SHARED_TOKEN", "s3cret")
+    path = workload_file(tmp_path, WORKLOAD)
+    args = [str(path), "--url", "http://127.0.0.1:9", "--model", "m-x", "--api", "anthropic",
+            "--no-force-output-tokens", "--header", "Authorization: Bearer ${SHARED_TOKEN}",
+            "--server-metrics-url", "/metrics", "--server-metrics-header", "X-M: 1",
+            "--server-metrics-interval", "0.5", "--warm-connections", "3", "--workers", "2",
+            "--lag-bound-ms", "77", "--grace", "2", "--watchdog", "9", "--no-preflight",
+            "--preflight-timeout", "4", "--seed", "5", "--price-per-hour", "2", "--replicas",
+            "3", "-q", "--out", str(tmp_path / "out"), "--steps", "1x"]  # fmt: skip
+    result = CliRunner().invoke(capacity, args)
+    assert result.exit_code == 0, result.output
+    spec, opts = seen[0]
+    assert (spec.target.model, spec.target.api, spec.target.force_output_tokens) == (
+        "m-x", "anthropic", False)  # fmt: skip
+    assert opts.extra_headers == {"Authorization": "Bearer ${SHARED_TOKEN}"}
+    assert opts.server_metrics_url == "/metrics"
+    assert opts.server_metrics_headers == {"X-M": "1"}
+    assert opts.server_metrics_interval_s == 0.5
+    assert (opts.warm_connections, opts.workers, opts.lag_bound_ms) == (3, 2, 77.0)
+    assert (opts.grace_s, opts.watchdog_s, opts.preflight_timeout_s) == (2.0, 9.0, 4.0)
+    assert (opts.check_target, opts.seed, opts.quiet) == (False, 5, True)
+    assert (opts.price_per_hour, opts.replicas) == (2.0, 3)
+    assert opts.url == "http://127.0.0.1:9"
+
+
+@pytest.mark.slow
+def test_capacity_steps_on_the_simulator_run_with_the_shared_options(tmp_path: Path) -> None:
+    """Against the built-in simulator: every step's run.json has the --model and --api of
+    the command line (not the file's), the lag bound, and scraped /metrics."""
+    path = workload_file(tmp_path, WORKLOAD)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(capacity, [
+        str(path), "--out", str(out), "-q", "--model", "served-name", "--api",
+        "openai-completions", "--lag-bound-ms", "400", "--server-metrics-url", "/metrics",
+        "--server-metrics-interval", "0.2", "--warm-connections", "0", "--steps", "0.5x,1x",
+        "--min-tail", "5",
+    ])  # fmt: skip
+    assert result.exit_code in (0, 2), result.output
+    steps = sorted((out / "steps").iterdir())
+    assert len(steps) >= 2
+    for step in steps:
+        info = json.loads((step / "run.json").read_text())
+        assert info["target"]["model"] == "served-name"
+        assert info["target"]["api"] == "openai-completions"
+        assert info["target"]["url"].endswith("/v1/completions")
+        assert info["options"]["lag_bound_ms"] == 400
+        assert info["server_metrics"]["scrapes"] >= 1
+        assert (step / "server_metrics.parquet").exists()
+
+
+HEADER_WORKLOAD = WORKLOAD.replace(
+    "target: {api: openai-chat, model: from-the-file}",
+    "target: {api: openai-chat, model: m, headers: {X-File: '${%s}'}}",
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--dry-run", "--header", "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+        ["capacity", "--url", "http://127.0.0.1:9", "--steps", "1x", "--header",
+         "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+        ["run", "--dry-run", "--server-metrics-url", "/metrics", "--server-metrics-header",
+         "Authorization: Bearer ${LOADGEN_UNSET_KEY}"],
+    ],
+    ids=["run", "capacity", "metrics-header"],
+)  # fmt: skip
+def test_an_unset_variable_in_a_header_flag_names_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """A missing ${VAR} in --header is the flag's, not the workload file's."""
+    from loadgen.cli import cli
+
+    monkeypatch.delenv("LOADGEN_UNSET_KEY", raising=False)
+    monkeypatch.setenv("LOADGEN_SET", "v")
+    path = workload_file(tmp_path, HEADER_WORKLOAD % "LOADGEN_SET")
+    command, *rest = args
+    result = CliRunner().invoke(cli, [command, str(path), "--out", str(tmp_path / "o"), *rest])
+    assert result.exit_code == 1, result.output
+    flag = rest[-2]
+    assert result.stderr.startswith(
+        f"error: {flag} 'Authorization: Bearer ${{LOADGEN_UNSET_KEY}}': LOADGEN_UNSET_KEY is "
+        "not set (export LOADGEN_UNSET_KEY=..."
+    ), result.stderr
+    assert str(path) not in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_unset_variable_in_the_files_header_still_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loadgen.cli import cli
+
+    monkeypatch.delenv("LOADGEN_UNSET_KEY", raising=False)
+    path = workload_file(tmp_path, HEADER_WORKLOAD % "LOADGEN_UNSET_KEY")
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--header", "X-Other: 1"])
+    assert result.exit_code == 1, result.output
+    assert f"{path}: target.headers.X-File: ${{LOADGEN_UNSET_KEY}} is not set" in result.stderr
+    # ... unless the flag replaces that header: then the file's value is never read
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--header", "X-File: 1"])
+    assert result.exit_code == 0, result.output
