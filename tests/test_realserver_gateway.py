@@ -316,5 +316,7 @@ def test_gateway_sim_faults_are_breaches_never_ok(
     if fault == "error":  # the upstream's words, which LiteLLM wraps in its own message
         assert all("simulated failure mid-stream" in (r.error or "") for r in records), [
             r.error for r in records]  # fmt: skip
-    if fault in ("drop", "cut", "error"):
-        assert all(r.output_tokens == 8 for r in records)
+    if fault in ("cut", "error"):  # the upstream ended its body cleanly after 8 tokens
+        assert all(r.output_tokens == 8 for r in records), [r.output_tokens for r in records]
+    if fault == "drop":  # a FIN mid-body: LiteLLM may lose the last chunks it had buffered
+        assert all(1 <= r.output_tokens <= 8 for r in records), [r.output_tokens for r in records]
