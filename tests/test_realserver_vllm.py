@@ -197,7 +197,8 @@ def test_vllm_each_api_family_matches_vllms_counters(
     elsewhere the random model's EOS is 1 of 8192 tokens): every record ok, and vLLM's
     counters moved by exactly the records' prompt tokens, output tokens, stop reasons (in
     particular Responses at its length cap is `length`, which vLLM sends as
-    `response.completed` with status incomplete), prefix-cache queries and hits."""
+    `response.completed` with status incomplete), prefix-cache queries and hits; and each
+    record's server id is the one vLLM made from loadgen's X-Request-Id."""
     path = vllm_workload(tmp_path, api=api)
     before = scrape(vllm.url)
     result, records = run_engine(path, vllm.url, tmp_path / "reports")
@@ -209,6 +210,18 @@ def test_vllm_each_api_family_matches_vllms_counters(
         assert all(r.output_tokens == 12 and r.finish_reason == "length" for r in records)
     assert_counters_match(api, records, moved)
     assert result.summary.classes["c"].outcomes["ok"] == 6
+    # vLLM names each request after loadgen's X-Request-Id (chat, completions and Messages:
+    # `chatcmpl-<id>` / `cmpl-<id>`, as its log does), so a record can be found on the
+    # server: one run's UUID prefix, the planned request's number in the last 12 digits.
+    # Its Responses ids are its own (`resp_<16 hex>`).
+    ids = [r.server_request_id or "" for r in records]
+    if api == "openai-responses":
+        assert all(i.startswith("resp_") for i in ids), ids
+    else:
+        prefix = "cmpl-" if api == "openai-completions" else "chatcmpl-"
+        assert all(i.startswith(prefix) for i in ids), ids
+        assert [i[-12:] for i in ids] == [f"{r.request_id:012x}" for r in records]
+        assert len({i[:-12] for i in ids}) == 1, ids  # one run, one nonce
 
 
 def test_vllm_scraped_by_loadgen_is_recognised_and_adds_up(vllm: Server, tmp_path: Path) -> None:
