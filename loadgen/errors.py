@@ -1,8 +1,8 @@
 """The project's own exceptions: a bad input is an exception, a failed request is data.
 
 A `LoadgenError` carries a message that says what is wrong, where, and how to fix it;
-the CLI prints it and exits with its `exit_code` (1, or 3 for a `ClientFailure`), never
-with a traceback.
+the CLI prints it and exits with its `exit_code` (1, 3 for a `ClientFailure`, 6 for a
+`RunBusy`), never with a traceback.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class ClientFailure(LoadgenError):
     descriptors): the run is not a measurement of the server, exit 3."""
 
     exit_code = 3
+
+
+class RunBusy(LoadgenError):
+    """A run folder is being written by a live run (`report --recover` refuses it): exit 6."""
+
+    exit_code = 6
 
 
 TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})

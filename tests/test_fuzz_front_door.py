@@ -21,6 +21,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadgen.cli import cli
+from loadgen.engine.transport import encode_request, make_endpoint
 
 SMALL_PLANS = ("--max-memory-gb", "0.05")  # ~8,000 requests: valid plans stay cheap
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -230,7 +232,11 @@ OPTION_VALUES = st.one_of(
                      "100000000000", "0.5", "", " ", "../escape", "a/b", "..", "x" * 300,
                      "http://127.0.0.1:99999", "http://127.0.0.1:1", "ftp://x", "0/1", "1/1",
                      "3/2", "2026-11-29T12:00:00Z", "9999-12-31T23:59:59", "X:1", "X A:1",
-                     "X:a\r\nY: b", "X:${NO_SUCH_VAR_FD}", "\udcff", "r\udcff", "X:\udcff"]),
+                     "X:a\r\nY: b", "X:${NO_SUCH_VAR_FD}", "\udcff", "r\udcff", "X:\udcff",
+                     "http://256.1.1.1:8000", "http://127.0.0.1:0", "http://1.2.3:80",
+                     "http://[::g]:80", "http://a..b:80", "https://[::1]:443/v1",
+                     "http://u:p@127.0.0.1:8000/v1?k=1", "auto", "100000", "1000001",
+                     "Accept-Encoding: gzip", "X-Id:\u2028"]),
     # What argv can hold: no NUL, and of the surrogates only those surrogateescape makes of
     # bytes that are not UTF-8 ("\udcff" above).
     st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12),
@@ -240,7 +246,7 @@ CHECK_OPTIONS = ["--requests", "--duration", "--rate", "--seed", "--api", "--mod
 RUN_OPTIONS = [
     *CHECK_OPTIONS,
     "--url", "--out", "--run-id", "--max-in-flight", "--lag-bound-ms", "--grace", "--header",
-    "--watchdog", "--workers", "--shard", "--start-at",
+    "--watchdog", "--workers", "--shard", "--start-at", "--warm-connections",
 ]  # fmt: skip
 FLAGS = ["--force-output-tokens", "--no-force-output-tokens", "--schedule", "--no-preflight",
          "--sim-trace", "-q", "--bogus"]  # fmt: skip
@@ -326,6 +332,57 @@ def test_generated_argument_lists_exit_0_or_1(
 ) -> None:
     """Generated flags for `check` and `run --dry-run` are accepted or refused with exit 1."""
     check_arguments(folder, check_args, run_args)
+
+
+# A base URL that --dry-run calls valid is one a run can connect to: httpx (the preflight)
+# and the engine's own request writer both accept it. Hosts are drawn from the pieces that
+# broke it: numbers past 255, too few or many of them, empty labels, bad IPv6 literals.
+HOST_PIECES = st.sampled_from(
+    [
+        "127",
+        "0",
+        "1",
+        "255",
+        "256",
+        "999",
+        "01",
+        "a",
+        "-a",
+        "a-",
+        "x_y",
+        "",
+        "é",
+        "[::1]",
+        "[::g]",
+        "[1::2::3]",
+        "localhost",
+    ]
+)
+URLS = st.builds(
+    lambda scheme, labels, port, path: f"{scheme}://{'.'.join(labels)}{port}{path}",
+    st.sampled_from(["http", "https"]), st.lists(HOST_PIECES, min_size=1, max_size=5),
+    st.sampled_from(["", ":0", ":1", ":8000", ":65535", ":65536", ":-1", ":x"]),
+    st.sampled_from(["", "/", "/v1", "/v1?x=1"]),
+)  # fmt: skip
+
+
+@FAST
+@given(url=URLS)
+@example(url="http://256.1.1.1:8000")
+def test_a_url_dry_run_accepts_is_one_a_run_can_send_to(folder: Path, url: str) -> None:
+    """`--url` as `run --dry-run` judges it: accepted only if httpx and the engine's request
+    writer accept it too (256.1.1.1 passed the dry run and broke the run); else exit 1."""
+    path = write(folder, (Path(__file__).parent.parent / "workloads" / "chat.yaml").read_text())
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--url", url, "--out",
+                                      str(folder / "out"), *SMALL_PLANS])  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    assert "Traceback" not in result.output
+    if result.exit_code == 0:
+        httpx.URL(url)  # raises httpx.InvalidURL for what the preflight could not send
+        endpoint = make_endpoint(url, "/v1/chat/completions", {})
+        assert encode_request(endpoint, b"{}", {}).startswith(b"POST /")
+    else:
+        assert "--url" in result.output
 
 
 # -- the long run: the same properties, many more examples --------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ from loadgen.cli import cli
 from loadgen.engine import harness, transport
 from loadgen.engine.runner import Engine
 from loadgen.engine.transport import Pool, make_endpoint
-from loadgen.engine.warmup import AUTO_CAP, auto_count, warm_count
+from loadgen.engine.warmup import (
+    AUTO_CAP,
+    MAX_WARM,
+    auto_count,
+    peak_in_flight,
+    warm_capped_note,
+    warm_count,
+)
 from loadgen.results.records import RequestRecord, to_frame
 from loadgen.testing import (
     CLOSE,
@@ -219,6 +227,25 @@ def test_auto_warm_count_is_what_can_be_in_flight_in_the_first_second(
     assert auto_count(Work(singles=PlanFactory().at(*singles_s), flows=flows)) == expected
 
 
+def test_warm_count_never_passes_the_plans_peak_concurrency() -> None:
+    """Peak concurrency: every single, a batch's concurrency (at most its documents), a
+    session's 1, an agent fan-out's branches; the flag is capped by it and by MAX_WARM."""
+    factory = PlanFactory()
+    batch = Flow(kind="batch", class_name="d", session_id=100, start_ns=0,
+                 plans=tuple(factory.at(0.0, 0.0, 0.0)), concurrency=8)  # fmt: skip
+    fan = tuple(replace(p, turn=t) for p, t in zip(factory.at(0.0, 0.0, 0.0, 0.0), [0, 1, 1, 1],
+                                                   strict=True))  # fmt: skip
+    agent = Flow(kind="trajectory", class_name="a", session_id=200, start_ns=0, plans=fan)
+    work = Work(singles=factory.at(0.0, 5.0), flows=[batch, agent])
+    assert peak_in_flight(work) == 2 + 3 + 3
+    assert warm_count(work, 100_000, None) == 8
+    assert warm_count(work, 100_000, None, max_in_flight=5) == 5
+    assert "capped at 5 (--max-in-flight)" in (warm_capped_note(work, 9, None, 5) or "")
+    assert warm_capped_note(work, 8, None) is None
+    many = Work(singles=factory.at(*[0.0] * (MAX_WARM + 1)))
+    assert warm_count(many, 10**6, None) == MAX_WARM
+
+
 def test_warm_count_caps_auto_and_leaves_file_descriptor_headroom() -> None:
     """auto stops at AUTO_CAP; no count takes the last 64 descriptors; 0 is a cold start."""
     work = Work(singles=PlanFactory().at(*[0.0] * (AUTO_CAP + 10)))
@@ -336,13 +363,18 @@ def test_warming_gives_up_on_connects_that_do_not_complete(monkeypatch: pytest.M
 
 @pytest.mark.parametrize(
     ("flag", "expected"),
-    [([], "2 opened before t0 (auto)"), (["--warm-connections", "7"], "7 opened")],
-)
+    [
+        ([], "2 opened before t0 (auto)"),
+        (["--warm-connections", "1"], "1 opened before t0 (--warm-connections)"),
+        (["--warm-connections", "7"], "2 opened before t0 (--warm-connections 7: capped at 2 "
+         "(the plan's peak concurrency: the most requests it can have in flight at once)"),
+    ],
+)  # fmt: skip
 def test_dry_run_says_how_many_connections_it_would_warm(
     flag: list[str], expected: str, tmp_path: Path
 ) -> None:
     """The dry run names the warm count: auto from the plan (2 requests in the first
-    second), or the flag's."""
+    second), or the flag's, capped by the plan's peak concurrency (2 requests: 2)."""
     workload = workload_file(tmp_path, chat_workload("warm", requests=2, rate_per_s=50))
     result = CliRunner().invoke(cli, ["run", str(workload), "--dry-run", *flag])
     assert result.exit_code == 0, result.output

@@ -7,8 +7,8 @@ are in `loadgen.cli.options`.
 
 Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
 3 the generator fell behind or the client failed (its numbers are not the server's);
-4 stopped by the watchdog; 5 incomplete (killed, then recovered); 130 interrupted.
-4, 5 and 130 are no verdict.
+4 stopped by the watchdog; 5 incomplete (killed, then recovered); 6 the run is still
+running (report refuses it); 130 interrupted. 4, 5, 6 and 130 are no verdict.
 """
 
 from __future__ import annotations

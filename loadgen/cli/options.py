@@ -15,6 +15,7 @@ from rich.console import Console
 
 from loadgen.adapters import APIS
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.printable import printable
 from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
@@ -42,6 +43,7 @@ Exit codes:
        descriptors or permission mid-run): its numbers are not the server's
   4    the watchdog stopped a run where nothing progressed; records are written
   5    incomplete: a run killed outright, finished by report --recover (no verdict)
+  6    the run is still running: report (and report --recover) refuse it; --wait waits
   130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
        verdict: the figures are partial)"""
 
@@ -55,7 +57,8 @@ def clean_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except LoadgenError as exc:
-            click.echo(f"error: {exc}", err=True)
+            lines = str(exc).split("\n")  # loadgen's own line breaks; nothing else breaks one
+            click.echo("error: " + "\n".join(map(printable, lines)), err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature
@@ -331,9 +334,18 @@ def check_memory_line(spec: Any, seed: int | None, max_memory_gb: float | None) 
     return f"client memory: {estimate.text()} (cap {size_text(cap)}: {source})"
 
 
+class _PipedConsole(Console):
+    """rich's console, but a reader that stopped reading (`| head -1`) is the quiet exit 0
+    of `cli.exits`, not rich's own exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def output_console() -> Console:
     """stdout for tables: the terminal's width, or 120 columns when piped to a file or CI log."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    return _PipedConsole(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, str]:

@@ -11,12 +11,13 @@ import click
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, RunBusy
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
 from loadgen.render.terminal import recovery_line, render_summary
 from loadgen.results import codec
+from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
 from loadgen.results.recover import recover
 from loadgen.results.runfolder import read_run_info
 from loadgen.results.store import discover_runs, select_runs
@@ -80,7 +81,13 @@ from loadgen.results.store import discover_runs, select_runs
     is_flag=True,
     help="One run that was killed: join its record parts and give every planned request a "
     "record (cancelled if it was due, not_sent if not), mark it incomplete (exit 5), write "
-    "its summary.json, then report.",
+    "its summary.json, then report. Refused (exit 6) while the run is still running.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="One run that is still running: wait until it ends (or dies), then report "
+    "(and recover, with --recover) instead of refusing it (exit 6).",
 )
 @clean_errors
 def report(
@@ -95,6 +102,7 @@ def report(
     out_dir: Path | None,
     fmt: str,
     recover: bool,
+    wait: bool,
 ) -> None:
     """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
 
@@ -114,6 +122,7 @@ def report(
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
     """
     if (path / "run.json").exists():
+        _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
         if recover:
             _recover(path)
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
@@ -124,14 +133,27 @@ def report(
         )  # fmt: skip
 
 
+def _refuse_live(run_dir: Path, *, wait: bool, doing: str) -> None:
+    """A run folder a live run is writing: wait for it (`--wait`), or refuse it (exit 6)."""
+    why = live_writer(run_dir)
+    if why is None:
+        return
+    if not wait:
+        raise RunBusy(busy_message(run_dir, why, doing))
+    click.echo(f"waiting: {run_dir} is running ({why}); {doing} it once it ends", err=True)
+    wait_until_idle(run_dir)
+
+
 def _recover(run_dir: Path) -> None:
     """Give a killed run one record per plan, then write its summary and histograms."""
 
-    done = recover(run_dir)
-    if done.nothing_to_do:
-        click.echo(f"nothing to recover: {run_dir} already has its records.parquet", err=True)
-        return
-    write_audit(run_dir)
+    with run_lock(run_dir, doing="recover"):  # a run that started writing since: refused
+        done = recover(run_dir)
+        if done.nothing_to_do:
+            click.echo(f"nothing to recover: {run_dir} already has its records.parquet",
+                       err=True)  # fmt: skip
+            return
+        write_audit(run_dir)
     click.echo(recovery_line(run_dir, done), err=True)
 
 

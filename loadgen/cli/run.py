@@ -33,7 +33,7 @@ from loadgen.cli.options import (
     url_option,
     workload_options,
 )
-from loadgen.engine.warmup import warm_count
+from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
@@ -254,9 +254,11 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
-    warm = warm_count(work, options.warm_connections, None)
+    warm = warm_count(work, options.warm_connections, None, options.max_in_flight)
     how = "auto" if options.warm_connections is None else "--warm-connections"
-    console.print(f"warm connections: {warm:,} opened before t0 ({how})")
+    capped = warm_capped_note(work, options.warm_connections, None, options.max_in_flight)
+    console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})",
+                  soft_wrap=True)  # fmt: skip
     target = url or "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from loadgen.printable import printable
+
 LOGGER = logging.getLogger("loadgen")
 RUN_LOG = "loadgen.log"
 LEVELS = {0: logging.WARNING, 1: logging.INFO}  # 2 or more: DEBUG
@@ -29,6 +31,9 @@ class RedactingFormatter(logging.Formatter):
     """Formats a record, then hides every known secret in the finished text."""
 
     def format(self, record: logging.LogRecord) -> str:
+        # The message may quote a server (headers, an error): one line, nothing escaped
+        # left to draw. A traceback (exc_info) keeps its own lines.
+        record.msg, record.args = printable(record.getMessage()), None
         text = super().format(record)
         for redact in _redactors:
             text = redact(text)

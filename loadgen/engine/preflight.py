@@ -16,7 +16,13 @@ sending heartbeats forever would hold it for ever). The failure says what it was
 waiting for. Memory is bounded as in the engine: headers by httpx (100 KiB), an error
 body read to `MAX_ERROR_BODY`, a stream event to `max_event_bytes`. Server text in a
 message (an error body, an error event, a bad payload) is quoted through the run's
-`Redactor`: redacted first, then cut.
+`Redactor`: redacted first, then cut, then shown printable.
+
+Its header lines are the engine's (`transport.request_headers`), byte for byte: httpx's own
+defaults (`Accept-Encoding`, `Connection`) are dropped. Wrong turns are named: a TLS
+handshake that fails or hangs (a plain-HTTP server behind `https://`), a redirect (not
+followed), a compressed stream, and an answer h11 cannot parse, which is sent once more on
+a raw socket to see its first bytes (an HTTP/2-only server's SETTINGS frame).
 """
 
 from __future__ import annotations
@@ -32,10 +38,17 @@ import orjson
 
 from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
-from loadgen.engine.request_ids import merged
 from loadgen.engine.runner import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
 from loadgen.engine.secrets import Redactor
-from loadgen.engine.transport import Endpoint
+from loadgen.engine.transport import (
+    HTTP2_ANSWER,
+    Endpoint,
+    compression_note,
+    encode_request,
+    http2_frame,
+    probe_first_bytes,
+    request_headers,
+)
 from loadgen.errors import TargetError
 from loadgen.workload.spec import WorkloadSpec
 
@@ -108,6 +121,11 @@ def preflight(
             _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
         ) from None
     except httpx.ConnectError as exc:
+        if progress.stage == "tls":
+            raise TargetError(
+                f"the TLS handshake with {endpoint.origin} failed ({_reason(exc, redactor)}): "
+                f"{_plain_http_hint(endpoint)}"
+            ) from None
         raise TargetError(
             f"cannot connect to {endpoint.origin}: {_reason(exc, redactor)} "
             "(is the server running and listening there? check --url)"
@@ -117,10 +135,20 @@ def preflight(
         raise TargetError(
             _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
         ) from None
+    except httpx.InvalidURL as exc:  # url_problem refuses these first: a backstop
+        raise TargetError(
+            f"{shown}: not a URL that can be connected to: {exc} (check --url)"
+        ) from None
     except httpx.HTTPError as exc:
         reason = _reason(exc, redactor)
         if progress.stage == "headers" and "Receive buffer too long" in reason:  # h11's words
             reason = "response headers over the preflight's 100 KiB cap"
+        elif isinstance(exc, httpx.RemoteProtocolError) and progress.stage == "headers":
+            first = probe_first_bytes(endpoint, check.request_bytes, timeout_s=min(timeout_s, 5))
+            if http2_frame(first):
+                raise TargetError(f"{shown}: {HTTP2_ANSWER}") from None
+            if first:
+                reason += f"; its answer began {redactor.quote(first, 60)!r}"
         raise TargetError(f"{shown}: {reason}") from None
 
 
@@ -132,6 +160,11 @@ def _deadline_message(
     deadline = f"the preflight's {deadline_s:g} s deadline ({why})"
     if progress.stage == "connect":
         return f"{endpoint.origin} did not accept a connection within {deadline}"
+    if progress.stage == "tls":
+        return (
+            f"{endpoint.origin} accepted the connection but the TLS handshake did not "
+            f"complete within {deadline}: {_plain_http_hint(endpoint)}"
+        )
     if progress.stage == "headers":
         return (
             f"{shown} accepted the connection but sent no response headers within {deadline} "
@@ -167,6 +200,7 @@ class _Check:
         self.extra_headers: Mapping[str, str] = {}
         self.extra_fields: Mapping[str, object] = {}
         self.sent = ""  # what was sent, for a refusal's message
+        self.request_bytes = b""  # the request as the engine would write it
 
     async def run(self, timeout_s: float) -> None:
         endpoint, adapter, options = self.endpoint, self.adapter, self.options
@@ -176,18 +210,23 @@ class _Check:
         optional = [
             f for f in (*FORCE_FIELDS, "stream_options", *(options.extra_body or {})) if f in fields
         ]
-        # The engine's request headers (transport.encode_request), the same names and order.
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-                   "User-Agent": "loadgen"}  # fmt: skip
-        headers = merged(merged(headers, endpoint.headers), self.extra_headers)
-        self.sent = _sent_note(headers, fields, self.redactor)
+        body = orjson.dumps(fields)
+        # The engine's request headers, byte for byte (transport.request_headers): the
+        # user's names replace loadgen's, as the engine's `_headers` does.
+        user = {k.lower() for k in endpoint.headers}
+        extra = {k: v for k, v in self.extra_headers.items() if k.lower() not in user}
+        headers = request_headers(endpoint, len(body), extra)
+        shown = {k: v for k, v in headers if k not in ("Host", "Content-Length")}
+        self.sent = _sent_note(shown, fields, self.redactor)
+        self.request_bytes = encode_request(endpoint, body, extra)  # for a probe, if needed
         url = endpoint.origin + endpoint.target
         with anyio.fail_after(timeout_s):
             # Plain http needs no TLS context (httpx builds one eagerly: ~16 ms).
             verify = endpoint.scheme == "https"
             async with httpx.AsyncClient(timeout=timeout_s, verify=verify) as client:
+                client.headers.clear()  # no Accept-Encoding, Connection: what the engine sends
                 request = client.build_request(
-                    "POST", url, content=orjson.dumps(fields), headers=headers,
+                    "POST", url, content=body, headers=headers,
                     extensions={"trace": self._trace},
                 )  # fmt: skip
                 response = await client.send(request, stream=True)
@@ -197,8 +236,11 @@ class _Check:
                     await response.aclose()
 
     async def _trace(self, name: str, info: object) -> None:
-        """httpcore's progress events: once connected, the wait is for the headers."""
+        """httpcore's progress events: once connected (and through TLS, for https), the
+        wait is for the headers."""
         if name == "connection.connect_tcp.complete":
+            self.progress.stage = "tls" if self.endpoint.scheme == "https" else "headers"
+        elif name == "connection.start_tls.complete":
             self.progress.stage = "headers"
 
     async def _answer(self, response: httpx.Response, optional: Collection[str]) -> None:
@@ -213,6 +255,19 @@ class _Check:
             if 400 <= response.status_code < 500:
                 message += f"; {self._id_hint(detail)}{self.sent}"
             raise TargetError(message)
+        if 300 <= response.status_code < 400:
+            location = self.redactor.quote(response.headers.get("location", ""), QUOTE_CHARS)
+            raise TargetError(
+                f"{self.shown} answered HTTP {response.status_code}, a redirect to "
+                f"{location or '(no Location header)'}: loadgen does not follow redirects (each "
+                "request's latency would include the hop); use the final URL in --url"
+            )
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise TargetError(
+                f"{self.shown} answered with a compressed stream (Content-Encoding: "
+                f"{self.redactor.quote(encoding, 40)}) {compression_note(self.endpoint)}"
+            )
         await self._check_stream(response)
 
     def _id_hint(self, detail: str) -> str:
@@ -270,6 +325,11 @@ class _Check:
             f"(content-type {progress.content_type or 'none'!r}; does it support "
             "stream: true? check target.api and target.path)"
         )
+
+
+def _plain_http_hint(endpoint: Endpoint) -> str:
+    plain = f"http://{endpoint.origin.split('://', 1)[1]}"
+    return f"does the server speak plain HTTP there? try --url {plain}"
 
 
 def _status_message(

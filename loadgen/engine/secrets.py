@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from loadgen.printable import printable
 from loadgen.workload.spec import CREDENTIAL_NAMES
 
 REDACTED = "<redacted>"
@@ -62,7 +63,9 @@ class Redactor:
 
     def quote(self, text: str | bytes, limit: int) -> str:
         """Server-supplied `text` as a message may show it: at most `limit` characters,
-        redacted before it is cut (bytes are decoded as UTF-8, bad bytes as `\\xNN`).
+        redacted before it is cut (bytes are decoded as UTF-8, bad bytes as `\\xNN`), and
+        then every control character shown escaped (`loadgen.printable`: CR/LF, ESC and
+        the like can start no line and draw nothing).
 
         Only the first `limit` + (longest secret) characters can hold a secret that
         reaches the shown part, so the rest is never decoded or scanned: the cost does not
@@ -74,7 +77,7 @@ class Redactor:
         text = text[:window]
         if self._pattern is not None:
             text = self._pattern.sub(REDACTED, text)
-        return self._runs(text[:limit])
+        return printable(self._runs(text[:limit]))
 
     def _runs(self, text: str) -> str:
         """Replace every run of RUN_CHARS+ characters whose every window is a secret's."""

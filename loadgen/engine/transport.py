@@ -158,21 +158,73 @@ def make_endpoint(url: str, path: str, headers: Mapping[str, str]) -> Endpoint:
     )
 
 
+def request_headers(
+    endpoint: Endpoint, body_bytes: int, extra: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """The headers of every POST loadgen sends, in order: the engine's requests and the
+    preflight's are the same bytes (no Accept-Encoding: streams are read as sent)."""
+    default_port = 443 if endpoint.scheme == "https" else 80
+    host = endpoint.host if ":" not in endpoint.host else f"[{endpoint.host}]"
+    if endpoint.port != default_port:
+        host = f"{host}:{endpoint.port}"
+    headers = [
+        ("Host", host),
+        ("Content-Type", "application/json"),
+        ("Accept", "text/event-stream"),
+        ("Content-Length", str(body_bytes)),
+        ("User-Agent", "loadgen"),
+    ]
+    headers.extend(endpoint.headers.items())
+    headers.extend(extra.items())
+    return headers
+
+
 def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) -> bytes:
     """A POST request with a JSON body, as bytes."""
-    default_port = 443 if endpoint.scheme == "https" else 80
-    host = endpoint.host if endpoint.port == default_port else f"{endpoint.host}:{endpoint.port}"
-    lines = [
-        f"POST {endpoint.target} HTTP/1.1",
-        f"Host: {host}",
-        "Content-Type: application/json",
-        "Accept: text/event-stream",
-        f"Content-Length: {len(body)}",
-        "User-Agent: loadgen",
-    ]
-    lines.extend(f"{k}: {v}" for k, v in endpoint.headers.items())
-    lines.extend(f"{k}: {v}" for k, v in extra.items())
+    lines = [f"POST {endpoint.target} HTTP/1.1"]
+    lines.extend(f"{k}: {v}" for k, v in request_headers(endpoint, len(body), extra))
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+HTTP2_ANSWER = (
+    "the server answered in HTTP/2 (prior knowledge: a binary SETTINGS frame where an "
+    "HTTP/1.1 status line belongs); loadgen speaks HTTP/1.1: point --url at the server's "
+    "HTTP/1.1 listener (turn off its HTTP/2-only mode) or at a proxy that speaks HTTP/1.1"
+)
+
+
+def http2_frame(data: bytes) -> bool:
+    """Does `data` open with an HTTP/2 SETTINGS or GOAWAY frame on stream 0 (what a server
+    that speaks only HTTP/2 answers an HTTP/1.1 request with)?"""
+    return len(data) >= 9 and data[3] in (0x04, 0x07) and data[5:9] == b"\x00\x00\x00\x00"
+
+
+def compression_note(endpoint: Endpoint) -> str:
+    """Why a compressed stream is refused, and what to change: loadgen times bytes as they
+    arrive, so it reads streams as sent; it asks for no compression unless told to."""
+    asked = any(k.lower() == "accept-encoding" for k in endpoint.headers)
+    if asked:
+        return ("because --header or target.headers asked for it (Accept-Encoding): "
+                "loadgen reads streams uncompressed; remove that header")  # fmt: skip
+    return ("although the request asked for none (no Accept-Encoding): loadgen reads "
+            "streams uncompressed; turn compression off for this route (e.g. a proxy's gzip "
+            "for text/event-stream)")  # fmt: skip
+
+
+def probe_first_bytes(endpoint: Endpoint, request: bytes, *, timeout_s: float) -> bytes:
+    """The first bytes the server answers `request` with on a new connection (b"" when it
+    sends none in time, or the connection fails): what an unparseable answer was."""
+    try:
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as raw:
+            sock = raw
+            if endpoint.scheme == "https":
+                context = ssl.create_default_context()
+                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+                sock = context.wrap_socket(raw, server_hostname=endpoint.host)
+            sock.sendall(request)
+            return sock.recv(64)
+    except (OSError, ValueError):
+        return b""
 
 
 SO_TIMESTAMPNS = 35  # Linux: SCM_TIMESTAMPNS ancillary data (struct timespec, CLOCK_REALTIME)
@@ -296,6 +348,9 @@ class Connection(asyncio.Protocol):
         Interim (1xx) responses are skipped in a loop: a server may send any number.
         """
         self._head += data
+        if self._head[:1] == b"\x00" and http2_frame(self._head):
+            self._fail(sink, HTTP2_ANSWER, t_ns)
+            return b""
         while True:
             end = self._head.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
             if end < 0:
@@ -322,6 +377,11 @@ class Connection(asyncio.Protocol):
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
+        encoding = headers.get("content-encoding", "identity").lower()
+        if status < 300 and encoding not in ("", "identity"):  # a stream, not an error body
+            note = compression_note(self.pool.endpoint)
+            self._fail(sink, f"a compressed stream (Content-Encoding: {encoding:.40}) {note}", t_ns)
+            return b""
         self._in_body = True
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadgen.analysis.compare import CheckResult, Comparison, Verdict
+from loadgen.printable import printable
 from loadgen.render.compare_view import (
     HEADERS,
     format_change,
@@ -66,17 +67,24 @@ def _suite_element(suite: Suite) -> ET.Element:
     if suite.properties:
         properties = ET.SubElement(element, "properties")
         for key, value in suite.properties.items():
-            ET.SubElement(properties, "property", name=key, value=value)
+            ET.SubElement(properties, "property", name=key, value=printable(value))
     for case in suite.cases:
         item = ET.SubElement(element, "testcase", name=case.name, classname=suite.name, time="0")
         if case.failure is not None:
             message, kind, detail = case.failure
-            ET.SubElement(item, "failure", message=message, type=kind).text = detail
+            failure = ET.SubElement(item, "failure", message=printable(message), type=kind)
+            failure.text = _lines(detail)
         elif case.skipped is not None:
-            ET.SubElement(item, "skipped", message=case.skipped)
+            ET.SubElement(item, "skipped", message=printable(case.skipped))
         if case.output is not None:
-            ET.SubElement(item, "system-out").text = case.output
+            ET.SubElement(item, "system-out").text = _lines(case.output)
     return element
+
+
+def _lines(text: str) -> str:
+    """Text of loadgen's own lines, each shown printable (`loadgen.printable`): XML 1.0
+    cannot hold most control characters, and a server's cannot break a line."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def render_junit(comparison: Comparison) -> str:

@@ -22,7 +22,7 @@ from loadgen.engine.harness import run_beside, run_engine
 from loadgen.engine.host import open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.transport import Endpoint, Pool
-from loadgen.engine.warmup import warm_count
+from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
 from loadgen.results.records import RecordWriter, RequestRecord
 from loadgen.results.runfolder import EXIT_INTERRUPTED
@@ -106,7 +106,11 @@ async def warm_up(
     engine: Engine, options: RunOptions, state: dict[str, Any], quiet: bool, log: TextIO
 ) -> None:
     """Open the run's first connections before t0 (`engine.warmup`); say so when some failed."""
-    count = warm_count(engine.work, options.warm_connections, open_files_limit())
+    files, in_flight = open_files_limit(), options.max_in_flight
+    count = warm_count(engine.work, options.warm_connections, files, in_flight)
+    note = warm_capped_note(engine.work, options.warm_connections, files, in_flight)
+    if note is not None and not quiet:
+        print(f"warm connections: {note}", file=log)
     report = await engine.connector.warm(count)
     state["connections"] = {
         "warm_requested": report.requested,

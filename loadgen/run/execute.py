@@ -42,6 +42,7 @@ from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json, to_json
+from loadgen.results.liveness import run_lock
 from loadgen.results.records import PARTS_DIR, RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
@@ -159,7 +160,11 @@ def _execute(
     """`execute` once its run folder exists (`chosen`: the worker count and why)."""
     workers, why = chosen
     trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
-    with run_log(run_dir, redactor.redact), target_url(url, spec, trace_file=trace) as target:
+    with (
+        run_lock(run_dir, doing="write into"),  # one writer: `report --recover` refuses it
+        run_log(run_dir, redactor.redact),
+        target_url(url, spec, trace_file=trace) as target,
+    ):
         base_url, sim_args = target
         if sim_args is not None and not options.quiet:
             print(

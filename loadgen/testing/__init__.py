@@ -75,6 +75,7 @@ class ReceivedRequest:
     connection: int  # which accepted connection carried it (0, 1, ...)
     received_ns: int
     header_names: list[str] = field(default_factory=list)  # lower-case, as sent, repeats kept
+    head: bytes = b""  # the request line and headers as they came on the wire
 
 
 Handler = Callable[[ReceivedRequest], Iterable[Step]]  # a generator may play for ever
@@ -260,7 +261,7 @@ class ScriptedServer:
                 names.append(name.strip().lower())
         body_bytes = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(body_bytes) if body_bytes else None
-        return ReceivedRequest(method, path, headers, body, index, perf_counter_ns(), names)
+        return ReceivedRequest(method, path, headers, body, index, perf_counter_ns(), names, raw)
 
     async def _play(self, steps: Iterable[Step], writer: asyncio.StreamWriter) -> bool:
         """Play one script; False when it closed the connection."""

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from loadgen.errors import ConfigError
-from loadgen.workload.inputs import TRACE_MAX_BYTES, read_text
+from loadgen.workload.inputs import TRACE_MAX_BYTES, json_problem, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ def _row(path: str, number: int, line: str) -> dict[str, Any]:
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(path, f"line {number}", f"not valid JSON: {exc}") from None
+        raise ConfigError(path, f"line {number}", json_problem(exc)) from None
     if not isinstance(row, dict):
         raise ConfigError(path, f"line {number}", "must be a JSON object",
                           "see README 'Agent traces' for the fields")  # fmt: skip

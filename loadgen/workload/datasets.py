@@ -35,7 +35,7 @@ import orjson
 import polars as pl
 
 from loadgen.errors import ConfigError
-from loadgen.workload.inputs import TRACE_MAX_BYTES, read_text
+from loadgen.workload.inputs import TRACE_MAX_BYTES, json_problem, read_text
 from loadgen.workload.prompts import load_tokenizer
 from loadgen.workload.spec import DatasetSpec
 
@@ -189,7 +189,7 @@ def _load_json(path: str, text: str, where: str) -> Any:
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(path, where, f"not valid JSON: {exc}") from None
+        raise ConfigError(path, where, json_problem(exc)) from None
 
 
 def _sharegpt(spec: DatasetSpec) -> Iterator[Conversation | None]:

@@ -38,7 +38,39 @@ class _BoundedLoader(_BaseLoader):  # type: ignore[misc]  # PyYAML's loaders are
         node = super().get_single_node()
         if node is not None:
             _check_graph(node)
+            _check_unique_keys(node)
         return node  # type: ignore[no-any-return]  # PyYAML's loaders are untyped
+
+
+class _DuplicateKey(Exception):
+    """A mapping names one key twice (PyYAML would keep the last silently)."""
+
+    def __init__(self, key: str, line: int, first_line: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+def _check_unique_keys(root: yaml.Node) -> None:
+    """Refuse a mapping that repeats a key: `requests: 40` then `requests: 400` further down
+    would run 400 without a word. Merge keys (`<<: *base`) may be overridden, as YAML means."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in first:
+                        raise _DuplicateKey(key.value, line, first[key.value])
+                    first[key.value] = line
+                stack.extend((key, value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 _BoundedLoader.add_implicit_resolver(
@@ -151,6 +183,12 @@ def load_yaml(text: str, source: str) -> Any:
         return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader subclass
     except _GraphError as exc:
         raise ConfigError(source, "", f"YAML document refused: {exc.problem}", exc.fix) from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            source, f"line {exc.line}",
+            f"duplicate key {exc.key[:60]!r} (first at line {exc.first_line}): YAML would keep "
+            "only the last one, silently", "remove one of them",
+        ) from None  # fmt: skip
     except RecursionError:  # the pure-Python loader on deep nesting (libyaml stops at 1000)
         raise ConfigError(
             source, "", "YAML document refused: it nests too deeply", _DEPTH_FIX
@@ -160,6 +198,15 @@ def load_yaml(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(source, where, f"YAML syntax error: {problem}") from None
+
+
+def json_problem(exc: ValueError) -> str:
+    """Why a JSON text did not parse, as a reader can act on it: "nested too deeply" for
+    orjson's depth limit (1,024 levels; a dataset row or trace line nests a few)."""
+    text = str(exc)
+    if "depth limit" in text or "recursion" in text.lower():
+        return "nested too deeply (over 1,024 levels of [ or {; a row nests a few)"
+    return f"not valid JSON: {text}"
 
 
 def size_text(size: int) -> str:

@@ -9,6 +9,7 @@ key is read from the environment variable the file names (`target.api_key_env`).
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import re
@@ -738,10 +739,43 @@ def url_problem(url: object) -> str:
     if not parts.hostname:
         return f"has no host, e.g. http://127.0.0.1:8000 (got {url!r:.80})"
     if port == 0:
-        return f"port must be 1-65535 (got {url!r:.80})"
+        return f"has port 0: the port must be 1-65535 (got {url!r:.80})"
     if any(c in url for c in "\r\n\t\x00 ") or not url.isascii():
         return (f"must be ASCII without spaces or control characters (percent-encode "
                 f"others) (got {url!r:.80})")  # fmt: skip
+    if problem := host_problem(parts.hostname):
+        return f"{problem} (got {url!r:.80})"
+    hostport = parts.netloc.rpartition("@")[2].lower()
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    rest = hostport.removeprefix(host.lower())
+    if rest == hostport or not re.fullmatch(r"(:[0-9]*)?", rest):  # 127.[::1], [::1]x:80
+        return f"has a host and port that do not parse ({hostport:.60}) (got {url!r:.80})"
+    return ""
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def host_problem(host: str) -> str:
+    """What is wrong with a URL's host (an IPv4 address past 255, a bad IPv6 literal, an
+    empty or over-long DNS label), or "": what every client that connects would refuse."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return f"has host [{host:.60}], which is not an IPv6 address"
+        return ""
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return (f"has host {host:.60}, which is not an IPv4 address (four numbers "
+                    "0-255, e.g. 127.0.0.1)")  # fmt: skip
+        return ""
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return (f"has host {host:.60}, which is not a host name (dot-separated labels of "
+                "1-63 letters, digits, - and _)")  # fmt: skip
     return ""
 
 
@@ -774,10 +808,22 @@ def path_problem(path: str) -> str:
     return ""
 
 
+def _not_a_file(node: _Node, key: str, resolved: Path) -> None:
+    """Refuse a path that exists but is no regular file (not "not found": it is there)."""
+    if resolved.is_dir():
+        raise node.error(key, f"{resolved} is a directory, not a file", "name the file in it")
+    if resolved.exists() and not resolved.is_file():
+        raise node.error(
+            key, f"{resolved} is not a regular file (a device, FIFO or socket)",
+            "give a file on disk: loadgen reads it whole, and a device never ends",
+        )  # fmt: skip
+
+
 def _local_path(node: _Node, key: str) -> str:
-    """A file path relative to the workload file; it must exist."""
+    """A file path relative to the workload file; it must be a regular file."""
     path = Path(node.string(key))
     resolved = path if path.is_absolute() else Path(node.source).parent / path
+    _not_a_file(node, key, resolved)
     if not resolved.is_file():
         raise node.error(
             key, f"file {resolved} not found", "paths are relative to the workload file"
@@ -1144,6 +1190,7 @@ def _trace(node: _Node, source: str) -> TraceSpec:
     path = node.string("path")
     base = Path(source).parent
     resolved = (base / path) if not Path(path).is_absolute() else Path(path)
+    _not_a_file(node, "path", resolved)
     if not resolved.is_file():
         raise node.error("path", f"trace file {resolved} not found",
                          "paths are relative to the workload file")  # fmt: skip

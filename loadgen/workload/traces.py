@@ -38,6 +38,7 @@ import polars as pl
 
 from loadgen.errors import ConfigError
 from loadgen.percentiles import nearest_rank
+from loadgen.workload.inputs import json_problem
 
 FORMATS = ("azure", "burstgpt", "mooncake", "plain")
 PREFIX_BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
@@ -257,8 +258,8 @@ def detect_format(path: Path) -> str:
     if first.lstrip().startswith("{") or path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         try:
             record = orjson.loads(first)
-        except orjson.JSONDecodeError:
-            record = None
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(str(path), "line 1", json_problem(exc), _FORMAT_FIX) from None
         if not isinstance(record, dict):
             raise ConfigError(str(path), "line 1", "not a JSON object", _FORMAT_FIX)
         keys = set(record)
@@ -526,7 +527,7 @@ def _record_problem(line: bytes, schema: dict[str, Any], required: Sequence[str]
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        return f"not valid JSON ({exc})"
+        return json_problem(exc)
     if not isinstance(record, dict):
         return "not a JSON object"
     for name, dtype in schema.items():

@@ -10,6 +10,7 @@ from typing import Any
 import polars as pl
 
 from loadgen.analysis.windows import MAX_WINDOWS
+from loadgen.printable import printable
 from loadgen.render.report.blocks import (
     Block,
     Details,
@@ -318,7 +319,7 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
 def _errors_table(errors: Sequence[ErrorCount]) -> Table:
     rows = []
     for e in errors:
-        message = e.error or "(no message)"
+        message = printable(e.error or "(no message)")  # records of any loadgen: escaped here too
         if len(message) > ERROR_TEXT_CHARS:
             message = message[:ERROR_TEXT_CHARS] + "…"
         status = str(e.http_status) if e.http_status is not None else "—"

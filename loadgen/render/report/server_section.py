@@ -4,6 +4,7 @@ client's TTFT p99 and arrival rate."""
 
 from __future__ import annotations
 
+from loadgen.printable import printable
 from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table, num, pct
 from loadgen.render.report.model import RunReport
 from loadgen.render.terminal import with_unit
@@ -43,7 +44,7 @@ def _scrapes(server: ServerAudit) -> Para:
     if server.access is not None and server.access.problem:
         text += f". {server.access.problem}"  # classified, with how to fix it
     elif server.last_error:
-        text += f"; last error: {server.last_error}"
+        text += f"; last error: {printable(server.last_error)}"
     if server.access is not None and server.access.headers:
         sent = ", ".join(f"{n} (from {src})" for n, src in server.access.headers.items())
         text += f". Sent {sent}"
