@@ -220,8 +220,8 @@ def test_vllm_each_api_family_matches_vllms_counters(
     else:
         prefix = "cmpl-" if api == "openai-completions" else "chatcmpl-"
         assert all(i.startswith(prefix) for i in ids), ids
+        assert ids == [f"{prefix}{r.request_id_sent}" for r in records]
         assert [i[-12:] for i in ids] == [f"{r.request_id:012x}" for r in records]
-        assert len({i[:-12] for i in ids}) == 1, ids  # one run, one nonce
 
 
 def test_vllm_scraped_by_loadgen_is_recognised_and_adds_up(vllm: Server, tmp_path: Path) -> None:
@@ -394,3 +394,31 @@ def test_vllm_capacity_steps_each_start_cold(vllm: Server, tmp_path: Path) -> No
         server_share = summary["server"]["prefix_cache_hit_share"]
         assert server_share is not None
         assert server_share < 0.2, (step.parent.name, server_share)
+
+
+def test_vllm_refusals_are_quoted(vllm: Server, tmp_path: Path) -> None:
+    """What vLLM itself answers is what the user reads. A model it does not serve (404 "The
+    model `sim` does not exist."): the preflight stops the run (exit 1, no traceback, no
+    half-made run folder) with the hint to fix the model, not the URL. A prompt beyond its
+    16384-token context (400): the request is an `http_error` whose record keeps vLLM's
+    message, and the run exits 2."""
+    out = tmp_path / "reports"
+    unknown = vllm_workload(tmp_path, name="unknown.yaml", requests=1)
+    spec = yaml.safe_load(unknown.read_text(encoding="utf-8"))
+    spec["target"]["model"] = "sim"
+    unknown.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    done = run_cli("run", str(unknown), "--url", vllm.url, "--out", str(out),
+                   "--run-id", "unknown", "-q")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "The model `sim` does not exist" in done.stderr
+    assert "check target.model (--model)" in done.stderr
+    assert "endpoint there" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (out / "unknown").exists()
+    long = vllm_workload(tmp_path, name="long.yaml", requests=1, prompt_tokens=20000)
+    done = run_cli("run", str(long), "--url", vllm.url, "--out", str(out), "--run-id", "long",
+                   "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (record,) = from_frame(pl.read_parquet(out / "long" / "records.parquet"))
+    assert (record.outcome, record.http_status) == ("http_error", 400)
+    assert "maximum context length is 16384 tokens" in (record.error or "")
