@@ -2,7 +2,7 @@
 torch) with the tiny random-weight HF model (16384-token context).
 
 Set up by `scripts/realserver/setup.sh vllm`, started once for this module (its startup is
-~140 s the first time, while it compiles into the cache setup.sh keeps, ~90 s after) with
+~100 s the first time, while it compiles into the cache setup.sh keeps, 45-80 s after) with
 `VLLM_SERVER_DEV_MODE=1` for its `/reset_prefix_cache` and `/pause` endpoints, and driven by
 the real engine and `loadgen run`. Every check is a known answer against vLLM's own
 `/metrics`, read here with a parser of this file's own, not loadgen's: the counters move by
@@ -321,48 +321,62 @@ SUFFIX = {"dist": "fixed", "value": 32}
 SHARED = {"shared_prefix_tokens": 512, "groups": 4, "suffix_tokens": SUFFIX}
 
 
-def cli_run(vllm: Server, path: Path, out: Path, run_id: str, *flags: str) -> list[RequestRecord]:
+def cli_run(vllm: Server, path: Path, out: Path, run_id: str, *flags: str) -> float:
+    """One `loadgen run`: every record ok, and the prefix-cache hit share it reports (its
+    summary's `cache`) equal to the records' own (cached / prompt tokens); that share."""
     done = run_cli("run", str(path), "--url", vllm.url, "--out", str(out), "--run-id", run_id,
                    "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q", *flags)  # fmt: skip
     assert done.returncode in (0, 3), done.stderr
     records = from_frame(pl.read_parquet(out / run_id / "records.parquet"))
     assert [r.outcome for r in records] == ["ok"] * len(records)
-    return records
+    share = hit_share(records)
+    cache = json.loads((out / run_id / "summary.json").read_text())["cache"]
+    assert cache["mode"] == (flags[flags.index("--cache") + 1] if flags else "cold")
+    assert cache["usage_hit_share"] == pytest.approx(share, abs=1e-3)
+    return share
+
+
+def run_cache(out: Path, run_id: str) -> dict[str, Any]:
+    cache: dict[str, Any] = json.loads((out / run_id / "run.json").read_text())["cache"]
+    return cache
 
 
 def test_vllm_default_runs_start_cold_and_warm_runs_hit_the_cache(
     vllm: Server, tmp_path: Path
 ) -> None:
     """The same file and seed twice: by default (`--cache cold`, a run nonce at the start of
-    every prompt) the second run's prefix-cache hit share is the first run's (the within-run
-    sharing of its 4 × 512-token prefixes, kept), not the ~90 % it would be if it reused the
-    first run's cache; with `--cache warm` the second run is served from the first's."""
+    every prompt, a new one per run) the second run's prefix-cache hit share is the first
+    run's (the within-run sharing of its 4 × 512-token prefixes, kept), not the ~96 % it was
+    before cache modes, when it reused the first run's cache; with `--cache warm` the second
+    run is served from the first's."""
     httpx.post(f"{vllm.url}/reset_prefix_cache", timeout=60).raise_for_status()
     path = vllm_workload(tmp_path, requests=8, rate_per_s=8, prompt=SHARED, output_tokens=4)
     out = tmp_path / "reports"
-    cold = [hit_share(cli_run(vllm, path, out, f"cold{i}")) for i in (1, 2)]
+    cold = [cli_run(vllm, path, out, f"cold{i}") for i in (1, 2)]
+    assert run_cache(out, "cold1")["nonce"] != run_cache(out, "cold2")["nonce"]
     # Within one run, 4 of 8 requests find their group's 512-token prefix: about 45 % of
     # the prompt tokens (prompt ~560 with the chat template; vLLM caches whole blocks).
     assert 0.3 < cold[0] < 0.6, cold
     assert abs(cold[1] - cold[0]) <= 0.05, cold
-    warm = [hit_share(cli_run(vllm, path, out, f"warm{i}", "--cache", "warm")) for i in (1, 2)]
+    warm = [cli_run(vllm, path, out, f"warm{i}", "--cache", "warm") for i in (1, 2)]
+    assert "nonce" not in run_cache(out, "warm2")
     assert warm[1] > 0.85, warm  # all 8 prompts seen before: only their last block computed
     assert warm[1] > cold[1] + 0.2, (cold, warm)
 
 
 def test_vllm_reset_mode_empties_vllms_cache_before_the_run(vllm: Server, tmp_path: Path) -> None:
     """`--cache reset` asks vLLM to empty its prefix cache (`POST /reset_prefix_cache`)
-    before the run: after a warm run, a reset run's hit share is the within-run share."""
+    before the run and says what vLLM answered: after a warm run, a reset run of the same
+    bytes is back at the within-run share, and a warm run after it is high again."""
     path = vllm_workload(tmp_path, requests=8, rate_per_s=8, prompt=SHARED, output_tokens=4)
     out = tmp_path / "reports"
-    first = hit_share(cli_run(vllm, path, out, "warm", "--cache", "warm"))
-    again = hit_share(cli_run(vllm, path, out, "reset", "--cache", "reset"))
-    warm = hit_share(cli_run(vllm, path, out, "warm2", "--cache", "warm"))
+    first = cli_run(vllm, path, out, "warm", "--cache", "warm")
+    again = cli_run(vllm, path, out, "reset", "--cache", "reset")
+    warm = cli_run(vllm, path, out, "warm2", "--cache", "warm")
+    assert run_cache(out, "reset").get("reset"), run_cache(out, "reset")
     assert warm > 0.85
     assert again < warm - 0.2
     assert again <= first + 0.05
-    run = json.loads((out / "reset" / "run.json").read_text())
-    assert "reset" in json.dumps(run)
 
 
 def test_vllm_capacity_steps_each_start_cold(vllm: Server, tmp_path: Path) -> None:
