@@ -24,8 +24,9 @@
 #
 # Knobs: LOADGEN_CACHE, JOBS [nproc], PYTHON [python3],
 #        LOADGEN_TORCH_INDEX: a pip --index-url for torch (e.g. PyTorch's CPU wheel index), for
-#        machines whose pip has no CPU torch at hand; without it, pip resolves torch==$TORCH_VERSION
-#        itself (see the README's "Real servers" section).
+#        machines whose pip has no CPU torch at hand (the vllm part adds it as an extra index,
+#        for torch==$TORCH_VERSION+cpu); without it, pip resolves torch==$TORCH_VERSION itself
+#        (see the README's "Real servers" section).
 #
 # The build recipe and the model makers follow working notes from an engineer who first built
 # both servers on a 2-core CPU-only machine with only package registries reachable.
