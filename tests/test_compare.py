@@ -660,3 +660,26 @@ def test_help_has_an_example() -> None:
     assert code == 0
     assert "Example:" in out
     assert "Exit codes" in out
+
+
+def test_cache_warmth_differs_by_mode_or_by_ten_points_of_hit_share() -> None:
+    """Two modes differ; one mode differs when the hit shares are 10 points apart or more; a
+    run recorded before cache modes counts as warm; an unknown share never differs."""
+    from loadgen.render.cache_view import CacheSide, cache_contrast, compare_cache_line
+    from loadgen.results.summary import CacheWarmth
+
+    def side(mode: str | None, share: float | None) -> CacheSide:
+        return CacheSide.of([None if mode is None else
+                             CacheWarmth(mode=mode, server_hit_share=share)])  # fmt: skip
+
+    assert (
+        cache_contrast(side("cold", 0.05), side("warm", 0.05))
+        == "they ran in different cache modes"
+    )
+    assert cache_contrast(side("warm", 0.10), side("warm", 0.19)) is None
+    assert "differ by 67%" in (cache_contrast(side("warm", 0.10), side("warm", 0.77)) or "")
+    assert cache_contrast(side(None, None), side("warm", None)) is None  # old runs were warm
+    assert cache_contrast(side("cold", None), side("cold", 0.9)) is None
+    line, differs = compare_cache_line(side("cold", 0.03), side("warm", 0.77))
+    assert differs
+    assert line.startswith("cache: BASELINE cold, prefix-cache hit share 3.0% · CURRENT warm")

@@ -213,8 +213,12 @@ def test_recover_refuses_a_live_run_and_waits_for_it_with_wait(tmp_path: Path) -
     assert reported.returncode == 6, reported.stderr
     assert "is running" in reported.stderr
     assert "killed" not in reported.stdout + reported.stderr
-    assert live.returncode in (0, 2), stderr  # the live run was not broken by the attempts
     info = json.loads((run_dir / "run.json").read_text())
+    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
+    # the live run was not broken by the attempts: it judged the server (0, 2), or on a
+    # starved machine found its own sends late (3, fell_behind), never a client failure
+    assert live.returncode in (0, 2) or (live.returncode == 3 and verdict["fell_behind"]), (
+        live.returncode, verdict, stderr)  # fmt: skip
     assert info["finished"] is True
     assert info.get("client_failure") is None
     assert not info.get("recovered")

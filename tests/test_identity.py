@@ -108,6 +108,30 @@ def test_an_older_run_gets_the_identity_a_new_one_records() -> None:
     assert identity_of_run({**info, "options": {"max_in_flight": 4}})["key"] != recorded["key"]
 
 
+def test_each_cache_mode_is_another_workload_and_cold_keeps_the_key_it_had() -> None:
+    """`cache: warm` and `reset` hash apart from each other and from cold; cold, the
+    default, hashes as the file did before cache modes (the fingerprint main computed for
+    CHAT before them), so new cold runs key as old runs recorded; an old run's stored spec
+    (no `cache`) is warm, and the difference is named with its remedy."""
+    spec = loads(CHAT)
+    modes = {m: fingerprint(override(spec, cache=m)) for m in ("cold", "warm", "reset")}
+    assert len(set(modes.values())) == 3
+    assert modes["cold"] == fingerprint(spec) == OLD_CHAT_FINGERPRINT
+    old = stored(spec)
+    del old["cache"]
+    assert spec_from_resolved(old).cache == "warm"
+    info = {"workload": {"name": "chat", "spec": old}}
+    assert identity_of_run(info) == identity(override(spec, cache="warm"))
+    now = {"workload": {"name": "chat", "spec": stored(spec)}}
+    (difference,) = workload_differences(info, now)
+    assert difference.path == "cache"
+    assert difference.describe().startswith('cache: "warm" vs "cold" (default)')
+    assert "--cache" in difference.remedy()
+
+
+OLD_CHAT_FINGERPRINT = "e5155fd109214867"  # main computed it before cache modes
+
+
 def test_a_stored_spec_that_cannot_be_rebuilt_still_has_a_stable_identity() -> None:
     """A partial spec (hand-written, or of a loadgen this one cannot read) is hashed as stored:
     equal specs share a key, a different rate does not."""
@@ -221,15 +245,18 @@ def old_agent_run() -> dict[str, Any]:
 def test_an_old_shape_run_json_is_the_fixed_context_workload() -> None:
     """A schema-8 agent run (no `context` in its stored spec; the identity it recorded,
     agent@14281b2b, is what a growing run of that file also recorded before the agent rule)
-    is identified as the fixed-context workload, not as today's growing default."""
+    is identified as the fixed-context workload, not as today's growing default, and (no
+    `cache` either: it sent the same bytes every run) as a warm one."""
     info = old_agent_run()
     assert info["schema_version"] == 8
     assert "context" not in info["workload"]["spec"]["classes"]["agent"]
     assert info["workload"]["identity"]["key"] == "agent@14281b2b"
     rebuilt = spec_from_resolved(info["workload"]["spec"])
     assert rebuilt.classes["agent"].context == ContextSpec(grow=False)
+    assert rebuilt.cache == "warm"
     fixed = dataclasses.replace(agent_with(grow=False, tool_result_tokens=None), seed=0)
-    assert identity_of_run(info) == identity(fixed)
+    assert identity_of_run(info) == identity(dataclasses.replace(fixed, cache="warm"))
+    assert identity_of_run(info) != identity(fixed)  # not the cold default's
     assert identity_of_run(info)["key"] != identity(load(AGENT))["key"]
     # What a run of that same file records today (it grows its context) is not the key the
     # old run recorded, so nothing that reads recorded keys (a dashboard's workload_key
@@ -266,9 +293,10 @@ def test_a_growing_run_recorded_before_the_agent_rule_gets_the_growing_identity(
 
 
 def test_an_agent_identity_that_names_the_agent_rule_is_kept_as_recorded() -> None:
-    """A recorded agent identity of scheme 2 (this rule; a newer loadgen may hash settings
-    this one cannot rebuild) is kept even where the stored spec hashes otherwise here; the
-    same identity without its scheme (an older loadgen's) is re-derived from the spec."""
+    """A recorded identity of scheme 3 (this rule; a newer loadgen may hash settings this one
+    cannot rebuild) is kept even where the stored spec hashes otherwise here; the same
+    identity without its scheme (an older loadgen's) is re-derived from the spec, an agent's
+    or not (before scheme 3 a key did not say the run was warm)."""
     spec = load(AGENT)
     newer = {**identity(spec), "fingerprint": "f" * 16, "key": "agent@ffffffff"}
     run = {"workload": {"name": "agent", "spec": stored(spec), "identity": newer}}
@@ -277,7 +305,10 @@ def test_an_agent_identity_that_names_the_agent_rule_is_kept_as_recorded() -> No
     run = {"workload": {"name": "agent", "spec": stored(spec), "identity": older}}
     assert identity_of_run(run) == identity(spec)
     chat = {"workload": {"name": "chat", "spec": stored(loads(CHAT)), "identity": older}}
-    assert identity_of_run(chat)["key"] == "agent@ffffffff"  # not an agent: kept, any scheme
+    assert identity_of_run(chat) == identity(loads(CHAT))
+    scheme_2 = {**newer, "scheme": 2}  # the agent rule's, recorded before cache modes
+    run = {"workload": {"name": "agent", "spec": stored(spec), "identity": scheme_2}}
+    assert identity_of_run(run) == identity(spec)
 
 
 def test_the_store_does_not_pool_an_old_fixed_context_run_with_a_growing_one(

@@ -10,6 +10,7 @@ import pytest
 
 from loadgen.errors import LoadgenError
 from loadgen.results.runfolder import RunInfo, read_run_info, write_run_info
+from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import SloTargets
 
 FINISHED: dict[str, Any] = {
@@ -94,7 +95,19 @@ def test_run_info_reads_typed_fields(tmp_path: Path) -> None:
     chat = info.classes()["chat"]
     assert (chat.kind, chat.has_turns) == ("chat", True)
     assert info.slos() == {"chat": SloTargets(ttft_ms=500, percentile=90.0)}
-    assert info.identity()["key"] == "chat@ffffffff"
+    # Recorded before cache modes (no scheme 3): derived from the stored spec, as warm.
+    assert info.identity()["key"] != "chat@ffffffff"
+
+    def stored_as(cache: str) -> dict[str, Any]:
+        spec = {**FINISHED["workload"]["spec"], "cache": cache}
+        return {**FINISHED, "workload": {**FINISHED["workload"], "spec": spec}}
+
+    assert info.identity() == identity_of_run(stored_as("warm")) != identity_of_run(
+        stored_as("cold"))  # fmt: skip
+    recorded = {**FINISHED["workload"]["identity"], "scheme": 3}
+    (tmp_path / "run.json").write_text(json.dumps(
+        {**FINISHED, "workload": {**FINISHED["workload"], "identity": recorded}}))  # fmt: skip
+    assert read_run_info(tmp_path).identity()["key"] == "chat@ffffffff"  # kept as recorded
     assert (info.lag_bound_ms, info.stop) == (5.0, None)
 
 

@@ -205,3 +205,17 @@ def test_bad_limits_name_the_key(limits: str, fragment: str) -> None:
         loads(text, "w.yaml")
     assert "classes.chat.limits" in str(caught.value)
     assert fragment in str(caught.value)
+
+
+def test_the_cache_mode_defaults_to_cold_and_is_checked() -> None:
+    """`cache:` is cold unless the file or --cache says warm or reset; another value names
+    the key and the choices."""
+    assert loads(SMOKE).cache == "cold"
+    assert loads(SMOKE + "cache: reset\n").cache == "reset"
+    assert override(loads(SMOKE + "cache: reset\n"), cache="warm").cache == "warm"
+    with pytest.raises(
+        ConfigError, match=r"cache: unknown value 'lukewarm' \(use one of: cold, warm, reset"
+    ):
+        loads(SMOKE + "cache: lukewarm\n")
+    with pytest.raises(ConfigError, match=r"--cache: unknown mode 'hot'"):
+        override(loads(SMOKE), cache="hot")

@@ -37,6 +37,7 @@ from loadgen.results.runfolder import (
     write_summary,
 )
 from loadgen.results.summary import (
+    CacheWarmth,
     ClassAudit,
     Cost,
     ModelAudit,
@@ -238,7 +239,21 @@ def audit_run(
         price=recorded_price(info),
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
-    return summary, frame, effective
+    return with_cache(summary, info.cache), frame, effective
+
+
+def with_cache(summary: Summary, cache: CacheWarmth | None) -> Summary:
+    """The summary with the run's cache block (run.json's: mode, nonce, reset) and the hit
+    shares it came out at: the server's counters (when scraped), and cached / prompt tokens
+    of every response that reported them, over all classes."""
+    if cache is None:
+        return summary
+    server = summary.server.prefix_cache_hit_share if summary.server is not None else None
+    shares = [c.prefix_cache for c in summary.classes.values() if c.prefix_cache is not None]
+    prompt = sum(s.prompt_tokens for s in shares)
+    usage = round(sum(s.cached_tokens for s in shares) / prompt, 6) if prompt else None
+    cache = replace(cache, server_hit_share=server, usage_hit_share=usage)
+    return replace(summary, cache=cache)
 
 
 def write_audit(run_dir: Path) -> Summary:

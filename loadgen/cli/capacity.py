@@ -36,7 +36,8 @@ from loadgen.cli.options import (
     spec_options,
     url_option,
 )
-from loadgen.errors import ConfigError
+from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
     conclusion,
     judged_steps,
@@ -47,6 +48,7 @@ from loadgen.render.capacity_view import (
     write_capacity,
     x_axis,
 )
+from loadgen.results.runfolder import read_summary
 from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
@@ -209,6 +211,7 @@ def capacity(
       loadgen capacity workloads/mixed.yaml --url http://candidate:8000 --proposed-limit 3
       loadgen capacity workloads/chat-smoke.yaml --param max_in_flight --start 4 --max 64
       loadgen capacity workloads/chat-smoke.yaml --prometheus-port 9464
+      loadgen capacity workloads/chat-smoke.yaml --url http://gpu:8000 --cache reset
     """
 
     check_url(shared["url"])
@@ -231,6 +234,8 @@ def capacity(
     def on_step(step: Step) -> None:
         for line in step_lines(step, param, scale):
             console.print(line)
+        if (cached := step_cache_line(step)) is not None:
+            console.print(cached)
 
     price = base.price_per_hour
     fleet = None if price is None else price * base.replicas
@@ -271,6 +276,18 @@ def _memory_checked(run_one: RunOne, seed: int | None, max_memory_gb: float | No
         return run_one(spec_at, cap, run_id)
 
     return checked
+
+
+def step_cache_line(step: Step) -> str | None:
+    """`  cache: cold (nonce …), prefix-cache hit share 4.0% (…)`: a step's cache warmth
+    (each step starts cold of the others by default), from its summary.json."""
+    if step.run_dir is None:
+        return None
+    try:
+        cache = read_summary(Path(step.run_dir)).cache
+    except LoadgenError:  # an interrupted step may have written none
+        return None
+    return f"  {cache_line(cache)}" if cache is not None else None
 
 
 def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> float | None:

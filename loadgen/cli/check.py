@@ -16,6 +16,8 @@ from loadgen.cli.options import (
     output_console,
     workload_options,
 )
+from loadgen.errors import ConfigError
+from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.inputs import size_text
@@ -43,6 +45,8 @@ def check(
     api: str | None,
     model: str | None,
     force_output_tokens: bool | None,
+    cache: str | None,
+    nonce: str | None,
     max_memory_gb: float | None,
     show_schedule: bool,
 ) -> None:
@@ -56,7 +60,11 @@ def check(
     """
 
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
-                    api=api, model=model, force_output_tokens=force_output_tokens)  # fmt: skip
+                    api=api, model=model, force_output_tokens=force_output_tokens,
+                    cache=cache)  # fmt: skip
+    if nonce is not None and spec.cache != "cold":
+        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+                          "drop --nonce, or add --cache cold")  # fmt: skip
     sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
     check_memory_line(spec, seed, max_memory_gb)  # refused before the plans are built
     plans = plan_run(spec, seed)
@@ -65,3 +73,4 @@ def check(
     cap, source = memory_cap(max_memory_gb)  # the plan's own count, as the table above says
     estimate = estimate_memory(spec, seed, plans)
     console.print(f"client memory: {estimate.text()} (cap {size_text(cap)}: {source})")
+    console.print(cache_plan_line(spec.cache, nonce))

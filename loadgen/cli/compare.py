@@ -27,6 +27,7 @@ from loadgen.analysis.server import (
 from loadgen.cli.exits import UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.cache_view import CacheSide, cache_json, compare_cache_line
 from loadgen.render.compare_view import (
     render_markdown,
     render_server_table,
@@ -35,7 +36,7 @@ from loadgen.render.compare_view import (
 )
 from loadgen.render.junit import render_junit
 from loadgen.results.runfolder import SUMMARY_FILE, read_summary
-from loadgen.results.summary import ServerAudit
+from loadgen.results.summary import CacheWarmth, ServerAudit
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -219,17 +220,26 @@ def _compare(
         written.append(_write(junit_path, render_junit(comparison)))
     if markdown_path is not None:
         written.append(_write(markdown_path, render_markdown(comparison)))
+    caches = _caches(baseline), _caches(current)
+    cache = CacheSide.of(caches[0]), CacheSide.of(caches[1])
+    cache_text, cache_differs = compare_cache_line(*cache)
+    shows_cache = any(c is not None for side in caches for c in side)  # else: all before it
     if fmt == "json":
         out = to_json(comparison)
         if deltas:
             out["server"] = server_json(deltas)
             out["exit_code"] = exit_code
+        if shows_cache:
+            out["cache"] = {"baseline": cache_json(cache[0]), "current": cache_json(cache[1]),
+                            "differs": cache_differs}  # fmt: skip
         click.echo(json.dumps(out, indent=2))
         for path in written:
             click.echo(f"wrote {path}", err=True)
     else:
         console = output_console()
         console.print(render_table(comparison))
+        if shows_cache:
+            console.print(cache_text, style="yellow" if cache_differs else "")
         if deltas:
             console.print(render_server_table(deltas))
             if exit_code and not comparison.exit_code:
@@ -257,6 +267,13 @@ def _server_blocks(side: Side) -> list[ServerAudit]:
         if (run_dir / SUMMARY_FILE).exists() and (server := read_summary(run_dir).server):
             blocks.append(server)
     return blocks
+
+
+def _caches(side: Side) -> list[CacheWarmth | None]:
+    """The cache block of each of a side's runs that has a summary (None: written before
+    cache modes)."""
+    return [read_summary(run_dir).cache for run_dir in side.run_dirs
+            if (run_dir / SUMMARY_FILE).exists()]  # fmt: skip
 
 
 def _write(path: Path, text: str) -> Path:

@@ -20,6 +20,7 @@ from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
 from loadgen.workload.spec import (
+    CACHE_MODES,
     MAX_REQUESTS,
     MAX_SEED,
     MAX_SPAN_S,
@@ -176,6 +177,18 @@ def _apply(options: Sequence[Decorator], func: F) -> F:
     return func
 
 
+NONCE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def check_nonce(_ctx: click.Context, _param: click.Parameter, nonce: str | None) -> str | None:
+    """A nonce is recorded in run.json and shown: 1-64 letters, digits and `-_.`."""
+    if nonce is not None and not NONCE.match(nonce):
+        raise click.BadParameter(f"{nonce!r:.80} is not a nonce: use 1-64 letters, digits "
+                                 "and -_. (e.g. the one a run.json records)",
+                                 param_hint="--nonce")  # fmt: skip
+    return nonce
+
+
 # -- the shared option sets -----------------------------------------------------------------
 # One definition per option, used by every command it applies to (`check`, `run`,
 # `capacity`), so the commands never drift. To add an option that changes the workload
@@ -204,6 +217,14 @@ SPEC_OPTIONS: list[Decorator] = [
     option(LOAD, "--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
            help="Refuse a plan whose estimated client memory (plans, records and their "
            "audit) exceeds this many GiB (default: half of this host's memory)."),
+    option(LOAD, "--cache", type=click.Choice(CACHE_MODES),
+           help="cold: prompts start with a run nonce, so nothing is cached from an earlier "
+           "run; warm: the same bytes as every run of this file and seed; reset: those, after "
+           "asking the server to empty its prefix cache. Replaces the file's `cache` "
+           "(default cold)."),
+    option(LOAD, "--nonce", callback=check_nonce,
+           help="A cold run's nonce (run.json's cache.nonce), to send exactly the bytes of "
+           "that run again (default: drawn per run and recorded)."),
 ]  # fmt: skip
 
 URL_OPTION = option(
@@ -261,7 +282,8 @@ def workload_options(func: F) -> F:
 
 
 def spec_options(func: F) -> F:
-    """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --max-memory-gb."""
+    """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --max-memory-gb, --cache,
+    --nonce."""
     return _apply(SPEC_OPTIONS, func)
 
 
@@ -277,11 +299,15 @@ def url_option(func: F) -> F:
 
 def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
     """The workload file with the shared options applied (`spec.override`)."""
-    return override(
+    spec = override(
         load(workload), requests=opts.get("requests"), duration_s=opts.get("duration"),
         rate=opts.get("rate"), api=opts.get("api"), model=opts.get("model"),
-        force_output_tokens=opts.get("force_output_tokens"),
+        force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
     )  # fmt: skip
+    if opts.get("nonce") is not None and spec.cache != "cold":
+        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+                          "drop --nonce, or add --cache cold")  # fmt: skip
+    return spec
 
 
 def check_run_step_options(opts: dict[str, Any], spec: WorkloadSpec) -> None:
@@ -307,7 +333,8 @@ def shared_run_options(opts: dict[str, Any], **own: Any) -> RunOptions:
         server_metrics_url=opts["server_metrics_url"],
         server_metrics_interval_s=opts["server_metrics_interval_s"],
         server_metrics_headers=parse_headers(opts["metrics_headers"], "--server-metrics-header"),
-        price_per_hour=opts.get("price_per_hour"), replicas=opts.get("replicas", 1), **own,
+        price_per_hour=opts.get("price_per_hour"), replicas=opts.get("replicas", 1),
+        nonce=opts.get("nonce"), **own,
     )  # fmt: skip
 
 

@@ -35,10 +35,11 @@ from loadgen.cli.options import (
 )
 from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import ConfigError, LoadgenError
+from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
-from loadgen.run.execute import client_setup, execute
+from loadgen.run.execute import cache_warmth, client_setup, execute
 from loadgen.run.live import parse_listen
 from loadgen.run.simulator import sim_args_from_mapping
 from loadgen.workload.plans import plan_work
@@ -153,6 +154,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --cache warm
     """
 
     check_run_id(run_id)
@@ -245,6 +247,7 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     _, _, _, url = client_setup(spec, options)
     if url is None:
         sim_args_from_mapping(spec.sim, spec.source)
+    cache_warmth(spec, options)  # a --nonce outside cold mode is refused here too
     folder = options.out_dir / options.run_id if options.run_id is not None else None
     if folder is not None and folder.exists():
         raise ConfigError(
@@ -254,6 +257,7 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
+    console.print(cache_plan_line(spec.cache, options.nonce))
     warm = warm_count(work, options.warm_connections, None, options.max_in_flight)
     how = "auto" if options.warm_connections is None else "--warm-connections"
     capped = warm_capped_note(work, options.warm_connections, None, options.max_in_flight)

@@ -71,7 +71,8 @@ class Trajectory:
         if flow.system_prompt_tokens:
             self.head.append(("system", engine._system_prompt(flow)))
         first = flow.plans[0]
-        self.head.append(("user", prompts.text(first.request_id, first.prompt_tokens)))
+        self.head.append(("user", prompts.text(first.request_id, first.prompt_tokens,
+                                               first=not self.head)))  # fmt: skip
         self.steps: list[list[Message]] = []
         self.summary: Message | None = None
         if flow.context_max_tokens is not None and flow.context_overflow == "summarize":

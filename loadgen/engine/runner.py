@@ -724,6 +724,8 @@ class Engine:
     ) -> tuple[Exchange, bytes]:
         """The exchange of `plan` and its request's bytes, made ahead of its send."""
         config = self.config
+        if messages is None and plan.messages and self.prompts.lead:  # the nonce in front
+            plan = replace(plan, prompt_tokens=plan.prompt_tokens + self.prompts.lead_tokens)
         exchange = Exchange(
             plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
             max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
@@ -790,17 +792,15 @@ class Engine:
 
     def _messages(self, plan: RequestPlan) -> Sequence[Message]:
         """A single request's prompt: its dataset messages, a shared prefix and a fresh
-        suffix, or generated words."""
+        suffix, or generated words (each starting with a cold run's nonce)."""
+        prompts = self.prompts
         if plan.messages:
-            return plan.messages
+            return prompts.lead_messages(plan.messages)
         if plan.shared_prefix is not None:
             group, prefix = plan.shared_prefix
-            return [
-                ("user", self.prompts.shared(plan.request_id, group, prefix, plan.prompt_tokens))
-            ]
-        return [
-            ("user", self.prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups))
-        ]
+            return [("user", prompts.shared(plan.request_id, group, prefix, plan.prompt_tokens))]
+        return [("user", prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups,
+                                      first=True))]  # fmt: skip
 
     def _options(self, model: str | None) -> BodyOptions:
         """The body options for a request to `model` (None: the target's)."""
@@ -878,16 +878,13 @@ class Engine:
             if budget_end is not None and self._now() >= budget_end:
                 self._skip(flow.plans[index:], f"trajectory budget of {flow.budget_s:g} s spent")
                 return
-            if flow.kind == "trajectory":  # the fixed context (grow: false)
-                new_text = self.prompts.text(plan.request_id, plan.prompt_tokens)
-                context = context or new_text  # the retained context, set by the first hop
+            if flow.kind == "trajectory":  # the fixed context (grow: false), set by hop 0
+                context = context or self.prompts.text(plan.request_id, plan.prompt_tokens,
+                                                       first=True)  # fmt: skip
                 turn_text = f"{context}\n\n{previous_output}" if previous_output else context
                 messages: list[Message] = [("user", turn_text)]
             else:
-                history.extend(
-                    plan.messages
-                    or [("user", self.prompts.text(plan.request_id, plan.prompt_tokens))]
-                )
+                history.extend(self._turn(plan, first=not history))
                 messages = list(history)
             exchange = await self._request(self._sent(plan, messages, due, budget_end),
                                            self._now(), messages, True)  # fmt: skip
@@ -901,10 +898,18 @@ class Engine:
             history.append(("assistant", previous_output if recorded is None else recorded))
             due = exchange.end_ns or self._now()
 
+    def _turn(self, plan: RequestPlan, *, first: bool) -> Sequence[Message]:
+        """A session turn's new messages (the session's first message has the nonce)."""
+        prompts = self.prompts
+        if plan.messages:
+            return prompts.lead_messages(plan.messages) if first else plan.messages
+        return [("user", prompts.text(plan.request_id, plan.prompt_tokens, first=first))]
+
     def _system_prompt(self, flow: Flow) -> str:
-        """One system prompt per class, the same for all its flows (prefix caching)."""
+        """One system prompt per class, the same for all its flows (prefix caching); it is
+        their first message, so it starts with a cold run's nonce."""
         class_key = -1 - zlib.crc32(flow.class_name.encode())
-        return self.prompts.text(class_key, flow.system_prompt_tokens)
+        return self.prompts.text(class_key, flow.system_prompt_tokens, first=True)
 
     def _sent(self, plan: RequestPlan, messages: Sequence[Message], due_ns: int,
               budget_end_ns: int | None) -> RequestPlan:  # fmt: skip

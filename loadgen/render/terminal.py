@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.analysis.slo import stop_of
+from loadgen.render.cache_view import cache_line
 from loadgen.render.cost_view import cost_line
 from loadgen.results.recover import Recovery
 from loadgen.results.runfolder import RunInfo, ShardTable
@@ -57,6 +58,8 @@ def render_summary(summary: Summary) -> RenderableType:
         parts.append(Text(cost_line(summary.cost)))
     if summary.server is not None:
         parts.append(server_line(summary.server))
+    if summary.cache is not None:
+        parts.append(Text(cache_line(summary.cache)))
     parts.append(_verdict_line(summary.verdict, stop))
     return Group(*parts)
 

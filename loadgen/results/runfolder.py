@@ -28,7 +28,7 @@ import polars as pl
 
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
-from loadgen.results.summary import AskedLoad, ScrapeAccess, Summary
+from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
 
@@ -37,7 +37,8 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 13  # 13: run.json server_metrics.access and summary.json server.access
+SCHEMA_VERSION = 14  # 14: run.json cache and workload.spec.cache, summary.json cache
+# 13: run.json server_metrics.access and summary.json server.access
 # (how the metrics endpoint was asked: header names and their source, failures by kind, the
 # classified problem), run.json workload.spec.target.server_metrics_headers (names only)
 # (12: summary generator.asked (per class, the load asked in its unit))
@@ -328,6 +329,7 @@ class RunInfo:
     client_failure: str | None = field(default=None, metadata=OMIT_NONE)
     connections: ConnectionCounts | None = field(default=None, metadata=OMIT_NONE)
     server_metrics: ServerMetricsInfo | None = field(default=None, metadata=OMIT_NONE)
+    cache: CacheWarmth | None = field(default=None, metadata=OMIT_NONE)  # mode, nonce, reset
 
     @property
     def stop(self) -> str | None:

@@ -504,6 +504,26 @@ class Cost:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CacheWarmth:
+    """How the run stood to the server's prefix cache (README "Cache warmth"): run.json's
+    `cache` (mode, nonce, reset) and, in summary.json, the hit shares it came out at."""
+
+    mode: str  # cold | warm | reset (`loadgen.workload.spec.CACHE_MODES`)
+    nonce: str | None = field(default=None, metadata=OMIT_NONE)  # cold: prompts start with it
+    nonce_words: tuple[str, ...] | None = field(default=None, metadata=OMIT_NONE)  # as sent
+    reset: str | None = field(default=None, metadata=OMIT_NONE)  # reset: what the server said
+    # The server's own Δhits / Δqueries (scraped /metrics), and cached / prompt tokens of
+    # every response that reported them (usage), over all classes: None when nobody said.
+    server_hit_share: float | None = field(default=None, metadata=OMIT_NONE)
+    usage_hit_share: float | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def hit_share(self) -> float | None:
+        """The run's prefix-cache hit share: the server's counters, else the usage blocks'."""
+        return self.server_hit_share if self.server_hit_share is not None else self.usage_hit_share
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Summary:
     """summary.json: generator health, one audit per class, and the verdict."""
 
@@ -518,3 +538,4 @@ class Summary:
     connections: ConnectionUse | None = field(default=None, metadata=OMIT_NONE)
     cost: Cost | None = field(default=None, metadata=OMIT_NONE)  # with --price-per-hour
     server: ServerAudit | None = field(default=None, metadata=OMIT_NONE)
+    cache: CacheWarmth | None = field(default=None, metadata=OMIT_NONE)

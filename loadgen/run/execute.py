@@ -10,8 +10,10 @@ arrow points one way: workers → drive → setup → options.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import platform
+import secrets
 import shutil
 import socket
 import sys
@@ -26,12 +28,13 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.adapters.protocol import Adapter
-from loadgen.analysis.audit import audit
+from loadgen.analysis.audit import audit, with_cache
 from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
+from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
@@ -55,7 +58,7 @@ from loadgen.results.runfolder import (
     write_run_info,
     write_summary,
 )
-from loadgen.results.summary import Summary
+from loadgen.results.summary import CacheWarmth, Summary
 from loadgen.run.drive import drive, watch_signals
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.failure import client_failures
@@ -67,6 +70,7 @@ from loadgen.run.simulator import target_url
 from loadgen.run.workers import process_info, run_workers, total_connections
 from loadgen.workload.identity import identity
 from loadgen.workload.plans import Work, plan_work
+from loadgen.workload.prompts import nonce_words
 from loadgen.workload.shards import check_start_at, split_work, utc_text
 from loadgen.workload.spec import WorkloadSpec
 
@@ -121,10 +125,12 @@ def execute(
         print(warning, file=log)
     adapter, headers, redactor, url = client_setup(spec, options)
     open_files = raise_open_files_limit()
+    cache = cache_warmth(spec, options)
+    options = dataclasses.replace(options, nonce=cache.nonce)  # every worker sends the same
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
     try:
         return _execute(spec, options, log, live, work, (workers, why), planned, adapter,
-                        headers, redactor, url, open_files, run_dir)  # fmt: skip
+                        headers, redactor, url, open_files, run_dir, cache)  # fmt: skip
     except TargetError as exc:
         if (kept := _unstarted(run_dir)) is None:
             raise
@@ -156,6 +162,7 @@ def _execute(
     spec: WorkloadSpec, options: RunOptions, log: TextIO, live: LiveExporter | None, work: Work,
     chosen: tuple[int, str], planned: int, adapter: Adapter, headers: dict[str, str],
     redactor: Redactor, url: str | None, open_files: int | None, run_dir: Path,
+    cache: CacheWarmth,
 ) -> RunResult:  # fmt: skip
     """`execute` once its run folder exists (`chosen`: the worker count and why)."""
     workers, why = chosen
@@ -181,6 +188,9 @@ def _execute(
         run_info["host"]["open_files_limit"] = open_files
         run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
         scraper = _scraper(spec, options, endpoint, run_dir, run_info, log, redactor)
+        if cache.mode == "reset":
+            cache = _reset(cache, endpoint, scraper, redactor, options.quiet, log)
+        run_info["cache"] = to_json(cache)
         publish = _publisher(live, spec, work, run_dir.name, run_info)
         if publish is not None:
             publish.scraper = scraper
@@ -554,6 +564,8 @@ def finish(
     )  # fmt: skip
     if scraper is not None:
         summary = _server_block(summary, scraper, run_dir, run_info, frame)
+    cache = run_info.get("cache")
+    summary = with_cache(summary, from_json(CacheWarmth, cache) if cache else None)
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
@@ -564,6 +576,43 @@ def finish(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
         run_info=final,
     )  # fmt: skip
+
+
+def cache_warmth(spec: WorkloadSpec, options: RunOptions) -> CacheWarmth:
+    """The run's cache mode and, when cold, its nonce: `--nonce`, else (shards of one run
+    must share it) derived from the agreed start and the seed, else random."""
+    if spec.cache != "cold":
+        if options.nonce is not None:
+            raise ConfigError("command line", "--nonce", f"applies to cache: cold, not "
+                              f"{spec.cache} (which sends the same bytes every run)",
+                              "drop --nonce, or add --cache cold")  # fmt: skip
+        return CacheWarmth(mode=spec.cache)
+    nonce = options.nonce
+    if nonce is None and options.start_at_unix_ns is not None:
+        seed = spec.seed if options.seed is None else options.seed
+        agreed = f"{options.start_at_unix_ns}:{seed}:{spec.name}".encode()
+        nonce = hashlib.sha256(agreed).hexdigest()[:NONCE_HEX]
+    nonce = nonce or secrets.token_hex(NONCE_HEX // 2)
+    return CacheWarmth(mode="cold", nonce=nonce, nonce_words=nonce_words(nonce))
+
+
+NONCE_HEX = 8  # hex digits of a drawn nonce
+
+
+def _reset(
+    cache: CacheWarmth, endpoint: Endpoint, scraper: ScraperProcess | None, redactor: Redactor,
+    quiet: bool, log: TextIO,
+) -> CacheWarmth:  # fmt: skip
+    """Ask the server to empty its prefix cache (its kind from the first scrape, if any)."""
+    family = None
+    if scraper is not None and scraper.first_done.wait(scraper.timeout_s + 1):
+        family = scraper.family
+    said = reset_prefix_cache(endpoint.origin, endpoint.headers, family=family,
+                              redact=redactor.redact)  # fmt: skip
+    LOGGER.info("cache: reset: %s", said)
+    if not quiet:
+        print(f"cache: reset: {endpoint.origin} emptied its prefix cache ({said})", file=log)
+    return dataclasses.replace(cache, reset=said)
 
 
 def _server_block(

@@ -36,3 +36,4 @@ class RunOptions:
     server_metrics_interval_s: float | None = None  # `--server-metrics-interval`
     # `--server-metrics-header`s: the metrics endpoint's own (over target.server_metrics_headers)
     server_metrics_headers: Mapping[str, str] = field(default_factory=dict)
+    nonce: str | None = None  # `--nonce`: a cold run's prompts start with it; None: drawn

@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loadgen.analysis.server import current_gauges
+from loadgen.analysis.server import current_gauges, server_family
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.scrape import ScrapeAuth, Scraper, ScrapeStats, default_timeout_s
 from loadgen.engine.secrets import Redactor
@@ -154,6 +154,8 @@ class ScraperProcess:
         access = self.stats().access
         return access if access is not None else ScrapeAccess()
 
+    family: str | None = None  # the server's kind from its metric names (`server_family`)
+
     def live_gauges(self) -> dict[str, float]:
         """The latest scrape's figures a live exporter re-publishes."""
         return self._gauges
@@ -170,6 +172,7 @@ class ScraperProcess:
                 kind = message[0]
                 if kind == "scrape":
                     self._stats, self._gauges = message[1], message[2] or self._gauges
+                    self.family = message[3] or self.family
                     self.first_done.set()
                 elif kind == "log":
                     LOGGER.log(message[1], "%s", message[2])
@@ -199,7 +202,8 @@ def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
 
     def scraped(scraper: Scraper) -> None:
         gauges = current_gauges(scraper.latest) if scraper.latest else None
-        tell(("scrape", scraper.stats(), gauges))
+        family = server_family(sorted({n for n, _, _ in scraper.latest})) if scraper.latest else ""
+        tell(("scrape", scraper.stats(), gauges, family or None))
 
     scraper = Scraper(task.url, task.interval_s, timeout_s=task.timeout_s, auth=task.auth,
                       redactor=task.redactor, spill=partial(write_server_part, task.run_dir),

@@ -164,7 +164,7 @@ def engine_setup(
         seed=seed,
         max_in_flight=options.max_in_flight,
         priority_header=spec.target.priority_header,
-        prompts=PromptMaker(seed, spec.target.tokenizer),
+        prompts=PromptMaker(seed, spec.target.tokenizer, options.nonce),
         redactor=redactor,
         max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
         request_id_header=spec.target.request_id_header,

@@ -10,7 +10,8 @@ always computed, as in vLLM, to produce the first output). A request's prompt bl
 inserted when its first token is emitted (its prefill is done): a request arriving while
 another with the same prefix is still prefilling misses. When its stream ends ok, the blocks
 of prompt + answer are inserted too, so a chat's next turn, which repeats them, hits them.
-Eviction is least recently used, by blocks, up to `capacity_tokens`.
+Eviction is least recently used, by blocks, up to `capacity_tokens`. `POST
+/reset_prefix_cache` (vLLM's endpoint) empties it (`clear`); its counters go on.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ class PrefixCache:
             blocks.move_to_end(key)
         while len(blocks) > self.capacity_blocks:
             blocks.popitem(last=False)
+
+    def clear(self) -> int:
+        """Forget every block (a reset); the counters keep counting. Returns blocks dropped."""
+        dropped = len(self._blocks)
+        self._blocks.clear()
+        return dropped
 
     @property
     def size_blocks(self) -> int:

@@ -43,6 +43,7 @@ perf_counter_ns = time.perf_counter_ns
 SPIN_NS = 1_000_000  # the event loop's timer grain; busy-wait at most this long per step
 DELIVER_SLICE = 64  # tokens written per loop iteration (~1.5 ms) before reads get a turn
 METRICS_PATH = "/metrics"
+RESET_PATH = "/reset_prefix_cache"  # empties the prefix cache (vLLM's endpoint)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format
 
 
@@ -180,6 +181,9 @@ class SimServer:
         elif http.path == METRICS_PATH and http.method == "GET":
             body = self.metrics()
             conn.send_simple(200, body, keep_alive=keep_alive, content_type=METRICS_TYPE)
+        elif http.path == RESET_PATH and http.method == "POST":  # vLLM's, as vLLM answers
+            dropped = self.prefix_cache.clear() if self.prefix_cache is not None else 0
+            conn.send_simple(200, orjson.dumps({"dropped_blocks": dropped}), keep_alive=keep_alive)
         elif api is not None or http.path in self._gets:
             method = "POST" if api is not None else "GET"
             message = f"{http.path} accepts {method}, not {http.method}"

@@ -740,7 +740,9 @@ def run_one_against(
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
     its folder in `out`, with `options` (every option `capacity` shares with `run`; else
     the few keywords); only the first step checks the target (preflight, unless the options
-    skip it). `live` publishes every step on one endpoint (its counters go on rising)."""
+    skip it). `live` publishes every step on one endpoint (its counters go on rising). Each
+    step is a run of its own to the cache too: a cold step draws its own nonce
+    (`nonce.step-NN` when `--nonce` is given), a reset step resets."""
     base = options or RunOptions(
         seed=seed, lag_bound_ms=lag_bound_ms, quiet=quiet, price_per_hour=price_per_hour,
         replicas=replicas,
@@ -750,8 +752,9 @@ def run_one_against(
     def run_one(
         spec: WorkloadSpec, cap: int | None, run_id: str
     ) -> tuple[pl.DataFrame, bool, bool, Path]:
+        nonce = f"{base.nonce}.{run_id}" if base.nonce is not None else None
         step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
-                       check_target=preflight[0])  # fmt: skip
+                       check_target=preflight[0], nonce=nonce)  # fmt: skip
         preflight[0] = False
         result = execute(spec, step, live=live)
         fell_behind = result.summary.verdict.fell_behind

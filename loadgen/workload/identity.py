@@ -42,6 +42,13 @@ a release changes what a default sends, the fingerprint must name the semantics 
   cannot rebuild, so its recorded key is the better one). Agent workloads stored before
   this rule therefore start a new series: their fixed-context runs pool with `grow: false`
   runs, their growing ones with growing ones.
+- Cache warmth. Since run.json schema 14 a run's prompts start with a run nonce by default
+  (`cache: cold`), where before the same file and seed sent the same bytes every run,
+  served from whatever cache an earlier run had warmed (today's `cache: warm`). `cache` is
+  hashed when not `cold`, so cold runs keep the fingerprint the same workload had; a stored
+  spec without `cache` (schema 13 and older) is rebuilt as `warm`, and the identity of such
+  a run is derived from its stored spec (`scheme` 3, recorded since schema 14): old runs
+  pool with `--cache warm` runs, never silently with cold ones. `reset` is a mode of its own.
 """
 
 from __future__ import annotations
@@ -61,8 +68,9 @@ from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 FINGERPRINT_CHARS = 16
 # The fingerprint's rule, recorded with it (`workload.identity.scheme`): 2 = an agent class
-# hashes its context mode (identities recorded without it are scheme 1).
-SCHEME = 2
+# hashes its context mode (identities recorded without it are scheme 1); 3 = a run's cache
+# mode, `warm` for runs stored before it was recorded.
+SCHEME = 3
 SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
 # Left out of the fingerprint: (dataclass, field) pairs.
 _RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
@@ -96,6 +104,8 @@ def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """A stored spec of an older loadgen in today's terms, where a missing key's default
     would not be what that loadgen sent: an agent class without `context` (run.json schema
     8 and older) ran a fixed context, where today's default grows it."""
+    if "cache" not in data and "classes" in data:  # schema 13 and older: the same bytes
+        data = {**data, "cache": "warm"}  # every run (the module docstring)
     classes = data.get("classes")
     if not isinstance(classes, Mapping):
         return data
@@ -212,31 +222,25 @@ def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[st
 
 
 def identity_of_run(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's workload identity: as its run.json records it, or derived the same way from
-    its stored spec for a run written before identities were recorded, and for one with an
-    agent class whose identity predates scheme 2 (it may not say which context it ran: the
-    module docstring)."""
+    """A run's workload identity: as its run.json records it (scheme 3 and later), or
+    derived the same way from its stored spec for a run written before identities were
+    recorded, and for one whose identity predates scheme 3: it ran warm and its key does not
+    say so, and an agent run's before scheme 2 may not say which context it ran (the module
+    docstring)."""
     workload = info.get("workload") or {}
     stored = workload.get("identity")
     if isinstance(stored, Mapping) and stored.get("key"):
         scheme = stored.get("scheme", 1)
-        if not _has_agent(workload) or (isinstance(scheme, int) and scheme >= SCHEME):
+        if isinstance(scheme, int) and scheme >= SCHEME:
             return dict(stored)
     cap = (info.get("options") or {}).get("max_in_flight")
     stored_spec = workload.get("spec") or {}
     try:
         spec = spec_from_resolved(stored_spec)
     except LoadgenError:  # a spec this loadgen cannot rebuild: hash what is stored
+        stored_spec = _upgrade(stored_spec) if isinstance(stored_spec, Mapping) else stored_spec
         return _raw_identity(str(workload.get("name", "")), stored_spec, cap)
     return identity(spec, max_in_flight=cap)
-
-
-def _has_agent(workload: Mapping[str, Any]) -> bool:
-    """True when the stored spec has a `kind: agent` class."""
-    classes = (workload.get("spec") or {}).get("classes")
-    return isinstance(classes, Mapping) and any(
-        isinstance(cls, Mapping) and cls.get("kind") == "agent" for cls in classes.values()
-    )
 
 
 def _raw_identity(name: str, stored: Mapping[str, Any], cap: int | None) -> dict[str, Any]:
@@ -287,6 +291,8 @@ class SettingDifference:
         """`classes.agent.context.grow: false vs true (class agent's context: fixed vs
         growing)`: the setting, both values, and what they mean where loadgen knows."""
         text = f"{self.path}: {self.first} vs {self.second}"
+        if self.path == "cache":
+            text += " (cache warmth: a cold run starts with nothing an earlier run cached)"
         if _is_context_mode(self.path):
             mode = {"false": "fixed", "true": "growing"}
             first, second = (mode.get(v, v) for v in (self.first, self.second))
@@ -303,6 +309,11 @@ class SettingDifference:
             )
         if self.path == "max_in_flight":
             return "run both with one --max-in-flight"
+        if self.path == "cache":
+            return (
+                "run both with one cache mode (--cache cold, the default; warm; reset): "
+                "see README 'Cache warmth'"
+            )
         if self.path == "name":
             return "give both workloads one name"
         return f"set {self.path} alike in both workloads and rerun one"

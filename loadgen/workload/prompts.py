@@ -5,11 +5,23 @@ which is a single token with its leading space in the common BPE tokenizers (GPT
 Llama, Mistral, Qwen), so a prompt of N words is close to N tokens. Every request gets its
 own words (seeded by run seed and request id): a repeated prompt would hit the server's
 prefix cache and make TTFT unrealistically small.
+
+Across runs the same file and seed give the same words, so a second run would find the
+first one's prompts in the server's cache. A `cold` run (the default, README "Cache
+warmth") therefore starts the first message of every request with its run nonce: four
+words drawn from `WORDS` by a hash of the nonce. Only the first message gets it, once per
+request, so whatever a run shares within itself (a class's system prompt, a shared-prefix
+group, a session's history, a trajectory's context, a dataset row) still starts with the
+same bytes within the run, and with other bytes in the next run. A generated prompt's
+nonce takes the place of its first words (its token count is unchanged); a dataset's
+text, which cannot be cut, gets it in front (4 more tokens, counted in the plan's target).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,27 +226,78 @@ def prompt_with_prefix(seed: int, request_id: int, tokens: int, groups: tuple[in
     return " ".join(text)
 
 
-class PromptMaker:
-    """Prompt text for a request: words (≈ one token each), or exact with a tokenizer file."""
+NONCE_WORDS = 4  # words (one token each in the usual tokenizers) a run nonce puts in front
 
-    def __init__(self, seed: int, tokenizer_path: str | None = None) -> None:
+
+def nonce_words(nonce: str) -> tuple[str, ...]:
+    """The run nonce as `NONCE_WORDS` words of `WORDS`: a function of the nonce alone
+    (170⁴ ≈ 8·10⁸ choices: two runs share their first words by chance about once in 10⁸)."""
+    number = int.from_bytes(hashlib.sha256(nonce.encode()).digest()[:8], "big")
+    words = []
+    for _ in range(NONCE_WORDS):
+        number, index = divmod(number, len(WORDS))
+        words.append(WORDS[index])
+    return tuple(words)
+
+
+class PromptMaker:
+    """Prompt text for a request: words (≈ one token each), or exact with a tokenizer file.
+
+    `nonce` (a `cold` run's): every text asked for with `first=True` (the first message of
+    a request) starts with its words; None sends the same bytes every run (`warm`, `reset`).
+    """
+
+    def __init__(
+        self, seed: int, tokenizer_path: str | None = None, nonce: str | None = None
+    ) -> None:
         self.seed = seed
         self.tokenizer: Any = load_tokenizer(tokenizer_path) if tokenizer_path else None
+        self.nonce = nonce
+        self.lead: tuple[str, ...] = nonce_words(nonce) if nonce else ()
 
-    def text(self, request_id: int, tokens: int, groups: tuple[int, ...] = ()) -> str:
-        """`tokens` tokens of text for this request (shared prefix blocks first, if any)."""
-        text = prompt_with_prefix(self.seed, request_id, tokens, groups)
+    def text(
+        self, request_id: int, tokens: int, groups: tuple[int, ...] = (), *, first: bool = False
+    ) -> str:
+        """`tokens` tokens of text for this request (shared prefix blocks first, if any);
+        `first`: the request's first message, which starts with the run nonce."""
+        lead = self._lead(tokens) if first else ()
+        text = prompt_with_prefix(self.seed, request_id, tokens - len(lead), groups)
+        if lead:
+            text = f"{' '.join(lead)} {text}"
         return text if self.tokenizer is None else self._fit(text, tokens, request_id)
 
     def shared(self, request_id: int, group: int, prefix_tokens: int, tokens: int) -> str:
-        """`tokens` tokens: group `group`'s shared prefix of `prefix_tokens`, the same for
-        every request of the group, then this request's own suffix (`prompt:` sets)."""
-        prefix = prompt_text(self.seed, SHARED_PREFIX_KEY - group, prefix_tokens)
+        """`tokens` tokens: group `group`'s shared prefix of `prefix_tokens` (the run nonce
+        first), the same for every request of the group, then this request's own suffix
+        (`prompt:` sets)."""
+        lead = self._lead(prefix_tokens)
+        prefix = prompt_text(self.seed, SHARED_PREFIX_KEY - group, prefix_tokens - len(lead))
+        if lead:
+            prefix = f"{' '.join(lead)} {prefix}"
         suffix = prompt_text(self.seed, request_id, max(1, tokens - prefix_tokens))
         if self.tokenizer is not None:
             prefix = self._fit(prefix, prefix_tokens, SHARED_PREFIX_KEY - group)
             suffix = self._fit(suffix, max(1, tokens - prefix_tokens), request_id)
         return f"{prefix} {suffix}"
+
+    def lead_messages(self, messages: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+        """A dataset's messages with the run nonce in front of the first one's text (which
+        cannot be cut: the request grows by `lead_tokens`)."""
+        if not self.lead or not messages:
+            return tuple(messages)
+        (role, text), *rest = messages
+        return ((role, f"{' '.join(self.lead)} {text}"), *rest)
+
+    @property
+    def lead_tokens(self) -> int:
+        """Tokens the nonce adds in front of a dataset's text (0 without a nonce)."""
+        return self.count(" ".join(self.lead)) if self.lead else 0
+
+    def _lead(self, tokens: int) -> tuple[str, ...]:
+        """The nonce words a generated text of `tokens` starts with: at most `tokens` − 1,
+        so it keeps a word of its own (a 1-token prompt caches nothing: its one token is
+        always computed)."""
+        return self.lead[: max(0, tokens - 1)]
 
     def count(self, text: str) -> int:
         """Tokens in `text`: by the tokenizer when there is one, else words."""

@@ -39,6 +39,11 @@ LENGTH_DISTS = ("fixed", "uniform", "lognormal", "exponential")
 DATASET_FORMATS = ("sharegpt", "jsonl", "json", "csv", "parquet", "openai-batch")
 DATASET_SAMPLES = ("random", "sequential")
 CONTEXT_OVERFLOW = ("drop_oldest", "summarize")
+# How a run stands to the server's prefix cache (README "Cache warmth"): `cold` prompts
+# start with a run nonce, so no prefix is shared with an earlier run; `warm` sends the same
+# bytes as every run of this file and seed; `reset` sends those and first asks the server
+# to empty its cache.
+CACHE_MODES = ("cold", "warm", "reset")
 MAX_MODELS = 1_000  # models (or LoRA adapters) in one class's mix
 
 # Sane ranges: past these a plan is a typo, an overflow (ns since t0 are int64) or a plan
@@ -363,6 +368,7 @@ class WorkloadSpec:
     target: TargetSpec
     classes: Mapping[str, ClassSpec]
     seed: int = 0
+    cache: str = "cold"  # one of CACHE_MODES
     sim: Mapping[str, Any] = field(default_factory=dict)  # the built-in simulator's profile
     raw: Mapping[str, Any] = field(default_factory=dict)  # the file as parsed, for run.json
 
@@ -514,7 +520,7 @@ def loads(text: str, source: str = "<workload>") -> WorkloadSpec:
 def parse(raw: object, source: str) -> WorkloadSpec:
     """Validate an already-parsed workload mapping."""
     top = _Node(source, "", raw)
-    top.allow("name", "description", "target", "classes", "seed", "sim")
+    top.allow("name", "description", "target", "classes", "seed", "cache", "sim")
     classes_node = top.child("classes")
     if not classes_node.value:
         raise classes_node.error("", "needs at least one class", "add e.g. 'chat: {...}'")
@@ -530,6 +536,7 @@ def parse(raw: object, source: str) -> WorkloadSpec:
         target=_target(top.child("target") if top.has("target") else _Node(source, "target", {})),
         classes=classes,
         seed=top.integer("seed", 0, maximum=MAX_SEED),
+        cache=top.string("cache", "cold", choices=CACHE_MODES),
         sim=dict(sim),
         raw=dict(top.value),
     )
@@ -1344,9 +1351,10 @@ def override(
     api: str | None = None,
     model: str | None = None,
     force_output_tokens: bool | None = None,
+    cache: str | None = None,
 ) -> WorkloadSpec:
     """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
-    `--model` and `--force-output-tokens` applied.
+    `--model`, `--force-output-tokens` and `--cache` applied.
 
     `requests` replaces every class's count; `duration_s` every open-loop class's duration
     (a closed-loop batch, `concurrency`, keeps its `requests` documents: it has no arrivals
@@ -1372,6 +1380,11 @@ def override(
                           "which sends its documents, not arrivals for a duration",
                           "give --requests N (documents per class) instead")  # fmt: skip
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
+    if cache is not None:
+        if cache not in CACHE_MODES:
+            raise ConfigError("command line", "--cache", f"unknown mode {cache!r}",
+                              f"one of {', '.join(CACHE_MODES)}")  # fmt: skip
+        spec = replace(spec, cache=cache)
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {}
     for name, cls in spec.classes.items():

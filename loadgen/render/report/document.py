@@ -11,6 +11,7 @@ from loadgen import __version__
 from loadgen.analysis.slo import stop_of
 from loadgen.analysis.windows import MAX_WINDOWS, MIN_COVERAGE, MIN_REQUESTS_PER_WINDOW
 from loadgen.errors import LoadgenError
+from loadgen.render.cache_view import cache_line
 from loadgen.render.cost_view import cost_table
 from loadgen.render.report.blocks import Block, Heading, Para, Table, num, pct, verdict_word
 from loadgen.render.report.class_section import class_blocks
@@ -106,6 +107,8 @@ def _banners(report: RunReport) -> list[Block]:
         word = "SLO MET" if verdict.slo_met else "SLO MISSED"
     tone = "" if verdict.exit_code == 0 else "bad"
     banners.append(Para(f"Verdict: {word} (exit {verdict.exit_code})", tone or "good"))
+    if report.summary.cache is not None:  # beside the verdict: what the server had cached
+        banners.append(Para(cache_line(report.summary.cache)))
     return banners
 
 
