@@ -286,12 +286,22 @@ def test_responses_incomplete_failed_and_error() -> None:
 
 
 def test_responses_body() -> None:
-    """input messages and max_output_tokens; no OpenAI chat-only fields."""
-    body = adapter_for("openai-responses").build_body([("user", "hi")], 8, BodyOptions(model="m"))
+    """input messages, each with an explicit `"type": "message"` (llama-server refuses an
+    assistant item without it), and max_output_tokens; no OpenAI chat-only fields."""
+    adapter = adapter_for("openai-responses")
+    body = adapter.build_body([("user", "hi")], 8, BodyOptions(model="m"))
     assert body == {
-        "model": "m", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 8,
-        "stream": True,
+        "model": "m", "input": [{"type": "message", "role": "user", "content": "hi"}],
+        "max_output_tokens": 8, "stream": True,
     }  # fmt: skip
+    history = [("system", "s"), ("user", "hi"), ("assistant", "yo"), ("tool", "42"),
+               ("user", "again")]  # fmt: skip
+    items = adapter.build_body(history, 8, BodyOptions(model="m"))["input"]
+    messages = [i for i in items if i.get("role")]
+    assert [i["role"] for i in messages] == ["system", "user", "assistant", "user"]
+    assert all(i["type"] == "message" for i in messages)
+    assert [i["type"] for i in items if not i.get("role")] == ["function_call",
+                                                              "function_call_output"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -314,3 +324,107 @@ def test_ndjson_lines_blank_lines_crlf_and_a_last_line_without_newline() -> None
     assert decoder.feed(b':2}\n{"c":3}') == [(b"", b'{"b":2}')]
     assert decoder.close() == [(b"", b'{"c":3}')]
     assert decoder.close() == []
+
+
+def _parse(api: str, obj: dict[str, Any]) -> Delta:
+    return adapter_for(api).parse(b"", json.dumps(obj).encode())
+
+
+def _completed(status: str | None, **response: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": "resp_1", **response}
+    if status is not None:
+        body["status"] = status
+    return {"type": "response.completed", "response": body}
+
+
+@pytest.mark.parametrize(
+    ("event", "done", "finish", "error"),
+    [
+        (_completed("completed"), True, "stop", None),
+        (_completed(None), True, "stop", None),  # a server that leaves the status out
+        (_completed("incomplete", incomplete_details={"reason": "max_output_tokens"}),
+         True, "length", None),  # vLLM, llama-server
+        ({"type": "response.incomplete", "response": {
+            "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}},
+         True, "length", None),  # OpenAI
+        (_completed("incomplete", incomplete_details={"reason": "content_filter"}),
+         False, None, "response.completed (status 'incomplete', content_filter)"),
+        (_completed("cancelled"), True, "cancelled", None),  # vLLM: an aborted request
+        (_completed("incomplete", incomplete_details={"reason": "other"}), False, None,
+         "response.completed (status 'incomplete', other)"),
+        (_completed("failed", error={"message": "engine died"}), False, None, "engine died"),
+        ({"type": "response.failed", "response": {"status": "failed"}}, False, None,
+         "response.failed (status 'failed')"),
+    ],
+)  # fmt: skip
+def test_a_responses_end_is_its_status_whichever_event_carries_it(
+    event: dict[str, Any], done: bool, finish: str | None, error: str | None
+) -> None:
+    """The status inside the terminal event decides the end, not the event's name."""
+    delta = _parse("openai-responses", event)
+    assert (delta.done, delta.finish_reason, delta.error) == (done, finish, error)
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai-responses", "openai-chat"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"error": {"message": "upstream failed, code 503", "type": "None"}},  # LiteLLM
+        {"error": "upstream failed, code 503"},
+        {"type": "error", "error": {"type": "api_error", "message": "upstream failed, code 503"}},
+    ],
+)
+def test_an_error_event_fails_the_stream_with_or_without_a_type(
+    api: str, event: dict[str, Any]
+) -> None:
+    """A mid-stream error object, typed or bare (a gateway's), is an error with its words."""
+    assert _parse(api, event).error == "upstream failed, code 503"
+
+
+def test_a_responses_error_event_keeps_its_top_level_message() -> None:
+    """OpenAI's own `error` event puts message and code at the top level."""
+    delta = _parse("openai-responses", {"type": "error", "code": "x", "message": "went wrong"})
+    assert delta.error == "went wrong"
+
+
+def test_anthropic_input_tokens_come_from_message_delta_when_message_start_says_0() -> None:
+    """LiteLLM: `input_tokens: 0` at the start, the count in message_delta; 0 is nobody's
+    count (null), and a later count replaces it."""
+    start = _parse("anthropic", {"type": "message_start", "message": {
+        "id": "msg_1", "usage": {"input_tokens": 0, "output_tokens": 1}}})  # fmt: skip
+    assert start.prompt_tokens is None
+    end = _parse("anthropic", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                               "usage": {"input_tokens": 14, "output_tokens": 30}})  # fmt: skip
+    assert (end.prompt_tokens, end.completion_tokens, end.finish_reason) == (14, 30, "end_turn")
+    only_output = _parse("anthropic", {"type": "message_delta", "delta": {},
+                                       "usage": {"output_tokens": 30}})  # fmt: skip
+    assert only_output.prompt_tokens is None  # does not replace message_start's count
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("1e18", "1e+18"), ("-8", "-8"), ("2147483648", "2147483648"), ('"12"', '"12"'),
+     ("true", "true"), ("7.0", "7.0"), ("1180591620717411303424", "1.1805916207174113e+21")],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("api", "event"),
+    [
+        ("openai-chat", '{"choices": [], "usage": {"completion_tokens": %s}}'),
+        ("openai-responses", '{"type": "response.completed", "response": {"usage": '
+                             '{"output_tokens": %s}}}'),
+        ("anthropic", '{"type": "message_delta", "usage": {"output_tokens": %s}}'),
+        ("ollama-chat", '{"done": true, "eval_count": %s}'),
+        ("tgi", '{"token": {"text": "", "special": true}, "details": {"generated_tokens": %s}}'),
+    ],
+)  # fmt: skip
+def test_a_usage_count_no_server_can_mean_is_a_problem_not_a_figure(
+    api: str, event: str, value: str, shown: str
+) -> None:
+    """Negative, fractional, string, bool or past 2**31: no count taken, the value kept as
+    text (as parsed: a number past 64 bits arrives as a float)."""
+    delta = adapter_for(api).parse(b"", (event % value).encode())
+    assert delta.completion_tokens is None
+    assert delta.usage_problem is not None
+    assert delta.usage_problem.endswith(f"={shown}")
+    ok = adapter_for(api).parse(b"", (event % "2147483647").encode())
+    assert (ok.completion_tokens, ok.usage_problem) == (2**31 - 1 - (api == "tgi"), None)

@@ -194,10 +194,10 @@ def test_generator_that_falls_behind_exits_3(tmp_path: Path) -> None:
 
 def test_runs_are_never_overwritten(tmp_path: Path) -> None:
     """Reusing a run id is a usage error, and the first run's files are untouched."""
-    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(2))
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(3))
     assert code == 0, output
     before = (run_dir / "summary.json").read_text()
-    code2, output2, _ = run_against(tmp_path, lambda r: simple_chat(2))
+    code2, output2, _ = run_against(tmp_path, lambda r: simple_chat(3))
     assert code == 0
     assert code2 == 1
     assert "already exists" in output2
@@ -215,7 +215,7 @@ def test_api_key_from_the_named_env_var_reaches_the_server_not_the_files(
 
     def handler(request):
         seen.append(request.headers.get("authorization"))
-        return simple_chat(2)
+        return simple_chat(3)
 
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
@@ -265,7 +265,7 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
     """Two nightly runs a day apart: a 2-day window holds both runs' requests."""
     store = tmp_path / "store"
     for night, run_id in enumerate(("n1", "n2")):
-        with ScriptedServer(lambda r: simple_chat(2)) as server:
+        with ScriptedServer(lambda r: simple_chat(3)) as server:
             result = CliRunner().invoke(
                 cli, ["run", str(write_tiny(tmp_path)), "--url", server.url, "--out", str(store),
                       "--run-id", run_id, "-q", *LAX],
@@ -300,7 +300,7 @@ def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Pat
         ),
         "agent.yaml",
     )
-    with ScriptedServer(lambda r: simple_chat(2)) as server:
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path / "o"),
                                           "--run-id", "a", "-q", *LAX])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -347,7 +347,7 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
                 {"error": {"message": f"bad auth {request.headers} at {request.path}"}}
             ).encode()
             return [head(500, chunked=False, length=len(body)), body]
-        return simple_chat(2)
+        return simple_chat(3)
 
     with ScriptedServer(echo) as server:
         url = (

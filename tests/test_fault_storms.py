@@ -83,8 +83,13 @@ def test_running_out_of_file_descriptors_is_the_clients_fault_and_invalidates_th
 
     from loadgen.testing import simple_chat
 
-    workload = workload_file(tmp_path, WORKLOAD.format(fault="").replace("rate_per_s: 100", "rate_per_s: 500")
-                        .replace("requests: 300", "requests: 150"))  # fmt: skip
+    workload = workload_file(
+        tmp_path,
+        WORKLOAD.format(fault="")
+        .replace("rate_per_s: 100", "rate_per_s: 500")
+        .replace("requests: 300", "requests: 150")
+        .replace("value: 8}", "value: 5}"),
+    )  # output 5: the tokens the scripted server streams
 
     def limit_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))

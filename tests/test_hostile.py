@@ -547,3 +547,28 @@ def test_no_server_text_starts_a_line_with_verdict(
     for name, text in texts.items():
         assert len(forged_lines(text)) == own.get(name, 0), (name, forged_lines(text))
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]", text), name
+
+
+@pytest.mark.parametrize("name", ["usage-1e18", "usage-negative"])
+def test_usage_no_server_can_mean_is_classified_summarized_and_never_met(
+    name: str, workload: Path, tmp_path: Path
+) -> None:
+    """`completion_tokens: 1e18` (once a polars overflow and a traceback) and `-8 / -200`
+    (once N -8, goodput negative and SLO MET on a TPOT check with 0 values): each request a
+    stream_error with the value kept as text, N counted from the 3 chunks that arrived, a
+    summary written, the verdict missed (exit 2), its usage problems counted."""
+    case = next(c for c in CASES if c.name == name)
+    with ScriptedServer(case.script) as server:
+        result = invoke(workload, server.url, tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records.height == REQUESTS
+    assert records["usage_problem"].str.contains(case.error.split(";")[0], literal=True).all()
+    assert records["output_tokens"].to_list() == [3] * REQUESTS  # the chunks, not the usage
+    assert records["usage_output_tokens"].null_count() == REQUESTS
+    assert records["prompt_tokens"].null_count() == (REQUESTS if name == "usage-negative" else 0)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["verdict"]["status"] == "missed"
+    assert summary["classes"]["chat"]["stream_ends"]["usage_problems"] == REQUESTS
+    assert summary["classes"]["chat"]["goodput"]["output_tokens_per_s"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -790,3 +791,101 @@ def test_e2e_generic_adapter_decodes_ollama_ndjson(tmp_path: Path) -> None:
         assert (record.output_tokens, record.token_source) == (E2E_TOKENS, TokenSource.USAGE)
         assert_ttft_is_the_first_token_write(record, _server(run, record.request_id), run.t0_ns)
     assert len(run.records[2].chunk_ns) == 3
+
+
+# -- the Responses events against the spec's types --------------------------------------------
+# Required fields, from the OpenAI spec (openapi `Response` and the stream event schemas),
+# checked here when the openai SDK is not installed; with it, its own types judge instead.
+RESPONSE_REQUIRED = (
+    "id", "object", "created_at", "error", "incomplete_details", "instructions", "model",
+    "tools", "output", "parallel_tool_calls", "metadata", "tool_choice", "temperature", "top_p",
+)  # fmt: skip
+_WHERE = ("item_id", "output_index", "content_index")
+EVENT_REQUIRED = {
+    **dict.fromkeys(("response.created", "response.in_progress", "response.completed",
+                     "response.incomplete", "response.failed"), ("response",)),
+    **dict.fromkeys(("response.output_item.added", "response.output_item.done"),
+                    ("output_index", "item")),
+    **dict.fromkeys(("response.content_part.added", "response.content_part.done"),
+                    (*_WHERE, "part")),
+    "response.output_text.delta": (*_WHERE, "delta", "logprobs"),
+    "response.output_text.done": (*_WHERE, "text", "logprobs"),
+    "response.reasoning_text.delta": (*_WHERE, "delta"),
+    "response.reasoning_text.done": (*_WHERE, "text"),
+}  # fmt: skip
+ITEM_REQUIRED = {"message": ("id", "type", "role", "content", "status"),
+                 "reasoning": ("id", "type", "summary")}  # fmt: skip
+
+
+def _missing(obj: dict[str, Any], required: tuple[str, ...], where: str) -> list[str]:
+    return [f"{where}.{key}" for key in required if key not in obj]
+
+
+def spec_problems(event: dict[str, Any]) -> list[str]:
+    """What the checked-in required lists find missing from one Responses event."""
+    kind = event["type"]
+    problems = _missing(event, ("type", "sequence_number", *EVENT_REQUIRED[kind]), kind)
+    if "response" in event:
+        problems += _missing(event["response"], RESPONSE_REQUIRED, f"{kind}.response")
+        for item in event["response"]["output"]:
+            problems += _missing(item, ITEM_REQUIRED[item["type"]], f"{kind}.output")
+    if "item" in event:
+        problems += _missing(event["item"], ITEM_REQUIRED[event["item"]["type"]], f"{kind}.item")
+    return problems
+
+
+def sdk_problems(event: dict[str, Any]) -> list[str]:
+    """What the openai SDK's own type for this event rejects in it ([] without the SDK)."""
+    try:
+        from openai.types.responses import ResponseStreamEvent
+        from pydantic import ValidationError
+    except ImportError:
+        return []
+    union = typing.get_args(ResponseStreamEvent)[0]  # Annotated[Union[...], discriminator]
+    types = {typing.get_args(t.model_fields["type"].annotation)[0]: t
+             for t in typing.get_args(union)}  # fmt: skip
+    model = types.get(event["type"])
+    if model is None:
+        return [f"{event['type']}: no such event in the openai SDK"]
+    try:
+        model.model_validate(event)
+    except ValidationError as exc:
+        return [f"{event['type']}: {exc}"]
+    return []
+
+
+@pytest.mark.parametrize("end", ["", "incomplete", "incomplete-event", "cancelled", "failed"])
+@pytest.mark.parametrize("reasoning", [False, True])
+def test_responses_events_carry_every_field_the_spec_requires(
+    client: httpx.Client, end: str, reasoning: bool
+) -> None:
+    """Every event of a Responses stream (each end kind, with and without a reasoning item)
+    has the spec's required fields (parallel_tool_calls, tool_choice, tools, ...), by the
+    openai SDK's types where it is installed and by the spec's lists always."""
+    dialect = DIALECTS["openai-responses"]
+    body = dialect.body(4)
+    if reasoning:
+        body["reasoning"] = {"effort": "medium"}
+    with client.stream("POST", dialect.path, json=body, headers={"X-Sim-Finish": end}) as reply:
+        raw = reply.read()
+    events = [json.loads(data) for name, data in sse_events(raw) if name != "comment"]
+    assert {e["type"] for e in events} >= {"response.created", "response.in_progress"}
+    assert any(e["type"] == "response.reasoning_text.delta" for e in events) is reasoning
+    problems = [p for e in events for p in spec_problems(e) + sdk_problems(e)]
+    assert problems == []
+
+
+def test_the_spec_check_can_fail() -> None:
+    """A response.created without parallel_tool_calls, tool_choice and tools (the shape the
+    simulator sent before) is caught by the checked-in lists, and by the SDK when present."""
+    response = {"id": "r", "object": "response", "created_at": 1, "status": "in_progress",
+                "model": "m", "output": [], "usage": None}  # fmt: skip
+    event = {"type": "response.created", "sequence_number": 0, "response": response}
+    problems = spec_problems(event)
+    assert "response.created.response.parallel_tool_calls" in problems
+    assert "response.created.response.tools" in problems
+    try:
+        import openai  # noqa: F401  # only to know whether the SDK can judge too
+    except ImportError:
+        return
+    assert sdk_problems(event) != []

@@ -110,6 +110,21 @@ def test_tpot_check_excludes_single_token_responses() -> None:
     assert chat.slo.met is True
 
 
+def test_a_check_with_no_values_to_judge_never_passes() -> None:
+    """Every response one token long: the TPOT check has no values, so it fails (a promise
+    nothing measured is not kept), the class is not met, and the run exits 2, not SLO MET;
+    the TTFT check beside it, with values, still passes."""
+    records = [streamed(i, gaps_ms=()) for i in range(3)]
+    result = summary(records, chat=SloTargets(ttft_ms=1000.0, tpot_ms=20.0))
+    ttft, tpot = result.classes["chat"].slo.checks
+    assert (ttft.metric, ttft.passed) == ("ttft_ms", True)
+    assert (tpot.metric, tpot.population, tpot.value_ms, tpot.passed) == ("tpot_ms", 0, None, False)
+    assert tpot.note is not None
+    assert "no values to judge" in tpot.note
+    assert result.classes["chat"].slo.met is False
+    assert (result.verdict.status, result.verdict.exit_code) == ("missed", 2)
+
+
 @pytest.mark.parametrize(
     ("n_failed", "met", "value_ms"), [(0, True, 10.0), (1, True, 10.0), (2, False, None)]
 )

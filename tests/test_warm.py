@@ -281,7 +281,7 @@ def test_warming_counts_a_server_that_closes_each_connection_at_once_as_failed(
 def test_run_reports_warm_connections_in_run_json_records_and_summary(tmp_path: Path) -> None:
     """`--warm-connections 2`: run.json counts them, records name them, the summary adds up."""
     workload = workload_file(tmp_path, chat_workload("warm", requests=6, deadlines=None))
-    with ScriptedServer(lambda r: simple_chat(2)) as server:
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
         result = CliRunner().invoke(cli, [
             "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id", "w",
             "-q", "--lag-bound-ms", "1000", "--warm-connections", "2",

@@ -74,7 +74,8 @@ def run_cli(tmp_path: Path, url: str, run_id: str, *extra: str) -> tuple[int, st
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The same workload and seed, run by one process and by two."""
     tmp_path = tmp_path_factory.mktemp("workers")
-    with ScriptedServer(lambda r: simple_chat(3)) as server:
+    # A server that honours the forced length: as many tokens as the body's max_tokens.
+    with ScriptedServer(lambda r: simple_chat(r.body["max_tokens"])) as server:
         code_one, said_one, one = run_cli(tmp_path, server.url, "one")
         code_two, said_two, two = run_cli(tmp_path, server.url, "two", "--workers", "2")
     assert code_one == 0, said_one

@@ -5,9 +5,11 @@ Generated output: `content_block_delta` with a `text_delta` (visible content), a
 `tool_use` (or `redacted_thinking`) content block. Nothing else carries output:
 `message_start` (it brings `usage.input_tokens`), `content_block_start` of a text or
 thinking block (its text is empty), `signature_delta`, `content_block_stop`, `ping`.
-`message_delta` brings the stop reason and the cumulative `usage.output_tokens` (N);
-`message_stop` ends the stream; an `error` event mid-stream fails it. The event type is
-read from the JSON `type` field (it repeats the SSE event name).
+`message_delta` brings the stop reason and the cumulative `usage.output_tokens` (N), and
+may bring `usage.input_tokens` (the real API repeats it; LiteLLM's proxy sends it only
+there); `message_stop` ends the stream; an `error` event mid-stream fails it, as does a
+bare `{"error": ...}` without a `type` (a gateway's). The event type is read from the JSON
+`type` field (it repeats the SSE event name).
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    MAX_USAGE_COUNT,
     TOOL_NAME,
     BodyOptions,
     Delta,
     MalformedEvent,
     Message,
+    error_message,
     has_tool_messages,
     json_object,
-    token_count,
+    usage_count,
     with_tool_calls,
 )
 
@@ -87,18 +91,15 @@ class AnthropicMessages:
             message = obj.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
             if isinstance(usage, dict):
-                delta.prompt_tokens = _prompt_tokens(usage)
-                # Tokens read from the prompt cache are its hits; cache_creation_input_tokens
-                # were written to it (computed this time), so they are not counted as cached.
-                delta.cached_tokens = token_count(usage.get("cache_read_input_tokens"))
+                _input_usage(usage, delta)
             if isinstance(message, dict) and isinstance(message.get("id"), str):
                 delta.response_id = message["id"]
         elif kind == "message_stop":
             delta.done = True
-        elif kind == "error":
-            error = obj.get("error")
-            message = error.get("message") if isinstance(error, dict) else error
-            delta.error = str(message or "error event")
+        else:
+            error = error_message(obj)  # `type: error`, or a gateway's bare {"error": ...}
+            if error is not None:
+                delta.error = error
         return delta
 
 
@@ -127,14 +128,30 @@ def _message_delta(obj: dict[str, Any], delta: Delta) -> None:
         delta.finish_reason = str(inner["stop_reason"])
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        delta.completion_tokens = token_count(usage.get("output_tokens"))
+        delta.completion_tokens = usage_count(usage.get("output_tokens"), "output_tokens", delta)
+        _input_usage(usage, delta)
 
 
-def _prompt_tokens(usage: dict[str, Any]) -> int | None:
-    """Input tokens, including those written to or read from the prompt cache."""
-    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    counts = [c for k in keys if (c := token_count(usage.get(k))) is not None]
-    return token_count(sum(counts)) if counts else None
+INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _input_usage(usage: dict[str, Any], delta: Delta) -> None:
+    """Prompt tokens (input tokens, including those written to or read from the prompt
+    cache) and cached tokens, from `message_start` or `message_delta` (the later wins).
+
+    A sum of 0 is nobody's count (a prompt has at least one token): LiteLLM's proxy sends
+    `input_tokens: 0` in `message_start` and the real count in `message_delta.usage`, so 0
+    leaves the prompt tokens unset (null when no later event says). Tokens read from the
+    prompt cache are its hits; cache_creation_input_tokens were written to it (computed
+    this time), so they are not counted as cached.
+    """
+    counts = [c for k in INPUT_KEYS if (c := usage_count(usage.get(k), k, delta)) is not None]
+    total = sum(counts)
+    if total and total <= MAX_USAGE_COUNT:
+        delta.prompt_tokens = total
+        delta.cached_tokens = usage_count(
+            usage.get("cache_read_input_tokens"), "cache_read_input_tokens", Delta()
+        )
 
 
 def _anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

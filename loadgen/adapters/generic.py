@@ -27,7 +27,7 @@ from loadgen.adapters.protocol import (
     Message,
     bearer_headers,
     flatten,
-    token_count,
+    usage_count,
 )
 from loadgen.errors import ConfigError
 
@@ -124,9 +124,11 @@ class GenericAdapter:
             if isinstance(thinking, str) and thinking:
                 delta.reasoning_chars = len(thinking)
         if spec.output_tokens is not None:
-            delta.completion_tokens = token_count(walk(obj, spec.output_tokens))
+            delta.completion_tokens = usage_count(
+                walk(obj, spec.output_tokens), "output_tokens", delta
+            )
         if spec.prompt_tokens is not None:
-            delta.prompt_tokens = token_count(walk(obj, spec.prompt_tokens))
+            delta.prompt_tokens = usage_count(walk(obj, spec.prompt_tokens), "prompt_tokens", delta)
         if spec.finish_reason is not None:
             finish = walk(obj, spec.finish_reason)
             if finish:

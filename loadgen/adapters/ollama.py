@@ -23,6 +23,7 @@ from loadgen.adapters.protocol import (
     flatten,
     json_object,
     token_count,
+    usage_count,
     with_tool_calls,
 )
 
@@ -130,8 +131,8 @@ def _envelope(data: bytes) -> tuple[Delta, dict[str, Any]]:
         # Ollama before done_reason existed ended with a bare `done: true`: that is the
         # finish signal, recorded as "done".
         delta.finish_reason = str(obj.get("done_reason") or "done")
-        delta.completion_tokens = token_count(obj.get("eval_count"))
-        delta.prompt_tokens = token_count(obj.get("prompt_eval_count"))
+        delta.completion_tokens = usage_count(obj.get("eval_count"), "eval_count", delta)
+        delta.prompt_tokens = usage_count(obj.get("prompt_eval_count"), "prompt_eval_count", delta)
         delta.server_timings = _timings(obj)
     return delta, obj
 

@@ -12,7 +12,9 @@ from loadgen.adapters.protocol import (
     Delta,
     MalformedEvent,
     ServerTimings,
+    error_message,
     token_count,
+    usage_count,
 )
 
 
@@ -47,21 +49,19 @@ def parse_envelope(data: bytes) -> tuple[Delta, dict[str, Any] | None]:
         raise MalformedEvent("not JSON", data) from None
     if not isinstance(obj, dict):
         raise MalformedEvent("not a JSON object", data)
-    error = obj.get("error")
-    if error:
-        message = error.get("message") if isinstance(error, dict) else error
-        delta.error = str(message)
+    error = error_message(obj)
+    if error is not None:
+        delta.error = error
         return delta, None
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
-        if isinstance(completion, int):
-            delta.completion_tokens = completion
-        if isinstance(prompt, int):
-            delta.prompt_tokens = prompt
+        delta.completion_tokens = usage_count(
+            usage.get("completion_tokens"), "completion_tokens", delta
+        )
+        delta.prompt_tokens = usage_count(usage.get("prompt_tokens"), "prompt_tokens", delta)
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            delta.cached_tokens = token_count(details.get("cached_tokens"))
+            delta.cached_tokens = usage_count(details.get("cached_tokens"), "cached_tokens", delta)
         _closing(obj, delta)
     choices = obj.get("choices")
     if not choices:

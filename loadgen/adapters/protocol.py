@@ -69,6 +69,9 @@ class Delta:
     `cached_tokens` the prompt tokens it served from its prefix cache (OpenAI
     `usage.prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`,
     llama.cpp `timings.cache_n`); `response_id` the response's own id, where it has one.
+    `usage_problem` names a usage count the server sent that cannot be one (negative, not an
+    integer, 2**31 or more), its value kept as text (`usage_count`): the count itself is then
+    None, never a figure.
     """
 
     __slots__ = (
@@ -85,6 +88,7 @@ class Delta:
         "server_timings",
         "text",
         "token_only",
+        "usage_problem",
     )
 
     def __init__(self) -> None:
@@ -101,6 +105,7 @@ class Delta:
         self.cached_tokens: int | None = None
         self.response_id: str | None = None
         self.token_only = False
+        self.usage_problem: str | None = None
 
     @property
     def has_output(self) -> bool:
@@ -227,6 +232,45 @@ def token_count(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
     return None
+
+
+# The largest usage count taken as a figure: a server's count at or above 2**31 (the most a
+# 32-bit counter holds; no context window comes near it) is not a count.
+MAX_USAGE_COUNT = 2**31 - 1
+
+
+def usage_count(value: object, name: str, delta: Delta) -> int | None:
+    """`value` when it is a usage count (an int in [0, MAX_USAGE_COUNT], not a bool); None
+    when absent (null); otherwise None, and `name=value` (as text, cut to 40 characters)
+    noted in `delta.usage_problem`: a number the server cannot mean is checked here, at the
+    door, and never stored as a figure."""
+    if value is None:
+        return None
+    if type(value) is int and 0 <= value <= MAX_USAGE_COUNT:
+        return value
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # an int past 64 bits (the JSON parser keeps up to 2**64 - 1)
+        text = str(value)
+    shown = f"{name}={text[:40]}"
+    delta.usage_problem = f"{delta.usage_problem}; {shown}" if delta.usage_problem else shown
+    return None
+
+
+def error_message(obj: Mapping[str, Any]) -> str | None:
+    """The server's message when `obj` is an error event, with or without a `type` field:
+    `{"type": "error", "message": ...}`, `{"type": "error", "error": {...}}` or a bare
+    `{"error": {"message": ...}}` / `{"error": "..."}` (a gateway's mid-stream failure, e.g.
+    LiteLLM's); None when it is not one."""
+    error = obj.get("error")
+    if not error and obj.get("type") != "error":
+        return None
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("type") or error.get("code")
+        return str(message or error)
+    if error:
+        return str(error)
+    return str(obj.get("message") or obj.get("code") or "error event")
 
 
 def flatten(messages: Sequence[Message]) -> str:

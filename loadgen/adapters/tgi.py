@@ -25,7 +25,7 @@ from loadgen.adapters.protocol import (
     bearer_headers,
     flatten,
     json_object,
-    token_count,
+    usage_count,
 )
 
 
@@ -93,7 +93,7 @@ def _details(details: dict[str, Any], last_is_special: bool, delta: Delta) -> No
     finish = details.get("finish_reason")
     if finish:
         delta.finish_reason = str(finish)
-    generated = token_count(details.get("generated_tokens"))
+    generated = usage_count(details.get("generated_tokens"), "generated_tokens", delta)
     if generated is not None:
         delta.completion_tokens = max(0, generated - last_is_special)
-    delta.prompt_tokens = token_count(details.get("input_length"))
+    delta.prompt_tokens = usage_count(details.get("input_length"), "input_length", delta)

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import polars as pl
 
 from loadgen.percentiles import nearest_rank
-from loadgen.results.records import Outcome, TokenSource, with_all_columns
+from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
     AskedLoad,
     FailureRankedStats,
@@ -230,8 +230,24 @@ def stream_ends(frame: pl.DataFrame) -> dict[str, StreamEnds]:
             n_from=n_from,
             n_from_usage_share=round(usage / part.height, 6) if part.height else None,
             n_counted=any(n_from.get(s.value, 0) for s in (TokenSource.TEXT, TokenSource.CHUNKS)),
+            **_usage_evidence(whole),
         )
     return ends
+
+
+def _usage_evidence(part: pl.DataFrame) -> dict[str, int]:
+    """Usage that disagrees with the events that arrived (and how often it claimed more),
+    and usage problems, over one class's records (`summary.StreamEnds`)."""
+    usage, counted = pl.col("usage_output_tokens"), pl.col("counted_output_tokens")
+    has = usage.is_not_null() & (counted > 0)
+    over = has & (usage > counted + UNSTREAMED_TOKENS)
+    disagrees = over | (has & (usage < counted))
+    row = part.select(
+        disagrees.sum().alias("usage_disagrees"),
+        over.sum().alias("usage_over_counted"),
+        pl.col("usage_problem").is_not_null().sum().alias("usage_problems"),
+    ).row(0, named=True)
+    return {k: int(v or 0) for k, v in row.items()}
 
 
 def run_duration_s(frame: pl.DataFrame) -> float:

@@ -18,8 +18,9 @@ Breach accounting (every non-ok outcome is a miss of every SLO of its class):
   the ITL check fails when the failures exceed the percentile's allowance at request
   level (failures > n - ceil(p/100 * n), n = the class's requests), and otherwise judges
   the nearest-rank percentile of the gaps of ok requests.
-  A check whose population is empty (e.g. TPOT when every response had one token) passes:
-  there is nothing to judge. A class with targets but no recorded requests cannot be
+  A check with no values to judge (e.g. TPOT when every response had one token, or no
+  request came back ok) never passes: a promise nothing measured is not a promise kept. A
+  class with targets but no recorded requests cannot be
   judged and is not met. A class without targets is met (nothing was promised).
 - goodput: requests (and their output tokens) that met_slo, divided by the run duration
   max(end) - min(intended_ns) over the WHOLE frame, the same denominator for every class.
@@ -258,7 +259,7 @@ def _check(
         population = values.len() + failures
         value = metrics.percentiles(values, (p,), failures=failures)[0]
     if value is None:
-        note = "no values to judge"
+        note = "no values to judge: the check cannot pass"
     elif math.isinf(value) and note is None:
         note = f"p{p:g} falls on a failed request"
     return Check(
@@ -266,7 +267,7 @@ def _check(
         percentile=float(p),
         target_ms=float(limit_ms),
         value_ms=metrics.round_ms(value),
-        passed=value is None or value <= limit_ms,
+        passed=value is not None and value <= limit_ms,
         population=population,
         note=note,
     )

@@ -43,11 +43,17 @@ from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.engine.agents import Trajectory
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
-from loadgen.engine.request_ids import DEFAULT_HEADER, RequestIds, merged, new_nonce
+from loadgen.engine.request_ids import (
+    DEFAULT_HEADER,
+    RequestIds,
+    merged,
+    new_nonce,
+    put_in_body,
+)
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.starts import Starts
 from loadgen.engine.transport import Connector, Link, encode_request
-from loadgen.results.records import Outcome, RequestRecord, TokenSource
+from loadgen.results.records import Outcome, RequestRecord, TokenSource, usage_disagrees
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.workload.prompts import PromptMaker
 from loadgen.workload.spec import Deadlines
@@ -103,6 +109,10 @@ class EngineConfig:
     request_id_header: str | None = DEFAULT_HEADER
     request_id_format: str = "uuid"
     request_id_nonce: int = field(default_factory=new_nonce)
+    # Where the id also goes in the body (`request_ids.put_in_body`): auto, on or off.
+    request_id_body: str = "auto"
+    # A forced length that ends short on a stop reason is ok (flagged), not truncated.
+    allow_early_stops: bool = False
 
 
 class Exchange:
@@ -124,6 +134,7 @@ class Exchange:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         clock: Clock = SYSTEM_CLOCK,
         forced: bool = False,
+        allow_early_stops: bool = False,
         count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         self.plan = plan
@@ -131,6 +142,9 @@ class Exchange:
         # N without usage: the text's tokens by target.tokenizer (the text is then kept).
         self.count_tokens = count_tokens
         self.forced = forced and adapter.forces_length  # the body asked for exactly max_tokens
+        # A forced length that ends short on a stop reason is `ok` (flagged) only when the
+        # workload allows it (target.allow_early_stops); else it is `truncated`.
+        self.allow_early_stops = allow_early_stops
         self._now = clock.now_ns
         self.keep_text = keep_text or count_tokens is not None  # flows build on the answer
         self.texts: list[str] = []
@@ -181,6 +195,9 @@ class Exchange:
         self.request_id_sent: str | None = None
         self.finish_reason: str | None = None  # the API's stop reason, as it sent it
         self.hidden_at: list[int] = []  # token-only events: index of the chunk after each
+        self.body_bytes = 0  # response body bytes received (bounds a plausible usage count)
+        self.request_bytes = 0  # the request's bytes (bounds a plausible prompt count)
+        self.usage_problem: str | None = None  # usage counts it could not take (as text)
 
     # -- ExchangeSink ------------------------------------------------------------------
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
@@ -192,6 +209,7 @@ class Exchange:
     def on_body(self, data: bytes, t_ns: int) -> None:
         if self.settled:
             return
+        self.body_bytes += len(data)
         if self.status is None or self.status >= 300:
             self._error_body(data, t_ns)
             return
@@ -281,6 +299,8 @@ class Exchange:
             self.hidden_at.append(len(self.chunk_ns))
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
+        if delta.usage_problem is not None:
+            self._usage_problem(delta.usage_problem)
         if delta.completion_tokens is not None:
             self.usage_completion = delta.completion_tokens
         if delta.prompt_tokens is not None:
@@ -395,15 +415,51 @@ class Exchange:
             per_chunk[min(index, n_chunks - 1)] += 1
         return n_chunks + len(self.hidden_at), TokenSource.CHUNKS, per_chunk
 
+    def _usage_problem(self, problem: str) -> None:
+        """Note a usage count the server cannot mean (kept as text, never as a figure)."""
+        self.usage_problem = f"{self.usage_problem}; {problem}" if self.usage_problem else problem
+
+    def check_usage(self) -> None:
+        """Drop, as a usage problem, counts above what this exchange could hold: output
+        tokens above both the planned cap and the response's bytes (a streamed token takes
+        at least a byte; hidden reasoning is within the cap), prompt tokens above the
+        request's bytes plus `PROMPT_TEMPLATE_TOKENS` (a chat template's own tokens)."""
+        output_cap = max(self.plan.output_tokens, self.body_bytes)
+        if self.usage_completion is not None and self.usage_completion > output_cap:
+            self._usage_problem(
+                f"output tokens={self.usage_completion} (more than the {self.body_bytes} "
+                f"bytes that arrived could hold, and over max_tokens {self.plan.output_tokens})"
+            )
+            self.usage_completion = None
+        prompt_cap = self.request_bytes + PROMPT_TEMPLATE_TOKENS
+        if self.usage_prompt is not None and self.request_bytes and self.usage_prompt > prompt_cap:
+            self._usage_problem(
+                f"prompt tokens={self.usage_prompt} (more than the {self.request_bytes}-byte "
+                "request could hold)"
+            )
+            self.usage_prompt = None
+
     def record(self, dispatched_ns: int | None) -> RequestRecord:
         """The one record of this request (relative times)."""
         outcome = self.outcome or Outcome.CANCELLED
+        self.check_usage()
         tokens, source, per_chunk = self.output_tokens()
+        counted = len(self.chunk_ns) + len(self.hidden_at)
+        usage = self.usage_completion if self.chunk_ns else None
         error, stopped_early = self.error, False
-        if outcome is Outcome.OK and self.forced and tokens < self.plan.output_tokens:
-            outcome, error, stopped_early = short_stream(
-                self.finish_reason, source, tokens, self.plan.output_tokens
+        if outcome is Outcome.OK and self.usage_problem is not None:
+            outcome = Outcome.STREAM_ERROR
+            error = self.redactor.quote(
+                f"usage the server cannot mean: {self.usage_problem} (not taken; N counted "
+                "from the stream)",
+                QUOTE_CHARS,
             )
+        if outcome is Outcome.OK and self.forced:
+            outcome, error, stopped_early = short_stream(
+                self.finish_reason, source, tokens, self.plan.output_tokens,
+                counted=counted if usage_disagrees(usage, counted) else None,
+                allow_early=self.allow_early_stops,
+            )  # fmt: skip
         t0 = self.t0_ns
 
         def rel(t: int | None) -> int | None:
@@ -438,6 +494,9 @@ class Exchange:
             request_id_sent=self.request_id_sent,
             finish_reason=self.finish_reason,
             stopped_early=stopped_early,
+            usage_output_tokens=usage,
+            counted_output_tokens=counted,
+            usage_problem=self.usage_problem,
             connection=self.connection,
             model=self.model,
             cached_prompt_tokens=self.cached_tokens,
@@ -469,29 +528,60 @@ def stream_end(finish_reason: str | None, finish_signal: bool) -> tuple[Outcome,
     return Outcome.OK, None
 
 
-def short_stream(
-    finish_reason: str | None, source: TokenSource, tokens: int, forced: int
-) -> tuple[Outcome, str | None, bool]:
-    """An ok stream with fewer tokens than the forced length: (outcome, error, stopped early).
+# Prompt tokens a chat template may add beyond the request's bytes (role markers, a default
+# system prompt): a prompt count above request bytes + this is no count of this request.
+PROMPT_TEMPLATE_TOKENS = 8192
 
-    No stop reason (an API without a finish signal) and a trusted count (usage or text):
-    truncated. A stop reason that explains it (`stop`, EOS, a stop sequence: the server did
-    not honour the forced length; `length` by usage or text: it capped the length): ok, and
-    flagged. A `length` with N counted from chunks is not flagged: the count may be short.
+
+def short_stream(
+    finish_reason: str | None,
+    source: TokenSource,
+    tokens: int,
+    forced: int,
+    *,
+    counted: int | None = None,
+    allow_early: bool = False,
+) -> tuple[Outcome, str | None, bool]:
+    """An ok stream of a forced length, judged by its token count: (outcome, error, early).
+
+    The evidence is N, or the events that arrived (`counted`, given when the usage
+    disagrees with them) when those are fewer and the end is not a length stop: a gateway
+    that ends a cut stream with `stop` and a count of its own is judged by what arrived.
+    At the forced length or over it: ok. Short, no stop reason (an API without a finish
+    signal) and a trusted count (usage or text): truncated. Short on a `length` stop with N
+    counted from chunks: ok (chunks may carry several tokens). Short on any other stop
+    reason (`stop`, EOS, a stop sequence; `length` by usage or text: the server capped it):
+    truncated, a breach whatever the reason says, unless the workload allows early stops
+    (`target.allow_early_stops`): then ok and flagged `stopped_early`.
     """
+    reason = finish_reason.lower() if finish_reason is not None else None
+    length_stop = reason in LENGTH_REASONS
+    got = tokens if counted is None or length_stop else min(tokens, counted)
+    if got >= forced:
+        return Outcome.OK, None, False
     trusted = source in (TokenSource.USAGE, TokenSource.TEXT)
-    if finish_reason is None:
+    if reason is None:
         if trusted:
             return (
                 Outcome.TRUNCATED,
-                f"stream ended after {tokens} of {forced} forced tokens "
+                f"stream ended after {got} of {forced} forced tokens "
                 "with no stop reason: cut short",
                 False,
             )
         return Outcome.OK, None, False
-    if finish_reason.lower() in LENGTH_REASONS and not trusted:
+    if length_stop and not trusted:
         return Outcome.OK, None, False
-    return Outcome.OK, None, True
+    if allow_early:
+        return Outcome.OK, None, True
+    said = f"{counted} arrived, usage said {tokens}" if got != tokens else f"{got} tokens"
+    return (
+        Outcome.TRUNCATED,
+        f"stream ended on finish reason {finish_reason!r} after {got} of {forced} forced "
+        f"tokens ({said}): a forced length that came back short (a stream cut behind a "
+        "gateway, or a server that ignores ignore_eos/min_tokens; target.allow_early_stops: "
+        "true accepts it)",
+        False,
+    )
 
 
 def apportion(tokens: int, weights: Sequence[int]) -> list[int]:
@@ -730,11 +820,13 @@ class Engine:
             plan, config.adapter, self.t0_ns, keep_text=keep_text, redactor=config.redactor,
             max_event_bytes=config.max_event_bytes.get(plan.class_name, DEFAULT_MAX_EVENT_BYTES),
             clock=self.clock, forced=config.body_options.force_output_tokens,
-            count_tokens=self._count_tokens,
+            allow_early_stops=config.allow_early_stops, count_tokens=self._count_tokens,
         )  # fmt: skip
         exchange.model = plan.model or config.body_options.model
         exchange.later = self.connector.after_reads
-        return exchange, self._encode(exchange, messages)
+        request = self._encode(exchange, messages)
+        exchange.request_bytes = len(request)
+        return exchange, request
 
     def _go(self, exchange: Exchange, request: bytes, dispatched_ns: int) -> bool:
         """Start the exchange: written now when an idle connection (and slot) is free, else
@@ -832,8 +924,8 @@ class Engine:
         plan = exchange.plan
         if messages is None:
             messages = self._messages(plan)
-        body = self._body(plan, messages)
-        headers = self._headers(exchange)
+        headers = self._headers(exchange)  # first: it records the id the body carries too
+        body = self._body(plan, messages, exchange.request_id_sent)
         if LOGGER.isEnabledFor(logging.DEBUG):
             point = self.connector.endpoint
             sent = {**point.headers, **headers}
@@ -841,11 +933,14 @@ class Engine:
                          point.target, sent)  # fmt: skip
         return encode_request(self.connector.endpoint, body, headers)
 
-    def _body(self, plan: RequestPlan, messages: Sequence[Message]) -> bytes:
+    def _body(
+        self, plan: RequestPlan, messages: Sequence[Message], request_id: str | None
+    ) -> bytes:
         config = self.config
         body = config.adapter.build_body(messages, plan.output_tokens, self._options(plan.model))
         if plan.priority is not None and config.priority_header is None:
             body["priority"] = plan.priority
+        put_in_body(body, config.adapter.name, config.request_id_body, request_id)
         return orjson.dumps(body)
 
     # -- flows --------------------------------------------------------------------------

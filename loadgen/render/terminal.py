@@ -253,7 +253,8 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
 
 def stream_notes(cls: ClassAudit) -> list[str]:
     """What a reader must know about N and stream ends: N counted (not the server's usage),
-    and requests that stopped before their forced length (not like for like)."""
+    requests that stopped before their forced length (not like for like), usage that
+    disagrees with the stream, and usage that could not be taken."""
     ends, notes = cls.stream_ends, []
     total = sum(ends.n_from.values())
     if ends.n_counted:
@@ -267,6 +268,20 @@ def stream_notes(cls: ClassAudit) -> list[str]:
         notes.append(
             f"{ends.stopped_early} ok requests stopped early (a stop reason before the forced "
             "length): their TPOT and goodput are not like for like"
+        )
+    if ends.usage_disagrees:
+        over, under = ends.usage_over_counted, ends.usage_disagrees - ends.usage_over_counted
+        notes.append(
+            f"usage disagrees with the tokens that arrived in {ends.usage_disagrees} requests "
+            f"({over} claimed more: chunks carrying several tokens, hidden reasoning, or a "
+            f"gateway's own count; {under} fewer than the chunks): N is the server's, "
+            "records keep both (usage_output_tokens, counted_output_tokens)"
+        )
+    if ends.usage_problems:
+        notes.append(
+            f"{ends.usage_problems} requests sent usage no count can be (negative, not an "
+            "integer, beyond what the stream held): not taken, each a stream_error "
+            "(records: usage_problem)"
         )
     return notes
 

@@ -59,6 +59,21 @@ class TokenSource(enum.StrEnum):
     NONE = "none"  # no output at all
 
 
+# Output tokens a server may count but never stream as a chunk: the EOS token that ends a
+# stop (vLLM counts it in completion_tokens; TGI streams it as a special token).
+UNSTREAMED_TOKENS = 1
+
+
+def usage_disagrees(usage: int | None, counted: int) -> bool:
+    """True when the server's output count and the token-bearing events that arrived
+    disagree: fewer tokens than events (each carries at least one), or more than the events
+    plus `UNSTREAMED_TOKENS` (events that carry several tokens, hidden reasoning, or a
+    count of its own, as a gateway that fills in usage after a cut)."""
+    if usage is None or counted == 0:
+        return False
+    return usage < counted or usage > counted + UNSTREAMED_TOKENS
+
+
 SERVER_TIMING_FIELDS: tuple[str, ...] = tuple(ServerTimings.__dataclass_fields__)
 SERVER_TIMINGS_DTYPE = pl.Struct(
     {
@@ -113,6 +128,15 @@ class RequestRecord:
     model: str | None = None  # the model (or LoRA adapter) the request named
     cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
     server_request_id: str | None = None  # the response's `id`, else its x-request-id header
+    # The server's own output count (its usage, after the check at the door) beside the
+    # token-bearing events that arrived (chunks + token-only events): both kept, so a usage
+    # that disagrees with the stream (`runner.usage_disagrees`) shows. None: no usage (or
+    # no output); `output_tokens` is the N used, `token_source` where it came from.
+    usage_output_tokens: int | None = None
+    counted_output_tokens: int = 0
+    # Usage counts the server sent that cannot be counts (negative, not integers, beyond what
+    # the exchange could hold), as text: never taken as figures; the record is stream_error.
+    usage_problem: str | None = None
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -129,7 +153,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "last_token_ns": pl.Int64(),
     "end_ns": pl.Int64(),
     "chunk_ns": pl.List(pl.Int64()),
-    "chunk_tokens": pl.List(pl.Int32()),
+    "chunk_tokens": pl.List(pl.Int64()),  # Int64: wide enough for any count that passes
     "output_tokens": pl.Int64(),
     "token_source": pl.String(),
     "prompt_tokens": pl.Int64(),
@@ -150,6 +174,9 @@ SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
     "cached_prompt_tokens": pl.Int64(),
     "server_request_id": pl.String(),
+    "usage_output_tokens": pl.Int64(),
+    "counted_output_tokens": pl.Int64(),
+    "usage_problem": pl.String(),
 }
 
 
@@ -195,6 +222,7 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         row["chunk_ns"] = tuple(row["chunk_ns"] or ())
         row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
         row["stopped_early"] = bool(row.get("stopped_early"))  # null in older runs
+        row["counted_output_tokens"] = row.get("counted_output_tokens") or 0
         timings = row.get("server_timings")
         if isinstance(timings, dict) and any(v is not None for v in timings.values()):
             row["server_timings"] = ServerTimings(**timings)
@@ -390,8 +418,11 @@ def read_records(run_dir: Path) -> pl.DataFrame:
 
 
 def with_all_columns(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` with every `SCHEMA` column it lacks added as nulls (records of older runs)."""
+    """`frame` with every `SCHEMA` column it lacks added as nulls, and `chunk_tokens` widened
+    to Int64 (records of older runs), so frames of old and new runs concatenate."""
     missing = [
         pl.lit(None, dtype).alias(n) for n, dtype in SCHEMA.items() if n not in frame.columns
     ]
+    if frame.schema.get("chunk_tokens") == pl.List(pl.Int32()):  # records before Int64
+        missing.append(pl.col("chunk_tokens").cast(SCHEMA["chunk_tokens"]))
     return frame.with_columns(missing) if missing else frame

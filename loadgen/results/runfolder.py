@@ -37,8 +37,11 @@ SUMMARY_FILE = "summary.json"
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
-SCHEMA_VERSION = 14  # 14: run.json cache and workload.spec.cache, summary.json cache
-# 13: run.json server_metrics.access and summary.json server.access
+SCHEMA_VERSION = 14  # 14: run.json cache and workload.spec.cache, summary.json cache;
+# records usage_output_tokens, counted_output_tokens, usage_problem (chunk_tokens Int64);
+# summary classes.*.stream_ends usage_disagrees, usage_over_counted, usage_problems; run.json
+# workload.spec.target allow_early_stops, request_id_body
+# (13: run.json server_metrics.access and summary.json server.access
 # (how the metrics endpoint was asked: header names and their source, failures by kind, the
 # classified problem), run.json workload.spec.target.server_metrics_headers (names only)
 # (12: summary generator.asked (per class, the load asked in its unit))

@@ -79,6 +79,12 @@ class StreamEnds:
     the streamed text by `target.tokenizer`, `chunks`: token-bearing events counted);
     `n_from_usage_share` is the usage share. `n_counted` is true when any N was counted by
     loadgen (text or chunks): N, TPOT and tokens/s may then differ from the server's count.
+    `usage_disagrees`: requests whose usage count disagrees with the token-bearing events
+    that arrived (`records.usage_disagrees`), of which `usage_over_counted` claimed more
+    (chunks carrying several tokens, hidden reasoning, or a gateway's own count after a
+    cut); `usage_problems`: requests whose usage held a number no count can be (negative,
+    not an integer, beyond what the exchange could hold): not taken, the request a
+    `stream_error`.
     """
 
     finish_reasons: Mapping[str, int] = field(default_factory=dict)
@@ -87,6 +93,9 @@ class StreamEnds:
     n_from: Mapping[str, int] = field(default_factory=dict)
     n_from_usage_share: float | None = None
     n_counted: bool = False
+    usage_disagrees: int = 0
+    usage_over_counted: int = 0
+    usage_problems: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +121,8 @@ class Check:
     """One population target: the p-th percentile of `metric` (failures worst) <= target.
 
     `metric` is `requests` (percentile and target None) for a class with targets but no
-    recorded request: it cannot pass. `value_ms` None: no values, or a failure.
+    recorded request: it cannot pass. `value_ms` None: no values (the check then fails:
+    nothing measured passes), or a failure.
     """
 
     metric: str

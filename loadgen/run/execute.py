@@ -38,7 +38,7 @@ from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
-from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds
+from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, put_in_body
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
@@ -324,11 +324,16 @@ def preflight_extras(
     spec: WorkloadSpec, endpoint: Endpoint, config: EngineConfig
 ) -> tuple[dict[str, str], dict[str, object]]:
     """What the engine adds to a real request, for the preflight to send too: the id header
-    (the preflight's own id, `…-ffffffffffff`), and a class priority as header or body field."""
+    (the preflight's own id, `…-ffffffffffff`) and its body field, and a class priority as
+    header or body field."""
     ids = RequestIds(config.request_id_header, config.request_id_format,
                      config.request_id_nonce, endpoint.headers)  # fmt: skip
-    headers, _ = ids.headers(PREFLIGHT_ID)
-    fields: dict[str, object] = {}
+    headers, value = ids.headers(PREFLIGHT_ID)
+    fields: dict[str, Any] = {}
+    extra = dict(config.body_options.extra_body or {})
+    body = dict(extra)
+    put_in_body(body, config.adapter.name, config.request_id_body, value)
+    fields.update({k: v for k, v in body.items() if extra.get(k) != v})
     priority = next((c.priority for c in spec.classes.values() if c.priority is not None), None)
     if priority is not None:
         if config.priority_header is not None:

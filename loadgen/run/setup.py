@@ -169,5 +169,7 @@ def engine_setup(
         max_event_bytes={name: c.limits.max_event_bytes for name, c in spec.classes.items()},
         request_id_header=spec.target.request_id_header,
         request_id_format=spec.target.request_id_format,
+        allow_early_stops=spec.target.allow_early_stops,
+        request_id_body=spec.target.request_id_body,
     )
     return endpoint, config

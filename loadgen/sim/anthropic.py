@@ -121,7 +121,10 @@ class AnthropicFormat:
         }
 
     def _message_start(self) -> bytes:
-        return sse("message_start", {"type": "message_start", "message": self._message(1)})
+        message = self._message(1)
+        if self._args.dialect.input_usage_late:
+            message["usage"].update(input_tokens=0, cache_read_input_tokens=0)
+        return sse("message_start", {"type": "message_start", "message": message})
 
     def at_accept(self, role: str) -> bytes:
         """`message_start` before queueing (role "early")."""
@@ -191,10 +194,15 @@ class AnthropicFormat:
 
     def finish(self, end: StreamEnd) -> bytes:
         """Close the open block, `message_delta` with the stop reason and usage, `message_stop`."""
+        dialect = self._args.dialect
+        stop_reason = dialect.finish_word or _STOP_REASONS[end.finish_reason]
+        usage: dict[str, Any] = {"output_tokens": end.output_tokens}
+        if dialect.input_usage_late:  # LiteLLM's proxy: the input count only here
+            usage = {"input_tokens": end.prompt_tokens, **usage}
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": _STOP_REASONS[end.finish_reason], "stop_sequence": None},
-            "usage": {"output_tokens": end.output_tokens},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": usage,
         }
         parts = [self._close_block(), sse("message_delta", delta)]
         if not self._args.dialect.no_done:

@@ -78,6 +78,13 @@ class Dialect:
     # Every k-th token after the first goes out as an empty-text token event (OpenAI,
     # TGI), as llama-cpp-python sends tokens that end inside a UTF-8 character; 0 = never.
     empty_every: int = 0
+    # The end the closing events say, verbatim in the dialect's stop field, in place of its
+    # own word for the planned end (OpenAI `finish_reason`, Anthropic `stop_reason`, Ollama
+    # `done_reason`; Responses: see `loadgen.sim.responses.END_KINDS`); "" = the dialect's.
+    finish_word: str = ""
+    # Anthropic: `message_start` says `input_tokens: 0` and `message_delta.usage` carries
+    # the real count, as LiteLLM's proxy sends it.
+    input_usage_late: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,9 @@ tokens is stamped into the trace record's `chunk_ns` right after the write.
 Fault mapping, the same in every dialect: drop = close with the body unterminated;
 garbage = bytes the dialect's decoder cannot accept, then the end of the body; error =
 the dialect's own mid-stream error event, then a clean end of the body; cut = the
-dialect's bare terminator with no stop reason, then a clean end of the body; status = that
+dialect's bare terminator with no stop reason, then a clean end of the body; gateway cut =
+the dialect's normal end with a made-up usage (as LiteLLM's proxy ends a stream whose
+upstream dropped), then a clean end of the body; status = that
 HTTP status with the dialect's error body; stall and header delay act on the engine.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from loadgen.sim.engine import NS_PER_S, SeqRequest
@@ -166,6 +169,8 @@ class Exchange(ExchangeLike):
             self._error()
         elif n == plan.cut_after:
             self._cut()
+        elif n == plan.gateway_cut:
+            self._gateway_cut()
         else:
             return False
         return True
@@ -246,6 +251,26 @@ class Exchange(ExchangeLike):
         bare = self._format.cut()
         self._conn.end_stream(frame(bare) if bare else b"")
 
+    def _gateway_cut(self) -> None:
+        """The upstream is gone after `n` tokens; a gateway ends the stream as if it were
+        done, with a usage it made up (see `loadgen.sim.faults`)."""
+        self._server.scheduler.cancel(self._seq_id)
+        if not self._request.stream:
+            self._conn.close()
+            self._end("gateway_cut")
+            return
+        real = self._stream_end()
+        claimed = replace(
+            real,
+            finish_reason="stop",
+            output_tokens=self._emitted * 9 // 7,
+            prompt_tokens=self._request.prompt_tokens * 9 // 14,
+            reasoning_tokens=min(real.reasoning_tokens, self._emitted),
+        )
+        closing = self._format.finish(claimed)
+        self._end("gateway_cut")
+        self._conn.end_stream(frame(closing) if closing else b"")
+
     def _error(self) -> None:
         self._server.scheduler.cancel(self._seq_id)
         message = "simulated failure mid-stream (fault injection)"
@@ -280,7 +305,7 @@ class Exchange(ExchangeLike):
             self._prefilled()
             prefix = self._format.at_first(dialect.role, sent_early=self._sent_early)
         marks = (self._tokens, plan.drop_after, plan.garbage_after, plan.error_after,
-                 plan.cut_after)  # fmt: skip
+                 plan.cut_after, plan.gateway_cut)  # fmt: skip
         pending = n - self._pending_from + 1
         empty = self._format.empty_token() if self._is_empty(n) else b""
         if empty:
@@ -317,7 +342,8 @@ class Exchange(ExchangeLike):
         if dialect.tokens_per_chunk > 1 or n <= self._reasoning or dialect.empty_every:
             return n + 1
         plan = self._plan
-        marks = (plan.drop_after, plan.garbage_after, plan.error_after, plan.cut_after)
+        marks = (plan.drop_after, plan.garbage_after, plan.error_after, plan.cut_after,
+                 plan.gateway_cut)  # fmt: skip
         return min([self._tokens, *(k for k in marks if k is not None and k > n)])
 
     def _stream_end(self) -> StreamEnd:

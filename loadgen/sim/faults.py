@@ -20,11 +20,28 @@ Headers (names exact, values as shown; seconds are simulated, divided by `--spee
 | `X-Sim-Tokens-Per-Chunk: k` | k tokens per content chunk |
 | `X-Sim-Reasoning-Tokens: k` | the first k tokens go out as the dialect's reasoning deltas |
 | `X-Sim-Close-After-Stream: 1` | close the connection after the response despite keep-alive |
+| `X-Sim-Finish: word` | the closing events say `word` as the stop reason (see below) |
+| `X-Sim-Gateway-Cut: k` | after k tokens a normal end with a usage of its own (see below) |
+| `X-Sim-Input-Usage-Late: 1` | Anthropic: input tokens only in `message_delta` (0 at start) |
 
 A cut ends the body cleanly after the dialect's bare terminator: OpenAI `[DONE]` with no
 finish chunk (as llama-cpp-python's server ends a stream it interrupts), Anthropic
 `message_stop` with no `message_delta`; TGI, Ollama and Responses just end (no details, no
 `done: true`, no terminal event). Empty-text token events exist in OpenAI and TGI only.
+
+`X-Sim-Finish` puts its word verbatim in the dialect's stop field: OpenAI `finish_reason`
+(`abort` as vLLM ends an aborted request), Anthropic `stop_reason` (`max_tokens`,
+`stop_sequence`, `tool_use`, `refusal`, `pause_turn`), Ollama `done_reason`; for Responses
+it names the end (`completed`, `incomplete`: `response.completed` with status `incomplete`
+and reason `max_output_tokens` as vLLM and llama-server send it, `incomplete-event`:
+`response.incomplete` as OpenAI sends it, `cancelled`: `response.completed` with status
+`cancelled` as vLLM ends an aborted request, `failed`: `response.failed`); TGI ignores it.
+
+A gateway cut is what LiteLLM's proxy sends when its upstream drops mid-stream: the
+dialect's normal end (OpenAI `finish_reason: stop` + usage + `[DONE]`, Anthropic
+`end_turn` + `message_stop`, Responses `response.completed`) after k tokens, with a usage it
+made up: output tokens k·9 // 7 (more than arrived: 966 chunks claimed as 1241) and prompt
+tokens p·9 // 14 of the real p (14 claimed as 9), the ratios of one captured stream.
 
 Per dialect (see `loadgen.sim.dialects`): "opening event" is the OpenAI chat role chunk,
 Anthropic `message_start`, Responses `response.created` + `response.in_progress`, an empty
@@ -60,6 +77,7 @@ class FaultPlan:
     garbage_after: int | None = None
     error_after: int | None = None
     cut_after: int | None = None
+    gateway_cut: int | None = None
     stop_after: int | None = None
     header_delay_s: float = 0.0
     dialect: Dialect = field(default_factory=Dialect)
@@ -121,6 +139,9 @@ _HEADERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-tokens-per-chunk": ("tokens_per_chunk", lambda v: max(1, _k(v))),
     "x-sim-reasoning-tokens": ("reasoning_tokens", _k),
     "x-sim-close-after-stream": ("close_after_stream", _flag),
+    "x-sim-finish": ("finish_word", str),
+    "x-sim-gateway-cut": ("gateway_cut", _k),
+    "x-sim-input-usage-late": ("input_usage_late", _flag),
 }
 _DIALECT_KEYS = frozenset(Dialect.__dataclass_fields__)
 
@@ -193,6 +214,7 @@ def plan_faults(
         garbage_after=chosen.get("garbage_after"),
         error_after=chosen.get("error_after"),
         cut_after=chosen.get("cut_after"),
+        gateway_cut=chosen.get("gateway_cut"),
         stop_after=chosen.get("stop_after"),
         header_delay_s=chosen.get("header_delay", 0.0),
         dialect=Dialect(**{**_dialect_dict(dialect), **dialect_overrides}),

@@ -174,7 +174,7 @@ class OllamaFormat:
     def _stats(self, end: StreamEnd) -> dict[str, Any]:
         return {
             "done": True,
-            "done_reason": end.finish_reason,
+            "done_reason": self._args.dialect.finish_word or end.finish_reason,
             "total_duration": end.last_token_ns - end.received_ns,
             "load_duration": end.entered_ns - end.received_ns,
             "prompt_eval_count": end.prompt_tokens,

@@ -180,7 +180,8 @@ class EventFormat:
         usage_obj = usage(end.prompt_tokens, end.output_tokens, end.cached_tokens)
         in_finish = self._dialect.usage_in_finish
         extra = {"usage": usage_obj} if in_finish else None
-        parts = [self._event([self._choice({}, end.finish_reason)], extra)]
+        finish = self._dialect.finish_word or end.finish_reason
+        parts = [self._event([self._choice({}, finish)], extra)]
         if self._request.include_usage and not in_finish:
             parts.append(self._event([], {"usage": usage_obj}))
         if not self._dialect.no_done:

@@ -10,8 +10,12 @@ with usage (input_tokens, output_tokens, output_tokens_details.reasoning_tokens)
 event carries a `sequence_number`. A mid-stream failure is `response.failed`.
 
 Output is exactly `max_output_tokens` when given (else a draw from the output
-distribution). The simulator ends with `response.completed` even when the limit is what
-stopped it (the real API then sends `response.incomplete`). Reasoning (a simulator rule):
+distribution). The simulator ends with `response.completed` (status `completed`) even when
+the limit is what stopped it; `X-Sim-Finish` gives the other ends real servers send
+(`END_KINDS`: vLLM's and llama-server's `response.completed` with status `incomplete` or
+`cancelled`, OpenAI's `response.incomplete`, `response.failed`). Every Response object
+carries every field the spec requires (checked against the openai SDK's types, or the
+spec's required lists, by tests/test_sim_dialects.py). Reasoning (a simulator rule):
 `reasoning: {effort}` spends floor(f x N) of the N output tokens reasoning, f = 1/4, 1/2,
 3/4 for low, medium (also the default when `reasoning` has no effort), high; none and
 minimal spend none. `instructions` count as prompt words.
@@ -44,6 +48,17 @@ from loadgen.sim.wire import (
 
 RESPONSES_PATH = "/v1/responses"
 error_body = openai_error_body
+# X-Sim-Finish word -> (terminal event, response.status, incomplete_details.reason).
+END_KINDS: dict[str, tuple[str, str, str | None]] = {
+    "": ("response.completed", "completed", None),
+    "completed": ("response.completed", "completed", None),
+    # vLLM and llama-server: a length stop is a `response.completed` whose status says it.
+    "incomplete": ("response.completed", "incomplete", "max_output_tokens"),
+    "incomplete-event": ("response.incomplete", "incomplete", "max_output_tokens"),
+    "content-filter": ("response.incomplete", "incomplete", "content_filter"),
+    "cancelled": ("response.completed", "cancelled", None),  # vLLM: an aborted request
+    "failed": ("response.failed", "failed", None),
+}
 
 
 def _input_words(value: object) -> int:
@@ -107,15 +122,34 @@ class ResponsesFormat:
         return sse(name, payload)
 
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        """The Response object with every field the spec requires (the openai SDK's
+        `Response` type fails without `parallel_tool_calls`, `tool_choice` or `tools`, and
+        LiteLLM's `openai/` route with it), and the optional ones OpenAI sends."""
         args = self._args
         return {
             "id": args.response_id,
             "object": "response",
             "created_at": args.created,
             "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": None,
+            "max_output_tokens": args.request.max_tokens,
             "model": args.model,
             "output": list(self._output),
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": 1.0,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0,
+            "truncation": "disabled",
             "usage": None,
+            "user": None,
+            "metadata": {},
             **extra,
         }
 
@@ -224,17 +258,27 @@ class ResponsesFormat:
     def _usage(self, end: StreamEnd) -> dict[str, Any]:
         return {
             "input_tokens": end.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": end.cached_tokens or 0},
+            "input_tokens_details": {
+                "cached_tokens": end.cached_tokens or 0,
+                "cache_write_tokens": 0,
+            },
             "output_tokens": end.output_tokens,
             "output_tokens_details": {"reasoning_tokens": end.reasoning_tokens},
             "total_tokens": end.prompt_tokens + end.output_tokens,
         }
 
     def finish(self, end: StreamEnd) -> bytes:
-        """Close the open item, then `response.completed` with usage."""
+        """Close the open item, then the terminal event with usage: `response.completed`,
+        or the end `X-Sim-Finish` names (`END_KINDS`)."""
         closing = self._close_item(end.output_tokens)
-        response = self._response("completed", usage=self._usage(end))
-        return closing + self._event("response.completed", {"response": response})
+        event, status, reason = END_KINDS.get(self._args.dialect.finish_word, END_KINDS[""])
+        extra: dict[str, Any] = {"usage": self._usage(end)}
+        if reason is not None:
+            extra["incomplete_details"] = {"reason": reason}
+        if status == "failed":
+            extra["error"] = {"code": "server_error", "message": "simulated failure at the end"}
+        response = self._response(status, **extra)
+        return closing + self._event(event, {"response": response})
 
     def cut(self) -> bytes:
         """Nothing: the body just ends, without the terminal event."""

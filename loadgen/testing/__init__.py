@@ -313,11 +313,14 @@ def engine_config(
     priority_header: str | None = None,
     generic: GenericSpec | None = None,
 ) -> EngineConfig:
-    """The engine configuration the test harness runs with (model "m", seed 0)."""
+    """The engine configuration the test harness runs with (model "m", seed 0). Early stops
+    are allowed: a scripted server streams the tokens its script holds, whatever length the
+    body forces (the forced-length rule has its own tests, tests/test_stream_ends.py)."""
     return EngineConfig(
         adapter=adapter_for(api, generic),
         body_options=BodyOptions(model="m"),
         seed=0,
+        allow_early_stops=True,
         max_in_flight=max_in_flight,
         headers_for=headers_for,
         priority_header=priority_header,

@@ -157,6 +157,18 @@ def http10_no_length(_request: ReceivedRequest) -> Iterator[Step]:
     yield CLOSE  # the body ends with the connection
 
 
+def _with_usage(usage: bytes) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """A valid stream of 3 tokens whose usage chunk is `usage` (raw JSON text, so a float
+    or a 64-bit overflow goes out exactly as written)."""
+
+    def script(_request: ReceivedRequest) -> Iterator[Step]:
+        yield from stream_steps([*TOKENS, chat_chunk(finish="stop"),
+                                 b'data: {"choices": [], "usage": ' + usage + b"}\n\n",
+                                 sse("[DONE]")])  # fmt: skip
+
+    return script
+
+
 NO_TOKEN = "streamed no generated token within the preflight's"
 CASES = [
     HostileCase(name="html-200", what="200 with text/html", script=html_200,
@@ -200,6 +212,20 @@ CASES = [
                 error="no token for 0.5 s", preflight=""),
     HostileCase(name="http10-no-length", what="HTTP/1.0, body ends at close",
                 script=http10_no_length, outcome=Outcome.OK, error="", preflight=""),
+    HostileCase(name="usage-1e18", what="usage completion_tokens: 1e18",
+                script=_with_usage(b'{"completion_tokens": 1e18, "prompt_tokens": 9}'),
+                outcome=Outcome.STREAM_ERROR, error="completion_tokens=1e+18", preflight=""),
+    HostileCase(name="usage-2**64", what="usage completion_tokens: 2**64 - 1",
+                script=_with_usage(b'{"completion_tokens": 18446744073709551615}'),
+                outcome=Outcome.STREAM_ERROR, error="completion_tokens=18446744073709551615",
+                preflight=""),
+    HostileCase(name="usage-negative", what="usage completion_tokens: -8, prompt_tokens: -200",
+                script=_with_usage(b'{"completion_tokens": -8, "prompt_tokens": -200}'),
+                outcome=Outcome.STREAM_ERROR,
+                error="completion_tokens=-8; prompt_tokens=-200", preflight=""),
+    HostileCase(name="usage-beyond-the-stream", what="usage completion_tokens: 2**31 - 1",
+                script=_with_usage(b'{"completion_tokens": 2147483647}'),
+                outcome=Outcome.STREAM_ERROR, error="more than the", preflight=""),
 ]  # fmt: skip
 
 

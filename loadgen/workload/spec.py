@@ -73,6 +73,9 @@ class TargetSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     include_usage: bool = True  # stream_options.include_usage
     force_output_tokens: bool = True  # send ignore_eos + min_tokens so N is what was planned
+    # A forced length that ends short on a stop reason is ok (flagged `stopped_early`), not
+    # `truncated`: for a server that ignores ignore_eos/min_tokens.
+    allow_early_stops: bool = False
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     priority_header: str | None = None  # send class priority as this header, not in the body
     tokenizer: str | None = None  # a local tokenizer.json for exact prompt token counts
@@ -81,6 +84,8 @@ class TargetSpec:
     # (`uuid`, the default, or `counter`: loadgen-<n>); see loadgen.engine.request_ids.
     request_id_header: str | None = "X-Request-Id"
     request_id_format: str = "uuid"
+    # Whether the id also goes in a body field (`request_ids.BODY_FIELDS`): auto, on, off.
+    request_id_body: str = "auto"
     # The server's Prometheus endpoint, scraped during the run (`--server-metrics-url`): an
     # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.
     server_metrics_url: str | None = None
@@ -611,6 +616,7 @@ def _target(node: _Node) -> TargetSpec:
         "headers",
         "include_usage",
         "force_output_tokens",
+        "allow_early_stops",
         "extra_body",
         "priority_header",
         "tokenizer",
@@ -657,10 +663,11 @@ def _target(node: _Node) -> TargetSpec:
     if api == "generic" and not node.has("generic"):
         raise node.error("generic", "is required for api: generic",
                          "describe the API: see README 'Generic streaming APIs'")  # fmt: skip
-    id_header, id_format = _request_id(node)
+    id_header, id_format, id_body = _request_id(node)
     return TargetSpec(
         request_id_header=id_header,
         request_id_format=id_format,
+        request_id_body=id_body,
         api=api,
         model=node.string("model", "sim"),
         url=url,
@@ -669,6 +676,7 @@ def _target(node: _Node) -> TargetSpec:
         headers=dict(headers),
         include_usage=node.boolean("include_usage", True),
         force_output_tokens=node.boolean("force_output_tokens", True),
+        allow_early_stops=node.boolean("allow_early_stops", False),
         extra_body=dict(extra_body),
         priority_header=node.string("priority_header") if node.has("priority_header") else None,
         tokenizer=_local_path(node, "tokenizer") if node.has("tokenizer") else None,
@@ -714,24 +722,30 @@ def metrics_url_problem(url: str) -> str:
 
 
 REQUEST_ID_FORMATS = ("uuid", "counter")
+REQUEST_ID_BODY = ("auto", "on", "off")  # loadgen.engine.request_ids.BODY_FIELDS
 
 
-def _request_id(node: _Node) -> tuple[str | None, str]:
-    """`request_id: off`, or `{header: X-Request-Id, format: uuid|counter}` (both optional)."""
+def _request_id(node: _Node) -> tuple[str | None, str, str]:
+    """`request_id: off`, or `{header: X-Request-Id, format: uuid|counter, body:
+    auto|on|off}` (each optional)."""
     raw = node.value.get("request_id", {})
-    fix = "e.g. request_id: {header: X-Request-Id, format: uuid}, or request_id: off"
+    fix = "e.g. request_id: {header: X-Request-Id, format: uuid, body: auto}, or request_id: off"
     if raw is False or raw == "off":
-        return None, "uuid"
-    if not isinstance(raw, Mapping) or set(raw) - {"header", "format"}:
-        raise node.error("request_id", f"must be off or a mapping of header and format (got "
-                         f"{raw!r})", fix)  # fmt: skip
+        return None, "uuid", "off"
+    if not isinstance(raw, Mapping) or set(raw) - {"header", "format", "body"}:
+        raise node.error("request_id", f"must be off or a mapping of header, format and body "
+                         f"(got {raw!r})", fix)  # fmt: skip
+    body = raw.get("body", "auto")
+    body = {True: "on", False: "off"}.get(body, body) if isinstance(body, bool) else body
+    if body not in REQUEST_ID_BODY:
+        raise node.error("request_id.body", f"must be auto, on or off (got {body!r})", fix)
     header = raw.get("header", "X-Request-Id")
     if not isinstance(header, str) or header_problem(header, "x"):
         raise node.error("request_id.header", f"is not a header name ({header!r})", fix)
     fmt = raw.get("format", "uuid")
     if fmt not in REQUEST_ID_FORMATS:
         raise node.error("request_id.format", f"must be uuid or counter (got {fmt!r})", fix)
-    return header, str(fmt)
+    return header, str(fmt), str(body)
 
 
 def url_problem(url: object) -> str:
