@@ -279,9 +279,9 @@ def test_vllm_stop_and_length_counted_by_reason(vllm: Server, tmp_path: Path) ->
     assert_counters_match("openai-chat", records, moved)
     stopped = [r for r in records if r.finish_reason == "stop"]
     assert all(3 <= r.output_tokens <= 12 for r in stopped)  # a stop token may be the 12th
-    # vLLM counts the stop token (usage, its counter) but never streams it: one token more
-    # than the events that arrived, which loadgen accepts as agreeing.
-    assert all(r.usage_output_tokens == r.counted_output_tokens + 1 for r in stopped)
+    # vLLM counts the stop token (usage, its counter) but never streams it: at least one
+    # token more than the token events that arrived (more if it held back partial UTF-8).
+    assert all((r.usage_output_tokens or 0) >= r.counted_output_tokens + 1 for r in stopped)
     assert not any(r.stopped_early for r in records)  # nothing was forced
 
 
