@@ -26,6 +26,7 @@ import http.server
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -112,14 +113,19 @@ def running(
     cwd: Path | None = None,
     env: dict[str, str],
     health: str = "/health",
+    startup_s: float = 90,
 ) -> Iterator[Server]:
-    """Start `cmd` (its port already in it), wait for `health`, stop it afterwards."""
+    """Start `cmd` (its port already in it), wait up to `startup_s` for `health`, stop it
+    afterwards."""
     port = int(cmd[cmd.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # Its own process group, so that stopping it stops what it spawned too (vLLM's
+        # engine core and worker processes).
+        process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + startup_s
         while True:
             if process.poll() is not None:
                 tail = log.read_text(errors="replace")[-2000:]
@@ -128,16 +134,24 @@ def running(
                 if httpx.get(f"{url}{health}", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                pytest.fail(f"{cmd[0]} not healthy after 90 s; log: {log}", pytrace=False)
+                pytest.fail(f"{cmd[0]} not healthy after {startup_s:.0f} s; log: {log}",
+                            pytrace=False)  # fmt: skip
             time.sleep(0.2)
         yield Server(url=url, model=model, log=log, process=process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 15 s (no-op if already gone)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def server_env(**extra: str) -> dict[str, str]:
@@ -213,10 +227,10 @@ def run_engine(
     return result, from_frame(frame)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
     """`loadgen ...` in a subprocess, as a user runs it."""
     cmd = [sys.executable, "-m", "loadgen", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=100, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def assert_all_ok(records: list[RequestRecord], planned: int) -> None:
@@ -229,6 +243,31 @@ def assert_retries_counted(result: RunResult, records: list[RequestRecord]) -> N
     """Retries are at most one per request, and the summary counts every one of them."""
     assert all(r.retries in (0, 1) for r in records)
     assert result.summary.generator.retries == sum(r.retries for r in records)
+
+
+# -- a server's /metrics, read independently of loadgen's parser --------------------------
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of the Prometheus text at `url`/metrics, by name and label set."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    samples: Samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, rest = head.partition("{")
+        labels = frozenset(
+            tuple(kv.split("=", 1)) for kv in rest.rstrip("}").replace('"', "").split(",") if kv
+        )
+        samples[(name, labels)] = float(value)  # type: ignore[index]
+    return samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 # -- raw streams (the server's own dialect, without loadgen) ------------------------------

