@@ -42,7 +42,7 @@ KEYS = ("framing", "body", "content", "reasoning", "done", "output_tokens", "pro
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenericSpec:
-    """The checked `target.generic` section (see the module docstring and README)."""
+    """The checked `target.generic` section (see the module docstring and docs/apis.md)."""
 
     framing: str = "sse"
     body: Mapping[str, Any] = field(default_factory=dict)
@@ -186,7 +186,7 @@ def generic_spec(raw: object, source: str, prefix: str = "target.generic") -> Ge
     """Check a `target.generic` section; raise ConfigError naming the key and the fix."""
     if not isinstance(raw, Mapping):
         raise ConfigError(source, prefix, "the generic API needs this section (a mapping)",
-                          "see README 'Generic streaming APIs' for an example")  # fmt: skip
+                          "see docs/apis.md, Generic streaming APIs, for an example")  # fmt: skip
     for key in raw:
         if key not in KEYS:
             raise ConfigError(source, f"{prefix}.{key}", "unknown key", f"known: {', '.join(KEYS)}")

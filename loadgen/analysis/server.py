@@ -4,7 +4,7 @@ Pure functions of `server_metrics.parquet` (rows `t_ns, name, labels, value`). E
 server's metric names map onto one set of figures, so a report reads "queue depth" whatever
 served the run. Checked against each server's source or docs:
 
-The mapping is `FIGURES` below (the README's "Server metrics" table shows it whole).
+The mapping is `FIGURES` below (docs/server-metrics.md shows it whole).
 
 Sources: vLLM vllm/v1/metrics/loggers.py and docs.vllm.ai/en/latest/usage/metrics.html;
 SGLang python/sglang/srt/metrics/collector.py and docs/references/production_metrics.md;

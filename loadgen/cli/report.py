@@ -36,7 +36,7 @@ from loadgen.results.store import discover_runs, select_runs
     "window_text",
     default=None,
     help="One run: window length in s (default: chosen by the run's length and requests; "
-    "see README). Results store: trailing window, e.g. 30d (default).",
+    "see docs/commands.md). Results store: trailing window, e.g. 30d (default).",
 )
 @click.option(
     "--step",

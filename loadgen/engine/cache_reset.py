@@ -1,7 +1,7 @@
 """Ask the server to empty its prefix cache, before a `cache: reset` run or capacity step.
 
 Part of a run's setup, after the preflight (whose request would otherwise be cached) and
-before t0. Servers that offer it (README "Cache warmth"):
+before t0. Servers that offer it (docs/cache-warmth.md):
 
 | server | endpoint | note |
 |---|---|---|

@@ -1,5 +1,5 @@
 """Cache warmth in words: the line beside a run's verdict, `check`'s plan line, and what
-`compare` says of two sides' warmth (README "Cache warmth").
+`compare` says of two sides' warmth (docs/cache-warmth.md).
 
 Reads only `CacheWarmth` values (summary.json's `cache`); printing is the caller's.
 """
@@ -91,7 +91,7 @@ def compare_cache_line(baseline: CacheSide, current: CacheSide) -> tuple[str, bo
     if why is None:
         return line, False
     return (f"{line}\n  the two differ in cache warmth: {why}; TTFT and throughput move with "
-            "what is cached (README 'Cache warmth')"), True  # fmt: skip
+            "what is cached (docs/cache-warmth.md)"), True  # fmt: skip
 
 
 def cache_json(side: CacheSide) -> dict[str, object]:

@@ -515,7 +515,7 @@ class Cost:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheWarmth:
-    """How the run stood to the server's prefix cache (README "Cache warmth"): run.json's
+    """How the run stood to the server's prefix cache (docs/cache-warmth.md): run.json's
     `cache` (mode, nonce, reset) and, in summary.json, the hit shares it came out at."""
 
     mode: str  # cold | warm | reset (`loadgen.workload.spec.CACHE_MODES`)

@@ -95,7 +95,8 @@ def load_agent_trace(path: str) -> tuple[TraceTrajectory, ...]:
         parents.setdefault(name, (None if parent is None else _id(path, number, parent,
                                                                     "parent"), number))  # fmt: skip
     if not calls:
-        raise ConfigError(path, "", "the agent trace has no rows", "see README 'Agent traces'")
+        raise ConfigError(path, "", "the agent trace has no rows",
+                          "see docs/workloads.md, Agent traces")  # fmt: skip
     return tuple(sorted((_trajectory(path, name, hops, starts, parents)
                          for name, hops in calls.items()),
                         key=lambda t: (t.start_s, t.trajectory)))  # fmt: skip
@@ -126,7 +127,7 @@ def _row(path: str, number: int, line: str) -> dict[str, Any]:
         raise ConfigError(path, f"line {number}", json_problem(exc)) from None
     if not isinstance(row, dict):
         raise ConfigError(path, f"line {number}", "must be a JSON object",
-                          "see README 'Agent traces' for the fields")  # fmt: skip
+                          "see docs/workloads.md, Agent traces, for the fields")  # fmt: skip
     return row
 
 

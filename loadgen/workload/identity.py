@@ -312,7 +312,7 @@ class SettingDifference:
         if self.path == "cache":
             return (
                 "run both with one cache mode (--cache cold, the default; warm; reset): "
-                "see README 'Cache warmth'"
+                "see docs/cache-warmth.md"
             )
         if self.path == "name":
             return "give both workloads one name"

@@ -7,8 +7,8 @@ own words (seeded by run seed and request id): a repeated prompt would hit the s
 prefix cache and make TTFT unrealistically small.
 
 Across runs the same file and seed give the same words, so a second run would find the
-first one's prompts in the server's cache. A `cold` run (the default, README "Cache
-warmth") therefore starts the first message of every request with its run nonce: four
+first one's prompts in the server's cache. A `cold` run (the default, docs/cache-warmth.md)
+therefore starts the first message of every request with its run nonce: four
 words drawn from `WORDS` by a hash of the nonce. Only the first message gets it, once per
 request, so whatever a run shares within itself (a class's system prompt, a shared-prefix
 group, a session's history, a trajectory's context, a dataset row) still starts with the
