@@ -257,6 +257,21 @@ class Exchange:
         """Lost unanswered on a kept-alive (or warm) connection: it is sent once more."""
         return self.lost_before_response and self.reused_connection and self.retries == 0
 
+    def reset_for_retry(self) -> None:
+        """Unsettle a request lost unanswered (`will_retry`), to be sent once more on a fresh
+        connection: what it measured of the lost attempt is overwritten by the retry's."""
+        self.retries += 1
+        self.lost_before_response = False
+        self.done = asyncio.get_running_loop().create_future()
+        self.settled = False
+        self.outcome = self.error = None
+
+    def cancel(self, t_ns: int) -> None:
+        """Settle, as cancelled, a request still in flight when its task was cancelled (an
+        interrupted run): its connection is unusable and no closed-loop send follows it."""
+        self.then = None
+        self.finish(t_ns, Outcome.CANCELLED, "run interrupted while this request was in flight")
+
     def _turn(self, t_ns: int) -> None:
         then, self.then = self.then, None
         if then is None:

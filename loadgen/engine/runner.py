@@ -402,12 +402,7 @@ class Engine:
         for timer in exchange.timers:
             timer.cancel()
         if not exchange.settled:  # cancelled mid-request: the connection is unusable
-            exchange.then = None
-            if exchange.conn is not None:
-                exchange.conn.detach()
-            exchange.outcome = Outcome.CANCELLED
-            exchange.error = "run interrupted while this request was in flight"
-            exchange.end_ns = self._now()
+            exchange.cancel(self._now())
 
     def _encode(self, exchange: Exchange, messages: Sequence[Message] | None) -> bytes:
         """The request's bytes: the prompt, the body, the headers (its id recorded)."""
@@ -478,7 +473,6 @@ class Engine:
 
     async def _exchange(self, exchange: Exchange, request: bytes, sent: bool) -> None:
         """Send unless `sent` (retrying once on a reused connection that died unanswered), wait."""
-        loop = asyncio.get_running_loop()
         self._arm(exchange)  # written already (`start`) or not: from the intended time
         try:
             for attempt in range(2):
@@ -488,12 +482,8 @@ class Engine:
                 if not (attempt == 0 and exchange.will_retry()):
                     return
                 # A kept-alive connection the server had closed: retry once on a fresh one.
-                exchange.retries += 1
+                exchange.reset_for_retry()
                 self.stats.retries += 1
-                exchange.lost_before_response = False
-                exchange.done = loop.create_future()
-                exchange.settled = False
-                exchange.outcome = exchange.error = None
         finally:
             for timer in exchange.timers:
                 timer.cancel()
