@@ -22,33 +22,27 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-import orjson
 
-from loadgen.adapters.protocol import Adapter, BodyOptions, Message
+from loadgen.adapters.protocol import Message
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES
 from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.engine.agents import Trajectory
-from loadgen.engine.exchange import NO_SECRETS, Exchange
+from loadgen.engine.encoding import EngineConfig, RequestEncoder
+from loadgen.engine.exchange import Exchange
 from loadgen.engine.flows import Started, batch, conversation
 from loadgen.engine.logs import LOGGER
-from loadgen.engine.request_ids import (
-    DEFAULT_HEADER,
-    RequestIds,
-    merged,
-    new_nonce,
-    put_in_body,
-)
-from loadgen.engine.secrets import Redactor
 from loadgen.engine.starts import Starts
-from loadgen.engine.transport import Connector, Link, encode_request
+from loadgen.engine.transport import Connector, Link
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.workload.prompts import PromptMaker
+
+__all__ = ["Engine", "EngineConfig", "LiveStats"]  # EngineConfig: re-exported (its importers)
 
 # Requests are encoded this far ahead of their due time (at most this many), so a burst of
 # sends due together is a run of `send` calls, not of prompt and JSON building.
@@ -73,32 +67,6 @@ class LiveStats:
     ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
     in_flight_by_class: dict[str, int] = field(default_factory=dict)  # the live exporters' gauge
     last_progress_ns: int = 0  # the last send or completion (the watchdog reads it)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineConfig:
-    """How the engine sends: the adapter, body options, extra headers, in-flight cap."""
-
-    adapter: Adapter
-    body_options: BodyOptions
-    seed: int
-    max_in_flight: int | None = None
-    request_headers: Mapping[str, str] = field(default_factory=dict)
-    headers_for: Callable[[RequestPlan], Mapping[str, str]] | None = None  # tests, faults
-    priority_header: str | None = None  # send plan.priority as this header, not in the body
-    prompts: PromptMaker | None = None  # default: words, seeded by `seed`
-    redactor: Redactor = NO_SECRETS  # quotes server text into errors, secrets hidden
-    # The cap on one stream event or line, by class name (`limits.max_event_bytes`).
-    max_event_bytes: Mapping[str, int] = field(default_factory=dict)
-    # Each request's id header (`loadgen.engine.request_ids`): name (None: none sent),
-    # format, and the run's random UUID prefix.
-    request_id_header: str | None = DEFAULT_HEADER
-    request_id_format: str = "uuid"
-    request_id_nonce: int = field(default_factory=new_nonce)
-    # Where the id also goes in the body (`request_ids.put_in_body`): auto, on or off.
-    request_id_body: str = "auto"
-    # A forced length that ends short on a stop reason is ok (flagged), not truncated.
-    allow_early_stops: bool = False
 
 
 class Ahead:
@@ -188,10 +156,7 @@ class Engine:
         self.requests = anyio.CancelScope()
         self.next_due_ns: int | None = None  # the scheduler's next send; None when all are out
         self._live: dict[int, Exchange] = {}  # started, not yet recorded, by request id
-        user_headers = {**connector.endpoint.headers, **config.request_headers}
-        self.ids = RequestIds(config.request_id_header, config.request_id_format,
-                              config.request_id_nonce, user_headers)  # fmt: skip
-        self._by_model: dict[str, BodyOptions] = {}
+        self.encoder = RequestEncoder(config, self.prompts, connector.endpoint)
 
     def stop(self) -> None:
         """Stop sending (interrupt): no new request, turn or hop starts; in-flight ones go on."""
@@ -314,7 +279,7 @@ class Engine:
         )  # fmt: skip
         exchange.model = plan.model or config.body_options.model
         exchange.later = self.connector.after_reads
-        request = self._encode(exchange, messages)
+        request, exchange.request_id_sent = self.encoder.encode(plan, messages)
         exchange.request_bytes = len(request)
         return exchange, request
 
@@ -372,27 +337,6 @@ class Engine:
                              f": {exchange.error}" if exchange.error else "")  # fmt: skip
         return exchange
 
-    def _messages(self, plan: RequestPlan) -> Sequence[Message]:
-        """A single request's prompt: its dataset messages, a shared prefix and a fresh
-        suffix, or generated words (each starting with a cold run's nonce)."""
-        prompts = self.prompts
-        if plan.messages:
-            return prompts.lead_messages(plan.messages)
-        if plan.shared_prefix is not None:
-            group, prefix = plan.shared_prefix
-            return [("user", prompts.shared(plan.request_id, group, prefix, plan.prompt_tokens))]
-        return [("user", prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups,
-                                      first=True))]  # fmt: skip
-
-    def _options(self, model: str | None) -> BodyOptions:
-        """The body options for a request to `model` (None: the target's)."""
-        if model is None:
-            return self.config.body_options
-        options = self._by_model.get(model)
-        if options is None:
-            options = self._by_model[model] = replace(self.config.body_options, model=model)
-        return options
-
     def _settle_cancelled(self, exchange: Exchange) -> None:
         """Take the exchange off the live list; still unsettled: it was cancelled in flight."""
         if self._live.pop(exchange.plan.request_id, None) is None:
@@ -403,30 +347,6 @@ class Engine:
             timer.cancel()
         if not exchange.settled:  # cancelled mid-request: the connection is unusable
             exchange.cancel(self._now())
-
-    def _encode(self, exchange: Exchange, messages: Sequence[Message] | None) -> bytes:
-        """The request's bytes: the prompt, the body, the headers (its id recorded)."""
-        plan = exchange.plan
-        if messages is None:
-            messages = self._messages(plan)
-        headers = self._headers(exchange)  # first: it records the id the body carries too
-        body = self._body(plan, messages, exchange.request_id_sent)
-        if LOGGER.isEnabledFor(logging.DEBUG):
-            point = self.connector.endpoint
-            sent = {**point.headers, **headers}
-            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
-                         point.target, sent)  # fmt: skip
-        return encode_request(self.connector.endpoint, body, headers)
-
-    def _body(
-        self, plan: RequestPlan, messages: Sequence[Message], request_id: str | None
-    ) -> bytes:
-        config = self.config
-        body = config.adapter.build_body(messages, plan.output_tokens, self._options(plan.model))
-        if plan.priority is not None and config.priority_header is None:
-            body["priority"] = plan.priority
-        put_in_body(body, config.adapter.name, config.request_id_body, request_id)
-        return orjson.dumps(body)
 
     async def _flow(self, flow: Flow, wave: list[Started]) -> None:
         """Run a flow that the scheduler started (a batch's first wave already sent)."""
@@ -487,20 +407,6 @@ class Engine:
         finally:
             for timer in exchange.timers:
                 timer.cancel()
-
-    def _headers(self, exchange: Exchange) -> dict[str, str]:
-        """The request's own headers: its id and priority (unless the user set the same
-        names: theirs replace loadgen's), then the configured ones. The id is recorded."""
-        plan, config = exchange.plan, self.config
-        headers, exchange.request_id_sent = self.ids.headers(plan.request_id)
-        if plan.priority is not None and config.priority_header is not None:
-            headers[config.priority_header] = str(plan.priority)
-        user = {k.lower() for k in self.connector.endpoint.headers}
-        headers = {k: v for k, v in headers.items() if k.lower() not in user}
-        headers = merged(headers, config.request_headers)
-        if config.headers_for is not None:
-            headers = merged(headers, config.headers_for(plan))
-        return headers
 
     async def _send(self, exchange: Exchange, request: bytes) -> bool:
         """Get a connection and write the request; False when the exchange already ended."""
