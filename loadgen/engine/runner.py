@@ -10,6 +10,7 @@ mapped to an `Outcome` in one place (`Exchange.finish`, in `exchange`), never ra
 Three layers: this scheduler (`Engine`: sends, in-flight cap, live stats, the records);
 the flows (`flows`: sessions, batches; `agents`: growing trajectories), which see the
 engine only through `flows.Sender`; and one request's `exchange`, the per-chunk path.
+Each request's bytes are made ahead of its send by `encoding.RequestEncoder`.
 
 Per-request deadlines (from the intended time): no generated token by `first_token_s`,
 a gap between tokens longer than `stall_s`, not done by `total_s`. They are loop timers
@@ -101,7 +102,7 @@ class Ahead:
                 self.waves[index] = wave
                 self.held += sum(len(request) for _, request in wave)
             self.next += 1
-            if self.next % 16 == 0 and engine._now() >= due_ns:
+            if self.next % 16 == 0 and engine.now_ns() >= due_ns:
                 return  # due already: send what is made, make the rest as it goes
 
     def take_single(self, index: int) -> tuple[Exchange, bytes]:
