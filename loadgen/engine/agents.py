@@ -109,8 +109,8 @@ class Trajectory:
         """One hop, or a fan-out's branches at once (joined: this returns when all end)."""
         engine = self.engine
         if len(group) == 1:
-            return [await send(engine, as_sent(engine, group[0], context, due_ns, self.budget),
-                               context)]  # fmt: skip
+            sent = as_sent(engine, group[0], context, due_ns, self.budget)
+            return [await send(engine, sent, context)]
         results: list[Exchange | None] = [None] * len(group)
 
         async def branch(slot: int, plan: RequestPlan) -> None:
