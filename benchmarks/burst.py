@@ -26,7 +26,7 @@ CLOCK_MONOTONIC as the client). Each run starts a fresh simulator: a flat decode
   its timer at the send, as the code before this benchmark did, would report).
 
 * `pass`: where a burst's send lag goes, without a server: the engine's own work per
-  write (`Engine._go` on an idle connection whose transport takes the bytes and does
+  write (`Engine.start` on an idle connection whose transport takes the bytes and does
   nothing: the pass's Python) and a bare `socket.send` per request on N warm loopback TCP
   connections whose peer is not read (the kernel's part, with no server process to wake).
   The burst part's send lag per request, (p99 / N), minus these two is what the kernel
@@ -155,15 +155,15 @@ def pass_cost(streams: int, tokens: int) -> dict[str, float]:
         config = EngineConfig(adapter=adapter, body_options=BodyOptions(model="m"), seed=0)
         engine = Engine(plans_for("burst", streams, tokens, 1), pool, config, lambda r: None)
         engine.t0_ns = perf_counter_ns()
-        made = [engine._prepare(p) for p in engine.work.singles]  # made ahead, as in a run
+        made = [engine.prepare(p) for p in engine.work.singles]  # made ahead, as in a run
         for _ in made:
             conn = Connection(pool)
             conn.connection_made(NullTransport())  # type: ignore[arg-type]
             pool._idle.append(conn)
-        now = engine._now()
+        now = engine.now_ns()
         start = perf_counter_ns()
         for exchange, request in made:
-            engine._go(exchange, request, now)
+            engine.start(exchange, request, now)
         return (perf_counter_ns() - start) / streams / 1e3
 
     engine_us = anyio.run(engine_part, backend_options=backend_options())

@@ -39,8 +39,8 @@ from statistics import median
 from typing import Any
 
 from loadgen.adapters import adapter_for
+from loadgen.engine.exchange import Exchange
 from loadgen.engine.host import raise_open_files_limit
-from loadgen.engine.runner import Exchange
 from loadgen.engine.transport import Connection, Pool, make_endpoint
 from loadgen.studies.calibrate import Ladder, Level, Thresholds, measure_level
 from loadgen.workload.plans import RequestPlan

@@ -16,7 +16,7 @@ from conftest import EngineRun
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.engine.runner import apportion
+from loadgen.engine.exchange import apportion
 from loadgen.results.records import Outcome, TokenSource
 from loadgen.testing import (
     CLOSE,

@@ -30,9 +30,10 @@ from loadgen.adapters.protocol import BodyOptions
 from loadgen.analysis.audit import audit_run
 from loadgen.analysis.metrics import stream_ends
 from loadgen.cli import cli
+from loadgen.engine.exchange import short_stream, stream_end
 from loadgen.engine.preflight import preflight
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, plan_number, uuid_for
-from loadgen.engine.runner import EngineConfig, short_stream, stream_end
+from loadgen.engine.runner import EngineConfig
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.errors import TargetError
 from loadgen.results.records import Outcome, RequestRecord, TokenSource, to_frame

@@ -1,9 +1,10 @@
 """Agent trajectories whose context grows: what each hop of a `kind: agent` flow sends.
 
-Part of the engine (plans → engine → records), beside `runner.Engine`, which sends each
-hop. A real agent's every model call carries the whole trajectory so far: the system
-prompt, the task, and for every earlier hop the model's real answer (an assistant message
-that calls a tool) and the tool's result (a tool message of the hop's `tool_result_tokens`).
+Part of the engine (plans → engine → records), a flow beside those in `flows`, built on
+their turn steps; it sees the engine only through `flows.Sender`. A real agent's every
+model call carries the whole trajectory so far: the system prompt, the task, and for every
+earlier hop the model's real answer (an assistant message that calls a tool) and the
+tool's result (a tool message of the hop's `tool_result_tokens`).
 So prefill grows hop by hop, and a server's prefix cache decides the TTFT of later hops.
 The adapters put the tool call and result in their API's own shape (OpenAI `tool_calls`
 and `role: tool`, Anthropic `tool_use`/`tool_result`, the Responses API's
@@ -19,16 +20,14 @@ tool result enter the context of the hops after it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 
 from loadgen.adapters.protocol import Message
+from loadgen.engine.exchange import Exchange
+from loadgen.engine.flows import Budget, Sender, as_sent, next_turn, send, system_prompt
 from loadgen.results.records import Outcome
 from loadgen.workload.plans import Flow, RequestPlan
-
-if TYPE_CHECKING:  # the engine drives a trajectory; a trajectory calls back into it
-    from loadgen.engine.runner import Engine, Exchange
 
 TOOL_RESULT_KEY = 2_000_000_011  # seeds tool-result text apart from the hops' own
 SUMMARY_KEY = 3_000_000_019
@@ -63,13 +62,13 @@ def capped(
 class Trajectory:
     """One growing trajectory: hops in sequence (a fan-out hop's branches at once)."""
 
-    def __init__(self, engine: Engine, flow: Flow) -> None:
+    def __init__(self, engine: Sender, flow: Flow) -> None:
         self.engine, self.flow = engine, flow
         prompts = engine.prompts
         self.count = prompts.count
         self.head: list[Message] = []
         if flow.system_prompt_tokens:
-            self.head.append(("system", engine._system_prompt(flow)))
+            self.head.append(("system", system_prompt(prompts, flow)))
         first = flow.plans[0]
         self.head.append(("user", prompts.text(first.request_id, first.prompt_tokens,
                                                first=not self.head)))  # fmt: skip
@@ -78,8 +77,7 @@ class Trajectory:
         if flow.context_max_tokens is not None and flow.context_overflow == "summarize":
             text = prompts.text(SUMMARY_KEY + flow.session_id, flow.summary_tokens)
             self.summary = ("user", f"Summary of the earlier steps: {text}")
-        t0 = engine.t0_ns
-        self.budget_end = t0 + flow.start_ns + int(flow.budget_s * 1e9) if flow.budget_s else None
+        self.budget = Budget.of(flow, engine.t0_ns)
 
     async def run(self) -> None:
         """Every hop in order; a failed hop or a spent budget skips the rest."""
@@ -89,11 +87,8 @@ class Trajectory:
         for index, group in enumerate(hops):
             if index:
                 due += int(group[0].delay_s * 1e9)
-                if not await engine._wait_unless_stopped(due):
-                    return  # the rest are recorded as not_sent by Engine.run()
             rest = [p for later in hops[index:] for p in later]
-            if self.budget_end is not None and engine._now() >= self.budget_end:
-                engine._skip(rest, f"trajectory budget of {flow.budget_s:g} s spent")
+            if not await next_turn(engine, self.budget, due, rest, first=not index):
                 return
             context, _ = capped(self.head, self.steps, self.count, flow.context_max_tokens,
                                 self.summary)  # fmt: skip
@@ -101,28 +96,28 @@ class Trajectory:
             failed = next((e for e in exchanges if e.outcome is not Outcome.OK), None)
             if failed is not None:
                 later = [p for hop in hops[index + 1 :] for p in hop]
-                engine._skip(later, f"hop {index} ended {failed.outcome}")
+                engine.skip(later, f"hop {index} ended {failed.outcome}")
                 return
             for plan, exchange in zip(group, exchanges, strict=True):
                 tool = engine.prompts.text(TOOL_RESULT_KEY + plan.request_id,
                                            plan.tool_result_tokens)  # fmt: skip
                 self.steps.append([("assistant", "".join(exchange.texts)), ("tool", tool)])
-            due = max(e.end_ns or engine._now() for e in exchanges)
+            due = max(e.end_ns or engine.now_ns() for e in exchanges)
 
     async def _hop(self, group: Sequence[RequestPlan], context: list[Message], due_ns: int
                    ) -> list[Exchange]:  # fmt: skip
         """One hop, or a fan-out's branches at once (joined: this returns when all end)."""
         engine = self.engine
         if len(group) == 1:
-            sent = engine._sent(group[0], context, due_ns, self.budget_end)
-            return [await engine._request(sent, engine._now(), context, True)]
+            sent = as_sent(engine, group[0], context, due_ns, self.budget)
+            return [await send(engine, sent, context)]
         results: list[Exchange | None] = [None] * len(group)
 
         async def branch(slot: int, plan: RequestPlan) -> None:
             task = ("user", f"Sub-task {slot + 1} of {len(group)}: work on part {slot + 1}.")
             messages = [*context, task]
-            sent = engine._sent(plan, messages, due_ns, self.budget_end)
-            results[slot] = await engine._request(sent, engine._now(), messages, True)
+            sent = as_sent(engine, plan, messages, due_ns, self.budget)
+            results[slot] = await send(engine, sent, messages)
 
         async with anyio.create_task_group() as tg:
             for slot, plan in enumerate(group):

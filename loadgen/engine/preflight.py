@@ -38,7 +38,7 @@ import orjson
 
 from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
-from loadgen.engine.runner import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
+from loadgen.engine.exchange import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import (
     HTTP2_ANSWER,
