@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.rolling import rolling_windows
 from loadgen.render.rolling_view import render_rolling_table, rolling_plot
 from loadgen.results.records import SCHEMA, Outcome
+from loadgen.results.write import write_histograms
 from loadgen.workload.spec import SloTargets
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=50, percentile=99)
@@ -129,7 +130,7 @@ def main() -> None:
         per_run = []
         for run_dir in sorted(p.parent for p in store.glob("*/run.json")):
             t = time.perf_counter()
-            path = write_histograms(run_dir)
+            path = write_histograms(run_dir, run_histograms(run_dir))
             per_run.append(time.perf_counter() - t)
         size = path.stat().st_size
         print(f"write_histograms per run: {spread(per_run)}; {size / 1024:.0f} KiB per file")

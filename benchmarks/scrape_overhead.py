@@ -52,8 +52,9 @@ import polars as pl
 import loadgen.run.execute
 from loadgen.analysis.server import current_gauges, with_server
 from loadgen.engine.scrape import Scraper, ScrapeStats
-from loadgen.results.runfolder import read_server_metrics, write_server_part
+from loadgen.results.runfolder import read_server_metrics
 from loadgen.results.summary import ScrapeAccess
+from loadgen.results.write import write_server_part
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.simulator import running_sim
 from loadgen.workload.spec import load

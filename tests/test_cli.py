@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.minutes import run_histograms
 from loadgen.cli import cli
 from loadgen.engine.preflight import preflight
 from loadgen.engine.request_ids import plan_number
@@ -22,6 +22,7 @@ from loadgen.engine.secrets import Redactor, run_secrets
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import TargetError
 from loadgen.results.records import OUTCOMES
+from loadgen.results.write import write_histograms
 from loadgen.run.execute import RunOptions, execute
 from loadgen.testing import ReceivedRequest, ScriptedServer, head, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
@@ -281,7 +282,7 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
         # (that run is then read from its records)
         (store / run_id / "histograms.parquet").unlink()
         if night == 0:
-            write_histograms(store / run_id)
+            write_histograms(store / run_id, run_histograms(store / run_id))
     result = CliRunner().invoke(
         cli, ["report", str(store), "--window", "2d", "--step", "1d", "--format", "json"]
     )

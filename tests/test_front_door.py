@@ -23,7 +23,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-import loadgen.results.records as records
+import loadgen.results.write as write_module
 import loadgen.workload.inputs as inputs
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
@@ -301,7 +301,9 @@ AUDIT_PEAK = """
 import re, sys
 from pathlib import Path
 import polars as pl
-from loadgen.results.records import SCHEMA, read_parts, write_parquet_atomic
+from loadgen.results.records import SCHEMA
+from loadgen.results.runfolder import read_parts
+from loadgen.results.write import write_parquet_atomic
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.workload.spec import SloTargets
@@ -467,7 +469,7 @@ def _run(tmp_path: Path, requests: int, handler, *extra: str) -> tuple[int, str,
 
 def _failing_part_writes(monkeypatch, code: int, *, after: int, times: int = 10**9) -> list[str]:
     """Make part writes raise OSError(code) after `after` good ones, `times` times over."""
-    real = records.write_file_atomic
+    real = write_module.write_file_atomic
     failed: list[str] = []
 
     def write(path: Path, data: bytes | memoryview) -> None:
@@ -477,7 +479,7 @@ def _failing_part_writes(monkeypatch, code: int, *, after: int, times: int = 10*
             raise OSError(code, os.strerror(code), str(path))
         real(path, data)
 
-    monkeypatch.setattr(records, "write_file_atomic", write)
+    monkeypatch.setattr(write_module, "write_file_atomic", write)
     return failed
 
 

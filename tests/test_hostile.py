@@ -33,8 +33,9 @@ from loadgen.engine.preflight import preflight
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import RunBusy, TargetError
 from loadgen.printable import printable
-from loadgen.results.liveness import LOCK_FILE, live_writer, run_lock
-from loadgen.results.records import HEARTBEAT, PARTS_DIR, Outcome
+from loadgen.results.liveness import live_writer, run_lock
+from loadgen.results.records import Outcome
+from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR
 from loadgen.testing import (
     CLOSE,
     ReceivedRequest,

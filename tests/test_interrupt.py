@@ -21,8 +21,8 @@ import anyio
 import polars as pl
 import pytest
 
-from loadgen.results.records import read_records
 from loadgen.results.recover import fill_unrecorded
+from loadgen.results.runfolder import read_records
 from loadgen.testing import ScriptedServer, head
 from loadgen.testing.builders import workload_file
 from loadgen.testing.crashtest import (
@@ -317,7 +317,8 @@ def test_no_simulator_or_worker_outlives_a_double_ctrl_c(tmp_path: Path, workers
 def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> None:
     """The run ends (its tasks cancelled) just as a batch was taken for writing: the batch goes
     back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
-    from loadgen.results.records import Outcome, RecordWriter, RequestRecord
+    from loadgen.results.records import Outcome, RequestRecord
+    from loadgen.results.write import RecordWriter
     from loadgen.run.drive import spill
 
     def batch(first: int) -> list[RequestRecord]:

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.analysis.live import BUCKETS_S, LiveTally
 from loadgen.analysis.slo import per_request
 from loadgen.cli import cli
-from loadgen.results.records import Outcome, read_records, to_frame
+from loadgen.results.records import Outcome, to_frame
+from loadgen.results.runfolder import read_records
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter, parse_listen
 from loadgen.run.spawn import Child

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
-from loadgen.results.records import read_records
+from loadgen.results.runfolder import read_records
 from loadgen.testing import ScriptedServer, run_engine, simple_chat
 from loadgen.testing.builders import workload_file
 from loadgen.workload.plans import plan_work

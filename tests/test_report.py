@@ -17,14 +17,15 @@ from rich.console import Console
 from loadgen.analysis import audit
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.report.document import _generator_table
-from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.folder import report_files
 from loadgen.render.report.html import render_html
 from loadgen.render.report.markdown import render_markdown
 from loadgen.render.report.model import RunReport, build_run_report
 from loadgen.render.terminal import render_summary
 from loadgen.results.codec import to_json
-from loadgen.results.records import Outcome, RequestRecord, to_frame, write_parquet_atomic
+from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
+from loadgen.results.write import write_parquet_atomic, write_report
 from loadgen.testing import builders, streamed_record
 from loadgen.workload.spec import SloTargets
 
@@ -341,8 +342,8 @@ def html_text(text: str) -> str:
 def test_markdown_links_pngs_beside_it_and_summary_is_written(
     built: RunReport, tmp_path: Path
 ) -> None:
-    """write_run_report writes report.html, report.md + PNGs it links, and summary.json."""
-    written = write_run_report(built, tmp_path / "out")
+    """report_files + write_report: report.html, report.md + PNGs it links, summary.json."""
+    written = write_report(tmp_path / "out", report_files(built), built.summary)
     names = {p.name for p in written}
     assert {"report.html", "report.md", "summary.json"} <= names
     md = (tmp_path / "out" / "report.md").read_text()

@@ -13,12 +13,12 @@ import polars as pl
 import pytest
 from rich.console import Console
 
-from loadgen.analysis.minutes import HISTOGRAMS_FILE
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError
 from loadgen.render.rolling_view import render_rolling_table, rolling_plot
 from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.runfolder import HISTOGRAMS_FILE
 from loadgen.testing import builders
 from loadgen.workload.spec import SloTargets
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from loadgen.errors import LoadgenError
-from loadgen.results.runfolder import RunInfo, read_run_info, write_run_info
+from loadgen.results.runfolder import RunInfo, read_run_info
+from loadgen.results.write import write_run_info
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import SloTargets
 

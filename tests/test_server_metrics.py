@@ -37,13 +37,9 @@ from loadgen.analysis.server import (
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition
 from loadgen.render.terminal import server_line
-from loadgen.results.runfolder import (
-    join_server_metrics,
-    read_server_metrics,
-    server_rows_frame,
-    write_server_part,
-)
+from loadgen.results.runfolder import read_server_metrics, server_rows_frame
 from loadgen.results.summary import GaugeStats, ServerAudit
+from loadgen.results.write import join_server_metrics, write_server_part
 from loadgen.sim.config import config_from_mapping
 from loadgen.sim.engine import Engine, EngineConfig, SeqRequest, StepResult, simulate
 from loadgen.sim.metrics import SimCounters, exposition

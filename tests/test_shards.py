@@ -19,8 +19,8 @@ from loadgen.analysis.compare import order_statistic_ranks
 from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
-from loadgen.results.records import read_records
-from loadgen.results.runfolder import SERVER_METRICS_SCHEMA, write_server_metrics
+from loadgen.results.runfolder import SERVER_METRICS_SCHEMA, read_records
+from loadgen.results.write import write_server_metrics
 from loadgen.run.simulator import running_sim
 from loadgen.testing.builders import workload_file
 from loadgen.workload.plans import plan_work

@@ -12,17 +12,14 @@ import polars as pl
 import pytest
 
 from loadgen.analysis.histograms import LatencyHistogram
-from loadgen.analysis.minutes import (
-    HISTOGRAMS_FILE,
-    build_histograms,
-    load_histograms,
-    write_histograms,
-)
+from loadgen.analysis.minutes import build_histograms, load_histograms, run_histograms
 from loadgen.analysis.slo import per_request
 from loadgen.errors import LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
+from loadgen.results.runfolder import HISTOGRAMS_FILE
 from loadgen.results.store import discover_runs, read_run_entry
+from loadgen.results.write import write_histograms
 from loadgen.testing import builders
 from loadgen.workload.spec import SloTargets
 
@@ -68,7 +65,7 @@ def test_histograms_agree_with_the_records_minute_by_minute(tmp_path: Path) -> N
     t0 = datetime(2026, 3, 1, 2, 0, 30, tzinfo=UTC)
     records = random_records(1)
     run_dir = write_run(tmp_path, t0, records, run_id="r1", slos={"chat": CHAT, "agent": CHAT})
-    assert write_histograms(run_dir) == run_dir / HISTOGRAMS_FILE
+    assert write_histograms(run_dir, run_histograms(run_dir)) == run_dir / HISTOGRAMS_FILE
     minutes = load_histograms(run_dir)
     assert minutes is not None
     rows = per_request(to_frame(records), slos={"chat": CHAT, "agent": CHAT})
@@ -173,7 +170,7 @@ def test_an_outcome_added_later_reads_as_zero(tmp_path: Path) -> None:
     run_dir = write_run(
         tmp_path, datetime(2026, 3, 1, tzinfo=UTC), [stream(0, ttft_ms=1.0)], run_id="r"
     )
-    path = write_histograms(run_dir)
+    path = write_histograms(run_dir, run_histograms(run_dir))
     pl.read_parquet(path).drop("cancelled").write_parquet(path)
     minutes = load_histograms(run_dir)
     assert minutes is not None

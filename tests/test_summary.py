@@ -13,8 +13,9 @@ from loadgen.analysis.objectives import Objective
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import from_json, to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame
-from loadgen.results.runfolder import read_summary, write_summary
+from loadgen.results.runfolder import read_summary
 from loadgen.results.summary import AskedLoad, Summary, TrajectoryAudit
+from loadgen.results.write import write_summary
 from loadgen.testing import streamed_record
 from loadgen.workload.spec import SloTargets
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
-from loadgen.results.records import read_records
+from loadgen.results.runfolder import read_records
 from loadgen.run.execute import choose_workers
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import workload_file

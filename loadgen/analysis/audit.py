@@ -5,7 +5,7 @@ capacity step, `loadgen report` and `loadgen merge`): each class's SLO audit
 (`slo.audit_class`), its objective on top (`objectives.judge_by_objective`), the generator's
 health and the verdict, as one typed `Summary`. `audit_run` re-audits a run folder from its
 records and run.json (the SLOs come from run.json unless `--slo` replaces them), and
-`write_audit` writes that re-audit into the folder.
+`reaudit` adds the histograms, for `results.write.write_audit` to write into the folder.
 """
 
 from __future__ import annotations
@@ -22,19 +22,21 @@ from loadgen import __version__
 from loadgen.analysis import metrics
 from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.results.records import read_records
 from loadgen.results.runfolder import (
+    PARTS_DIR,
+    RECORDS_FILE,
     SCHEMA_VERSION,
     SLO_FIELDS,
     RunInfo,
+    has_records,
+    read_records,
     read_run_info,
     read_server_metrics,
-    write_summary,
 )
 from loadgen.results.summary import (
     CacheWarmth,
@@ -225,8 +227,8 @@ def audit_run(
     run.json or records.
     """
     info = read_run_info(run_dir)
-    if not (run_dir / "records.parquet").exists() and not (run_dir / "records.parts").is_dir():
-        raise LoadgenError(f"{run_dir} has no records.parquet (nor records.parts)")
+    if not has_records(run_dir):
+        raise LoadgenError(f"{run_dir} has no {RECORDS_FILE} (nor {PARTS_DIR})")
     frame = read_records(run_dir)
     effective = {**info.slos(), **(slos or {})}
     summary = audit(
@@ -256,13 +258,12 @@ def with_cache(summary: Summary, cache: CacheWarmth | None) -> Summary:
     return replace(summary, cache=cache)
 
 
-def write_audit(run_dir: Path) -> Summary:
-    """`audit_run`, then the folder's summary.json and histograms.parquet: how a merged or
-    recovered run folder is finished (the end of `loadgen run` writes the same from memory)."""
+def reaudit(run_dir: Path) -> tuple[Summary, pl.DataFrame]:
+    """`audit_run`, and the per-minute histograms of the same records and SLOs: what
+    `results.write.write_audit` writes into a merged or recovered run folder (the end of
+    `loadgen run` writes the same from memory)."""
     summary, frame, slos = audit_run(run_dir)
-    write_summary(run_dir, summary)
-    write_histograms(run_dir, frame, slos)
-    return summary
+    return summary, run_histograms(run_dir, frame, slos)
 
 
 def recorded_objectives(info: RunInfo, slos: Mapping[str, SloTargets]) -> dict[str, Objective]:

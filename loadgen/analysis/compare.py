@@ -75,8 +75,15 @@ from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.codec import to_json as plain
-from loadgen.results.records import PARTS_DIR, RECORDS_FILE, Outcome, read_records
-from loadgen.results.runfolder import RUN_FILE, read_run_info
+from loadgen.results.records import Outcome
+from loadgen.results.runfolder import (
+    PARTS_DIR,
+    RECORDS_FILE,
+    RUN_FILE,
+    has_records,
+    read_records,
+    read_run_info,
+)
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry
 from loadgen.workload.identity import SettingDifference, workload_differences
 from loadgen.workload.spec import SloTargets
@@ -816,7 +823,7 @@ def _run_entry(run_dir: Path) -> RunEntry:
             f"{run_dir} is not a run folder: it has no {RUN_FILE} "
             "(give a folder `loadgen run` wrote, e.g. reports/<run-id>)"
         )
-    if not (run_dir / RECORDS_FILE).exists() and not (run_dir / PARTS_DIR).is_dir():
+    if not has_records(run_dir):
         raise LoadgenError(f"{run_dir} has no {RECORDS_FILE} (nor {PARTS_DIR})")
     return read_run_entry(run_dir)
 

@@ -2,9 +2,10 @@
 
 A 30-day window holds millions of requests and tens of millions of ITL gaps; reading every
 record again for each window is slow, so each run also keeps `histograms.parquet`: per class
-and per wall-clock minute, mergeable HdrHistograms and the counts attainment needs. Records
-stay the source of truth: the histograms are recomputable from them (and
-`loadgen.analysis.rolling` does so for a run that has none).
+and per wall-clock minute, mergeable HdrHistograms and the counts attainment needs. This
+module builds the frame (`run_histograms`); `results.write` writes the file and
+`results.runfolder` reads it. Records stay the source of truth: the histograms are
+recomputable from them (and `loadgen.analysis.rolling` does so for a run that has none).
 `histograms.parquet`, one row per (class, minute) with at least one request:
 
 - `class` (str); `minute` (int32): minutes since the wall-clock (UTC) minute holding t0;
@@ -39,17 +40,16 @@ import polars as pl
 from loadgen.analysis.histograms import HIGHEST_US, LatencyHistogram
 from loadgen.analysis.metrics import NS_PER_MS
 from loadgen.analysis.slo import per_request
-from loadgen.results.records import OUTCOMES, Outcome, read_records, write_parquet_atomic
+from loadgen.results.records import OUTCOMES, Outcome
+from loadgen.results.runfolder import HISTOGRAM_METRICS, read_records
+from loadgen.results.runfolder import load_histograms as read_histograms
 from loadgen.results.store import read_run_entry
 from loadgen.workload.spec import SloTargets
-
-HISTOGRAMS_FILE = "histograms.parquet"
-
 
 NS_PER_MINUTE = 60 * 1_000_000_000
 
 
-METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
+METRICS: tuple[str, ...] = HISTOGRAM_METRICS
 
 
 COUNT_COLUMNS: tuple[str, ...] = ("requests", *OUTCOMES, "meets_slo")
@@ -60,20 +60,18 @@ COUNT_COLUMNS: tuple[str, ...] = ("requests", *OUTCOMES, "meets_slo")
 _SUB_BUCKET_BITS = 11
 
 
-def write_histograms(
+def run_histograms(
     run_dir: Path,
     frame: pl.DataFrame | None = None,
     slos: Mapping[str, SloTargets] | None = None,
-) -> Path:
-    """Write `histograms.parquet` for a run (records and SLOs read from the folder if not given)."""
+) -> pl.DataFrame:
+    """`histograms.parquet`'s frame for a run (records and SLOs read from the folder if not
+    given); `results.write.write_histograms` writes it."""
     entry = read_run_entry(run_dir)
     records = read_records(run_dir) if frame is None else frame
-    minutes = build_histograms(
+    return build_histograms(
         records, t0_unix_ns=entry.started_unix_ns, slos=entry.slos if slos is None else slos
     )
-    path = run_dir / HISTOGRAMS_FILE
-    write_parquet_atomic(minutes, path)
-    return path
 
 
 def load_histograms(run_dir: Path) -> pl.DataFrame | None:
@@ -81,18 +79,7 @@ def load_histograms(run_dir: Path) -> pl.DataFrame | None:
 
     An outcome added to `records.OUTCOMES` after the file was written reads as 0.
     """
-    path = run_dir / HISTOGRAMS_FILE
-    if not path.exists():
-        return None
-    try:
-        minutes = pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError):
-        return None
-    required = ("class", "minute_start_unix_ns", "requests", Outcome.OK.value, "meets_slo")
-    if any(name not in minutes.columns for name in (*required, *METRICS)):
-        return None
-    absent = [name for name in COUNT_COLUMNS if name not in minutes.columns]
-    return minutes.with_columns(pl.lit(0, pl.Int64).alias(name) for name in absent)
+    return read_histograms(run_dir, COUNT_COLUMNS)
 
 
 def minute_start_ns(intended_ns: pl.Expr, t0_unix_ns: int) -> pl.Expr:

@@ -57,8 +57,8 @@ from loadgen.analysis.minutes import (
 )
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
-from loadgen.results.records import OUTCOMES, Outcome, read_records
-from loadgen.results.runfolder import read_summary
+from loadgen.results.records import OUTCOMES, Outcome
+from loadgen.results.runfolder import read_records, read_summary
 from loadgen.results.store import RunEntry, discover_runs, select_runs
 
 WITH_FAILURES: tuple[str, ...] = ("ttft", "tpot", "e2e")  # as `slo.WITH_FAILURES`

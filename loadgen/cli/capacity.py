@@ -39,16 +39,17 @@ from loadgen.cli.options import (
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
+    capacity_files,
     conclusion,
     judged_steps,
     rule_lines,
     start_line,
     step_lines,
     steps_table,
-    write_capacity,
     x_axis,
 )
 from loadgen.results.runfolder import read_summary
+from loadgen.results.write import write_files
 from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
@@ -257,7 +258,7 @@ def capacity(
         base_rate = base_rate_per_s(spec) if param == "rate" else None
         settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
                                  safety_margin, proposed, base_rate)  # fmt: skip
-        write_capacity(out, found, verdict, (scale, unit, base_rate), settings)
+        write_files(out, capacity_files(found, verdict, (scale, unit, base_rate), settings))
         for line in conclusion(found, verdict, param, scale, safety_margin):
             console.print(line)
         if judged_steps(found):

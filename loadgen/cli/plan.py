@@ -12,8 +12,7 @@ import click
 
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.render.planner_view import plan_notes, render_plan
-from loadgen.results.records import read_records
-from loadgen.results.runfolder import read_run_info
+from loadgen.results.runfolder import read_records, read_run_info
 from loadgen.studies.planner import (
     FLAGS,
     Layer,

@@ -8,19 +8,29 @@ from pathlib import Path
 
 import click
 
-from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
+from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError, RunBusy
-from loadgen.render.report.folder import write_run_report
+from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
-from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
+from loadgen.render.rolling_view import left_out_line, render_rolling_table, rolling_files
 from loadgen.render.terminal import recovery_line, render_summary
 from loadgen.results import codec
 from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
-from loadgen.results.recover import recover
-from loadgen.results.runfolder import read_run_info
+from loadgen.results.runfolder import (
+    RECORDS_FILE,
+    REPORT_DIR,
+    REPORT_HTML,
+    REPORT_MD,
+    ROLLING_REPORT_DIR,
+    RUN_FILE,
+    SUMMARY_FILE,
+    is_run_folder,
+    read_run_info,
+)
 from loadgen.results.store import discover_runs, select_runs
+from loadgen.results.write import recover, write_audit, write_files, write_report
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -121,7 +131,7 @@ def report(
       loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
     """
-    if (path / "run.json").exists():
+    if is_run_folder(path):
         _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
         if recover:
             _recover(path)
@@ -150,10 +160,10 @@ def _recover(run_dir: Path) -> None:
     with run_lock(run_dir, doing="recover"):  # a run that started writing since: refused
         done = recover(run_dir)
         if done.nothing_to_do:
-            click.echo(f"nothing to recover: {run_dir} already has its records.parquet",
+            click.echo(f"nothing to recover: {run_dir} already has its {RECORDS_FILE}",
                        err=True)  # fmt: skip
             return
-        write_audit(run_dir)
+        write_audit(run_dir, *reaudit(run_dir))
     click.echo(recovery_line(run_dir, done), err=True)
 
 
@@ -176,14 +186,14 @@ def _report_run(
             str(exc),
             "one run takes seconds, e.g. --window 10 --step 5",
         ) from None
-    written = write_run_report(built, out_dir or run_dir / "report")
+    written = write_report(out_dir or run_dir / REPORT_DIR, report_files(built), built.summary)
     if fmt == "json":
         click.echo(json.dumps(codec.to_json(built.summary), indent=2))
     else:
         console = output_console()
         console.print(render_summary(built.summary))
         for file in written:
-            if file.suffix in (".html", ".md", ".json"):
+            if file.name in (REPORT_HTML, REPORT_MD, SUMMARY_FILE):
                 console.print(f"wrote {file}")
     sys.exit(built.summary.verdict.exit_code)
 
@@ -195,7 +205,7 @@ def _report_store(
 
     runs = discover_runs(store)
     if not runs:
-        raise LoadgenError(f"{store} holds no runs (no */run.json): give a run folder or the "
+        raise LoadgenError(f"{store} holds no runs (no */{RUN_FILE}): give a run folder or the "
                            "results store that `loadgen run --out` writes to")  # fmt: skip
     window, step = parse_duration(window_text), parse_duration(step_text)
     selected = select_runs(runs, workload=workload, include_incomplete=True)
@@ -210,5 +220,5 @@ def _report_store(
     if stopped and not include_incomplete:
         console.print(left_out_line(stopped))
     slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
-    for path in write_rolling_report(out_dir or store / "rolling-report", frame, slos):
+    for path in write_files(out_dir or store / ROLLING_REPORT_DIR, rolling_files(frame, slos)):
         click.echo(f"wrote {path}")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TextIO
 
 from loadgen.printable import printable
+from loadgen.results.runfolder import RUN_LOG
 
 LOGGER = logging.getLogger("loadgen")
-RUN_LOG = "loadgen.log"
 LEVELS = {0: logging.WARNING, 1: logging.INFO}  # 2 or more: DEBUG
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

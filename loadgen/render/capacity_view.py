@@ -8,7 +8,6 @@ Latencies are each class's SLO percentile (nearest rank) with failures ranked wo
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -16,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.render.knee_plot import knee_png
+from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
 from loadgen.studies.capacity import (
     FAIL,
     INVALID,
@@ -273,18 +273,19 @@ def _verdict_line(verdict: Verdict, param: str, scale: float, safety_margin: flo
     return Text.assemble("proposed limit ", proposed, ": ", word, f" ({reason})")
 
 
-def write_capacity(
-    out: Path, found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
+def capacity_files(
+    found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
     settings: dict[str, Any],
-) -> None:  # fmt: skip
-    """capacity.json (`studies.capacity.to_json`) and knee.png in `out`; `axis` is the
-    plot's (load scale, label) and the file's total rate."""
+) -> dict[str, bytes]:  # fmt: skip
+    """capacity.json (`studies.capacity.to_json`) and knee.png, for the command to write
+    (`results.write.write_files`); `axis` is the plot's (load scale, label) and the file's
+    total rate."""
     scale, unit, base_rate = axis
-    out.mkdir(parents=True, exist_ok=True)
     data = to_json(found, verdict, settings, base_rate)
-    (out / "capacity.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    files = {CAPACITY_FILE: (json.dumps(data, indent=2) + "\n").encode("utf-8")}
     if judged_steps(found):  # else there is nothing to draw: no knee.png, and the
-        (out / "knee.png").write_bytes(knee_png(found, x_scale=scale, x_label=unit))  # why is said
+        files[KNEE_PLOT] = knee_png(found, x_scale=scale, x_label=unit)  # why is said
+    return files
 
 
 def judged_steps(found: Search) -> list[Step]:

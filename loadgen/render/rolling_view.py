@@ -10,9 +10,8 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -27,6 +26,7 @@ from loadgen.analysis.minutes import (
 from loadgen.analysis.rolling import WITH_FAILURES, to_json
 from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms
+from loadgen.results.runfolder import ROLLING_FILE, rolling_plot_file
 from loadgen.results.store import RunEntry
 from loadgen.workload.spec import SloTargets
 
@@ -134,18 +134,15 @@ def left_out_line(stopped: Sequence[RunEntry]) -> str:
     )
 
 
-def write_rolling_report(
-    target: Path, frame: pl.DataFrame, slos: Mapping[Any, SloTargets]
-) -> Iterator[Path]:
-    """rolling-ttft.png, rolling-tpot.png and rolling.json in `target`, each path as it is
-    written (`slos` as `rolling_plot` takes them)."""
-    target.mkdir(parents=True, exist_ok=True)
-    for metric in ("ttft", "tpot"):
-        png = target / f"rolling-{metric}.png"
-        png.write_bytes(rolling_plot(frame, slo_ms=slos, metric=metric))
-        yield png
-    (target / "rolling.json").write_text(json.dumps(to_json(frame), indent=2) + "\n")
-    yield target / "rolling.json"
+def rolling_files(frame: pl.DataFrame, slos: Mapping[Any, SloTargets]) -> dict[str, bytes]:
+    """rolling-ttft.png, rolling-tpot.png and rolling.json, in that order, for the command
+    to write (`results.write.write_files`; `slos` as `rolling_plot` takes them)."""
+    files = {
+        rolling_plot_file(metric): rolling_plot(frame, slo_ms=slos, metric=metric)
+        for metric in ("ttft", "tpot")
+    }
+    files[ROLLING_FILE] = (json.dumps(to_json(frame), indent=2) + "\n").encode("utf-8")
+    return files
 
 
 def rolling_plot(

@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from loadgen.errors import RunBusy
-from loadgen.results.records import HEARTBEAT, PARTS_DIR
+from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR
 
-LOCK_FILE = "run.lock"
 STALE_S = 3.0  # heartbeats come every 0.25 s: 3 s of silence is not a live run
 
 try:

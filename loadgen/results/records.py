@@ -1,30 +1,23 @@
 """Records: one row per planned request, whatever happened to it.
 
 Sits between the engine and the metrics. The runner turns every plan into exactly one
-`RequestRecord`; `RecordWriter` spills them to Parquet part files during the run (each
-part written to a temp name and renamed, so a killed run keeps every finished part) and
-joins the parts into `records.parquet` at the end. Times are integer nanoseconds since the
+`RequestRecord`; `results.write.RecordWriter` spills them to Parquet part files during the
+run (each part written to a temp name and renamed, so a killed run keeps every finished
+part) and joins the parts into `records.parquet` at the end. Times are integer nanoseconds since the
 run's t0 on the monotonic clock; `None` means the moment never happened, and the outcome
 says why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import io
-import os
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from loadgen.adapters.protocol import ServerTimings
-from loadgen.errors import TRANSIENT_ERRNOS
 
 
 class Outcome(enum.StrEnum):
@@ -231,190 +224,6 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         known = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
         records.append(RequestRecord(**known))
     return records
-
-
-RECORDS_FILE = "records.parquet"
-PARTS_DIR = "records.parts"
-HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `heartbeat-w000`
-
-
-def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
-    """Write to a temp name in the same folder, fsync, rename: readers never see half a file.
-
-    polars encodes into memory and Python writes the bytes, so a failing write raises the
-    kernel's own `OSError` (ENOSPC, EACCES, EFBIG, EMFILE with `filename` = `path`), where
-    polars writing to the path would say only "Invalid thrift: transport error". A temp
-    file left by a failed write is removed (it would hold disk space and look like a part).
-    """
-    buffer = io.BytesIO()
-    frame.write_parquet(buffer)
-    write_file_atomic(path, buffer.getbuffer())
-
-
-def write_file_atomic(path: Path, data: bytes | memoryview) -> None:
-    """`data` to a temp name beside `path`, fsync, rename; an `OSError` names `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
-
-
-class RecordWriter:
-    """Collects records during a run and spills them to Parquet parts.
-
-    The engine calls `add` (cheap, in the event loop). About once a second the run takes
-    the due batch (`take_due`: every `flush_every` records or `flush_interval_s` seconds)
-    and writes it with `write_part`, in a worker thread so the loop keeps stamping chunks.
-    `close()` joins the parts into `records.parquet`. A run killed mid-way keeps every part
-    already renamed into place.
-
-    Each `take_due` also touches the process's heartbeat file in the parts folder: its
-    modification time is the last moment the run was seen alive, which is how `loadgen
-    report --recover` tells a plan that was due (sent) before a kill from one that never
-    came (`loadgen.results.recover`).
-    """
-
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        flush_every: int = 1000,
-        flush_interval_s: float = 1.0,
-        heartbeat: str = HEARTBEAT,
-    ) -> None:
-        self.run_dir = run_dir
-        self.parts_dir = run_dir / PARTS_DIR
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        self.heartbeat = self.parts_dir / heartbeat
-        self.flush_every = flush_every
-        self.flush_interval_s = flush_interval_s
-        self._pending: list[RequestRecord] = []
-        self._part_count = 0
-        self._part_lock = threading.Lock()
-        self._last_take = time.monotonic()
-        self.count = 0  # records taken
-        self.written = 0  # records in parts on disk
-        # Start polars' I/O runtime now, while file descriptors are plentiful: started
-        # mid-run it needs some, and a run short of them must still be able to write.
-        warm = self.parts_dir / ".warm-up.parquet"
-        write_parquet_atomic(empty_frame(), warm)
-        warm.unlink()
-
-    def add(self, record: RequestRecord) -> None:
-        """Take one record (no I/O)."""
-        self._pending.append(record)
-        self.count += 1
-
-    def beat(self) -> None:
-        """Touch the heartbeat file (a failure to is not worth a lost record: ignored)."""
-        try:
-            os.utime(self.heartbeat)
-        except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                self.heartbeat.touch()
-        except OSError:
-            pass
-
-    def take_due(self) -> list[RequestRecord]:
-        """The pending records if a batch is full or the interval has passed, else [].
-        Touches the heartbeat (see the class docstring)."""
-        self.beat()
-        now = time.monotonic()
-        if len(self._pending) >= self.flush_every or (
-            self._pending and now - self._last_take >= self.flush_interval_s
-        ):
-            self._last_take = now
-            batch, self._pending = self._pending, []
-            return batch
-        return []
-
-    def write_part(self, batch: list[RequestRecord]) -> None:
-        """Write one batch as the next part (safe to call from a worker thread)."""
-        if not batch:
-            return
-        with self._part_lock:
-            self._part_count += 1
-            part = self.parts_dir / f"part-{self._part_count:06d}.parquet"
-        write_parquet_atomic(to_frame(batch), part)
-        self.written += len(batch)
-
-    @property
-    def pending(self) -> int:
-        """Records taken but not yet in a part on disk."""
-        return len(self._pending)
-
-    def requeue(self, batch: list[RequestRecord]) -> None:
-        """Put back a batch whose write failed (e.g. out of file descriptors); it goes out
-        with the next one. Records are never dropped."""
-        self._pending[:0] = batch
-
-    def flush(self) -> None:
-        """Write every pending record now (a failed write keeps them pending)."""
-        batch, self._pending = self._pending, []
-        try:
-            self.write_part(batch)
-        except BaseException:
-            self.requeue(batch)
-            raise
-
-    def close(self) -> pl.DataFrame:
-        """Flush, join every part into `records.parquet`, remove the parts; return the frame.
-
-        Out of file descriptors is retried for a few seconds (the run's sockets are closing);
-        any other failed write raises its `OSError`, and the parts stay for `--recover`.
-        """
-        retry_transient(self.flush)
-        frame = read_parts(self.parts_dir)
-        retry_transient(lambda: write_parquet_atomic(frame, self.run_dir / RECORDS_FILE))
-        remove_parts(self.parts_dir)
-        return frame
-
-
-def remove_parts(parts_dir: Path) -> None:
-    """Remove a parts folder once its records are joined: parts, heartbeats, and the temp
-    file of a part being written when a process was killed."""
-    for name in ("part-*.parquet", f"{HEARTBEAT}*", ".*"):
-        for path in parts_dir.glob(name):
-            path.unlink()
-    parts_dir.rmdir()
-
-
-def retry_transient(
-    write: Callable[[], None], *, attempts: int = 20, pause_s: float = 0.25
-) -> None:
-    """Call `write`, again after `pause_s` while it fails with a transient error (EMFILE,
-    ENFILE, EAGAIN, EINTR), at most `attempts` times; any other `OSError` at once."""
-    for attempt in range(attempts):
-        try:
-            write()
-            return
-        except OSError as exc:
-            if exc.errno not in TRANSIENT_ERRNOS or attempt == attempts - 1:
-                raise
-        time.sleep(pause_s)
-
-
-def read_parts(parts_dir: Path) -> pl.DataFrame:
-    """Every complete part in a parts folder as one frame (what an interrupted run kept)."""
-    parts = sorted(parts_dir.glob("part-*.parquet"))
-    if not parts:
-        return empty_frame()
-    return pl.concat([with_all_columns(pl.read_parquet(p)) for p in parts]).sort("request_id")
-
-
-def read_records(run_dir: Path) -> pl.DataFrame:
-    """A run's records: `records.parquet`, or the parts of a run that never finished."""
-    path = run_dir / RECORDS_FILE
-    if path.exists():
-        return with_all_columns(pl.read_parquet(path))
-    return read_parts(run_dir / PARTS_DIR)
 
 
 def with_all_columns(frame: pl.DataFrame) -> pl.DataFrame:

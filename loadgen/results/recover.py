@@ -17,7 +17,8 @@ and gives every plan without a record one, so planned == recorded:
   turn that never finished). A request sent in the last quarter second before the kill,
   after the last heartbeat, is counted here too: the heartbeat's resolution.
 
-The run is then marked `recovered`, `stopped: incomplete`: no verdict on the server
+`recovered_records` computes that; `results.write.recover` writes it. The run is then
+marked `recovered`, `stopped: incomplete`: no verdict on the server
 (exit 5), whatever its records say, and the same with any `--workers` count (each worker's
 plans are judged by its own heartbeat). A run without heartbeats (written by an older
 loadgen) is judged by the latest moment its records show.
@@ -26,28 +27,19 @@ loadgen) is judged by the latest moment its records show.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from loadgen.errors import LoadgenError
-from loadgen.results.records import (
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.runfolder import (
     HEARTBEAT,
     PARTS_DIR,
     RECORDS_FILE,
-    Outcome,
-    RequestRecord,
-    read_parts,
-    remove_parts,
-    to_frame,
-    write_parquet_atomic,
-)
-from loadgen.results.runfolder import (
     RunInfo,
-    join_server_metrics,
-    read_run_info,
-    write_run_info,
+    read_parts,
 )
 from loadgen.workload.identity import spec_from_resolved
 from loadgen.workload.plans import Flow, RequestPlan, Work, plan_work
@@ -67,30 +59,24 @@ class Recovery:
     nothing_to_do: bool = False  # the run already has its records.parquet: left as it is
 
 
-def recover(run_dir: Path) -> Recovery:
-    """Finish a killed run (see the module docstring); a finished run is left as it is."""
-    info = read_run_info(run_dir)
+def recovered_records(run_dir: Path, info: RunInfo) -> tuple[pl.DataFrame, Recovery] | None:
+    """A killed run's records, one per plan (see the module docstring), and what was done;
+    None when the run already has its records.parquet (`results.write.recover` writes the
+    records and marks the run)."""
     parts = run_dir / PARTS_DIR
     if not parts.exists():
         if (run_dir / RECORDS_FILE).exists():
-            planned = info.planned or 0
-            return Recovery(planned=planned, kept=planned, cancelled=0, not_sent=0,
-                            nothing_to_do=True)  # fmt: skip
-        raise LoadgenError(f"{run_dir} has neither records.parquet nor records.parts")
+            return None
+        raise LoadgenError(f"{run_dir} has neither {RECORDS_FILE} nor {PARTS_DIR}")
     work = rebuild_work(info, run_dir)
     frame = read_parts(parts)
     alive = last_alive_ns(parts, info, frame)
     filled = fill_unrecorded(work, frame, alive, processes=_process_count(info))
     joined = pl.concat([frame, to_frame(filled)]).sort("request_id") if filled else frame
-    write_parquet_atomic(joined, run_dir / RECORDS_FILE)
-    remove_parts(parts)
-    if info.t0 is not None and info.t0.perf_counter_ns is not None:
-        join_server_metrics(run_dir, info.t0.perf_counter_ns)  # what the scraper spilled
-
-    write_run_info(run_dir, replace(info, interrupted=True, recovered=True, stopped="incomplete"))
     counts = {o: sum(r.outcome is o for r in filled) for o in (Outcome.CANCELLED, Outcome.NOT_SENT)}
-    return Recovery(planned=len(work.plans), kept=frame.height, cancelled=counts[Outcome.CANCELLED],
+    done = Recovery(planned=len(work.plans), kept=frame.height, cancelled=counts[Outcome.CANCELLED],
                     not_sent=counts[Outcome.NOT_SENT])  # fmt: skip
+    return joined, done
 
 
 def rebuild_work(info: RunInfo, run_dir: Path) -> Work:

@@ -1,21 +1,27 @@
-"""The run folder: the one owner of its files, their names and the schema version.
+"""The run folder: the one owner of its file names, its layout, its reads and the schema version.
 
 A run folder (`<store>/<run-id>/`) holds `run.json` (what was run: the resolved spec, seed,
-target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while it runs),
-`summary.json`, `histograms.parquet` and `loadgen.log`. Everything the reports show is
-recomputable from records plus run.json. Exit codes and stop statuses live here because
-summary.json's `verdict` carries them.
+target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while it runs,
+with one heartbeat file per engine process), `summary.json`, `histograms.parquet`,
+`server_metrics.parquet` (or `server_metrics.parts/`), `loadgen.log`, `run.lock` while a
+run or a recovery writes it, and `sim-trace.jsonl` under `--sim-trace`. Everything the
+reports show is recomputable from records plus run.json. Exit codes and stop statuses live
+here because summary.json's `verdict` carries them.
+
+Every file name of a run folder (and of the folders `report` and `capacity` write) is
+defined here and nowhere else. This module reads; `loadgen.results.write` is the only code
+that writes, each write to a temp name renamed into place. The two are apart so that
+`analysis/` and `render/` can read a folder but cannot write one: an import-linter contract
+forbids them `loadgen.results.write` (pyproject.toml), and a test scans their sources for
+file-writing calls (tests/test_quality.py).
 
 run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
-and JSON only here, through `results.codec`: `read_run_info` / `write_run_info`,
-`read_summary` / `write_summary` are the only code that reads or writes them (besides the
-first run.json a run writes at t0, while it runs).
+and JSON only at the folder's edge, through `results.codec`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -28,12 +34,88 @@ import polars as pl
 
 from loadgen.errors import LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
+from loadgen.results.records import Outcome, empty_frame, with_all_columns
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
 
+# --- the names --------------------------------------------------------------------------
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
+RECORDS_FILE = "records.parquet"
+PARTS_DIR = "records.parts"  # while the run lasts: parts, heartbeats
+HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `heartbeat-w000`
+PART_GLOB = "part-*.parquet"  # a parts folder's complete parts (temp names start with a dot)
+WARM_UP_FILE = ".warm-up.parquet"  # written and removed at once, to start polars' I/O
+HISTOGRAMS_FILE = "histograms.parquet"
+SERVER_METRICS_FILE = "server_metrics.parquet"
+SERVER_PARTS_DIR = "server_metrics.parts"  # while the run lasts: the scraper's spilled rows
+RUN_LOG = "loadgen.log"
+LOCK_FILE = "run.lock"
+SIM_TRACE_FILE = "sim-trace.jsonl"  # the built-in simulator's trace (`--sim-trace`)
+# What a run has measured once it exists: a folder without any of these is an unstarted run.
+MEASURED = (RUN_FILE, PARTS_DIR, SERVER_PARTS_DIR, RECORDS_FILE)
+# `loadgen report`'s folder (`<run>/report/` unless --out) and `report <store>`'s
+REPORT_DIR = "report"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+ROLLING_REPORT_DIR = "rolling-report"
+ROLLING_FILE = "rolling.json"
+# `loadgen capacity`'s folder
+CAPACITY_FILE = "capacity.json"
+KNEE_PLOT = "knee.png"
+
+
+def part_name(index: int) -> str:
+    """A one-process run's `index`-th records part (from 1)."""
+    return f"part-{index:06d}.parquet"
+
+
+def worker_part_name(worker: int, index: int) -> str:
+    """Worker `worker`'s `index`-th records part: workers never collide in one folder."""
+    return f"part-w{worker:03d}-{index:06d}.parquet"
+
+
+def worker_heartbeat(worker: int) -> str:
+    """Worker `worker`'s heartbeat file in PARTS_DIR."""
+    return f"{HEARTBEAT}-w{worker:03d}"
+
+
+def worker_scratch_dir(worker: int) -> str:
+    """The folder a worker's writer warms up in, beside the parts (removed at once)."""
+    return f".worker-{worker}"
+
+
+def server_part_name(index: int) -> str:
+    """The `index`-th part (from 0) the scraper spilled to SERVER_PARTS_DIR."""
+    return f"part-{index:06d}.parquet"
+
+
+def failed_log_path(run_dir: Path) -> Path:
+    """Where an unstarted run's log is kept once its folder is removed: beside it."""
+    return run_dir.parent / f"{run_dir.name}.failed.log"
+
+
+def figure_file(name: str) -> str:
+    """A report's figure, one PNG per figure beside report.md."""
+    return f"{name}.png"
+
+
+def rolling_plot_file(metric: str) -> str:
+    """`report <store>`'s plot of one metric over the windows."""
+    return f"rolling-{metric}.png"
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder with a run.json (else, for `report`, a results store)."""
+    return (path / RUN_FILE).exists()
+
+
+def has_records(run_dir: Path) -> bool:
+    """Records joined, or the parts of a run that never finished."""
+    return (run_dir / RECORDS_FILE).exists() or (run_dir / PARTS_DIR).is_dir()
+
+
 SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
 
 
@@ -70,18 +152,6 @@ def new_run_id(name: str) -> str:
     return f"{stamp}-{slug}-{secrets.token_hex(2)}"
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON to a temp name and rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_summary(run_dir: Path, summary: Summary) -> None:
-    """The run's `summary.json` (the audit's, or a report's re-audit in its own folder)."""
-    write_json_atomic(run_dir / SUMMARY_FILE, to_json(summary))
-
-
 def read_summary(run_dir: Path) -> Summary:
     """`summary.json` of a run folder; a LoadgenError when it is missing or malformed."""
     path = run_dir / SUMMARY_FILE
@@ -91,11 +161,6 @@ def read_summary(run_dir: Path) -> Summary:
         raise LoadgenError(f"{run_dir} has no {SUMMARY_FILE}") from None
     except (OSError, ValueError, TypeError) as exc:
         raise LoadgenError(f"cannot read {path}: {exc}") from None
-
-
-def write_run_info(run_dir: Path, info: RunInfo) -> None:
-    """The run's `run.json` (the end of a run, a merge, a recovery)."""
-    write_json_atomic(run_dir / RUN_FILE, to_json(info))
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
@@ -439,8 +504,6 @@ def _mean_rate(raw: Mapping[str, Any]) -> float | None:
 # as their `_bucket`/`_sum`/`_count` series. While the run lasts the rows are spilled to
 # `server_metrics.parts/` with `mono_ns` (the monotonic clock; t0 may not be chosen yet).
 
-SERVER_METRICS_FILE = "server_metrics.parquet"
-SERVER_PARTS_DIR = "server_metrics.parts"
 LABELS_DTYPE = pl.List(pl.Struct({"name": pl.String(), "value": pl.String()}))
 SERVER_METRICS_SCHEMA: dict[str, pl.DataType] = {
     "t_ns": pl.Int64(),
@@ -448,7 +511,7 @@ SERVER_METRICS_SCHEMA: dict[str, pl.DataType] = {
     "labels": LABELS_DTYPE,
     "value": pl.Float64(),
 }
-_PART_SCHEMA = {
+SERVER_PART_SCHEMA = {
     "mono_ns": pl.Int64(),
     **{k: v for k, v in SERVER_METRICS_SCHEMA.items() if k != "t_ns"},
 }
@@ -465,51 +528,8 @@ def server_rows_frame(
             "labels": [[{"name": k, "value": v} for k, v in r[2]] for r in rows],
             "value": [r[3] for r in rows],
         },
-        schema=_PART_SCHEMA,
+        schema=SERVER_PART_SCHEMA,
     )
-
-
-def write_server_part(
-    run_dir: Path, rows: Sequence[tuple[int, str, Sequence[tuple[str, str]], float]]
-) -> None:
-    """Spill scraped rows to a new part file (temp name, then renamed)."""
-    if not rows:
-        return
-    parts = run_dir / SERVER_PARTS_DIR
-    parts.mkdir(exist_ok=True)
-    index = len(list(parts.glob("part-*.parquet")))
-    path = parts / f"part-{index:06d}.parquet"
-    tmp = parts / f".{path.name}.tmp"
-    server_rows_frame(rows).write_parquet(tmp)
-    os.replace(tmp, path)
-
-
-def join_server_metrics(run_dir: Path, t0_mono_ns: int) -> pl.DataFrame | None:
-    """Join the spilled parts into `server_metrics.parquet` (t_ns since t0), remove them.
-
-    None when the run scraped nothing; an existing file is kept when there are no parts.
-    """
-    parts = run_dir / SERVER_PARTS_DIR
-    files = sorted(parts.glob("part-*.parquet")) if parts.exists() else []
-    if not files:
-        return read_server_metrics(run_dir)
-    frame = pl.concat([pl.read_parquet(f) for f in files], how="vertical")
-    frame = frame.select(
-        (pl.col("mono_ns") - t0_mono_ns).alias("t_ns"), "name", "labels", "value"
-    ).sort("t_ns", maintain_order=True)
-    write_server_metrics(run_dir, frame)
-    for f in files:
-        f.unlink()
-    parts.rmdir()
-    return frame
-
-
-def write_server_metrics(run_dir: Path, frame: pl.DataFrame) -> None:
-    """`server_metrics.parquet` (temp name, then renamed)."""
-    path = run_dir / SERVER_METRICS_FILE
-    tmp = run_dir / f".{SERVER_METRICS_FILE}.tmp"
-    frame.cast(SERVER_METRICS_SCHEMA).write_parquet(tmp)  # type: ignore[arg-type]  # dtypes
-    os.replace(tmp, path)
 
 
 def read_server_metrics(run_dir: Path) -> pl.DataFrame | None:
@@ -521,3 +541,43 @@ def read_server_metrics(run_dir: Path) -> pl.DataFrame | None:
         return pl.read_parquet(path)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise LoadgenError(f"cannot read {path}: {exc}") from None
+
+
+# --- records and histograms -------------------------------------------------------------
+
+
+def read_parts(parts_dir: Path) -> pl.DataFrame:
+    """Every complete part in a parts folder as one frame (what an interrupted run kept)."""
+    parts = sorted(parts_dir.glob(PART_GLOB))
+    if not parts:
+        return empty_frame()
+    return pl.concat([with_all_columns(pl.read_parquet(p)) for p in parts]).sort("request_id")
+
+
+def read_records(run_dir: Path) -> pl.DataFrame:
+    """A run's records: `records.parquet`, or the parts of a run that never finished."""
+    path = run_dir / RECORDS_FILE
+    if path.exists():
+        return with_all_columns(pl.read_parquet(path))
+    return read_parts(run_dir / PARTS_DIR)
+
+
+HISTOGRAM_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")  # histograms' columns
+
+
+def load_histograms(run_dir: Path, counts: Sequence[str]) -> pl.DataFrame | None:
+    """A run's per-minute histograms (`analysis.minutes`), or None when it has no readable
+    file with the columns. A count of `counts` absent from the file (an outcome added to
+    `records.OUTCOMES` since) reads as 0."""
+    path = run_dir / HISTOGRAMS_FILE
+    if not path.exists():
+        return None
+    try:
+        minutes = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+    required = ("class", "minute_start_unix_ns", "requests", Outcome.OK.value, "meets_slo")
+    if any(name not in minutes.columns for name in (*required, *HISTOGRAM_METRICS)):
+        return None
+    absent = [name for name in counts if name not in minutes.columns]
+    return minutes.with_columns(pl.lit(0, pl.Int64).alias(name) for name in absent)

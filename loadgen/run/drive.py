@@ -24,8 +24,9 @@ from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.transport import Endpoint, Pool
 from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
-from loadgen.results.records import RecordWriter, RequestRecord
+from loadgen.results.records import RequestRecord
 from loadgen.results.runfolder import EXIT_INTERRUPTED
+from loadgen.results.write import RecordWriter
 from loadgen.run.options import RunOptions
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import utc_text

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.results.write import write_json_atomic
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import WorkloadSpec
 
@@ -92,9 +93,7 @@ def save_calibration(result: Mapping[str, Any], path: Path | None = None) -> Pat
     by_processes = data["hosts"].setdefault(str(result["host"]), {})
     by_processes[str(result["processes"])] = dict(result)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    write_json_atomic(target, data)
     return target
 
 

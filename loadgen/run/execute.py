@@ -14,7 +14,6 @@ import hashlib
 import os
 import platform
 import secrets
-import shutil
 import socket
 import sys
 import time
@@ -31,12 +30,12 @@ from loadgen.adapters.protocol import Adapter
 from loadgen.analysis.audit import audit, with_cache
 from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
 from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
-from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
+from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.preflight import preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, put_in_body
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
@@ -46,19 +45,25 @@ from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
 from loadgen.results.codec import from_json, to_json
 from loadgen.results.liveness import run_lock
-from loadgen.results.records import PARTS_DIR, RecordWriter, RequestRecord, from_frame
+from loadgen.results.records import RequestRecord, from_frame
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
-    SERVER_PARTS_DIR,
+    SIM_TRACE_FILE,
     RunInfo,
     ServerMetricsInfo,
-    join_server_metrics,
     new_run_id,
-    write_json_atomic,
-    write_run_info,
-    write_summary,
 )
 from loadgen.results.summary import CacheWarmth, Summary
+from loadgen.results.write import (
+    RecordWriter,
+    discard_unstarted,
+    join_server_metrics,
+    make_run_folder,
+    write_histograms,
+    write_run_info,
+    write_run_json,
+    write_summary,
+)
 from loadgen.run.drive import drive, watch_signals
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.failure import client_failures
@@ -132,30 +137,12 @@ def execute(
         return _execute(spec, options, log, live, work, (workers, why), planned, adapter,
                         headers, redactor, url, open_files, run_dir, cache)  # fmt: skip
     except TargetError as exc:
-        if (kept := _unstarted(run_dir)) is None:
+        if (kept := discard_unstarted(run_dir)) is None:
             raise
         raise TargetError(f"{exc} (nothing was sent; its log: {kept})") from None
     except BaseException:
-        _unstarted(run_dir)
+        discard_unstarted(run_dir)
         raise
-
-
-def _unstarted(run_dir: Path) -> Path | None:
-    """A run that ended before t0 (a failed or interrupted preflight, a simulator that did
-    not start) leaves no half-made folder, so the same --run-id can be given again: its log
-    is moved beside it to `<run-id>.failed.log`, the folder removed. Returns the log's new
-    path; None (the folder kept) once the run has begun (run.json) or measured anything."""
-    measured = ("run.json", PARTS_DIR, SERVER_PARTS_DIR, "records.parquet")
-    if not run_dir.is_dir() or any((run_dir / name).exists() for name in measured):
-        return None
-    kept = run_dir.parent / f"{run_dir.name}.failed.log"
-    try:
-        if (run_dir / RUN_LOG).exists():
-            os.replace(run_dir / RUN_LOG, kept)
-        shutil.rmtree(run_dir)
-    except OSError:
-        return None  # a read-only or vanished folder: left as it is
-    return kept if kept.exists() else None
 
 
 def _execute(
@@ -166,7 +153,7 @@ def _execute(
 ) -> RunResult:  # fmt: skip
     """`execute` once its run folder exists (`chosen`: the worker count and why)."""
     workers, why = chosen
-    trace = run_dir / "sim-trace.jsonl" if options.sim_trace else None
+    trace = run_dir / SIM_TRACE_FILE if options.sim_trace else None
     with (
         run_lock(run_dir, doing="write into"),  # one writer: `report --recover` refuses it
         run_log(run_dir, redactor.redact),
@@ -413,7 +400,7 @@ def _make_run_dir(out_dir: Path, run_id: str) -> Path:
             "runs are never overwritten: choose another --run-id",
         )
     try:
-        run_dir.mkdir(parents=True)
+        make_run_folder(run_dir)
     except OSError as exc:
         raise LoadgenError(f"cannot create run folder {run_dir}: {exc.strerror}") from None
     return run_dir
@@ -507,9 +494,7 @@ def _run(
         if publish is not None:
             publish.t0_ns.append(int(t0["perf_counter_ns"]))
         run_info["t0"] = t0
-        write_json_atomic(
-            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
-        )
+        write_run_json(run_dir, {**run_info, "interrupted": False, "finished": False})
 
     async def control(engine: Engine, state: dict[str, Any]) -> None:
         await watch_signals(engine, options.grace_s, writer, state, log)
@@ -573,7 +558,8 @@ def finish(
     summary = with_cache(summary, from_json(CacheWarmth, cache) if cache else None)
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
-    write_histograms(run_dir, frame, {name: cls.slo for name, cls in spec.classes.items()})
+    slos = {name: cls.slo for name, cls in spec.classes.items()}
+    write_histograms(run_dir, run_histograms(run_dir, frame, slos))
     ended = {"interrupted": interrupted, "finished": True, "stopped": stopped, "watchdog": watchdog}
     final = from_json(RunInfo, {"run_id": run_id, **run_info, **ended})
     write_run_info(run_dir, final)

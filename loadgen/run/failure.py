@@ -13,8 +13,7 @@ from typing import Any
 
 from loadgen.engine.runner import LiveStats
 from loadgen.errors import ClientFailure, describe_os_error
-from loadgen.results.records import RecordWriter
-from loadgen.results.runfolder import write_json_atomic
+from loadgen.results.write import RecordWriter, write_run_json
 
 
 @contextlib.contextmanager
@@ -47,7 +46,7 @@ def client_failure(
     --recover`). run.json says what happened, if it still can be written."""
     with contextlib.suppress(OSError):
         info = {"run_id": run_dir.name, **run_info, "interrupted": True, "finished": False}
-        write_json_atomic(run_dir / "run.json", {**info, "client_failure": what})
+        write_run_json(run_dir, {**info, "client_failure": what})
     kept = f"{written:,} of {planned:,} planned records are on disk"
     if lost:
         kept += f" ({lost:,} more could not be written)"

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.analysis.audit import write_audit
+from loadgen.analysis.audit import reaudit
 from loadgen.errors import LoadgenError
-from loadgen.results.records import RECORDS_FILE, write_parquet_atomic
 from loadgen.results.runfolder import (
+    RECORDS_FILE,
     SCHEMA_VERSION,
     SERVER_METRICS_FILE,
     SUMMARY_FILE,
@@ -41,10 +41,15 @@ from loadgen.results.runfolder import (
     read_run_info,
     read_server_metrics,
     read_summary,
+)
+from loadgen.results.summary import Summary
+from loadgen.results.write import (
+    make_run_folder,
+    write_audit,
+    write_records,
     write_run_info,
     write_server_metrics,
 )
-from loadgen.results.summary import Summary
 from loadgen.workload.shards import utc_text
 
 TIME_COLUMNS = (
@@ -182,11 +187,11 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     run_dir = out_dir / info.run_id
     if run_dir.exists():
         raise LoadgenError(f"{run_dir} already exists: runs are never overwritten")
-    run_dir.mkdir(parents=True)
-    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
+    make_run_folder(run_dir)
+    write_records(run_dir, frame)
     write_run_info(run_dir, info)
     _keep_server_metrics(shards, run_dir, start_ns)
-    summary = write_audit(run_dir)
+    summary = write_audit(run_dir, *reaudit(run_dir))
     behind = any(s.fell_behind for s in shards) and info.stopped is None
     code = EXIT_FELL_BEHIND if behind else summary.verdict.exit_code
     return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)

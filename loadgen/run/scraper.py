@@ -34,8 +34,8 @@ from loadgen.engine.logs import LOGGER
 from loadgen.engine.scrape import ScrapeAuth, Scraper, ScrapeStats, default_timeout_s
 from loadgen.engine.secrets import Redactor
 from loadgen.errors import LoadgenError
-from loadgen.results.runfolder import write_server_part
 from loadgen.results.summary import ScrapeAccess
+from loadgen.results.write import write_server_part
 from loadgen.run.lifeline import die_with_parent
 
 READY_TIMEOUT_S = 120.0  # a scraper process not set up by then is broken (as a worker)

@@ -48,20 +48,15 @@ from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
 from loadgen.errors import describe_os_error
-from loadgen.results.records import (
-    HEARTBEAT,
-    PARTS_DIR,
-    RECORDS_FILE,
-    Outcome,
+from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.runfolder import EXIT_INTERRUPTED, PARTS_DIR, read_parts
+from loadgen.results.write import (
     RecordWriter,
-    RequestRecord,
-    read_parts,
-    remove_parts,
-    to_frame,
-    write_parquet_atomic,
+    ShareWriter,
+    join_parts,
+    write_records,
+    write_run_json,
 )
-from loadgen.results.records import write_parquet_atomic as write_part_atomic
-from loadgen.results.runfolder import EXIT_INTERRUPTED, write_json_atomic
 from loadgen.run.drive import choose_t0, drive, progress_line
 from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
@@ -88,30 +83,6 @@ class WorkerTask:
     run_dir: Path
     parent_pid: int
     thresholds_ms: dict[str, dict[str, float]] | None = None  # set: keep a live tally
-
-
-class ShareWriter(RecordWriter):
-    """A worker's `RecordWriter`: its parts go to the run's one parts folder, named
-    `part-w<index>-<n>.parquet` so workers never collide and `read_parts` joins them all."""
-
-    def __init__(self, run_dir: Path, index: int) -> None:
-        private = run_dir / f".worker-{index}"
-        super().__init__(private)  # its warm-up write happens in a folder of its own
-        (private / PARTS_DIR).rmdir()
-        private.rmdir()
-        self.parts_dir = run_dir / PARTS_DIR
-        self.parts_dir.mkdir(exist_ok=True)
-        self.heartbeat = self.parts_dir / f"{HEARTBEAT}-w{index:03d}"
-        self.index = index
-        self._written = 0
-
-    def write_part(self, batch: list[RequestRecord]) -> None:
-        """Write one batch as this worker's next part (called from one thread at a time)."""
-        if not batch:
-            return
-        self._written += 1
-        name = f"part-w{self.index:03d}-{self._written:06d}.parquet"
-        write_part_atomic(to_frame(batch), self.parts_dir / name)
 
 
 # -- the worker process --------------------------------------------------------------------
@@ -263,9 +234,7 @@ def run_workers(
         if publish is not None:
             publish.t0_ns.append(int(t0["perf_counter_ns"]))
         run_info["t0"] = t0
-        write_json_atomic(
-            run_dir / "run.json", {**run_info, "interrupted": False, "finished": False}
-        )
+        write_run_json(run_dir, {**run_info, "interrupted": False, "finished": False})
         if options.start_at_unix_ns is not None and not options.quiet:
             wait_s = (int(t0["perf_counter_ns"]) - perf_counter_ns()) / 1e9
             print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
@@ -496,7 +465,7 @@ def _fill_missing(
         return frame
 
     joined = pl.concat([frame, to_frame(missing)]).sort("request_id")
-    write_parquet_atomic(joined, run_dir / RECORDS_FILE)
+    write_records(run_dir, joined)
     return joined
 
 
@@ -560,12 +529,3 @@ def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
     if not lags.len():
         return None
     return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)
-
-
-def join_parts(run_dir: Path) -> pl.DataFrame:
-    """Every part in the run's parts folder as `records.parquet`; the parts are removed."""
-    parts = run_dir / PARTS_DIR
-    frame = read_parts(parts)
-    write_parquet_atomic(frame, run_dir / RECORDS_FILE)
-    remove_parts(parts)
-    return frame

@@ -45,6 +45,7 @@ from loadgen.engine.warmup import warm_count
 from loadgen.errors import LoadgenError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import RequestRecord
+from loadgen.results.runfolder import SIM_TRACE_FILE
 from loadgen.run.envelope import Load, host_name
 from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.run.simulator import running_sim
@@ -293,7 +294,7 @@ def measure_level(
                            in_flight=lambda: dict(stats.in_flight_by_class),
                            t0_ns=lambda: t0[0] if t0 else None))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="loadgen-calibrate-") as tmp:
-        trace_path = Path(tmp) / "sim-trace.jsonl"
+        trace_path = Path(tmp) / SIM_TRACE_FILE
         with running_sim(sim_args(streams, ladder.tokens_per_s), trace_file=trace_path) as sim:
             before = host_counters()
             observe = tally.observe if live is not None else None

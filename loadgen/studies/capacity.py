@@ -70,7 +70,7 @@ from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import ConfigError
-from loadgen.results.records import read_records
+from loadgen.results.runfolder import read_records
 from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter

@@ -16,8 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loadgen.analysis.minutes import write_histograms
+from loadgen.analysis.minutes import run_histograms
 from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.runfolder import RECORDS_FILE, RUN_FILE
+from loadgen.results.write import write_histograms
 from loadgen.workload.spec import SloTargets
 
 MS = 1_000_000
@@ -139,10 +141,10 @@ def write_run(
     }
     run_dir = store / run_id
     run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(run_info), encoding="utf-8")
-    to_frame(records).write_parquet(run_dir / "records.parquet")
+    (run_dir / RUN_FILE).write_text(json.dumps(run_info), encoding="utf-8")
+    to_frame(records).write_parquet(run_dir / RECORDS_FILE)
     if histograms:
-        write_histograms(run_dir)
+        write_histograms(run_dir, run_histograms(run_dir))
     return run_dir
 
 

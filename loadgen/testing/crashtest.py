@@ -26,6 +26,7 @@ from time import perf_counter_ns
 import polars as pl
 
 from loadgen.engine.request_ids import plan_number
+from loadgen.results.runfolder import RECORDS_FILE
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
 
 INTERRUPT_WORKLOAD = """
@@ -144,7 +145,7 @@ def kill_and_recover(
     if not recovery.stdout.startswith("{"):
         raise AssertionError(f"recovery failed ({recovery.returncode}): {recovery.stderr[-2000:]}")
     summary = json.loads(recovery.stdout)
-    records = pl.read_parquet(run_dir / "records.parquet")
+    records = pl.read_parquet(run_dir / RECORDS_FILE)
 
     def ids(outcome: str) -> set[int]:
         return set(records.filter(pl.col("outcome") == outcome)["request_id"].to_list())
