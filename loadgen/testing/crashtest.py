@@ -74,7 +74,7 @@ def wait_for(
 
 WORKLOAD = """
 name: crash
-target: {{api: openai-chat, model: m}}
+target: {{api: openai-chat, model: m, force_output_tokens: false}}  # the server ends at 5-24
 classes:
   chat:
     arrival: {{process: poisson, rate_per_s: {rate}}}
