@@ -15,9 +15,10 @@ from pathlib import Path
 
 import click
 
+from loadgen.cli.exits import CALIBRATE_EXITS
 from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError
+from loadgen.errors import EXIT_SLO_MISSED, ConfigError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
 from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds, measure_level
@@ -26,12 +27,6 @@ from loadgen.studies.calibrate import (
 )
 
 DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
-EXIT_HELP = """\b
-Exit codes:
-  0    calibrated: at least the lowest level met every threshold
-  1    usage or configuration error
-  2    no level met the thresholds (this machine cannot measure even the lowest)
-  130  interrupted"""
 
 
 def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
@@ -48,7 +43,7 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
 
 
 @click.command(
-    "calibrate", epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]}
+    "calibrate", epilog=CALIBRATE_EXITS, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.option(
     "--levels",
@@ -205,4 +200,4 @@ def _calibrate(
             for line in conclusion(result, save):
                 console.print(line)
     if result["envelope"] is None:
-        sys.exit(2)
+        sys.exit(EXIT_SLO_MISSED)

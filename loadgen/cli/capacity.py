@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.exits import CAPACITY_EXITS, UsageErrorsExitOne
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     OUTPUT,
@@ -70,17 +70,6 @@ from loadgen.workload.spec import WorkloadSpec, rate_scale
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_HELP = """\b
-Exit codes:
-  0    the proposed limit passes; without --proposed-limit, the knee was found
-  1    usage or configuration error (bad file, bad flag, unreachable target)
-  2    the proposed limit fails; without it, no knee in range (no step passed,
-       or every step up to --max passed)
-  3    the generator fell behind before the answer was known (the first step
-       included: then no load was judged and no knee.png is drawn): rerun on a
-       bigger or quieter machine
-  130  interrupted"""
-
 
 class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     """`capacity`: grouped help, usage errors exit 1."""
@@ -88,7 +77,7 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
 
 @click.command(
     cls=CapacityCommand,
-    epilog=EXIT_HELP,
+    epilog=CAPACITY_EXITS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))

@@ -35,20 +35,6 @@ from loadgen.workload.spec import (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0    every SLO of every class met
-  1    usage or configuration error (bad file, unreachable target)
-  2    an SLO was missed
-  3    the generator fell behind, or the client failed (out of disk space, file
-       descriptors or permission mid-run): its numbers are not the server's
-  4    the watchdog stopped a run where nothing progressed; records are written
-  5    incomplete: a run killed outright, finished by report --recover (no verdict)
-  6    the run is still running: report (and report --recover) refuse it; --wait waits
-  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
-       verdict: the figures are partial)"""
-
-
 def clean_errors(func: F) -> F:
     """Turn a LoadgenError into its message on stderr and its exit code (1 for a bad input,
     3 for a client-side failure mid-run), never a traceback."""

@@ -10,7 +10,8 @@ import click
 
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
-from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
+from loadgen.cli.exits import RUN_EXITS
+from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import ConfigError, LoadgenError, RunBusy
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.model import build_run_report
@@ -23,7 +24,7 @@ from loadgen.results.runfolder import read_run_info
 from loadgen.results.store import discover_runs, select_runs
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=RUN_EXITS)
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--slo",

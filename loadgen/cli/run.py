@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
+from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
-    EXIT_CODES_HELP,
     LOAD,
     OUTPUT,
     GroupedHelp,
@@ -46,7 +46,7 @@ from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
 
 
-@click.command(cls=GroupedHelp, epilog=EXIT_CODES_HELP)
+@click.command(cls=GroupedHelp, epilog=RUN_EXITS)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @url_option
 @workload_options

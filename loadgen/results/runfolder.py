@@ -3,8 +3,8 @@
 A run folder (`<store>/<run-id>/`) holds `run.json` (what was run: the resolved spec, seed,
 target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while it runs),
 `summary.json`, `histograms.parquet` and `loadgen.log`. Everything the reports show is
-recomputable from records plus run.json. Exit codes and stop statuses live here because
-summary.json's `verdict` carries them.
+recomputable from records plus run.json. The stop statuses live here, with their exit
+codes (defined in `loadgen.errors`), because summary.json's `verdict` carries them.
 
 run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
 and JSON only here, through `results.codec`: `read_run_info` / `write_run_info`,
@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.errors import LoadgenError
+from loadgen.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_WATCHDOG, LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
@@ -116,12 +116,6 @@ def read_run_info(run_dir: Path) -> RunInfo:
         return from_json(RunInfo, {"run_id": run_dir.name, **data})
     except (ValueError, TypeError) as exc:
         raise LoadgenError(f"{path}: not a loadgen run.json ({exc})") from None
-
-
-EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
-
-
-EXIT_WATCHDOG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 4, 5, 130
 
 
 # How a run can stop before its end, and the exit code that says so (`verdict.status`).

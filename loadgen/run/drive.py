@@ -23,9 +23,8 @@ from loadgen.engine.host import open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.transport import Endpoint, Pool
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
+from loadgen.errors import EXIT_INTERRUPTED, TRANSIENT_ERRNOS, describe_os_error
 from loadgen.results.records import RecordWriter, RequestRecord
-from loadgen.results.runfolder import EXIT_INTERRUPTED
 from loadgen.run.options import RunOptions
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import utc_text

@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.analysis.audit import write_audit
-from loadgen.errors import LoadgenError
+from loadgen.errors import EXIT_FELL_BEHIND, LoadgenError
 from loadgen.results.records import RECORDS_FILE, write_parquet_atomic
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
@@ -51,7 +51,6 @@ TIME_COLUMNS = (
     "intended_ns", "dispatched_ns", "sent_ns", "headers_ns", "first_token_ns",
     "first_content_ns", "last_token_ns", "end_ns",
 )  # fmt: skip
-EXIT_FELL_BEHIND = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -47,7 +47,7 @@ from loadgen.analysis.live import LiveTally
 from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
-from loadgen.errors import describe_os_error
+from loadgen.errors import EXIT_INTERRUPTED, describe_os_error
 from loadgen.results.records import (
     HEARTBEAT,
     PARTS_DIR,
@@ -61,7 +61,7 @@ from loadgen.results.records import (
     write_parquet_atomic,
 )
 from loadgen.results.records import write_parquet_atomic as write_part_atomic
-from loadgen.results.runfolder import EXIT_INTERRUPTED, write_json_atomic
+from loadgen.results.runfolder import write_json_atomic
 from loadgen.run.drive import choose_t0, drive, progress_line
 from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent

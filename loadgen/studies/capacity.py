@@ -69,7 +69,7 @@ import polars as pl
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
-from loadgen.errors import ConfigError
+from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
 from loadgen.results.records import read_records
 from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
 from loadgen.run.execute import RunOptions, execute
@@ -307,7 +307,7 @@ def judge(found: Search, proposed: float, *, safety_margin: float = 0.10) -> Ver
     return Verdict(proposed=proposed, allowed=allowed, passed=passed, reason=reason)
 
 
-EXIT_PASS, EXIT_FAIL, EXIT_FELL_BEHIND, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_SLO_MISSED  # the proposed limit passes, fails
 
 
 def exit_code(found: Search, verdict: Verdict | None) -> int:
