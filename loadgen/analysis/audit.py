@@ -29,6 +29,7 @@ from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, 
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.results.records import read_records
 from loadgen.results.runfolder import (
+    LAG_BOUND_MS,
     SCHEMA_VERSION,
     SLO_FIELDS,
     RunInfo,
@@ -105,7 +106,7 @@ def audit(
     run_id: str,
     objectives: Mapping[str, Objective],
     planned: int,
-    lag_bound_ms: float = 5.0,
+    lag_bound_ms: float = LAG_BOUND_MS,
     stopped: str | None = None,
     price: Price | None = None,
 ) -> Summary:

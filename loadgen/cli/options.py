@@ -16,6 +16,7 @@ from rich.console import Console
 from loadgen.adapters import APIS
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.printable import printable
+from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
@@ -238,7 +239,7 @@ RUN_STEP_OPTIONS: list[Decorator] = [
            "expected peak exceeds this host's calibrated envelope). Capped at the plan's "
            "requests and flows; more than this host's cores is warned about."),
     option(TIMING, "--lag-bound-ms", type=FiniteFloat(0, 3_600_000, low_open=True),
-           default=5.0, show_default=True,
+           default=LAG_BOUND_MS, show_default=True,
            help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3 (a "
            "capacity step: invalid)."),
     option(TIMING, "--grace", "grace_s", type=FiniteFloat(0, 86_400), default=5.0,

@@ -166,12 +166,15 @@ class TargetInfo:
     sim_args: tuple[str, ...] | None = None
 
 
+LAG_BOUND_MS = 5.0  # `--lag-bound-ms`: the send lag above which a send is late (its one default)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     """The command line's options that shaped the run (run.json's `options`)."""
 
     max_in_flight: int | None = None
-    lag_bound_ms: float = 5.0
+    lag_bound_ms: float = LAG_BOUND_MS
     grace_s: float = 5.0
     # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
     price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)
