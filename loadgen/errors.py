@@ -43,6 +43,17 @@ class ConfigError(LoadgenError):
         super().__init__(message)
 
 
+COMMAND_LINE = "command line"  # the source an option's error names
+
+
+class OptionError(ConfigError):
+    """A command-line option is invalid: `command line: --flag: problem (fix)`, named by
+    the flag wherever it is checked (the CLI, or the stage that can tell)."""
+
+    def __init__(self, flag: str, problem: str, fix: str = "") -> None:
+        super().__init__(COMMAND_LINE, flag, problem, fix)
+
+
 class TargetError(LoadgenError):
     """The target endpoint is unreachable or does not speak the expected streaming API."""
 

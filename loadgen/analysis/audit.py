@@ -26,7 +26,7 @@ from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.results.records import read_records
 from loadgen.results.runfolder import (
     LAG_BOUND_MS,
@@ -83,9 +83,7 @@ def _slo_value(key: str, value: str) -> float | None:
 
 
 def _slo_error(problem: str) -> ConfigError:
-    return ConfigError(
-        "command line", "--slo", problem, "e.g. --slo ttft_ms=800,tpot_ms=40,percentile=95"
-    )
+    return OptionError("--slo", problem, "e.g. --slo ttft_ms=800,tpot_ms=40,percentile=95")
 
 
 def apply_slo_override(

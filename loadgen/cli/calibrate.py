@@ -18,7 +18,7 @@ import click
 from loadgen.cli.exits import CALIBRATE_EXITS
 from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import EXIT_SLO_MISSED, ConfigError
+from loadgen.errors import EXIT_SLO_MISSED, OptionError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
 from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds, measure_level
@@ -37,7 +37,7 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        raise ConfigError("command line", "--levels", f"must be stream counts ≥ 1 (got {text!r})",
+        raise OptionError("--levels", f"must be stream counts ≥ 1 (got {text!r})",
                           "e.g. --levels 64,128,256")  # fmt: skip
     return values
 
@@ -169,7 +169,7 @@ def calibrate(
 def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | None:
     """Where to save: nowhere with --no-save, or with --quick unless --save was given."""
     if save_path is not None and no_save:
-        raise ConfigError("command line", "--save/--no-save", "are contradictory", "give one")
+        raise OptionError("--save/--no-save", "are contradictory", "give one")
     if no_save or (quick and save_path is None):
         return None
     return calibration_path(None if save_path in (None, DEFAULT_FILE) else Path(save_path))

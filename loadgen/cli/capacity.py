@@ -36,7 +36,7 @@ from loadgen.cli.options import (
     spec_options,
     url_option,
 )
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
     conclusion,
@@ -288,13 +288,13 @@ def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> 
         try:
             return rate_scale(spec, text)
         except ConfigError as exc:
-            raise ConfigError("command line", flag, exc.problem, exc.fix) from None
+            raise OptionError(flag, exc.problem, exc.fix) from None
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError("command line", flag, f"must be a cap >= 1 (got {text!r})", "e.g. 16")
+        raise OptionError(flag, f"must be a cap >= 1 (got {text!r})", "e.g. 16")
     return float(value)
 
 
@@ -307,14 +307,14 @@ def _loads(
         loads = [_load_value(spec, param, t.strip(), "--steps") for t in steps_text.split(",")]
         values = [v for v in loads if v is not None]
         if values != sorted(set(values)):
-            raise ConfigError("command line", "--steps", "loads must increase", "e.g. 1x,2x,4x")
+            raise OptionError("--steps", "loads must increase", "e.g. 1x,2x,4x")
         return values
     first = _load_value(spec, param, start or ("1" if integer else "0.5x"), "--start")
     last = _load_value(spec, param, maximum or ("256" if integer else "16x"), "--max")
     assert first is not None  # defaults given
     assert last is not None
     if last < first:
-        raise ConfigError("command line", "--max", f"must be >= --start (got {maximum})")
+        raise OptionError("--max", f"must be >= --start (got {maximum})")
     return geometric_loads(first, last, factor, integer=integer)
 
 

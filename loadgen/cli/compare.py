@@ -26,7 +26,7 @@ from loadgen.analysis.server import (
 )
 from loadgen.cli.exits import COMPARE_EXITS, UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import CacheSide, cache_json, compare_cache_line
 from loadgen.render.compare_view import (
     render_markdown,
@@ -191,7 +191,7 @@ def _compare(
     try:
         thresholds = parse_server_thresholds(server_thresholds)
     except ValueError as exc:
-        raise ConfigError("command line", "--server-threshold", str(exc), "") from None
+        raise OptionError("--server-threshold", str(exc), "") from None
     baseline_dir = runs[0] if window is None else None
     baseline, current, slos = load_sides(
         runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from loadgen.adapters import APIS
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import LoadgenError, OptionError
 from loadgen.printable import printable
 from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.run.options import RunOptions
@@ -292,7 +292,7 @@ def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
         force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
     )  # fmt: skip
     if opts.get("nonce") is not None and spec.cache != "cold":
-        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+        raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",
                           "drop --nonce, or add --cache cold")  # fmt: skip
     return spec
 
@@ -304,7 +304,7 @@ def check_run_step_options(opts: dict[str, Any], spec: WorkloadSpec) -> None:
     if metrics_url is not None and (problem := metrics_url_problem(metrics_url)):
         raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
     if opts["metrics_headers"] and not (metrics_url or spec.target.server_metrics_url):
-        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
+        raise OptionError("--server-metrics-header", "scrapes nothing: no "
                           "metrics URL", "add --server-metrics-url URL (or a path such as "
                           "/metrics), or set target.server_metrics_url")  # fmt: skip
 
@@ -336,7 +336,7 @@ def parse_warm(text: str) -> int | None:
     if not 0 <= count <= 1_000_000:
         problem = f"must be auto or a count 0..1000000 (got {text!r})"
         fix = "e.g. --warm-connections auto, 512, or 0 for a cold start"
-        raise ConfigError("command line", "--warm-connections", problem, fix)
+        raise OptionError("--warm-connections", problem, fix)
     return count
 
 

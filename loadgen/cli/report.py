@@ -12,7 +12,7 @@ from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError, RunBusy
+from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
@@ -171,8 +171,7 @@ def _report_run(
         step_s = float(step_text) if step_text else None
         built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
     except ValueError as exc:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--window/--step",
             str(exc),
             "one run takes seconds, e.g. --window 10 --step 5",

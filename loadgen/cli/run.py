@@ -34,7 +34,7 @@ from loadgen.cli.options import (
     workload_options,
 )
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
@@ -162,7 +162,7 @@ def run(
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if shard_text is not None and start_at_text is None:
-        raise ConfigError("command line", "--shard", "needs an agreed start",
+        raise OptionError("--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
     check_url(shared["url"])
     spec = shared_spec(workload, shared)
@@ -220,7 +220,7 @@ def check_report_paths(*paths: tuple[str, Path | None]) -> None:
     """--junit / --markdown must land in an existing folder: checked before any traffic."""
     for flag, path in paths:
         if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
-            raise ConfigError("command line", flag, f"the folder of {path} does not exist",
+            raise OptionError(flag, f"the folder of {path} does not exist",
                               "create it first, or write the file elsewhere")  # fmt: skip
 
 
@@ -250,8 +250,8 @@ def _dry_run(spec: Any, options: Any, memory: str) -> None:
     cache_warmth(spec, options)  # a --nonce outside cold mode is refused here too
     folder = options.out_dir / options.run_id if options.run_id is not None else None
     if folder is not None and folder.exists():
-        raise ConfigError(
-            "command line", "--run-id", f"{folder} already exists",
+        raise OptionError(
+            "--run-id", f"{folder} already exists",
             "runs are never overwritten: choose another --run-id",
         )  # fmt: skip
     console = output_console()
