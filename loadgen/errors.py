@@ -1,8 +1,10 @@
-"""The project's own exceptions: a bad input is an exception, a failed request is data.
+"""The project's own exceptions and exit codes: a bad input is an exception, a failed
+request is data.
 
 A `LoadgenError` carries a message that says what is wrong, where, and how to fix it;
 the CLI prints it and exits with its `exit_code` (1, 3 for a `ClientFailure`, 6 for a
-`RunBusy`), never with a traceback.
+`RunBusy`), never with a traceback. The exit codes below are every command's (README
+"Exit codes"); each command's help lists those it uses (`cli.exits`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ from __future__ import annotations
 import errno
 import os
 
+EXIT_OK = 0  # met; compare: no regression; capacity: passes; calibrate: calibrated
+EXIT_USAGE = 1  # usage or configuration: fix the job, not the server
+EXIT_SLO_MISSED = 2  # missed; compare: regressed; capacity: fails; calibrate: no level met
+EXIT_FELL_BEHIND = 3  # the generator fell behind, or the client failed: not the server's figures
+EXIT_WATCHDOG = 4  # nothing progressed for --watchdog seconds: no verdict
+EXIT_INCOMPLETE = 5  # killed outright, finished by `report --recover`: no verdict
+EXIT_BUSY = 6  # the run folder is being written by a live run
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: no verdict
+
 
 class LoadgenError(Exception):
     """Base of every error the CLI turns into a clear message and an exit code."""
 
-    exit_code = 1  # usage or configuration: fix the job, not the server
+    exit_code = EXIT_USAGE  # fix the job, not the server
 
 
 class ConfigError(LoadgenError):
@@ -32,6 +43,17 @@ class ConfigError(LoadgenError):
         super().__init__(message)
 
 
+COMMAND_LINE = "command line"  # the source an option's error names
+
+
+class OptionError(ConfigError):
+    """A command-line option is invalid: `command line: --flag: problem (fix)`, named by
+    the flag wherever it is checked (the CLI, or the stage that can tell)."""
+
+    def __init__(self, flag: str, problem: str, fix: str = "") -> None:
+        super().__init__(COMMAND_LINE, flag, problem, fix)
+
+
 class TargetError(LoadgenError):
     """The target endpoint is unreachable or does not speak the expected streaming API."""
 
@@ -40,13 +62,13 @@ class ClientFailure(LoadgenError):
     """The client itself failed mid-run (no space left, permission denied, out of file
     descriptors): the run is not a measurement of the server, exit 3."""
 
-    exit_code = 3
+    exit_code = EXIT_FELL_BEHIND
 
 
 class RunBusy(LoadgenError):
     """A run folder is being written by a live run (`report --recover` refuses it): exit 6."""
 
-    exit_code = 6
+    exit_code = EXIT_BUSY
 
 
 TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})

@@ -26,8 +26,9 @@ from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.results.runfolder import (
+    LAG_BOUND_MS,
     PARTS_DIR,
     RECORDS_FILE,
     SCHEMA_VERSION,
@@ -84,9 +85,7 @@ def _slo_value(key: str, value: str) -> float | None:
 
 
 def _slo_error(problem: str) -> ConfigError:
-    return ConfigError(
-        "command line", "--slo", problem, "e.g. --slo ttft_ms=800,tpot_ms=40,percentile=95"
-    )
+    return OptionError("--slo", problem, "e.g. --slo ttft_ms=800,tpot_ms=40,percentile=95")
 
 
 def apply_slo_override(
@@ -107,7 +106,7 @@ def audit(
     run_id: str,
     objectives: Mapping[str, Objective],
     planned: int,
-    lag_bound_ms: float = 5.0,
+    lag_bound_ms: float = LAG_BOUND_MS,
     stopped: str | None = None,
     price: Price | None = None,
 ) -> Summary:

@@ -72,7 +72,7 @@ from loadgen.analysis import metrics
 from loadgen.analysis.audit import recorded_price
 from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.codec import to_json as plain
 from loadgen.results.records import Outcome
@@ -207,8 +207,7 @@ def _kind_of(key: str) -> str:
 
 
 def _tolerance_error(problem: str) -> ConfigError:
-    return ConfigError(
-        "command line",
+    return OptionError(
         "--tolerance",
         problem,
         "e.g. --tolerance ttft_p99=5% --tolerance ttft_p99=20ms "
@@ -608,14 +607,13 @@ def compare_sides(
     Raises ConfigError when no class is shared, or a named class is on neither side.
     """
     if not 0.5 <= confidence < 1.0:
-        raise ConfigError("command line", "--confidence", f"must be in [0.5, 1) (got {confidence})")
+        raise OptionError("--confidence", f"must be in [0.5, 1) (got {confidence})")
     base_samples = class_samples(baseline.frame, slos)
     cur_samples = class_samples(current.frame, slos)
     names = _chosen_classes(base_samples, cur_samples, classes)
     shared = [n for n in names if n in base_samples and n in cur_samples]
     if not shared:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "BASELINE/CURRENT",
             f"no class to compare: baseline has {_names(base_samples)}, current has "
             f"{_names(cur_samples)}",
@@ -663,8 +661,7 @@ def _chosen_classes(
     found = sorted(set(base) | set(cur))
     unknown = [c for c in classes if c not in found]
     if unknown:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--class",
             f"no class {', '.join(map(repr, unknown))} on either side",
             f"classes found: {', '.join(found) or 'none'}",

@@ -37,6 +37,7 @@ import polars as pl
 
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
+from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.results.summary import (
     AskedLoad,
     FailureRankedStats,
@@ -310,7 +311,7 @@ def generator_health(
     frame: pl.DataFrame,
     *,
     planned: int,
-    lag_bound_ms: float = 5.0,
+    lag_bound_ms: float = LAG_BOUND_MS,
     requested_rate_per_s: float | None = None,
     asked: Mapping[str, AskedLoad] | None = None,
 ) -> GeneratorHealth:

@@ -55,7 +55,7 @@ from loadgen.analysis.minutes import (
     metric_values,
     request_measures,
 )
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import LoadgenError, OptionError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import read_records, read_summary
@@ -76,15 +76,14 @@ def parse_duration(text: str) -> timedelta:
     """`30d`, `12h`, `90m`, `1d12h`, `2w` as a timedelta (> 0); ConfigError otherwise."""
     compact = text.strip().lower()
     if not _DURATION.fullmatch(compact):
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--window",
             f"cannot read {text!r} as a duration",
             "use whole numbers with units s, m, h, d, w: 30d, 12h, 90m, 1d12h",
         )
     total_ns = sum(int(n) * _UNITS_NS[unit] for n, unit in re.findall(r"(\d+)([smhdw])", compact))
     if total_ns <= 0:
-        raise ConfigError("command line", "--window", f"{text!r} is not > 0", "e.g. 30d")
+        raise OptionError("--window", f"{text!r} is not > 0", "e.g. 30d")
     return timedelta(microseconds=total_ns // 1000)
 
 
@@ -121,8 +120,7 @@ def rolling_windows(
     keys = sorted(set(minutes.select("workload", "class").iter_rows()))
     if class_name is not None:
         if class_name not in {c for _, c in keys}:
-            raise ConfigError(
-                "command line",
+            raise OptionError(
                 "--class",
                 f"no run in {store_dir} has class {class_name!r}",
                 f"classes found: {', '.join(sorted({c for _, c in keys})) or 'none'}",
@@ -224,8 +222,7 @@ def pooled_runs(
     if not runs:
         held = sorted({r.workload_key for r in every})
         stopped = sum(not r.is_complete for r in every)
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--workload" if workload is not None else "--include-incomplete",
             f"no complete run in {store_dir}"
             + (f" of workload {workload!r}" if workload is not None else "")
@@ -239,8 +236,7 @@ def pooled_runs(
 def _whole_minutes_ns(value: timedelta, option: str) -> int:
     total_ns = (value // timedelta(microseconds=1)) * 1000
     if total_ns <= 0 or total_ns % NS_PER_MINUTE:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             option,
             f"must be a whole number of minutes > 0 (got {value})",
             "histograms are kept per minute: e.g. 30d, 1d, 12h, 15m",

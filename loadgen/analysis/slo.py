@@ -42,9 +42,10 @@ from dataclasses import replace
 import polars as pl
 
 from loadgen.analysis import metrics
+from loadgen.errors import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
-from loadgen.results.runfolder import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED, STOPS
+from loadgen.results.runfolder import STOPS
 from loadgen.results.summary import (
     Check,
     ClassAudit,

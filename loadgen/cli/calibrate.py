@@ -15,9 +15,10 @@ from pathlib import Path
 
 import click
 
+from loadgen.cli.exits import CALIBRATE_EXITS
 from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError
+from loadgen.errors import EXIT_SLO_MISSED, OptionError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
 from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds, measure_level
@@ -26,12 +27,6 @@ from loadgen.studies.calibrate import (
 )
 
 DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
-EXIT_HELP = """\b
-Exit codes:
-  0    calibrated: at least the lowest level met every threshold
-  1    usage or configuration error
-  2    no level met the thresholds (this machine cannot measure even the lowest)
-  130  interrupted"""
 
 
 def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
@@ -42,13 +37,13 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        raise ConfigError("command line", "--levels", f"must be stream counts ≥ 1 (got {text!r})",
+        raise OptionError("--levels", f"must be stream counts ≥ 1 (got {text!r})",
                           "e.g. --levels 64,128,256")  # fmt: skip
     return values
 
 
 @click.command(
-    "calibrate", epilog=EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"]}
+    "calibrate", epilog=CALIBRATE_EXITS, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.option(
     "--levels",
@@ -174,7 +169,7 @@ def calibrate(
 def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | None:
     """Where to save: nowhere with --no-save, or with --quick unless --save was given."""
     if save_path is not None and no_save:
-        raise ConfigError("command line", "--save/--no-save", "are contradictory", "give one")
+        raise OptionError("--save/--no-save", "are contradictory", "give one")
     if no_save or (quick and save_path is None):
         return None
     return calibration_path(None if save_path in (None, DEFAULT_FILE) else Path(save_path))
@@ -205,4 +200,4 @@ def _calibrate(
             for line in conclusion(result, save):
                 console.print(line)
     if result["envelope"] is None:
-        sys.exit(2)
+        sys.exit(EXIT_SLO_MISSED)

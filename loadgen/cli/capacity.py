@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.exits import CAPACITY_EXITS, UsageErrorsExitOne
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     OUTPUT,
@@ -36,7 +36,7 @@ from loadgen.cli.options import (
     spec_options,
     url_option,
 )
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
     capacity_files,
@@ -71,17 +71,6 @@ from loadgen.workload.spec import WorkloadSpec, rate_scale
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_HELP = """\b
-Exit codes:
-  0    the proposed limit passes; without --proposed-limit, the knee was found
-  1    usage or configuration error (bad file, bad flag, unreachable target)
-  2    the proposed limit fails; without it, no knee in range (no step passed,
-       or every step up to --max passed)
-  3    the generator fell behind before the answer was known (the first step
-       included: then no load was judged and no knee.png is drawn): rerun on a
-       bigger or quieter machine
-  130  interrupted"""
-
 
 class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     """`capacity`: grouped help, usage errors exit 1."""
@@ -89,7 +78,7 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
 
 @click.command(
     cls=CapacityCommand,
-    epilog=EXIT_HELP,
+    epilog=CAPACITY_EXITS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
@@ -300,13 +289,13 @@ def _load_value(spec: WorkloadSpec, param: str, text: str | None, flag: str) -> 
         try:
             return rate_scale(spec, text)
         except ConfigError as exc:
-            raise ConfigError("command line", flag, exc.problem, exc.fix) from None
+            raise OptionError(flag, exc.problem, exc.fix) from None
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError("command line", flag, f"must be a cap >= 1 (got {text!r})", "e.g. 16")
+        raise OptionError(flag, f"must be a cap >= 1 (got {text!r})", "e.g. 16")
     return float(value)
 
 
@@ -319,14 +308,14 @@ def _loads(
         loads = [_load_value(spec, param, t.strip(), "--steps") for t in steps_text.split(",")]
         values = [v for v in loads if v is not None]
         if values != sorted(set(values)):
-            raise ConfigError("command line", "--steps", "loads must increase", "e.g. 1x,2x,4x")
+            raise OptionError("--steps", "loads must increase", "e.g. 1x,2x,4x")
         return values
     first = _load_value(spec, param, start or ("1" if integer else "0.5x"), "--start")
     last = _load_value(spec, param, maximum or ("256" if integer else "16x"), "--max")
     assert first is not None  # defaults given
     assert last is not None
     if last < first:
-        raise ConfigError("command line", "--max", f"must be >= --start (got {maximum})")
+        raise OptionError("--max", f"must be >= --start (got {maximum})")
     return geometric_loads(first, last, factor, integer=integer)
 
 

@@ -16,7 +16,7 @@ from loadgen.cli.options import (
     output_console,
     workload_options,
 )
-from loadgen.errors import ConfigError
+from loadgen.errors import OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.run.simulator import sim_args_from_mapping
@@ -63,7 +63,7 @@ def check(
                     api=api, model=model, force_output_tokens=force_output_tokens,
                     cache=cache)  # fmt: skip
     if nonce is not None and spec.cache != "cold":
-        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+        raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",
                           "drop --nonce, or add --cache cold")  # fmt: skip
     sim_args_from_mapping(spec.sim, spec.source)  # the built-in simulator's profile
     check_memory_line(spec, seed, max_memory_gb)  # refused before the plans are built

@@ -24,9 +24,9 @@ from loadgen.analysis.server import (
     parse_server_thresholds,
     server_deltas,
 )
-from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.exits import COMPARE_EXITS, UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import CacheSide, cache_json, compare_cache_line
 from loadgen.render.compare_view import (
     render_markdown,
@@ -38,18 +38,10 @@ from loadgen.render.junit import render_junit
 from loadgen.results.runfolder import SUMMARY_FILE, read_summary
 from loadgen.results.summary import CacheWarmth, ServerAudit
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0    no check regressed
-  1    usage error (missing run, no class in common, bad flag), runs of different
-       workloads (without --force), or a run that stopped early (without
-       --include-incomplete)
-  2    at least one check REGRESSED (or a server figure passed its --server-threshold)"""
-
 
 @click.command(
     cls=UsageErrorsExitOne,
-    epilog=EXIT_CODES_HELP,
+    epilog=COMPARE_EXITS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.argument("runs", nargs=-1, metavar="[BASELINE] CURRENT", type=click.Path(path_type=Path))
@@ -199,7 +191,7 @@ def _compare(
     try:
         thresholds = parse_server_thresholds(server_thresholds)
     except ValueError as exc:
-        raise ConfigError("command line", "--server-threshold", str(exc), "") from None
+        raise OptionError("--server-threshold", str(exc), "") from None
     baseline_dir = runs[0] if window is None else None
     baseline, current, slos = load_sides(
         runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,

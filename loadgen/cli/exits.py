@@ -1,4 +1,5 @@
-"""The exit-code base of the commands: a usage error is exit 1, whichever way a command runs.
+"""The exit codes of the commands as they say them: every command's help text (from the
+codes of `loadgen.errors`), and a usage error exit 1, whichever way a command runs.
 
 Light on purpose (click alone): the `loadgen` group imports it before any command, and
 `loadgen sim` must not pay for polars.
@@ -11,6 +12,79 @@ import sys
 from typing import Any
 
 import click
+
+from loadgen.errors import (
+    EXIT_BUSY,
+    EXIT_FELL_BEHIND,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SLO_MISSED,
+    EXIT_USAGE,
+    EXIT_WATCHDOG,
+)
+
+
+def exit_help(*rows: tuple[int, str]) -> str:
+    """A command's `Exit codes:` epilog, one row per code (a row's own lines indented)."""
+    lines = ["\b", "Exit codes:"]
+    for code, meaning in rows:
+        first, *rest = meaning.split("\n")
+        lines.append(f"  {code:<5}{first}")
+        lines.extend(f"       {line}" for line in rest)
+    return "\n".join(lines)
+
+
+INTERRUPTED_ROW = (EXIT_INTERRUPTED, "interrupted")
+
+# `run` and `report`
+RUN_EXITS = exit_help(
+    (EXIT_OK, "every SLO of every class met"),
+    (EXIT_USAGE, "usage or configuration error (bad file, unreachable target)"),
+    (EXIT_SLO_MISSED, "an SLO was missed"),
+    (EXIT_FELL_BEHIND, "the generator fell behind, or the client failed (out of disk space, file\n"
+                       "descriptors or permission mid-run): its numbers are not the server's"),
+    (EXIT_WATCHDOG, "the watchdog stopped a run where nothing progressed; records are written"),
+    (EXIT_INCOMPLETE, "incomplete: a run killed outright, finished by report --recover "
+                      "(no verdict)"),
+    (EXIT_BUSY, "the run is still running: report (and report --recover) refuse it; --wait waits"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM); records and summary are still written (no\n"
+                       "verdict: the figures are partial)"),
+)  # fmt: skip
+
+CAPACITY_EXITS = exit_help(
+    (EXIT_OK, "the proposed limit passes; without --proposed-limit, the knee was found"),
+    (EXIT_USAGE, "usage or configuration error (bad file, bad flag, unreachable target)"),
+    (EXIT_SLO_MISSED, "the proposed limit fails; without it, no knee in range (no step passed,\n"
+                      "or every step up to --max passed)"),
+    (EXIT_FELL_BEHIND, "the generator fell behind before the answer was known (the first step\n"
+                       "included: then no load was judged and no knee.png is drawn): rerun on a\n"
+                       "bigger or quieter machine"),
+    INTERRUPTED_ROW,
+)  # fmt: skip
+
+COMPARE_EXITS = exit_help(
+    (EXIT_OK, "no check regressed"),
+    (EXIT_USAGE, "usage error (missing run, no class in common, bad flag), runs of different\n"
+                 "workloads (without --force), or a run that stopped early (without\n"
+                 "--include-incomplete)"),
+    (EXIT_SLO_MISSED, "at least one check REGRESSED (or a server figure passed its "
+                      "--server-threshold)"),
+)  # fmt: skip
+
+MERGE_EXITS = exit_help(
+    (EXIT_OK, "every SLO of every class met"),
+    (EXIT_USAGE, "the folders are not the N shards of one run (or not run folders)"),
+    (EXIT_SLO_MISSED, "an SLO was missed"),
+    (EXIT_FELL_BEHIND, "a shard's generator fell behind: its numbers are not the server's"),
+)
+
+CALIBRATE_EXITS = exit_help(
+    (EXIT_OK, "calibrated: at least the lowest level met every threshold"),
+    (EXIT_USAGE, "usage or configuration error"),
+    (EXIT_SLO_MISSED, "no level met the thresholds (this machine cannot measure even the lowest)"),
+    INTERRUPTED_ROW,
+)
 
 
 class UsageErrorsExitOne(click.Command):
@@ -25,13 +99,13 @@ class UsageErrorsExitOne(click.Command):
             return super().main(*args, **kwargs)
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
         except click.ClickException as exc:
             exc.show()
-            sys.exit(1)
+            sys.exit(EXIT_USAGE)
         except BrokenPipeError:
             quiet_stdout()
-            sys.exit(0)
+            sys.exit(EXIT_OK)
 
 
 def quiet_stdout() -> None:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from loadgen.cli.options import COST, LIVE, FiniteFloat, option
-from loadgen.errors import ConfigError
+from loadgen.errors import OptionError
 from loadgen.run.live import LiveExporter, parse_listen
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,8 +76,8 @@ def open_live(
         yield None
         return
     if otlp_endpoint is not None and not otlp_endpoint.startswith(("http://", "https://")):
-        raise ConfigError(
-            "command line", "--otlp-endpoint", f"{otlp_endpoint!r} is not an http(s) URL",
+        raise OptionError(
+            "--otlp-endpoint", f"{otlp_endpoint!r} is not an http(s) URL",
             "give the collector's OTLP/HTTP metrics URL, e.g. http://127.0.0.1:4318/v1/metrics",
         )  # fmt: skip
     address, port = parse_listen(prometheus_listen) if prometheus_listen else ("", None)

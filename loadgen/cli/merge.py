@@ -8,20 +8,14 @@ from pathlib import Path
 
 import click
 
+from loadgen.cli.exits import MERGE_EXITS
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.render.terminal import render_summary, shard_lines
 from loadgen.run.merge import merge_shards
 
-MERGE_EXIT_CODES = """\b
-Exit codes:
-  0    every SLO of every class met
-  1    the folders are not the N shards of one run (or not run folders)
-  2    an SLO was missed
-  3    a shard's generator fell behind: its numbers are not the server's"""
-
 
 @click.command(
-    "merge", epilog=MERGE_EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]}
+    "merge", epilog=MERGE_EXITS, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.argument(
     "dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path)

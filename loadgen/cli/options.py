@@ -14,8 +14,9 @@ import click
 from rich.console import Console
 
 from loadgen.adapters import APIS
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import LoadgenError, OptionError
 from loadgen.printable import printable
+from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
@@ -33,20 +34,6 @@ from loadgen.workload.spec import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0    every SLO of every class met
-  1    usage or configuration error (bad file, unreachable target)
-  2    an SLO was missed
-  3    the generator fell behind, or the client failed (out of disk space, file
-       descriptors or permission mid-run): its numbers are not the server's
-  4    the watchdog stopped a run where nothing progressed; records are written
-  5    incomplete: a run killed outright, finished by report --recover (no verdict)
-  6    the run is still running: report (and report --recover) refuse it; --wait waits
-  130  interrupted (Ctrl-C / SIGTERM); records and summary are still written (no
-       verdict: the figures are partial)"""
 
 
 def clean_errors(func: F) -> F:
@@ -252,7 +239,7 @@ RUN_STEP_OPTIONS: list[Decorator] = [
            "expected peak exceeds this host's calibrated envelope). Capped at the plan's "
            "requests and flows; more than this host's cores is warned about."),
     option(TIMING, "--lag-bound-ms", type=FiniteFloat(0, 3_600_000, low_open=True),
-           default=5.0, show_default=True,
+           default=LAG_BOUND_MS, show_default=True,
            help="Send lag above which a send is late; > 1 % (and > 1) late sends: exit 3 (a "
            "capacity step: invalid)."),
     option(TIMING, "--grace", "grace_s", type=FiniteFloat(0, 86_400), default=5.0,
@@ -305,7 +292,7 @@ def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
         force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
     )  # fmt: skip
     if opts.get("nonce") is not None and spec.cache != "cold":
-        raise ConfigError("command line", "--nonce", f"applies to cache: cold, not {spec.cache}",
+        raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",
                           "drop --nonce, or add --cache cold")  # fmt: skip
     return spec
 
@@ -317,7 +304,7 @@ def check_run_step_options(opts: dict[str, Any], spec: WorkloadSpec) -> None:
     if metrics_url is not None and (problem := metrics_url_problem(metrics_url)):
         raise click.BadParameter(f"it {problem}", param_hint="--server-metrics-url")
     if opts["metrics_headers"] and not (metrics_url or spec.target.server_metrics_url):
-        raise ConfigError("command line", "--server-metrics-header", "scrapes nothing: no "
+        raise OptionError("--server-metrics-header", "scrapes nothing: no "
                           "metrics URL", "add --server-metrics-url URL (or a path such as "
                           "/metrics), or set target.server_metrics_url")  # fmt: skip
 
@@ -349,7 +336,7 @@ def parse_warm(text: str) -> int | None:
     if not 0 <= count <= 1_000_000:
         problem = f"must be auto or a count 0..1000000 (got {text!r})"
         fix = "e.g. --warm-connections auto, 512, or 0 for a cold start"
-        raise ConfigError("command line", "--warm-connections", problem, fix)
+        raise OptionError("--warm-connections", problem, fix)
     return count
 
 

@@ -10,8 +10,9 @@ import click
 
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
-from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError, RunBusy
+from loadgen.cli.exits import RUN_EXITS
+from loadgen.cli.options import clean_errors, output_console
+from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, rolling_files
@@ -33,7 +34,7 @@ from loadgen.results.store import discover_runs, select_runs
 from loadgen.results.write import recover, write_audit, write_files, write_report
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=RUN_EXITS)
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--slo",
@@ -180,8 +181,7 @@ def _report_run(
         step_s = float(step_text) if step_text else None
         built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
     except ValueError as exc:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--window/--step",
             str(exc),
             "one run takes seconds, e.g. --window 10 --step 5",

@@ -6,7 +6,6 @@ import contextlib
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -14,9 +13,9 @@ from typing import Any
 
 import click
 
+from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
-    EXIT_CODES_HELP,
     LOAD,
     OUTPUT,
     GroupedHelp,
@@ -34,19 +33,19 @@ from loadgen.cli.options import (
     workload_options,
 )
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import ConfigError, LoadgenError
+from loadgen.errors import LoadgenError, OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
-from loadgen.run.execute import cache_warmth, client_setup, execute
+from loadgen.run.execute import execute, prepare
 from loadgen.run.live import parse_listen
-from loadgen.run.simulator import sim_args_from_mapping
-from loadgen.workload.plans import plan_work
-from loadgen.workload.shards import check_start_at, parse_share, parse_start_at, split_work
+from loadgen.run.options import RunOptions
+from loadgen.workload.shards import parse_share, parse_start_at
+from loadgen.workload.spec import WorkloadSpec
 
 
-@click.command(cls=GroupedHelp, epilog=EXIT_CODES_HELP)
+@click.command(cls=GroupedHelp, epilog=RUN_EXITS)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @url_option
 @workload_options
@@ -162,7 +161,7 @@ def run(
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if shard_text is not None and start_at_text is None:
-        raise ConfigError("command line", "--shard", "needs an agreed start",
+        raise OptionError("--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
     check_url(shared["url"])
     spec = shared_spec(workload, shared)
@@ -220,7 +219,7 @@ def check_report_paths(*paths: tuple[str, Path | None]) -> None:
     """--junit / --markdown must land in an existing folder: checked before any traffic."""
     for flag, path in paths:
         if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
-            raise ConfigError("command line", flag, f"the folder of {path} does not exist",
+            raise OptionError(flag, f"the folder of {path} does not exist",
                               "create it first, or write the file elsewhere")  # fmt: skip
 
 
@@ -231,29 +230,13 @@ def write_text(path: Path, text: str) -> None:
         raise LoadgenError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def _dry_run(spec: Any, options: Any, memory: str) -> None:
-    """Everything `run` checks before it sends (plans, shard, headers and their ${VAR}s, the
-    simulator profile, the run folder), then the plan; nothing is sent or written."""
+def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
+    """Everything `run` checks before it sends (`execute.prepare`: plans, shard, headers and
+    their ${VAR}s, the simulator profile, the cache mode, the run folder), then the plan;
+    nothing is sent or written."""
 
-    work = plan_work(spec, options.seed)
-    if options.shard is not None:
-        work = split_work(work, options.shard)
-    if options.start_at_unix_ns is not None:
-        check_start_at(options.start_at_unix_ns, time.time_ns())
-    if not work.plans:
-        raise ConfigError(
-            spec.source, "classes", "plans no requests", "raise requests or duration_s"
-        )
-    _, _, _, url = client_setup(spec, options)
-    if url is None:
-        sim_args_from_mapping(spec.sim, spec.source)
-    cache_warmth(spec, options)  # a --nonce outside cold mode is refused here too
-    folder = options.out_dir / options.run_id if options.run_id is not None else None
-    if folder is not None and folder.exists():
-        raise ConfigError(
-            "command line", "--run-id", f"{folder} already exists",
-            "runs are never overwritten: choose another --run-id",
-        )  # fmt: skip
+    ready = prepare(spec, options)
+    work, url = ready.work, ready.url
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)

@@ -5,8 +5,8 @@ target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while
 with one heartbeat file per engine process), `summary.json`, `histograms.parquet`,
 `server_metrics.parquet` (or `server_metrics.parts/`), `loadgen.log`, `run.lock` while a
 run or a recovery writes it, and `sim-trace.jsonl` under `--sim-trace`. Everything the
-reports show is recomputable from records plus run.json. Exit codes and stop statuses live
-here because summary.json's `verdict` carries them.
+reports show is recomputable from records plus run.json. The stop statuses live here, with
+their exit codes (defined in `loadgen.errors`), because summary.json's `verdict` carries them.
 
 Every file name of a run folder (and of the folders `report` and `capacity` write) is
 defined here and nowhere else. This module reads; `loadgen.results.write` is the only code
@@ -32,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.errors import LoadgenError
+from loadgen.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_WATCHDOG, LoadgenError
 from loadgen.results.codec import OMIT_NONE, from_json, to_json
 from loadgen.results.records import Outcome, empty_frame, with_all_columns
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
@@ -183,12 +183,6 @@ def read_run_info(run_dir: Path) -> RunInfo:
         raise LoadgenError(f"{path}: not a loadgen run.json ({exc})") from None
 
 
-EXIT_OK, EXIT_SLO_MISSED, EXIT_FELL_BEHIND = 0, 2, 3
-
-
-EXIT_WATCHDOG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 4, 5, 130
-
-
 # How a run can stop before its end, and the exit code that says so (`verdict.status`).
 STOPS: Mapping[str, int] = {
     "interrupted": EXIT_INTERRUPTED,  # Ctrl-C or SIGTERM: sending stopped, the rest recorded
@@ -237,12 +231,15 @@ class TargetInfo:
     sim_args: tuple[str, ...] | None = None
 
 
+LAG_BOUND_MS = 5.0  # `--lag-bound-ms`: the send lag above which a send is late (its one default)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     """The command line's options that shaped the run (run.json's `options`)."""
 
     max_in_flight: int | None = None
-    lag_bound_ms: float = 5.0
+    lag_bound_ms: float = LAG_BOUND_MS
     grace_s: float = 5.0
     # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
     price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from functools import partial
 from typing import Any, TextIO
 
@@ -23,11 +24,12 @@ from loadgen.engine.host import open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.transport import Endpoint, Pool
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import TRANSIENT_ERRNOS, describe_os_error
+from loadgen.errors import EXIT_INTERRUPTED, TRANSIENT_ERRNOS, describe_os_error
 from loadgen.results.records import RequestRecord
-from loadgen.results.runfolder import EXIT_INTERRUPTED
+from loadgen.results.runfolder import T0, ConnectionCounts
 from loadgen.results.write import RecordWriter
 from loadgen.run.options import RunOptions
+from loadgen.run.record import RunState
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import utc_text
 
@@ -41,29 +43,30 @@ def drive(
     options: RunOptions,
     *,
     start_at_unix_ns: int | None,
-    started: Callable[[dict[str, Any]], None],
-    control: Callable[[Engine, dict[str, Any]], Coroutine[Any, Any, None]],
+    started: Callable[[T0], None],
+    control: Callable[[Engine, RunState], Coroutine[Any, Any, None]],
     quiet: bool,
     log: TextIO,
     wait_start: Callable[[], Awaitable[int]] | None = None,
     observe: Callable[[RequestRecord], None] | None = None,
-) -> dict[str, Any]:
+) -> RunState:
     """Run the engine on `work` from t0 (200 ms from now, or the agreed `start_at_unix_ns`),
     with `control` (signals, or a parent's commands), record spills and the watchdog.
 
-    Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`. `started(t0)` is
+    Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`, `connections`,
+    `client_failure` (a record write that failed for good). `started(t0)` is
     called once t0 is fixed, before the schedule begins. A worker process passes
     `wait_start`: it reports ready and returns the start its parent chose, once the loop
     and the engine are up (so a worker is not still setting up when t0 comes). `observe`
     sees each record as it lands (the live exporters' tally), after the writer has it.
     """
-    state: dict[str, Any] = {"interrupted": False}
+    state = RunState()
 
     async def session(engine: Engine) -> None:
         def client_failed(exc: OSError) -> None:
             """A record write failed for good: stop sending, end what is in flight."""
-            if state.get("client_failure") is None:
-                state["client_failure"] = exc
+            if state.client_failure is None:
+                state.client_failure = exc
                 what = describe_os_error(exc, exc.filename)
                 print(f"\nclient failure: {what}; stopping the run", file=log)
             engine.stop()
@@ -75,18 +78,18 @@ def drive(
                 await anyio.sleep(lead_ns / 1e9)
         await warm_up(engine, options, state, quiet, log)
         start = start_at_unix_ns if wait_start is None else await wait_start()
-        state["t0"] = t0 = choose_t0(start, engine.clock)
-        t0_ns = int(t0["perf_counter_ns"])
+        state.t0 = t0 = choose_t0(start, engine.clock)
+        t0_ns = int(t0.perf_counter_ns or 0)
         if start is not None and not quiet:
             wait_s = (t0_ns - engine.clock.now_ns()) / 1e9
-            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
+            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}", file=log)
         started(t0)
         await run_beside(
             engine, t0_ns,
             partial(control, engine, state),
             partial(_progress, stats, writer, quiet, t0_ns, log, client_failed, engine.clock),
             partial(_watchdog, engine, options.watchdog_s, state, log),
-            partial(_measure_anchor, t0, engine.clock),
+            partial(_measure_anchor, state, t0, engine.clock),
         )  # fmt: skip
 
     pool = Pool(endpoint)
@@ -98,13 +101,14 @@ def drive(
 
     on_record = add if observe is None else observed
     run_engine(work, pool, config, on_record, session, stats=stats)
-    if "connections" in state:
-        state["connections"]["opened_during_run"] = pool.opened - pool.warm_opened
+    if state.connections is not None:
+        opened = pool.opened - pool.warm_opened
+        state.connections = replace(state.connections, opened_during_run=opened)
     return state
 
 
 async def warm_up(
-    engine: Engine, options: RunOptions, state: dict[str, Any], quiet: bool, log: TextIO
+    engine: Engine, options: RunOptions, state: RunState, quiet: bool, log: TextIO
 ) -> None:
     """Open the run's first connections before t0 (`engine.warmup`); say so when some failed."""
     files, in_flight = open_files_limit(), options.max_in_flight
@@ -113,12 +117,12 @@ async def warm_up(
     if note is not None and not quiet:
         print(f"warm connections: {note}", file=log)
     report = await engine.connector.warm(count)
-    state["connections"] = {
-        "warm_requested": report.requested,
-        "warm_opened": report.opened,
-        "warm_failed": report.failed,
-        "warm_s": round(report.seconds, 6),
-    }
+    state.connections = ConnectionCounts(
+        warm_requested=report.requested,
+        warm_opened=report.opened,
+        warm_failed=report.failed,
+        warm_s=round(report.seconds, 6),
+    )
     if report.failed and not quiet:
         print(
             f"warning: {report.failed} of {report.requested} warm connections failed "
@@ -130,7 +134,7 @@ async def warm_up(
 WARM_LEAD_NS = 2_000_000_000  # with an agreed start: warm this long before it
 
 
-def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
+def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> T0:
     """t0 on both clocks: 200 ms from now (time for the tasks and first imports to settle),
     or the agreed wall-clock start converted to this process's monotonic clock."""
     perf_now, unix_now = clock.now_ns(), clock.wall_ns()
@@ -139,52 +143,62 @@ def choose_t0(start_at_unix_ns: int | None, clock: Clock = SYSTEM_CLOCK) -> dict
         unix_ns = unix_now + 200_000_000
     else:
         t0_ns, unix_ns = perf_now + (start_at_unix_ns - unix_now), start_at_unix_ns
-    return {"perf_counter_ns": t0_ns, "unix_ns": unix_ns, "utc": utc_text(unix_ns)}
+    return T0(perf_counter_ns=t0_ns, unix_ns=unix_ns, utc=utc_text(unix_ns))
 
 
-async def _measure_anchor(t0: dict[str, Any], clock: Clock) -> None:
+async def _measure_anchor(state: RunState, t0: T0, clock: Clock) -> None:
     """At t0, read the wall clock again: `measured_unix_ns` is the wall-clock time of t0 as
     read when the monotonic clock got there (what `loadgen merge` aligns shards by; it
     differs from `unix_ns` by any wall-clock adjustment during the wait), and
     `reached_late_ms` how late this process woke for it."""
-    t0_ns = int(t0["perf_counter_ns"])
+    t0_ns = int(t0.perf_counter_ns or 0)
     delay_ns = t0_ns - clock.now_ns()
     if delay_ns > 0:
         await anyio.sleep(delay_ns / 1e9)
     unix_now, perf_now = clock.wall_ns(), clock.now_ns()
-    t0["measured_unix_ns"] = unix_now - (perf_now - t0_ns)
-    t0["reached_late_ms"] = round(max(0, perf_now - t0_ns) / 1e6, 3)
+    state.t0 = replace(
+        t0,
+        measured_unix_ns=unix_now - (perf_now - t0_ns),
+        reached_late_ms=round(max(0, perf_now - t0_ns) / 1e6, 3),
+    )
 
 
 async def watch_signals(
-    engine: Engine, grace_s: float, writer: RecordWriter, state: dict[str, Any], log: TextIO
+    engine: Engine, grace_s: float, writer: RecordWriter, state: RunState, log: TextIO
 ) -> None:
-    """First Ctrl-C/SIGTERM: stop sending, give in-flight requests `grace_s`, then cancel them.
-    Second: write what is pending and exit at once (the parts written so far stay readable)."""
+    """The signals of a single-process run, under the one interrupt policy (`interrupt`):
+    the grace ended, in-flight requests are cancelled."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            if state["interrupted"]:
-                print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
-                writer.flush()
-                os._exit(EXIT_INTERRUPTED)
-            state["interrupted"] = True
-            print(
-                f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
-                "in-flight ones (interrupt again to exit now)",
-                file=log,
-            )
-            engine.stop()
+            interrupt(state, grace_s, log, stop=engine.stop, exit_now=writer.flush)
             with anyio.move_on_after(grace_s):
                 async for _ in signals:
-                    print(
-                        "\nsecond interrupt: exiting now; records written so far are kept", file=log
-                    )
-                    writer.flush()
-                    os._exit(EXIT_INTERRUPTED)
+                    interrupt(state, grace_s, log, stop=engine.stop, exit_now=writer.flush)
             engine.requests.cancel()
 
 
-async def _watchdog(engine: Engine, limit_s: float, state: dict[str, Any], log: TextIO) -> None:
+def interrupt(
+    state: RunState, grace_s: float, log: TextIO, *, stop: Callable[[], None],
+    exit_now: Callable[[], None],
+) -> None:  # fmt: skip
+    """The interrupt policy of every run, one process or many. First Ctrl-C/SIGTERM: stop
+    sending (`stop`), in-flight requests get `grace_s`, then the caller cancels them.
+    Second: write what is pending (`exit_now`) and exit at once, 130 (the parts written so
+    far stay readable)."""
+    if state.interrupted:
+        print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
+        exit_now()
+        os._exit(EXIT_INTERRUPTED)
+    state.interrupted = True
+    print(
+        f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
+        "in-flight ones (interrupt again to exit now)",
+        file=log,
+    )
+    stop()
+
+
+async def _watchdog(engine: Engine, limit_s: float, state: RunState, log: TextIO) -> None:
     """Abort the run when nothing has progressed for `limit_s` while work is due.
 
     Progress is a send, a byte received or a request ending. Work is due when requests are
@@ -201,11 +215,11 @@ async def _watchdog(engine: Engine, limit_s: float, state: dict[str, Any], log: 
         if (stats.in_flight or due) and now - last > limit_s * 1e9:
             waiting = (f"{stats.in_flight} requests in flight" if stats.in_flight
                        else "the scheduler's next send")  # fmt: skip
-            state["watchdog"] = (
+            state.watchdog = (
                 f"nothing progressed for {limit_s:g} s (no send, no byte, no completion) while "
                 f"waiting for {waiting}; {stats.sent} of {stats.planned} sent"
             )
-            print(f"\nwatchdog: {state['watchdog']}; stopping, records kept", file=log)
+            print(f"\nwatchdog: {state.watchdog}; stopping, records kept", file=log)
             engine.stop()
             engine.requests.cancel()
             return

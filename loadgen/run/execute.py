@@ -12,20 +12,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import platform
 import secrets
-import socket
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import polars as pl
 
-from loadgen import __version__
 from loadgen.adapters.protocol import Adapter
 from loadgen.analysis.audit import audit, with_cache
 from loadgen.analysis.cost import Price
@@ -42,15 +37,15 @@ from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
-from loadgen.errors import ConfigError, LoadgenError, TargetError
-from loadgen.results.codec import from_json, to_json
+from loadgen.errors import ConfigError, LoadgenError, OptionError, TargetError
 from loadgen.results.liveness import run_lock
-from loadgen.results.records import RequestRecord, from_frame
+from loadgen.results.records import from_frame
 from loadgen.results.runfolder import (
-    SCHEMA_VERSION,
     SIM_TRACE_FILE,
+    T0,
     RunInfo,
     ServerMetricsInfo,
+    WorkersInfo,
     new_run_id,
 )
 from loadgen.results.summary import CacheWarmth, Summary
@@ -61,25 +56,28 @@ from loadgen.results.write import (
     make_run_folder,
     write_histograms,
     write_run_info,
-    write_run_json,
     write_summary,
 )
 from loadgen.run.drive import drive, watch_signals
 from loadgen.run.envelope import envelope_warning, expected_peak_load, last_envelope
 from loadgen.run.failure import client_failures
-from loadgen.run.live import LiveExporter, LiveRun
+from loadgen.run.live import LiveExporter
 from loadgen.run.options import RunOptions
+from loadgen.run.publish import Publish, publisher, tally_of
+from loadgen.run.record import Ran, RunState, begin, process_info, shard_anchor, with_processes
 from loadgen.run.scraper import ScraperProcess
 from loadgen.run.setup import client_setup, engine_setup, metrics_headers, metrics_url
-from loadgen.run.simulator import target_url
-from loadgen.run.workers import process_info, run_workers, total_connections
-from loadgen.workload.identity import identity
+from loadgen.run.simulator import sim_args_from_mapping, target_url
+from loadgen.run.workers import run_workers
 from loadgen.workload.plans import Work, plan_work
 from loadgen.workload.prompts import nonce_words
-from loadgen.workload.shards import check_start_at, split_work, utc_text
+from loadgen.workload.shards import check_start_at, split_work
 from loadgen.workload.spec import WorkloadSpec
 
-__all__ = ["RunOptions", "RunResult", "choose_workers", "client_setup", "execute", "finish"]
+__all__ = [
+    "Prepared", "RunOptions", "RunResult", "choose_workers", "client_setup", "execute", "finish",
+    "prepare",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,16 +108,8 @@ def execute(
     `live` publishes the run's figures as they come (`--prometheus-port`, `--otlp-endpoint`);
     the caller closes it (a capacity search keeps one for all its steps)."""
     log = sys.stderr if log is None else log
-    work = plan_work(spec, options.seed)
-    if options.shard is not None:
-        work = split_work(work, options.shard)
-    planned = len(work.plans)
-    if not planned:
-        raise ConfigError(
-            spec.source, "classes", "plans no requests", "raise requests or duration_s"
-        )
-    if options.start_at_unix_ns is not None:
-        check_start_at(options.start_at_unix_ns, time.time_ns())
+    ready = prepare(spec, options)
+    work = ready.work
     workers, why = choose_workers(spec, work, options.workers)
     if not options.quiet:
         print(f"workers: {workers} ({why})", file=log)
@@ -128,14 +118,11 @@ def execute(
 
     if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
         print(warning, file=log)
-    adapter, headers, redactor, url = client_setup(spec, options)
     open_files = raise_open_files_limit()
-    cache = cache_warmth(spec, options)
-    options = dataclasses.replace(options, nonce=cache.nonce)  # every worker sends the same
+    options = dataclasses.replace(options, nonce=ready.cache.nonce)  # every worker sends it
     run_dir = _make_run_dir(options.out_dir, options.run_id or new_run_id(spec.name))
     try:
-        return _execute(spec, options, log, live, work, (workers, why), planned, adapter,
-                        headers, redactor, url, open_files, run_dir, cache)  # fmt: skip
+        return _execute(spec, options, log, live, ready, (workers, why), open_files, run_dir)
     except TargetError as exc:
         if (kept := discard_unstarted(run_dir)) is None:
             raise
@@ -145,14 +132,60 @@ def execute(
         raise
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What a run checks and builds before it makes its folder (`prepare`)."""
+
+    work: Work  # this run's plans (its shard's share, with --shard)
+    adapter: Adapter
+    headers: dict[str, str]
+    redactor: Redactor
+    url: str | None  # None: the built-in simulator
+    cache: CacheWarmth
+
+
+def prepare(spec: WorkloadSpec, options: RunOptions) -> Prepared:
+    """Everything a run checks before it sends or writes anything, shared by `execute` and
+    `loadgen run --dry-run` (so both refuse alike): the plans and the shard's share of them,
+    the agreed start, the client (headers and their ${VAR}s), the simulator profile when
+    there is no URL, the cache mode and nonce, and that the run folder is free."""
+    work = plan_work(spec, options.seed)
+    if options.shard is not None:
+        work = split_work(work, options.shard)
+    if not work.plans:
+        raise ConfigError(
+            spec.source, "classes", "plans no requests", "raise requests or duration_s"
+        )
+    if options.start_at_unix_ns is not None:
+        check_start_at(options.start_at_unix_ns, time.time_ns())
+    adapter, headers, redactor, url = client_setup(spec, options)
+    if url is None:
+        sim_args_from_mapping(spec.sim, spec.source)
+    cache = cache_warmth(spec, options)  # a --nonce outside cold mode is refused here
+    if options.run_id is not None:
+        check_run_dir(options.out_dir / options.run_id)
+    return Prepared(work=work, adapter=adapter, headers=headers, redactor=redactor, url=url,
+                    cache=cache)  # fmt: skip
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A run folder is never overwritten."""
+    if run_dir.exists():
+        raise OptionError(
+            "--run-id",
+            f"{run_dir} already exists",
+            "runs are never overwritten: choose another --run-id",
+        )
+
+
 def _execute(
-    spec: WorkloadSpec, options: RunOptions, log: TextIO, live: LiveExporter | None, work: Work,
-    chosen: tuple[int, str], planned: int, adapter: Adapter, headers: dict[str, str],
-    redactor: Redactor, url: str | None, open_files: int | None, run_dir: Path,
-    cache: CacheWarmth,
+    spec: WorkloadSpec, options: RunOptions, log: TextIO, live: LiveExporter | None,
+    ready: Prepared, chosen: tuple[int, str], open_files: int | None, run_dir: Path,
 ) -> RunResult:  # fmt: skip
     """`execute` once its run folder exists (`chosen`: the worker count and why)."""
     workers, why = chosen
+    work, url, redactor, cache = ready.work, ready.url, ready.redactor, ready.cache
+    planned = len(work.plans)
     trace = run_dir / SIM_TRACE_FILE if options.sim_trace else None
     with (
         run_lock(run_dir, doing="write into"),  # one writer: `report --recover` refuses it
@@ -166,32 +199,31 @@ def _execute(
                 f"{' with ' + ' '.join(sim_args) if sim_args else ' with the seed parameters'}",
                 file=log,
             )
-        endpoint, config = engine_setup(spec, options, base_url, adapter, headers, redactor)
+        endpoint, config = engine_setup(spec, options, base_url, ready.adapter, ready.headers,
+                                        redactor)  # fmt: skip
         LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
                     endpoint.origin, endpoint.target)  # fmt: skip
         if options.check_target:
-            _check_target(spec, options, endpoint, adapter, config, redactor)
-        run_info = _run_info(spec, options, endpoint, planned, sim_args)
-        run_info["host"]["open_files_limit"] = open_files
-        run_info["workers"] = {"count": workers, "chosen": why, "processes": []}
-        scraper = _scraper(spec, options, endpoint, run_dir, run_info, log, redactor)
+            _check_target(spec, options, endpoint, ready.adapter, config, redactor)
+        info = begin(spec, options, endpoint, run_id=run_dir.name, planned=planned,
+                     sim_args=sim_args, open_files=open_files,
+                     workers=WorkersInfo(count=workers, chosen=why))  # fmt: skip
+        scraper, server_metrics = _scraper(spec, options, endpoint, run_dir, log, redactor)
         if cache.mode == "reset":
             cache = _reset(cache, endpoint, scraper, redactor, options.quiet, log)
-        run_info["cache"] = to_json(cache)
-        publish = _publisher(live, spec, work, run_dir.name, run_info)
+        info = replace(info, server_metrics=server_metrics, cache=cache)
+        publish = publisher(live, spec, work, info)
         if publish is not None:
             publish.scraper = scraper
         try:
             if workers > 1:  # the parent scrapes, once, for every worker
-                frame, run_info, state = run_workers(
-                    work, workers, base_url, run_dir, run_info, spec, options, log, publish=publish
-                )
+                ran = run_workers(work, workers, base_url, run_dir, info, spec, options, log,
+                                  publish=publish)  # fmt: skip
                 if publish is not None:
-                    publish.final = tally_of(spec, from_frame(frame))
-                result = finish(frame, run_dir, run_info, spec, options, planned=planned,
-                                state=state, scraper=scraper)  # fmt: skip
+                    publish.final = tally_of(spec, from_frame(ran.frame))
+                result = finish(ran, run_dir, spec, options, planned=planned, scraper=scraper)
             else:
-                result = _run(work, endpoint, config, run_dir, run_info, spec, options, log,
+                result = _run(work, endpoint, config, run_dir, info, spec, options, log,
                               publish, scraper=scraper)  # fmt: skip
         finally:
             if scraper is not None:
@@ -202,62 +234,6 @@ def _execute(
     if sim_args is not None and not options.quiet:
         print("stopped the built-in simulator", file=log)
     return result
-
-
-@dataclass(slots=True)
-class Publish:
-    """How one run feeds a `LiveExporter`: the run's labels, its plans per class, a t0
-    holder, and (once the run is over) its final tally, of every record."""
-
-    live: LiveExporter
-    labels: dict[str, str]
-    planned: dict[str, int]
-    thresholds_ms: dict[str, dict[str, float]]
-    t0_ns: list[int] = field(default_factory=list)  # filled in at t0
-    final: LiveTally = field(default_factory=LiveTally)
-    scraper: ScraperProcess | None = None  # the server's /metrics, re-published as scraped
-
-    def begin(
-        self, tally: Callable[[], LiveTally], in_flight: Callable[[], dict[str, int]]
-    ) -> None:
-        scraper = self.scraper
-
-        def server() -> dict[str, float]:
-            return scraper.live_gauges() if scraper is not None else {}
-
-        self.live.begin(LiveRun(labels=self.labels, tally=tally, in_flight=in_flight,
-                                planned=self.planned, server=server,
-                                t0_ns=lambda: self.t0_ns[0] if self.t0_ns else None))  # fmt: skip
-
-
-def tally_of(spec: WorkloadSpec, records: Iterable[RequestRecord]) -> LiveTally:
-    """The live tally of `records` under the spec's per-request thresholds."""
-    tally = LiveTally(thresholds(spec))
-    for record in records:
-        tally.observe(record)
-    return tally
-
-
-def thresholds(spec: WorkloadSpec) -> dict[str, dict[str, float]]:
-    return {name: cls.slo.thresholds_ms() for name, cls in spec.classes.items()}
-
-
-def _publisher(
-    live: LiveExporter | None, spec: WorkloadSpec, work: Work, run_id: str,
-    run_info: Mapping[str, Any],
-) -> Publish | None:  # fmt: skip
-    if live is None:
-        return None
-    labels = {
-        "run_id": run_id,
-        "workload": spec.name,
-        "workload_key": str(run_info["workload"]["identity"].get("key", "")),
-        "api": spec.target.api,
-        "model": spec.target.model or "",
-        "version": __version__,
-    }
-    planned = dict(Counter(plan.class_name for plan in work.plans))
-    return Publish(live=live, labels=labels, planned=planned, thresholds_ms=thresholds(spec))
 
 
 def _check_target(
@@ -277,11 +253,11 @@ def _check_target(
 
 
 def _scraper(
-    spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, run_dir: Path,
-    run_info: dict[str, Any], log: TextIO, redactor: Redactor,
-) -> ScraperProcess | None:  # fmt: skip
+    spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, run_dir: Path, log: TextIO,
+    redactor: Redactor,
+) -> tuple[ScraperProcess | None, ServerMetricsInfo | None]:  # fmt: skip
     """The server-metrics scraper (a process of its own: `run.scraper`), started, when a URL
-    is given (a path is on the target).
+    is given (a path is on the target), and run.json's `server_metrics` for it.
 
     It sends the target's credentials only to the target's origin, and the endpoint's own
     headers (`engine.scrape.scrape_auth`). Unless quiet, the first scrape's outcome is
@@ -289,12 +265,12 @@ def _scraper(
     """
     url = metrics_url(spec, options)
     if url is None:
-        return None
+        return None, None
     if url.startswith("/"):
         url = endpoint.origin + url
     interval_s = options.server_metrics_interval_s or spec.target.server_metrics_interval_s
     auth = scrape_auth(url, endpoint.origin, endpoint.headers, metrics_headers(spec, options))
-    run_info["server_metrics"] = {"url": redact_url(url), "interval_s": interval_s}
+    info = ServerMetricsInfo(url=redact_url(url), interval_s=interval_s)
     scraper = ScraperProcess(url, interval_s, run_dir=run_dir, auth=auth, redactor=redactor)
     scraper.start()
     if not options.quiet:
@@ -304,7 +280,7 @@ def _scraper(
             note = scraper.access().problem
             print(f"server metrics: {note}; the run goes on, its client figures unaffected",
                   file=log)  # fmt: skip
-    return scraper
+    return scraper, info
 
 
 def preflight_extras(
@@ -392,13 +368,7 @@ def workers_warnings(work: Work, requested: int | None, chosen: int) -> list[str
 
 def _make_run_dir(out_dir: Path, run_id: str) -> Path:
     run_dir = out_dir / run_id
-    if run_dir.exists():
-        raise ConfigError(
-            "command line",
-            "--run-id",
-            f"{run_dir} already exists",
-            "runs are never overwritten: choose another --run-id",
-        )
+    check_run_dir(run_dir)
     try:
         make_run_folder(run_dir)
     except OSError as exc:
@@ -406,75 +376,12 @@ def _make_run_dir(out_dir: Path, run_id: str) -> Path:
     return run_dir
 
 
-def _run_info(
-    spec: WorkloadSpec,
-    options: RunOptions,
-    endpoint: Endpoint,
-    planned: int,
-    sim_args: list[str] | None,
-) -> dict[str, Any]:
-    resolved = dataclasses.asdict(spec)
-    resolved.pop("raw", None)
-    resolved["target"]["headers"] = sorted(spec.target.headers)  # names only: values may be secret
-    resolved["target"]["server_metrics_headers"] = sorted(spec.target.server_metrics_headers)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "loadgen_version": __version__,
-        "seed": spec.seed if options.seed is None else options.seed,
-        "planned": planned,
-        "workload": {
-            "name": spec.name,
-            "source": spec.source,
-            "spec": resolved,
-            # what the results store pools by (loadgen.workload.identity): name + spec fingerprint
-            "identity": identity(spec, max_in_flight=options.max_in_flight),
-        },
-        "target": {
-            "url": redact_url(endpoint.origin + endpoint.target),
-            "api": spec.target.api,
-            "model": spec.target.model,
-            "builtin_sim": sim_args is not None,
-            "sim_args": sim_args,
-        },
-        "options": {
-            "max_in_flight": options.max_in_flight,
-            "lag_bound_ms": options.lag_bound_ms,
-            "grace_s": options.grace_s,
-            **(
-                {"price_per_hour": options.price_per_hour, "replicas": options.replicas}
-                if options.price_per_hour is not None
-                else {}
-            ),
-        },
-        "shard": _shard_info(options),
-        "host": {
-            "hostname": socket.gethostname(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-    }
-
-
-def _shard_info(options: RunOptions) -> dict[str, Any] | None:
-    """The shard this run is (`--shard`), its agreed start; the anchor is added at t0."""
-    if options.shard is None:
-        return None
-    start = options.start_at_unix_ns
-    return {
-        "index": options.shard.index,
-        "count": options.shard.count,
-        "start_at_unix_ns": start,
-        "start_at_utc": utc_text(start) if start is not None else None,
-    }
-
-
 def _run(
     work: Work,
     endpoint: Endpoint,
     config: EngineConfig,
     run_dir: Path,
-    run_info: dict[str, Any],
+    info: RunInfo,
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
@@ -485,21 +392,22 @@ def _run(
     """One engine process: its own signals, progress line and watchdog."""
     writer = RecordWriter(run_dir)
     stats = LiveStats()
-    run_info = {"run_id": run_dir.name, **run_info}
     tally = LiveTally(publish.thresholds_ms) if publish is not None else None
     if publish is not None and tally is not None:
         publish.begin(tally.snapshot, lambda: dict(stats.in_flight_by_class))
+    current = info  # the record as it stands: t0 is added when it is fixed
 
-    def started(t0: dict[str, Any]) -> None:
+    def started(t0: T0) -> None:
+        nonlocal current
         if publish is not None:
-            publish.t0_ns.append(int(t0["perf_counter_ns"]))
-        run_info["t0"] = t0
-        write_run_json(run_dir, {**run_info, "interrupted": False, "finished": False})
+            publish.t0_ns.append(int(t0.perf_counter_ns or 0))
+        current = replace(info, t0=t0)
+        write_run_info(run_dir, replace(current, interrupted=False, finished=False))
 
-    async def control(engine: Engine, state: dict[str, Any]) -> None:
+    async def control(engine: Engine, state: RunState) -> None:
         await watch_signals(engine, options.grace_s, writer, state, log)
 
-    with client_failures(run_dir, writer, stats, run_info):
+    with client_failures(run_dir, writer, stats, lambda: current):
         state = drive(
             work, endpoint, config, writer, stats, options,
             start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
@@ -507,44 +415,46 @@ def _run(
         )  # fmt: skip
         if publish is not None and tally is not None:
             publish.final = tally
-        if state.get("client_failure") is not None:
-            raise state["client_failure"]
+        if state.client_failure is not None:
+            raise state.client_failure
         frame = writer.close()
-        run_info["t0"] = state["t0"]
-        run_info["workers"]["processes"] = [
-            process_info(frame, None, index=0, pid=os.getpid(), t0=state["t0"],
-                         parent_t0=state["t0"], lag_bound_ms=options.lag_bound_ms,
-                         connections=state.get("connections"))
-        ]  # fmt: skip
-        run_info["connections"] = total_connections(run_info["workers"]["processes"])
-        return finish(frame, run_dir, run_info, spec, options, planned=stats.planned, state=state,
-                      scraper=scraper)  # fmt: skip
+        t0 = state.t0
+        assert t0 is not None  # fixed before the schedule began
+        mine = process_info(
+            frame,
+            None,
+            index=0,
+            pid=os.getpid(),
+            t0=t0,
+            parent_t0=t0,
+            lag_bound_ms=options.lag_bound_ms,
+            connections=state.connections,
+        )
+        ran = Ran(frame=frame, info=with_processes(replace(info, t0=t0), [mine]), state=state)
+        return finish(ran, run_dir, spec, options, planned=stats.planned, scraper=scraper)
 
 
 def finish(
-    frame: pl.DataFrame,
+    ran: Ran,
     run_dir: Path,
-    run_info: dict[str, Any],
     spec: WorkloadSpec,
     options: RunOptions,
     *,
     planned: int,
-    state: Mapping[str, Any],
     scraper: ScraperProcess | None = None,
 ) -> RunResult:
     """Audit the joined records; write summary.json, histograms.parquet and the final run.json
     (and server_metrics.parquet, the scraper stopped, when the run scraped a server)."""
-    run_id = run_dir.name
-    watchdog = state.get("watchdog")
-    interrupted = bool(state["interrupted"]) or watchdog is not None
+    frame, info, state = ran.frame, ran.info, ran.state
+    watchdog = state.watchdog
+    interrupted = state.interrupted or watchdog is not None
     stopped = "watchdog" if watchdog is not None else "interrupted" if interrupted else None
-    if run_info.get("shard") is not None:
-        t0 = run_info["t0"]
-        run_info["shard"] = {**run_info["shard"], **shard_anchor(t0)}
+    if info.shard is not None and info.t0 is not None:
+        info = replace(info, shard=shard_anchor(info.shard, info.t0))
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
     summary = audit(
         frame,
-        run_id=run_id,
+        run_id=info.run_id,
         objectives=objectives,
         planned=planned,
         stopped=stopped,
@@ -553,15 +463,14 @@ def finish(
         else Price(per_hour=options.price_per_hour, replicas=options.replicas),
     )  # fmt: skip
     if scraper is not None:
-        summary = _server_block(summary, scraper, run_dir, run_info, frame)
-    cache = run_info.get("cache")
-    summary = with_cache(summary, from_json(CacheWarmth, cache) if cache else None)
+        summary, info = _server_block(summary, scraper, run_dir, info, frame)
+    summary = with_cache(summary, info.cache)
     write_summary(run_dir, summary)
     # Per-minute mergeable histograms: rolling windows over many runs read these, not records.
     slos = {name: cls.slo for name, cls in spec.classes.items()}
     write_histograms(run_dir, run_histograms(run_dir, frame, slos))
-    ended = {"interrupted": interrupted, "finished": True, "stopped": stopped, "watchdog": watchdog}
-    final = from_json(RunInfo, {"run_id": run_id, **run_info, **ended})
+    final = replace(info, interrupted=interrupted, finished=True, stopped=stopped,
+                    watchdog=watchdog)  # fmt: skip
     write_run_info(run_dir, final)
     return RunResult(
         run_dir=run_dir, summary=summary, interrupted=interrupted, watchdog=watchdog,
@@ -574,7 +483,7 @@ def cache_warmth(spec: WorkloadSpec, options: RunOptions) -> CacheWarmth:
     must share it) derived from the agreed start and the seed, else random."""
     if spec.cache != "cold":
         if options.nonce is not None:
-            raise ConfigError("command line", "--nonce", f"applies to cache: cold, not "
+            raise OptionError("--nonce", f"applies to cache: cold, not "
                               f"{spec.cache} (which sends the same bytes every run)",
                               "drop --nonce, or add --cache cold")  # fmt: skip
         return CacheWarmth(mode=spec.cache)
@@ -607,27 +516,14 @@ def _reset(
 
 
 def _server_block(
-    summary: Summary, scraper: ScraperProcess, run_dir: Path, run_info: dict[str, Any],
-    frame: pl.DataFrame,
-) -> Summary:  # fmt: skip
+    summary: Summary, scraper: ScraperProcess, run_dir: Path, info: RunInfo, frame: pl.DataFrame
+) -> tuple[Summary, RunInfo]:
     """Stop the scraper, join its parts on the run's t0, tally it in run.json, audit it."""
     stats = scraper.stop()
-    run_info["server_metrics"] = {
-        **run_info.get("server_metrics", {}), "scrapes": stats.scrapes,
-        "failures": stats.failures, "malformed_lines": stats.malformed_lines,
-        "last_error": stats.last_error,
-        "access": to_json(stats.access) if stats.access is not None else None,
-    }  # fmt: skip
-    server = join_server_metrics(run_dir, int(run_info["t0"]["perf_counter_ns"]))
-    info = from_json(ServerMetricsInfo, run_info["server_metrics"])
-    return with_server(summary, server, info, frame)
-
-
-def shard_anchor(t0: Mapping[str, Any]) -> dict[str, Any]:
-    """A shard's t0 wall-clock anchor (measured at t0) and its skew from the agreed start."""
-    measured = t0.get("measured_unix_ns")
-    agreed = int(t0["unix_ns"])
-    return {
-        "t0_unix_ns": measured,
-        "t0_skew_ms": round((measured - agreed) / 1e6, 6) if measured is not None else None,
-    }
+    assert info.server_metrics is not None  # set with the scraper
+    assert info.t0 is not None  # a run with a scraper reached t0 before it stopped it
+    block = replace(info.server_metrics, scrapes=stats.scrapes, failures=stats.failures,
+                    malformed_lines=stats.malformed_lines, last_error=stats.last_error,
+                    access=stats.access)  # fmt: skip
+    server = join_server_metrics(run_dir, int(info.t0.perf_counter_ns or 0))
+    return with_server(summary, server, block, frame), replace(info, server_metrics=block)

@@ -7,24 +7,25 @@ Used by a single-process run (`run.execute`) and by the parent of worker process
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from loadgen.engine.runner import LiveStats
 from loadgen.errors import ClientFailure, describe_os_error
-from loadgen.results.write import RecordWriter, write_run_json
+from loadgen.results.runfolder import RunInfo
+from loadgen.results.write import RecordWriter, write_run_info
 
 
 @contextlib.contextmanager
 def client_failures(
-    run_dir: Path, writer: RecordWriter, stats: LiveStats, run_info: dict[str, Any]
+    run_dir: Path, writer: RecordWriter, stats: LiveStats, info: Callable[[], RunInfo]
 ) -> Iterator[None]:
     """Turn a failed write (no space left, permission denied, out of file descriptors,
     file too large) into a `ClientFailure` (exit 3); see `client_failure`.
 
     The engine was already stopped (see `drive`); what is still pending is written if the
-    resource is back, and counted as lost if not.
+    resource is back, and counted as lost if not. `info`: the run record as it stands.
     """
     try:
         yield
@@ -32,21 +33,21 @@ def client_failures(
         with contextlib.suppress(OSError):  # still failing: counted as lost below
             writer.flush()
         raise client_failure(
-            describe_os_error(exc, exc.filename or run_dir), run_dir, run_info,
+            describe_os_error(exc, exc.filename or run_dir), run_dir, info(),
             written=writer.written, planned=stats.planned, lost=writer.pending, sent=stats.sent,
         ) from None  # fmt: skip
 
 
 def client_failure(
-    what: str, run_dir: Path, run_info: Mapping[str, Any], *, written: int, planned: int,
+    what: str, run_dir: Path, info: RunInfo, *, written: int, planned: int,
     lost: int = 0, sent: int | None = None,
 ) -> ClientFailure:  # fmt: skip
     """The one-line error of a run the client could not finish: what failed (the path or
     the limit), how many records are on disk, and how to finish them (`loadgen report
     --recover`). run.json says what happened, if it still can be written."""
     with contextlib.suppress(OSError):
-        info = {"run_id": run_dir.name, **run_info, "interrupted": True, "finished": False}
-        write_run_json(run_dir, {**info, "client_failure": what})
+        ended = replace(info, interrupted=True, finished=False, client_failure=what)
+        write_run_info(run_dir, ended)
     kept = f"{written:,} of {planned:,} planned records are on disk"
     if lost:
         kept += f" ({lost:,} more could not be written)"

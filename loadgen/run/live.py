@@ -48,7 +48,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 
 from loadgen.analysis.live import BUCKETS_S, MEASURES, LiveTally
-from loadgen.errors import ConfigError
+from loadgen.errors import OptionError
 
 LATENCY_HELP = {
     "ttft": "Time to first generated token from the intended send time, ok requests",
@@ -121,8 +121,8 @@ class LiveExporter:
             try:
                 self._server, _ = start_http_server(port, address, self.registry)
             except OSError as exc:
-                raise ConfigError(
-                    "command line", "--prometheus-port",
+                raise OptionError(
+                    "--prometheus-port",
                     f"cannot serve on {address}:{port}: {exc.strerror or exc}",
                     "choose a free port (0 picks one) or another address",
                 ) from None  # fmt: skip
@@ -133,8 +133,8 @@ class LiveExporter:
             try:
                 from loadgen.run.otlp import OtlpPush  # defers opentelemetry (the [otel] extra)
             except ImportError:
-                raise ConfigError(
-                    "command line", "--otlp-endpoint", "needs the OpenTelemetry SDK",
+                raise OptionError(
+                    "--otlp-endpoint", "needs the OpenTelemetry SDK",
                     "pip install 'loadgen[otel]'",
                 ) from None  # fmt: skip
             self.otlp = OtlpPush(otlp_endpoint, self.families, interval_s=otlp_interval_s)
@@ -299,8 +299,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     address, _, port_text = text.rpartition(":")
     address = address.strip("[]") or "127.0.0.1"
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(
-            "command line", "--prometheus-port", f"{text!r} is not a port",
+        raise OptionError(
+            "--prometheus-port", f"{text!r} is not a port",
             "give PORT (0-65535, served on 127.0.0.1) or ADDRESS:PORT, e.g. 0.0.0.0:9464",
         )  # fmt: skip
     return address, int(port_text)

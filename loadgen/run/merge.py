@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.analysis.audit import reaudit
-from loadgen.errors import LoadgenError
+from loadgen.errors import EXIT_FELL_BEHIND, LoadgenError
 from loadgen.results.runfolder import (
     RECORDS_FILE,
     SCHEMA_VERSION,
@@ -56,7 +56,6 @@ TIME_COLUMNS = (
     "intended_ns", "dispatched_ns", "sent_ns", "headers_ns", "first_token_ns",
     "first_content_ns", "last_token_ns", "end_ns",
 )  # fmt: skip
-EXIT_FELL_BEHIND = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter_ns
@@ -44,23 +44,24 @@ import polars as pl
 
 from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.analysis.live import LiveTally
-from loadgen.analysis.metrics import generator_health
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
-from loadgen.errors import describe_os_error
+from loadgen.errors import EXIT_INTERRUPTED, describe_os_error
 from loadgen.results.records import Outcome, RequestRecord, to_frame
-from loadgen.results.runfolder import EXIT_INTERRUPTED, PARTS_DIR, read_parts
+from loadgen.results.runfolder import PARTS_DIR, T0, RunInfo, read_parts
 from loadgen.results.write import (
     RecordWriter,
     ShareWriter,
     join_parts,
     write_records,
-    write_run_json,
+    write_run_info,
 )
-from loadgen.run.drive import choose_t0, drive, progress_line
+from loadgen.run.drive import choose_t0, drive, interrupt, progress_line
 from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
 from loadgen.run.options import RunOptions
+from loadgen.run.publish import Publish
+from loadgen.run.record import Ran, RunState, WorkerEnd, process_info, with_processes
 from loadgen.run.setup import client_setup, engine_setup
 from loadgen.run.spawn import Child, ready_then_wait, receive, send, spawn, start_all, wait_ready
 from loadgen.workload.plans import Work
@@ -107,7 +108,7 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
             sys.exit(0)
         return int(start)
 
-    async def control(engine: Engine, state: dict[str, Any]) -> None:
+    async def control(engine: Engine, state: RunState) -> None:
         await _obey_parent(conn, engine, writer, stats, state, options.grace_s, tally)
 
     state = drive(
@@ -116,14 +117,16 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
         quiet=True, log=sys.stderr, wait_start=wait_start,
         observe=tally.observe if tally is not None else None,
     )  # fmt: skip
-    failure = state.pop("client_failure", None)
+    failure = state.client_failure
     try:
         writer.flush()
     except OSError as exc:  # the disk is full (or the like): the parent names it, exit 3
         failure = failure or exc
-    done = {k: state.get(k) for k in ("interrupted", "watchdog", "t0", "connections")}
-    if failure is not None:
-        done["client_failure"] = describe_os_error(failure, failure.filename)
+    done = WorkerEnd(
+        interrupted=state.interrupted, watchdog=state.watchdog, t0=state.t0,
+        connections=state.connections,
+        client_failure=describe_os_error(failure, failure.filename) if failure else None,
+    )  # fmt: skip
     with contextlib.suppress(OSError):  # the parent is gone; the records are on disk
         conn.send(("done", os.getpid(), done))
 
@@ -133,7 +136,7 @@ async def _obey_parent(
     engine: Engine,
     writer: RecordWriter,
     stats: LiveStats,
-    state: dict[str, Any],
+    state: RunState,
     grace_s: float,
     tally: LiveTally | None = None,
 ) -> None:
@@ -156,12 +159,12 @@ async def _obey_parent(
             commands.append("cancel")
         for command in commands:
             if command in ("stop", "cancel"):
-                state["interrupted"] = True
+                state.interrupted = True
                 engine.stop()
                 grace_end = time.monotonic() + (grace_s if command == "stop" else 0.0)
             elif command == "exit":
                 writer.flush()
-                os._exit(130)
+                os._exit(EXIT_INTERRUPTED)
         if grace_end is not None and time.monotonic() >= grace_end:
             engine.requests.cancel()
             grace_end = None
@@ -195,7 +198,7 @@ class _Worker:
 
     child: Child
     share: Work
-    done: dict[str, Any] | None = None
+    done: WorkerEnd | None = None
     counters: dict[str, int] | None = None
     ttft: str | None = None
     heard: float = 0.0  # time.monotonic() of its last message
@@ -207,16 +210,17 @@ def run_workers(
     count: int,
     base_url: str,
     run_dir: Path,
-    run_info: dict[str, Any],
+    info: RunInfo,
     spec: WorkloadSpec,
     options: RunOptions,
     log: TextIO,
     *,
-    publish: Any = None,
-) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
-    """Send `work` from `count` processes; the joined records, run.json's content and the
-    state (`interrupted`, `watchdog`), for `execute.finish` to audit as a single process's.
-    `publish` (an `execute.Publish`) gets the workers' live tallies merged, as they come."""
+    publish: Publish | None = None,
+) -> Ran:
+    """Send `work` from `count` processes; the joined records, the run record with t0 and
+    each worker's share, and the state (`interrupted`, `watchdog`), for `execute.finish` to
+    audit as a single process's. `publish` gets the workers' live tallies merged, as they
+    come."""
     per_worker = _per_worker_options(options, count)
     thresholds = publish.thresholds_ms if publish is not None else None
     workers = _spawn(work, count, spec, per_worker, base_url, run_dir, thresholds)
@@ -225,36 +229,37 @@ def run_workers(
     children = [w.child for w in workers]
     signals: list[int] = []
     previous = {s: signal.signal(s, _collector(signals)) for s in (signal.SIGINT, signal.SIGTERM)}
-    run_info = {"run_id": run_dir.name, **run_info}
     try:
         wait_ready(children, "worker", on_message=_listener(workers),
                    interrupted=lambda: bool(signals))  # fmt: skip
         t0 = choose_t0(options.start_at_unix_ns or time.time_ns() + START_LEAD_NS)
-        start_all(children, t0["unix_ns"])
+        t0_ns = int(t0.perf_counter_ns or 0)
+        start_all(children, t0.unix_ns)
         if publish is not None:
-            publish.t0_ns.append(int(t0["perf_counter_ns"]))
-        run_info["t0"] = t0
-        write_run_json(run_dir, {**run_info, "interrupted": False, "finished": False})
+            publish.t0_ns.append(t0_ns)
+        info = replace(info, t0=t0)
+        write_run_info(run_dir, replace(info, interrupted=False, finished=False))
         if options.start_at_unix_ns is not None and not options.quiet:
-            wait_s = (int(t0["perf_counter_ns"]) - perf_counter_ns()) / 1e9
-            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0['utc']}", file=log)
-        state = _supervise(workers, signals, options, int(t0["perf_counter_ns"]), log)
+            wait_s = (t0_ns - perf_counter_ns()) / 1e9
+            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}", file=log)
+        state = _supervise(workers, signals, options, t0_ns, log)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for child in children:
         child.process.join(timeout=10)
-    return _joined(work, workers, run_dir, run_info, t0, options, log), run_info, state
+    frame, info = _joined(work, workers, run_dir, info, t0, options, log)
+    return Ran(frame=frame, info=info, state=state)
 
 
 def _joined(
-    work: Work, workers: list[_Worker], run_dir: Path, run_info: dict[str, Any],
-    t0: dict[str, Any], options: RunOptions, log: TextIO,
-) -> pl.DataFrame:  # fmt: skip
+    work: Work, workers: list[_Worker], run_dir: Path, info: RunInfo, t0: T0,
+    options: RunOptions, log: TextIO,
+) -> tuple[pl.DataFrame, RunInfo]:  # fmt: skip
     """Every worker's parts joined into records.parquet (a record for each plan of a worker
-    that died first), and each worker's share of the run in run_info."""
+    that died first), and the run record with each worker's share of the run."""
     # A worker whose writes failed (disk full, ...) or a failed join: exit 3, parts kept.
-    failed = [w.done["client_failure"] for w in workers if w.done and w.done.get("client_failure")]
+    failed = [w.done.client_failure for w in workers if w.done and w.done.client_failure]
     joined: pl.DataFrame | None = None
     try:
         joined = join_parts(run_dir)
@@ -262,19 +267,18 @@ def _joined(
         failed.append(describe_os_error(exc, exc.filename or run_dir))
     if failed or joined is None:
         written = joined.height if joined is not None else read_parts(run_dir / PARTS_DIR).height
-        raise client_failure(failed[0], run_dir, run_info, written=written, planned=len(work.plans))
+        raise client_failure(failed[0], run_dir, info, written=written, planned=len(work.plans))
     frame = _fill_missing(joined, workers, run_dir, log)
-    done_t0 = [(w.done or {}).get("t0") or t0 for w in workers]
-    run_info["t0"] = {**t0, "measured_unix_ns": done_t0[0].get("measured_unix_ns")}
-    run_info["workers"]["processes"] = [
+    done_t0 = [(w.done.t0 if w.done else None) or t0 for w in workers]
+    processes = [
         process_info(frame, [p.request_id for p in w.share.plans], index=w.child.index,
                      pid=w.child.pid or 0, t0=wt0, parent_t0=t0, lag_bound_ms=options.lag_bound_ms,
                      exit_code=w.child.process.exitcode,
-                     connections=(w.done or {}).get("connections"))
+                     connections=w.done.connections if w.done else None)
         for w, wt0 in zip(workers, done_t0, strict=True)
     ]  # fmt: skip
-    run_info["connections"] = total_connections(run_info["workers"]["processes"])
-    return frame
+    measured = replace(t0, measured_unix_ns=done_t0[0].measured_unix_ns)
+    return frame, with_processes(replace(info, t0=measured), processes)
 
 
 def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
@@ -297,14 +301,14 @@ def _spawn(
     return [_Worker(child=c, share=share) for c, share in zip(children, shares, strict=True)]
 
 
-def _collector(signals: list[int]) -> Any:
+def _collector(signals: list[int]) -> Callable[[int, FrameType | None], None]:
     def collect(signum: int, frame: FrameType | None) -> None:
         signals.append(signum)
 
     return collect
 
 
-def _listener(workers: list[_Worker]) -> Any:
+def _listener(workers: list[_Worker]) -> Callable[[Child, tuple[Any, ...]], None]:
     """What the parent does with each worker's message: note when, and keep what it said."""
     by_child = {id(w.child): w for w in workers}
 
@@ -322,10 +326,10 @@ def _listener(workers: list[_Worker]) -> Any:
 
 def _supervise(
     workers: list[_Worker], signals: list[int], options: RunOptions, t0_ns: int, log: TextIO
-) -> dict[str, Any]:
+) -> RunState:
     """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
     line, until every worker has finished or died."""
-    state: dict[str, Any] = {"interrupted": False}
+    state = RunState()
     children = [w.child for w in workers]
     listen = _listener(workers)
     handled = 0
@@ -336,11 +340,9 @@ def _supervise(
         while handled < len(signals):
             handled += 1
             _relay_signal(workers, state, options.grace_s, log)
-        watchdog = next(
-            (w.done["watchdog"] for w in workers if w.done and w.done["watchdog"]), None
-        )
-        if watchdog and "watchdog" not in state:
-            state["watchdog"] = watchdog
+        watchdog = next((w.done.watchdog for w in workers if w.done and w.done.watchdog), None)
+        if watchdog and state.watchdog is None:
+            state.watchdog = watchdog
             _tell_all(workers, ("cancel",))
         for worker in workers:
             if worker.done is None and not worker.child.process.is_alive():
@@ -367,29 +369,20 @@ def _tell_all(workers: list[_Worker], message: tuple[Any, ...]) -> None:
         send(worker.child, message)
 
 
-def _relay_signal(
-    workers: list[_Worker], state: dict[str, Any], grace_s: float, log: TextIO
-) -> None:
-    """First signal: every worker stops sending and gives in-flight requests the grace.
-    Second: every worker writes what it has and exits, and so does the parent."""
-    if state["interrupted"]:
-        print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
+def _relay_signal(workers: list[_Worker], state: RunState, grace_s: float, log: TextIO) -> None:
+    """The one interrupt policy (`drive.interrupt`), for every worker: first signal, each
+    stops sending and gives in-flight requests the grace; second, each writes what it has
+    and exits, and so does the parent."""
+
+    def exit_all() -> None:
         _tell_all(workers, ("exit",))
         for worker in workers:
             worker.child.process.join(timeout=5)
-        os._exit(EXIT_INTERRUPTED)
-    state["interrupted"] = True
-    print(
-        f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
-        "in-flight ones (interrupt again to exit now)",
-        file=log,
-    )
-    _tell_all(workers, ("stop",))
+
+    interrupt(state, grace_s, log, stop=lambda: _tell_all(workers, ("stop",)), exit_now=exit_all)
 
 
-def _stop_silent(
-    workers: list[_Worker], state: dict[str, Any], limit_s: float, log: TextIO
-) -> None:
+def _stop_silent(workers: list[_Worker], state: RunState, limit_s: float, log: TextIO) -> None:
     """A worker silent for `limit_s` (its loop is stuck: it reports twice a second) is
     killed and the run stopped as by the watchdog; what it wrote is kept."""
     now = time.monotonic()
@@ -398,7 +391,8 @@ def _stop_silent(
             index = worker.child.index
             message = f"worker {index} sent nothing for {limit_s:g} s (its loop is stuck)"
             print(f"\nwatchdog: {message}; stopping, records kept", file=log)
-            state.setdefault("watchdog", message)
+            if state.watchdog is None:
+                state.watchdog = message
             worker.child.process.kill()
             worker.child.closed = True
             _tell_all(workers, ("cancel",))
@@ -470,62 +464,3 @@ def _fill_missing(
 
 
 # -- each process's share, and the joined records -----------------------------------------
-
-
-def process_info(
-    frame: pl.DataFrame,
-    ids: Sequence[int] | None,
-    *,
-    index: int,
-    pid: int,
-    t0: Mapping[str, Any],
-    parent_t0: Mapping[str, Any],
-    lag_bound_ms: float,
-    exit_code: int | None = 0,
-    connections: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One engine process's share of the run: its records, send lag and t0 skew.
-
-    `t0_skew_us` is its t0 on the monotonic clock minus the parent's (one host, one clock:
-    the cost of converting the agreed wall-clock start on each side).
-    """
-    mine = frame if ids is None else frame.filter(pl.col("request_id").is_in(list(ids)))
-    health = generator_health(mine, planned=mine.height, lag_bound_ms=lag_bound_ms)
-    skew_ns = int(t0["perf_counter_ns"]) - int(parent_t0["perf_counter_ns"])
-    return {
-        "index": index,
-        "pid": pid,
-        "exit_code": exit_code,
-        "records": mine.height,
-        "lag_ms_p99": health.lag_ms.p99,
-        "late_share": late_share(mine, lag_bound_ms),
-        "fell_behind": health.fell_behind,
-        "t0_skew_us": round(skew_ns / 1e3, 3),
-        "reached_late_ms": t0.get("reached_late_ms"),
-        "connections": dict(connections) if connections else None,
-    }
-
-
-def total_connections(processes: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The engine processes' connection counts, summed (warm_s: the slowest's)."""
-    blocks = [p["connections"] for p in processes if p.get("connections")]
-    if not blocks:
-        return None
-    total: dict[str, Any] = {}
-    for block in blocks:
-        for key, value in block.items():
-            if key == "warm_s":
-                total[key] = max(total.get(key, 0.0), value)
-            else:
-                total[key] = total.get(key, 0) + value
-    return total
-
-
-def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
-    """Share of the schedule's sends (singles and first turns) later than the bound."""
-    lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
-    scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
-    lags = scheduled.get_column("lag").drop_nulls()
-    if not lags.len():
-        return None
-    return round(float((lags > lag_bound_ms * 1e6).sum()) / lags.len(), 6)

@@ -69,8 +69,8 @@ import polars as pl
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
-from loadgen.errors import ConfigError
-from loadgen.results.runfolder import read_records
+from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
+from loadgen.results.runfolder import LAG_BOUND_MS, read_records
 from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter
@@ -307,7 +307,7 @@ def judge(found: Search, proposed: float, *, safety_margin: float = 0.10) -> Ver
     return Verdict(proposed=proposed, allowed=allowed, passed=passed, reason=reason)
 
 
-EXIT_PASS, EXIT_FAIL, EXIT_FELL_BEHIND, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_SLO_MISSED  # the proposed limit passes, fails
 
 
 def exit_code(found: Search, verdict: Verdict | None) -> int:
@@ -462,7 +462,7 @@ def audit_step(
     run_dir: str | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
     steady_checks: bool = True,
-    lag_bound_ms: float = 5.0,
+    lag_bound_ms: float = LAG_BOUND_MS,
 ) -> Step:
     """Drop the warm-up, re-audit what is left, and give the step its status and reason.
 
@@ -676,7 +676,7 @@ def step_runner(
     min_tail: int = 10,
     warmup_s: float | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
-    lag_bound_ms: float = 5.0,
+    lag_bound_ms: float = LAG_BOUND_MS,
     on_start: Callable[[float, WorkloadSpec], None] | None = None,
 ) -> RunStep:
     """The real step function: plan the step, run it with `run_one`, audit it.
@@ -734,7 +734,7 @@ def step_runner(
 
 def run_one_against(
     url: str, *, out: Path, options: RunOptions | None = None, seed: int | None = None,
-    lag_bound_ms: float = 5.0, quiet: bool = False, live: LiveExporter | None = None,
+    lag_bound_ms: float = LAG_BOUND_MS, quiet: bool = False, live: LiveExporter | None = None,
     price_per_hour: float | None = None, replicas: int = 1,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,

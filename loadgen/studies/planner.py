@@ -59,7 +59,7 @@ import numpy as np
 import polars as pl
 
 from loadgen.analysis.metrics import derive, percentiles
-from loadgen.errors import ConfigError
+from loadgen.errors import ConfigError, OptionError
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import RunInfo
@@ -530,7 +530,7 @@ def validate(inputs: PlanInputs, sources: Mapping[str, str]) -> None:
     if inputs.output_tokens < 1:
         _bad("output_tokens", sources, f"must be ≥ 1 (got {inputs.output_tokens:g})")
     if (inputs.gpus_per_replica is None) != (inputs.gpu_hour_usd is None):
-        raise ConfigError("command line", "--gpus-per-replica/--gpu-hour-usd",
+        raise OptionError("--gpus-per-replica/--gpu-hour-usd",
                           "a cost needs both", "give both, or neither")  # fmt: skip
 
 
@@ -619,7 +619,7 @@ def missing_inputs(
     measurable = [flag(n) for n in missing if n not in NOT_MEASURABLE]
     if measurable and not from_run:
         fix += f", or --from-run RUN_DIR for {', '.join(measurable)}"
-    return ConfigError("command line", "", "; ".join(reasons), fix)
+    return OptionError("", "; ".join(reasons), fix)
 
 
 def _fill_defaults(values: dict[str, float], sources: dict[str, str], table: DecodeTable) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from loadgen.errors import ConfigError
+from loadgen.errors import OptionError
 from loadgen.workload.plans import Flow, RequestPlan, Work
 
 NS_PER_S = 1_000_000_000
@@ -67,8 +67,7 @@ def parse_share(text: str) -> Share:
     except ValueError:
         index, count = -1, 0
     if not sep or count < 1 or not 0 <= index < count:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--shard",
             f"{text!r} is not i/N with 0 <= i < N",
             "e.g. --shard 0/4 ... --shard 3/4 (i counts from 0, like JOB_COMPLETION_INDEX)",
@@ -86,8 +85,7 @@ def parse_start_at(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--start-at",
             f"{text!r} is neither unix seconds nor an ISO 8601 time",
             "e.g. --start-at $(( $(date +%s) + 60 )) or --start-at 2026-11-29T12:00:00Z",
@@ -101,15 +99,14 @@ def check_start_at(start_unix_ns: int, now_unix_ns: int) -> float:
     """Seconds until the agreed start; ConfigError when it passed more than a little ago."""
     wait_s = (start_unix_ns - now_unix_ns) / NS_PER_S
     if wait_s < -START_TOLERANCE_S:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--start-at",
             f"the agreed start {utc_text(start_unix_ns)} was {-wait_s:,.1f} s ago",
             "agree on a start far enough ahead for every shard to be launched and ready",
         )
     if wait_s > MAX_WAIT_S:
-        raise ConfigError(
-            "command line", "--start-at", f"the agreed start is {wait_s / 86_400:,.1f} days away",
+        raise OptionError(
+            "--start-at", f"the agreed start is {wait_s / 86_400:,.1f} days away",
             f"agree on a start within {MAX_WAIT_S // 86_400} days",
         )  # fmt: skip
     return wait_s
