@@ -133,14 +133,9 @@ def discard_unstarted(run_dir: Path) -> Path | None:
     return kept if kept.exists() else None
 
 
-def write_run_json(run_dir: Path, data: Mapping[str, Any]) -> None:
-    """run.json from the run's own dict while it runs: at t0, and when the client fails
-    (`RunInfo` is what the run's end writes, through `write_run_info`)."""
-    write_json_atomic(run_dir / RUN_FILE, data)
-
-
 def write_run_info(run_dir: Path, info: RunInfo) -> None:
-    """The run's `run.json` (the end of a run, a merge, a recovery)."""
+    """The run's `run.json`: at t0, when the client fails, and at the end of a run, a merge
+    or a recovery (the typed record, JSON only here)."""
     write_json_atomic(run_dir / RUN_FILE, to_json(info))
 
 
