@@ -247,14 +247,22 @@ def test_unchunked_long_prompt_stalls_every_victim_once_by_its_prefill(
     # The stall step decodes the 32 victims (30 ms at B = 32) and prefills 4,000 tokens
     # (500 ms) in one iteration: the seed's 530 ms. Every other victim step is ~30-31 ms
     # (B = 32 or 33), so the stall is 530 / 30.8 ≈ 17x the median: require > 8x.
+    # One stall: the longest gap is the stall, and the next longest is an ordinary step
+    # (<= 31 ms at B = 33; 2x plus slack), each give or take the measured noise. (Counting
+    # gaps over stall / 2 + noise could not: with 156 ms of noise, measured on a loaded
+    # machine, that threshold lay above the 265 ms stall itself.) The ratio to the median
+    # gap allows the noise the same way: a pause can shorten the stall by that much.
     stall_ms = real_ms(30 + prefill_ms(LONG_PROMPT_TOKENS), INTERFERENCE_SPEED)
+    step_ms = real_ms(31, INTERFERENCE_SPEED)
+    noise = unchunked.noise_ms
     for victim in unchunked.victims:
-        gaps = gaps_ms(victim)
+        gaps = sorted(gaps_ms(victim))
+        measured = f"longest gaps {gaps[-1]:.1f}, {gaps[-2]:.1f} ms; noise {noise:.1f} ms"
         assert len(gaps) == VICTIM_OUTPUT_TOKENS - 1
-        lowest = min(0.8 * stall_ms, stall_ms - unchunked.noise_ms)
-        assert lowest <= max(gaps) <= 2 * stall_ms + SLACK_MS + unchunked.noise_ms
-        assert sum(gap > stall_ms / 2 + unchunked.noise_ms for gap in gaps) == 1  # one stall
-        assert max(gaps) > 8 * statistics.median(gaps)
+        lowest = min(0.8 * stall_ms, stall_ms - noise)
+        assert lowest <= gaps[-1] <= 2 * stall_ms + SLACK_MS + noise, measured
+        assert gaps[-2] <= 2 * step_ms + SLACK_MS + noise, measured  # one stall
+        assert gaps[-1] + noise > 8 * statistics.median(gaps), measured
 
 
 def test_unchunked_long_prompt_ttft_is_its_whole_prefill(unchunked: Interference) -> None:
@@ -275,13 +283,18 @@ def test_chunked_prefill_keeps_every_victim_gap_within_one_chunk_step(
     # 68 ms, which is noise, not physics. Still well under the unchunked stall (265 ms
     # real), and a victim's worst gap stays < 4x its median (50 / 30.8 ≈ 1.6 by the
     # physics), allowing the same measured pause.
+    # Against the unchunked stall, each side is moved by its own run's noise against the
+    # claim (the chunked worst down, the stall up): the physics ratio is 265 / 25 ≈ 10.
     step_ms = real_ms(30 + prefill_ms(CHUNK_TOKENS), INTERFERENCE_SPEED)
     worst = max(max(gaps_ms(v)) for v in chunked.victims)
-    assert worst <= 2 * step_ms + SLACK_MS + chunked.noise_ms
-    assert worst < min(max(gaps_ms(v)) for v in unchunked.victims) / 3
+    stall = min(max(gaps_ms(v)) for v in unchunked.victims)
+    measured = (f"chunked worst gap {worst:.1f} ms (noise {chunked.noise_ms:.1f}), unchunked "
+                f"shortest stall {stall:.1f} ms (noise {unchunked.noise_ms:.1f})")  # fmt: skip
+    assert worst <= 2 * step_ms + SLACK_MS + chunked.noise_ms, measured
+    assert worst - chunked.noise_ms < (stall + unchunked.noise_ms) / 3, measured
     for victim in chunked.victims:
         gaps = gaps_ms(victim)
-        assert max(gaps) < 4 * statistics.median(gaps) + chunked.noise_ms
+        assert max(gaps) < 4 * statistics.median(gaps) + chunked.noise_ms, measured
 
 
 def test_chunked_prefill_stretches_the_long_prompts_ttft_to_25_steps(
@@ -293,11 +306,14 @@ def test_chunked_prefill_stretches_the_long_prompts_ttft_to_25_steps(
     # TPOT stall into TTFT, 1,250 / 530 ≈ 2.4x the unchunked TTFT (require > 1.8x).
     chunks = LONG_PROMPT_TOKENS // CHUNK_TOKENS
     step_ms = 30 + prefill_ms(CHUNK_TOKENS)
-    ttft = ttft_from_send_ms(chunked.long)
-    assert ttft >= real_ms(chunks * step_ms, INTERFERENCE_SPEED) - ROUNDING_MS
+    ttft, unchunked_ttft = ttft_from_send_ms(chunked.long), ttft_from_send_ms(unchunked.long)
+    measured = (f"TTFT chunked {ttft:.1f} ms (noise {chunked.noise_ms:.1f}), unchunked "
+                f"{unchunked_ttft:.1f} ms (noise {unchunked.noise_ms:.1f})")  # fmt: skip
+    assert ttft >= real_ms(chunks * step_ms, INTERFERENCE_SPEED) - ROUNDING_MS, measured
     limit_ms = 2 * real_ms(chunks * step_ms + step_ms, INTERFERENCE_SPEED) + SLACK_MS
-    assert ttft <= limit_ms + chunked.noise_ms
-    assert ttft > 1.8 * ttft_from_send_ms(unchunked.long)
+    assert ttft <= limit_ms + chunked.noise_ms, measured
+    # Each run's noise against the claim, as above (physics: 2.4x).
+    assert ttft + chunked.noise_ms > 1.8 * (unchunked_ttft - unchunked.noise_ms), measured
 
 
 # -- admission control ----------------------------------------------------------------------

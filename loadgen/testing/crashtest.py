@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from time import perf_counter_ns
 import polars as pl
 
 from loadgen.engine.request_ids import plan_number
-from loadgen.results.runfolder import RECORDS_FILE
+from loadgen.results.runfolder import PARTS_DIR, RECORDS_FILE
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, simple_chat
+
+SPILL_TICK_S = 0.25  # how often the run checks for a due batch (run/drive.py's spill loop)
 
 INTERRUPT_WORKLOAD = """
 name: interrupt
@@ -74,7 +77,7 @@ def wait_for(
 
 WORKLOAD = """
 name: crash
-target: {{api: openai-chat, model: m, force_output_tokens: false}}  # the server ends at 5-24
+target: {{api: openai-chat, model: m}}
 classes:
   chat:
     arrival: {{process: poisson, rate_per_s: {rate}}}
@@ -101,12 +104,54 @@ class KillResult:
     interrupted: bool  # the recovered summary says so
     exit_code: int  # of `report --recover`
     status: str  # the recovered summary's verdict.status
+    margin_s: float  # the margin `finished_before` used (see `kill_and_recover`)
+    write_lag_s: float  # measured: longest from a part's newest record's end to the part on disk
+    read_lag_s: float  # measured: longest from the server's end of a request to the client's
 
 
 def varied_stream(request: ReceivedRequest) -> list[Step]:
-    """5 to 24 tokens, 20 ms apart: requests end at scattered moments (0.1 to 0.5 s)."""
+    """The 10 tokens WORKLOAD forces, 10 to 48 ms apart: requests end at scattered moments
+    (0.1 to 0.5 s). (Fewer tokens than forced is a `truncated` stream, not `ok`.)"""
     request_id = plan_number(request.headers.get("x-request-id")) or 0
-    return simple_chat(5 + request_id % 20, gap_s=0.02)
+    return simple_chat(10, gap_s=0.01 + 0.002 * (request_id % 20))
+
+
+class _PartWatch:
+    """Notes when each records part appears on disk (this process's monotonic clock)."""
+
+    def __init__(self, parts_dir: Path) -> None:
+        self.seen: dict[str, int] = {}
+        self._parts_dir = parts_dir
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.01):
+            for part in self._parts_dir.glob("part-*.parquet"):
+                self.seen.setdefault(part.name, perf_counter_ns())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _lags(run_dir: Path, watch: _PartWatch, server_end_ns: dict[int, int]) -> tuple[float, float]:
+    """(write lag, read lag) in s, measured on the parts a killed run left: per part, its
+    appearance minus its newest record's end (the wait for the take plus the write), and
+    per ok record, the client's end minus the server's (how late the client read it)."""
+    t0_ns = json.loads((run_dir / "run.json").read_text())["t0"]["perf_counter_ns"]
+    write_ns = read_ns = 0
+    for name, seen_ns in watch.seen.items():
+        part = pl.read_parquet(run_dir / PARTS_DIR / name)
+        ok = part.filter(pl.col("outcome") == "ok")
+        if ok.height == 0:
+            continue
+        write_ns = max(write_ns, seen_ns - (t0_ns + int(ok["end_ns"].max())))  # type: ignore[arg-type]
+        for request_id, end_ns in zip(ok["request_id"], ok["end_ns"], strict=True):
+            if request_id in server_end_ns:
+                read_ns = max(read_ns, t0_ns + end_ns - server_end_ns[request_id])
+    return write_ns / 1e9, read_ns / 1e9
 
 
 def kill_and_recover(
@@ -116,8 +161,15 @@ def kill_and_recover(
     margin_s: float = 1.0,
     rate_per_s: float = 20.0,
     requests: int = 400,
+    measured_margin: bool = False,
 ) -> KillResult:
-    """Run, SIGKILL `kill_after_s` after the first request arrives, `report --recover`, count."""
+    """Run, SIGKILL `kill_after_s` after the first request arrives, `report --recover`, count.
+
+    With `measured_margin`, a request counts as finished before the kill when it finished
+    more than margin_s + SPILL_TICK_S + the run's measured write and read lags before it:
+    a record is taken for a part at the first check at least margin_s (the flush interval)
+    after the last take, then written, and the client stamps its end only when it reads it.
+    On a loaded machine the last two are the machine's; the promise is the rest."""
     workload = work_dir / "crash.yaml"
     workload.write_text(WORKLOAD.format(rate=rate_per_s, requests=requests))
     run_dir = work_dir / "run"
@@ -126,17 +178,23 @@ def kill_and_recover(
                    "--out", str(work_dir), "--run-id", "run", "-q", "--lag-bound-ms", "1000",
                    "--no-preflight"]  # fmt: skip
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watch = _PartWatch(run_dir / PARTS_DIR)
         _wait_for_first_request(server, process)
         time.sleep(kill_after_s)
         kill_ns = perf_counter_ns()
         process.kill()
         process.communicate(timeout=60)
-        finished = {
-            number
+        watch.stop()
+        server_end_ns = {
+            number: end_ns
             for request_id, end_ns in server.finished.items()
-            if (number := plan_number(request_id)) is not None and end_ns < kill_ns - margin_s * 1e9
+            if (number := plan_number(request_id)) is not None
         }
         received = received_ids(server)
+    write_lag_s, read_lag_s = _lags(run_dir, watch, server_end_ns)
+    if measured_margin:
+        margin_s += SPILL_TICK_S + write_lag_s + read_lag_s
+    finished = {n for n, end_ns in server_end_ns.items() if end_ns < kill_ns - margin_s * 1e9}
     recovery = subprocess.run(
         [sys.executable, "-m", "loadgen", "report", "--recover", str(run_dir),
          "--out", str(work_dir / "report"), "--format", "json"],
@@ -164,6 +222,9 @@ def kill_and_recover(
         interrupted=bool(summary.get("interrupted")),
         exit_code=recovery.returncode,
         status=str(summary["verdict"].get("status")),
+        margin_s=margin_s,
+        write_lag_s=write_lag_s,
+        read_lag_s=read_lag_s,
     )
 
 
