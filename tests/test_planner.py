@@ -19,8 +19,8 @@ from loadgen.results.records import (
     RequestRecord,
     TokenSource,
     to_frame,
-    write_parquet_atomic,
 )
+from loadgen.results.write import write_parquet_atomic
 from loadgen.studies import planner
 from loadgen.testing.builders import workload_file
 
