@@ -72,9 +72,9 @@ from loadgen.analysis import metrics
 from loadgen.analysis.audit import recorded_price
 from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
+from loadgen.codec import to_json as plain
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.percentiles import nearest_rank
-from loadgen.results.codec import to_json as plain
 from loadgen.results.records import PARTS_DIR, RECORDS_FILE, Outcome, read_records
 from loadgen.results.runfolder import RUN_FILE, read_run_info
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, write_audit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.options import EXIT_CODES_HELP, clean_errors, output_console
@@ -16,7 +17,6 @@ from loadgen.render.report.folder import write_run_report
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, write_rolling_report
 from loadgen.render.terminal import recovery_line, render_summary
-from loadgen.results import codec
 from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
 from loadgen.results.recover import recover
 from loadgen.results.runfolder import read_run_info

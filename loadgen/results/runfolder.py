@@ -7,7 +7,7 @@ recomputable from records plus run.json. Exit codes and stop statuses live here 
 summary.json's `verdict` carries them.
 
 run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
-and JSON only here, through `results.codec`: `read_run_info` / `write_run_info`,
+and JSON only here, through `loadgen.codec`: `read_run_info` / `write_run_info`,
 `read_summary` / `write_summary` are the only code that reads or writes them (besides the
 first run.json a run writes at t0, while it runs).
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.codec import OMIT_NONE, from_json, to_json
 from loadgen.errors import LoadgenError
-from loadgen.results.codec import OMIT_NONE, from_json, to_json
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets

@@ -34,6 +34,7 @@ from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import write_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
+from loadgen.codec import from_json, to_json
 from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, RUN_LOG, run_log
@@ -44,7 +45,6 @@ from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, redact_url
 from loadgen.errors import ConfigError, LoadgenError, TargetError
-from loadgen.results.codec import from_json, to_json
 from loadgen.results.liveness import run_lock
 from loadgen.results.records import PARTS_DIR, RecordWriter, RequestRecord, from_frame
 from loadgen.results.runfolder import (
