@@ -56,12 +56,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+from loadgen.codec import from_json
 from loadgen.errors import LoadgenError
 from loadgen.workload.plans import DEFAULT_TOOL_RESULT, is_agent_trace
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
@@ -92,12 +91,9 @@ def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:
     rebuilt spec has the names with empty values, enough to plan, not to send.
     """
     try:
-        spec = _build(_upgrade(data), WorkloadSpec)
+        return from_json(WorkloadSpec, _header_names(_upgrade(data)), "workload.spec.")
     except (TypeError, ValueError, KeyError) as exc:
         raise LoadgenError(f"run.json: cannot rebuild the workload spec ({exc})") from None
-    if not isinstance(spec, WorkloadSpec):
-        raise LoadgenError("run.json: workload.spec is not a workload")
-    return spec
 
 
 def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,32 +111,16 @@ def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**data, "classes": {**classes, **fixed}} if fixed else data
 
 
-def _build(value: Any, tp: Any) -> Any:
-    """`value` (JSON data) as type `tp`: dataclasses, tuples and mappings rebuilt."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if value is None:
-        return None
-    if origin in (typing.Union, types.UnionType):
-        kinds = [a for a in args if a is not type(None)]
-        return _build(value, kinds[0]) if len(kinds) == 1 else value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, Mapping):
-            raise TypeError(f"{tp.__name__} must be a mapping, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp) if f.init}
-        kwargs = {k: _build(v, hints[k]) for k, v in value.items() if k in known}
-        return tp(**kwargs)
-    if origin is tuple:
-        item = args[0] if len(args) == 2 and args[1] is Ellipsis else None
-        if item is not None:
-            return tuple(_build(v, item) for v in value)
-        return tuple(_build(v, a) for v, a in zip(value, args, strict=True))
-    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
-        if isinstance(value, list):  # header names only (values are never stored)
-            return dict.fromkeys((str(v) for v in value), "")
-        item = args[1] if len(args) == 2 else Any
-        return {k: _build(v, item) for k, v in value.items()}
-    return value
+def _header_names(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """run.json stores the target's header names only (values may be secret): as headers
+    with empty values, enough to plan, not to send."""
+    target = data.get("target")
+    if not isinstance(target, Mapping):
+        return data
+    names = {key: dict.fromkeys((str(name) for name in value), "")
+             for key in ("headers", "server_metrics_headers")
+             if isinstance(value := target.get(key), list)}  # fmt: skip
+    return {**data, "target": {**target, **names}} if names else data
 
 
 def fingerprint(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> str:
