@@ -350,3 +350,15 @@ def test_section_keys_come_from_their_dataclasses() -> None:
                                    "cache", "sim")  # fmt: skip
     for kind, keys in parse.KIND_KEYS.items():
         assert set(keys) <= set(parse.CLASS_KEYS), kind
+
+
+def test_an_api_key_header_is_a_credential_header() -> None:
+    """One definition of credential header names: the API key's own headers (refused in
+    target.headers) are among the names whose values are redacted everywhere."""
+    from loadgen.engine.secrets import run_secrets
+    from loadgen.workload.checks import API_KEY_HEADERS, CREDENTIAL_NAMES
+
+    for name in API_KEY_HEADERS:
+        assert CREDENTIAL_NAMES.search(name), name
+        assert run_secrets({name.title(): "s3cret-value"}, [], None) == ["s3cret-value"]
+    assert not CREDENTIAL_NAMES.search("X-Team")
