@@ -156,9 +156,9 @@ def test_an_endless_file_is_read_only_to_the_cap() -> None:
 
 def test_trace_file_over_the_cap_is_refused_at_check(tmp_path: Path, monkeypatch) -> None:
     """A trace over the cap is refused by name, size and cap before it is read."""
-    import loadgen.workload.spec as spec_module
+    import loadgen.workload.sections as sections
 
-    monkeypatch.setattr(spec_module, "TRACE_MAX_BYTES", 64)
+    monkeypatch.setattr(sections, "TRACE_MAX_BYTES", 64)
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,prompt_tokens,output_tokens\n" + "0,1,1\n" * 20)
     text = _with("arrival: {process: constant, rate_per_s: 50}\n    requests: 20",

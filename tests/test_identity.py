@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from loadgen.errors import LoadgenError
 from loadgen.results.records import RequestRecord
 from loadgen.results.store import discover_runs
 from loadgen.testing import builders
@@ -61,6 +62,45 @@ def test_every_shipped_workload_is_rebuilt_from_run_json_with_the_same_plan(path
     rebuilt = spec_from_resolved(stored(spec))
     assert rebuilt.classes == spec.classes
     assert plan_work(rebuilt, 7).plans == plan_work(spec, 7).plans
+
+
+FULL = """
+name: full
+target:
+  url: "http://a:8000"
+  headers: {X-Team: infra}
+  server_metrics_url: /metrics
+  server_metrics_headers: {X-Scope: lab}
+classes:
+  ramp:
+    arrival: {process: ramp, steps: [{rate_per_s: 2, duration_s: 10}, {rate_per_s: 4, duration_s: 10}]}
+    models: [{name: a, weight: 3}, {name: b}]
+    prompt_tokens: {dist: fixed, value: 20}
+    output_tokens: {dist: fixed, value: 8}
+"""
+
+
+def test_a_stored_spec_comes_back_field_for_field_and_a_broken_one_is_named_where() -> None:
+    """run.json's spec is rebuilt whole (nested tuples, model mixes, a generic mapping),
+    header values aside: run.json keeps their names only, rebuilt with empty values. A
+    malformed stored value is refused with its place in run.json, not rebuilt wrong."""
+    spec = loads(FULL)
+    data = stored(spec)
+    data["target"]["server_metrics_headers"] = sorted(spec.target.server_metrics_headers)
+    rebuilt = spec_from_resolved(data)
+    names_only = dataclasses.replace(
+        spec.target, headers={"X-Team": ""}, server_metrics_headers={"X-Scope": ""}
+    )
+    assert rebuilt == dataclasses.replace(spec, raw={}, target=names_only)
+    assert rebuilt.classes["ramp"].arrival.steps == ((2.0, 10.0), (4.0, 10.0))
+    data["classes"]["ramp"]["arrival"]["steps"][1] = [4.0]
+    with pytest.raises(LoadgenError, match=r"classes\.ramp\.arrival\.steps\[\] has 1 items, not 2"):
+        spec_from_resolved(data)
+    data["classes"]["ramp"]["arrival"] = "ramp"
+    with pytest.raises(
+        LoadgenError, match=r"workload\.spec\.classes\.ramp\.arrival is not an object"
+    ):
+        spec_from_resolved(data)
 
 
 def test_seed_run_length_url_and_path_leave_the_identity_alone() -> None:

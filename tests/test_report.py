@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from loadgen.analysis import audit
+from loadgen.codec import to_json
 from loadgen.errors import ConfigError, LoadgenError
 from loadgen.render.report.document import _generator_table
 from loadgen.render.report.folder import report_files
@@ -22,7 +23,6 @@ from loadgen.render.report.html import render_html
 from loadgen.render.report.markdown import render_markdown
 from loadgen.render.report.model import RunReport, build_run_report
 from loadgen.render.terminal import render_summary
-from loadgen.results.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import SCHEMA_VERSION, read_run_info
 from loadgen.results.write import write_parquet_atomic, write_report

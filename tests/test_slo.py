@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from loadgen.analysis import slo
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
-from loadgen.results.codec import to_json
+from loadgen.codec import to_json
 from loadgen.results.records import OUTCOMES, Outcome, RequestRecord, to_frame
 from loadgen.results.summary import Goodput, Summary
 from loadgen.testing import failed_record as failed

@@ -219,3 +219,148 @@ def test_the_cache_mode_defaults_to_cold_and_is_checked() -> None:
         loads(SMOKE + "cache: lukewarm\n")
     with pytest.raises(ConfigError, match=r"--cache: unknown mode 'hot'"):
         override(loads(SMOKE), cache="hot")
+
+
+# --- the file's keys are the model's fields ---------------------------------------------------
+
+# One non-default value per key of `target` (a key the parser forgot to read leaves its
+# field at its default, and the test below says which).
+TARGET_SAMPLES = {
+    "api": "generic",
+    "model": "m",
+    "url": "http://a:8000",
+    "path": "/v1/generate",
+    "api_key_env": "KEY",
+    "headers": {"X-Team": "infra"},
+    "include_usage": False,
+    "force_output_tokens": False,
+    "allow_early_stops": True,
+    "extra_body": {"top_k": 5},
+    "priority_header": "X-Priority",
+    "tokenizer": "tok.json",
+    "generic": {"body": {"input": "$prompt", "max": "$max_tokens"}, "content": "text"},
+    "request_id": {"header": "X-Id", "format": "counter", "body": "on"},
+    "server_metrics_url": "/metrics",
+    "server_metrics_interval_s": 2,
+    "server_metrics_headers": {"X-Scope": "lab"},
+}
+
+
+def _every_target_key(tmp_path) -> object:
+    import json
+
+    from loadgen.workload.parse import TARGET_KEYS
+
+    missing = [key for key in TARGET_KEYS if key not in TARGET_SAMPLES]
+    assert not missing, f"target keys without a sample here: {missing} (add one)"
+    (tmp_path / "tok.json").write_text("{}")
+    text = SMOKE.replace(
+        "target:\n  api: openai-chat          # or openai-completions\n  model: sim\n",
+        f"target: {json.dumps(TARGET_SAMPLES)}\n",
+    )
+    return loads(text, str(tmp_path / "w.yaml"))
+
+
+def test_every_target_field_is_a_key_the_parser_reads(tmp_path) -> None:
+    """target's keys are TargetSpec's fields (request_id sets three): a file giving every
+    key a non-default value leaves no field at its default. A field added to TargetSpec is
+    a key at once, and this test fails until it has a sample and the parser reads it."""
+    import dataclasses
+
+    from loadgen.workload.model import TargetSpec
+
+    target = _every_target_key(tmp_path).target
+    at_default = [
+        f.name
+        for f in dataclasses.fields(TargetSpec)
+        if getattr(target, f.name)
+        == (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+    ]
+    assert at_default == []
+
+
+def test_the_fingerprint_hashes_every_target_field_not_marked_otherwise(tmp_path) -> None:
+    """Each TargetSpec field set away from its default changes the workload's fingerprint,
+    unless the model marks it NOT_TRAFFIC (then it leaves it alone): a new field is part of
+    the workload unless it says otherwise, with no list elsewhere to forget."""
+    import dataclasses
+
+    from loadgen.workload.identity import fingerprint
+    from loadgen.workload.model import FINGERPRINT, NOT_TRAFFIC, TargetSpec
+
+    spec = loads(SMOKE)
+    full = _every_target_key(tmp_path).target
+    moved, still = set(), set()
+    for f in dataclasses.fields(TargetSpec):
+        changed = dataclasses.replace(spec.target, **{f.name: getattr(full, f.name)})
+        print_ = fingerprint(dataclasses.replace(spec, target=changed))
+        (still if print_ == fingerprint(spec) else moved).add(f.name)
+    left_out = {
+        f.name
+        for f in dataclasses.fields(TargetSpec)
+        if f.metadata.get(FINGERPRINT) == NOT_TRAFFIC[FINGERPRINT]
+    }
+    assert still == left_out
+    # Where it is sent, how requests are labelled, how the server is watched (as before).
+    assert left_out == {"url", "request_id_header", "request_id_format", "server_metrics_url",
+                        "server_metrics_interval_s", "server_metrics_headers"}  # fmt: skip
+    assert {"model", "api", "headers", "extra_body", "request_id_body"} <= moved
+
+
+def test_known_keys_are_listed_as_before_in_field_order() -> None:
+    """The derived key lists say the same as the lists once kept by hand: an unknown key
+    with no close match lists the known ones in the file's order."""
+    cases = {
+        "target:\n  api: openai-chat          # or openai-completions\n  model: sim\n": (
+            "target:\n  zzzzzz: 1\n",
+            "api, model, url, path, api_key_env, headers, include_usage, force_output_tokens, "
+            "allow_early_stops, extra_body, priority_header, tokenizer, generic, request_id, "
+            "server_metrics_url, server_metrics_interval_s, server_metrics_headers",
+        ),
+        "    requests: 40\n": (
+            "    requests: 40\n    zzzzzz: 1\n",
+            "kind, arrival, requests, duration_s, prompt_tokens, output_tokens, slo, deadlines, "
+            "priority, limits, dataset, prompt, model, models, turns, think_time_s, "
+            "system_prompt_tokens",
+        ),
+        "    deadlines: {first_token_s: 10, stall_s: 5, total_s: 60}\n": (
+            "    deadlines: {first_token_s: 10, zzzzzz: 5}\n",
+            "first_token_s, stall_s, total_s",
+        ),
+    }
+    for old, (new, known) in cases.items():
+        with pytest.raises(ConfigError) as err:
+            loads(SMOKE.replace(old, new), "w.yaml")
+        assert f"(known keys: {known})" in str(err.value)
+
+
+def test_section_keys_come_from_their_dataclasses() -> None:
+    """Each section's keys are its dataclass's fields, with the few renames the file makes
+    (a dataset's min/max filters, a trace's window), and a kind's keys are class keys."""
+    from loadgen.workload import parse, sections
+
+    assert sections.DATASET_KEYS == (
+        "path", "format", "prompt_field", "messages_field", "answer_field",
+        "output_tokens_field", "sample", "replacement", "limit", "prompt_tokens",
+        "output_tokens", "turns", "history",
+    )  # fmt: skip
+    assert sections.ARRIVAL_KEYS["trace"] == (
+        "path", "format", "window_s", "speed", "rate_scale", "spread_s", "include_failed",
+        "limit",
+    )  # fmt: skip
+    assert parse.WORKLOAD_KEYS == ("name", "description", "target", "classes", "seed",
+                                   "cache", "sim")  # fmt: skip
+    for kind, keys in parse.KIND_KEYS.items():
+        assert set(keys) <= set(parse.CLASS_KEYS), kind
+
+
+def test_an_api_key_header_is_a_credential_header() -> None:
+    """One definition of credential header names: the API key's own headers (refused in
+    target.headers) are among the names whose values are redacted everywhere."""
+    from loadgen.engine.secrets import run_secrets
+    from loadgen.workload.checks import API_KEY_HEADERS, CREDENTIAL_NAMES
+
+    for name in API_KEY_HEADERS:
+        assert CREDENTIAL_NAMES.search(name), name
+        assert run_secrets({name.title(): "s3cret-value"}, [], None) == ["s3cret-value"]
+    assert not CREDENTIAL_NAMES.search("X-Team")

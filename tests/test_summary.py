@@ -10,8 +10,8 @@ import pytest
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
+from loadgen.codec import from_json, to_json
 from loadgen.errors import LoadgenError
-from loadgen.results.codec import from_json, to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import read_summary
 from loadgen.results.summary import AskedLoad, Summary, TrajectoryAudit

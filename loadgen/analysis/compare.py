@@ -72,9 +72,9 @@ from loadgen.analysis import metrics
 from loadgen.analysis.audit import recorded_price
 from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
+from loadgen.codec import to_json as plain
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.percentiles import nearest_rank
-from loadgen.results.codec import to_json as plain
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import (
     PARTS_DIR,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.exits import RUN_EXITS
@@ -17,7 +18,6 @@ from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, rolling_files
 from loadgen.render.terminal import recovery_line, render_summary
-from loadgen.results import codec
 from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
 from loadgen.results.runfolder import (
     RECORDS_FILE,

@@ -41,9 +41,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.logs import LOGGER
-from loadgen.engine.secrets import CREDENTIAL_HEADERS, Redactor
+from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import redact_url
 from loadgen.results.summary import ScrapeAccess
+from loadgen.workload.checks import CREDENTIAL_NAMES
 
 MAX_SCRAPE_BYTES = 32 * 1024 * 1024  # a /metrics body past this is a failed scrape
 SPILL_EVERY = 10  # scrapes between spills of the rows to a part file
@@ -104,7 +105,7 @@ def scrape_auth(
     target's origin, the metrics URL's user-info as Basic auth, then the endpoint's own
     headers (each replaces one of the same name, whatever its case)."""
     same = origin(metrics_url) == origin(target_origin)
-    credentials = {n: v for n, v in target_headers.items() if CREDENTIAL_HEADERS.search(n)}
+    credentials = {n: v for n, v in target_headers.items() if CREDENTIAL_NAMES.search(n)}
     headers: dict[str, str] = {}
     sources: dict[str, str] = {}
 

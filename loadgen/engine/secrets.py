@@ -22,10 +22,9 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from loadgen.printable import printable
-from loadgen.workload.spec import CREDENTIAL_NAMES
+from loadgen.workload.checks import CREDENTIAL_NAMES
 
 REDACTED = "<redacted>"
-CREDENTIAL_HEADERS = CREDENTIAL_NAMES  # header names whose values are secrets (one pattern)
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
 RUN_CHARS = 8  # a run this long of a secret's characters is redacted wherever it appears
 
@@ -130,7 +129,7 @@ def run_secrets(
     headers: Mapping[str, str], env_values: Iterable[str], url: str | None
 ) -> list[str]:
     """Everything secret in a run's headers, environment-expanded values and URL."""
-    found = [value for name, value in headers.items() if CREDENTIAL_HEADERS.search(name)]
+    found = [value for name, value in headers.items() if CREDENTIAL_NAMES.search(name)]
     found.extend(env_values)
     if url:
         parts = urlsplit(url)

@@ -16,7 +16,9 @@ forbids them `loadgen.results.write` (pyproject.toml), and a test scans their so
 file-writing calls (tests/test_quality.py).
 
 run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
-and JSON only at the folder's edge, through `results.codec`.
+and JSON only at the folder's edge, through `loadgen.codec`: `read_run_info` /
+`read_summary` here and `results.write`'s `write_run_info` / `write_summary` are the only
+code that reads or writes them.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.codec import OMIT_NONE, from_json, to_json
 from loadgen.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_WATCHDOG, LoadgenError
-from loadgen.results.codec import OMIT_NONE, from_json, to_json
 from loadgen.results.records import Outcome, empty_frame, with_all_columns
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run

@@ -1,7 +1,7 @@
 """The summary of a run, typed: what the audit produces, summary.json holds and reports read.
 
 `analysis.audit.audit` builds a `Summary` from the records; `runfolder.write_summary` writes
-it (through `results.codec`: field order is key order) and `runfolder.read_summary` reads it
+it (through `loadgen.codec`: field order is key order) and `runfolder.read_summary` reads it
 back. The reports (`render.terminal`, `render.report`) and the capacity search read its
 fields, never string keys. Every value is JSON-ready: ms rounded to µs, shares to 1e-6,
 rates to 1e-3, and None where a figure does not exist: an empty population, or a percentile
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from loadgen.results.codec import OMIT_NONE, omitted_when
+from loadgen.codec import OMIT_NONE, omitted_when
 from loadgen.workload.spec import SloTargets
 
 

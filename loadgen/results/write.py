@@ -26,8 +26,8 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.codec import to_json
 from loadgen.errors import TRANSIENT_ERRNOS
-from loadgen.results.codec import to_json
 from loadgen.results.records import RequestRecord, empty_frame, to_frame
 from loadgen.results.recover import Recovery, recovered_records
 from loadgen.results.runfolder import (

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadgen.workload.spec import ArrivalSpec, ClassSpec, TraceSpec, WorkloadSpec
+from loadgen.workload.model import ArrivalSpec, ClassSpec, TraceSpec, WorkloadSpec
 from loadgen.workload.traces import TraceOptions, load_trace
 
 if TYPE_CHECKING:

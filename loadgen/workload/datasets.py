@@ -36,8 +36,8 @@ import polars as pl
 
 from loadgen.errors import ConfigError
 from loadgen.workload.inputs import TRACE_MAX_BYTES, json_problem, read_text
+from loadgen.workload.model import DatasetSpec
 from loadgen.workload.prompts import load_tokenizer
-from loadgen.workload.spec import DatasetSpec
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bard", "bing", "model"})

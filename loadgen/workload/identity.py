@@ -56,15 +56,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+from loadgen.codec import from_json
 from loadgen.errors import LoadgenError
+from loadgen.workload.model import (
+    BY_FILE_NAME,
+    FINGERPRINT,
+    NOT_TRAFFIC,
+    ClassSpec,
+    TargetSpec,
+    WorkloadSpec,
+)
 from loadgen.workload.plans import DEFAULT_TOOL_RESULT, is_agent_trace
-from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 FINGERPRINT_CHARS = 16
 # The fingerprint's rule, recorded with it (`workload.identity.scheme`): 2 = an agent class
@@ -72,16 +78,25 @@ FINGERPRINT_CHARS = 16
 # mode, `warm` for runs stored before it was recorded.
 SCHEME = 3
 SHOWN_CHARS = 8  # in a workload key: `chat-smoke@3f2a9c1d`
-# Left out of the fingerprint: (dataclass, field) pairs.
-_RUN_LENGTH = {("ClassSpec", "requests"), ("ClassSpec", "duration_s")}
-_NOT_TRAFFIC = {("WorkloadSpec", "seed"), ("WorkloadSpec", "source"), ("WorkloadSpec", "raw"),
-                ("TargetSpec", "url"), ("TargetSpec", "request_id_header"),
-                ("TargetSpec", "request_id_format"), ("TargetSpec", "server_metrics_url"),
-                ("TargetSpec", "server_metrics_interval_s"),
-                ("TargetSpec", "server_metrics_headers")}  # fmt: skip
-_NOT_TRAFFIC_TARGET = ("url", "server_metrics_url", "server_metrics_interval_s",
-                       "server_metrics_headers")  # fmt: skip
-_BY_FILE_NAME = {("TraceSpec", "path"), ("TargetSpec", "tokenizer"), ("DatasetSpec", "path")}
+# How a field enters the fingerprint: its metadata in `workload.model` (NOT_TRAFFIC: left
+# out; BY_FILE_NAME: a file, by its name); every other field is hashed.
+_LEFT_OUT, _FILE_NAME = NOT_TRAFFIC[FINGERPRINT], BY_FILE_NAME[FINGERPRINT]
+
+
+def _not_traffic(cls: type[Any]) -> frozenset[str]:
+    """The fields of `cls` the fingerprint leaves out."""
+    return frozenset(f.name for f in dataclasses.fields(cls)
+                     if f.metadata.get(FINGERPRINT) == _LEFT_OUT)  # fmt: skip
+
+
+# What the identity of a stored spec this loadgen cannot rebuild leaves out, by its place
+# in the spec (`_raw_identity`): the same fields, except that the request id's header and
+# format were never left out there, so such runs keep the keys they were given.
+_RAW_LEFT_OUT = {
+    (): _not_traffic(WorkloadSpec),
+    ("target",): _not_traffic(TargetSpec) - {"request_id_header", "request_id_format"},
+}
+_RAW_LEFT_OUT_CLASS = _not_traffic(ClassSpec)
 
 
 def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:
@@ -92,12 +107,9 @@ def spec_from_resolved(data: Mapping[str, Any]) -> WorkloadSpec:
     rebuilt spec has the names with empty values, enough to plan, not to send.
     """
     try:
-        spec = _build(_upgrade(data), WorkloadSpec)
+        return from_json(WorkloadSpec, _header_names(_upgrade(data)), "workload.spec.")
     except (TypeError, ValueError, KeyError) as exc:
         raise LoadgenError(f"run.json: cannot rebuild the workload spec ({exc})") from None
-    if not isinstance(spec, WorkloadSpec):
-        raise LoadgenError("run.json: workload.spec is not a workload")
-    return spec
 
 
 def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,32 +127,16 @@ def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**data, "classes": {**classes, **fixed}} if fixed else data
 
 
-def _build(value: Any, tp: Any) -> Any:
-    """`value` (JSON data) as type `tp`: dataclasses, tuples and mappings rebuilt."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if value is None:
-        return None
-    if origin in (typing.Union, types.UnionType):
-        kinds = [a for a in args if a is not type(None)]
-        return _build(value, kinds[0]) if len(kinds) == 1 else value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, Mapping):
-            raise TypeError(f"{tp.__name__} must be a mapping, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp) if f.init}
-        kwargs = {k: _build(v, hints[k]) for k, v in value.items() if k in known}
-        return tp(**kwargs)
-    if origin is tuple:
-        item = args[0] if len(args) == 2 and args[1] is Ellipsis else None
-        if item is not None:
-            return tuple(_build(v, item) for v in value)
-        return tuple(_build(v, a) for v, a in zip(value, args, strict=True))
-    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
-        if isinstance(value, list):  # header names only (values are never stored)
-            return dict.fromkeys((str(v) for v in value), "")
-        item = args[1] if len(args) == 2 else Any
-        return {k: _build(v, item) for k, v in value.items()}
-    return value
+def _header_names(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """run.json stores the target's header names only (values may be secret): as headers
+    with empty values, enough to plan, not to send."""
+    target = data.get("target")
+    if not isinstance(target, Mapping):
+        return data
+    names = {key: dict.fromkeys((str(name) for name in value), "")
+             for key in ("headers", "server_metrics_headers")
+             if isinstance(value := target.get(key), list)}  # fmt: skip
+    return {**data, "target": {**target, **names}} if names else data
 
 
 def fingerprint(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> str:
@@ -153,20 +149,7 @@ def fingerprint(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> str:
 def _canonical(value: Any) -> Any:
     """Plain data for hashing: dataclass fields at their default and left-out fields dropped."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = type(value).__name__
-        out = {}
-        for f in dataclasses.fields(value):
-            key = (name, f.name)
-            current = getattr(value, f.name)
-            if key in _RUN_LENGTH or key in _NOT_TRAFFIC or _is_default(f, current):
-                continue
-            if key in _BY_FILE_NAME and isinstance(current, str):
-                current = PurePath(current).name
-            out[f.name] = _canonical(current)
-        if isinstance(value, ClassSpec) and value.kind == "agent":
-            out.pop("tool_result_tokens", None)  # in the context entry, when it shapes traffic
-            out["context"] = _agent_context(value)
-        return out
+        return _canonical_fields(value)
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -174,6 +157,23 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)  # 4.0 and 4 are one rate
     return value
+
+
+def _canonical_fields(value: Any) -> dict[str, Any]:
+    """A dataclass's hashed fields: those left out, and those at their default, dropped; a
+    file by its name; an agent class's context mode always (`_agent_context`)."""
+    out = {}
+    for f in dataclasses.fields(value):
+        how, current = f.metadata.get(FINGERPRINT), getattr(value, f.name)
+        if how == _LEFT_OUT or _is_default(f, current):
+            continue
+        if how == _FILE_NAME and isinstance(current, str):
+            current = PurePath(current).name
+        out[f.name] = _canonical(current)
+    if isinstance(value, ClassSpec) and value.kind == "agent":
+        out.pop("tool_result_tokens", None)  # in the context entry, when it shapes traffic
+        out["context"] = _agent_context(value)
+    return out
 
 
 def _agent_context(cls: ClassSpec) -> dict[str, Any]:
@@ -263,11 +263,9 @@ def _strip(value: Any, path: tuple[str, ...]) -> Any:
 
 def _left_out(path: tuple[str, ...], key: str) -> bool:
     """Keys of a stored spec the fingerprint leaves out (by their place in it)."""
-    if not path:
-        return key in ("seed", "source", "raw")
-    if path == ("target",):
-        return key in _NOT_TRAFFIC_TARGET
-    return len(path) == 2 and path[0] == "classes" and key in ("requests", "duration_s")
+    if path in _RAW_LEFT_OUT:
+        return key in _RAW_LEFT_OUT[path]
+    return len(path) == 2 and path[0] == "classes" and key in _RAW_LEFT_OUT_CLASS
 
 
 # --- what differs between two runs' workloads ----------------------------------------------

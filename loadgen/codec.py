@@ -1,7 +1,9 @@
-"""Frozen dataclasses ↔ JSON: the one codec of the run folder's documents.
+"""Frozen dataclasses ↔ JSON: the one codec of loadgen's documents.
 
 summary.json and run.json are frozen dataclasses in memory (`results.summary`,
-`results.runfolder.RunInfo`) and JSON only on disk. `to_json` walks a document's fields in
+`results.runfolder.RunInfo`) and JSON only on disk; the workload spec run.json stores is
+rebuilt with it too (`workload.identity.spec_from_resolved`). It imports nothing of
+loadgen, so every package may use it. `to_json` walks a document's fields in
 their declared order, so the order of a dataclass's fields is the order of its JSON keys;
 nested dataclasses, mappings and tuples become objects and arrays, everything else is
 written as it is (ints stay ints, floats floats). A field whose metadata is `OMIT_NONE` is
@@ -10,7 +12,8 @@ out by a rule on its whole document.
 
 `from_json` is the inverse, by the fields' annotations: a key missing from the JSON takes
 the field's default (older files lack newer keys), a field without a default is required,
-keys the document does not know are ignored. A malformed document raises ValueError with
+keys the document does not know are ignored; `tuple[X, ...]` is an array of X, a
+fixed `tuple[X, Y]` an array of exactly those. A malformed document raises ValueError with
 the dotted path of what is wrong; the run folder turns it into a LoadgenError.
 """
 
@@ -85,7 +88,19 @@ def _parse(hint: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where} is not an object")
         return {key: _parse(args[1], item, f"{where}.{key}") for key, item in value.items()}
     if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"{where} is not an array")
-        return tuple(_parse(args[0], item, f"{where}[]") for item in value)
+        return _tuple(args, value, where)
     return value
+
+
+def _tuple(args: tuple[Any, ...], value: Any, where: str) -> tuple[Any, ...]:
+    """`tuple[X, ...]`: an array of X; `tuple[X, Y]`: an array of exactly an X and a Y."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{where} is not an array")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_parse(args[0], item, f"{where}[]") for item in value)
+    if len(value) != len(args):
+        raise ValueError(f"{where} has {len(value)} items, not {len(args)}")
+    return tuple(
+        _parse(a, item, f"{where}[{i}]")
+        for i, (a, item) in enumerate(zip(args, value, strict=True))
+    )

@@ -1,0 +1,143 @@
+"""The command line's changes to a workload: `--requests`, `--duration`, `--rate`, `--api`,
+`--model`, `--force-output-tokens` and `--cache` applied to a validated spec, and checked
+as the file is (`check_schedule`), naming the flag that went out of range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from loadgen.adapters import APIS
+from loadgen.errors import ConfigError
+from loadgen.workload.checks import check_schedule, number_text
+from loadgen.workload.model import (
+    CACHE_MODES,
+    MAX_REQUESTS,
+    MAX_SPAN_S,
+    SPAN_WHY,
+    ClassSpec,
+    TargetSpec,
+    WorkloadSpec,
+)
+
+
+def override(
+    spec: WorkloadSpec,
+    *,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    rate: str | None = None,
+    api: str | None = None,
+    model: str | None = None,
+    force_output_tokens: bool | None = None,
+    cache: str | None = None,
+) -> WorkloadSpec:
+    """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
+    `--model`, `--force-output-tokens` and `--cache` applied.
+
+    `requests` replaces every class's count; `duration_s` every open-loop class's duration
+    (a closed-loop batch, `concurrency`, keeps its `requests` documents: it has no arrivals
+    to last for a duration; a spec of batches only is refused). `rate` is either a
+    multiplier (`2x`, `0.5x`) applied to every class's rate, or a total rate in req/s that
+    every class is scaled to in proportion to its own rate. `api` replaces `target.api`
+    (the request path then follows the new API unless `target.path` is set); `model` and
+    `force_output_tokens` replace theirs.
+    """
+    _check_run_length(spec, requests, duration_s)
+    spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
+    if cache is not None:
+        if cache not in CACHE_MODES:
+            raise ConfigError("command line", "--cache", f"unknown mode {cache!r}",
+                              f"one of {', '.join(CACHE_MODES)}")  # fmt: skip
+        spec = replace(spec, cache=cache)
+    scale = rate_scale(spec, rate) if rate else 1.0
+    classes = {name: _override_class(cls, scale, requests, duration_s)
+               for name, cls in spec.classes.items()}  # fmt: skip
+    spec = replace(spec, classes=classes)
+    given = [flag for flag, value in (("--requests", requests), ("--duration", duration_s),
+                                      ("--rate", rate)) if value is not None]  # fmt: skip
+    if given:
+        check_schedule(spec, after=f" with {'/'.join(given)}")
+    return spec
+
+
+def _check_run_length(spec: WorkloadSpec, requests: int | None, duration_s: float | None) -> None:
+    """`--requests` or `--duration`, in range; `--duration` needs an open-loop class."""
+    if requests is not None and duration_s is not None:
+        raise ConfigError("command line", "--requests/--duration", "give one, not both")
+    if requests is not None and not 1 <= requests <= MAX_REQUESTS:
+        raise ConfigError("command line", "--requests", f"must be 1 to "
+                          f"{number_text(MAX_REQUESTS)} (got {number_text(requests)})")  # fmt: skip
+    if duration_s is not None and not 0 < duration_s <= MAX_SPAN_S:
+        raise ConfigError("command line", "--duration", f"must be > 0 and <= "
+                          f"{number_text(MAX_SPAN_S)} s ({SPAN_WHY}) "
+                          f"(got {duration_s:g})")  # fmt: skip
+    if duration_s is not None and all(c.concurrency is not None for c in spec.classes.values()):
+        batches = ", ".join(f"{name}: {c.requests} documents, {c.concurrency} in flight"
+                            for name, c in spec.classes.items())  # fmt: skip
+        raise ConfigError("command line", "--duration",
+                          f"every class of {spec.source} is a closed-loop batch ({batches}), "
+                          "which sends its documents, not arrivals for a duration",
+                          "give --requests N (documents per class) instead")  # fmt: skip
+
+
+def _override_class(
+    cls: ClassSpec, scale: float, requests: int | None, duration_s: float | None
+) -> ClassSpec:
+    """The class at `scale` times its rates, for `requests` or `duration_s` (a closed-loop
+    batch keeps its documents under `--duration`)."""
+    count, duration = cls.requests, cls.duration_s
+    if requests is not None:
+        count, duration = requests, None
+    elif duration_s is not None and cls.concurrency is None:
+        count, duration = None, duration_s
+    return replace(cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration)
+
+
+def _override_target(
+    spec: WorkloadSpec, api: str | None, model: str | None, force_output_tokens: bool | None
+) -> TargetSpec:
+    """The target with the command line's API, model and output-length forcing."""
+    target = spec.target
+    if api is not None and api != target.api:
+        if api not in APIS:
+            raise ConfigError("command line", "--api", f"unknown API {api!r}",
+                              f"one of {', '.join(APIS)}")  # fmt: skip
+        if api == "generic" and (target.generic is None or target.path is None):
+            raise ConfigError(
+                "command line", "--api generic",
+                f"{spec.source} has no target.generic section and target.path",
+                "describe the API in the workload file (see README 'Generic streaming APIs')",
+            )  # fmt: skip
+        target = replace(target, api=api)
+    if model is not None:
+        target = replace(target, model=model)
+    if force_output_tokens is not None:
+        target = replace(target, force_output_tokens=force_output_tokens)
+    return target
+
+
+def rate_scale(spec: WorkloadSpec, rate: str) -> float:
+    """The factor `--rate` applies to every class's rate (see `override`)."""
+    text = rate.strip().lower()
+    try:
+        value = float(text[:-1]) if text.endswith("x") else float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            "command line",
+            "--rate",
+            f"must be a positive number or multiplier (got {rate!r})",
+            "e.g. --rate 8 (total req/s) or --rate 2x",
+        )
+    if text.endswith("x"):
+        return value
+    rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
+    if any(r is None for r in rates):
+        raise ConfigError(
+            "command line", "--rate", "a total rate cannot be split over trace-replay classes",
+            "use a multiplier such as --rate 2x",
+        )  # fmt: skip
+    return value / sum(r for r in rates if r is not None)
