@@ -250,3 +250,56 @@ def test_an_unset_variable_in_the_files_header_still_names_the_file(
     # ... unless the flag replaces that header: then the file's value is never read
     result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--header", "X-File: 1"])
     assert result.exit_code == 0, result.output
+
+
+# `run` options that are not RunOptions fields, each with where it goes instead. A new
+# option is a RunOptions field of the same name (passed as given), one `_READ_INTO_RUN`
+# reads, or listed here: never silently dropped on its way to the run.
+NOT_RUN_OPTIONS = {
+    "requests": "the spec's (override)", "duration": "the spec's (override)",
+    "rate": "the spec's (override)", "api": "the spec's (override)",
+    "model": "the spec's (override)", "force_output_tokens": "the spec's (override)",
+    "cache": "the spec's (override)", "max_memory_gb": "checked before the plan is built",
+    "shard_text": "parsed into RunOptions.shard", "start_at_text": "parsed into start_at_unix_ns",
+    "dry_run": "run() stops before execute", "prometheus_listen": "the live exporter's",
+    "prometheus_grace_s": "the live exporter's", "otlp_endpoint": "the live exporter's",
+    "otlp_interval_s": "the live exporter's", "junit_path": "written from the summary",
+    "markdown_path": "written from the summary",
+}  # fmt: skip
+
+
+def test_every_run_option_reaches_run_options_or_says_where_it_goes() -> None:
+    """Each `run` option becomes the RunOptions field of its name, is read into one, or is
+    listed with where it goes; and each RunOptions field set from the command line has one."""
+    from loadgen.cli.options import _READ_INTO_RUN, RUN_FIELDS
+
+    dests = set(options(run))
+    unplaced = dests - RUN_FIELDS - set(_READ_INTO_RUN) - set(NOT_RUN_OPTIONS)
+    assert not unplaced, f"run options that reach no RunOptions field: {sorted(unplaced)}"
+    reached = (dests & RUN_FIELDS) | {field for field, _ in _READ_INTO_RUN.values()}
+    assert not (set(NOT_RUN_OPTIONS) & RUN_FIELDS), "an option listed as not a field is one"
+    # every field but those the run sets itself (none today) comes from an option
+    assert RUN_FIELDS - reached - {"shard", "start_at_unix_ns"} == set(), RUN_FIELDS - reached
+
+
+def test_shared_run_options_passes_each_option_as_given() -> None:
+    """An option named as a field arrives unchanged; the read ones are read."""
+    from loadgen.cli.options import shared_run_options
+
+    made = shared_run_options(
+        {"url": "http://h:1", "seed": 7, "lag_bound_ms": 9.5, "no_preflight": True,
+         "headers": ("X-A: 1",), "warm_text": "12", "metrics_headers": (), "workers": 3,
+         "requests": 40}, run_id="r1",
+    )  # fmt: skip
+    assert (made.url, made.seed, made.lag_bound_ms, made.workers, made.run_id) == (
+        "http://h:1",
+        7,
+        9.5,
+        3,
+        "r1",
+    )
+    assert (made.check_target, dict(made.extra_headers), made.warm_connections) == (
+        False,
+        {"X-A": "1"},
+        12,
+    )

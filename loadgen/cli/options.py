@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -309,20 +310,31 @@ def check_run_step_options(opts: dict[str, Any], spec: WorkloadSpec) -> None:
                           "/metrics), or set target.server_metrics_url")  # fmt: skip
 
 
+# The options whose value is read before it is a RunOptions field: destination -> (field,
+# reader). Every other option whose destination names a RunOptions field is passed as given.
+_READ_INTO_RUN: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "no_preflight": ("check_target", lambda skip: not skip),
+    "headers": ("extra_headers", lambda values: parse_headers(values)),
+    "warm_text": ("warm_connections", lambda text: parse_warm(text)),
+    "metrics_headers": ("server_metrics_headers",
+                        lambda values: parse_headers(values, "--server-metrics-header")),
+}  # fmt: skip
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunOptions))
+
+
 def shared_run_options(opts: dict[str, Any], **own: Any) -> RunOptions:
-    """The RunOptions the shared options make (`own`: what the command adds, e.g. --run-id)."""
-    return RunOptions(
-        url=opts["url"], seed=opts["seed"], quiet=opts["quiet"],
-        lag_bound_ms=opts["lag_bound_ms"], grace_s=opts["grace_s"],
-        check_target=not opts["no_preflight"], preflight_timeout_s=opts["preflight_timeout_s"],
-        watchdog_s=opts["watchdog_s"], extra_headers=parse_headers(opts["headers"]),
-        workers=opts["workers"], warm_connections=parse_warm(opts["warm_text"]),
-        server_metrics_url=opts["server_metrics_url"],
-        server_metrics_interval_s=opts["server_metrics_interval_s"],
-        server_metrics_headers=parse_headers(opts["metrics_headers"], "--server-metrics-header"),
-        price_per_hour=opts.get("price_per_hour"), replicas=opts.get("replicas", 1),
-        nonce=opts.get("nonce"), **own,
-    )  # fmt: skip
+    """The RunOptions the command's options make: each option named as a RunOptions field
+    is passed as given, those in `_READ_INTO_RUN` read first; `own` is what the command
+    adds (e.g. --run-id, the shard). Options that change the workload (`--requests`,
+    `--api`, ...) are the spec's, applied by `override`."""
+    values: dict[str, Any] = {}
+    for name, value in opts.items():
+        if name in _READ_INTO_RUN:
+            field, read = _READ_INTO_RUN[name]
+            values[field] = read(value)
+        elif name in RUN_FIELDS:
+            values[name] = value
+    return RunOptions(**{**values, **own})
 
 
 def parse_warm(text: str) -> int | None:

@@ -9,7 +9,7 @@ import math
 from dataclasses import replace
 
 from loadgen.adapters import APIS
-from loadgen.errors import ConfigError
+from loadgen.errors import OptionError
 from loadgen.workload.checks import check_schedule, number_text
 from loadgen.workload.model import (
     CACHE_MODES,
@@ -48,7 +48,7 @@ def override(
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
     if cache is not None:
         if cache not in CACHE_MODES:
-            raise ConfigError("command line", "--cache", f"unknown mode {cache!r}",
+            raise OptionError("--cache", f"unknown mode {cache!r}",
                               f"one of {', '.join(CACHE_MODES)}")  # fmt: skip
         spec = replace(spec, cache=cache)
     scale = rate_scale(spec, rate) if rate else 1.0
@@ -65,18 +65,18 @@ def override(
 def _check_run_length(spec: WorkloadSpec, requests: int | None, duration_s: float | None) -> None:
     """`--requests` or `--duration`, in range; `--duration` needs an open-loop class."""
     if requests is not None and duration_s is not None:
-        raise ConfigError("command line", "--requests/--duration", "give one, not both")
+        raise OptionError("--requests/--duration", "give one, not both")
     if requests is not None and not 1 <= requests <= MAX_REQUESTS:
-        raise ConfigError("command line", "--requests", f"must be 1 to "
+        raise OptionError("--requests", f"must be 1 to "
                           f"{number_text(MAX_REQUESTS)} (got {number_text(requests)})")  # fmt: skip
     if duration_s is not None and not 0 < duration_s <= MAX_SPAN_S:
-        raise ConfigError("command line", "--duration", f"must be > 0 and <= "
+        raise OptionError("--duration", f"must be > 0 and <= "
                           f"{number_text(MAX_SPAN_S)} s ({SPAN_WHY}) "
                           f"(got {duration_s:g})")  # fmt: skip
     if duration_s is not None and all(c.concurrency is not None for c in spec.classes.values()):
         batches = ", ".join(f"{name}: {c.requests} documents, {c.concurrency} in flight"
                             for name, c in spec.classes.items())  # fmt: skip
-        raise ConfigError("command line", "--duration",
+        raise OptionError("--duration",
                           f"every class of {spec.source} is a closed-loop batch ({batches}), "
                           "which sends its documents, not arrivals for a duration",
                           "give --requests N (documents per class) instead")  # fmt: skip
@@ -102,13 +102,13 @@ def _override_target(
     target = spec.target
     if api is not None and api != target.api:
         if api not in APIS:
-            raise ConfigError("command line", "--api", f"unknown API {api!r}",
+            raise OptionError("--api", f"unknown API {api!r}",
                               f"one of {', '.join(APIS)}")  # fmt: skip
         if api == "generic" and (target.generic is None or target.path is None):
-            raise ConfigError(
-                "command line", "--api generic",
+            raise OptionError(
+                "--api generic",
                 f"{spec.source} has no target.generic section and target.path",
-                "describe the API in the workload file (see README 'Generic streaming APIs')",
+                "describe it in the workload file: docs/apis.md, 'Generic streaming APIs'",
             )  # fmt: skip
         target = replace(target, api=api)
     if model is not None:
@@ -126,8 +126,7 @@ def rate_scale(spec: WorkloadSpec, rate: str) -> float:
     except ValueError:
         value = -1.0
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(
-            "command line",
+        raise OptionError(
             "--rate",
             f"must be a positive number or multiplier (got {rate!r})",
             "e.g. --rate 8 (total req/s) or --rate 2x",
@@ -136,8 +135,8 @@ def rate_scale(spec: WorkloadSpec, rate: str) -> float:
         return value
     rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
     if any(r is None for r in rates):
-        raise ConfigError(
-            "command line", "--rate", "a total rate cannot be split over trace-replay classes",
+        raise OptionError(
+            "--rate", "a total rate cannot be split over trace-replay classes",
             "use a multiplier such as --rate 2x",
         )  # fmt: skip
     return value / sum(r for r in rates if r is not None)

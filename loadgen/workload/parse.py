@@ -216,7 +216,7 @@ def _api(node: Node) -> str:
         raise node.error("path", "is required for api: generic", "e.g. path: /v1/generate")
     if api == "generic" and not node.has("generic"):
         raise node.error("generic", "is required for api: generic",
-                         "describe the API: see README 'Generic streaming APIs'")  # fmt: skip
+                         "describe the API: docs/apis.md, 'Generic streaming APIs'")  # fmt: skip
     return api
 
 
