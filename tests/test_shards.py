@@ -145,12 +145,21 @@ def test_merged_percentiles_agree_with_the_unsharded_run(
     sharded: tuple[Path, Path, list[Path]],
 ) -> None:
     """TTFT and TPOT p50/p90 of the merged shards lie within each other's 99 % order-statistic
-    intervals of the unsharded run's (same schedule, same server)."""
+    intervals of the unsharded run's (same schedule, same server), give or take the client
+    delay each run measured: four shard processes on a busy 2-core host start their sends
+    (and read their tokens) later than one process does, which is the host's, not the
+    merge's. That slack is the larger p99 send lag (sent - intended) of the two runs; a
+    token read late by at most it moves a TPOT by at most it / (tokens - 1)."""
     whole_dir, merged_dir, _ = sharded
+    frames = [read_records(d).filter(pl.col("outcome") == "ok") for d in (whole_dir, merged_dir)]
+    lags = [np.percentile((f["sent_ns"] - f["intended_ns"]).to_numpy(), 99) for f in frames]
+    slack_ns = {
+        "ttft": max(lags),
+        "tpot": max(lags) / (min(f["output_tokens"].min() for f in frames) - 1),
+    }
     for metric in ("ttft", "tpot"):
         samples = []
-        for run_dir in (whole_dir, merged_dir):
-            frame = read_records(run_dir).filter(pl.col("outcome") == "ok")
+        for frame in frames:
             ttft = frame["first_token_ns"] - frame["intended_ns"]
             tpot = (frame["last_token_ns"] - frame["first_token_ns"]) / (frame["output_tokens"] - 1)
             samples.append(np.sort((ttft if metric == "ttft" else tpot).to_numpy()))
@@ -160,8 +169,15 @@ def test_merged_percentiles_agree_with_the_unsharded_run(
                 low, high = order_statistic_ranks(values.size, q, 0.99)
                 intervals.append((values[max(low, 1) - 1], values[min(high, values.size) - 1]))
             (a_low, a_high), (b_low, b_high) = intervals
-            assert a_low <= b_high, (metric, q, intervals)
-            assert b_low <= a_high, (metric, q, intervals)
+            said = (
+                metric,
+                q,
+                intervals,
+                f"slack {slack_ns[metric] / 1e6:.2f} ms from p99 send lags "
+                f"{lags[0] / 1e6:.2f} (unsharded), {lags[1] / 1e6:.2f} ms (merged)",
+            )
+            assert a_low - slack_ns[metric] <= b_high, said
+            assert b_low - slack_ns[metric] <= a_high, said
 
 
 @pytest.mark.slow  # four shards and an unsharded run: ~20 s on 2 cores
