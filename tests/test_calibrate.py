@@ -439,3 +439,55 @@ def test_read_stamps_never_go_back_in_time_on_a_connection() -> None:
     assert seen[0] >= sent_ns - 1_000_000  # floored at the send (taken just before sent_ns)
     assert seen[0] <= sent_ns
     assert seen[1:] == [sent_ns + 2_000_000, sent_ns + 2_000_000, sent_ns + 3_000_000]
+
+
+INTERRUPTED_LEVEL = """
+import sys
+from loadgen.studies.calibrate import level_plans, run_processes
+try:
+    run_processes(level_plans(4, 2000, 0.2), sys.argv[1], 2)  # 2000 tokens: 100 s streams
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def sim_running(url: str) -> float:
+    """The simulator's own count of streams it is serving (its vllm:num_requests_running)."""
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.split()[-1])
+    raise AssertionError("the simulator exposes no vllm:num_requests_running")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_an_interrupted_multi_process_level_stops_every_engine_process() -> None:
+    """SIGINT while two calibrate engine processes stream a level: the interrupt policy of
+    every run stops both (their streams end on the server, long before the 100 s they were
+    planned for), the parent ends with KeyboardInterrupt, and no engine process is left."""
+    import signal
+    import subprocess
+    import sys
+
+    from loadgen.testing.crashtest import descendants, wait_for, wait_until_gone
+
+    with running_sim(sim_args(4, 20.0)) as sim:  # 50 ms a token
+        process = subprocess.Popen([sys.executable, "-c", INTERRUPTED_LEVEL, sim.url],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            wait_for(process, lambda: sim_running(sim.url) == 4, timeout_s=120)
+            helpers = descendants(process.pid)  # the engines, multiprocessing's tracker
+            commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in helpers]
+            assert sum(b"spawn_main" in c for c in commands) == 2, commands
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)  # unstopped, the level lasts 100 s
+        finally:
+            process.kill()
+        assert process.returncode == 130, stderr.decode()
+        assert "interrupted: no new requests" in stderr.decode()
+        assert wait_until_gone(helpers) == []
+        deadline = time.monotonic() + 30
+        while sim_running(sim.url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sim_running(sim.url) == 0

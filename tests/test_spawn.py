@@ -1,16 +1,20 @@
 """Engine processes are started one way (`run.spawn`): spawned, each ready before any
-starts, all started with the same t0; one that dies before it is ready is named."""
+starts, all started with the same t0; one that dies before it is ready is named; a group
+hears every child until it is done, and leaves no process behind."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from typing import Any
 
 import pytest
 
+import loadgen.run.spawn as spawn_module
 from loadgen.errors import LoadgenError
-from loadgen.run.spawn import ready_then_wait, spawn, start_all, wait_ready
+from loadgen.run.spawn import DONE, ProcessGroup, ready_then_wait, spawn, start_all, wait_ready
 
 
 def echo_t0(label: str, conn: Any) -> None:
@@ -47,3 +51,43 @@ def test_a_child_that_dies_before_it_is_ready_is_named_with_its_exit_code() -> N
                                            "with code 3"):  # fmt: skip
         wait_ready(children, "test")
     children[0].process.join(timeout=10)
+
+
+def ready_then_hang(conn: Any) -> None:
+    """A child that takes its start and then never ends (a stuck engine)."""
+    ready_then_wait(conn)
+    while True:
+        time.sleep(60)
+
+
+def test_a_group_kills_a_child_that_has_not_exited_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever ends the group (here: the caller leaves it after the start), a child still
+    running once the join timeout has passed is killed: no process outlives its group."""
+    monkeypatch.setattr(spawn_module, "JOIN_TIMEOUT_S", 0.5)
+    with ProcessGroup(ready_then_hang, [()], "loadgen-test", "test") as group:
+        group.wait_ready()
+        group.start(0)
+    process = group.children[0].process
+    assert not process.is_alive()
+    assert process.exitcode == -signal.SIGKILL
+
+
+def test_a_group_supervises_until_every_child_is_done() -> None:
+    """`supervise` hands on every child's messages and returns once each sent its `done`."""
+    heard: list[tuple[int, Any]] = []
+    with ProcessGroup(echo_done, [("a",), ("b",)], "loadgen-test", "test") as group:
+        group.wait_ready()
+        group.start(7)
+        state = group.supervise(lambda child, message: heard.append((child.index, message)),
+                                grace_s=0.0, log=sys.stderr)  # fmt: skip
+    assert sorted((i, m[2]) for i, m in heard if m[0] == DONE) == [(0, ("a", 7)), (1, ("b", 7))]
+    assert all(child.done for child in group.children)
+    assert not state.interrupted
+
+
+def echo_done(label: str, conn: Any) -> None:
+    """A child that ends with its `done`: its label and t0."""
+    t0 = ready_then_wait(conn)
+    conn.send((DONE, os.getpid(), (label, t0)))
