@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.analysis.calibration import Ladder, Level, Thresholds
 from loadgen.engine.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.run.envelope import (
@@ -22,16 +23,7 @@ from loadgen.run.envelope import (
     save_calibration,
 )
 from loadgen.run.simulator import running_sim
-from loadgen.studies.calibrate import (
-    Ladder,
-    Level,
-    Thresholds,
-    calibrate,
-    compare,
-    level_plans,
-    run_engine,
-    sim_args,
-)
+from loadgen.studies.calibrate import calibrate, compare, level_plans, run_engine, sim_args
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines, WorkloadSpec, loads
 

@@ -10,8 +10,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen.percentiles import nearest_rank
-from loadgen.studies.capacity import (
+from loadgen.analysis.capacity import (
     FAIL,
     INVALID,
     PASS,
@@ -19,11 +18,11 @@ from loadgen.studies.capacity import (
     Search,
     Step,
     exit_code,
-    geometric_loads,
     judge,
     min_requests,
-    search,
 )
+from loadgen.percentiles import nearest_rank
+from loadgen.studies.capacity import geometric_loads, search
 from loadgen.testing.builders import workload_file
 
 

@@ -15,15 +15,10 @@ import polars as pl
 import pytest
 from virtual_server import closed_loop_frame, open_loop_frame
 
+from loadgen.analysis.capacity import FAIL, INVALID, MIN_LIFETIMES, PASS, RATE_TOLERANCE, audit_step
 from loadgen.sim.config import config_from_mapping
 from loadgen.studies.capacity import (
-    FAIL,
-    INVALID,
     LIFETIME_CUSHION,
-    MIN_LIFETIMES,
-    PASS,
-    RATE_TOLERANCE,
-    audit_step,
     geometric_loads,
     search,
     step_runner,

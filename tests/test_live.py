@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.analysis.calibration import QUICK_LADDER, Thresholds
 from loadgen.analysis.live import BUCKETS_S, LiveTally
 from loadgen.analysis.slo import per_request
 from loadgen.cli import cli
@@ -29,7 +30,7 @@ from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter, parse_listen
 from loadgen.run.spawn import Child
 from loadgen.run.workers import _Worker, merged_in_flight, merged_tally
-from loadgen.studies.calibrate import QUICK_LADDER, Thresholds, measure_level
+from loadgen.studies.calibrate import measure_level
 from loadgen.studies.capacity import run_one_against
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, failed_record, streamed_record, workload_file

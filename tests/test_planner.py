@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis import estimates, planning
 from loadgen.cli import LoadgenGroup
 from loadgen.cli.plan import plan
 from loadgen.errors import ConfigError
@@ -49,7 +50,7 @@ SEED_ARGS = [
 MS = 1_000_000
 
 
-def seed_plan() -> planner.Plan:
+def seed_plan() -> planning.Plan:
     inputs, sources = planner.resolve(
         SEED_FLAGS, decode_table=planner.parse_decode_table("16:20,32:30,64:55")
     )
@@ -211,7 +212,7 @@ def test_cost() -> None:
 def test_decode_alone_over_tpot_gives_no_chunk() -> None:
     """A decode step above the TPOT SLO leaves no safe chunk, and the plan says so."""
     inputs, _ = planner.resolve({**SEED_FLAGS, "decode_step_ms": 60.0})
-    assert planner.make_plan(inputs).chunking == planner.Chunking(chunk_tokens=0)
+    assert planner.make_plan(inputs).chunking == planning.Chunking(chunk_tokens=0)
 
 
 def test_cli_json_keys() -> None:
@@ -320,7 +321,7 @@ def test_estimate_recovers_prefill_and_decode(tmp_path: Path) -> None:
     step, though every fourth step carried a prefill chunk (TPOT p50 35 ms)."""
     import polars as pl
 
-    measured = planner.estimate([pl.read_parquet(synthetic_run(tmp_path) / "records.parquet")])
+    measured = estimates.estimate([pl.read_parquet(synthetic_run(tmp_path) / "records.parquet")])
     assert measured.prefill_tokens_per_s == pytest.approx(8000, rel=0.03)
     assert measured.ttft_overhead_ms == pytest.approx(50, rel=0.03)
     assert measured.decode_step_ms == pytest.approx(30, rel=0.001)
@@ -349,7 +350,7 @@ def test_chunks_read_together_are_not_zero_length_steps(tmp_path: Path) -> None:
     frame = frame.with_columns(
         pl.col("chunk_ns").map_elements(coalesce, return_dtype=pl.List(pl.Int64))
     )
-    measured = planner.estimate([frame])
+    measured = estimates.estimate([frame])
     assert measured.decode_step_ms == pytest.approx(30, rel=0.001)
 
 
@@ -411,7 +412,7 @@ def chunked_frame(rate: float, steps: str, seed: int = 1):  # type: ignore[no-un
 def test_decode_step_under_chunked_prefill_is_the_simulators() -> None:
     """512-token chunks at 8,000 tok/s add 64 ms to the 20 ms steps that carry them: TPOT
     p50 lies far above 20 ms, but the lower envelope of ITL is the true 20 ms step."""
-    measured = planner.estimate([chunked_frame(2.0, "20")])
+    measured = estimates.estimate([chunked_frame(2.0, "20")])
     assert measured.tpot_p50_ms is not None
     assert measured.tpot_p50_ms > 30  # what the old estimate (median TPOT) would have said
     assert measured.decode_step_ms == pytest.approx(20.0, abs=0.3)  # the stamp jitter
@@ -427,7 +428,7 @@ def test_decode_steps_by_batch_follow_the_simulators_table() -> None:
     from loadgen.sim.engine import DecodeTable
 
     table = DecodeTable(((4, 10.0), (12, 30.0)))
-    measured = planner.estimate([chunked_frame(2.5, "4:10,12:30")])
+    measured = estimates.estimate([chunked_frame(2.5, "4:10,12:30")])
     assert len(measured.decode_steps_by_batch) >= 5
     tolerance = JITTER_MS
     for batch, floor in measured.decode_steps_by_batch:
