@@ -105,9 +105,10 @@ def evidence(step: dict[str, Any], scale: float | None) -> str:
 
 def overload_step(config: dict[str, Any], folder: Path) -> None:
     """One count-only step at 1.2 μ (the old rule's length), judged by both rules."""
+    from loadgen.analysis.capacity import audit_step
     from loadgen.results.runfolder import read_records
     from loadgen.run.execute import RunOptions, execute
-    from loadgen.studies.capacity import audit_step, step_spec
+    from loadgen.studies.capacity import step_spec
     from loadgen.workload.spec import loads
 
     spec = loads(WORKLOAD.format(name="overload-step", rate=mu_of(config), **config))

@@ -39,10 +39,11 @@ from statistics import median
 from typing import Any
 
 from loadgen.adapters import adapter_for
+from loadgen.analysis.calibration import Ladder, Level, Thresholds
 from loadgen.engine.exchange import Exchange
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.transport import Connection, Pool, make_endpoint
-from loadgen.studies.calibrate import Ladder, Level, Thresholds, measure_level
+from loadgen.studies.calibrate import measure_level
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 

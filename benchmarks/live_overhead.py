@@ -28,10 +28,11 @@ import time
 import urllib.request
 from statistics import median
 
+from loadgen.analysis.calibration import Ladder, Thresholds
 from loadgen.analysis.live import LiveTally
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.run.live import LiveExporter
-from loadgen.studies.calibrate import Ladder, Thresholds, measure_level
+from loadgen.studies.calibrate import measure_level
 
 
 def spread(values: list[float]) -> str:

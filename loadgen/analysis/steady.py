@@ -1,6 +1,6 @@
 """Steady state of one load step: did the server keep up with the offered load?
 
-Sits between a capacity step's records and its verdict (`loadgen.studies.capacity.audit_step`): an
+Sits between a capacity step's records and its verdict (`loadgen.analysis.capacity.audit_step`): an
 SLO met over a short step can hide a queue that grows without bound, so a step passes only
 when its judged part (after the warm-up) shows a steady state. Pure functions of the
 records frame; every figure is recomputable from `records.parquet`.

@@ -15,16 +15,15 @@ from pathlib import Path
 
 import click
 
+from loadgen.analysis.calibration import QUICK_LADDER, Ladder, Level, Thresholds
 from loadgen.cli.exits import CALIBRATE_EXITS
 from loadgen.cli.live_options import live_options, open_live
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import EXIT_SLO_MISSED, OptionError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
-from loadgen.studies.calibrate import QUICK_LADDER, Ladder, Level, Thresholds, measure_level
-from loadgen.studies.calibrate import (
-    calibrate as run_calibration,
-)
+from loadgen.studies.calibrate import calibrate as run_calibration
+from loadgen.studies.calibrate import measure_level
 
 DEFAULT_FILE = "\0default"  # `--save` with no PATH (no real path holds a NUL)
 

@@ -18,6 +18,15 @@ from typing import Any, TypeVar
 
 import click
 
+from loadgen.analysis.capacity import (
+    MIN_LIFETIMES,
+    WARMUP_LIFETIMES,
+    Step,
+    base_rate_per_s,
+    exit_code,
+    judge,
+    settings_json,
+)
 from loadgen.cli.exits import CAPACITY_EXITS, UsageErrorsExitOne
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
@@ -53,18 +62,11 @@ from loadgen.results.write import write_files
 from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
-    MIN_LIFETIMES,
     PARAMS,
-    WARMUP_LIFETIMES,
     RunOne,
-    Step,
-    base_rate_per_s,
-    exit_code,
     geometric_loads,
-    judge,
     run_one_against,
     search,
-    settings_json,
     step_runner,
 )
 from loadgen.workload.spec import WorkloadSpec, rate_scale

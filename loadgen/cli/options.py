@@ -181,7 +181,7 @@ def check_nonce(_ctx: click.Context, _param: click.Parameter, nonce: str | None)
 # One definition per option, used by every command it applies to (`check`, `run`,
 # `capacity`), so the commands never drift. To add an option that changes the workload
 # (what `spec.override` applies) to all three, add it to SPEC_OPTIONS; to `run` and
-# `capacity`, to RUN_STEP_OPTIONS. `tests/test_options.py` names the `run` options that
+# `capacity`, to RUN_STEP_OPTIONS. `tests/cli/test_options.py` names the `run` options that
 # `capacity` does not take, each with its reason.
 
 COUNT_OPTIONS: list[Decorator] = [

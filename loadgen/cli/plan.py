@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
+from loadgen.analysis.estimates import Measured
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.render.planner_view import plan_notes, render_plan
 from loadgen.results.runfolder import read_records, read_run_info
 from loadgen.studies.planner import (
     FLAGS,
     Layer,
-    Measured,
     from_runs,
     make_plan,
     parse_decode_table,

@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from loadgen.studies.calibrate import Ladder, Level
+from loadgen.analysis.calibration import Ladder, Level
 
 CONTENDED_STALL_MS = 500.0  # host CPU-pressure stall during a level above which we say so
 

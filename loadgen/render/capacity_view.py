@@ -14,9 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from loadgen.render.knee_plot import knee_png
-from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
-from loadgen.studies.capacity import (
+from loadgen.analysis.capacity import (
     FAIL,
     INVALID,
     PASS,
@@ -31,6 +29,8 @@ from loadgen.studies.capacity import (
     required_requests,
     to_json,
 )
+from loadgen.render.knee_plot import knee_png
+from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
 from loadgen.workload.spec import WorkloadSpec
 
 
@@ -277,7 +277,7 @@ def capacity_files(
     found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
     settings: dict[str, Any],
 ) -> dict[str, bytes]:  # fmt: skip
-    """capacity.json (`studies.capacity.to_json`) and knee.png, for the command to write
+    """capacity.json (`analysis.capacity.to_json`) and knee.png, for the command to write
     (`results.write.write_files`); `axis` is the plot's (load scale, label) and the file's
     total rate."""
     scale, unit, base_rate = axis

@@ -1,6 +1,6 @@
 """The knee plot of a capacity search (`knee.png`): the steps' verdicts and figures vs load.
 
-Drawn from a finished `loadgen.studies.capacity.Search` alone, with the house colours and
+Drawn from a finished `loadgen.analysis.capacity.Search` alone, with the house colours and
 `plots.figure_png`; the search itself never imports matplotlib.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure  # no pyplot: nothing global to clean up
 
+from loadgen.analysis.capacity import FAIL, INVALID, PASS, Search, Step
 from loadgen.render.plots import METRIC_COLOURS, figure_png
-from loadgen.studies.capacity import FAIL, INVALID, PASS, Search, Step
 
 
 def knee_png(found: Search, *, x_scale: float = 1.0, x_label: str = "load") -> bytes:

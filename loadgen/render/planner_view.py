@@ -1,7 +1,8 @@
 """`loadgen plan` for people: the inputs with their sources, the plan with every formula,
 and the notes a reader should not miss (infeasible SLOs, optimistic assumptions).
 
-Pure functions of `studies.planner`'s `PlanInputs`, `Plan` and `Measured`.
+Pure functions of `analysis.planning`'s `PlanInputs` and `Plan`, and of
+`analysis.estimates`'s `Measured`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from rich.console import Group, RenderableType
 from rich.table import Table
 
-from loadgen.studies.planner import Measured, Plan, PlanInputs
+from loadgen.analysis.estimates import Measured
+from loadgen.analysis.planning import Plan, PlanInputs
 
 
 def render_plan(

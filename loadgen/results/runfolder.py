@@ -13,7 +13,7 @@ defined here and nowhere else. This module reads; `loadgen.results.write` is the
 that writes, each write to a temp name renamed into place. The two are apart so that
 `analysis/` and `render/` can read a folder but cannot write one: an import-linter contract
 forbids them `loadgen.results.write` (pyproject.toml), and a test scans their sources for
-file-writing calls (tests/test_quality.py).
+file-writing calls (tests/project/test_quality.py).
 
 run.json and summary.json are typed in memory (`RunInfo` below, `results.summary.Summary`)
 and JSON only at the folder's edge, through `loadgen.codec`: `read_run_info` /

@@ -1,8 +1,10 @@
 """The drive loop of one engine process: t0, the engine, and what runs beside it.
 
 Called by a single-process run (`run.execute`) and by each worker (`run.workers`). Beside
-the engine run a control task (the signals, or a parent's commands), the record spills and
-progress line, the watchdog, and the t0 anchor; they all end when the engine does.
+the engine run a control task (the signals, `watch_signals`, or a parent's commands,
+`run.spawn.obey_parent`), the record spills and progress line, the watchdog, and the t0
+anchor; they all end when the engine does. `interrupt` is the one interrupt policy, of a
+single process and of a group of processes (`run.spawn.ProcessGroup`) alike.
 """
 
 from __future__ import annotations

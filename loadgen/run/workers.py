@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter_ns
-from types import FrameType
 from typing import Any, TextIO
 
 import anyio
@@ -46,29 +45,35 @@ from loadgen.analysis.histograms import LatencyHistogram
 from loadgen.analysis.live import LiveTally
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.runner import Engine, LiveStats
-from loadgen.errors import EXIT_INTERRUPTED, describe_os_error
+from loadgen.errors import describe_os_error
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import PARTS_DIR, T0, RunInfo, read_parts
 from loadgen.results.write import (
-    RecordWriter,
     ShareWriter,
     join_parts,
     write_records,
     write_run_info,
 )
-from loadgen.run.drive import choose_t0, drive, interrupt, progress_line
+from loadgen.run.drive import choose_t0, drive, progress_line
 from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
 from loadgen.run.options import RunOptions
 from loadgen.run.publish import Publish
 from loadgen.run.record import Ran, RunState, WorkerEnd, process_info, with_processes
 from loadgen.run.setup import client_setup, engine_setup
-from loadgen.run.spawn import Child, ready_then_wait, receive, send, spawn, start_all, wait_ready
+from loadgen.run.spawn import (
+    CANCEL,
+    DONE,
+    Child,
+    ProcessGroup,
+    ignore_signals,
+    obey_parent,
+    ready_then_wait,
+)
 from loadgen.workload.plans import Work
 from loadgen.workload.shards import Share, split_work
 from loadgen.workload.spec import WorkloadSpec
 
-STATS_EVERY_S = 0.5
 START_LEAD_NS = 500_000_000  # t0 this far after the last worker is ready
 
 
@@ -92,8 +97,7 @@ class WorkerTask:
 def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -> None:
     """Entry point of a worker process: set up, report ready, run from the parent's t0."""
     die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run (no orphans)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_signals()  # the parent owns Ctrl-C and SIGTERM
     options = task.options
     raise_open_files_limit()
     adapter, headers, redactor, _ = client_setup(task.spec, options)
@@ -108,8 +112,13 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
             sys.exit(0)
         return int(start)
 
+    def report() -> tuple[Any, ...]:  # the heartbeat: counters (and the live tally)
+        live = (tally.to_wire(), dict(stats.in_flight_by_class)) if tally else None
+        return ("stats", counters(stats), stats.ttft.encode(), live)
+
     async def control(engine: Engine, state: RunState) -> None:
-        await _obey_parent(conn, engine, writer, stats, state, options.grace_s, tally)
+        await obey_parent(conn, engine, state, options.grace_s, exit_now=writer.flush,
+                          report=report)  # fmt: skip
 
     state = drive(
         task.share, endpoint, config, writer, stats, options,
@@ -128,53 +137,7 @@ def worker_main(task: WorkerTask, conn: multiprocessing.connection.Connection) -
         client_failure=describe_os_error(failure, failure.filename) if failure else None,
     )  # fmt: skip
     with contextlib.suppress(OSError):  # the parent is gone; the records are on disk
-        conn.send(("done", os.getpid(), done))
-
-
-async def _obey_parent(
-    conn: multiprocessing.connection.Connection,
-    engine: Engine,
-    writer: RecordWriter,
-    stats: LiveStats,
-    state: RunState,
-    grace_s: float,
-    tally: LiveTally | None = None,
-) -> None:
-    """Follow the parent's commands and send it counters twice a second (with the live
-    tally and the in-flight count per class when the parent publishes them).
-
-    `stop`: no new requests, in-flight ones get `grace_s`, then are cancelled. `cancel`: stop
-    and cancel now. `exit`: write pending records and exit at once. A closed pipe (the parent
-    died) is `cancel`: every record is still written.
-    """
-    grace_end: float | None = None
-    last_stats = 0.0
-    while True:
-        await anyio.sleep(0.1)
-        commands = []
-        try:
-            while conn.poll():
-                commands.append(str(conn.recv()[0]))
-        except (EOFError, OSError):
-            commands.append("cancel")
-        for command in commands:
-            if command in ("stop", "cancel"):
-                state.interrupted = True
-                engine.stop()
-                grace_end = time.monotonic() + (grace_s if command == "stop" else 0.0)
-            elif command == "exit":
-                writer.flush()
-                os._exit(EXIT_INTERRUPTED)
-        if grace_end is not None and time.monotonic() >= grace_end:
-            engine.requests.cancel()
-            grace_end = None
-        if time.monotonic() - last_stats >= STATS_EVERY_S:
-            last_stats = time.monotonic()
-            try:
-                live = (tally.to_wire(), dict(stats.in_flight_by_class)) if tally else None
-                conn.send(("stats", counters(stats), stats.ttft.encode(), live))
-            except OSError:
-                grace_end = time.monotonic()
+        conn.send((DONE, os.getpid(), done))
 
 
 def counters(stats: LiveStats) -> dict[str, int]:
@@ -223,18 +186,21 @@ def run_workers(
     come."""
     per_worker = _per_worker_options(options, count)
     thresholds = publish.thresholds_ms if publish is not None else None
-    workers = _spawn(work, count, spec, per_worker, base_url, run_dir, thresholds)
-    if publish is not None:
-        publish.begin(lambda: merged_tally(workers), lambda: merged_in_flight(workers))
-    children = [w.child for w in workers]
-    signals: list[int] = []
-    previous = {s: signal.signal(s, _collector(signals)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        wait_ready(children, "worker", on_message=_listener(workers),
-                   interrupted=lambda: bool(signals))  # fmt: skip
+    shares = [split_work(work, Share(index, count)) for index in range(count)]
+    tasks = [
+        (WorkerTask(index=index, spec=spec, options=per_worker, base_url=base_url, share=share,
+                    run_dir=run_dir, parent_pid=os.getpid(), thresholds_ms=thresholds),)
+        for index, share in enumerate(shares)
+    ]  # fmt: skip
+    with ProcessGroup(worker_main, tasks, "loadgen-worker", "worker") as group:
+        workers = [_Worker(child=c, share=s) for c, s in zip(group.children, shares, strict=True)]
+        if publish is not None:
+            publish.begin(lambda: merged_tally(workers), lambda: merged_in_flight(workers))
+        listen = _listener(workers)
+        group.wait_ready(listen)
         t0 = choose_t0(options.start_at_unix_ns or time.time_ns() + START_LEAD_NS)
         t0_ns = int(t0.perf_counter_ns or 0)
-        start_all(children, t0.unix_ns)
+        group.start(t0.unix_ns)
         if publish is not None:
             publish.t0_ns.append(t0_ns)
         info = replace(info, t0=t0)
@@ -242,12 +208,10 @@ def run_workers(
         if options.start_at_unix_ns is not None and not options.quiet:
             wait_s = (t0_ns - perf_counter_ns()) / 1e9
             print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}", file=log)
-        state = _supervise(workers, signals, options, t0_ns, log)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for child in children:
-        child.process.join(timeout=10)
+        tick = _supervisor(workers, group, options, t0_ns, log)
+        state = group.supervise(listen, grace_s=options.grace_s, log=log, tick=tick)
+        if log.isatty() and not options.quiet:
+            print(file=log)
     frame, info = _joined(work, workers, run_dir, info, t0, options, log)
     return Ran(frame=frame, info=info, state=state)
 
@@ -287,27 +251,6 @@ def _per_worker_options(options: RunOptions, count: int) -> RunOptions:
     return replace(options, max_in_flight=None if cap is None else -(-cap // count))
 
 
-def _spawn(
-    work: Work, count: int, spec: WorkloadSpec, options: RunOptions, base_url: str, run_dir: Path,
-    thresholds_ms: dict[str, dict[str, float]] | None = None,
-) -> list[_Worker]:  # fmt: skip
-    shares = [split_work(work, Share(index, count)) for index in range(count)]
-    tasks = [
-        (WorkerTask(index=index, spec=spec, options=options, base_url=base_url, share=share,
-                    run_dir=run_dir, parent_pid=os.getpid(), thresholds_ms=thresholds_ms),)
-        for index, share in enumerate(shares)
-    ]  # fmt: skip
-    children = spawn(worker_main, tasks, "loadgen-worker")
-    return [_Worker(child=c, share=share) for c, share in zip(children, shares, strict=True)]
-
-
-def _collector(signals: list[int]) -> Callable[[int, FrameType | None], None]:
-    def collect(signum: int, frame: FrameType | None) -> None:
-        signals.append(signum)
-
-    return collect
-
-
 def _listener(workers: list[_Worker]) -> Callable[[Child, tuple[Any, ...]], None]:
     """What the parent does with each worker's message: note when, and keep what it said."""
     by_child = {id(w.child): w for w in workers}
@@ -318,76 +261,46 @@ def _listener(workers: list[_Worker]) -> Callable[[Child, tuple[Any, ...]], None
         if message[0] == "stats":
             worker.counters, worker.ttft = message[1], message[2]
             worker.live = message[3]
-        elif message[0] == "done":
+        elif message[0] == DONE:
             worker.done = message[2]
 
     return heard
 
 
-def _supervise(
-    workers: list[_Worker], signals: list[int], options: RunOptions, t0_ns: int, log: TextIO
-) -> RunState:
-    """Relay signals, stop the rest when one worker's watchdog fires, draw the progress
-    line, until every worker has finished or died."""
-    state = RunState()
-    children = [w.child for w in workers]
-    listen = _listener(workers)
-    handled = 0
+def _supervisor(
+    workers: list[_Worker], group: ProcessGroup, options: RunOptions, t0_ns: int, log: TextIO
+) -> Callable[[RunState], None]:
+    """What the parent does besides the group's own supervision, a few times a second: stop
+    the rest when one worker's watchdog fires or one falls silent, draw the progress line."""
     tty = log.isatty()
     last_line = 0.0
-    while any(_running(w) for w in workers):
-        receive(children, 0.25, listen)
-        while handled < len(signals):
-            handled += 1
-            _relay_signal(workers, state, options.grace_s, log)
+
+    def tick(state: RunState) -> None:
+        nonlocal last_line
         watchdog = next((w.done.watchdog for w in workers if w.done and w.done.watchdog), None)
         if watchdog and state.watchdog is None:
             state.watchdog = watchdog
-            _tell_all(workers, ("cancel",))
-        for worker in workers:
-            if worker.done is None and not worker.child.process.is_alive():
-                worker.child.closed = True
-        _stop_silent(workers, state, options.watchdog_s, log)
+            group.tell((CANCEL,))
+        _stop_silent(workers, group, state, options.watchdog_s, log)
         now = time.monotonic()
         if options.quiet or (not tty and now - last_line < 10):
-            continue
+            return
         last_line = now
         line = progress_line(merged_stats(workers), (perf_counter_ns() - t0_ns) / 1e9)
-        line += f"  workers {sum(_running(w) for w in workers)}/{len(workers)}"
+        line += f"  workers {sum(w.child.running for w in workers)}/{len(workers)}"
         print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
-    if tty and not options.quiet:
-        print(file=log)
-    return state
+
+    return tick
 
 
-def _running(worker: _Worker) -> bool:
-    return worker.done is None and not worker.child.closed
-
-
-def _tell_all(workers: list[_Worker], message: tuple[Any, ...]) -> None:
-    for worker in workers:
-        send(worker.child, message)
-
-
-def _relay_signal(workers: list[_Worker], state: RunState, grace_s: float, log: TextIO) -> None:
-    """The one interrupt policy (`drive.interrupt`), for every worker: first signal, each
-    stops sending and gives in-flight requests the grace; second, each writes what it has
-    and exits, and so does the parent."""
-
-    def exit_all() -> None:
-        _tell_all(workers, ("exit",))
-        for worker in workers:
-            worker.child.process.join(timeout=5)
-
-    interrupt(state, grace_s, log, stop=lambda: _tell_all(workers, ("stop",)), exit_now=exit_all)
-
-
-def _stop_silent(workers: list[_Worker], state: RunState, limit_s: float, log: TextIO) -> None:
+def _stop_silent(
+    workers: list[_Worker], group: ProcessGroup, state: RunState, limit_s: float, log: TextIO
+) -> None:
     """A worker silent for `limit_s` (its loop is stuck: it reports twice a second) is
     killed and the run stopped as by the watchdog; what it wrote is kept."""
     now = time.monotonic()
     for worker in workers:
-        if _running(worker) and now - worker.heard > limit_s:
+        if worker.child.running and now - worker.heard > limit_s:
             index = worker.child.index
             message = f"worker {index} sent nothing for {limit_s:g} s (its loop is stuck)"
             print(f"\nwatchdog: {message}; stopping, records kept", file=log)
@@ -395,7 +308,7 @@ def _stop_silent(workers: list[_Worker], state: RunState, limit_s: float, log: T
                 state.watchdog = message
             worker.child.process.kill()
             worker.child.closed = True
-            _tell_all(workers, ("cancel",))
+            group.tell((CANCEL,))
 
 
 def merged_stats(workers: list[_Worker]) -> LiveStats:
@@ -423,7 +336,7 @@ def merged_in_flight(workers: list[_Worker]) -> dict[str, int]:
     """The workers' latest in-flight counts per class, summed."""
     total: dict[str, int] = {}
     for worker in workers:
-        if worker.live is not None and _running(worker):
+        if worker.live is not None and worker.child.running:
             for cls, n in worker.live[1].items():
                 total[cls] = total.get(cls, 0) + n
     return total

@@ -15,7 +15,7 @@ the limit is what stopped it; `X-Sim-Finish` gives the other ends real servers s
 (`END_KINDS`: vLLM's and llama-server's `response.completed` with status `incomplete` or
 `cancelled`, OpenAI's `response.incomplete`, `response.failed`). Every Response object
 carries every field the spec requires (checked against the openai SDK's types, or the
-spec's required lists, by tests/test_sim_dialects.py). Reasoning (a simulator rule):
+spec's required lists, by tests/sim/test_sim_dialects.py). Reasoning (a simulator rule):
 `reasoning: {effort}` spends floor(f x N) of the N output tokens reasoning, f = 1/4, 1/2,
 3/4 for low, medium (also the default when `reasoning` has no effort), high; none and
 minimal spend none. `instructions` count as prompt words.

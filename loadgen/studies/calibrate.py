@@ -13,12 +13,14 @@ the event loop's polling what limits the first.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import loadgen.engine.runner  # noqa: F401  # imported for its import time
 from loadgen import __version__
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.calibration import Ladder, Level, Thresholds
 from loadgen.analysis.live import LiveTally
 from loadgen.engine import harness
 from loadgen.engine.host import (
@@ -47,9 +50,18 @@ from loadgen.percentiles import nearest_rank
 from loadgen.results.records import RequestRecord
 from loadgen.results.runfolder import SIM_TRACE_FILE
 from loadgen.run.envelope import Load, host_name
+from loadgen.run.lifeline import die_with_parent
 from loadgen.run.live import LiveExporter, LiveRun
+from loadgen.run.record import RunState
 from loadgen.run.simulator import running_sim
-from loadgen.run.spawn import ready_then_wait, spawn, start_all, wait_ready
+from loadgen.run.spawn import (
+    DONE,
+    Child,
+    ProcessGroup,
+    ignore_signals,
+    obey_parent,
+    ready_then_wait,
+)
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 
@@ -64,71 +76,6 @@ def now_iso() -> str:
 
 
 # -- measuring one load level ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Thresholds:
-    """What a level must meet to count as measured truthfully (ms, at p99)."""
-
-    timestamp_p99_ms: float = 5.0  # client chunk arrival − server write time
-    ttft_p99_ms: float = 2.0  # client first-token time − server write time of chunk 0
-    send_lag_p99_ms: float = 5.0  # dispatched − intended
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ladder:
-    """The levels calibrate drives: total streams at one token rate per stream."""
-
-    streams: tuple[int, ...] = (64, 128, 256, 512, 1024)
-    tokens_per_s: float = 50.0  # per stream; the simulator's flat decode step is 1/this
-    stream_s: float = 4.0  # each stream's token phase: tokens = tokens_per_s × stream_s
-    ramp_s: float = 1.0  # sends spread evenly over this
-    processes: int = 1  # engine processes, each with 1/N of the streams
-    all_levels: bool = False  # else stop after the first level that misses
-    quick: bool = False  # `--quick`: a smoke check, not this host's envelope unless saved
-
-    @property
-    def tokens(self) -> int:
-        """Output tokens per stream."""
-        return max(1, round(self.tokens_per_s * self.stream_s))
-
-
-QUICK_LADDER = Ladder(streams=(8, 16), stream_s=1.0, ramp_s=0.2, quick=True)  # smoke checks
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Level:
-    """One measured level: its load (totals over all processes) and every figure."""
-
-    streams: int
-    tokens_per_s: float
-    processes: int
-    chunks_per_s: float  # planned: streams × tokens_per_s
-    chunks: int  # received
-    expected_chunks: int
-    failed: int
-    cpu_us_per_chunk: float  # client CPU (user + system, every engine process) / chunks
-    timestamp_err_p50_ms: float
-    timestamp_err_p99_ms: float
-    timestamp_err_max_ms: float
-    ttft_err_p99_ms: float
-    send_lag_p99_ms: float
-    steal_ms: float  # host vCPU steal during the level (NaN where unknown)
-    cpu_stall_ms: float  # host CPU pressure: time some task waited for a CPU (NaN: unknown)
-    load_avg_1m: float  # the host's load average at the end of the level
-    misses: tuple[str, ...]  # the thresholds (or checks) this level missed
-
-    @property
-    def met(self) -> bool:
-        """True when every threshold held and nothing failed."""
-        return not self.misses
-
-    def per_process(self) -> Load:
-        """The level's load on each engine process."""
-        return Load(
-            streams=self.streams // self.processes,
-            chunks_per_s=self.chunks_per_s / self.processes,
-        )
 
 
 def level_plans(streams: int, tokens: int, ramp_s: float) -> list[RequestPlan]:
@@ -160,13 +107,14 @@ def sim_args(streams: int, tokens_per_s: float) -> list[str]:
 
 def run_engine(
     plans: Sequence[RequestPlan], url: str, t0_ns: int, *, observe: Observe | None = None,
-    stats: LiveStats | None = None,
+    stats: LiveStats | None = None, control: Callable[[Engine], Awaitable[None]] | None = None,
 ) -> tuple[list[Any], float]:  # fmt: skip
     """Run the plans through the engine harness as `loadgen run` does (uvloop, quiet GC,
     the connections its start needs opened before t0: `--warm-connections auto`), with
     t0 = `t0_ns` (absolute perf_counter_ns); return the records and the CPU s the run
     cost from t0 (warming is before it, in no figure). `observe` sees each record as it
-    lands (the live exporter's tally)."""
+    lands (the live exporter's tally); `control` runs beside the engine (a spawned
+    process's parent's commands)."""
 
     raise_open_files_limit()
     adapter = adapter_for("openai-chat")
@@ -186,7 +134,8 @@ def run_engine(
     async def session(engine: Engine) -> None:
         await engine.connector.warm(warm_count(engine.work, None, open_files_limit()))
         from_s.append(time.process_time())  # user + system, ns resolution
-        await engine.run(t0_ns)
+        beside = () if control is None else (functools.partial(control, engine),)
+        await harness.run_beside(engine, t0_ns, *beside)
 
     with quiet_gc():  # entered here, not by the harness: its collection is not the engine's CPU
         harness.run_engine(plans, Pool(endpoint), config, keep if observe is None else observed,
@@ -202,13 +151,21 @@ def warm_up() -> None:
     anyio.run(anyio.sleep, 0, backend="asyncio", backend_options=backend_options())
 
 
-def _engine_process(plans: list[RequestPlan], url: str, conn: Any) -> None:
-    """A spawned engine process: warm up, say ready, wait for t0, run, send records back."""
+def _engine_process(plans: list[RequestPlan], url: str, parent_pid: int, conn: Any) -> None:
+    """A spawned engine process: warm up, say ready, wait for t0, run (obeying its parent's
+    stop, `run.spawn.obey_parent`: a stopped level is cancelled at once), send its records."""
+    die_with_parent(parent_pid)  # never outlive the calibration
+    ignore_signals()  # the parent owns Ctrl-C and SIGTERM
     warm_up()
     t0_ns = ready_then_wait(conn)
     if t0_ns is None:  # the parent gave up before the start
         return
-    conn.send(run_engine(plans, url, t0_ns))
+    state = RunState()
+
+    async def control(engine: Engine) -> None:
+        await obey_parent(conn, engine, state, 0.0)
+
+    conn.send((DONE, os.getpid(), run_engine(plans, url, t0_ns, control=control)))
     conn.close()
 
 
@@ -219,35 +176,38 @@ def run_processes(
     """Run the plans on `processes` engine processes (plan i on process i mod N), all with
     one t0 (perf_counter is CLOCK_MONOTONIC, shared by processes on Linux); return every
     record, their summed CPU s, and t0. One process runs in this process. `observe` sees
-    each record: as it lands with one process, as its process sends them back with more."""
+    each record: as it lands with one process, as its process sends them back with more.
+    More processes run as `loadgen run --workers` runs its workers (`run.spawn.ProcessGroup`):
+    Ctrl-C or SIGTERM stops every one at once, and ends the calibration (KeyboardInterrupt,
+    exit 130); a second exits at once."""
     if processes == 1:
         warm_up()
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         own, own_cpu_s = run_engine(plans, url, t0_ns, observe=observe, stats=stats)
         return own, own_cpu_s, t0_ns
-    shares = [(list(plans[k::processes]), url) for k in range(processes)]
-    children = spawn(_engine_process, shares, "loadgen-calibrate")
-    try:
-        wait_ready(children, "calibrate engine")
+    shares = [(list(plans[k::processes]), url, os.getpid()) for k in range(processes)]
+    parts: dict[int, tuple[list[Any], float]] = {}
+
+    def keep(child: Child, message: tuple[Any, ...]) -> None:
+        if message[0] == DONE:
+            parts[child.index] = message[2]
+
+    with ProcessGroup(_engine_process, shares, "loadgen-calibrate", "calibrate engine") as group:
+        group.wait_ready()
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
-        start_all(children, t0_ns)
-        records: list[Any] = []
-        cpu_s = 0.0
-        for child in children:
-            part, part_cpu_s = child.conn.recv()
-            if observe is not None:
-                for record in part:
-                    observe(record)
-            records += part
-            cpu_s += part_cpu_s
-    except EOFError:
-        raise LoadgenError("a calibrate engine process died (see its error above)") from None
-    finally:
-        for child in children:
-            child.process.join(timeout=10)
-            if child.process.is_alive():
-                child.process.kill()
-    return records, cpu_s, t0_ns
+        group.start(t0_ns)
+        state = group.supervise(keep, grace_s=0.0, log=sys.stderr)
+    if state.interrupted:
+        raise KeyboardInterrupt
+    lost = next((child for child in group.children if child.index not in parts), None)
+    if lost is not None:
+        raise LoadgenError(f"calibrate engine process {lost.index} exited with code "
+                           f"{lost.process.exitcode} (see its error above)")  # fmt: skip
+    records = [record for index in sorted(parts) for record in parts[index][0]]
+    if observe is not None:
+        for record in records:
+            observe(record)
+    return records, sum(cpu_s for _, cpu_s in parts.values()), t0_ns
 
 
 def read_trace(path: Path) -> dict[str, list[int]]:
@@ -437,11 +397,19 @@ def result_json(
         },
         "thresholds": asdict(thresholds),
         "levels": [_jsonable({**asdict(lv), "met": lv.met}) for lv in levels],
-        "envelope": None if envelope is None else asdict(envelope.per_process()),
+        "envelope": None if envelope is None else asdict(per_process(envelope)),
         "envelope_total": None
         if envelope is None
         else {"streams": envelope.streams, "chunks_per_s": envelope.chunks_per_s},
     }
+
+
+def per_process(level: Level) -> Load:
+    """The level's load on each engine process."""
+    return Load(
+        streams=level.streams // level.processes,
+        chunks_per_s=level.chunks_per_s / level.processes,
+    )
 
 
 def _jsonable(item: dict[str, Any]) -> dict[str, Any]:

@@ -315,7 +315,7 @@ def engine_config(
 ) -> EngineConfig:
     """The engine configuration the test harness runs with (model "m", seed 0). Early stops
     are allowed: a scripted server streams the tokens its script holds, whatever length the
-    body forces (the forced-length rule has its own tests, tests/test_stream_ends.py)."""
+    body forces (the forced-length rule has its own tests, tests/adapters/test_stream_ends.py)."""
     return EngineConfig(
         adapter=adapter_for(api, generic),
         body_options=BodyOptions(model="m"),

@@ -9,7 +9,7 @@ most a kill can take. The server here is a `ScriptedServer` in this process, so 
 Also the pieces the interrupt tests share (a run of 60 requests of which the first five
 finish at once and the rest stream for 4 s; starting it; waiting for a condition; the
 process table of a run, to show no helper outlives it).
-Used by tests/test_interrupt.py, tests/test_workers.py and benchmarks/sigkill.py.
+Used by tests/run/test_interrupt.py, tests/run/test_workers.py and benchmarks/sigkill.py.
 """
 
 from __future__ import annotations

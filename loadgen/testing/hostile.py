@@ -1,6 +1,6 @@
 """Hostile servers: one scripted response per way a server can misbehave on the wire.
 
-Fixtures for the hostile-server suite (`tests/test_hostile.py`) and its benchmark
+Fixtures for the hostile-server suite (`tests/engine/test_hostile.py`) and its benchmark
 (`benchmarks/hostile.py`), played by `loadgen.testing.ScriptedServer`. Each case is a
 script and what the client must make of it: the outcome every request ends with, a
 phrase its error says, and the phrase the preflight's error says. Long or endless

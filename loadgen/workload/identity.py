@@ -30,7 +30,7 @@ a release changes what a default sends, the fingerprint must name the semantics 
   `{"grow": false}` is exactly what the default-dropping rule hashed for an explicit
   `grow: false`, so such runs keep their key (unless they set a `tool_result_tokens`, which
   a fixed context never sends). Classes that are not agents hash as before: their
-  fingerprints are unchanged (tests/test_identity.py pins the shipped ones).
+  fingerprints are unchanged (tests/workload/test_identity.py pins the shipped ones).
 - Old run.json. A stored agent class without a `context` key (schema 8 and older) ran a
   fixed context: `spec_from_resolved` rebuilds it as `grow: false`, so both `recover` and
   the identity see the traffic it sent. The identity an older loadgen recorded for a run

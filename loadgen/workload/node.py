@@ -25,7 +25,7 @@ def file_keys(cls: type[Any], keys: Mapping[str, tuple[str, ...]] | None = None)
     """The keys a workload file may give for the section `cls` holds, in field order: each
     field's name, or for a field in `keys` the file keys it is read from (`()`: no key, the
     field is derived). So a field added to the model is a key of the file at once, and a
-    test that reads every key (tests/test_spec.py) finds the parser that forgot it."""
+    test that reads every key (tests/workload/test_spec.py) finds the parser that forgot it."""
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = set(keys or {}) - set(names)
     if unknown:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the real servers that tests/test_realserver.py drives, from registry packages only:
+# Set up the real servers that tests/realserver/test_realserver.py drives, from registry packages only:
 #
 #   llama   llama.cpp's llama-server, built from the llama.cpp source that ships inside the
 #           llama-cpp-python sdist on PyPI (server target only, portable -O1 AVX2 build), plus a

@@ -1,0 +1,521 @@
+"""A capacity search's results, and the judging of one step from its records.
+
+The types a search returns (`Step`, `Search`, `Verdict`), the verdict against a proposed
+limit and the exit code, capacity.json, and `audit_step`: pure functions of a step's
+records and spec, so `loadgen.render` draws them and `loadgen.studies.capacity`, which
+runs the steps, judges each with them.
+
+A step passes only when it reached a steady state at the offered load and met every SLO
+there (`audit_step`, with the evidence from `loadgen.analysis.steady`):
+
+1. the generator kept up (else the step is *invalid*: its numbers describe the client);
+2. it is long enough: each class with a percentile SLO has its `min_requests` after the
+   warm-up, and the judged part lasted at least `min_lifetimes` (20) mean lifetimes of its
+   own requests (intended → end), so that a request's whole life repeats many times;
+3. it completed (any outcome) within RATE_TOLERANCE (3 %) of the offered rate over the
+   judged part, and below the server's measured capacity (the highest ok-completion rate
+   of any over-saturated step, less the same tolerance);
+4. neither the requests in flight nor the TTFT from intended rose across the judged part
+   beyond what the slices' scatter allows and beyond one request's worth of queue;
+5. every SLO held over the judged part.
+
+A step that fails 3 is *over-saturated*: its ok-completion rate is what the server can
+serve, so no load above it is run again (over-saturation stops the search early) and any
+passing step at or above it is re-judged a failure. A step that would pass but is too
+short (2) is run once more, longer (planned from its own measured lifetime).
+
+Closed-loop steps (`--param max_in_flight`, see `loadgen.studies.capacity`) are judged from
+the send, on counts, lifetimes, a held cap and the SLOs; their rate and trends are shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import polars as pl
+
+from loadgen.analysis.audit import audit
+from loadgen.analysis.objectives import Objective
+from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
+from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
+from loadgen.results.runfolder import LAG_BOUND_MS
+from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
+from loadgen.workload.spec import WorkloadSpec
+
+PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
+SHORT = "short"  # internal: would pass but the step was too short; run again, longer
+NS_PER_S = 1_000_000_000
+RATE_TOLERANCE = 0.03  # "completed within a few percent of offered"
+MIN_LIFETIMES = 20.0  # the judged part lasts at least this many mean request lifetimes
+WARMUP_LIFETIMES = 2.0  # the warm-up lasts at least this many (the in-flight count settles)
+MAX_WARMUP_SHARE = 1 / 3  # the default warm-up never takes more of a step than this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassFigures:
+    """One class at one step, judged after the warm-up."""
+
+    requests: int  # judged (after the warm-up)
+    required: int | None  # the min-requests rule for its percentile (None: no percentile SLO)
+    percentile: float
+    attainment: float | None
+    met: bool
+    ttft_ms: float | None  # at the SLO percentile, failures worst (None: falls on a failure)
+    tpot_ms: float | None
+    ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One load step's verdict (`pass`, `fail`, `invalid`, `interrupted`), reason and figures."""
+
+    load: float
+    status: str
+    note: str = ""  # the verdict's reason (and anything else the reader should know)
+    requests: int = 0
+    duration_s: float = 0.0
+    attainment: float | None = None  # meeting / judged, over every class
+    goodput_req_per_s: float | None = None
+    goodput_tok_per_s: float | None = None
+    throughput_tok_per_s: float | None = None  # every output token, late or not
+    classes: Mapping[str, ClassFigures] = field(default_factory=dict)
+    run_dir: str | None = None
+    steady: Steadiness | None = None  # the steady-state evidence of the judged part
+    warmup_s: float | None = None  # what was left out at the start
+    min_lifetimes: float = MIN_LIFETIMES
+    capacity_load: float | None = None  # over-saturated: the load the server did serve
+    attempts: int = 1  # 2 when the first run was too short and the step was run again
+    closed_loop: bool = False  # a max_in_flight step: rate and trends shown, not judged
+
+    @property
+    def over_saturated(self) -> bool:
+        """True when the server completed less than the offered load (see `audit_step`)."""
+        return self.capacity_load is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Search:
+    """Every step in the order run, and what they bracket."""
+
+    steps: tuple[Step, ...]
+    highest_pass: float | None
+    first_fail: float | None  # the lowest failing load that was run
+    stopped_by: Step | None = None  # an invalid or interrupted step that ended the search
+    capacity: float | None = None  # the highest load an over-saturated step served
+
+    @property
+    def ceiling(self) -> float | None:
+        """No load at or above this can pass: the measured capacity less RATE_TOLERANCE."""
+        return None if self.capacity is None else self.capacity * (1 - RATE_TOLERANCE)
+
+    @property
+    def upper(self) -> float | None:
+        """The lowest load known not to pass: the first fail, or the ceiling when lower."""
+        known = [v for v in (self.first_fail, self.ceiling) if v is not None]
+        return min(known) if known else None
+
+    @property
+    def knee_found(self) -> bool:
+        """A passing load with a failing one (or the capacity bound) above it."""
+        return self.highest_pass is not None and self.upper is not None
+
+    @property
+    def margin(self) -> float | None:
+        """How far the highest pass lies below the upper bound, as a share of it."""
+        if self.highest_pass is None or self.upper is None:
+            return None
+        return (self.upper - self.highest_pass) / self.upper
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """A proposed limit against the search: pass only if limit <= highest pass × (1 − margin)."""
+
+    proposed: float
+    allowed: float | None  # the largest limit that would pass
+    passed: bool
+    reason: str
+
+
+def min_requests(percentile: float, min_tail: int = 10) -> int:
+    """Requests so that `min_tail` lie beyond the nearest-rank percentile: ⌈tail/(1 − p/100)⌉."""
+    if not 0 < percentile < 100:
+        raise ValueError(
+            f"a p{percentile:g} is decided by the worst request whatever the count: "
+            "no step length makes it trustworthy"
+        )
+    # round() first: 10 / (1 - 0.99) is 1000.0000000000009 in floats, not 1000
+    return math.ceil(round(min_tail * 100 / (100 - percentile), 6))
+
+
+def judge(found: Search, proposed: float, *, safety_margin: float = 0.10) -> Verdict:
+    """Pass only if `proposed` <= highest passing load × (1 − safety_margin)."""
+    if found.highest_pass is None:
+        return Verdict(
+            proposed=proposed, allowed=None, passed=False, reason="no load passed every SLO"
+        )
+    allowed = found.highest_pass * (1 - safety_margin)
+    passed = proposed <= allowed * (1 + 1e-9)
+    relation = "<=" if passed else ">"
+    reason = (
+        f"{proposed:g} {relation} {allowed:g} (highest passing load {found.highest_pass:g} "
+        f"less the {safety_margin:.0%} safety margin)"
+    )
+    return Verdict(proposed=proposed, allowed=allowed, passed=passed, reason=reason)
+
+
+EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_SLO_MISSED  # the proposed limit passes, fails
+
+
+def exit_code(found: Search, verdict: Verdict | None) -> int:
+    """0 pass (or, without a proposed limit, a knee found); 2 fail or no knee in range;
+    3 the generator fell behind before the answer was known; 130 interrupted."""
+    stopped = found.stopped_by
+    if stopped is not None and stopped.status == INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if verdict is not None and verdict.passed:
+        return EXIT_PASS
+    if verdict is None and found.knee_found:
+        return EXIT_PASS
+    if stopped is not None and found.upper is None:
+        return EXIT_FELL_BEHIND  # load above the last pass (or any load at all) never judged
+    return EXIT_FAIL
+
+
+def required_requests(spec: WorkloadSpec, min_tail: int) -> dict[str, int]:
+    """The min-requests rule per class with a percentile SLO (batches are judged whole)."""
+    required = {}
+    for name, cls in spec.classes.items():
+        if cls.kind == "summarization" or not cls.slo.thresholds_ms():
+            continue
+        try:
+            required[name] = min_requests(cls.slo.percentile, min_tail)
+        except ValueError as exc:
+            raise ConfigError(
+                spec.source, f"classes.{name}.slo.percentile", str(exc), "use e.g. 99 or 99.9"
+            ) from None
+    return required
+
+
+def base_rate_per_s(spec: WorkloadSpec) -> float | None:
+    """The file's total arrival rate of open-loop classes (None when a class replays a trace)."""
+    rates = [c.arrival.mean_rate_per_s for c in spec.classes.values() if c.concurrency is None]
+    if any(r is None for r in rates):
+        return None
+    return sum(r for r in rates if r is not None)
+
+
+def audit_step(
+    frame: pl.DataFrame,
+    spec: WorkloadSpec,
+    load: float,
+    *,
+    min_tail: int,
+    warmup_s: float | None,
+    from_send: bool,
+    fell_behind: bool,
+    run_dir: str | None = None,
+    min_lifetimes: float = MIN_LIFETIMES,
+    steady_checks: bool = True,
+    lag_bound_ms: float = LAG_BOUND_MS,
+) -> Step:
+    """Drop the warm-up, re-audit what is left, and give the step its status and reason.
+
+    Warm-up: records intended before first intended + `warmup_s`; by default the larger of
+    10 % of the sending period and WARMUP_LIFETIMES mean lifetimes of the step's requests.
+    `from_send` measures every latency from the send instead of the intended time
+    (closed-loop cap steps). `lag_bound_ms` is the run's: the re-audit judges the
+    generator by the same bound. `steady_checks=False` is the old rule (counts and SLOs
+    only), kept so tests can show what the steady-state checks catch.
+    """
+    if from_send:
+        frame = frame.with_columns(pl.coalesce("sent_ns", "intended_ns").alias("intended_ns"))
+    if frame.height == 0:
+        return Step(load=load, status=INVALID, note="the step recorded no request")
+    cut, end = judged_window(frame, warmup_s)
+    if warmup_s is None and steady_checks:
+        cut = max(cut, _lifetime_cut(frame, end))
+    kept = frame.filter(pl.col("intended_ns") >= cut)
+    objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
+    summary = audit(
+        kept, run_id="step", objectives=objectives, planned=kept.height, lag_bound_ms=lag_bound_ms
+    )
+    required = required_requests(spec, min_tail)
+    classes = {
+        name: _class_figures(block, required.get(name))
+        for name, block in summary.classes.items()
+        if name in spec.classes
+    }
+    steady = steadiness(frame, cut, end)
+    status, note, capacity = _status(
+        summary, classes, steady, fell_behind, load=load, min_lifetimes=min_lifetimes,
+        closed_loop=from_send, steady_checks=steady_checks,
+        served_load=served_load(frame, spec, load, cut, end),
+    )  # fmt: skip
+    step = _step_of(summary, classes, load, status, note, kept, run_dir)
+    first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
+    return replace(
+        step, steady=steady, warmup_s=(cut - first) / NS_PER_S, min_lifetimes=min_lifetimes,
+        capacity_load=capacity, closed_loop=from_send,
+    )  # fmt: skip
+
+
+def served_load(
+    frame: pl.DataFrame, spec: WorkloadSpec, load: float, cut_ns: int, end_ns: int
+) -> float | None:
+    """The load (in search units) the server served in [cut, end]: the ok completions of
+    the classes the load scales, over their nominal rate at this load, × the load. Against
+    the nominal rate, not the offered count, so a Poisson lull does not inflate it."""
+    scaled = [name for name, cls in spec.classes.items() if cls.concurrency is None]
+    rates = [spec.classes[name].arrival.mean_rate_per_s for name in scaled]
+    window_s = (end_ns - cut_ns) / NS_PER_S
+    mine = frame.filter(pl.col("class").is_in(scaled))
+    served = mine.filter(
+        (pl.col("outcome") == "ok") & (pl.col("end_ns") > cut_ns) & (pl.col("end_ns") <= end_ns)
+    ).height
+    if None in rates:  # a trace replay: its own offered count is the nominal
+        nominal = mine.filter(pl.col("intended_ns").is_between(cut_ns, end_ns)).height / window_s
+    else:
+        nominal = sum(r for r in rates if r is not None)
+    if window_s <= 0 or nominal <= 0:
+        return None
+    return load * served / window_s / nominal
+
+
+def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
+    """First intended + WARMUP_LIFETIMES mean lifetimes (intended → end) of the step, at most
+    MAX_WARMUP_SHARE of the sending period (an over-saturated step's lifetimes grow with it)."""
+    lives = (frame["end_ns"] - frame["intended_ns"]).drop_nulls()
+    first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
+    if lives.len() == 0:
+        return first
+    mean_ns = float(lives.mean())  # type: ignore[arg-type]  # non-empty ints
+    longest = round((end_ns - first) * MAX_WARMUP_SHARE)
+    return first + min(round(WARMUP_LIFETIMES * mean_ns), longest)
+
+
+def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
+    targets = block.slo.targets
+    return ClassFigures(
+        requests=block.requests,
+        required=required,
+        percentile=targets.percentile,
+        attainment=block.slo.attainment,
+        met=bool(block.slo.met),
+        ttft_ms=_at_percentile(block.ttft_ms_with_failures, targets.percentile),
+        tpot_ms=_at_percentile(block.tpot_ms_with_failures, targets.percentile),
+        ttft_slo_ms=targets.ttft_ms,
+        tpot_slo_ms=targets.tpot_ms,
+    )
+
+
+def _at_percentile(stats: FailureRankedStats, percentile: float) -> float | None:
+    """The summary's figure at the SLO percentile (it holds p50/90/95/99; p99 otherwise)."""
+    shown = {50.0: stats.p50, 90.0: stats.p90, 95.0: stats.p95, 99.0: stats.p99}
+    return shown.get(percentile, stats.p99)
+
+
+def _status(
+    summary: Summary,
+    classes: Mapping[str, ClassFigures],
+    steady: Steadiness,
+    fell_behind: bool,
+    *,
+    load: float,
+    min_lifetimes: float,
+    closed_loop: bool,
+    steady_checks: bool,
+    served_load: float | None,
+) -> tuple[str, str, float | None]:
+    """(status, reason, capacity load if over-saturated), the checks in the module's order."""
+    if fell_behind or summary.verdict.fell_behind:
+        return INVALID, "the generator fell behind (late sends, or client errors)", None
+    if closed_loop and steady_checks and steady.mean_in_flight < load * (1 - RATE_TOLERANCE):
+        return INVALID, (
+            f"the closed loop did not hold its cap: {steady.mean_in_flight:.3g} of {load:g} "
+            "in flight on average over the judged part, so the load asked was not applied"
+        ), None  # fmt: skip
+    short = [
+        f"{name} {c.requests}/{c.required} requests"
+        for name, c in classes.items()
+        if c.required is not None and c.requests < c.required
+    ]
+    if steady_checks and (steady.lifetimes or 0.0) < min_lifetimes:
+        short.append(f"{steady.lifetimes or 0:.1f}/{min_lifetimes:g} lifetimes")
+    reasons: list[str] = []
+    capacity = None
+    share = steady.completed_share
+    if steady_checks and not closed_loop and is_over_saturated(steady):
+        capacity = served_load or None
+        reasons.append(
+            f"over-saturated: completed {steady.completed_per_s:.3g} of "
+            f"{steady.offered_per_s:.3g} req/s offered ({share:.0%}), short by "
+            f"{shortfall(steady):.0f} requests (allowed {allowed_shortfall(steady):.0f})"
+        )
+    if steady_checks and not closed_loop:  # a closed loop's queue is bounded by its cap
+        reasons += [f"{_SERIES[t.series]} rising {_rise(t)}" for t in steady.rising()]
+    missed = [name for name, c in classes.items() if not c.met]
+    if missed:
+        reasons.append(f"missed: {', '.join(missed)}")
+    if reasons:
+        tail = [f"short: {', '.join(short)}"] if short else []
+        return FAIL, "; ".join(reasons + tail), capacity
+    if short:
+        return SHORT, f"shorter than the rule: {', '.join(short)}", None
+    if closed_loop and steady_checks:
+        return PASS, "closed loop, steady at its cap: every SLO met", None
+    return PASS, "steady, every SLO met" if steady_checks else "every SLO met", None
+
+
+def shortfall(steady: Steadiness) -> int:
+    """Requests offered over the judged part that it did not complete (its in-flight growth)."""
+    return steady.offered - steady.completed
+
+
+def allowed_shortfall(steady: Steadiness) -> float:
+    """RATE_TOLERANCE of the offered requests, or the noise allowance, or one request (the
+    in-flight count is whole: less is no queue at all), whichever is largest."""
+    return max(RATE_TOLERANCE * steady.offered, steady.shortfall_allowance, 1.0)
+
+
+def is_over_saturated(steady: Steadiness) -> bool:
+    """Completed short of offered by more than `allowed_shortfall`."""
+    return steady.offered_per_s > 0 and shortfall(steady) > allowed_shortfall(steady)
+
+
+_SERIES = {"in_flight": "in flight", "ttft_ms": "TTFT from intended"}
+
+
+def _rise(trend: Trend) -> str:
+    unit = " ms" if trend.series == "ttft_ms" else ""
+    return f"{trend.rise:+.3g}{unit} (noise bound {trend.allowance:.2g}, floor {trend.floor:.2g})"
+
+
+def _step_of(
+    summary: Summary,
+    classes: Mapping[str, ClassFigures],
+    load: float,
+    status: str,
+    note: str,
+    kept: pl.DataFrame,
+    run_dir: str | None,
+) -> Step:
+    duration_s = summary.duration_s
+    judged = sum(c.requests for c in classes.values())
+    meeting = sum((c.attainment or 0.0) * c.requests for c in classes.values())
+    goodput = [b.goodput for b in summary.classes.values()]
+    tokens = int(kept["output_tokens"].fill_null(0).sum()) if kept.height else 0
+    return Step(
+        load=load, status=status, note=note, requests=judged, duration_s=duration_s,
+        attainment=round(meeting / judged, 6) if judged else None,
+        goodput_req_per_s=_total(g.requests_per_s for g in goodput),
+        goodput_tok_per_s=_total(g.output_tokens_per_s for g in goodput),
+        throughput_tok_per_s=round(tokens / duration_s, 3) if duration_s > 0 else None,
+        classes=classes, run_dir=run_dir,
+    )  # fmt: skip
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(sum(present), 3) if present else None
+
+
+def planned_size(spec: WorkloadSpec) -> tuple[float, float]:
+    """(seconds of sending, requests) a step spec plans, roughly: open-loop classes at their
+    mean rate for their duration, closed loops their request counts (no duration)."""
+    seconds, requests = 0.0, 0.0
+    for cls in spec.classes.values():
+        rate = cls.arrival.mean_rate_per_s
+        if cls.duration_s is not None:
+            seconds = max(seconds, cls.duration_s)
+            requests += (rate or 0.0) * cls.duration_s
+        elif cls.requests is not None:
+            requests += cls.requests
+    return seconds, requests
+
+
+def highest_pass_req_s(found: Search, base_rate: float | None) -> float | None:
+    """The knee in req/s: the highest pass × the file's total rate (rate mode), else the
+    completed rate measured at the highest passing step (closed loop, trace replay)."""
+    if found.highest_pass is None:
+        return None
+    if base_rate is not None:
+        return found.highest_pass * base_rate
+    step = next(s for s in found.steps if s.status == PASS and s.load == found.highest_pass)
+    return step.steady.completed_per_s if step.steady else None
+
+
+def to_json(
+    found: Search,
+    verdict: Verdict | None,
+    settings: Mapping[str, Any],
+    base_rate: float | None = None,
+) -> dict[str, Any]:
+    """capacity.json: the knee in req/s, the settings, every step's evidence, the verdict."""
+    return {
+        "highest_pass_req_s": highest_pass_req_s(found, base_rate),
+        "highest_pass": found.highest_pass,
+        "first_fail": found.first_fail,
+        "capacity": found.capacity,
+        "ceiling": found.ceiling,
+        "margin": found.margin,
+        "knee_found": found.knee_found,
+        "settings": dict(settings),
+        "steps": [step_json(s) for s in found.steps],
+        "stopped_by": step_json(found.stopped_by) if found.stopped_by else None,
+        "verdict": None
+        if verdict is None
+        else {
+            "proposed": verdict.proposed,
+            "allowed": verdict.allowed,
+            "passed": verdict.passed,
+            "reason": verdict.reason,
+        },
+        "exit_code": exit_code(found, verdict),
+    }
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    """One step as JSON: its figures, classes and steady-state evidence."""
+    skip = ("classes", "steady")
+    data = {k: getattr(step, k) for k in Step.__dataclass_fields__ if k not in skip}
+    data["over_saturated"] = step.over_saturated
+    data["classes"] = {
+        name: {k: getattr(c, k) for k in ClassFigures.__dataclass_fields__}
+        for name, c in step.classes.items()
+    }
+    data["steady"] = None if step.steady is None else steady_json(step.steady)
+    return data
+
+
+def steady_json(steady: Steadiness) -> dict[str, Any]:
+    """The evidence with its derived figures (shares, lifetimes, which series rose)."""
+    data: dict[str, Any] = {
+        k: getattr(steady, k) for k in Steadiness.__dataclass_fields__ if k != "trends"
+    }
+    data["completed_share"] = steady.completed_share
+    data["lifetimes"] = steady.lifetimes
+    data["trends"] = {
+        t.series: {**{k: getattr(t, k) for k in Trend.__dataclass_fields__}, "rising": t.rising}
+        for t in steady.trends
+    }
+    return data
+
+
+def settings_json(
+    param: str, loads: list[float], resolution: float, min_tail: int, min_lifetimes: float,
+    warmup_s: float | None, safety_margin: float, proposed: float | None,
+    base_rate: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The settings capacity.json records beside the steps."""
+    return {
+        "param": param, "loads": loads, "resolution": resolution, "min_tail": min_tail,
+        "min_lifetimes": min_lifetimes, "rate_tolerance": RATE_TOLERANCE, "warmup_s": warmup_s,
+        "safety_margin": safety_margin, "proposed_limit": proposed,
+        "load_unit": "max_in_flight" if param == "max_in_flight" else "rate multiplier",
+        "base_rate_per_s": base_rate,
+    }  # fmt: skip

@@ -1,0 +1,579 @@
+"""Hostile servers: every misbehaviour ends as a classified outcome, one record per planned
+request, with bounded memory and time, in the run and in the preflight."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import itertools
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from time import monotonic, perf_counter, sleep
+
+import polars as pl
+import pytest
+from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from loadgen.adapters import adapter_for
+from loadgen.adapters.protocol import BodyOptions
+from loadgen.cli import cli
+from loadgen.engine.preflight import preflight
+from loadgen.engine.transport import make_endpoint
+from loadgen.errors import RunBusy, TargetError
+from loadgen.printable import printable
+from loadgen.results.liveness import live_writer, run_lock
+from loadgen.results.records import Outcome
+from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR
+from loadgen.testing import (
+    CLOSE,
+    ReceivedRequest,
+    ScriptedServer,
+    Step,
+    chat_chunk,
+    simple_chat,
+    sse,
+    stream_steps,
+)
+from loadgen.testing.builders import chat_workload, workload_file
+from loadgen.testing.hostile import CASES, DEADLINES, TOKENS, HostileCase
+
+REQUESTS = 3
+DEADLINE_FLOW = (f"{{first_token_s: {DEADLINES.first_token_s:g}, stall_s: {DEADLINES.stall_s:g}, "
+                 f"total_s: {DEADLINES.total_s:g}}}")  # fmt: skip
+WORKLOAD = chat_workload("hostile", rate_per_s=20, requests=REQUESTS, deadlines=DEADLINE_FLOW)
+# A run of 3 requests 50 ms apart, each ended by its 2 s total deadline at the latest, plus
+# the run's own work (writing records and summary): far under this on any machine, and
+# far over it for a client that waits on the server (one byte a second is minutes; the
+# heartbeats never end).
+RUN_BOUND_S = DEADLINES.total_s + 20.0
+PREFLIGHT_S = 1.0
+PREFLIGHT_BOUND_S = PREFLIGHT_S + 10.0
+# Peak RSS over a warm healthy run: the caps hold a few MiB per stream (1 MiB event, one
+# 256 KiB read). Buffering the 100 MiB line (or 20 MiB of headers) would pass this 4 times
+# over, however the machine is loaded.
+RSS_BOUND_MIB = 48
+
+
+def peak_rss_growth_mib(action: Callable[[], object]) -> float | None:
+    """MiB the process's peak RSS rose above its RSS before `action` (None off Linux)."""
+    status = Path("/proc/self/status")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset the peak to now
+    except OSError:
+        return None
+
+    def kib(field: str) -> int:
+        return int(re.search(rf"{field}:\s+(\d+) kB", status.read_text()).group(1))  # type: ignore[union-attr]
+
+    before = kib("VmRSS")
+    action()
+    return (kib("VmHWM") - before) / 1024
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The suite's workload, after one healthy run has warmed the process up (imports,
+    allocator pools), so RSS growth measures the case, not the first run."""
+    path = workload_file(tmp_path_factory.mktemp("hostile"), WORKLOAD, "hostile.yaml")
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        out = path.parent / "warm"
+        result = invoke(path, server.url, out)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def invoke(path: Path, url: str, out: Path, *extra: str) -> Result:
+    return CliRunner().invoke(
+        cli, ["run", str(path), "--url", url, "--out", str(out), "--run-id", "r", "-q",
+              "--lag-bound-ms", "1000", "--no-preflight", *extra],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.slow  # ~2 s on 2 cores: left to .ci/run's second part
+def test_a_hostile_server_gives_classified_records_in_bounded_memory_and_time(
+    case: HostileCase, workload: Path, tmp_path: Path
+) -> None:
+    """Each request against the case ends with its outcome and reason, planned == recorded,
+    and the run ends within its deadlines with peak RSS near a healthy run's."""
+    got = {}
+
+    def run() -> None:
+        with ScriptedServer(case.script) as server:
+            started = perf_counter()
+            got["result"] = invoke(workload, server.url, tmp_path)
+            got["wall_s"] = perf_counter() - started
+
+    growth = peak_rss_growth_mib(run)
+    result = got["result"]
+    assert result.exit_code == (0 if case.outcome is Outcome.OK else 2), result.output
+    assert "Traceback" not in result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records.height == REQUESTS  # planned == recorded
+    assert set(records["outcome"]) == {case.outcome.value}, records["error"].to_list()
+    if case.error:
+        assert all(case.error in e for e in records["error"]), records["error"].to_list()
+    assert got["wall_s"] < RUN_BOUND_S
+    if sys.platform == "linux":
+        assert growth is not None, "peak RSS is measurable on Linux (/proc/self/clear_refs)"
+    if growth is not None:
+        assert growth < RSS_BOUND_MIB, f"peak RSS grew {growth:.0f} MiB"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_the_preflight_ends_by_its_deadline_with_what_went_wrong(case: HostileCase) -> None:
+    """Against each case the preflight passes or says what was wrong, within its deadline."""
+    adapter = adapter_for("openai-chat")
+    got = {"message": ""}
+
+    def check() -> None:
+        with ScriptedServer(case.script) as server:
+            endpoint = make_endpoint(server.url, adapter.default_path, {})
+            started = perf_counter()
+            try:
+                preflight(endpoint, adapter, BodyOptions(model="m"), timeout_s=PREFLIGHT_S)
+            except TargetError as exc:
+                got["message"] = str(exc)
+            got["elapsed_s"] = perf_counter() - started
+
+    growth = peak_rss_growth_mib(check)
+    assert got["elapsed_s"] < PREFLIGHT_BOUND_S
+    if case.preflight:
+        assert case.preflight in got["message"]
+    else:
+        assert got["message"] == ""
+    if growth is not None:
+        assert growth < RSS_BOUND_MIB, f"peak RSS grew {growth:.0f} MiB"
+
+
+def test_each_class_has_its_own_event_cap(tmp_path: Path) -> None:
+    """10 KiB tokens pass the default 1 MiB cap and fail a class capped at 4 KiB, whose
+    records name its cap and key."""
+    path = tmp_path / "w.yaml"
+    small = WORKLOAD.split("classes:\n", 1)[1].replace("chat:", "small:")
+    small = small.replace("    deadlines:", "    limits: {max_event_bytes: 4096}\n    deadlines:")
+    path.write_text(WORKLOAD + small)
+    big_token = chat_chunk("x" * 10_240)
+    with ScriptedServer(
+        lambda r: stream_steps(
+            [chat_chunk(role="assistant"), big_token, chat_chunk(finish="length")]
+        )
+    ) as server:
+        result = invoke(path, server.url, tmp_path)
+    assert result.exit_code == 2, result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    by_class = {name: set(group["outcome"]) for (name,), group in records.group_by("class")}
+    assert by_class == {"chat": {"ok"}, "small": {"stream_error"}}
+    errors = set(records.filter(pl.col("class") == "small")["error"])
+    assert errors == {
+        "a stream event over the 4 KiB cap (limits.max_event_bytes of class small): "
+        "connection closed"
+    }
+
+
+# -- one writer per run folder -------------------------------------------------------------
+SMOKE = Path(__file__).resolve().parents[2] / "workloads" / "chat-smoke.yaml"
+
+
+def loadgen_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True,
+                          text=True, timeout=timeout_s)  # fmt: skip
+
+
+@pytest.mark.slow  # ~18 s on 2 cores: left to .ci/run's second part
+def test_recover_refuses_a_live_run_and_waits_for_it_with_wait(tmp_path: Path) -> None:
+    """`report --recover` and `report` of a run still running exit 6 saying it is running,
+    and the run goes on to record all 60 plans; `--recover --wait` waits for its end."""
+    command = [sys.executable, "-m", "loadgen", "run", str(SMOKE), "--requests", "60",
+               "--out", str(tmp_path), "--run-id", "live", "-q", "--lag-bound-ms", "1000"]  # fmt: skip
+    live = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "live"
+    try:
+        give_up = monotonic() + 120  # a generous wait for a state, not a timing claim
+        while not list((run_dir / "records.parts").glob("part-*.parquet")):
+            assert live.poll() is None, "the run ended before it wrote a part"
+            assert monotonic() < give_up, "the run never wrote a part"
+            sleep(0.1)
+        refused = loadgen_cli("report", "--recover", str(run_dir))
+        reported = loadgen_cli("report", str(run_dir))
+        waited = loadgen_cli("report", "--recover", "--wait", str(run_dir), "--format", "json")
+    finally:
+        _, stderr = live.communicate(timeout=120)
+    assert refused.returncode == 6, refused.stderr
+    assert f"{run_dir} is running: its lock (run.lock) is held by pid {live.pid}" in refused.stderr
+    assert reported.returncode == 6, reported.stderr
+    assert "is running" in reported.stderr
+    assert "killed" not in reported.stdout + reported.stderr
+    info = json.loads((run_dir / "run.json").read_text())
+    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
+    # the live run was not broken by the attempts: it judged the server (0, 2), or on a
+    # starved machine found its own sends late (3, fell_behind), never a client failure
+    assert live.returncode in (0, 2) or (live.returncode == 3 and verdict["fell_behind"]), (
+        live.returncode, verdict, stderr)  # fmt: skip
+    assert info["finished"] is True
+    assert info.get("client_failure") is None
+    assert not info.get("recovered")
+    assert pl.read_parquet(run_dir / "records.parquet").height == 60
+    assert "waiting:" in waited.stderr
+    assert "nothing to recover" in waited.stderr
+    assert waited.returncode == live.returncode
+    assert not (run_dir / "run.lock").exists()
+
+
+def test_a_fresh_heartbeat_without_a_settling_lock_is_a_live_run(tmp_path: Path) -> None:
+    """No lock file (another host, an older loadgen): a heartbeat touched a moment ago is a
+    live run, one 10 s old is not; a free lock taken on this host settles it whatever the
+    heartbeat says (a run killed a moment ago is recoverable at once)."""
+    parts = tmp_path / PARTS_DIR
+    parts.mkdir()
+    beat = parts / f"{HEARTBEAT}-w001"
+    beat.touch()
+    assert "heartbeat was touched" in (live_writer(tmp_path) or "")
+    old = time.time() - 10
+    os.utime(beat, (old, old))
+    assert live_writer(tmp_path) is None
+    beat.touch()
+    (tmp_path / LOCK_FILE).write_text(f"1 {socket.gethostname()}\n")  # its holder died
+    assert live_writer(tmp_path) is None
+    (tmp_path / LOCK_FILE).write_text("1 another-host\n")
+    assert live_writer(tmp_path) is not None
+    with run_lock(tmp_path, doing="test"):
+        assert f"held by pid {os.getpid()}" in (live_writer(tmp_path) or "")
+        with pytest.raises(RunBusy, match="is running"), run_lock(tmp_path, doing="recover"):
+            pass
+
+
+# -- the preflight is the real request -----------------------------------------------------
+
+
+def _masked(head: bytes) -> list[bytes]:
+    """A request head's header lines with the two values that differ by design (the body's
+    length, the request's own id) masked; the request line left out."""
+    lines = head.rstrip(b"\r\n").split(b"\r\n")[1:]
+    masked = []
+    for line in lines:
+        name, _, _ = line.partition(b":")
+        keep = name.lower() not in (b"content-length", b"x-request-id")
+        masked.append(line if keep else name + b": *")
+    return masked
+
+
+def test_the_preflight_sends_the_real_requests_headers_byte_for_byte(
+    workload: Path, tmp_path: Path
+) -> None:
+    """On the wire, the preflight's header lines are the real request's: the same names,
+    case, order and values (no Accept-Encoding, no Connection), the user's header too."""
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(cli, [
+            "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id", "r",
+            "-q", "--lag-bound-ms", "1000", "--header", "X-Team: infra"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    preflight_head, *real_heads = [r.head for r in server.requests]
+    assert len(real_heads) == REQUESTS
+    assert all(_masked(h) == _masked(preflight_head) for h in real_heads)
+    names = [line.split(b":")[0] for line in _masked(preflight_head)]
+    assert names == [b"Host", b"Content-Type", b"Accept", b"Content-Length", b"User-Agent",
+                     b"X-Team", b"X-Request-Id"]  # fmt: skip
+
+
+def _compressed_sse(_request: ReceivedRequest) -> Iterator[Step]:
+    events = b"".join([*TOKENS, chat_chunk(finish="stop"), sse("[DONE]")])
+    body = gzip.compress(events)
+    yield (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+           b"Content-Length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+
+
+def _redirect(_request: ReceivedRequest) -> Iterator[Step]:
+    yield (b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/v1/chat/completions\r\n"
+           b"Content-Length: 0\r\n\r\n")  # fmt: skip
+
+
+HTTP2_PREFACE = (
+    b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"  # SETTINGS
+    b"\x00\x00\x08\x07\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01"  # GOAWAY
+)
+
+
+def _http2(_request: ReceivedRequest) -> Iterator[Step]:
+    yield HTTP2_PREFACE
+    yield CLOSE
+
+
+def preflight_message(url: str, *, timeout_s: float = PREFLIGHT_S) -> str:
+    """The preflight's error against `url` ("" when it passes)."""
+    adapter = adapter_for("openai-chat")
+    endpoint = make_endpoint(url, adapter.default_path, {})
+    try:
+        preflight(endpoint, adapter, BodyOptions(model="m"), timeout_s=timeout_s)
+    except TargetError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("script", "preflight_says", "record_says"),
+    [
+        (_compressed_sse, "a compressed stream (Content-Encoding: gzip) although the request "
+         "asked for none", "a compressed stream (Content-Encoding: gzip)"),
+        (_redirect, "answered HTTP 302, a redirect to http://127.0.0.1:9/v1/chat/completions: "
+         "loadgen does not follow redirects", "HTTP 302"),
+        (_http2, "the server answered in HTTP/2 (prior knowledge", "answered in HTTP/2"),
+    ],
+    ids=["gzip-sse", "redirect-302", "http2-answer"],
+)  # fmt: skip
+def test_a_wrong_turn_is_named_in_the_preflight_and_in_the_records(
+    script: Callable[[ReceivedRequest], Iterator[Step]], preflight_says: str, record_says: str,
+    workload: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A gzipped stream, a redirect and an HTTP/2 answer are said as such (not "streamed no
+    generated output" or "illegal request line"), and every record says it too."""
+    with ScriptedServer(script) as server:
+        message = preflight_message(server.url)
+        result = invoke(workload, server.url, tmp_path)
+    assert preflight_says in message
+    assert result.exit_code == 2, result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records.height == REQUESTS
+    assert all(record_says in e for e in records["error"]), records["error"].to_list()
+
+
+@contextlib.contextmanager
+def _answers_in_plain_text_at_once() -> Iterator[str]:
+    """A plain-HTTP server that answers whatever comes (a TLS ClientHello) with a 400."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{port}"
+    finally:
+        listener.close()
+        thread.join(10)
+
+
+# asyncio leaves the socket of a TLS handshake cancelled by the deadline to the collector
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_https_to_a_plain_http_server_says_the_tls_handshake_failed() -> None:
+    """https:// to a server speaking plain HTTP (silent, or answering at once) names the TLS
+    handshake and suggests http://, not "still loading its model"."""
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        silent = preflight_message(server.url.replace("http://", "https://"))
+    with _answers_in_plain_text_at_once() as url:
+        answered = preflight_message(url, timeout_s=10)
+    for message in (silent, answered):
+        assert "TLS handshake" in message, message
+        assert "try --url http://127.0.0.1:" in message
+        assert "loading its model" not in message
+    gc.collect()  # the leaked handshake socket is collected here, under this test's filter
+
+
+# -- front-door defects: URLs, files, YAML, pipes ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("http://256.1.1.1:8000", "has host 256.1.1.1, which is not an IPv4 address"),
+     ("http://127.0.0.1:0", "it has port 0: the port must be 1-65535"),
+     ("http://a..b:8000", "which is not a host name")],
+)  # fmt: skip
+def test_a_url_no_client_can_connect_to_is_refused_alike_by_dry_run_and_run(
+    url: str, says: str, workload: Path, tmp_path: Path
+) -> None:
+    """The same exit 1 and message from `--dry-run` and from a run, never a traceback."""
+    for extra in (["--dry-run"], []):
+        result = CliRunner().invoke(cli, ["run", str(workload), "--url", url, "--out",
+                                          str(tmp_path), *extra])  # fmt: skip
+        assert result.exit_code == 1, result.output
+        assert says in result.output
+        assert "Traceback" not in result.output
+
+
+def test_a_dataset_that_is_a_directory_a_device_or_too_deep_is_named_so(tmp_path: Path) -> None:
+    """A directory "is a directory", /dev/zero "is not a regular file" (not "not found"), and
+    a 10,000-deep JSON line, as a dataset row or a trace line, is "nested too deeply"."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"prompt": ' + "[" * 10_000 + "]" * 10_000 + "}\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    cases = {str(folder): "is a directory, not a file", "/dev/zero": "is not a regular file",
+             str(deep): "nested too deeply"}  # fmt: skip
+    for path, says in cases.items():
+        dataset = f"    dataset: {{path: {path}, format: jsonl}}\n"
+        text = re.sub(r"    prompt_tokens: .*\n", dataset, WORKLOAD, count=1)
+        result = CliRunner().invoke(cli, ["check", str(workload_file(tmp_path, text))])
+        assert result.exit_code == 1, result.output
+        assert says in result.output
+    trace = tmp_path / "deep-trace.jsonl"
+    trace.write_text("[" * 10_000 + "]" * 10_000 + "\n")
+    text = WORKLOAD.replace("{process: constant, rate_per_s: 20}",
+                            f"{{process: trace, path: {trace}}}")  # fmt: skip
+    result = CliRunner().invoke(cli, ["check", str(workload_file(tmp_path, text))])
+    assert result.exit_code == 1, result.output
+    assert "nested too deeply" in result.output
+
+
+def test_a_repeated_yaml_key_is_refused_naming_it_and_its_lines(tmp_path: Path) -> None:
+    """`requests` twice in one class: exit 1 naming the key and both lines (the last won)."""
+    text = WORKLOAD.replace("    requests: 3\n", "    requests: 3\n    requests: 300\n")
+    line = text.splitlines().index("    requests: 300") + 1
+    result = CliRunner().invoke(cli, ["check", str(workload_file(tmp_path, text))])
+    assert result.exit_code == 1, result.output
+    assert f"line {line}: duplicate key 'requests' (first at line {line - 1})" in result.output
+    anchors = "base: &b {x: 1}\n" + WORKLOAD  # a merge key may still be overridden
+    assert "duplicate" not in CliRunner().invoke(
+        cli, ["check", str(workload_file(tmp_path, anchors))]).output  # fmt: skip
+
+
+@pytest.mark.slow  # ~2 s on 2 cores: left to .ci/run's second part
+def test_a_reader_that_stops_reading_ends_the_report_quietly_with_0(
+    workload: Path, tmp_path: Path
+) -> None:
+    """`loadgen report RUN | head -1`: exit 0 and nothing on stderr (rich exited 1)."""
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        assert invoke(workload, server.url, tmp_path).exit_code == 0
+    process = subprocess.Popen([sys.executable, "-m", "loadgen", "report", str(tmp_path / "r")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None
+    process.stdout.readline()
+    process.stdout.close()  # what `head -1` does after its line
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr.decode()
+    assert b"BrokenPipe" not in stderr
+    assert b"Traceback" not in stderr
+
+
+def test_warm_connections_are_capped_by_the_plans_peak_concurrency(
+    workload: Path, tmp_path: Path
+) -> None:
+    """3 requests with --warm-connections 100000: at most 3 connections reach the server,
+    and the run says it capped them and why."""
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(cli, [
+            "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id", "r",
+            "--lag-bound-ms", "1000", "--no-preflight", "--warm-connections", "100000"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert 1 <= server.connections <= REQUESTS
+    assert ("--warm-connections 100,000: capped at 3 (the plan's peak concurrency"
+            in result.output)  # fmt: skip
+    assert pl.read_parquet(tmp_path / "r" / "records.parquet").height == REQUESTS
+
+
+# -- no server can write on the terminal --------------------------------------------------
+# What a terminal, a pager or an editor may start a new line on, or be moved back to
+# column 0 by: the text after one of these begins a line as the reader sees it.
+LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]|\x1b\\[[0-9;]*[GHJK]|\x1bE")
+FORGED = "verdict: SLO MET (exit 0)"
+PIECES = ["\r", "\n", "\r\n", "\x07", "\x00", "\x1b[2J", "\x1b[1G", "\x1b[2K\r", "\x1bE",
+          "\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x9b", "é", " ", FORGED]  # fmt: skip
+
+
+def forged_lines(text: str) -> list[str]:
+    """Lines (as a reader sees them) that start with `verdict:`."""
+    return [line for line in LINE_BREAKS.split(text) if line.lstrip().startswith("verdict:")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_printable_text_is_one_line_with_nothing_to_draw(text: str) -> None:
+    """Any text, made printable: one line, no escape or control character, and stable."""
+    shown = printable(text)
+    assert not LINE_BREAKS.search(shown)
+    assert len(shown.splitlines()) <= 1
+    assert not [c for c in shown if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
+    assert not re.search("[\u202a-\u202e\u2066-\u2069]", shown)  # no bidi override
+    assert printable(shown) == shown
+
+
+def _forging_server(body: str) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """Each request answered with `body` in another channel: an error body, an error
+    event, a malformed event, in turn."""
+    raw = body.encode()
+    calls = itertools.count()
+
+    def script(_request: ReceivedRequest) -> Iterator[Step]:
+        turn = next(calls) % 3
+        if turn == 0:
+            yield (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                   b"Content-Length: %d\r\n\r\n%b" % (len(raw), raw))  # fmt: skip
+            return
+        yield from stream_steps([sse({"error": {"message": body}}) if turn == 1
+                                 else b"data: " + raw.replace(b"\n", b" ") + b"\n\n"])  # fmt: skip
+
+    return script
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pieces=st.lists(st.sampled_from(PIECES) | st.text(max_size=4), min_size=1, max_size=12))
+@example(pieces=[FORGED, "\r\n", FORGED, "\x1b[2J\x1b[1G", FORGED, "\x07\x00\u2028", FORGED, "\x85",
+          FORGED, "\x0b", FORGED])  # fmt: skip
+@pytest.mark.slow  # ~8 s on 2 cores: left to .ci/run's second part
+def test_no_server_text_starts_a_line_with_verdict(
+    pieces: list[str], workload: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Server text with CR/LF, BEL, NUL, escape sequences and Unicode line separators,
+    in an error body, an error event and a malformed event, reaches the preflight's error,
+    the run's output with -vv, loadgen.log, the report (HTML, Markdown) and JUnit: none of
+    them has a line starting `verdict:` but loadgen's own, nor a raw control character."""
+    body = "oops " + "".join(pieces)
+    out = tmp_path_factory.mktemp("forged")
+    with ScriptedServer(_forging_server(body)) as server:
+        refused = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out",
+                                           str(out), "--run-id", "p", "-q"])  # fmt: skip
+        ran = CliRunner().invoke(cli, [
+            "-vv", "run", str(workload), "--url", server.url, "--out", str(out), "--run-id", "r",
+            "--lag-bound-ms", "1000", "--no-preflight", "--junit", str(out / "junit.xml")])  # fmt: skip
+    assert refused.exit_code == 1, refused.output
+    assert ran.exit_code == 2, ran.output
+    reported = CliRunner().invoke(cli, ["report", str(out / "r"), "--out", str(out / "rep")])
+    texts = {"preflight": refused.output, "run -vv": ran.output, "report": reported.output}
+    for name in ("r/loadgen.log", "junit.xml", "rep/report.html", "rep/report.md"):
+        texts[name] = (out / name).read_text()
+    own = {"run -vv": 1, "report": 1}  # loadgen's verdict line
+    for name, text in texts.items():
+        assert len(forged_lines(text)) == own.get(name, 0), (name, forged_lines(text))
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]", text), name
+
+
+@pytest.mark.parametrize("name", ["usage-1e18", "usage-negative"])
+def test_usage_no_server_can_mean_is_classified_summarized_and_never_met(
+    name: str, workload: Path, tmp_path: Path
+) -> None:
+    """`completion_tokens: 1e18` (once a polars overflow and a traceback) and `-8 / -200`
+    (once N -8, goodput negative and SLO MET on a TPOT check with 0 values): each request a
+    stream_error with the value kept as text, N counted from the 3 chunks that arrived, a
+    summary written, the verdict missed (exit 2), its usage problems counted."""
+    case = next(c for c in CASES if c.name == name)
+    with ScriptedServer(case.script) as server:
+        result = invoke(workload, server.url, tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records.height == REQUESTS
+    assert records["usage_problem"].str.contains(case.error.split(";")[0], literal=True).all()
+    assert records["output_tokens"].to_list() == [3] * REQUESTS  # the chunks, not the usage
+    assert records["usage_output_tokens"].null_count() == REQUESTS
+    assert records["prompt_tokens"].null_count() == (REQUESTS if name == "usage-negative" else 0)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["verdict"]["status"] == "missed"
+    assert summary["classes"]["chat"]["stream_ends"]["usage_problems"] == REQUESTS
+    assert summary["classes"]["chat"]["goodput"]["output_tokens_per_s"] == 0
