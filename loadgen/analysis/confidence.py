@@ -36,6 +36,7 @@ uncertainty of a loaded server is somewhat wider.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,6 +255,12 @@ def judge_percentile(
                      needed=needed)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=64)
+def _log_factorials(n: int) -> npt.NDArray[np.float64]:
+    """log(k!) for k = 0..n."""
+    return np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))))
+
+
 def _at_most(k: int, n: int, share: float) -> float:
     """P(K <= k) for K ~ Binomial(n, share), exactly (log-pmf summed in log space)."""
     if k < 0:
@@ -262,10 +269,9 @@ def _at_most(k: int, n: int, share: float) -> float:
         return 1.0
     if share >= 1.0:
         return 0.0
-    ks = np.arange(0, k + 1, dtype=np.float64)
-    log_pmf = (math.lgamma(n + 1) - np.vectorize(math.lgamma)(ks + 1)
-               - np.vectorize(math.lgamma)(n - ks + 1) + ks * math.log(share)
-               + (n - ks) * math.log1p(-share))  # fmt: skip
+    lf = _log_factorials(n)
+    ks = np.arange(0, k + 1)
+    log_pmf = lf[n] - lf[ks] - lf[n - ks] + ks * math.log(share) + (n - ks) * math.log1p(-share)
     top = float(log_pmf.max())
     return float(min(1.0, math.exp(top) * np.exp(log_pmf - top).sum()))
 
