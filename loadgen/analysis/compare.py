@@ -61,20 +61,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import polars as pl
 
 from loadgen.analysis import metrics
 from loadgen.analysis.audit import recorded_price
+from loadgen.analysis.confidence import (
+    Estimate,
+    Values,
+    min_samples,
+    percentile_estimate,
+    poisson_rate,
+    wilson,
+)
 from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.slo import per_request
 from loadgen.codec import to_json as plain
 from loadgen.errors import ConfigError, LoadgenError, OptionError
-from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import (
     PARTS_DIR,
@@ -87,8 +91,6 @@ from loadgen.results.runfolder import (
 from loadgen.results.store import RunEntry, discover_runs, read_run_entry
 from loadgen.workload.identity import SettingDifference, workload_differences
 from loadgen.workload.spec import SloTargets
-
-Values = npt.NDArray[np.float64]
 
 
 class Verdict(enum.StrEnum):
@@ -228,134 +230,6 @@ def tolerance_for(check: Check, overrides: Mapping[str, Tolerance]) -> Tolerance
                 absolute=tolerance.absolute if override.absolute is None else override.absolute,
             )
     return tolerance
-
-
-# --- intervals ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """A point estimate and its confidence interval [low, high].
-
-    `value` is None when there is nothing to estimate (n = 0) and +inf when a percentile
-    falls on a failed request. An open side (`low_open`/`high_open`) needs an order
-    statistic beyond the sample; it holds the sample's min/max. `ranks` are a
-    percentile's 1-based (l, u), 0 or n + 1 where open. `n`: the values (percentiles),
-    requests (shares) or requests counted (goodput) behind the estimate.
-    """
-
-    value: float | None
-    low: float | None = None
-    high: float | None = None
-    n: int = 0
-    low_open: bool = False
-    high_open: bool = False
-    ranks: tuple[int, int] | None = None
-
-
-NO_VALUES = Estimate(value=None)
-
-
-def binomial_cdf(n: int, q: float) -> tuple[int, npt.NDArray[np.float64]]:
-    """(k0, F) with F[i] = P(K <= k0 + i) for K ~ Binomial(n, q), over the ks that carry mass.
-
-    Exact: log pmf(k0) from `math.lgamma`, then the ratio pmf(k+1)/pmf(k) =
-    (n-k)/(k+1) * q/(1-q), over mean ± (12 sd + 10); the mass outside is < 1e-30.
-    """
-    if not 0.0 < q < 1.0 or n < 1:
-        raise ValueError(f"need n >= 1 and 0 < q < 1 (got n={n}, q={q})")
-    spread = 12.0 * math.sqrt(n * q * (1.0 - q)) + 10.0
-    lo, hi = max(0, math.floor(n * q - spread)), min(n, math.ceil(n * q + spread))
-    first = (
-        math.lgamma(n + 1)
-        - math.lgamma(lo + 1)
-        - math.lgamma(n - lo + 1)
-        + lo * math.log(q)
-        + (n - lo) * math.log1p(-q)
-    )
-    ks = np.arange(lo, hi, dtype=np.float64)
-    steps = np.log(n - ks) - np.log(ks + 1) + math.log(q) - math.log1p(-q)
-    log_pmf = np.concatenate(([first], first + np.cumsum(steps)))
-    pmf = np.exp(log_pmf - log_pmf.max())
-    cdf = np.cumsum(pmf)
-    return lo, cdf / cdf[-1]
-
-
-def order_statistic_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
-    """1-based ranks (l, u) with P(x_(l) <= xi_q <= x_(u)) >= confidence, equal tails.
-
-    l = 0 or u = n + 1 when the interval reaches beyond the sample on that side.
-    """
-    half_alpha = (1.0 - confidence) / 2.0
-    k0, cdf = binomial_cdf(n, q)
-    below = int(np.searchsorted(cdf, half_alpha, side="right"))  # F(k) <= alpha/2 for these
-    lower = k0 + below  # l - 1 = the largest k with F(k) <= alpha/2
-    upper = k0 + int(np.searchsorted(cdf, 1.0 - half_alpha, side="left")) + 1
-    return lower, min(upper, n + 1)
-
-
-def min_samples(q: float, confidence: float) -> tuple[int, int]:
-    """The smallest n at which a q-quantile's interval closes (below, above)."""
-    log_half_alpha = math.log((1.0 - confidence) / 2.0)
-    return (
-        math.ceil(log_half_alpha / math.log1p(-q) - 1e-9),
-        math.ceil(log_half_alpha / math.log(q) - 1e-9),
-    )
-
-
-def percentile_estimate(
-    ordered: Values, p: float, confidence: float, *, failures: int = 0
-) -> Estimate:
-    """Nearest-rank percentile of sorted values plus `failures` ranked worst (+inf), with
-    its order-statistic interval."""
-    n = ordered.size + failures
-    if n == 0:
-        return NO_VALUES
-
-    def at(rank: int) -> float:
-        rank = min(max(rank, 1), n)
-        return float(ordered[rank - 1]) if rank <= ordered.size else math.inf
-
-    lower, upper = order_statistic_ranks(n, p / 100.0, confidence)
-    return Estimate(
-        value=at(nearest_rank(p, n)),
-        low=at(lower),
-        high=at(upper),
-        n=n,
-        low_open=lower < 1,
-        high_open=upper > n,
-        ranks=(lower, upper),
-    )
-
-
-def _z(confidence: float) -> float:
-    return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
-
-
-def wilson(successes: int, n: int, confidence: float) -> Estimate:
-    """A share with its Wilson score interval."""
-    if n == 0:
-        return NO_VALUES
-    z, share = _z(confidence), successes / n
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return Estimate(value=share, low=max(0.0, centre - half), high=min(1.0, centre + half), n=n)
-
-
-def poisson_rate(count: int, duration_s: float, confidence: float, scale: float = 1.0) -> Estimate:
-    """count / duration (times `scale`) with the Poisson score interval
-    (count + z²/2 ± z·sqrt(count + z²/4)) / duration."""
-    if duration_s <= 0:
-        return NO_VALUES
-    z = _z(confidence)
-    centre, half = count + z * z / 2, z * math.sqrt(count + z * z / 4)
-    per_s = scale / duration_s
-    return Estimate(
-        value=count * per_s,
-        low=max(0.0, centre - half) * per_s,
-        high=(centre + half) * per_s,
-        n=count,
-    )
 
 
 # --- samples and comparison ---------------------------------------------------------------

@@ -20,11 +20,10 @@ from loadgen.analysis.compare import (
     Check,
     CheckResult,
     Comparison,
-    Estimate,
     Tolerance,
     Verdict,
-    min_samples,
 )
+from loadgen.analysis.confidence import Estimate, min_samples
 from loadgen.analysis.server import ServerDelta, ServerThreshold
 from loadgen.render.cost_view import money
 from loadgen.render.terminal import fmt_ms

@@ -22,18 +22,20 @@ from loadgen.analysis import metrics
 from loadgen.analysis.compare import (
     CHECKS,
     Comparison,
-    Estimate,
     Side,
     Tolerance,
     Verdict,
     compare_sides,
     judge,
-    min_samples,
-    order_statistic_ranks,
     parse_tolerances,
-    percentile_estimate,
     to_json,
     tolerance_for,
+)
+from loadgen.analysis.confidence import (
+    Estimate,
+    min_samples,
+    order_statistic_ranks,
+    percentile_estimate,
     wilson,
 )
 from loadgen.cli.compare import compare

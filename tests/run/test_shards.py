@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from loadgen.analysis.compare import order_statistic_ranks
+from loadgen.analysis.confidence import order_statistic_ranks
 from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
 from loadgen.errors import ConfigError
