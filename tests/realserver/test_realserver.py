@@ -667,16 +667,21 @@ def test_lcp_serial_run_is_ok_and_n_counts_empty_partial_utf8_deltas(
     lcp_serial: Server, tmp_path: Path
 ) -> None:
     """`--interrupt_requests False`: all ok; no usage comes, so N is counted from token
-    events, empty `"content": ""` deltas included: exactly the forced 256 (finish `length`
-    means the server generated max_tokens: llama_cpp/llama.py), though fewer chunks
-    carried text; the summary says N was counted."""
+    events, empty `"content": ""` deltas included, though fewer chunks carried text; the
+    summary says N was counted. One event is one token, give or take what llama-cpp-python
+    does with a character split over byte tokens (llama_cpp/llama.py, `_create_completion`):
+    mid-stream it holds the pieces back and streams the character as one chunk (an event of
+    several tokens: N under 256), and at max_tokens it skips its length check until the
+    character is whole (up to 3 tokens past 256, as empty deltas). Random weights make
+    either rare (a run saw 255 once in four); more than a few would be loadgen's miscount."""
     path = workload(tmp_path, model=lcp_serial.model, requests=6, rate_per_s=4,
                     prompt_tokens=32, output_tokens=256)  # fmt: skip
     result, records = run_engine(path, lcp_serial.url, tmp_path)
     assert_all_ok(records, 6)
     for r in records:
         assert (r.token_source, r.finish_reason) == (TokenSource.CHUNKS, "length")
-        assert r.output_tokens == sum(r.chunk_tokens) == 256
+        assert r.output_tokens == sum(r.chunk_tokens)
+        assert 256 - 8 <= r.output_tokens <= 256 + 3, r
     assert sum(r.output_tokens - len(r.chunk_ns) for r in records) > 0  # empties were sent
     ends = result.summary.classes["c"].stream_ends
     assert (ends.n_counted, ends.n_from_usage_share, ends.truncated) == (True, 0.0, 0)
