@@ -92,6 +92,11 @@ class TargetSpec:
 
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+# The confidence a target is judged at unless `slo.confidence` or `--confidence` says
+# otherwise, and the bound below which a "confidence" would be a coin toss: a one-sided
+# bound at 50 % is the point estimate itself.
+DEFAULT_CONFIDENCE = 0.95
+MIN_CONFIDENCE = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
