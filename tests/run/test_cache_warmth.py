@@ -300,7 +300,7 @@ def answering(statuses: dict[str, int]) -> Any:
 
 
 def run_scripted(tmp_path: Path, handler: Any, *args: str) -> tuple[Any, ScriptedServer]:
-    path = workload_file(tmp_path, chat_workload("reset", requests=3))
+    path = workload_file(tmp_path, chat_workload("reset", requests=5))  # 5 judge a median
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
                                           str(tmp_path / "out"), "--run-id", "r", "-q",
@@ -316,7 +316,7 @@ def test_reset_tries_vllm_then_sglang_before_any_load(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     paths = [r.path for r in server.requests]
     assert paths[:2] == ["/reset_prefix_cache", "/flush_cache"]
-    assert paths[2:] == ["/v1/chat/completions"] * 3
+    assert paths[2:] == ["/v1/chat/completions"] * 5
     info = json.loads((tmp_path / "out" / "r" / "run.json").read_text())
     assert info["cache"] == {"mode": "reset", "reset": "POST /flush_cache: HTTP 200"}
     assert reset_order("sglang") == ["/flush_cache", "/reset_prefix_cache"]
