@@ -26,6 +26,13 @@ EXIT_BUSY = 6  # the run folder is being written by a live run
 # a generator that fell behind is 3 whatever the checks said)
 EXIT_INCONCLUSIVE = 7
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: no verdict
+# Which of several runs' codes speaks for them all (`run --repeats`): a stop, then the
+# client's failure, then a miss, then an inconclusive verdict, then met; a run's own verdict
+# follows the same order (`analysis.slo.verdict`).
+VERDICT_PRECEDENCE = (
+    EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_WATCHDOG, EXIT_FELL_BEHIND, EXIT_SLO_MISSED,
+    EXIT_INCONCLUSIVE, EXIT_OK,
+)  # fmt: skip
 
 
 class LoadgenError(Exception):

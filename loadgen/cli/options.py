@@ -114,7 +114,8 @@ def memory_cap(max_memory_gb: float | None) -> tuple[int, str]:
 # -- grouped help: every option belongs to one group of `--help` -------------------------
 TARGET, LOAD, TIMING, SERVER_METRICS = "Target", "Load", "Deadlines and pacing", "Server metrics"
 OUTPUT, LIVE, COST, SEARCH = "Output", "Live export", "Cost", "Search"
-HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, OUTPUT, LIVE, COST)
+VERDICT = "Verdict"  # how sure a verdict is, and by which rule
+HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, OUTPUT, LIVE, COST)
 HELP_OPTION_GROUP = "Help"  # --help itself (click adds it, ungrouped)
 
 
@@ -214,7 +215,7 @@ SPEC_OPTIONS: list[Decorator] = [
     option(LOAD, "--nonce", callback=check_nonce,
            help="A cold run's nonce (run.json's cache.nonce), to send exactly the bytes of "
            "that run again (default: drawn per run and recorded)."),
-    option(OUTPUT, "--confidence", type=FiniteFloat(0.5, 1, low_open=True), metavar="LEVEL",
+    option(VERDICT, "--confidence", type=FiniteFloat(0.5, 1, low_open=True), metavar="LEVEL",
            help="Confidence of every SLO verdict, e.g. 0.95: MET and MISSED are each wrong "
            "at most 1 − LEVEL of the time; replaces every class's slo.confidence (default "
            "0.95). `check` says how many requests each check needs at it."),
@@ -266,7 +267,7 @@ RUN_STEP_OPTIONS: list[Decorator] = [
            type=FiniteFloat(0.05, 3600),
            help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1)."),
     option(OUTPUT, "-q", "--quiet", is_flag=True, help="No progress line, only the final table."),
-    option(OUTPUT, "--verdict", type=click.Choice(RULES), default=INTERVAL, show_default=True,
+    option(VERDICT, "--verdict", type=click.Choice(RULES), default=INTERVAL, show_default=True,
            help="interval: a check is MET when its confidence bound meets the target, MISSED "
            "when the other misses it, else INCONCLUSIVE (exit 7); point: MET when the point "
            "estimate meets it (the rule before confidence). Recorded in run.json."),
