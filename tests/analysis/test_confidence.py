@@ -23,7 +23,7 @@ from loadgen.analysis.confidence import (
     share_bounds,
     worst,
 )
-from loadgen.testing.coverage import LATENCIES, cell, table
+from loadgen.testing.coverage import LATENCIES, cell, itl_cell, table
 
 
 @pytest.mark.parametrize(("p", "level", "needed"), [
@@ -206,32 +206,19 @@ def test_a_failed_request_counts_as_a_request_of_worst_gaps() -> None:
     assert many.verdict == MISSED  # the lower bound is a failure's gap
 
 
-def slow_request_runs(n: int, runs: int, seed: int) -> tuple[np.ndarray, float]:
-    """`runs` runs of n requests of 30 gaps: a request is slow (its gaps uniform 50..100
-    ms) with probability 0.2, else fast (0..50 ms); the pooled p90 is exactly 75 ms
-    (0.8 + 0.2 · (75 − 50)/50 = 0.9). Each run's gaps sorted."""
-    generator = np.random.default_rng(seed)
-    slow = generator.random((runs, n, 1)) < 0.2
-    gaps = np.where(slow, 50.0, 0.0) + generator.uniform(0.0, 50.0, (runs, n, 30))
-    return np.sort(gaps.reshape(runs, n * 30), axis=1), 75.0
-
-
 @pytest.mark.parametrize("n", [40, 100, 300])
 def test_clustered_bounds_cover_correlated_gaps_where_pooled_ones_do_not(n: int) -> None:
-    """Over 2,000 runs of the slow-request model, the clustered upper bound holds the true
-    p90 in at least 95 % of runs (up to binomial error) and MET for a target 1 % under the
-    truth is wrong at most 5 %; the same gaps judged as if independent cover it in fewer
-    than 80 % of runs and say MET wrongly over 15 % of the time: the test can fail."""
-    runs = 2000
-    samples, truth = slow_request_runs(n, runs, seed=n)
-    allowance = 3 * math.sqrt(0.95 * 0.05 / runs)
-    grouped = [judge_clustered(s, n, 90.0, truth * 0.99, 0.95) for s in samples]
-    pooled = [judge_percentile(s, 90.0, truth * 0.99, 0.95) for s in samples]
-    assert all(j.high is not None for j in grouped + pooled)
-    assert np.mean([j.high >= truth for j in grouped]) >= 0.95 - allowance  # type: ignore[operator]
-    assert np.mean([j.verdict == MET for j in grouped]) <= 0.05 + allowance
-    assert np.mean([j.high >= truth for j in pooled]) < 0.8  # type: ignore[operator]
-    assert np.mean([j.verdict == MET for j in pooled]) > 0.15
+    """Over 2,000 runs of the slow-request model (`testing.coverage.itl_cell`), the
+    clustered upper bound holds the true p90 in at least 95 % of runs (up to binomial
+    error) and MET for a target 1 % under the truth is wrong at most 5 %; the same gaps
+    judged as if independent cover it in fewer than 80 % of runs and say MET wrongly over
+    15 % of the time: the test can fail."""
+    c = itl_cell(n, runs=2000, seed=n)
+    allowance = 3 * math.sqrt(0.95 * 0.05 / 2000)
+    assert c.clustered_covers >= 0.95 - allowance, c
+    assert c.clustered_met_wrong <= 0.05 + allowance, c
+    assert c.pooled_covers < 0.8, c
+    assert c.pooled_met_wrong > 0.15, c
 
 
 def test_clustered_bounds_are_at_their_level_when_a_requests_gaps_are_equal() -> None:
