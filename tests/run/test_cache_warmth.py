@@ -177,7 +177,9 @@ def run(path: Path, url: str, run_id: str, *args: str) -> tuple[pl.DataFrame, di
     """One run (no preflight: the server's counters then hold only the records' requests)."""
     result = CliRunner().invoke(cli, ["run", str(path), "--url", url, "--out",
                                       str(path.parent / "out"), "--run-id", run_id, "-q",
-                                      "--no-preflight", "--lag-bound-ms", "1000", *args])  # fmt: skip
+                                      "--no-preflight", "--lag-bound-ms", "1000",
+                                      "--verdict", "point",  # one trajectory judges no share
+                                      *args])  # fmt: skip
     assert result.exit_code == 0, result.output
     run_dir = path.parent / "out" / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
