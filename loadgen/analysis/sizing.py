@@ -91,19 +91,23 @@ def size_text(size: ClassSize) -> str:
     WARNING saying what the plan lacks and what to change."""
     level = f"{size.confidence:.0%}"
     p = f"p{size.percentile:g}"
+    if size.unit == "trajectories":  # a share of trajectories, not a percentile of latencies
+        p = f"a {size.percentile:g}% share of trajectories"
     if size.needed is None:
         return (
             f"WARNING {size.name}: {p} at {level}: no sample bounds a p100 from above, so its "
             "checks can only be MISSED or INCONCLUSIVE (exit 7); judge a lower percentile"
         )
+    all_ok = " all ok" if size.unit == "trajectories" else ""
     if size.enough:
         return (
-            f"{size.name}: {p} judged at {level}: needs ≥ {size.needed:,} {size.unit} to be "
-            f"MET; the plan has {size.planned:,}"
+            f"{size.name}: {p} judged at {level}: needs ≥ {size.needed:,} {size.unit}{all_ok} "
+            f"to be MET; the plan has {size.planned:,}"
         )
-    all_ok = " all ok" if size.unit == "trajectories" else ""
     fix = "--requests, --duration or --rate" if size.unit == "requests" else "--requests"
-    lower = f", or judge p{size.suggested:g}" if size.suggested is not None else ""
+    lower = "" if size.suggested is None else (
+        f", or ask a {size.suggested:g}% share" if size.unit == "trajectories"
+        else f", or judge p{size.suggested:g}")  # fmt: skip
     return (
         f"WARNING {size.name}: {p} at {level} needs ≥ {size.needed:,} {size.unit}{all_ok} to "
         f"be MET; the plan has {size.planned:,}: its checks can only be MISSED or "
