@@ -4,7 +4,9 @@ request is data.
 A `LoadgenError` carries a message that says what is wrong, where, and how to fix it;
 the CLI prints it and exits with its `exit_code` (1, 3 for a `ClientFailure`, 6 for a
 `RunBusy`), never with a traceback. The exit codes below are every command's (README
-"Exit codes"); each command's help lists those it uses (`cli.exits`).
+"Exit codes"); each command's help lists those it uses (`cli.exits`). A run's verdict
+picks one by precedence: a stop (130, 4, 5), then fell behind (3), then missed (2), then
+inconclusive (7), else 0.
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ EXIT_FELL_BEHIND = 3  # the generator fell behind, or the client failed: not the
 EXIT_WATCHDOG = 4  # nothing progressed for --watchdog seconds: no verdict
 EXIT_INCOMPLETE = 5  # killed outright, finished by `report --recover`: no verdict
 EXIT_BUSY = 6  # the run folder is being written by a live run
+# no class missed, but a target could not be judged at the confidence asked: it lies within
+# its interval, or too few requests bound the percentile (a MISSED anywhere is 2 instead;
+# a generator that fell behind is 3 whatever the checks said)
+EXIT_INCONCLUSIVE = 7
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: no verdict
+# Which of several runs' codes speaks for them all (`run --repeats`): a stop, then the
+# client's failure, then a miss, then an inconclusive verdict, then met; a run's own verdict
+# follows the same order (`analysis.slo.verdict`).
+VERDICT_PRECEDENCE = (
+    EXIT_INTERRUPTED, EXIT_INCOMPLETE, EXIT_WATCHDOG, EXIT_FELL_BEHIND, EXIT_SLO_MISSED,
+    EXIT_INCONCLUSIVE, EXIT_OK,
+)  # fmt: skip
 
 
 class LoadgenError(Exception):

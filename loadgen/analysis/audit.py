@@ -20,6 +20,7 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis import metrics
+from loadgen.analysis.confidence import INTERVAL
 from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.minutes import run_histograms
@@ -73,7 +74,7 @@ def parse_slo_override(text: str) -> dict[str, float | None]:
 
 
 def _slo_value(key: str, value: str) -> float | None:
-    if value.lower() == "none" and key != "percentile":
+    if value.lower() == "none" and key not in ("percentile", "confidence"):
         return None
     try:
         number = float(value)
@@ -109,13 +110,15 @@ def audit(
     lag_bound_ms: float = LAG_BOUND_MS,
     stopped: str | None = None,
     price: Price | None = None,
+    rule: str = INTERVAL,
 ) -> Summary:
     """The run's summary: generator health, one audit per class, and the verdict.
 
     Every class of `objectives` appears (even with no records), then any other class found
     in the frame, audited without targets. `stopped` (a key of `runfolder.STOPS`) withholds
     the verdict: the figures are kept, as partial figures, and nothing is judged (see
-    `slo.verdict`). With `price`, the summary has a `cost` block (`analysis.cost`).
+    `slo.verdict`). With `price`, the summary has a `cost` block (`analysis.cost`). `rule`
+    is how every check is judged (`interval`, `point`: see `analysis.slo`).
     """
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
@@ -123,7 +126,7 @@ def audit(
     asked = {name: o.asked for name, o in objectives.items() if o.asked is not None}
     generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
                                          requested_rate_per_s=requested, asked=asked)  # fmt: skip
-    classes = class_audits(frame, objectives, duration_s=duration_s)
+    classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule)
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}
     return Summary(
@@ -134,7 +137,7 @@ def audit(
         duration_s=round(duration_s, 6),
         generator=generator,
         classes=classes,
-        verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped),
+        verdict=verdict(classes, fell_behind=generator.fell_behind, stopped=stopped, rule=rule),
         cost=None if price is None else _cost(frame, objectives, list(classes), price, duration_s),
         connections=connection_use(frame),
     )
@@ -157,9 +160,14 @@ def recorded_price(info: RunInfo) -> Price | None:
 
 
 def class_audits(
-    frame: pl.DataFrame, objectives: Mapping[str, Objective], *, duration_s: float
+    frame: pl.DataFrame,
+    objectives: Mapping[str, Objective],
+    *,
+    duration_s: float,
+    rule: str = INTERVAL,
 ) -> dict[str, ClassAudit]:
-    """Each class's block, judged by its objective: `objectives`' classes first, in order."""
+    """Each class's block, judged by its objective and `rule`: `objectives`' classes first,
+    in order."""
     rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
     by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
     chunking = metrics.tokens_per_chunk(frame)
@@ -174,18 +182,21 @@ def class_audits(
             stream_ends=ends.get(name, StreamEnds()),
             targets=objective.slo if objective else NO_TARGETS,
             duration_s=duration_s,
+            rule=rule,
         )
         if objective is not None:
-            block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective)
+            block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective,
+                                       rule=rule)  # fmt: skip
         models = model_audits(frame, by_class.get(name, rows.clear()), name, chunking,
-                              objective.slo if objective else NO_TARGETS, duration_s)  # fmt: skip
+                              objective.slo if objective else NO_TARGETS, duration_s,
+                              rule=rule)  # fmt: skip
         classes[name] = replace(block, models=models) if models else block
     return classes
 
 
 def model_audits(
     frame: pl.DataFrame, rows: pl.DataFrame, name: str, chunking: Mapping[str, TokensPerChunk],
-    targets: SloTargets, duration_s: float,
+    targets: SloTargets, duration_s: float, *, rule: str = INTERVAL,
 ) -> dict[str, ModelAudit]:  # fmt: skip
     """Per model of a class whose records name more than one (a model or LoRA mix): each
     model's requests audited on their own against the class's thresholds."""
@@ -205,25 +216,27 @@ def model_audits(
             tokens_per_chunk=chunking.get(name, TokensPerChunk()),
             targets=targets,
             duration_s=duration_s,
+            rule=rule,
         )
         result[model] = ModelAudit(
             requests=block.requests, failed=block.failed, ttft_ms=block.ttft_ms,
             tpot_ms=block.tpot_ms, e2e_ms=block.e2e_ms, itl_ms=block.itl_ms,
             output_tokens=block.output_tokens, attainment=block.slo.attainment,
-            met=block.slo.met, goodput=block.goodput,
+            met=block.slo.met, goodput=block.goodput, verdict=block.slo.verdict,
         )  # fmt: skip
     return result
 
 
 def audit_run(
-    run_dir: Path, *, slos: Mapping[str, SloTargets] | None = None
+    run_dir: Path, *, slos: Mapping[str, SloTargets] | None = None, rule: str | None = None
 ) -> tuple[Summary, pl.DataFrame, dict[str, SloTargets]]:
     """Re-audit one run: (summary, records frame, the SLOs used), without figures.
 
-    The SLOs are run.json's, with `slos` replacing whole classes' targets. planned, how the
-    run stopped (`RunInfo.stop`) and the lag bound come from run.json, so without `slos`
-    the summary equals the one the run wrote. Raises LoadgenError when the folder has no
-    run.json or records.
+    The SLOs are run.json's, with `slos` replacing whole classes' targets; the verdict
+    rule is run.json's (`RunInfo.verdict_rule`) unless `rule` replaces it. planned, how
+    the run stopped (`RunInfo.stop`) and the lag bound come from run.json, so without
+    `slos` and `rule` the summary equals the one the run wrote. Raises LoadgenError when
+    the folder has no run.json or records.
     """
     info = read_run_info(run_dir)
     if not has_records(run_dir):
@@ -238,6 +251,7 @@ def audit_run(
         stopped=info.stop,
         lag_bound_ms=info.lag_bound_ms,
         price=recorded_price(info),
+        rule=rule or info.verdict_rule,
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return with_cache(summary, info.cache), frame, effective

@@ -17,7 +17,15 @@ there (`audit_step`, with the evidence from `loadgen.analysis.steady`):
    of any over-saturated step, less the same tolerance);
 4. neither the requests in flight nor the TTFT from intended rose across the judged part
    beyond what the slices' scatter allows and beyond one request's worth of queue;
-5. every SLO held over the judged part.
+5. every SLO was MET over the judged part, at its confidence (`analysis.slo`: the
+   percentile's one-sided order-statistic bound meets the target), not merely its point
+   estimate.
+
+A step whose SLOs are neither MET nor MISSED (a target within its interval, or too few
+requests to bound the percentile), and that is otherwise steady, is *inconclusive*: the
+search runs it again longer (`studies.capacity`), and one still inconclusive at the bound
+counts as not passing: it bounds the knee from above like a failure, since a pass must be
+shown.
 
 A step that fails 3 is *over-saturated*: its ok-completion rate is what the server can
 serve, so no load above it is run again (over-saturation stops the search early) and any
@@ -38,14 +46,16 @@ from typing import Any
 import polars as pl
 
 from loadgen.analysis.audit import audit
+from loadgen.analysis.confidence import INCONCLUSIVE, INTERVAL, MET, MISSED
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
 from loadgen.results.runfolder import LAG_BOUND_MS
-from loadgen.results.summary import ClassAudit, FailureRankedStats, Summary
+from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
 from loadgen.workload.spec import WorkloadSpec
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
+UNDECIDED = INCONCLUSIVE  # a steady step whose SLOs are neither met nor missed: run longer
 SHORT = "short"  # internal: would pass but the step was too short; run again, longer
 NS_PER_S = 1_000_000_000
 RATE_TOLERANCE = 0.03  # "completed within a few percent of offered"
@@ -67,6 +77,15 @@ class ClassFigures:
     tpot_ms: float | None
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
+    # The class's verdict at its confidence, and its TTFT/TPOT checks' one-sided bounds
+    # (None: no such check, or the bound open or on a failure; `analysis.slo`).
+    verdict: str = MET
+    confidence: float | None = None
+    ttft_low_ms: float | None = None
+    ttft_high_ms: float | None = None
+    tpot_low_ms: float | None = None
+    tpot_high_ms: float | None = None
+    why: str | None = None  # an inconclusive class: which check, and why
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,8 +107,9 @@ class Step:
     warmup_s: float | None = None  # what was left out at the start
     min_lifetimes: float = MIN_LIFETIMES
     capacity_load: float | None = None  # over-saturated: the load the server did serve
-    attempts: int = 1  # 2 when the first run was too short and the step was run again
+    attempts: int = 1  # runs of this load (too short, or inconclusive: run again, longer)
     closed_loop: bool = False  # a max_in_flight step: rate and trends shown, not judged
+    extended: float = 1.0  # the judged run's length against the planned one (inconclusive)
 
     @property
     def over_saturated(self) -> bool:
@@ -106,6 +126,7 @@ class Search:
     first_fail: float | None  # the lowest failing load that was run
     stopped_by: Step | None = None  # an invalid or interrupted step that ended the search
     capacity: float | None = None  # the highest load an over-saturated step served
+    first_undecided: float | None = None  # the lowest load still inconclusive when extended
 
     @property
     def ceiling(self) -> float | None:
@@ -114,8 +135,10 @@ class Search:
 
     @property
     def upper(self) -> float | None:
-        """The lowest load known not to pass: the first fail, or the ceiling when lower."""
-        known = [v for v in (self.first_fail, self.ceiling) if v is not None]
+        """The lowest load not shown to pass: the first fail, the first step inconclusive
+        however long it ran, or the ceiling, whichever is lowest. The knee lies in
+        [highest_pass, upper): the bracket it is known to."""
+        known = [v for v in (self.first_fail, self.first_undecided, self.ceiling) if v is not None]
         return min(known) if known else None
 
     @property
@@ -222,6 +245,7 @@ def audit_step(
     min_lifetimes: float = MIN_LIFETIMES,
     steady_checks: bool = True,
     lag_bound_ms: float = LAG_BOUND_MS,
+    rule: str = INTERVAL,
 ) -> Step:
     """Drop the warm-up, re-audit what is left, and give the step its status and reason.
 
@@ -229,8 +253,9 @@ def audit_step(
     10 % of the sending period and WARMUP_LIFETIMES mean lifetimes of the step's requests.
     `from_send` measures every latency from the send instead of the intended time
     (closed-loop cap steps). `lag_bound_ms` is the run's: the re-audit judges the
-    generator by the same bound. `steady_checks=False` is the old rule (counts and SLOs
-    only), kept so tests can show what the steady-state checks catch.
+    generator by the same bound; `rule` judges the SLOs (`interval` or `point`).
+    `steady_checks=False` is the old rule (counts and SLOs only), kept so tests can show
+    what the steady-state checks catch.
     """
     if from_send:
         frame = frame.with_columns(pl.coalesce("sent_ns", "intended_ns").alias("intended_ns"))
@@ -241,9 +266,8 @@ def audit_step(
         cut = max(cut, _lifetime_cut(frame, end))
     kept = frame.filter(pl.col("intended_ns") >= cut)
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
-    summary = audit(
-        kept, run_id="step", objectives=objectives, planned=kept.height, lag_bound_ms=lag_bound_ms
-    )
+    summary = audit(kept, run_id="step", objectives=objectives, planned=kept.height,
+                    lag_bound_ms=lag_bound_ms, rule=rule)  # fmt: skip
     required = required_requests(spec, min_tail)
     classes = {
         name: _class_figures(block, required.get(name))
@@ -300,17 +324,33 @@ def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
 
 def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
     targets = block.slo.targets
+    checks = {c.metric: c for c in block.slo.checks}
+    ttft, tpot = checks.get("ttft_ms"), checks.get("tpot_ms")
+    verdict = block.slo.judged or MISSED
     return ClassFigures(
         requests=block.requests,
         required=required,
         percentile=targets.percentile,
         attainment=block.slo.attainment,
-        met=bool(block.slo.met),
+        met=verdict == MET,
         ttft_ms=_at_percentile(block.ttft_ms_with_failures, targets.percentile),
         tpot_ms=_at_percentile(block.tpot_ms_with_failures, targets.percentile),
         ttft_slo_ms=targets.ttft_ms,
         tpot_slo_ms=targets.tpot_ms,
+        verdict=verdict,
+        confidence=targets.confidence,
+        ttft_low_ms=ttft.low_ms if ttft else None,
+        ttft_high_ms=ttft.high_ms if ttft else None,
+        tpot_low_ms=tpot.low_ms if tpot else None,
+        tpot_high_ms=tpot.high_ms if tpot else None,
+        why=_undecided_why(block.slo.checks) if verdict == INCONCLUSIVE else None,
     )
+
+
+def _undecided_why(checks: Iterable[Check]) -> str:
+    """`ttft p99: the target 1000 ms lies within [930, 1.08e+03] ms at 95% each side`."""
+    return "; ".join(f"{c.metric.removesuffix('_ms')} p{c.percentile:g}: {c.note}"
+                     for c in checks if c.judged == INCONCLUSIVE)  # fmt: skip
 
 
 def _at_percentile(stats: FailureRankedStats, percentile: float) -> float | None:
@@ -358,7 +398,7 @@ def _status(
         )
     if steady_checks and not closed_loop:  # a closed loop's queue is bounded by its cap
         reasons += [f"{_SERIES[t.series]} rising {_rise(t)}" for t in steady.rising()]
-    missed = [name for name, c in classes.items() if not c.met]
+    missed = [name for name, c in classes.items() if c.verdict == MISSED]
     if missed:
         reasons.append(f"missed: {', '.join(missed)}")
     if reasons:
@@ -366,6 +406,9 @@ def _status(
         return FAIL, "; ".join(reasons + tail), capacity
     if short:
         return SHORT, f"shorter than the rule: {', '.join(short)}", None
+    undecided = [f"{name} ({c.why})" for name, c in classes.items() if c.verdict == INCONCLUSIVE]
+    if undecided:
+        return UNDECIDED, f"SLO not shown met or missed: {'; '.join(undecided)}", None
     if closed_loop and steady_checks:
         return PASS, "closed loop, steady at its cap: every SLO met", None
     return PASS, "steady, every SLO met" if steady_checks else "every SLO met", None
@@ -460,6 +503,8 @@ def to_json(
         "highest_pass_req_s": highest_pass_req_s(found, base_rate),
         "highest_pass": found.highest_pass,
         "first_fail": found.first_fail,
+        "first_inconclusive": found.first_undecided,
+        "knee": knee_json(found, base_rate),
         "capacity": found.capacity,
         "ceiling": found.ceiling,
         "margin": found.margin,
@@ -477,6 +522,28 @@ def to_json(
         },
         "exit_code": exit_code(found, verdict),
     }
+
+
+def knee_json(found: Search, base_rate: float | None) -> dict[str, Any]:
+    """The interval the knee is known to: [highest pass, upper) in load units and, in rate
+    mode, in req/s (null where a side is unknown)."""
+    low, high = found.highest_pass, found.upper
+
+    def req_s(load: float | None) -> float | None:
+        return None if load is None or base_rate is None else round(load * base_rate, 6)
+
+    return {"low": low, "high": high, "low_req_s": req_s(low), "high_req_s": req_s(high),
+            "high_is": _upper_kind(found)}  # fmt: skip
+
+
+def _upper_kind(found: Search) -> str | None:
+    """What bounds the knee from above: `fail`, `inconclusive` or `capacity` (the ceiling)."""
+    upper = found.upper
+    if upper is None:
+        return None
+    if upper == found.first_fail:
+        return "fail"
+    return "inconclusive" if upper == found.first_undecided else "capacity"
 
 
 def step_json(step: Step) -> dict[str, Any]:
@@ -509,7 +576,7 @@ def steady_json(steady: Steadiness) -> dict[str, Any]:
 def settings_json(
     param: str, loads: list[float], resolution: float, min_tail: int, min_lifetimes: float,
     warmup_s: float | None, safety_margin: float, proposed: float | None,
-    base_rate: float | None,
+    base_rate: float | None, max_extend: float = 4.0, rule: str = INTERVAL,
 ) -> dict[str, Any]:  # fmt: skip
     """The settings capacity.json records beside the steps."""
     return {
@@ -517,5 +584,5 @@ def settings_json(
         "min_lifetimes": min_lifetimes, "rate_tolerance": RATE_TOLERANCE, "warmup_s": warmup_s,
         "safety_margin": safety_margin, "proposed_limit": proposed,
         "load_unit": "max_in_flight" if param == "max_in_flight" else "rate multiplier",
-        "base_rate_per_s": base_rate,
+        "base_rate_per_s": base_rate, "max_extend": max_extend, "verdict": rule,
     }  # fmt: skip

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loadgen.percentiles import nearest_rank
+from loadgen.workload.model import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE  # beside the SLO
 
 Values = npt.NDArray[np.float64]
 
@@ -53,8 +54,8 @@ MET = "met"
 MISSED = "missed"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (MET, MISSED, INCONCLUSIVE)
-RULES = ("interval", "point")  # how a check is judged: its bounds, or its point estimate
-DEFAULT_CONFIDENCE = 0.95
+INTERVAL, POINT = "interval", "point"
+RULES = (INTERVAL, POINT)  # how a check is judged: its bounds, or its point estimate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -244,6 +245,59 @@ def judge_percentile(
         lower, upper = one_sided_ranks(n, q, level)
         low = at(lower) if lower >= 1 else None
         high = at(upper) if upper <= n else None
+    if high is not None and high <= target:
+        verdict = MET
+    elif low is not None and low > target:
+        verdict = MISSED
+    else:
+        verdict = INCONCLUSIVE
+    needed = samples_needed(p, level) if high is None else None
+    return Judgement(value=value, low=low, high=high, verdict=verdict, n=n, confidence=level,
+                     needed=needed)  # fmt: skip
+
+
+def judge_clustered(
+    ordered: Values, clusters: int, p: float, target: float, level: float, *, failures: int = 0
+) -> Judgement:
+    """The verdict on "the p-th percentile of the pooled values <= target" when the values
+    come in `clusters` correlated groups (ITL: the gaps of one request), with `failures`
+    groups that failed, each ranked worst as one group of average size.
+
+    The bounds count groups, not values: the order-statistic ranks (l, u) of
+    `one_sided_ranks` for n = clusters + failures, mapped onto the pooled sorted values at
+    the same share of the way (rank u·w from the bottom for the upper bound, (l − 1)·w + 1
+    for the lower, w = values per group). This is exact when a group's values are equal
+    (perfect correlation: the pooled sample is each group's value w times) and
+    conservative when they are not: a group's share of values above the target lies in
+    [0, 1], so its variance is at most a single yes/no value's, and n groups carry at least
+    the information of n independent values. With one value per group it is
+    `judge_percentile`. The point estimate is the nearest rank of the pooled values with
+    the failures' values (+inf) on top; `needed` counts groups (requests).
+    """
+    size = int(ordered.size)
+    n = clusters + failures
+    if n == 0 or (size == 0 and failures == 0):
+        return Judgement(value=None, low=None, high=None, verdict=MISSED, n=0,
+                         confidence=level, needed=samples_needed(p, level))  # fmt: skip
+    if clusters == 0:  # only failures: every pooled value is the worst
+        return judge_percentile(ordered[:0], p, target, level, failures=failures)
+    weight = size / clusters
+    total = size + failures * weight
+
+    def at(rank: float) -> float:
+        index = min(max(math.ceil(rank - 1e-9), 1), math.ceil(total - 1e-9))
+        return float(ordered[index - 1]) if index <= size else math.inf
+
+    q = p / 100.0
+    value = at(q * total)
+    low: float | None
+    high: float | None
+    if q >= 1.0:
+        low, high = value, None
+    else:
+        lower, upper = one_sided_ranks(n, q, level)
+        low = at(math.floor((lower - 1) * weight + 1e-9) + 1) if lower >= 1 else None
+        high = at(upper * weight) if upper <= n else None
     if high is not None and high <= target:
         verdict = MET
     elif low is not None and low > target:

@@ -12,6 +12,11 @@ overflow can never improve a percentile. Percentiles use the same nearest-rank d
 as `analysis.metrics` (rank ceil(p/100 * n)); the value reported for a rank is the highest value
 equivalent to its bucket, so a histogram percentile never understates the exact one.
 
+`bounds_ms` gives a percentile's one-sided order-statistic bounds (`analysis.confidence`)
+from the counts alone: the ranks are exact, the values at bucket resolution, each widened
+to its bucket's edge (the lower bound to the bucket's lowest value, the upper to its
+highest), so the bounds never claim more than the exact ones would.
+
 Overflows are stored inside the HdrHistogram itself, at a sentinel value above the range
 (the tracked range extends to 2 hours for this), so `encode()` is plain HdrHistogram
 base64 that other HdrHistogram tools can read, and `decode` recovers the overflow count.
@@ -28,6 +33,7 @@ from typing import Self
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from loadgen.analysis.confidence import one_sided_ranks
 from loadgen.percentiles import nearest_rank
 
 LOWEST_US = 1
@@ -142,3 +148,35 @@ class LatencyHistogram:
             top = hist.get_highest_equivalent_value(hist.get_value_from_index(index))
             values.append(int(top) / 1000.0)
         return values
+
+    def bounds_ms(
+        self, ps: Sequence[float], level: float, *, failures: int = 0
+    ) -> list[tuple[float | None, float | None]]:
+        """Per p, the one-sided (low, high) bounds at `level` of the nearest-rank percentile
+        with `failures` ranked worst, in ms: None where a bound is open (too few values to
+        reach it), +inf where it falls on an overflow or a failure; (None, None) when empty.
+        Ranks from `one_sided_ranks` over count + failures; a value is its bucket's lowest
+        (for `low`) or highest (for `high`) equivalent value."""
+        total = self.count + failures
+        if total == 0:
+            return [(None, None) for _ in ps]
+        finite = self.count - self.overflow
+        hist = self._hist
+        cumulative = np.cumsum(np.ctypeslib.as_array(hist.counts)[: hist.counts_len])
+
+        def at(rank: int, *, top: bool) -> float:
+            if rank > finite:
+                return math.inf
+            value = hist.get_value_from_index(int(np.searchsorted(cumulative, rank, side="left")))
+            edge = hist.get_highest_equivalent_value if top else hist.get_lowest_equivalent_value
+            return int(edge(value)) / 1000.0
+
+        bounds: list[tuple[float | None, float | None]] = []
+        for p in ps:
+            if p >= 100.0:  # the maximum bounds p100 from below only
+                bounds.append((at(total, top=False), None))
+                continue
+            lower, upper = one_sided_ranks(total, p / 100.0, level)
+            bounds.append((at(lower, top=False) if lower >= 1 else None,
+                           at(upper, top=True) if upper <= total else None))  # fmt: skip
+        return bounds

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 
+from loadgen.analysis.confidence import INTERVAL, MET, MISSED, judge_share
 from loadgen.analysis.metrics import percentiles
 from loadgen.analysis.slo import per_request
 from loadgen.results.records import Outcome
@@ -91,18 +92,25 @@ NS_PER_S = 1_000_000_000
 NOT_FAILED = [Outcome.OK.value, Outcome.SKIPPED.value]  # a skipped hop is counted separately
 
 
-def judge_by_objective(block: ClassAudit, rows: pl.DataFrame, cls: Objective) -> ClassAudit:
+def judge_by_objective(
+    block: ClassAudit, rows: pl.DataFrame, cls: Objective, *, rule: str = INTERVAL
+) -> ClassAudit:
     """A class's block with its objective's: a summarization class judged by its batch, an
-    agent class by its trajectories, a chat class with sessions given their counts.
+    agent class by its trajectories (by `rule`), a chat class with sessions given their
+    counts.
 
-    `rows` are the class's records.
+    `rows` are the class's records. A batch is one batch: whether it finished by its
+    deadline is a fact of this run, not an estimate, so it is met or missed.
     """
     if cls.kind == "summarization":
         batch = batch_block(rows, cls)
-        return replace(block, batch=batch, slo=replace(block.slo, judged_by="batch", met=batch.met))
+        judged = MET if batch.met else MISSED
+        slo = replace(block.slo, judged_by="batch", met=batch.met, verdict=judged)
+        return replace(block, batch=batch, slo=slo)
     if cls.kind == "agent":
-        trajectory = trajectory_block(rows, cls)
-        slo = replace(block.slo, judged_by="trajectory", met=trajectory.met)
+        trajectory = trajectory_block(rows, cls, rule=rule)
+        judged = trajectory.verdict or (MET if trajectory.met else MISSED)  # none: no records
+        slo = replace(block.slo, judged_by="trajectory", met=trajectory.met, verdict=judged)
         return replace(block, trajectory=trajectory, slo=slo)
     if cls.has_sessions:
         return replace(block, sessions=sessions_block(rows))
@@ -142,11 +150,16 @@ def batch_block(rows: pl.DataFrame, cls: Objective) -> BatchAudit:
     )
 
 
-def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
+def trajectory_block(
+    rows: pl.DataFrame, cls: Objective, *, rule: str = INTERVAL
+) -> TrajectoryAudit:
     """Trajectory attainment, per-hop duration percentiles and the time split.
 
     A trajectory is ok when every hop is ok, it ended within its budget (last hop end −
     first hop intended), and its final hop met every per-request threshold of the class.
+    The share of ok trajectories is judged against the SLO percentile as a share: by its
+    exact one-sided bounds at the class's confidence (`judge_share`: met when the lower
+    bound reaches the target), or by the share itself with `rule` `point`.
     Time split, summed over hops: `ttft` (queueing and prefill, intended → first token),
     `decode` (first → last token) and `tool` (previous hop's end → this hop's intended time).
     """
@@ -173,13 +186,20 @@ def trajectory_block(rows: pl.DataFrame, cls: Objective) -> TrajectoryAudit:
     count = per_trajectory.height
     good = int(per_trajectory["ok"].sum())
     attainment = good / count
+    target = cls.slo.percentile / 100
+    judgement = judge_share(good, count, target, cls.slo.confidence)
+    judged = judgement.verdict if rule == INTERVAL else (MET if attainment >= target else MISSED)
     ok_hops = hops.filter(pl.col("outcome") == Outcome.OK.value)
     return TrajectoryAudit(
         trajectories=count,
         ok=good,
         attainment=round(attainment, 6),
-        target_attainment=cls.slo.percentile / 100,
-        met=attainment >= cls.slo.percentile / 100,
+        target_attainment=target,
+        met=judged == MET,
+        verdict=judged,
+        attainment_low=_share(judgement.low),
+        attainment_high=_share(judgement.high),
+        needed=judgement.needed,
         budget_s=budget,
         failed_hops=hops.filter(~pl.col("outcome").is_in(NOT_FAILED)).height,
         skipped_hops=int(per_trajectory["skipped"].sum()),
@@ -257,3 +277,7 @@ def _rate(amount: float, seconds: float | None) -> float | None:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

@@ -24,6 +24,14 @@ did 99 % of our users see this month").
   the frame, null in JSON, "fail" in the table: the percentile falls on a failure).
 - attainment = requests meeting every per-request threshold of their run's SLOs / all
   requests (failures stay in the denominator).
+- Each failures-worst percentile carries its one-sided order-statistic bounds at
+  WINDOW_CONFIDENCE (`_low`, `_high`): the histograms hold counts, so the ranks are exact
+  and the values at bucket resolution (< 0.1 % from 1 ms up), widened to the bucket's edge
+  (`LatencyHistogram.bounds_ms`); null where a bound is open (too few requests in the
+  window), +inf (null in JSON) where it falls on a failure. ITL has none: its bounds
+  count requests, not gaps (`analysis.slo`), and a minute's histogram does not keep which
+  gap came from which request. The pooled requests of many runs are treated as one
+  sample: a bad night widens no interval, it moves the percentile.
 - A run without `histograms.parquet` (or with an unreadable one) is read from its
   records and binned the same way; `fallback_runs` names those runs in each window.
 - `exact=True` also computes every percentile from the records (`<column>_exact`) and
@@ -62,6 +70,7 @@ from loadgen.results.runfolder import read_records, read_summary
 from loadgen.results.store import RunEntry, discover_runs, select_runs
 
 WITH_FAILURES: tuple[str, ...] = ("ttft", "tpot", "e2e")  # as `slo.WITH_FAILURES`
+WINDOW_CONFIDENCE = 0.95  # the level of every window's percentile bounds
 _UNITS_NS = {
     "s": 1_000_000_000,
     "m": NS_PER_MINUTE,
@@ -342,6 +351,8 @@ def _window_row(parts: Sequence[_Bin], *, exact: bool) -> dict[str, Any]:
         if metric in WITH_FAILURES:
             values = histogram.percentiles_ms(PERCENTILES, failures=requests - ok)
             row |= _percentile_cells(f"{metric}_ms_with_failures", values)
+            bounds = histogram.bounds_ms(PERCENTILES, WINDOW_CONFIDENCE, failures=requests - ok)
+            row |= _bound_cells(f"{metric}_ms_with_failures", bounds)
         if exact:
             arrays = [a for p in parts for a in p.values_ms.get(metric, [])]
             pooled = np.concatenate(arrays) if arrays else np.empty(0)
@@ -360,6 +371,18 @@ def _percentile_cells(prefix: str, values: Sequence[float], suffix: str = "") ->
         f"{prefix}_p{p:g}{suffix}": None if math.isnan(v) else v
         for p, v in zip(PERCENTILES, values, strict=True)
     }
+
+
+def _bound_cells(
+    prefix: str, bounds: Sequence[tuple[float | None, float | None]]
+) -> dict[str, Any]:
+    """`{prefix}_p50_low, {prefix}_p50_high, ...`: None where a bound is open, +inf where it
+    falls on a failure (as the percentiles: null in JSON)."""
+    cells: dict[str, Any] = {}
+    for p, (low, high) in zip(PERCENTILES, bounds, strict=True):
+        cells[f"{prefix}_p{p:g}_low"] = low
+        cells[f"{prefix}_p{p:g}_high"] = high
+    return cells
 
 
 def exact_percentiles(
@@ -407,6 +430,9 @@ def _percentile_columns(*, exact: bool) -> list[str]:
             names.extend(f"{prefix}_p{p:g}" for p in PERCENTILES)
             if exact:
                 names.extend(f"{prefix}_p{p:g}_exact" for p in PERCENTILES)
+        if metric in WITH_FAILURES:
+            names.extend(f"{metric}_ms_with_failures_p{p:g}_{side}"
+                         for p in PERCENTILES for side in ("low", "high"))  # fmt: skip
     return names
 
 

@@ -12,20 +12,35 @@ Breach accounting (every non-ok outcome is a miss of every SLO of its class):
   E2E <= e2e_ms.
 - attainment: requests that meet_slo / ALL recorded requests of the class (failures stay
   in the denominator). Null for a class with no requests.
-- met (per class): every percentile target holds with failures ranked worst (+inf):
-  TTFT and E2E over every request; TPOT over ok requests with N > 1 plus every failure.
-  ITL is over individual gaps, so failures cannot be mixed into its population; instead
-  the ITL check fails when the failures exceed the percentile's allowance at request
-  level (failures > n - ceil(p/100 * n), n = the class's requests), and otherwise judges
-  the nearest-rank percentile of the gaps of ok requests.
-  A check with no values to judge (e.g. TPOT when every response had one token, or no
-  request came back ok) never passes: a promise nothing measured is not a promise kept. A
-  class with targets but no recorded requests cannot be
-  judged and is not met. A class without targets is met (nothing was promised).
+- the checks (per class, one per target): the p-th percentile with failures ranked worst
+  (+inf): TTFT and E2E over every request; TPOT over ok requests with N > 1 plus every
+  failure; ITL over the gaps of ok requests (below). Each check has its point estimate
+  (nearest rank) and one-sided order-statistic bounds at the class's `slo.confidence`
+  (`analysis.confidence`), and a verdict by the run's rule: `interval` (the default) says
+  MET when the upper bound meets the target, MISSED when the lower bound misses it, and
+  INCONCLUSIVE otherwise (the target lies between the bounds, or the sample is too small
+  for an upper bound: `needed` says how many requests would give one); `point` (today's
+  rule before confidence) says MET when the point estimate meets the target, else MISSED.
+- ITL is over individual gaps, and the gaps of one request are correlated (one slow
+  request, or one long prefill beside it, makes many slow gaps), so the gaps are not that
+  many independent values. Its bounds count requests, not gaps (`judge_clustered`): the
+  order-statistic ranks for n = the requests that streamed gaps plus the failures, placed
+  at the same share of the pooled sorted gaps, each failed request ranked as one
+  request's worth of worst gaps. Exact when a request's gaps are equal, conservative when
+  they are independent (the price: a p99 ITL needs as many requests as a p99 TTFT).
+  The point estimate stays the nearest-rank percentile of the gaps of ok requests, or a
+  failure when the failures exceed the percentile's allowance at request level
+  (failures > n - ceil(p/100 * n), n = the class's requests).
+- verdict (per class): the worst of its checks (missed, then inconclusive, then met);
+  `met` is verdict == met. A check with no values to judge (e.g. TPOT when every response
+  had one token, or no request came back ok) is missed: a promise nothing measured is not
+  a promise kept. A class with targets but no recorded requests cannot be judged and is
+  missed. A class without targets is met (nothing was promised).
+- attainment's exact one-sided bounds at the class's confidence are kept beside it.
 - goodput: requests (and their output tokens) that met_slo, divided by the run duration
   max(end) - min(intended_ns) over the WHOLE frame, the same denominator for every class.
 - exit code: 3 when the generator fell behind (its numbers are not the server's), else 2
-  when any class missed, else 0.
+  when any class missed, else 7 when any class was inconclusive, else 0.
 - a stopped run is no verdict on the server: interrupted (Ctrl-C/SIGTERM, exit 130),
   stopped by the watchdog (exit 4) or incomplete (killed outright and recovered, exit 5).
   Its figures are kept, as partial figures, but `met` and `slo_met` are null: requests it
@@ -37,12 +52,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import numpy as np
 import polars as pl
 
 from loadgen.analysis import metrics
-from loadgen.errors import EXIT_FELL_BEHIND, EXIT_OK, EXIT_SLO_MISSED
+from loadgen.analysis.confidence import (
+    INCONCLUSIVE,
+    INTERVAL,
+    MET,
+    MISSED,
+    RULES,
+    Judgement,
+    judge_clustered,
+    judge_percentile,
+    point_verdict,
+    share_bounds,
+    worst,
+)
+from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_SLO_MISSED
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import STOPS
@@ -90,33 +119,37 @@ def per_request(
 
 
 def verdict(
-    classes: Mapping[str, ClassAudit], *, fell_behind: bool, stopped: str | None = None
+    classes: Mapping[str, ClassAudit],
+    *,
+    fell_behind: bool,
+    stopped: str | None = None,
+    rule: str = INTERVAL,
 ) -> Verdict:
-    """The run's verdict from its classes' `slo.met`.
+    """The run's verdict from its classes' verdicts, judged by `rule`.
 
-    status is `met` (exit 0), `missed` (2) or `fell_behind` (3); a stopped run's is its stop
-    (`interrupted` 130, `watchdog` 4, `incomplete` 5), with `slo_met` null: its figures are
-    partial and judge nothing (its classes are `withheld`).
+    status is `met` (exit 0), `missed` (2), `inconclusive` (7) or `fell_behind` (3); a
+    stopped run's is its stop (`interrupted` 130, `watchdog` 4, `incomplete` 5), with
+    `slo_met` null: its figures are partial and judge nothing (its classes are `withheld`).
     """
     if stopped is not None:
         if stopped not in STOPS:
             raise ValueError(f"stopped must be one of {', '.join(STOPS)} (got {stopped!r})")
         return Verdict(status=stopped, slo_met=None, fell_behind=fell_behind,
-                       exit_code=STOPS[stopped])  # fmt: skip
-    slo_met = all(c.slo.met for c in classes.values())
-    status = "fell_behind" if fell_behind else ("met" if slo_met else "missed")
-    return Verdict(status=status, slo_met=slo_met, fell_behind=fell_behind,
-                   exit_code=exit_code(slo_met=slo_met, fell_behind=fell_behind))  # fmt: skip
+                       exit_code=STOPS[stopped], rule=rule)  # fmt: skip
+    judged = worst([c.slo.judged or MISSED for c in classes.values()])
+    status = "fell_behind" if fell_behind else judged
+    return Verdict(status=status, slo_met=judged == MET, fell_behind=fell_behind,
+                   exit_code=exit_code(judged, fell_behind=fell_behind), rule=rule)  # fmt: skip
 
 
 def withheld(block: ClassAudit) -> ClassAudit:
-    """A class of a run that stopped before its end: every `met` null (slo, batch,
-    trajectory), its figures kept as partial figures."""
+    """A class of a run that stopped before its end: every `met` and verdict null (slo,
+    batch, trajectory), its figures kept as partial figures."""
     return replace(
         block,
-        slo=replace(block.slo, met=None),
+        slo=replace(block.slo, met=None, verdict=None),
         batch=replace(block.batch, met=None) if block.batch else None,
-        trajectory=replace(block.trajectory, met=None) if block.trajectory else None,
+        trajectory=replace(block.trajectory, met=None, verdict=None) if block.trajectory else None,
     )
 
 
@@ -125,11 +158,22 @@ def stop_of(verdict: Verdict) -> str | None:
     return verdict.status if verdict.status in STOPS else None
 
 
-def exit_code(*, slo_met: bool, fell_behind: bool) -> int:
-    """3 if the generator fell behind, else 2 if any class missed its SLO, else 0."""
+EXIT_OF = {MET: EXIT_OK, MISSED: EXIT_SLO_MISSED, INCONCLUSIVE: EXIT_INCONCLUSIVE}
+
+
+def exit_code(judged: str, *, fell_behind: bool) -> int:
+    """3 if the generator fell behind, else 2 if any class missed its SLO (`judged` is the
+    worst verdict of the classes), else 7 if any was inconclusive, else 0."""
     if fell_behind:
         return EXIT_FELL_BEHIND
-    return EXIT_OK if slo_met else EXIT_SLO_MISSED
+    return EXIT_OF[judged]
+
+
+def check_rule(rule: str) -> str:
+    """`rule` if it is one of RULES (ValueError otherwise)."""
+    if rule not in RULES:
+        raise ValueError(f"the verdict rule must be one of {', '.join(RULES)} (got {rule!r})")
+    return rule
 
 
 def audit_class(
@@ -140,12 +184,14 @@ def audit_class(
     targets: SloTargets,
     duration_s: float,
     stream_ends: StreamEnds | None = None,
+    rule: str = INTERVAL,
 ) -> ClassAudit:
     """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
 
     `rows` are the class's `per_request` rows, `itl_ms` the gaps of its ok requests,
-    `duration_s` the whole run's duration (goodput's denominator). Each population is
-    sorted once and shared by its stats and its check.
+    `duration_s` the whole run's duration (goodput's denominator), `rule` how its checks
+    are judged (`interval` or `point`). Each population is sorted once and shared by its
+    stats and its check.
     """
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
     failures = rows.height - ok.height
@@ -166,7 +212,8 @@ def audit_class(
         server_timings_ms=server_timings(ok),
         tokens_per_chunk=tokens_per_chunk,
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
-                      meeting=int(rows.get_column("meets_slo").sum()), targets=targets),
+                      meeting=int(rows.get_column("meets_slo").sum()), targets=targets,
+                      streamed=ok.get_column("max_itl_ms").drop_nulls().len(), rule=rule),
         goodput=goodput(rows, duration_s=duration_s),
         stream_ends=stream_ends or StreamEnds(),
         prefix_cache=prefix_cache_share(rows),
@@ -213,68 +260,124 @@ def slo_audit(
     failures: int,
     meeting: int,
     targets: SloTargets,
+    streamed: int | None = None,
+    rule: str = INTERVAL,
 ) -> SloAudit:
-    """attainment, met and the checks behind it, for one class.
+    """attainment, the checks and the class's verdict, for one class.
 
     `ok_ms` holds each measure's values over ok requests (ITL: over their gaps),
-    `meeting` how many requests met every per-request threshold.
+    `meeting` how many requests met every per-request threshold, `streamed` how many ok
+    requests streamed at least one gap (ITL's groups; None: every ok request did).
     """
+    check_rule(rule)
     limits = targets.thresholds_ms()
-    p = targets.percentile
-    checks = [
-        _check(name, limit, ok_ms[name], requests, failures, p) for name, limit in limits.items()
-    ]
+    p, level = targets.percentile, targets.confidence
+    groups = requests - failures if streamed is None else streamed
+    population = Population(requests=requests, failures=failures, streamed=groups)
+    checks = [_check(name, limit, ok_ms[name], population, p, level, rule)
+              for name, limit in limits.items()]  # fmt: skip
     if checks and requests == 0:
-        checks = [_unjudgeable_check()]
+        checks = [_unjudgeable_check(level)]
+    judged = worst([c.judged for c in checks])
+    low, high = share_bounds(meeting, requests, level) if requests else (None, None)
     return SloAudit(
-        targets=SloTargets(
-            ttft_ms=_float(targets.ttft_ms),
-            tpot_ms=_float(targets.tpot_ms),
-            itl_ms=_float(targets.itl_ms),
-            e2e_ms=_float(targets.e2e_ms),
-            percentile=float(p),
-        ),
+        targets=replace(targets, ttft_ms=_float(targets.ttft_ms), tpot_ms=_float(targets.tpot_ms),
+                        itl_ms=_float(targets.itl_ms), e2e_ms=_float(targets.e2e_ms),
+                        percentile=float(p), confidence=float(level)),
         attainment=round(meeting / requests, 6) if requests else None,
-        met=all(c.passed for c in checks),
+        met=judged == MET,
         checks=tuple(checks),
-    )
+        verdict=judged,
+        attainment_low=_share(low),
+        attainment_high=_share(high),
+    )  # fmt: skip
 
 
 def _float(value: float | None) -> float | None:
     return float(value) if value is not None else None
 
 
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+@dataclass(frozen=True, slots=True)
+class Population:
+    """A class's request counts a check needs: all, failed, and ok with at least one gap."""
+
+    requests: int
+    failures: int
+    streamed: int
+
+
 def _check(
-    name: str, limit_ms: float, values: pl.Series, requests: int, failures: int, p: float
-) -> Check:
-    """One population target: the p-th percentile of `name`, failures ranked worst, <= limit."""
+    name: str, limit_ms: float, values: pl.Series, counts: Population, p: float, level: float,
+    rule: str,
+) -> Check:  # fmt: skip
+    """One population target: the p-th percentile of `name`, failures ranked worst, <= limit,
+    judged by `rule` at `level` (see the module doc)."""
     note = None
+    ordered = values.to_numpy().astype(np.float64, copy=False)  # sorted by the caller
+    failures = counts.failures
+    judgement: Judgement
     if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
         population = values.len()
         value = metrics.percentiles(values, (p,))[0]
+        requests = counts.requests
         allowance = requests - nearest_rank(p, requests) if requests else 0
         if failures > allowance:
             value = math.inf
             note = f"failed requests ({failures}) exceed the p{p:g} allowance ({allowance})"
+        judgement = judge_clustered(ordered, counts.streamed, p, limit_ms, level,
+                                    failures=failures)  # fmt: skip
     else:
         population = values.len() + failures
         value = metrics.percentiles(values, (p,), failures=failures)[0]
+        judgement = judge_percentile(ordered, p, limit_ms, level, failures=failures)
     if value is None:
         note = "no values to judge: the check cannot pass"
     elif math.isinf(value) and note is None:
         note = f"p{p:g} falls on a failed request"
+    judged = judgement.verdict if rule == INTERVAL else point_verdict(value, limit_ms)
+    if value is None:
+        judged = MISSED
+    if judged == INCONCLUSIVE:
+        note = _inconclusive_note(judgement, p, limit_ms, note)
     return Check(
         metric=name,
         percentile=float(p),
         target_ms=float(limit_ms),
         value_ms=metrics.round_ms(value),
-        passed=value is not None and value <= limit_ms,
+        passed=judged == MET,
         population=population,
         note=note,
+        verdict=judged,
+        confidence=level,
+        low_ms=metrics.round_ms(judgement.low),
+        high_ms=metrics.round_ms(judgement.high),
+        low_open=judgement.low is None and judgement.n > 0,
+        high_open=judgement.high is None and judgement.n > 0,
+        needed=judgement.needed,
     )
 
 
-def _unjudgeable_check() -> Check:
+def _inconclusive_note(judgement: Judgement, p: float, limit_ms: float, note: str | None) -> str:
+    """Why a check is inconclusive: too few requests to bound it, or the target inside."""
+    level = f"{judgement.confidence:.0%}"
+    if judgement.needed is not None:
+        why = (
+            f"too few requests to bound p{p:g} from above at {level}: {judgement.n:,} of the "
+            f"{judgement.needed:,} needed"
+        )
+    else:
+        low = "—" if judgement.low is None else f"{judgement.low:,.3g}"
+        high = "failure" if judgement.high is None or math.isinf(judgement.high) else (
+            f"{judgement.high:,.3g}")  # fmt: skip
+        why = f"the target {limit_ms:g} ms lies within [{low}, {high}] ms at {level} each side"
+    return why if note is None else f"{why}; {note}"
+
+
+def _unjudgeable_check(level: float) -> Check:
     """The check a class with targets but no recorded requests gets: it cannot pass."""
     return Check(
         metric="requests",
@@ -284,6 +387,8 @@ def _unjudgeable_check() -> Check:
         passed=False,
         population=0,
         note="no recorded requests: the class cannot be judged",
+        verdict=MISSED,
+        confidence=level,
     )
 
 

@@ -62,6 +62,7 @@ from loadgen.results.write import write_files
 from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
+    MAX_EXTEND,
     PARAMS,
     RunOne,
     geometric_loads,
@@ -152,6 +153,16 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
 )
 @option(
     SEARCH,
+    "--max-extend",
+    type=click.FloatRange(min=1),
+    default=MAX_EXTEND,
+    show_default=True,
+    help="A step whose SLOs are neither met nor missed at their confidence is run again "
+    "twice as long, then four times, ..., up to this many times its planned length; one "
+    "still inconclusive then does not pass (1: never extend).",
+)
+@option(
+    SEARCH,
     "--proposed-limit",
     help="A load to judge (same units as --start): pass only if <= highest passing load × "
     "(1 − safety margin).",
@@ -178,7 +189,8 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
 def capacity(
     workload: Path, param: str, start: str | None, maximum: str | None, factor: float,
     steps_text: str | None, resolution: float, min_tail: int, min_lifetimes: float,
-    warmup_s: float | None, proposed_limit: str | None, safety_margin: float,
+    warmup_s: float | None, max_extend: float, proposed_limit: str | None,
+    safety_margin: float,
     out_dir: Path | None, prometheus_listen: str | None, prometheus_grace_s: float,
     otlp_endpoint: str | None, otlp_interval_s: float, **shared: Any,
 ) -> None:  # fmt: skip  # the options it shares with `run` (loadgen.cli.options) in `shared`
@@ -189,7 +201,10 @@ def capacity(
     at a steady state: long enough (every class's SLO percentile rests on --min-tail
     requests beyond it, and the judged part lasts --min-lifetimes mean request
     lifetimes), completing within 3 % of the offered rate, with no rise in requests in
-    flight or TTFT beyond what noise allows, and every SLO met; its warm-up is left out.
+    flight or TTFT beyond what noise allows, and every SLO met at its confidence (a
+    steady step whose SLOs are neither met nor missed is run again, longer, up to
+    --max-extend); its warm-up is left out. The knee is reported as the interval between
+    the highest passing load and the lowest one not shown to pass.
     An over-saturated step (completing less than offered) bounds the search: no load
     above what it served is run. A closed loop (--param max_in_flight) is steady by
     construction: once it held its cap, its SLOs decide (rate and trends are shown, not
@@ -241,14 +256,16 @@ def capacity(
             )  # fmt: skip
             run_step = step_runner(spec, run_one, param=param, min_tail=min_tail,
                                    warmup_s=warmup_s, min_lifetimes=min_lifetimes,
-                                   lag_bound_ms=base.lag_bound_ms, on_start=on_start)  # fmt: skip
+                                   lag_bound_ms=base.lag_bound_ms, on_start=on_start,
+                                   max_extend=max_extend, rule=base.verdict)  # fmt: skip
             found = search(run_step, loads, resolution=resolution, integer=integer,
                            on_step=on_step)  # fmt: skip
         verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
         console.print(steps_table(found, param, scale))
         base_rate = base_rate_per_s(spec) if param == "rate" else None
         settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
-                                 safety_margin, proposed, base_rate)  # fmt: skip
+                                 safety_margin, proposed, base_rate, max_extend,
+                                 base.verdict)  # fmt: skip
         write_files(out, capacity_files(found, verdict, (scale, unit, base_rate), settings))
         for line in conclusion(found, verdict, param, scale, safety_margin):
             console.print(line)

@@ -17,6 +17,9 @@ from loadgen.analysis.compare import (
     parse_tolerances,
     to_json,
 )
+from loadgen.analysis.repeats import REGRESSED, REPEATS_FILE, Repeats, change_json, compare_repeats
+from loadgen.analysis.repeats import from_json as repeats_from_json
+from loadgen.analysis.repeats import to_json as to_repeats_json
 from loadgen.analysis.rolling import parse_duration
 from loadgen.analysis.server import (
     ServerDelta,
@@ -35,7 +38,8 @@ from loadgen.render.compare_view import (
     server_json,
 )
 from loadgen.render.junit import render_junit
-from loadgen.results.runfolder import SUMMARY_FILE, read_summary
+from loadgen.render.repeats_view import changes_table
+from loadgen.results.runfolder import SUMMARY_FILE, read_run_info, read_summary
 from loadgen.results.summary import CacheWarmth, ServerAudit
 
 
@@ -127,6 +131,11 @@ def compare(
 ) -> None:
     """Compare CURRENT with BASELINE per class and figure; exit 2 on a regression.
 
+    BASELINE and CURRENT may also be two `run --repeats` folders (each with repeats.json):
+    every headline figure is then compared by the means of the runs, REGRESSED when the
+    Welch t-interval of the change lies wholly on the worse side and the change exceeds
+    the default tolerance.
+
     Checks TTFT/TPOT/ITL/E2E p50/p90/p99 (and TTFT/E2E with failures ranked worst),
     attainment, error rate and goodput. A check REGRESSED only when the change exceeds
     its tolerance (default: latency +10 % and +2 ms, attainment -1 pp, error rate
@@ -147,6 +156,7 @@ def compare(
       loadgen compare reports/run-a reports/run-b --tolerance ttft_p99=20ms --format json
       loadgen compare reports/chat-run reports/mixed-run --force
       loadgen compare reports/run-a reports/run-b --server-threshold queue_depth_p99=50%
+      loadgen compare reports/before reports/after     # two run --repeats folders
     """
 
     options = (window_text, store, tolerance_texts, confidence, class_names)
@@ -187,6 +197,9 @@ def _compare(
         window = parse_duration(window_text) if window_text is not None else None
     except ConfigError as exc:  # parse_duration names --window; this flag is another
         raise ConfigError(exc.source, "--baseline-window", exc.problem, exc.fix) from None
+    if window is None and all((run / REPEATS_FILE).is_file() for run in runs):
+        _compare_repeats(runs[0], runs[1], fmt, force=force)
+        return
     tolerances = parse_tolerances(tolerance_texts)
     try:
         thresholds = parse_server_thresholds(server_thresholds)
@@ -239,6 +252,43 @@ def _compare(
         for path in written:
             console.print(f"wrote {path}")
     sys.exit(exit_code)
+
+
+def _compare_repeats(baseline_dir: Path, current_dir: Path, fmt: str, *, force: bool) -> None:
+    """Two `run --repeats` folders: every headline figure's mean, between-run interval and
+    Welch interval of the change; exit 2 when one REGRESSED (`analysis.repeats`)."""
+    sides = [_read_repeats(d) for d in (baseline_dir, current_dir)]
+    keys = [_repeats_workload(d, r) for d, r in zip((baseline_dir, current_dir), sides,
+                                                    strict=True)]  # fmt: skip
+    if keys[0] != keys[1] and not force:
+        raise LoadgenError(
+            f"{baseline_dir} and {current_dir} repeat different workloads ({keys[0]} vs "
+            f"{keys[1]}): add --force to compare them anyway"
+        )
+    changes = compare_repeats(*sides)
+    code = 2 if any(c.status == REGRESSED for c in changes) else 0
+    if fmt == "json":
+        click.echo(json.dumps({"baseline": to_repeats_json(sides[0]),
+                               "current": to_repeats_json(sides[1]),
+                               "changes": [change_json(c) for c in changes],
+                               "exit_code": code}, indent=2))  # fmt: skip
+    else:
+        output_console().print(changes_table(changes, min(s.level for s in sides)))
+    sys.exit(code)
+
+
+def _read_repeats(folder: Path) -> Repeats:
+    try:
+        return repeats_from_json(json.loads((folder / REPEATS_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise LoadgenError(f"cannot read {folder / REPEATS_FILE}: {exc}") from None
+
+
+def _repeats_workload(folder: Path, repeats: Repeats) -> str:
+    """The workload key of a repeats folder's runs (its sibling run folders)."""
+    if not repeats.run_ids:
+        raise LoadgenError(f"{folder / REPEATS_FILE} names no runs")
+    return str(read_run_info(folder.parent / repeats.run_ids[0]).identity().get("key"))
 
 
 def _server_deltas(

@@ -17,6 +17,7 @@ from loadgen.errors import (
     EXIT_BUSY,
     EXIT_FELL_BEHIND,
     EXIT_INCOMPLETE,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SLO_MISSED,
@@ -36,6 +37,12 @@ def exit_help(*rows: tuple[int, str]) -> str:
 
 
 INTERRUPTED_ROW = (EXIT_INTERRUPTED, "interrupted")
+INCONCLUSIVE_ROW = (
+    EXIT_INCONCLUSIVE,
+    "inconclusive: no SLO missed, but one could not be judged at the confidence asked (its\n"
+    "target lies within its interval, or too few requests to bound it: the report says how\n"
+    "many); a miss anywhere is 2, a generator that fell behind 3",
+)
 
 # `run` and `report`
 RUN_EXITS = exit_help(
@@ -48,6 +55,7 @@ RUN_EXITS = exit_help(
     (EXIT_INCOMPLETE, "incomplete: a run killed outright, finished by report --recover "
                       "(no verdict)"),
     (EXIT_BUSY, "the run is still running: report (and report --recover) refuse it; --wait waits"),
+    INCONCLUSIVE_ROW,
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM); records and summary are still written (no\n"
                        "verdict: the figures are partial)"),
 )  # fmt: skip
@@ -77,6 +85,7 @@ MERGE_EXITS = exit_help(
     (EXIT_USAGE, "the folders are not the N shards of one run (or not run folders)"),
     (EXIT_SLO_MISSED, "an SLO was missed"),
     (EXIT_FELL_BEHIND, "a shard's generator fell behind: its numbers are not the server's"),
+    INCONCLUSIVE_ROW,
 )
 
 CALIBRATE_EXITS = exit_help(

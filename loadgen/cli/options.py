@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from loadgen.adapters import APIS
+from loadgen.analysis.confidence import INTERVAL, RULES
 from loadgen.errors import LoadgenError, OptionError
 from loadgen.printable import printable
 from loadgen.results.runfolder import LAG_BOUND_MS
@@ -113,7 +114,8 @@ def memory_cap(max_memory_gb: float | None) -> tuple[int, str]:
 # -- grouped help: every option belongs to one group of `--help` -------------------------
 TARGET, LOAD, TIMING, SERVER_METRICS = "Target", "Load", "Deadlines and pacing", "Server metrics"
 OUTPUT, LIVE, COST, SEARCH = "Output", "Live export", "Cost", "Search"
-HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, OUTPUT, LIVE, COST)
+VERDICT = "Verdict"  # how sure a verdict is, and by which rule
+HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, OUTPUT, LIVE, COST)
 HELP_OPTION_GROUP = "Help"  # --help itself (click adds it, ungrouped)
 
 
@@ -213,6 +215,10 @@ SPEC_OPTIONS: list[Decorator] = [
     option(LOAD, "--nonce", callback=check_nonce,
            help="A cold run's nonce (run.json's cache.nonce), to send exactly the bytes of "
            "that run again (default: drawn per run and recorded)."),
+    option(VERDICT, "--confidence", type=FiniteFloat(0.5, 1, low_open=True), metavar="LEVEL",
+           help="Confidence of every SLO verdict, e.g. 0.95: MET and MISSED are each wrong "
+           "at most 1 − LEVEL of the time; replaces every class's slo.confidence (default "
+           "0.95). `check` says how many requests each check needs at it."),
 ]  # fmt: skip
 
 URL_OPTION = option(
@@ -261,6 +267,10 @@ RUN_STEP_OPTIONS: list[Decorator] = [
            type=FiniteFloat(0.05, 3600),
            help="Seconds between scrapes (default: target.server_metrics_interval_s, else 1)."),
     option(OUTPUT, "-q", "--quiet", is_flag=True, help="No progress line, only the final table."),
+    option(VERDICT, "--verdict", type=click.Choice(RULES), default=INTERVAL, show_default=True,
+           help="interval: a check is MET when its confidence bound meets the target, MISSED "
+           "when the other misses it, else INCONCLUSIVE (exit 7); point: MET when the point "
+           "estimate meets it (the rule before confidence). Recorded in run.json."),
 ]  # fmt: skip
 
 
@@ -271,7 +281,7 @@ def workload_options(func: F) -> F:
 
 def spec_options(func: F) -> F:
     """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --max-memory-gb, --cache,
-    --nonce."""
+    --nonce, --confidence."""
     return _apply(SPEC_OPTIONS, func)
 
 
@@ -291,6 +301,7 @@ def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
         load(workload), requests=opts.get("requests"), duration_s=opts.get("duration"),
         rate=opts.get("rate"), api=opts.get("api"), model=opts.get("model"),
         force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
+        confidence=opts.get("confidence"),
     )  # fmt: skip
     if opts.get("nonce") is not None and spec.cache != "cold":
         raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",

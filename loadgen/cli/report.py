@@ -10,6 +10,7 @@ import click
 
 from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
+from loadgen.analysis.confidence import RULES
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.options import clean_errors, output_console
@@ -41,6 +42,14 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
     "slo_text",
     metavar="KEY=VALUE,...",
     help="Re-audit against other targets, e.g. ttft_ms=800,tpot_ms=40,percentile=95.",
+)
+@click.option(
+    "--verdict",
+    "rule",
+    type=click.Choice(RULES),
+    help="Re-judge by this rule (interval: by each check's confidence bounds; point: by "
+    "its point estimate) instead of the one run.json records; --slo confidence=0.9 "
+    "changes the level.",
 )
 @click.option(
     "--window",
@@ -104,6 +113,7 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
 def report(
     path: Path,
     slo_text: str | None,
+    rule: str | None,
     window_text: str | None,
     step_text: str | None,
     class_name: str | None,
@@ -128,6 +138,7 @@ def report(
     Example:
       loadgen report reports/20261129T101500Z-chat-1a2b
       loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800,tpot_ms=40
+      loadgen report reports/20261129T101500Z-chat-1a2b --verdict point
       loadgen report reports/ --window 30d --step 1d --class chat
       loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
@@ -136,7 +147,7 @@ def report(
         _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
         if recover:
             _recover(path)
-        _report_run(path, slo_text, window_text, step_text, out_dir, fmt)
+        _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule)
     else:
         _report_store(
             path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
@@ -170,7 +181,7 @@ def _recover(run_dir: Path) -> None:
 
 def _report_run(
     run_dir: Path, slo_text: str | None, window_text: str | None, step_text: str | None,
-    out_dir: Path | None, fmt: str,
+    out_dir: Path | None, fmt: str, *, rule: str | None = None,
 ) -> None:  # fmt: skip
 
     slos = None
@@ -179,7 +190,8 @@ def _report_run(
     try:
         window_s = float(window_text) if window_text else None  # None: by the run's length
         step_s = float(step_text) if step_text else None
-        built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s)
+        built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s,
+                                 rule=rule)  # fmt: skip
     except ValueError as exc:
         raise OptionError(
             "--window/--step",

@@ -6,18 +6,21 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
 
+from loadgen.analysis.repeats import repeats_of
 from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.live_options import live_options, open_live, price_options
 from loadgen.cli.options import (
     LOAD,
     OUTPUT,
+    VERDICT,
     GroupedHelp,
     check_memory_line,
     check_run_id,
@@ -33,12 +36,15 @@ from loadgen.cli.options import (
     workload_options,
 )
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import LoadgenError, OptionError
+from loadgen.errors import VERDICT_PRECEDENCE, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
+from loadgen.render.repeats_view import repeats_file, spread_table
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import render_processes, render_summary
-from loadgen.run.execute import execute, prepare
+from loadgen.results.runfolder import new_run_id
+from loadgen.results.write import write_files
+from loadgen.run.execute import RunResult, execute, prepare
 from loadgen.run.live import parse_listen
 from loadgen.run.options import RunOptions
 from loadgen.workload.shards import parse_share, parse_start_at
@@ -76,6 +82,16 @@ from loadgen.workload.spec import WorkloadSpec
     "--sim-trace",
     is_flag=True,
     help="With the built-in simulator, keep its server-side trace in the run folder.",
+)
+@option(
+    VERDICT,
+    "--repeats",
+    type=click.IntRange(min=1, max=1000),
+    default=1,
+    show_default=True,
+    help="Run the workload this many times, one run folder each (RUN-ID-r1, ...), then print "
+    "the between-run spread of each class's figures with a t-interval and write it to "
+    "OUT/RUN-ID/repeats.json; exits with the worst run's code.",
 )
 @option(
     LOAD,
@@ -122,6 +138,7 @@ def run(
     run_id: str | None,
     max_in_flight: int | None,
     sim_trace: bool,
+    repeats: int,
     shard_text: str | None,
     start_at_text: str | None,
     dry_run: bool,
@@ -154,12 +171,15 @@ def run(
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
       loadgen run workloads/chat.yaml --url http://gpu:8000 --cache warm
+      loadgen run workloads/chat-smoke.yaml --url http://gpu:8000 --repeats 5 --run-id tonight
     """
 
     check_run_id(run_id)
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
+    if repeats > 1:
+        check_repeats(shard_text, junit_path, markdown_path)
     if shard_text is not None and start_at_text is None:
         raise OptionError("--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
@@ -180,21 +200,65 @@ def run(
     fleet = None if price_per_hour is None else price_per_hour * shared["replicas"]
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
+    if repeats > 1:
+        base = run_id or new_run_id(spec.name)
+        check_run_id(f"{base}-r{repeats}")
     with live as exporter:
-        with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
-            result = execute(spec, options, live=exporter)
-        console = output_console()
-        console.print(render_summary(result.summary))
-        for line in render_processes(result.run_info):
-            console.print(line)
-        console.print(f"records and summary: {result.run_dir}")
-        for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
-            if path is not None:
-                write_text(path, text(result.summary))
-                console.print(f"wrote {path}")
-        if result.watchdog:
-            console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
-    sys.exit(result.exit_code)
+        results = []
+        for index in range(1, repeats + 1):
+            each = options if repeats == 1 else replace(options, run_id=f"{base}-r{index}")
+            with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
+                result = execute(spec, each, live=exporter)
+            results.append(result)
+            _print_result(result, junit_path, markdown_path)
+            if result.interrupted:  # Ctrl-C, SIGTERM or the watchdog: no more repeats
+                break
+        if repeats > 1:
+            _print_repeats(results, out_dir / base)
+    sys.exit(worst_exit(r.exit_code for r in results))
+
+
+def _print_result(result: RunResult, junit_path: Path | None, markdown_path: Path | None) -> None:
+    """One run's table, its processes, where it went, and its JUnit/Markdown files."""
+    console = output_console()
+    console.print(render_summary(result.summary))
+    for line in render_processes(result.run_info):
+        console.print(line)
+    console.print(f"records and summary: {result.run_dir}")
+    for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
+        if path is not None:
+            write_text(path, text(result.summary))
+            console.print(f"wrote {path}")
+    if result.watchdog:
+        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
+
+
+def _print_repeats(results: list[RunResult], folder: Path) -> None:
+    """The between-run spread of the repeats, and repeats.json in `folder`."""
+    spread = repeats_of([r.summary for r in results])
+    console = output_console()
+    console.print(spread_table(spread))
+    verdicts = ", ".join(f"{r.run_dir.name} {r.summary.verdict.status}" for r in results)
+    console.print(f"repeats: {verdicts}")
+    for path in write_files(folder, repeats_file(spread)):
+        console.print(f"wrote {path}")
+
+
+def worst_exit(codes: Iterable[int]) -> int:
+    """The code that speaks for several runs (`errors.VERDICT_PRECEDENCE`)."""
+    seen = set(codes)
+    return next((code for code in VERDICT_PRECEDENCE if code in seen), max(seen, default=0))
+
+
+def check_repeats(shard_text: str | None, junit: Path | None, markdown: Path | None) -> None:
+    """--repeats runs whole runs on one host, each judged on its own."""
+    if shard_text is not None:
+        raise OptionError("--repeats", "does not combine with --shard",
+                          "repeat the sharded run (and its merge) instead")  # fmt: skip
+    for flag, path in (("--junit", junit), ("--markdown", markdown)):
+        if path is not None:
+            raise OptionError(flag, "describes one run, and --repeats makes several",
+                              "drop it, or run the repeats one by one")  # fmt: skip
 
 
 @contextlib.contextmanager

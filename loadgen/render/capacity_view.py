@@ -19,6 +19,7 @@ from loadgen.analysis.capacity import (
     INVALID,
     PASS,
     RATE_TOLERANCE,
+    UNDECIDED,
     WARMUP_LIFETIMES,
     ClassFigures,
     Search,
@@ -76,7 +77,8 @@ def rule_lines(
             f"a step passes only at a steady state: completed within {RATE_TOLERANCE:.0%} of "
             "the offered rate, requests in flight and TTFT from intended not rising across "
             "the judged part (10 slices; beyond a 99.9 % one-sided bound from their scatter "
-            "and beyond one request's worth), and every SLO met"
+            "and beyond one request's worth), and every SLO met at its confidence (a step "
+            "whose SLOs are neither met nor missed is run again, longer)"
         )
     else:
         lines.append(
@@ -111,7 +113,9 @@ def evidence_line(step: Step) -> str:
         )
     if step.closed_loop:
         parts.append("closed loop: rate and trends shown, not judged")
-    if step.attempts > 1:
+    if step.extended > 1:
+        parts.append(f"run {step.attempts} times, judged on the last (×{step.extended:g} long)")
+    elif step.attempts > 1:
         parts.append("run twice (the first was too short)")
     return " · ".join(parts)
 
@@ -130,11 +134,41 @@ def step_lines(step: Step, param: str, scale: float) -> list[Text | str]:
     ]
     if step.steady is not None:
         lines.append(f"  {evidence_line(step)}")
+    lines.extend(f"  {line}" for line in bounds_lines(step))
     return lines
 
 
+def bounds_lines(step: Step) -> list[str]:
+    """Per class, the TTFT and TPOT percentile with its confidence bounds and the verdict:
+    `chat TTFT p90 412 ms (95% bounds 398–431) ≤ 1000: met`."""
+    lines = []
+    for name, c in step.classes.items():
+        parts = []
+        for metric in ("ttft", "tpot"):
+            target = getattr(c, f"{metric}_slo_ms")
+            if target is None:
+                continue
+            value, low, high = (getattr(c, f"{metric}{end}_ms") for end in ("", "_low", "_high"))
+            level = f"{c.confidence:.0%} " if c.confidence is not None else ""
+            parts.append(f"{metric.upper()} p{c.percentile:g} {_bound(value)} ms ({level}bounds "
+                         f"{_bound(low)}–{_bound(high)}) ≤ {target:g}")  # fmt: skip
+        if parts:
+            lines.append(f"{name} " + " · ".join(parts) + f": {c.verdict}")
+    return lines
+
+
+def _bound(value: float | None) -> str:
+    """A bound or value in ms; "open/fail" where there is none (open, or on a failure)."""
+    if value is None:
+        return "open/fail"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+STATUS_COLOUR = {PASS: "green", FAIL: "red", INVALID: "yellow", UNDECIDED: "magenta"}
+
+
 def status_text(step: Step) -> Text:
-    colour = {PASS: "green", FAIL: "red", INVALID: "yellow"}.get(step.status, "magenta")
+    colour = STATUS_COLOUR.get(step.status, "magenta")
     text = Text(step.status.upper(), style=f"bold {colour}")
     if step.note:
         text.append(f" ({step.note})")
@@ -172,7 +206,7 @@ def steps_table(found: Search, param: str, scale: float) -> Table:
         for name in names:
             figures = step.classes.get(name)
             cells += [_ms(figures, "ttft"), _ms(figures, "tpot")]
-        colour = {PASS: "green", FAIL: "red", INVALID: "yellow"}.get(step.status, "magenta")
+        colour = STATUS_COLOUR.get(step.status, "magenta")
         cells.append(Text(step.status.upper(), style=f"bold {colour}"))
         table.add_row(*cells)
     return table
@@ -246,14 +280,21 @@ def conclusion(
         lines.append(Text(f"highest passing load {load_label(found.highest_pass, param, scale)}; "
                           "no step failed, so the knee lies above it: raise --max"))  # fmt: skip
     else:
-        bound = (
-            f"the first failing load {load_label(found.first_fail, param, scale)}"
-            if found.first_fail is not None and found.upper == found.first_fail
-            else f"the capacity bound {load_label(found.upper, param, scale)}"
-        )
+        if found.first_fail is not None and found.upper == found.first_fail:
+            bound = f"the first failing load {load_label(found.first_fail, param, scale)}"
+        elif found.first_undecided is not None and found.upper == found.first_undecided:
+            bound = (f"the first load still inconclusive when extended "
+                     f"{load_label(found.first_undecided, param, scale)}")  # fmt: skip
+        else:
+            bound = f"the capacity bound {load_label(found.upper, param, scale)}"
         lines.append(Text(
             f"highest passing load {load_label(found.highest_pass, param, scale)}, "
             f"{found.margin:.1%} below {bound}", style="bold",
+        ))  # fmt: skip
+        lines.append(Text(
+            f"the knee lies in [{load_label(found.highest_pass, param, scale)}, "
+            f"{load_label(found.upper, param, scale)}): shown to pass at the first, not "
+            "shown to pass at the second"
         ))  # fmt: skip
     if verdict is not None:
         lines.append(_verdict_line(verdict, param, scale, safety_margin))
@@ -289,5 +330,6 @@ def capacity_files(
 
 
 def judged_steps(found: Search) -> list[Step]:
-    """The steps with a verdict on the server (passed or failed): what the knee plot draws."""
-    return [s for s in found.steps if s.status in (PASS, FAIL)]
+    """The steps with a verdict on the server (passed, failed, or inconclusive however long
+    they ran): what the knee plot draws."""
+    return [s for s in found.steps if s.status in (PASS, FAIL, UNDECIDED)]

@@ -13,7 +13,7 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure  # no pyplot: nothing global to clean up
 
-from loadgen.analysis.capacity import FAIL, INVALID, PASS, Search, Step
+from loadgen.analysis.capacity import FAIL, INVALID, PASS, UNDECIDED, Search, Step
 from loadgen.render.plots import METRIC_COLOURS, figure_png
 
 
@@ -21,13 +21,15 @@ def knee_png(found: Search, *, x_scale: float = 1.0, x_label: str = "load") -> b
     """Attainment, completed vs offered requests, goodput vs raw throughput, and the
     SLO-percentile latencies vs load.
 
-    Four panels on one load axis (x = load × `x_scale`); SLO targets dashed; the highest
-    passing load a green line, the first failing one red, the capacity ceiling (from an
-    over-saturated step) orange; invalid steps drawn as grey lines and left out of the
-    curves (their numbers are the generator's).
+    Four panels on one load axis (x = load × `x_scale`); SLO targets dashed; each step's
+    percentile with its confidence bounds as a bar; the highest passing load a green line,
+    the first failing one red, the first still inconclusive one magenta, the capacity
+    ceiling (from an over-saturated step) orange; invalid steps drawn as grey lines and
+    left out of the curves (their numbers are the generator's).
     """
 
-    steps = sorted((s for s in found.steps if s.status in (PASS, FAIL)), key=lambda s: s.load)
+    steps = sorted((s for s in found.steps if s.status in (PASS, FAIL, UNDECIDED)),
+                   key=lambda s: s.load)  # fmt: skip
     fig = Figure(figsize=(8.0, 10.5))
     top, rates, middle, bottom = fig.subplots(4, 1, sharex=True)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.06, top=0.94, hspace=0.12)
@@ -76,7 +78,7 @@ def _attainment_panel(ax: Any, steps: Sequence[Step], x: Sequence[float]) -> Non
         ax.plot(x, _nan(y), "o-", label=f"{name} attainment")
     for p in sorted({s.classes[n].percentile for s in steps for n in s.classes}):
         ax.axhline(p, color="grey", linestyle=":", linewidth=1, label=f"p{p:g} share")
-    colours = {PASS: "tab:green", FAIL: "tab:red"}
+    colours = {PASS: "tab:green", FAIL: "tab:red", UNDECIDED: "tab:purple"}
     for xi, s in zip(x, steps, strict=True):
         ax.annotate(s.status, (xi, 2), ha="center", fontsize=7, color=colours[s.status])
     ax.set_ylabel("attainment (%)")
@@ -100,11 +102,25 @@ def _latency_panel(
             p = next(s.classes[name].percentile for s in steps if name in s.classes)
             ax.plot(x, _nan(values), marker="o", linestyle=style, color=colours[metric],
                     label=f"{name} {metric.upper()} p{p:g}")  # fmt: skip
+            _bounds(ax, steps, x, name, metric, colours[metric])
             if slo is not None:
                 ax.axhline(slo, color=colours[metric], linestyle="--", linewidth=1,
                            label=f"{name} {metric.upper()} SLO {slo:g} ms")  # fmt: skip
     ax.set_yscale("log")
     ax.set_ylabel("latency at the SLO percentile (ms, nearest rank)\n(missing: falls on a failure)")
+
+
+def _bounds(
+    ax: Any, steps: Sequence[Step], x: Sequence[float], name: str, metric: str, colour: str
+) -> None:
+    """Each step's one-sided confidence bounds on the percentile as a vertical bar (both
+    closed only: an open or failed bound has no place on the axis)."""
+    for xi, step in zip(x, steps, strict=True):
+        figures = step.classes.get(name)
+        low = getattr(figures, f"{metric}_low_ms", None) if figures else None
+        high = getattr(figures, f"{metric}_high_ms", None) if figures else None
+        if low is not None and high is not None and low > 0:
+            ax.vlines(xi, low, high, color=colour, linewidth=3, alpha=0.35)
 
 
 def _mark_bracket(ax: Any, found: Search, x_scale: float, *, labelled: bool) -> None:
@@ -119,6 +135,10 @@ def _mark_bracket(ax: Any, found: Search, x_scale: float, *, labelled: bool) -> 
     if found.first_fail is not None:
         ax.axvline(found.first_fail * x_scale, color="tab:red", linewidth=1, linestyle=":",
                    label=label(f"first fail {found.first_fail * x_scale:.3g}"))  # fmt: skip
+    if found.first_undecided is not None:
+        ax.axvline(found.first_undecided * x_scale, color="tab:purple", linewidth=1,
+                   linestyle=":", label=label(
+                       f"first inconclusive {found.first_undecided * x_scale:.3g}"))  # fmt: skip
     if found.ceiling is not None:
         ax.axvline(found.ceiling * x_scale, color="tab:orange", linewidth=1, linestyle="--",
                    label=label(f"capacity ceiling {found.ceiling * x_scale:.3g}"))  # fmt: skip

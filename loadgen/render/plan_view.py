@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from loadgen.analysis.sizing import class_sizes, planned_units, size_text
 from loadgen.workload.datasets import load_dataset
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
@@ -185,3 +186,12 @@ def _schedule_table(plans: Sequence[RequestPlan], limit: int = 20) -> Table:
         )
         previous = plan.intended_ns
     return table
+
+
+def sizing_lines(spec: WorkloadSpec, plans: Sequence[RequestPlan]) -> list[Text]:
+    """Per class: how many requests (trajectories) its SLO needs to be judged at its
+    confidence, and whether the plan has them; a warning, with what to change, when not."""
+    return [
+        Text(size_text(size), style="" if size.enough else "bold yellow")
+        for size in class_sizes(spec, planned_units(spec, plans))
+    ]

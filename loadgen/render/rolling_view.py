@@ -32,7 +32,8 @@ from loadgen.workload.spec import SloTargets
 
 
 def render_rolling_table(frame: pl.DataFrame) -> RenderableType:
-    """One row per window and class: latencies in ms; "p99·all" ranks failures worst."""
+    """One row per window and class: latencies in ms; "p99·all" ranks failures worst, beside
+    its 95 % one-sided bounds from the window's merged histograms."""
     table = Table(
         title=_title(frame),
         title_justify="left",
@@ -47,7 +48,8 @@ def render_rolling_table(frame: pl.DataFrame) -> RenderableType:
     table.add_column("class", no_wrap=True)
     for header in ("runs", "reqs", "failed"):
         table.add_column(header, justify="right", no_wrap=True)
-    for header in ("TTFT\np50/p99", "TTFT\np99·all", "TPOT\np50/p99", "ITL\np99", "E2E\np99"):
+    for header in ("TTFT\np50/p99", "TTFT\np99·all", "95% bounds\nof p99·all", "TPOT\np50/p99",
+                   "ITL\np99", "E2E\np99"):  # fmt: skip
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("attain", justify="right", no_wrap=True)
     if "max_rel_diff" in frame.columns:
@@ -104,6 +106,7 @@ def _table_row(row: Mapping[str, Any]) -> list[RenderableType]:
         Text(str(failed), style="red" if failed else ""),
         f"{_ms(row['ttft_ms_p50'])}/{_ms(row['ttft_ms_p99'])}",
         _ms_or_fail(row["ttft_ms_with_failures_p99"], row["requests"]),
+        _bounds(row, "ttft_ms_with_failures_p99"),
         f"{_ms(row['tpot_ms_p50'])}/{_ms(row['tpot_ms_p99'])}",
         _ms(row["itl_ms_p99"]),
         _ms(row["e2e_ms_p99"]),
@@ -117,6 +120,20 @@ def _table_row(row: Mapping[str, Any]) -> list[RenderableType]:
 
 def _ms(value: float | None) -> str:
     return fmt_ms(value if value is not None and math.isfinite(value) else None)
+
+
+def _bounds(row: Mapping[str, Any], figure: str) -> str:
+    """`79.2–92.6`, `79.2–open` (too few requests for an upper bound), `79.2–fail`: the
+    bounds of `figure` (`{figure}_low`, `_high`; "—" for a window without requests or a
+    frame written without bounds)."""
+    low, high = row.get(f"{figure}_low"), row.get(f"{figure}_high")
+    if not row["requests"] or f"{figure}_low" not in row:
+        return "—"
+
+    def side(value: float | None) -> str:
+        return "open" if value is None else "fail" if math.isinf(value) else _ms(value)
+
+    return f"{side(low)}–{side(high)}"
 
 
 def _ms_or_fail(value: float | None, requests: int) -> Text:

@@ -4,21 +4,26 @@ One row (and one JUnit testcase) per class per SLO check (a percentile target, f
 ranked worst) and per objective (a summarization batch's deadline, an agent class's
 trajectory share), plus the generator's health: a run whose generator fell behind judges
 nothing of the server, so its case fails as `invalid`. A failure carries the measured
-value, the target and the request count. A run that stopped before its end (Ctrl-C, the
-watchdog, a recovered kill) judges nothing: every case is skipped, saying how it stopped.
+value, its confidence bounds, the target and the request count. An inconclusive check
+(the target within its bounds, or too few requests to bound it) is a failure of type
+`inconclusive` saying how many requests would judge it: CI must not read it as a pass. A
+run that stopped before its end (Ctrl-C, the watchdog, a recovered kill) judges nothing:
+every case is skipped, saying how it stopped.
 The JUnit document comes from the one builder `loadgen compare --junit` uses
 (`render.junit`), the Markdown from the same table cells.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
-from loadgen.results.summary import ClassAudit, Summary
+from loadgen.render.terminal import bounds_text
+from loadgen.results.summary import Check, ClassAudit, Summary, TrajectoryAudit
 
-HEADERS = ("class", "check", "measured", "target", "requests", "result")
+HEADERS = ("class", "check", "measured", "bounds", "target", "requests", "result")
+STATUS = {"met": "pass", "missed": "FAIL", "inconclusive": "INCONCLUSIVE"}
 LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 
 
@@ -32,8 +37,9 @@ class Row:
     measured: str
     target: str
     requests: int
-    status: str  # pass, FAIL, invalid, skipped
+    status: str  # pass, FAIL, INCONCLUSIVE, invalid, skipped
     why: str = ""  # a failure's or a skip's sentence
+    bounds: str = ""  # the confidence bounds, e.g. `95% bounds 61.2–84.9 ms`
 
 
 def rows(summary: Summary) -> list[Row]:
@@ -50,9 +56,7 @@ def rows(summary: Summary) -> list[Row]:
 
 
 def _skip(row: Row, why: str) -> Row:
-    return Row(class_name=row.class_name, check=row.check, label=row.label,
-               measured=row.measured, target=row.target, requests=row.requests,
-               status="skipped", why=why)  # fmt: skip
+    return replace(row, status="skipped", why=why)
 
 
 def _ms(value: float | None) -> str:
@@ -67,22 +71,33 @@ def _class_rows(name: str, block: ClassAudit) -> list[Row]:
                            measured="0", target="> 0", requests=block.requests,
                            status="FAIL", why=check.note or "no recorded requests"))  # fmt: skip
             continue
-        label = f"{LABELS.get(check.metric, check.metric)} p{check.percentile:g} (failures worst)"
-        measured, target = _ms(check.value_ms), f"≤ {_ms(check.target_ms)}"
-        failed = block.requests - block.outcomes.get("ok", 0)
-        why = "" if check.passed else (
-            f"{label} of class {name}: {measured}, target {target}, over "
-            f"{check.population:,} requests ({failed:,} failed)"
-        )  # fmt: skip
-        out.append(Row(class_name=name, check=f"{check.metric} p{check.percentile:g}",
-                       label=label, measured=measured, target=target,
-                       requests=check.population, status="pass" if check.passed else "FAIL",
-                       why=why))  # fmt: skip
+        out.append(_check_row(name, block, check))
     if block.batch is not None:
         out.append(_batch_row(name, block))
     if block.trajectory is not None:
         out.append(_trajectory_row(name, block))
     return out
+
+
+def _check_row(name: str, block: ClassAudit, check: Check) -> Row:
+    """A percentile check: its value, bounds, target and verdict (and why, when not met)."""
+    label = f"{LABELS.get(check.metric, check.metric)} p{check.percentile:g} (failures worst)"
+    measured, target = _ms(check.value_ms), f"≤ {_ms(check.target_ms)}"
+    level = "" if check.confidence is None else f"{check.confidence:.0%} "
+    bounds = f"{level}bounds {bounds_text(check)}" if check.confidence is not None else ""
+    failed = block.requests - block.outcomes.get("ok", 0)
+    judged = check.judged
+    why = ""
+    if judged != "met":
+        shown = f"{measured}, {bounds}" if bounds else measured
+        unit = "gaps" if check.metric == "itl_ms" else "requests"
+        why = (f"{label} of class {name}: {shown}, target {target}, over "
+               f"{check.population:,} {unit} ({failed:,} failed)")  # fmt: skip
+        if judged == "inconclusive":
+            why = f"inconclusive: {why}; {check.note}" if check.note else f"inconclusive: {why}"
+    return Row(class_name=name, check=f"{check.metric} p{check.percentile:g}", label=label,
+               measured=measured, target=target, requests=check.population,
+               status=STATUS[judged], why=why, bounds=bounds)  # fmt: skip
 
 
 def _batch_row(name: str, block: ClassAudit) -> Row:
@@ -106,14 +121,23 @@ def _trajectory_row(name: str, block: ClassAudit) -> Row:
     assert t is not None
     share = "none" if t.attainment is None else f"{t.attainment:.1%}"
     target = "none" if t.target_attainment is None else f"≥ {t.target_attainment:.1%}"
-    passed = bool(t.met) if t.met is not None else False
-    why = "" if passed else (
-        f"trajectories of class {name}: {share} within budget, target {target}, over "
-        f"{t.trajectories:,} trajectories ({t.failed_hops:,} failed hops)"
+    judged = t.verdict or ("met" if t.met else "missed")
+    bounds = share_bounds_text(t, block.slo.targets.confidence)
+    why = "" if judged == "met" else (
+        f"trajectories of class {name}: {share} within budget ({bounds}), target {target}, "
+        f"over {t.trajectories:,} trajectories ({t.failed_hops:,} failed hops)"
+        + (f"; {t.needed:,} trajectories, all ok, would judge it" if t.needed else "")
     )  # fmt: skip
     return Row(class_name=name, check="trajectory share", label="trajectories within budget",
                measured=share, target=target, requests=t.trajectories,
-               status="pass" if passed else "FAIL", why=why)  # fmt: skip
+               status=STATUS[judged], why=why, bounds=bounds)  # fmt: skip
+
+
+def share_bounds_text(t: TrajectoryAudit, confidence: float) -> str:
+    """`95% bounds 74.1%–100.0%`: a trajectory share's exact one-sided bounds."""
+    if t.attainment_low is None or t.attainment_high is None:
+        return ""
+    return f"{confidence:.0%} bounds {t.attainment_low:.1%}–{t.attainment_high:.1%}"
 
 
 def _generator_row(summary: Summary) -> Row:
@@ -137,17 +161,21 @@ def render_run_junit(summary: Summary) -> str:
         mine = [r for r in found if r.class_name == name]
         cases = [_case(r) for r in mine]
         properties = {f"{r.check}.{k}": v for r in mine
-                      for k, v in (("measured", r.measured), ("target", r.target),
-                                   ("requests", str(r.requests)))}  # fmt: skip
+                      for k, v in (("measured", r.measured), ("bounds", r.bounds),
+                                   ("target", r.target), ("requests", str(r.requests)))
+                      if v}  # fmt: skip
         properties["run_id"] = summary.run_id
         suites.append(Suite(name=f"run.{name}", cases=cases, properties=properties))
     return junit_xml(f"loadgen run {summary.run_id}", suites)
 
 
 def _case(row: Row) -> Case:
-    detail = f"measured: {row.measured}  target: {row.target}  requests: {row.requests:,}"
+    bounds = f"  {row.bounds}" if row.bounds else ""
+    detail = f"measured: {row.measured}{bounds}  target: {row.target}  requests: {row.requests:,}"
     if row.status == "FAIL":
         return Case(name=row.check, failure=(row.why, "slo", detail), output=detail)
+    if row.status == "INCONCLUSIVE":
+        return Case(name=row.check, failure=(row.why, "inconclusive", detail), output=detail)
     if row.status == "invalid":
         return Case(name=row.check, failure=(row.why, "invalid", detail), output=detail)
     if row.status == "skipped":
@@ -161,6 +189,7 @@ def render_run_markdown(summary: Summary) -> str:
     title = {
         "met": "SLO MET",
         "missed": "SLO MISSED",
+        "inconclusive": "SLO INCONCLUSIVE (nothing missed; not everything could be judged)",
         "fell_behind": "INVALID (the generator fell behind)",
     }
     lines = [
@@ -170,15 +199,16 @@ def render_run_markdown(summary: Summary) -> str:
         f"run `{md_cell(summary.run_id)}` · {summary.duration_s:,.1f} s",
         "",
         "| " + " | ".join(HEADERS) + " |",
-        "|---|---|---:|---:|---:|---|",
+        "|---|---|---:|---|---:|---:|---|",
     ]
     for row in rows(summary):
         status = {"pass": "pass", "skipped": "not judged"}.get(row.status, f"**{row.status}**")
-        cells = [row.class_name, row.label, row.measured, row.target, f"{row.requests:,}", status]
-        lines.append("| " + " | ".join(md_cell(c) if i < 5 else c
+        cells = [row.class_name, row.label, row.measured, row.bounds,
+                 row.target, f"{row.requests:,}", status]  # fmt: skip
+        lines.append("| " + " | ".join(md_cell(c) if i < 6 else c
                                         for i, c in enumerate(cells)) + " |")  # fmt: skip
     found = rows(summary)
-    failed = [r for r in found if r.status in ("FAIL", "invalid")]
+    failed = [r for r in found if r.status in ("FAIL", "INCONCLUSIVE", "invalid")]
     if failed:
         lines += ["", *(f"- {md_cell(r.why)}" for r in failed)]
     elif found and found[0].status == "skipped":

@@ -35,6 +35,7 @@ from loadgen.results.summary import (
     ServerAudit,
     SloAudit,
     Summary,
+    TrajectoryAudit,
     Verdict,
 )
 
@@ -136,8 +137,15 @@ def _model_row(model: str, part: ModelAudit, unit: str = "ms") -> list[Renderabl
         fmt_in(part.e2e_ms.p99, unit),
         f"{attainment * 100:.1f}%" if attainment is not None else "—",
         _rate(part.goodput.requests_per_s),
-        Text(_met_text(part.met), style=_met_style(part.met)),
+        _model_verdict(part),
     ]
+
+
+def _model_verdict(part: ModelAudit) -> Text:
+    """A model's verdict against its class's targets (MET, MISSED, INCONCLUSIVE, partial)."""
+    if part.met is None or part.verdict is None:
+        return Text(_met_text(part.met), style=_met_style(part.met))
+    return Text(part.verdict.upper(), style=VERDICT_STYLE[part.verdict].removeprefix("bold "))
 
 
 def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableType]:
@@ -213,20 +221,25 @@ def _rate(value: float | None) -> str:
     return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
+VERDICT_STYLE = {"met": "bold green", "missed": "bold red", "inconclusive": "bold yellow"}
+
+
 def _verdict_cell(slo: SloAudit) -> Text:
-    """MET / MISSED with the failed metrics named / "no SLO" for a class without targets /
-    "partial" in a run that stopped before its end (`met` is null: nothing was judged)."""
-    if slo.met is None:
+    """MET / MISSED / INCONCLUSIVE with the checks that were not met named / "no SLO" for a
+    class without targets / "partial" in a run that stopped before its end (`met` is null:
+    nothing was judged)."""
+    judged = slo.judged
+    if judged is None:
         return Text("partial", style="bold yellow")
+    word = judged.upper()
     if slo.judged_by:  # a batch or trajectory objective, shown on its own line below the table
-        return Text(f"{'MET' if slo.met else 'MISSED'}\n({slo.judged_by})",
-                    style="bold green" if slo.met else "bold red")  # fmt: skip
+        return Text(f"{word}\n({slo.judged_by})", style=VERDICT_STYLE[judged])
     if not slo.checks:
         return Text("no SLO", style="dim")
-    if slo.met:
-        return Text("MET", style="bold green")
-    failed = [c.metric.removesuffix("_ms") for c in slo.checks if not c.passed]
-    return Text(f"MISSED\n{','.join(failed)}", style="bold red")
+    if judged == "met":
+        return Text("MET", style=VERDICT_STYLE[judged])
+    named = [c.metric.removesuffix("_ms") for c in slo.checks if c.judged == judged]
+    return Text(f"{word}\n{','.join(named)}", style=VERDICT_STYLE[judged])
 
 
 def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[RenderableType]:
@@ -240,14 +253,14 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
         lines.extend(_objective_lines(name, cls))
         lines.extend(Text(f"  {name}: {note}", style="yellow") for note in stream_notes(cls))
         lines.extend(_reasoning_and_server_lines(name, cls))
-        missed = [_missed_check(name, c) for c in cls.slo.checks if not c.passed]
         if partial:
             continue
+        checks = [check_line(name, c) for c in cls.slo.checks]
         if cls.slo.judged_by:  # percentiles are diagnostic for batches and agents
-            for line in missed:
+            for line in checks:
                 line.stylize("dim")
                 line.append(" (diagnostic)")
-        lines.extend(missed)
+        lines.extend(checks)
     return lines
 
 
@@ -326,11 +339,12 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
         budget = f" within {trajectory.budget_s:g} s" if trajectory.budget_s else ""
         lines.append(Text(
             f"  {name} trajectories: {trajectory.ok:,}/{trajectory.trajectories:,} ok{budget} "
-            f"({trajectory.attainment:.1%}, target {trajectory.target_attainment:.0%}) · "
+            f"({trajectory.attainment:.1%}{_share_bounds(trajectory)}, target "
+            f"{trajectory.target_attainment:.0%}) · "
             f"{trajectory.failed_hops} failed, {trajectory.skipped_hops} skipped hops · "
             f"time in ttft {split.ttft:,.1f} s, decode {split.decode:,.1f} s, "
             f"tools {split.tool:,.1f} s",
-            style=_met_style(trajectory.met),
+            style=_judged_style(trajectory.verdict, trajectory.met),
         ))  # fmt: skip
     if trajectory and trajectory.per_hop:
         lines.append(Text(f"  {name} per hop (context tokens sent · TTFT p50 ms): " + ", ".join(
@@ -345,6 +359,16 @@ def _objective_lines(name: str, cls: ClassAudit) -> list[RenderableType]:
     return lines
 
 
+def _share_bounds(trajectory: TrajectoryAudit) -> str:
+    """`, bounds 74.1%–100.0%`: a trajectory share's exact one-sided bounds, and the
+    trajectories that would judge it when it is inconclusive for want of them."""
+    low, high = trajectory.attainment_low, trajectory.attainment_high
+    if low is None or high is None:
+        return ""
+    needed = f", needs {trajectory.needed:,} all ok" if trajectory.needed else ""
+    return f", bounds {low:.1%}–{high:.1%}{needed}"
+
+
 def _tokens(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
@@ -357,16 +381,48 @@ def _met_style(met: bool | None) -> str:
     return "yellow" if met is None else ("green" if met else "red")
 
 
-def _missed_check(name: str, check: Check) -> Text:
-    """ "chat: ttft p99 412 ms > target 300 ms", or the note saying why there is no value."""
-    metric = check.metric.removesuffix("_ms")
+def _judged_style(verdict: str | None, met: bool | None) -> str:
+    """The colour of a verdict (of `met`, for summaries written before verdicts)."""
+    if met is None or verdict is None:
+        return _met_style(met)
+    return VERDICT_STYLE[verdict].removeprefix("bold ")
+
+
+def check_line(name: str, check: Check) -> Text:
+    """One check with its interval: `chat TTFT p90 84.9 ms · 95 % bounds 61.2–84.9 ms ·
+    target ≤ 1,000 ms · MET`; an open bound says how many requests would close it."""
+    judged = check.judged
+    style = VERDICT_STYLE[judged].removeprefix("bold ")
     if check.percentile is None:
-        return Text(f"  {name}: {check.note}", style="red")
-    label = f"  {name}: {metric} p{check.percentile:g} "
-    target = with_unit(check.target_ms)
-    if check.value_ms is not None:
-        return Text(f"{label}{with_unit(check.value_ms)} > target {target}", style="red")
-    return Text(f"{label}fails: {check.note} (target {target})", style="red")
+        return Text(f"  {name}: {check.note} · {judged.upper()}", style=style)
+    metric = check.metric.removesuffix("_ms").upper()
+    value = "fail" if check.value_ms is None and check.population else with_unit(check.value_ms)
+    parts = [f"  {name} {metric} p{check.percentile:g} {value}"]
+    if check.confidence is not None:
+        parts.append(f"{check.confidence:.0%} bounds {bounds_text(check)}")
+    parts.append(f"target ≤ {with_unit(check.target_ms)}")
+    parts.append(judged.upper())
+    line = " · ".join(parts)
+    if check.note and (judged == "missed" or (judged != "met" and check.needed is None)):
+        line += f" ({check.note})"
+    return Text(line, style=style)
+
+
+def bounds_text(check: Check) -> str:
+    """`61.2–84.9 ms`, `61.2 ms–open (needs 299 requests)`, `61.2 ms–failure`: a check's
+    one-sided bounds, an open one with the requests that would close it."""
+    if check.population == 0:
+        return "none (no values)"
+    low = "open" if check.low_open else "failure" if check.low_ms is None else None
+    high: str | None
+    if check.high_open:
+        high = "open" if check.needed is None else (
+            f"open (needs {check.needed:,} requests)")  # fmt: skip
+    else:
+        high = "failure" if check.high_ms is None else None
+    if low is None and high is None:  # both numbers: one unit for the pair
+        return f"{fmt_ms(check.low_ms)}–{with_unit(check.high_ms)}"
+    return f"{low or with_unit(check.low_ms)}–{high or with_unit(check.high_ms)}"
 
 
 def _rates_text(generator: GeneratorHealth) -> str:
@@ -469,9 +525,16 @@ def _verdict_line(verdict: Verdict, stop: str | None) -> Text:
         )
     if verdict.fell_behind:
         return Text(f"verdict: GENERATOR FELL BEHIND (exit {verdict.exit_code})", "bold red")
+    rule = " by point estimates (--verdict point)" if verdict.rule == "point" else ""
     if verdict.slo_met:
-        return Text(f"verdict: SLO MET (exit {verdict.exit_code})", "bold green")
-    return Text(f"verdict: SLO MISSED (exit {verdict.exit_code})", "bold red")
+        return Text(f"verdict: SLO MET{rule} (exit {verdict.exit_code})", "bold green")
+    if verdict.status == "inconclusive":
+        return Text(
+            f"verdict: SLO INCONCLUSIVE (exit {verdict.exit_code}): nothing missed, but not "
+            "every SLO could be judged at its confidence (see the checks above)",
+            "bold yellow",
+        )
+    return Text(f"verdict: SLO MISSED{rule} (exit {verdict.exit_code})", "bold red")
 
 
 def render_processes(run_info: RunInfo) -> list[Text]:

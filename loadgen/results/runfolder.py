@@ -118,13 +118,19 @@ def has_records(run_dir: Path) -> bool:
     return (run_dir / RECORDS_FILE).exists() or (run_dir / PARTS_DIR).is_dir()
 
 
-SLO_FIELDS = (*METRICS_MS, "percentile")  # the fields of SloTargets, as run.json keys
+SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 14  # 14: run.json cache and workload.spec.cache, summary.json cache;
+SCHEMA_VERSION = 15  # 15: the verdict's confidence (additive): summary.json checks:
+# verdict, confidence, low_ms, high_ms, low_open, high_open, needed; slo.verdict,
+# attainment_low/_high, targets.confidence; trajectory verdict, attainment_low/_high,
+# needed; models.*.verdict; verdict.rule and status `inconclusive` (exit 7); run.json
+# options.verdict and workload.spec.classes.*.slo.confidence (`passed` and `met` still
+# mean met)
+# (14: run.json cache and workload.spec.cache, summary.json cache;
 # records usage_output_tokens, counted_output_tokens, usage_problem (chunk_tokens Int64);
 # summary classes.*.stream_ends usage_disagrees, usage_over_counted, usage_problems; run.json
-# workload.spec.target allow_early_stops, request_id_body
+# workload.spec.target allow_early_stops, request_id_body)
 # (13: run.json server_metrics.access and summary.json server.access
 # (how the metrics endpoint was asked: header names and their source, failures by kind, the
 # classified problem), run.json workload.spec.target.server_metrics_headers (names only)
@@ -246,6 +252,9 @@ class RunSettings:
     # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
     price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)
     replicas: int | None = field(default=None, metadata=OMIT_NONE)
+    # `--verdict`: how the checks were judged (`interval`, `point`); None: a run written
+    # before, judged by its point estimates (`RunInfo.verdict_rule`)
+    verdict: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -414,6 +423,14 @@ class RunInfo:
         if self.watchdog:
             return "watchdog"
         return "interrupted" if self.interrupted else None
+
+    @property
+    def verdict_rule(self) -> str:
+        """How the run's checks are judged (`--verdict`): as recorded, else `point`, the
+        rule every run was judged by before the verdict had a confidence (schema 14 and
+        older), so a re-audit of such a run says what the run said."""
+        recorded = self.options.verdict if self.options is not None else None
+        return recorded or "point"
 
     @property
     def lag_bound_ms(self) -> float:

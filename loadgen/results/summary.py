@@ -116,6 +116,9 @@ class ServerTimings:
         return {name: stats for name, stats in timings.items() if stats.count}
 
 
+VERDICTS = ("met", "missed", "inconclusive")  # `analysis.confidence`'s, as JSON holds them
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Check:
     """One population target: the p-th percentile of `metric` (failures worst) <= target.
@@ -123,6 +126,16 @@ class Check:
     `metric` is `requests` (percentile and target None) for a class with targets but no
     recorded request: it cannot pass. `value_ms` None: no values (the check then fails:
     nothing measured passes), or a failure.
+
+    `verdict` (one of VERDICTS) is the check's, by the run's rule (`Verdict.rule`): with
+    `interval`, met when the upper bound `high_ms` meets the target, missed when the lower
+    bound `low_ms` misses it, else inconclusive; with `point`, met when `value_ms` does.
+    `passed` is `verdict == "met"`. The bounds are one-sided order-statistic bounds at
+    `confidence` each (`analysis.confidence`; together an interval at 2 × confidence − 1);
+    None where a bound is open (`low_open`, `high_open`: the sample is too small to reach
+    it; `needed` requests would close the upper one) or falls on a failed request (ranked
+    +inf, which JSON cannot hold). Summaries written before the verdict had a confidence
+    lack these keys: read `passed`.
     """
 
     metric: str
@@ -132,6 +145,18 @@ class Check:
     passed: bool
     population: int
     note: str | None
+    verdict: str | None = None
+    confidence: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    needed: int | None = None
+
+    @property
+    def judged(self) -> str:
+        """The verdict, or what `passed` said in a summary written before verdicts."""
+        return self.verdict or ("met" if self.passed else "missed")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +172,20 @@ class SloAudit:
     met: bool | None
     checks: tuple[Check, ...]
     judged_by: str | None = field(default=None, metadata=OMIT_NONE)
+    # The class's verdict (VERDICTS; `met` is verdict == "met"): the worst of its checks
+    # (missed, then inconclusive), or its objective's. None where `met` is None (a stopped
+    # run), and in summaries written before verdicts.
+    verdict: str | None = None
+    # Exact (Clopper-Pearson) one-sided bounds on `attainment` at the class's confidence.
+    attainment_low: float | None = None
+    attainment_high: float | None = None
+
+    @property
+    def judged(self) -> str | None:
+        """The verdict, or what `met` said in a summary written before verdicts."""
+        if self.verdict is not None or self.met is None:
+            return self.verdict
+        return "met" if self.met else "missed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,6 +264,12 @@ class TrajectoryAudit:
     attainment: float | None
     target_attainment: float | None = field(default=None, metadata=NO_TRAJECTORIES)
     met: bool | None
+    # The share judged at the class's confidence like any share (`Check`): its exact
+    # one-sided bounds, the verdict, and the trajectories that would close the lower bound.
+    verdict: str | None = field(default=None, metadata=NO_TRAJECTORIES)
+    attainment_low: float | None = field(default=None, metadata=NO_TRAJECTORIES)
+    attainment_high: float | None = field(default=None, metadata=NO_TRAJECTORIES)
+    needed: int | None = field(default=None, metadata=NO_TRAJECTORIES)
     budget_s: float | None = field(default=None, metadata=NO_TRAJECTORIES)
     failed_hops: int = field(default=0, metadata=NO_TRAJECTORIES)
     skipped_hops: int = field(default=0, metadata=NO_TRAJECTORIES)
@@ -260,6 +305,7 @@ class ModelAudit:
     attainment: float | None
     met: bool | None
     goodput: Goodput
+    verdict: str | None = None  # met, missed or inconclusive (`met`: verdict == "met")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -383,14 +429,18 @@ class GeneratorHealth:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
-    """The run's verdict: status `met` (exit 0), `missed` (2), `fell_behind` (3), or the stop
-    of a run that ended early (`interrupted` 130, `watchdog` 4, `incomplete` 5: `slo_met`
-    None, no verdict on the server)."""
+    """The run's verdict: status `met` (exit 0), `missed` (2), `inconclusive` (7: no class
+    missed, but a target lies within its interval or too few requests bound it),
+    `fell_behind` (3), or the stop of a run that ended early (`interrupted` 130, `watchdog`
+    4, `incomplete` 5: `slo_met` None, no verdict on the server). `slo_met` is true only
+    when every class is met. `rule`: how the checks were judged (`interval`, `point`);
+    None in summaries written before."""
 
     status: str
     slo_met: bool | None
     fell_behind: bool
     exit_code: int
+    rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

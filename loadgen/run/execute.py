@@ -23,11 +23,13 @@ import polars as pl
 
 from loadgen.adapters.protocol import Adapter
 from loadgen.analysis.audit import audit, with_cache
+from loadgen.analysis.confidence import INTERVAL
 from loadgen.analysis.cost import Price
 from loadgen.analysis.live import LiveTally
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
+from loadgen.analysis.sizing import size_warnings
 from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
@@ -92,21 +94,23 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """The summary's verdict: 0 met, 2 missed, 3 fell behind; 4 stopped by the
-        watchdog, 130 interrupted (no verdict on the server)."""
+        """The summary's verdict: 0 met, 2 missed, 7 inconclusive, 3 fell behind; 4 stopped
+        by the watchdog, 130 interrupted (no verdict on the server)."""
         return self.summary.verdict.exit_code
 
 
 def execute(
     spec: WorkloadSpec, options: RunOptions, *, log: TextIO | None = None,
-    live: LiveExporter | None = None,
+    live: LiveExporter | None = None, warn_size: bool = True,
 ) -> RunResult:  # fmt: skip
     """Run the workload and write its folder; see `RunResult.exit_code` for the verdict.
 
     `log` takes the progress lines; none: whatever `sys.stderr` is at the call, not at
     import (click's test runner, pytest's capture and an embedding program swap it).
     `live` publishes the run's figures as they come (`--prometheus-port`, `--otlp-endpoint`);
-    the caller closes it (a capacity search keeps one for all its steps)."""
+    the caller closes it (a capacity search keeps one for all its steps). `warn_size`: say
+    (even with -q) when a class's plan is too small for its SLO to be judged at its
+    confidence (a capacity step, which is extended when inconclusive, does not)."""
     log = sys.stderr if log is None else log
     ready = prepare(spec, options)
     work = ready.work
@@ -115,6 +119,10 @@ def execute(
         print(f"workers: {workers} ({why})", file=log)
     for said in workers_warnings(work, options.workers, workers):  # even with -q
         print(f"warning: {said}", file=log)
+    # even with -q: the verdict depends on it (a shard's merge is judged, not the shard)
+    if warn_size and options.verdict == INTERVAL and options.shard is None:
+        for said in size_warnings(spec, work.plans):
+            print(said, file=log)
 
     if not options.quiet and (warning := envelope_warning(spec, work.plans, processes=workers)):
         print(warning, file=log)
@@ -461,6 +469,7 @@ def finish(
         lag_bound_ms=options.lag_bound_ms,
         price=None if options.price_per_hour is None
         else Price(per_hour=options.price_per_hour, replicas=options.replicas),
+        rule=options.verdict,
     )  # fmt: skip
     if scraper is not None:
         summary, info = _server_block(summary, scraper, run_dir, info, frame)

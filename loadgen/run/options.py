@@ -38,3 +38,4 @@ class RunOptions:
     # `--server-metrics-header`s: the metrics endpoint's own (over target.server_metrics_headers)
     server_metrics_headers: Mapping[str, str] = field(default_factory=dict)
     nonce: str | None = None  # `--nonce`: a cold run's prompts start with it; None: drawn
+    verdict: str = "interval"  # `--verdict`: judge each check by its bounds, or `point`

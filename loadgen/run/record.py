@@ -119,6 +119,7 @@ def begin(
             grace_s=options.grace_s,
             price_per_hour=options.price_per_hour if priced else None,
             replicas=options.replicas if priced else None,
+            verdict=options.verdict,
         ),
         shard=shard_info(options),
         host=HostInfo(

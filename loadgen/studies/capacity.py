@@ -5,15 +5,22 @@ judged after its warm-up, and the search decides the next load from the steps' v
 The search is pure (`search` takes the function that runs one step), so it is tested with
 fake step functions; `step_runner` is the real one.
 
-A step is judged by `loadgen.analysis.capacity.audit_step` (pass, fail, invalid, or too
-short); the verdicts, the search's result types and capacity.json live there too. A step
-that would pass but is too short is run once more, longer (planned from its own measured
-lifetime); after an over-saturated step no load above the capacity it served is run.
+A step is judged by `loadgen.analysis.capacity.audit_step` (pass, fail, invalid, too
+short, or inconclusive); the verdicts, the search's result types and capacity.json live
+there too. A step that would pass but is too short is run once more, longer (planned from
+its own measured lifetime); after an over-saturated step no load above the capacity it
+served is run. A steady step whose SLOs are neither MET nor MISSED at their confidence is
+*extended*: run again at the same load for twice as long, then four times, up to
+`max_extend` × its planned length, each run judged on its own (the judged part must be one
+continuous steady stretch: the rate and trend checks read one timeline, so two runs are
+not pooled). One that stays inconclusive is not a pass: it bounds the knee from above like
+a failure, and the bisection goes on below it.
 
 Search: run the loads in order (geometric steps, or the user's list) until a step fails,
-then bisect between the highest pass and the lowest failing load (or the capacity bound,
-when lower) until they are within `resolution` of each other (upper <= lower ×
-(1 + resolution)). The knee then lies in [highest pass, upper).
+then bisect between the highest pass and the lowest failing (or still inconclusive) load,
+or the capacity bound when lower, until they are within `resolution` of each other (upper
+<= lower × (1 + resolution)). The knee then lies in [highest pass, upper): the interval
+capacity.json reports it to (`knee`), beside each step's SLO bounds.
 
 Step length. Requests: a nearest-rank p-th percentile of n requests sits at rank
 ceil(p/100 · n), so n − ceil(p n / 100) requests lie beyond it; requiring `min_tail` of
@@ -58,12 +65,14 @@ from loadgen.analysis.capacity import (
     PASS,
     RATE_TOLERANCE,
     SHORT,
+    UNDECIDED,
     WARMUP_LIFETIMES,
     Search,
     Step,
     audit_step,
     required_requests,
 )
+from loadgen.analysis.confidence import INTERVAL
 from loadgen.errors import ConfigError
 from loadgen.results.runfolder import LAG_BOUND_MS, read_records
 from loadgen.run.execute import RunOptions, execute
@@ -73,6 +82,9 @@ from loadgen.workload.spec import ClassSpec, WorkloadSpec
 PARAMS = ("rate", "max_in_flight")
 COUNT_SIGMAS = 3.0  # plan n + 3√n requests for n: a Poisson count falls short 1 time in ~700
 LIFETIME_CUSHION = 1.25  # plan for lifetimes this much longer than last measured
+MAX_EXTEND = 4.0  # an inconclusive step runs at most this many times its planned length
+EXTEND_FACTOR = 2.0  # each extension doubles the step's length
+JUDGED = (PASS, FAIL, UNDECIDED)  # a verdict on the server (the search goes on)
 
 
 RunStep = Callable[[float], Step]
@@ -125,7 +137,7 @@ def search(
     for load in loads:
         step = run(load)
         if step.status != PASS:
-            stopped = None if step.status == FAIL else step
+            stopped = None if step.status in JUDGED else step
             break
     while stopped is None:
         found = _bracket(steps)
@@ -135,7 +147,7 @@ def search(
         if mid is None:
             break
         step = run(mid)
-        if step.status not in (PASS, FAIL):
+        if step.status not in JUDGED:
             stopped = step
     return replace(_bracket(steps), stopped_by=stopped)
 
@@ -144,12 +156,14 @@ def _bracket(steps: Sequence[Step]) -> Search:
     """What the steps so far bracket."""
     passes = [s.load for s in steps if s.status == PASS]
     fails = [s.load for s in steps if s.status == FAIL]
+    undecided = [s.load for s in steps if s.status == UNDECIDED]
     served = [s.capacity_load for s in steps if s.capacity_load is not None]
     return Search(
         steps=tuple(steps),
         highest_pass=max(passes, default=None),
         first_fail=min(fails, default=None),
         capacity=max(served, default=None),
+        first_undecided=min(undecided, default=None),
     )
 
 
@@ -201,14 +215,16 @@ def planned_count(required: int) -> float:
 
 
 def plan_step(
-    counts_s: float, lifetime_s: float | None, *, min_lifetimes: float, warmup_s: float | None
-) -> StepPlan:
-    """The judged part lasts the longer of what the counts need and `min_lifetimes` lifetimes;
-    the warm-up is `warmup_s`, else the larger of 1/9 of that (10 % of the whole) and
-    WARMUP_LIFETIMES lifetimes."""
+    counts_s: float, lifetime_s: float | None, *, min_lifetimes: float, warmup_s: float | None,
+    extend: float = 1.0,
+) -> StepPlan:  # fmt: skip
+    """The judged part lasts the longer of what the counts need and `min_lifetimes` lifetimes,
+    times `extend` (an inconclusive step run again); the warm-up is `warmup_s`, else the
+    larger of 1/9 of that (10 % of the whole) and WARMUP_LIFETIMES lifetimes."""
     judged = counts_s
     if lifetime_s is not None:
         judged = max(judged, min_lifetimes * lifetime_s)
+    judged *= extend
     if warmup_s is None:
         warmup_s = max(judged / 9, WARMUP_LIFETIMES * (lifetime_s or 0.0))
     return StepPlan(judged_s=judged, warmup_s=warmup_s, lifetime_s=lifetime_s)
@@ -224,8 +240,10 @@ def step_spec(
     lifetime_s: float | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
     count_scale: float = 1.0,
+    extend: float = 1.0,
 ) -> tuple[WorkloadSpec, int | None]:
-    """The workload for one step, and its `max_in_flight` (None in rate mode).
+    """The workload for one step, and its `max_in_flight` (None in rate mode). `extend`
+    multiplies the whole step's length (an inconclusive step run again).
 
     rate: every open-loop class's rate × load, all sending for one duration (so the mix
     holds throughout), long enough that each class has its required requests after the
@@ -239,13 +257,14 @@ def step_spec(
     if param == "max_in_flight":
         cap = int(load)
         per_lifetime = cap * (min_lifetimes + WARMUP_LIFETIMES) if lifetime_s else 0
-        return _closed_loop_spec(spec, cap, required, per_lifetime, count_scale), cap
+        return _closed_loop_spec(spec, cap, required, per_lifetime, count_scale, extend), cap
     counts_s = 0.0
     for name, count in required.items():
         rate = spec.classes[name].arrival.mean_rate_per_s
         if rate is not None and spec.classes[name].concurrency is None:
             counts_s = max(counts_s, planned_count(count) * count_scale / (rate * load))
-    plan = plan_step(counts_s, lifetime_s, min_lifetimes=min_lifetimes, warmup_s=warmup_s)
+    plan = plan_step(counts_s, lifetime_s, min_lifetimes=min_lifetimes, warmup_s=warmup_s,
+                     extend=extend)  # fmt: skip
     classes = {}
     for name, cls in spec.classes.items():
         if cls.concurrency is not None:
@@ -264,6 +283,7 @@ def _closed_loop_spec(
     required: Mapping[str, int],
     per_lifetime: float,
     count_scale: float,
+    extend: float = 1.0,
 ) -> WorkloadSpec:
     classes: dict[str, ClassSpec] = {}
     for name, cls in spec.classes.items():
@@ -277,7 +297,7 @@ def _closed_loop_spec(
             classes[name] = replace(cls, concurrency=cap)
             continue
         counted = planned_count(required.get(name, cls.requests or 100)) * count_scale / 0.9
-        count = math.ceil(max(counted, per_lifetime * LIFETIME_CUSHION))
+        count = math.ceil(max(counted, per_lifetime * LIFETIME_CUSHION) * extend)
         classes[name] = replace(cls, concurrency=cap, requests=count, duration_s=None)
     return replace(spec, classes=classes)
 
@@ -295,6 +315,8 @@ def step_runner(
     min_lifetimes: float = MIN_LIFETIMES,
     lag_bound_ms: float = LAG_BOUND_MS,
     on_start: Callable[[float, WorkloadSpec], None] | None = None,
+    max_extend: float = MAX_EXTEND,
+    rule: str = INTERVAL,
 ) -> RunStep:
     """The real step function: plan the step, run it with `run_one`, audit it.
 
@@ -303,50 +325,89 @@ def step_runner(
     Each step is planned on the lifetime measured at the highest passing step so far (×
     LIFETIME_CUSHION); one that comes out too short is run once more on its own lifetime.
     `on_start(load, step_spec)` is told before each run (to say how long it will take).
+    An inconclusive step is run again EXTEND_FACTOR times as long, while that stays within
+    `max_extend` times its planned length (`extend_undecided`); `rule` judges the SLOs.
     """
     count = 0
     passed: dict[float, float] = {}  # load -> mean lifetime of a passing step
     replays_trace = any(c.arrival.process == "trace" for c in spec.classes.values())
 
-    def attempt(load: float, lifetime_s: float | None, count_scale: float = 1.0) -> Step:
+    def attempt(
+        load: float, lifetime_s: float | None, count_scale: float = 1.0, extend: float = 1.0
+    ) -> Step:
         nonlocal count
         count += 1
         spec_at, cap = step_spec(
             spec, load, param=param, min_tail=min_tail, warmup_s=warmup_s,
             lifetime_s=lifetime_s, min_lifetimes=min_lifetimes, count_scale=count_scale,
+            extend=extend,
         )  # fmt: skip
         if on_start is not None:
             on_start(load, spec_at)
         frame, fell_behind, interrupted, run_dir = run_one(spec_at, cap, f"step-{count:02d}")
         if interrupted:
             return Step(load=load, status=INTERRUPTED, note="interrupted", run_dir=str(run_dir))
-        return audit_step(
+        step = audit_step(
             frame, spec_at, load, min_tail=min_tail, warmup_s=warmup_s,
             from_send=param == "max_in_flight", fell_behind=fell_behind, run_dir=str(run_dir),
-            min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms,
+            min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms, rule=rule,
         )  # fmt: skip
+        return replace(step, extended=extend)
 
     def run_step(load: float) -> Step:
         below = [life for at, life in passed.items() if at <= load]
         known = max(below or passed.values(), default=None)
-        step = attempt(load, None if known is None else known * LIFETIME_CUSHION)
+        lifetime = None if known is None else known * LIFETIME_CUSHION
+        scale = 1.0
+        step = attempt(load, lifetime)
         if step.status == SHORT and replays_trace:
             why = "a trace replay lasts as long as its trace (replay a longer one)"
             return replace(step, status=FAIL, note=f"{step.note}: {why}")
         if step.status == SHORT:
             measured = step.steady.lifetime_s if step.steady else None
             first = step.note
-            step = attempt(
-                load, None if measured is None else measured * LIFETIME_CUSHION, _short_by(step)
-            )
+            lifetime = None if measured is None else measured * LIFETIME_CUSHION
+            scale = _short_by(step)
+            step = attempt(load, lifetime, scale)
             step = replace(step, attempts=2, note=f"{step.note} (first run {first})")
             if step.status == SHORT:
                 step = replace(step, status=FAIL, note=f"lifetime grew with the step: {step.note}")
+        if step.status == UNDECIDED:
+            step = extend_undecided(
+                step, lambda extend: attempt(load, lifetime, scale, extend),
+                max_extend=max_extend, replays_trace=replays_trace,
+            )  # fmt: skip
         if step.status == PASS and step.steady and step.steady.lifetime_s:
             passed[load] = step.steady.lifetime_s
         return step
 
     return run_step
+
+
+def extend_undecided(
+    step: Step, rerun: Callable[[float], Step], *, max_extend: float, replays_trace: bool
+) -> Step:
+    """An inconclusive step run again EXTEND_FACTOR times as long (×2, ×4, ...) while within
+    `max_extend` × its planned length, until a run decides it; the last run's verdict,
+    with how it got there. A trace replay lasts as long as its trace: it is not extended."""
+    if replays_trace:
+        return replace(step, note=f"{step.note}; a trace replay cannot run longer (replay a "
+                                  "longer one)")  # fmt: skip
+    history = [f"×1 {step.note}"]
+    extend, attempts = 1.0, step.attempts
+    while step.status == UNDECIDED and extend * EXTEND_FACTOR <= max_extend * (1 + 1e-9):
+        extend *= EXTEND_FACTOR
+        attempts += 1
+        step = rerun(extend)
+        if step.status == UNDECIDED:
+            history.append(f"×{extend:g} {step.note}")
+    if step.status == UNDECIDED:
+        note = (f"still not shown met or missed at ×{extend:g} the planned length "
+                f"(--max-extend {max_extend:g}): it bounds the knee from above; "
+                + " / ".join(history))  # fmt: skip
+    else:
+        note = f"{step.note} (extended to ×{extend:g}: inconclusive before, {' / '.join(history)})"
+    return replace(step, attempts=attempts, note=note)
 
 
 def run_one_against(
@@ -373,7 +434,7 @@ def run_one_against(
         step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
                        check_target=preflight[0], nonce=nonce)  # fmt: skip
         preflight[0] = False
-        result = execute(spec, step, live=live)
+        result = execute(spec, step, live=live, warn_size=False)  # extended, not warned
         fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 

@@ -156,12 +156,14 @@ def chat_workload(
     requests: int = 20,
     prompt_tokens: int = 5,
     output_tokens: int = 3,
-    slo: str | None = "{ttft_ms: 2000, tpot_ms: 1000, percentile: 90}",
+    slo: str | None = "{ttft_ms: 2000, tpot_ms: 1000, percentile: 50}",
     deadlines: str | None = "{first_token_s: 5, stall_s: 5, total_s: 10}",
 ) -> str:
     """The workload most command tests need, as YAML: one class `chat` at a constant rate
-    with fixed prompt and output sizes. A section given as None is left out (its defaults
-    apply); tests edit the text further with `str.replace`."""
+    with fixed prompt and output sizes, and loose targets at the median, which five
+    requests judge at 95 % (`confidence.samples_needed`): a test of something else gets a
+    verdict, not INCONCLUSIVE. A section given as None is left out (its defaults apply);
+    tests edit the text further with `str.replace`."""
     lines = [f"name: {name}"]
     if target is not None:
         lines.append(f"target: {target}")

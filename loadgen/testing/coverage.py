@@ -7,6 +7,11 @@ and how often a verdict is wrong: MET for a target just below the truth, MISSED 
 just above (at most 1 - level). The point-estimate rule is judged beside it, to show the
 test can fail: at small samples its MET is wrong about half the time or more.
 
+ITL (`itl_cell`): gaps come in requests, and a request's gaps are alike. In the
+slow-request model one request in five is slow, every one of its 30 gaps uniform on 50-100
+ms, the others' on 0-50 ms, so the pooled p90 is exactly 75 ms; the bounds that count
+requests (`judge_clustered`) are set beside bounds that take the gaps as independent.
+
 Used by tests/test_confidence.py and benchmarks/verdict_coverage.py.
 """
 
@@ -16,10 +21,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
-from loadgen.analysis.confidence import one_sided_ranks
+from loadgen.analysis.confidence import MET, judge_clustered, judge_percentile, one_sided_ranks
 from loadgen.percentiles import nearest_rank
 
 Draw = Callable[[np.random.Generator, tuple[int, int]], np.ndarray]
@@ -103,3 +109,48 @@ def table(
             for k, p in enumerate(percentiles):
                 cells.append(cell(latency, n, p, level, runs, seed + 100 * i + 10 * j + k))
     return cells
+
+
+ITL_GAPS = 30  # gaps per request in the slow-request model
+ITL_TRUTH_MS = 75.0  # its pooled p90: 0.8 + 0.2 · (75 − 50) / 50 = 0.9
+
+
+@dataclass(frozen=True)
+class ItlCell:
+    """`runs` runs of `n` requests of the slow-request model, judged at p90 by both rules:
+    the share of runs whose upper bound holds the truth, and whose MET for a target 1 %
+    under it is wrong."""
+
+    n: int
+    runs: int
+    level: float
+    clustered_covers: float
+    clustered_met_wrong: float
+    pooled_covers: float
+    pooled_met_wrong: float
+
+
+def slow_request_runs(n: int, runs: int, seed: int) -> np.ndarray:
+    """`runs` rows of the sorted gaps of n requests of the slow-request model."""
+    generator = np.random.default_rng(seed)
+    slow = generator.random((runs, n, 1)) < 0.2
+    gaps = np.where(slow, 50.0, 0.0) + generator.uniform(0.0, 50.0, (runs, n, ITL_GAPS))
+    return np.sort(gaps.reshape(runs, n * ITL_GAPS), axis=1)
+
+
+def itl_cell(n: int, runs: int = 2000, level: float = 0.95, seed: int = 0) -> ItlCell:
+    """Both rules over the same simulated runs (see the module doc)."""
+    samples = slow_request_runs(n, runs, seed)
+    target = ITL_TRUTH_MS * 0.99
+    grouped = [judge_clustered(s, n, 90.0, target, level) for s in samples]
+    pooled = [judge_percentile(s, 90.0, target, level) for s in samples]
+
+    def covers(judged: list[Any]) -> float:
+        return float(np.mean([j.high is not None and j.high >= ITL_TRUTH_MS for j in judged]))
+
+    def met(judged: list[Any]) -> float:
+        return float(np.mean([j.verdict == MET for j in judged]))
+
+    return ItlCell(n=n, runs=runs, level=level, clustered_covers=covers(grouped),
+                   clustered_met_wrong=met(grouped), pooled_covers=covers(pooled),
+                   pooled_met_wrong=met(pooled))  # fmt: skip

@@ -92,6 +92,11 @@ class TargetSpec:
 
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+# The confidence a target is judged at unless `slo.confidence` or `--confidence` says
+# otherwise, and the bound below which a "confidence" would be a coin toss: a one-sided
+# bound at 50 % is the point estimate itself.
+DEFAULT_CONFIDENCE = 0.95
+MIN_CONFIDENCE = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,10 +112,17 @@ class SloTargets:
     itl_ms: float | None = None
     e2e_ms: float | None = None
     percentile: float = 99.0
+    # The level of the one-sided bounds a target is judged by (`analysis.confidence`): how
+    # sure MET and MISSED are. Not traffic: a run judged at 90 % pools with one at 95 %.
+    confidence: float = field(default=DEFAULT_CONFIDENCE, metadata=NOT_TRAFFIC)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.percentile <= 100.0:
             raise ValueError(f"SLO percentile must be in (0, 100] (got {self.percentile})")
+        if not MIN_CONFIDENCE < self.confidence < 1.0:
+            raise ValueError(
+                f"SLO confidence must be in ({MIN_CONFIDENCE:g}, 1) (got {self.confidence:g})"
+            )
         for name, value in self.thresholds_ms().items():
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"SLO {name} must be a finite number > 0 (got {value})")

@@ -1,6 +1,6 @@
 """The command line's changes to a workload: `--requests`, `--duration`, `--rate`, `--api`,
-`--model`, `--force-output-tokens` and `--cache` applied to a validated spec, and checked
-as the file is (`check_schedule`), naming the flag that went out of range.
+`--model`, `--force-output-tokens`, `--cache` and `--confidence` applied to a validated
+spec, and checked as the file is (`check_schedule`), naming the flag that went out of range.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from loadgen.workload.model import (
     CACHE_MODES,
     MAX_REQUESTS,
     MAX_SPAN_S,
+    MIN_CONFIDENCE,
     SPAN_WHY,
     ClassSpec,
     TargetSpec,
@@ -32,6 +33,7 @@ def override(
     model: str | None = None,
     force_output_tokens: bool | None = None,
     cache: str | None = None,
+    confidence: float | None = None,
 ) -> WorkloadSpec:
     """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
     `--model`, `--force-output-tokens` and `--cache` applied.
@@ -42,7 +44,8 @@ def override(
     multiplier (`2x`, `0.5x`) applied to every class's rate, or a total rate in req/s that
     every class is scaled to in proportion to its own rate. `api` replaces `target.api`
     (the request path then follows the new API unless `target.path` is set); `model` and
-    `force_output_tokens` replace theirs.
+    `force_output_tokens` replace theirs. `confidence` replaces every class's
+    `slo.confidence` (the level its targets are judged at).
     """
     _check_run_length(spec, requests, duration_s)
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
@@ -54,6 +57,12 @@ def override(
     scale = rate_scale(spec, rate) if rate else 1.0
     classes = {name: _override_class(cls, scale, requests, duration_s)
                for name, cls in spec.classes.items()}  # fmt: skip
+    if confidence is not None:
+        if not (math.isfinite(confidence) and MIN_CONFIDENCE < confidence < 1.0):
+            raise OptionError("--confidence", f"must be in ({MIN_CONFIDENCE:g}, 1) "
+                              f"(got {confidence:g})", "e.g. --confidence 0.95")  # fmt: skip
+        classes = {name: replace(cls, slo=replace(cls.slo, confidence=confidence))
+                   for name, cls in classes.items()}  # fmt: skip
     spec = replace(spec, classes=classes)
     given = [flag for flag, value in (("--requests", requests), ("--duration", duration_s),
                                       ("--rate", rate)) if value is not None]  # fmt: skip

@@ -18,6 +18,7 @@ from loadgen.workload.model import (
     CONTEXT_OVERFLOW,
     DATASET_FORMATS,
     DATASET_SAMPLES,
+    DEFAULT_CONFIDENCE,
     DEFAULT_HOPS,
     LENGTH_DISTS,
     MAX_CV,
@@ -29,6 +30,7 @@ from loadgen.workload.model import (
     MAX_SPAN_S,
     MAX_TOKENS,
     MAX_TURNS,
+    MIN_CONFIDENCE,
     MIN_CV,
     SPAN_WHY,
     TRACE_FORMATS,
@@ -338,12 +340,19 @@ def slo(node: Node) -> SloTargets:
             return None
         return node.number(key, positive=True, maximum=MAX_SPAN_S * 1000.0, why=SPAN_WHY)
 
+    confidence = node.number("confidence", DEFAULT_CONFIDENCE)
+    if not MIN_CONFIDENCE < confidence < 1.0:
+        raise node.error(
+            "confidence", f"must be in ({MIN_CONFIDENCE:g}, 1) (got {confidence:g})",
+            "e.g. 0.95: MET and MISSED are each wrong at most 5 % of the time",
+        )  # fmt: skip
     return SloTargets(
         ttft_ms=opt("ttft_ms"),
         tpot_ms=opt("tpot_ms"),
         itl_ms=opt("itl_ms"),
         e2e_ms=opt("e2e_ms"),
         percentile=percentile,
+        confidence=confidence,
     )
 
 

@@ -38,7 +38,7 @@ def sessions(rate: float, unit: str = "sessions") -> AskedLoad:
         ("agent.yaml", {"agent": sessions(0.25, "trajectories")}, None),
         # conversations replayed whole are sessions: 4 req/s + 0.5 sessions/s is not 4.5 req/s
         ("dataset-chat.yaml", {"chat": sessions(4.0, "requests"),
-                               "conversations": sessions(0.5)}, None),
+                               "conversations": sessions(1.0)}, None),
         ("trace-azure-conv.yaml", {"conversation": AskedLoad(unit="trace")}, None),
     ],
 )  # fmt: skip

@@ -278,3 +278,46 @@ def test_report_store_cli_selects_a_workload_and_names_what_it_left_out(tmp_path
     result = CliRunner().invoke(cli, [*args, "--workload", "agent"])
     assert result.exit_code == 1
     assert "workloads found" in result.stderr
+
+
+def test_a_windows_percentiles_carry_bounds_from_the_merged_histograms(tmp_path: Path) -> None:
+    """Two noisy runs pooled in one window: each failures-worst percentile's bounds are the
+    pooled records' exact order-statistic bounds at 95 % (ranks over every request of
+    the window, failures worst), at bucket resolution (low within 0.1 % below, high within
+    0.1 % above); a one-run window of 10 requests leaves a p99 bound open (null)."""
+    import numpy as np
+
+    from loadgen.analysis.confidence import judge_percentile
+
+    records = noisy(1) + [replace_id(r, 1000) for r in noisy(2)]
+    write_run(tmp_path, day(1), records)
+    write_run(tmp_path, day(3), same_ttft(10, 100.0))
+    frame = rolling_windows(tmp_path, window=DAY, step=DAY)
+    row = frame.row(0, named=True)
+    rows = per_request(to_frame(records), slos={"chat": CHAT})
+    ok = rows.filter(pl.col("outcome") == "ok")
+    ttft = np.sort(ok.get_column("ttft_ms").to_numpy())
+    failures = rows.height - ok.height
+    for p in (50, 90, 99):
+        exact = judge_percentile(ttft, float(p), 1.0, 0.95, failures=failures)
+        low, high = row[f"ttft_ms_with_failures_p{p}_low"], row[f"ttft_ms_with_failures_p{p}_high"]
+        assert exact.low is not None
+        assert exact.high is not None
+        assert exact.low * 0.999 - 0.001 <= low <= exact.low, (p, low, exact.low)
+        if math.isinf(exact.high):  # on a failure: +inf, as the percentile itself would be
+            assert math.isinf(high)
+            continue
+        assert exact.high <= high <= exact.high * 1.001 + 0.001, (p, high, exact.high)
+        assert low <= row[f"ttft_ms_with_failures_p{p}"] <= high
+    assert math.isinf(row["ttft_ms_with_failures_p99_high"])  # ~2 % failed: p99's upper bound
+    short = frame.filter(pl.col("requests") == 10).row(0, named=True)
+    assert short["ttft_ms_with_failures_p99_high"] is None  # 10 requests bound no p99: open
+    assert to_json(frame.head(1))[0]["ttft_ms_with_failures_p99_high"] is None  # inf in JSON
+    assert short["ttft_ms_with_failures_p50_high"] == pytest.approx(100.0, rel=1e-3)
+
+
+def replace_id(record: RequestRecord, offset: int) -> RequestRecord:
+    """The record with its request id moved by `offset` (two runs' records in one run)."""
+    from dataclasses import replace
+
+    return replace(record, request_id=record.request_id + offset)

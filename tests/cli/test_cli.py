@@ -43,8 +43,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
 
 
-def write_tiny(tmp_path: Path, requests: int = 10) -> Path:
-    return workload_file(tmp_path, chat_workload(requests=requests), "tiny.yaml")
+def write_tiny(tmp_path: Path, requests: int = 10, slo: str | None = None) -> Path:
+    text = chat_workload(requests=requests) if slo is None else chat_workload(requests=requests,
+                                                                               slo=slo)  # fmt: skip
+    return workload_file(tmp_path, text, "tiny.yaml")
 
 
 def all_commands() -> list[tuple[str, click.Command]]:
@@ -113,10 +115,12 @@ def test_unreachable_url_fails_fast_with_a_clear_message(tmp_path: Path) -> None
 LAX = ("--lag-bound-ms", "1000")
 
 
-def run_against(tmp_path: Path, handler, *extra: str, requests: int = 10) -> tuple[int, str, Path]:
+def run_against(
+    tmp_path: Path, handler, *extra: str, requests: int = 10, slo: str | None = None
+) -> tuple[int, str, Path]:
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(
-            cli, ["run", str(write_tiny(tmp_path, requests)), "--url", server.url,
+            cli, ["run", str(write_tiny(tmp_path, requests, slo)), "--url", server.url,
                   "--out", str(tmp_path / "out"), "--run-id", "r1", "-q", *LAX, *extra],
         )  # fmt: skip
     return result.exit_code, result.output, tmp_path / "out" / "r1"
@@ -148,7 +152,7 @@ def test_run_writes_records_and_summary_and_exits_0(tmp_path: Path) -> None:
 
 def test_every_run_writes_its_progress_to_the_stderr_of_its_own_call(tmp_path: Path) -> None:
     """Two runs in one process, each under its own CliRunner, both get their progress lines."""
-    path = write_tiny(tmp_path, requests=3)
+    path = write_tiny(tmp_path, requests=5)  # five judge the median
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         results = [CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
                                             str(tmp_path / "o"), "--run-id", f"r{i}", *LAX])
@@ -160,7 +164,7 @@ def test_every_run_writes_its_progress_to_the_stderr_of_its_own_call(tmp_path: P
 
 def test_execute_writes_to_the_stderr_of_the_call_not_of_the_import(tmp_path: Path) -> None:
     """`execute` with no `log` writes to whatever sys.stderr is when it runs."""
-    spec = load(write_tiny(tmp_path, requests=3))
+    spec = load(write_tiny(tmp_path, requests=5))  # five judge the median
     caught = io.StringIO()
     with ScriptedServer(lambda r: simple_chat(3)) as server, contextlib.redirect_stderr(caught):
         result = execute(spec, RunOptions(url=server.url, out_dir=tmp_path / "o", run_id="r",
@@ -170,14 +174,16 @@ def test_execute_writes_to_the_stderr_of_the_call_not_of_the_import(tmp_path: Pa
 
 
 def test_failures_make_the_slo_miss_exit_2_and_are_all_recorded(tmp_path: Path) -> None:
-    """Half the requests answered 500: every one is recorded, the SLO is missed, exit 2."""
+    """Half the requests answered 500: every one is recorded, the p90 SLO is missed (its lower
+    bound from 10 requests, the 7th, is a failure), exit 2."""
 
     def handler(request):
         if (plan_number(request.headers.get("x-request-id")) or 0) % 2:
             return [head(500, chunked=False, length=2), b"{}"]
         return simple_chat(3)
 
-    code, output, run_dir = run_against(tmp_path, handler, "--no-preflight")
+    code, output, run_dir = run_against(tmp_path, handler, "--no-preflight",
+                                        slo="{ttft_ms: 2000, percentile: 90}")  # fmt: skip
     assert code == 2, output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["classes"]["chat"]["outcomes"]["http_error"] == 5
@@ -296,10 +302,11 @@ def test_report_over_a_results_store_pools_runs_into_rolling_windows(tmp_path: P
 
 @pytest.mark.slow  # ~2 s on 2 cores: left to .ci/run's second part
 def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Path) -> None:
-    """An agent class's verdict comes from its trajectory block, shown in the HTML report too."""
+    """An agent class's verdict comes from its trajectory block, shown in the HTML report too
+    (5 trajectories, all ok, show a 50 % share at 95 %: 0.05^(1/5) = 0.55)."""
     path = workload_file(
         tmp_path,
-        chat_workload(requests=2).replace(
+        chat_workload(requests=5).replace(
             "  chat:\n", "  chat:\n    kind: agent\n    hops: {dist: fixed, value: 3}\n"
         ),
         "agent.yaml",
@@ -310,9 +317,9 @@ def test_agent_run_is_judged_by_trajectories_in_summary_and_report(tmp_path: Pat
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "o" / "a" / "summary.json").read_text())
     block = summary["classes"]["chat"]["trajectory"]
-    assert (block["trajectories"], block["ok"], block["met"]) == (2, 2, True)
+    assert (block["trajectories"], block["ok"], block["met"]) == (5, 5, True)
     assert summary["classes"]["chat"]["slo"]["judged_by"] == "trajectory"
-    assert summary["classes"]["chat"]["requests"] == 6
+    assert summary["classes"]["chat"]["requests"] == 15  # 5 trajectories × 3 hops
     report = CliRunner().invoke(
         cli, ["report", str(tmp_path / "o" / "a"), "--out", str(tmp_path / "r")]
     )
@@ -341,7 +348,7 @@ def test_no_secret_reaches_any_output_even_when_the_server_echoes_it(
 
     for name, value in CANARIES.items():
         monkeypatch.setenv(name, value)
-    path = write_tiny(tmp_path)
+    path = write_tiny(tmp_path, slo="{ttft_ms: 2000, percentile: 90}")  # half fail: missed
     path.write_text(path.read_text().replace("model: m}", "model: m, api_key_env: CANARY_KEY}"))
     seen: list[ReceivedRequest] = []
 

@@ -32,6 +32,7 @@ RUN_ONLY = {
     "junit_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
     "markdown_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
     "dry_run": "a step's plan depends on the lifetimes measured at the steps before it",
+    "repeats": "a step is run again when inconclusive (--max-extend); repeats are run's",
 }
 # Options both take with a meaning of their own (so not from the shared set).
 OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder"}
@@ -260,8 +261,9 @@ NOT_RUN_OPTIONS = {
     "rate": "the spec's (override)", "api": "the spec's (override)",
     "model": "the spec's (override)", "force_output_tokens": "the spec's (override)",
     "cache": "the spec's (override)", "max_memory_gb": "checked before the plan is built",
+    "confidence": "the spec's (override: every class's slo.confidence)",
     "shard_text": "parsed into RunOptions.shard", "start_at_text": "parsed into start_at_unix_ns",
-    "dry_run": "run() stops before execute", "prometheus_listen": "the live exporter's",
+    "dry_run": "run() stops before execute", "repeats": "run() runs execute that many times", "prometheus_listen": "the live exporter's",
     "prometheus_grace_s": "the live exporter's", "otlp_endpoint": "the live exporter's",
     "otlp_interval_s": "the live exporter's", "junit_path": "written from the summary",
     "markdown_path": "written from the summary",

@@ -31,9 +31,10 @@ JUNIT_SCHEMA = {  # the common JUnit schema's (junit-10.xsd) elements and attrib
 @pytest.fixture(scope="module")
 def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
     """A run whose TTFT target (100 ms) cannot hold: the server waits 250 ms before the first
-    token; TPOT's 1 s target holds (the tokens come back to back)."""
+    token; TPOT's 1 s target holds (the tokens come back to back). 30 requests: a p90 is
+    bounded from above by 29 (at 95 %), so both checks are decided."""
     tmp = tmp_path_factory.mktemp("checks")
-    text = chat_workload(requests=12, rate_per_s=20,
+    text = chat_workload(requests=30, rate_per_s=20,
                          slo="{ttft_ms: 100, tpot_ms: 1000, percentile: 90}")  # fmt: skip
     path = workload_file(tmp, text)
     with ScriptedServer(lambda r: simple_chat(3, first_delay_s=0.25)) as server:
@@ -47,7 +48,8 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Pat
 
 def test_junit_has_the_failing_check_with_its_figures(failing_run: tuple[int, str, Path]) -> None:
     """One testcase per check of the class plus the generator's; the TTFT case fails with
-    summary.json's measured value, the target and the request count; TPOT passes."""
+    summary.json's measured value, its bounds, the target and the request count; TPOT
+    passes."""
     code, output, tmp = failing_run
     assert code == 2, output
     root = ET.fromstring((tmp / "junit.xml").read_text())
@@ -63,8 +65,10 @@ def test_junit_has_the_failing_check_with_its_figures(failing_run: tuple[int, st
     assert failure is not None
     message = failure.get("message", "")
     assert f"{ttft['value_ms']:,.1f} ms" in message
+    assert ttft["low_ms"] > 100  # MISSED: the lower bound misses the target
+    assert f"95% bounds {ttft['low_ms']:.0f}–{ttft['high_ms']:.0f} ms" in message
     assert "target ≤ 100.0 ms" in message
-    assert "over 12 requests" in message
+    assert "over 30 requests" in message
     assert cases[("run.chat", "tpot_ms p90")].find("failure") is None
     for element in root.iter():
         assert set(element.attrib) <= JUNIT_SCHEMA[element.tag], element.tag
@@ -129,7 +133,29 @@ def test_a_generator_that_fell_behind_fails_as_invalid(failing_run: tuple[int, s
     root = ET.fromstring(render_run_junit(behind))
     failures = {f.get("type"): f.get("message", "") for f in root.iter("failure")}
     assert set(failures) == {"slo", "invalid"}
-    assert "above the 1000 ms bound, over 12 sends" in failures["invalid"]
+    assert "above the 1000 ms bound, over 30 sends" in failures["invalid"]
     assert render_run_markdown(behind).startswith(
         "### loadgen run: INVALID (the generator fell behind) (exit 3)"
     )
+
+
+def test_an_inconclusive_check_fails_its_case_as_inconclusive(tmp_path: Path) -> None:
+    """Ten quick requests against a p99 target: exit 7; the TTFT case fails with type
+    `inconclusive` saying 299 requests are needed (CI must not read it as a pass), the
+    Markdown title says INCONCLUSIVE and its row is in bold."""
+    text = chat_workload(requests=10, rate_per_s=20, slo="{ttft_ms: 1000, percentile: 99}")
+    path = workload_file(tmp_path, text)
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        result = CliRunner().invoke(
+            cli, ["run", str(path), "--url", server.url, "--out", str(tmp_path), "--run-id",
+                  "i", "-q", "--lag-bound-ms", "1000", "--junit", str(tmp_path / "j.xml"),
+                  "--markdown", str(tmp_path / "i.md")],
+        )  # fmt: skip
+    assert result.exit_code == 7, result.output
+    root = ET.fromstring((tmp_path / "j.xml").read_text())
+    failures = {f.get("type"): f.get("message", "") for f in root.iter("failure")}
+    assert set(failures) == {"inconclusive"}
+    assert "open (needs 299 requests)" in failures["inconclusive"]
+    markdown = (tmp_path / "i.md").read_text()
+    assert markdown.startswith("### loadgen run: SLO INCONCLUSIVE")
+    assert "**INCONCLUSIVE**" in markdown

@@ -34,11 +34,12 @@ def record(
 
 def summarize(
     frame: pl.DataFrame, *, run_id: str, slos: dict[str, SloTargets], planned: int,
-    stopped: str | None = None,
+    stopped: str | None = None, rule: str = "interval",
 ) -> Summary:  # fmt: skip
     """The audit of `frame` with each class judged by its percentile targets alone."""
     objectives = {name: Objective(name=name, slo=targets) for name, targets in slos.items()}
-    return audit(frame, run_id=run_id, objectives=objectives, planned=planned, stopped=stopped)
+    return audit(frame, run_id=run_id, objectives=objectives, planned=planned, stopped=stopped,
+                 rule=rule)  # fmt: skip
 
 
 def render(summary: Summary) -> str:
@@ -49,7 +50,8 @@ def render(summary: Summary) -> str:
 
 
 def test_render_names_classes_and_verdicts() -> None:
-    """Each class shows MET or MISSED, the failing check is named, and the exit code shown."""
+    """Each class shows MET or MISSED, the failing check is named, and the exit code shown
+    (by the point rule: 16 requests bound no p99, see the INCONCLUSIVE test below)."""
     records = [record(i, "chat") for i in range(10)]
     records += [record(10 + i, "summarization") for i in range(5)] + [
         record(20, "summarization", ok=False)
@@ -59,6 +61,7 @@ def test_render_names_classes_and_verdicts() -> None:
         run_id="run-42",
         slos={"chat": SloTargets(ttft_ms=200.0), "summarization": SloTargets(ttft_ms=200.0)},
         planned=len(records),
+        rule="point",
     )
     text = render(summary)
     assert "run-42" in text
@@ -66,9 +69,11 @@ def test_render_names_classes_and_verdicts() -> None:
     assert "summarization" in text
     assert "MET" in text
     assert "MISSED" in text
-    assert "summarization: ttft p99 fails" in text
+    flat = " ".join(text.split())
+    assert ("summarization TTFT p99 fail · 95% bounds 100 ms–open (needs 299 requests) · "
+            "target ≤ 200 ms · MISSED (p99 falls on a failed request)") in flat  # fmt: skip
     assert "1 rejected" in text
-    assert "verdict: SLO MISSED (exit 2)" in text
+    assert "verdict: SLO MISSED by point estimates (--verdict point) (exit 2)" in text
     assert "FELL BEHIND" not in text
     assert max(len(line) for line in text.splitlines()) <= 100
 
@@ -135,7 +140,8 @@ def test_a_run_that_stopped_early_says_partial_and_no_verdict() -> None:
     same records, run to their end, miss the SLO (a rejected request at p99)."""
     records = [record(i, "chat") for i in range(10)] + [record(10, "chat", ok=False)]
     slos = {"chat": SloTargets(ttft_ms=200.0)}
-    assert "MISSED" in render(summarize(to_frame(records), run_id="r", slos=slos, planned=11))
+    assert "MISSED" in render(summarize(to_frame(records), run_id="r", slos=slos, planned=11,
+                                        rule="point"))  # fmt: skip
     for stop, code in (("interrupted", 130), ("watchdog", 4), ("incomplete", 5)):
         summary = summarize(to_frame(records), run_id="r", slos=slos, planned=11, stopped=stop)
         text = " ".join(render(summary).split())
@@ -144,6 +150,7 @@ def test_a_run_that_stopped_early_says_partial_and_no_verdict() -> None:
         assert "partial" in text
         assert "MET" not in text
         assert "MISSED" not in text
+        assert "INCONCLUSIVE" not in text
         cell = terminal._class_row("chat", summary.classes["chat"])[4]  # TTFT p99·all
         assert (str(cell), str(cell.style)) == ("fail", "yellow")  # a figure: not a red verdict
     whole = summarize(to_frame(records), run_id="r", slos=slos, planned=11)
@@ -162,8 +169,9 @@ def test_a_slow_next_turn_reaction_is_a_warning_not_a_verdict() -> None:
             for i in range(1, 6)
         ]
         summary = summarize(
-            to_frame(records), run_id="r", slos={"chat": SloTargets(ttft_ms=500.0)}, planned=6
-        )
+            to_frame(records), run_id="r",
+            slos={"chat": SloTargets(ttft_ms=500.0, percentile=50)}, planned=6,
+        )  # fmt: skip  # six requests bound a median (five would), not a p99
         generator = summary.generator
         assert generator.chained_lag_ms.p99 == reaction_ms
         assert generator.fell_behind is False
@@ -175,3 +183,21 @@ def test_a_slow_next_turn_reaction_is_a_warning_not_a_verdict() -> None:
         shown = rows["next-turn reaction p50 / p99 / max"]
         assert shown.split(" (")[0] == " / ".join([with_unit(reaction_ms)] * 3)
         assert ("SLOW" in shown) is slow
+
+
+def test_an_inconclusive_run_shows_each_checks_bounds_and_the_requests_needed() -> None:
+    """Ten requests far under a p99 target: the class says INCONCLUSIVE (naming the check),
+    its line gives the lower bound and an open upper one needing 299 requests, and the
+    verdict is exit 7; the same records at p50 (which five requests bound) are MET with
+    both bounds shown."""
+    records = [record(i, "chat") for i in range(10)]
+    frame = to_frame(records)
+    summary = summarize(frame, run_id="r", slos={"chat": SloTargets(ttft_ms=200.0)}, planned=10)
+    text = " ".join(render(summary).split())
+    assert "INCONCLUSIVE" in text
+    assert "chat TTFT p99 100 ms · 95% bounds 100 ms–open (needs 299 requests)" in text
+    assert "verdict: SLO INCONCLUSIVE (exit 7)" in text
+    median = SloTargets(ttft_ms=200.0, percentile=50)
+    text = " ".join(render(summarize(frame, run_id="r", slos={"chat": median}, planned=10)).split())
+    assert "chat TTFT p50 100 ms · 95% bounds 100–100 ms · target ≤ 200 ms · MET" in text
+    assert "verdict: SLO MET (exit 0)" in text

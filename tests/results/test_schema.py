@@ -25,7 +25,7 @@ KEYED_BY_NAME = {
     "asked",
 }  # mappings whose keys are class names or hop numbers
 
-WORKLOAD = chat_workload("schema", requests=4, deadlines=None)
+WORKLOAD = chat_workload("schema", requests=30, deadlines=None)  # a p90 is judged from 29
 
 
 def key_paths(value: Any, prefix: str = "") -> set[str]:

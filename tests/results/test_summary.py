@@ -70,18 +70,41 @@ def known_objectives() -> dict[str, Objective]:
     }  # fmt: skip
 
 
-def known_summary(stopped: str | None = None) -> Summary:
+def known_summary(stopped: str | None = None, rule: str = "interval") -> Summary:
     return audit(to_frame(known_records()), run_id="known", objectives=known_objectives(),
-                 planned=25, stopped=stopped)  # fmt: skip
+                 planned=25, stopped=stopped, rule=rule)  # fmt: skip
 
 
 def test_summary_json_is_the_known_answer_key_for_key() -> None:
     """Every key, its order, every value, null and float of summary.json, as loadgen wrote them
-    before the summary was typed (regenerate the file only with a schema_version bump)."""
+    before the summary was typed (regenerate the file only with a schema_version bump): by
+    the point rule (`None`, `interrupted`: every value schema 14 wrote is unchanged, the
+    confidence fields are added) and by the interval rule (`interval`: the same records
+    judged by their bounds)."""
     known = json.loads(KNOWN.read_text())
-    for stopped in (None, "interrupted"):
-        text = json.dumps(to_json(known_summary(stopped)), indent=2)
-        assert text == json.dumps(known[str(stopped)], indent=2)
+    for stopped, rule, key in ((None, "point", "None"), ("interrupted", "point", "interrupted"),
+                               (None, "interval", "interval")):  # fmt: skip
+        text = json.dumps(to_json(known_summary(stopped, rule)), indent=2)
+        assert text == json.dumps(known[key], indent=2)
+
+
+def test_the_interval_rule_judges_the_known_records_by_their_bounds() -> None:
+    """The known records by the interval rule: chat's TTFT p90 is missed (its lower bound,
+    the 6th of 9 values, 122 ms, is over 120), its TPOT inconclusive (9 of the 29 requests a
+    p90 needs): the class is missed, a miss outranking inconclusive; the agent's share, 1
+    of 2 trajectories against 50 %, is inconclusive (its exact bounds 2.5 %–97.5 %); the
+    batch, a fact of this run, is met; the run exits 2."""
+    summary = known_summary()
+    chat = summary.classes["chat"].slo
+    assert [(c.metric, c.verdict, c.low_ms, c.needed) for c in chat.checks] == [
+        ("ttft_ms", "missed", 122.0, 29), ("tpot_ms", "inconclusive", 10.0, 29)]  # fmt: skip
+    assert (chat.verdict, chat.met) == ("missed", False)
+    trajectory = summary.classes["agent"].trajectory
+    assert trajectory is not None
+    assert (trajectory.verdict, trajectory.attainment_low, trajectory.attainment_high) == (
+        "inconclusive", 0.025321, 0.974679)  # fmt: skip
+    assert summary.classes["docs"].slo.verdict == "met"
+    assert (summary.verdict.status, summary.verdict.exit_code) == ("missed", 2)
 
 
 @pytest.mark.parametrize("stopped", [None, "watchdog"])

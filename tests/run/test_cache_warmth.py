@@ -177,7 +177,9 @@ def run(path: Path, url: str, run_id: str, *args: str) -> tuple[pl.DataFrame, di
     """One run (no preflight: the server's counters then hold only the records' requests)."""
     result = CliRunner().invoke(cli, ["run", str(path), "--url", url, "--out",
                                       str(path.parent / "out"), "--run-id", run_id, "-q",
-                                      "--no-preflight", "--lag-bound-ms", "1000", *args])  # fmt: skip
+                                      "--no-preflight", "--lag-bound-ms", "1000",
+                                      "--verdict", "point",  # one trajectory judges no share
+                                      *args])  # fmt: skip
     assert result.exit_code == 0, result.output
     run_dir = path.parent / "out" / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -300,7 +302,7 @@ def answering(statuses: dict[str, int]) -> Any:
 
 
 def run_scripted(tmp_path: Path, handler: Any, *args: str) -> tuple[Any, ScriptedServer]:
-    path = workload_file(tmp_path, chat_workload("reset", requests=3))
+    path = workload_file(tmp_path, chat_workload("reset", requests=5))  # 5 judge a median
     with ScriptedServer(handler) as server:
         result = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
                                           str(tmp_path / "out"), "--run-id", "r", "-q",
@@ -316,7 +318,7 @@ def test_reset_tries_vllm_then_sglang_before_any_load(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     paths = [r.path for r in server.requests]
     assert paths[:2] == ["/reset_prefix_cache", "/flush_cache"]
-    assert paths[2:] == ["/v1/chat/completions"] * 3
+    assert paths[2:] == ["/v1/chat/completions"] * 5
     info = json.loads((tmp_path / "out" / "r" / "run.json").read_text())
     assert info["cache"] == {"mode": "reset", "reset": "POST /flush_cache: HTTP 200"}
     assert reset_order("sglang") == ["/flush_cache", "/reset_prefix_cache"]

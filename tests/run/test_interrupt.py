@@ -83,7 +83,7 @@ def test_an_interrupt_records_every_plan_and_judges_nothing(tmp_path: Path, sig:
     lags_ms = (pl.coalesce("dispatched_ns", "sent_ns") - pl.col("intended_ns")) / 1e6
     behind = late_sends(sent.select(lags_ms).to_series(), generator["lag_bound_ms"])
     assert summary["verdict"] == {"status": "interrupted", "slo_met": None, "fell_behind": behind,
-                                  "exit_code": 130}, generator  # fmt: skip
+                                  "exit_code": 130, "rule": "interval"}, generator  # fmt: skip
     assert summary["classes"]["chat"]["slo"]["met"] is None
     assert summary["generator"]["recorded"] == 60
     info = json.loads((run_dir / "run.json").read_text())

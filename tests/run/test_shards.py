@@ -36,8 +36,8 @@ classes:
     requests: 100
     prompt_tokens: {dist: uniform, min: 20, max: 200}
     output_tokens: {dist: fixed, value: 10}
-    slo: {ttft_ms: 2000, tpot_ms: 200, percentile: 90}
-"""
+    slo: {ttft_ms: 2000, tpot_ms: 200, percentile: 80}
+"""  # p80: each shard's 25 requests judge it at 95 % (14 would; a p90 needs 29)
 SHARDS = 4
 PLAN_COLUMNS = ["request_id", "class", "prompt_tokens_target", "max_tokens"]
 

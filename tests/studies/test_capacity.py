@@ -431,3 +431,108 @@ def test_exit_code_3_when_the_generator_fell_behind_before_any_load_was_judged()
     found = Search(steps=(invalid,), highest_pass=None, first_fail=None, stopped_by=invalid)
     assert exit_code(found, None) == 3
     assert exit_code(found, judge(found, 1.0)) == 3
+
+
+# -- an inconclusive step: extended, then decided (or bounding the knee from above) ---------
+
+
+def test_an_inconclusive_step_is_extended_until_its_slo_is_decided(tmp_path: Path) -> None:
+    """`--min-tail 1`: a p90 step planned by counts judges 17 requests, fewer than the 29
+    that bound a p90 at 95 %: inconclusive, so it is run again twice as long (the planned
+    seconds double), judges 38, and passes, saying it was extended and why."""
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+    asked: list[float] = []
+
+    def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+        seconds = spec_at.classes["chat"].duration_s
+        asked.append(seconds)
+        return steady_frame(16.0, seconds, 0.1), False, False, tmp_path / run_id
+
+    step = step_runner(load(workload), run_one, param="rate", min_tail=1, min_lifetimes=2)(1.0)
+    assert len(asked) == 2
+    assert asked[1] == pytest.approx(2 * asked[0])
+    assert (step.status, step.attempts, step.extended) == (PASS, 2, 2.0)
+    assert step.classes["chat"].verdict == "met"
+    assert "extended to ×2" in step.note
+    assert "17 of the 29 needed" in step.note
+
+
+def test_a_step_inconclusive_at_the_bound_is_not_a_pass(tmp_path: Path) -> None:
+    """`--max-extend 2`: a step whose requests are always too few stays inconclusive after
+    one extension: it does not pass, and says it hit the bound; with --max-extend 1 it is
+    never run again."""
+    from loadgen.analysis.capacity import UNDECIDED
+    from loadgen.studies.capacity import step_runner
+    from loadgen.workload.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=16)
+    for max_extend, runs in ((2.0, 2), (1.0, 1)):
+        asked: list[float] = []
+
+        def run_one(spec_at, cap, run_id, asked=asked):  # type: ignore[no-untyped-def]
+            asked.append(spec_at.classes["chat"].duration_s)
+            return steady_frame(16.0, 1.3, 0.1), False, False, tmp_path / run_id  # 20, always
+
+        step = step_runner(load(workload), run_one, param="rate", min_tail=1, min_lifetimes=2,
+                           max_extend=max_extend)(1.0)  # fmt: skip
+        assert (step.status, len(asked)) == (UNDECIDED, runs)
+        assert f"--max-extend {max_extend:g}" in step.note
+
+
+def test_an_inconclusive_load_bounds_the_knee_from_above() -> None:
+    """Loads up to 2 pass, above stay inconclusive however long they run: the search stops
+    stepping at 3 and bisects below it as below a failure; the knee is reported in [highest
+    pass, lowest inconclusive), within the resolution of 2, `high_is` inconclusive."""
+    from loadgen.analysis.capacity import UNDECIDED, knee_json
+
+    def run_step(load: float) -> Step:
+        if load <= 2.0:
+            return Step(load=load, status=PASS)
+        return Step(load=load, status=UNDECIDED if load < 4.0 else FAIL)
+
+    found = search(run_step, [1.0, 3.0, 4.0], resolution=0.05)
+    assert 4.0 not in [s.load for s in found.steps]  # stepping stopped at the undecided 3
+    assert found.first_undecided is not None
+    assert found.first_undecided <= 3.0
+    assert found.highest_pass is not None
+    assert 2.0 / 1.05 <= found.highest_pass <= 2.0
+    assert found.upper == found.first_undecided
+    assert found.upper <= found.highest_pass * 1.05
+    assert found.knee_found
+    assert found.first_fail is None
+    knee = knee_json(found, 8.0)
+    assert (knee["low"], knee["high"], knee["high_is"]) == (found.highest_pass, found.upper,
+                                                             "inconclusive")  # fmt: skip
+    assert knee["high_req_s"] == pytest.approx(found.upper * 8.0)
+    assert exit_code(found, None) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_steps_go_inconclusive_then_extended_then_decided_and_the_knee_is_the_batch_size(
+    tmp_path: Path,
+) -> None:
+    """The max_in_flight physics of the test above (B = 4 slots, T_hold = 200 ms, a 25 ms
+    TTFT SLO at p90), with steps planned short (--min-tail 1, --min-lifetimes 2): each step
+    first judges ~20 requests, too few to bound a p90 at 95 % (29), so it is inconclusive and
+    run again twice as long; then a cap <= B is MET (every TTFT one step) and B + 1 MISSED
+    (a fifth of the requests wait >= T_hold / B = 50 ms for a slot). The knee is known to
+    [B, B + 1), as the physics says."""
+    workload, _ = knee_workload(tmp_path, batch=4, step_ms=20, tokens=40, speed=4, ttft_ms=25)
+    data = run_capacity(workload, tmp_path / "out", "--param", "max_in_flight", "--steps",
+                        "2,4,8", "--min-tail", "1", "--min-lifetimes", "2")  # fmt: skip
+    assert (data["highest_pass"], data["first_fail"]) == (4, 5)
+    assert (data["knee"]["low"], data["knee"]["high"], data["knee"]["high_is"]) == (4, 5, "fail")
+    decided = {s["load"]: s for s in data["steps"]}
+    for cap in (2, 4, 5):
+        step = decided[cap]
+        assert step["attempts"] >= 2, step
+        assert step["extended"] >= 2, step
+        assert "inconclusive before" in step["note"], step["note"]
+        assert step["status"] == (PASS if cap <= 4 else FAIL), step
+    assert decided[4]["classes"]["chat"]["verdict"] == "met"
+    assert decided[5]["classes"]["chat"]["verdict"] == "missed"
+    assert data["settings"]["max_extend"] == 4.0

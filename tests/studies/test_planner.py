@@ -524,7 +524,7 @@ def test_plan_from_a_chunked_prefill_run_on_the_simulator(tmp_path: Path) -> Non
     out = tmp_path / "runs"
     ran = CliRunner().invoke(cli, ["run", str(workload), "--out", str(out), "--run-id", "r", "-q",
                                    "--lag-bound-ms", "50", "--sim-trace"])  # fmt: skip  # a shared machine
-    assert ran.exit_code in (0, 2), ran.output
+    assert ran.exit_code in (0, 2, 7), ran.output  # any verdict (~30 requests bound no p99)
     result = CliRunner().invoke(plan, ["--from-run", str(out / "r"), "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)

@@ -72,7 +72,9 @@ def test_a_bad_mix_is_a_clear_error(models: str, message: str) -> None:
 
 
 def test_each_model_is_sent_recorded_and_reported_on_its_own(tmp_path: Path) -> None:
-    """The slow adapter (300 ms before its first token) misses alone; the summary says so per model."""
+    """The slow adapter (300 ms before its first token) misses alone; the summary says so per
+    model: base's ~30 requests show its p90 over the target, lora-fast's ~10 are all under
+    it but too few to bound a p90 (29 would): inconclusive, not met."""
 
     def handler(request):
         slow = request.body.get("model") == "base"
@@ -93,7 +95,13 @@ def test_each_model_is_sent_recorded_and_reported_on_its_own(tmp_path: Path) -> 
     base, fast = models["base"], models["lora-fast"]
     assert base["requests"] + fast["requests"] == 40
     assert base["ttft_ms"]["p50"] >= 300 > fast["ttft_ms"]["p99"]
-    assert (base["met"], fast["met"], base["attainment"], fast["attainment"]) == (False, True, 0, 1)
+    assert (base["met"], fast["met"], base["attainment"], fast["attainment"]) == (
+        False,
+        False,
+        0,
+        1,
+    )
+    assert (base["verdict"], fast["verdict"]) == ("missed", "inconclusive")
     assert "└ base" in result.output
     assert "└ lora-fast" in result.output
     check = CliRunner().invoke(cli, ["check", str(workload)])

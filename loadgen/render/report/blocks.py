@@ -47,10 +47,12 @@ Block = Heading | Para | Table | Figure | Details
 
 
 def verdict_word(slo: SloAudit) -> str:
-    """A class's verdict: MET / MISSED / partial, or "no SLO" for a class without targets."""
-    if not slo.checks and slo.met is not None:
+    """A class's verdict: MET / MISSED / INCONCLUSIVE / partial, or "no SLO" for a class
+    without targets."""
+    if not slo.checks and slo.met is not None and not slo.judged_by:
         return "no SLO"
-    return met_word(slo.met)
+    judged = slo.judged
+    return "partial" if judged is None else judged.upper()
 
 
 def met_word(met: bool | None) -> str:

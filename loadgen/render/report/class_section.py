@@ -25,7 +25,7 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
-from loadgen.render.terminal import stream_notes, table_unit, with_unit
+from loadgen.render.terminal import bounds_text, stream_notes, table_unit, with_unit
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
     BatchAudit,
@@ -52,7 +52,7 @@ def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
         _checks_table(slo),
         Para(
             f"Attainment {pct(slo.attainment)} of {cls.requests:,} requests met every "
-            "threshold of the class."
+            "threshold of the class" + _share_bounds(slo) + "."
         ),
         *_throughput_tables(details, report.summary.duration_s),
         _outcomes_table(cls),
@@ -133,6 +133,11 @@ def _trajectory_tables(trajectory: TrajectoryAudit) -> list[Block]:
         ("trajectories ok", f"{trajectory.ok:,} / {trajectory.trajectories:,}"),
         ("attainment / target", f"{pct(trajectory.attainment)} / "
                                 f"{pct(trajectory.target_attainment)}"),
+        ("attainment bounds", f"{pct(trajectory.attainment_low)} – "
+                              f"{pct(trajectory.attainment_high)}"),
+        ("verdict", (trajectory.verdict or met_word(trajectory.met)).upper()
+         + (f" ({trajectory.needed:,} trajectories, all ok, would judge it)"
+            if trajectory.needed else "")),
         ("budget", num(trajectory.budget_s, " s")),
         ("failed / skipped hops", f"{trajectory.failed_hops} / {trajectory.skipped_hops}"),
         ("duration p50 / p99", f"{num(duration.p50, ' s')} / {num(duration.p99, ' s')}"),
@@ -163,7 +168,7 @@ def _models_table(models: Mapping[str, ModelAudit]) -> Table:
          f"{num(m.ttft_ms.p50, ' ms')} / {num(m.ttft_ms.p99, ' ms')}",
          f"{num(m.tpot_ms.p50, ' ms')} / {num(m.tpot_ms.p99, ' ms')}",
          num(m.e2e_ms.p99, " ms"), pct(m.attainment), num(m.goodput.requests_per_s, " req/s"),
-         met_word(m.met))
+         met_word(m.met) if m.verdict is None or m.met is None else m.verdict.upper())
         for model, m in models.items()
     ])  # fmt: skip
 
@@ -180,8 +185,9 @@ NOT_JUDGED = "not judged"  # a check of a run that stopped early: partial figure
 
 
 def _checks_table(slo: SloAudit) -> Table:
-    """One row per check; a run that stopped early (met is None) judges none of them, so
-    its rows say "not judged" (never a red FAIL under a banner saying nothing is judged)."""
+    """One row per check with its bounds and verdict; a run that stopped early (met is
+    None) judges none of them, so its rows say "not judged" (never a red FAIL under a
+    banner saying nothing is judged)."""
     rows = []
     unit = table_unit(c.value_ms for c in slo.checks)
     partial = slo.met is None
@@ -190,12 +196,15 @@ def _checks_table(slo: SloAudit) -> Table:
         shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
         if partial and shown == "fail":
             shown = "on a failure"  # a figure, not a verdict: not toned red
-        result = NOT_JUDGED if partial else ("PASS" if check.passed else "FAIL")
+        result = NOT_JUDGED if partial else RESULT[check.judged]
+        level = "—" if check.confidence is None else f"{check.confidence:.0%}"
         rows.append(
             (
                 check.metric.removesuffix("_ms").upper(),
                 f"p{p:g}" if p is not None else "—",
                 shown,
+                bounds_text(check) if check.confidence is not None else "—",
+                level,
                 f"≤ {with_unit(check.target_ms, unit)}" if check.target_ms is not None else "—",
                 f"{check.population:,}",
                 result,
@@ -203,12 +212,26 @@ def _checks_table(slo: SloAudit) -> Table:
             )
         )
     if not rows:
-        rows.append(("—", "—", "—", "no targets", "—", "—", "nothing was promised"))
-    headers = ("check", "percentile", "value", "target", "population", "result", "note")
+        rows.append(("—", "—", "—", "—", "—", "no targets", "—", "—", "nothing was promised"))
+    headers = ("check", "percentile", "value", "bounds", "each side", "target", "population",
+               "result", "note")  # fmt: skip
     if slo.met is None:  # a run that stopped early: the checks' figures are partial
         return Table("SLO checks on partial figures (failures ranked worst; not judged: the "
                      "run stopped early)", headers, rows)  # fmt: skip
-    return Table("SLO checks (failures ranked worst)", headers, rows)
+    return Table("SLO checks (failures ranked worst; one-sided order-statistic bounds: MET "
+                 "when the upper one meets the target, MISSED when the lower one misses it, "
+                 "else INCONCLUSIVE)", headers, rows)  # fmt: skip
+
+
+RESULT = {"met": "PASS", "missed": "FAIL", "inconclusive": "INCONCLUSIVE"}
+
+
+def _share_bounds(slo: SloAudit) -> str:
+    """`, 95% bounds 91.2%–100.0%` after the attainment (exact one-sided bounds)."""
+    if slo.attainment_low is None or slo.attainment_high is None:
+        return ""
+    level = slo.targets.confidence
+    return f" ({level:.0%} bounds {pct(slo.attainment_low)}–{pct(slo.attainment_high)})"
 
 
 def _outcomes_table(cls: ClassAudit) -> Table:

@@ -103,9 +103,13 @@ def _banners(report: RunReport) -> list[Block]:
         word = f"none ({STOP_TEXT[stop]}: partial figures)"
     elif verdict.fell_behind:
         word = "GENERATOR FELL BEHIND"
+    elif verdict.status == "inconclusive":
+        word = "SLO INCONCLUSIVE (nothing missed; not every SLO could be judged at its confidence)"
     else:
         word = "SLO MET" if verdict.slo_met else "SLO MISSED"
-    tone = "" if verdict.exit_code == 0 else "bad"
+    if verdict.rule == "point":
+        word += " by point estimates (--verdict point)"
+    tone = "" if verdict.exit_code == 0 else "warn" if verdict.status == "inconclusive" else "bad"
     banners.append(Para(f"Verdict: {word} (exit {verdict.exit_code})", tone or "good"))
     if report.summary.cache is not None:  # beside the verdict: what the server had cached
         banners.append(Para(cache_line(report.summary.cache)))

@@ -28,6 +28,7 @@ figcaption{color:#555;font-size:.9em}details{margin:1em 0}summary{cursor:pointer
 """
 WIDE_COLUMNS = 8  # a table this wide scrolls sideways rather than wrap "12.3 ms" in two
 _CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fail": "bad",
+              "INCONCLUSIVE": "warn",
               "not judged": "warn"}  # fmt: skip
 
 

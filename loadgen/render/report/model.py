@@ -121,14 +121,16 @@ def build_run_report(
     slos: Mapping[str, SloTargets] | None = None,
     window_s: float | None = None,
     sliding_step_s: float | None = None,
+    rule: str | None = None,
 ) -> RunReport:
     """`audit_run`, plus the time windows, per-class details and figures, all from the records.
 
-    `window_s` None: `windows.default_window_s` of the run's records.
+    `window_s` None: `windows.default_window_s` of the run's records. `rule` None: the
+    verdict rule run.json recorded.
     Raises LoadgenError for a folder that is not a run, ValueError for a bad window/step.
     """
     info = read_run_info(run_dir)
-    summary, frame, effective = audit_run(run_dir, slos=slos)
+    summary, frame, effective = audit_run(run_dir, slos=slos, rule=rule)
     recorded, slos_as_run = info.classes(), info.slos()
     overridden = tuple(n for n in effective if slos_as_run.get(n) != effective[n])
     chosen = window_s is None
