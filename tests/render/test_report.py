@@ -374,6 +374,12 @@ def test_slo_override_changes_the_verdict(tmp_path: Path) -> None:
     assert tightened.classes["chat"].slo.met is False
     assert tightened.verdict.exit_code == 2
     assert tightened.classes["chat"].slo.targets.tpot_ms == 20.0
+    rows = [
+        line
+        for line in render_markdown(build_run_report(run_dir, slos=slos, window_s=5.0)).splitlines()
+        if line.startswith(("| TTFT |", "| TPOT |"))
+    ]
+    assert [row.split(" | ")[7] for row in rows[:2]] == ["MET", "MISSED"]  # checks table first
 
 
 def test_run_json_decides_planned_and_lag_bound(built: RunReport) -> None:

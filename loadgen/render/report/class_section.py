@@ -223,7 +223,7 @@ def _checks_table(slo: SloAudit) -> Table:
                  "else INCONCLUSIVE)", headers, rows)  # fmt: skip
 
 
-RESULT = {"met": "PASS", "missed": "FAIL", "inconclusive": "INCONCLUSIVE"}
+RESULT = {"met": "MET", "missed": "MISSED", "inconclusive": "INCONCLUSIVE"}  # the verdict's words
 
 
 def _share_bounds(slo: SloAudit) -> str:
