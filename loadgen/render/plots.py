@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
@@ -52,6 +53,16 @@ NOTE_BOX = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none"}
 METRIC_COLOURS = {"ttft": "tab:blue", "tpot": "tab:orange", "itl": "tab:green"}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """A percentile check's one-sided bounds at `confidence` each (None: open, the sample
+    too small to bound that side; +inf: the bound falls on a failed request)."""
+
+    low_ms: float | None
+    high_ms: float | None
+    confidence: float
+
+
 def cdf_png(
     values_ms: Sequence[float] | FloatArray,
     *,
@@ -60,12 +71,16 @@ def cdf_png(
     metric: str,
     target_ms: float | None,
     percentile: float,
+    bounds: Bounds | None = None,
 ) -> bytes:
     """Empirical CDF of completed requests' values with failures ranked worst.
 
     y = rank / (values + failures), so with failures the curve stops short of 1 by their
     share (noted "n failed"). The SLO target is a vertical line, the SLO percentile a
-    horizontal one; where they cross is the pass/fail point.
+    horizontal one; where they cross is the pass/fail point. `bounds`, when given, is drawn
+    as a bar on the percentile's line from the lower to the upper bound (an open side runs
+    to the axis' edge, with an arrow): the check is met when the bar ends left of the
+    target, missed when it starts right of it.
     """
     values = np.sort(np.asarray(values_ms, dtype=np.float64))
     n = values.size + failures
@@ -83,6 +98,8 @@ def cdf_png(
     _slo_line(ax, values, target_ms)
     if n:
         _mark_percentile(ax, values, n, percentile)
+    if bounds is not None and values.size:
+        _mark_bounds(ax, values, percentile, bounds)
     if failures:
         share = failures / n
         ax.axhline(1 - share, color="tab:red", linewidth=0.8, alpha=0.5)
@@ -278,6 +295,22 @@ def mark_arrivals_end(axes: Sequence[Axes], schedule_end_s: float | None) -> Non
         ax.axvline(schedule_end_s, color="grey", linestyle=":", linewidth=1)
     axes[0].annotate(ARRIVALS_END, (schedule_end_s, 0.02), xycoords=("data", "axes fraction"),
                      rotation=90, ha="right", va="bottom", color="grey", fontsize=8)  # fmt: skip
+
+
+def _mark_bounds(ax: Axes, values: FloatArray, percentile: float, bounds: Bounds) -> None:
+    """The percentile's bounds as a bar on its line; an open or infinite side ends in an
+    arrow at the drawn range's edge (the sample does not bound it there)."""
+    y = percentile / 100
+    left_edge, right_edge = float(values[0]), float(values[-1])
+    low = bounds.low_ms if bounds.low_ms is not None and math.isfinite(bounds.low_ms) else None
+    high = bounds.high_ms if bounds.high_ms is not None and math.isfinite(bounds.high_ms) else None
+    start, end = low if low is not None else left_edge, high if high is not None else right_edge
+    label = f"{bounds.confidence:.0%} bounds each side"
+    ax.plot([start, end], [y, y], color="tab:purple", linewidth=4, alpha=0.45, label=label,
+            solid_capstyle="butt")  # fmt: skip
+    for side, edge, marker in ((low, start, "<"), (high, end, ">")):
+        if side is None:
+            ax.plot([edge], [y], marker=marker, color="tab:purple", markersize=8)
 
 
 def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> None:

@@ -211,3 +211,33 @@ def test_both_timelines_mark_where_arrivals_ended_in_every_panel(drawn: list[Fig
         assert all(
             xs == [] and "arrivals end" not in texts for xs, texts in arrivals_end_marks(fig)
         )
+
+
+@pytest.mark.parametrize(
+    ("bounds", "span", "arrows"),
+    [
+        (plots.Bounds(low_ms=45.0, high_ms=55.0, confidence=0.95), (45.0, 55.0), []),
+        (plots.Bounds(low_ms=48.0, high_ms=None, confidence=0.95), (48.0, NARROW.max()), [">"]),
+        (
+            plots.Bounds(low_ms=None, high_ms=float("inf"), confidence=0.9),
+            (NARROW.min(), NARROW.max()),
+            ["<", ">"],
+        ),
+    ],
+)
+def test_a_checks_bounds_are_a_bar_on_the_percentile_line(
+    drawn: list[Figure], bounds: plots.Bounds, span: tuple[float, float], arrows: list[str]
+) -> None:
+    """The CDF draws a check's bounds on its percentile's line, low to high; a side the
+    sample does not bound (open, or on a failure) runs to the data's edge with an arrow."""
+    plots.cdf_png(NARROW, failures=0, title="t", metric="TPOT", target_ms=60.0,
+                  percentile=90.0, bounds=bounds)  # fmt: skip
+    (fig,) = drawn
+    (ax,) = fig.axes
+    bars = [line for line in ax.get_lines() if line.get_label().endswith("bounds each side")]
+    assert len(bars) == 1
+    assert bars[0].get_xdata().tolist() == pytest.approx(list(span))
+    assert bars[0].get_ydata().tolist() == [0.9, 0.9]
+    assert bars[0].get_label() == f"{bounds.confidence:.0%} bounds each side"
+    markers = [line.get_marker() for line in ax.get_lines() if line.get_color() == "tab:purple"]
+    assert sorted(m for m in markers if m in ("<", ">")) == sorted(arrows)

@@ -12,6 +12,7 @@ import polars as pl
 
 from loadgen.render import plots
 from loadgen.results.records import Outcome
+from loadgen.results.summary import Check
 from loadgen.workload.spec import SloTargets
 
 
@@ -31,6 +32,7 @@ class ClassView:
     deadline_s: float | None = None  # summarization: the batch deadline
     schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
     x_end_s: float | None = None  # every timeline's time axis ends here (`plots.run_time_axis`)
+    checks: tuple[Check, ...] = ()  # its SLO checks: their bounds are drawn on the CDFs
 
 
 def class_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
@@ -68,6 +70,16 @@ def _batch_figure(view: ClassView) -> bytes:
     )
 
 
+def _bounds(checks: tuple[Check, ...], metric: str) -> plots.Bounds | None:
+    """A check's one-sided bounds as the CDF draws them (None: no check of that metric, or
+    one judged by its point estimate)."""
+    for check in checks:
+        if check.metric == metric and check.confidence is not None:
+            return plots.Bounds(low_ms=check.low_ms, high_ms=check.high_ms,
+                                confidence=check.confidence)  # fmt: skip
+    return None
+
+
 def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
     """TTFT/TPOT CDFs, the ITL histogram, tokens per chunk and the window timeline."""
     ok = view.rows.filter(pl.col("outcome") == Outcome.OK.value)
@@ -84,6 +96,7 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
                 metric="TTFT",
                 target_ms=targets.ttft_ms,
                 percentile=p,
+                bounds=_bounds(view.checks, "ttft_ms"),
             ),
         ),
         "tpot_cdf": (
@@ -95,6 +108,7 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
                 metric="TPOT",
                 target_ms=targets.tpot_ms,
                 percentile=p,
+                bounds=_bounds(view.checks, "tpot_ms"),
             ),
         ),
         "itl_histogram": (

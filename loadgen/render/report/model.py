@@ -171,6 +171,7 @@ def build_run_report(
             deadline_s=as_run.batch_deadline_s,
             schedule_end_s=schedule_end_s,
             x_end_s=x_end_s,
+            checks=summary.classes[name].slo.checks,
         )
         names = []
         for kind, (caption, png) in class_figures(view).items():
