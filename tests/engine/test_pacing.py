@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -256,6 +257,18 @@ def test_a_request_is_stamped_by_the_read_that_brought_its_last_byte(
     assert [r for r, _ in handled] == [200, 200, 300]
 
 
+def wait_stopped(pid: int) -> None:
+    """Until the kernel says `pid` is stopped (state T in /proc/PID/stat), where it says."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return  # no /proc: the stop is as prompt as the platform makes it
+    for _ in range(10_000):  # ~10 s at most; a stop takes microseconds on an idle box
+        if stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def test_the_running_simulator_reads_a_whole_burst_before_it_handles_any(tmp_path: Path) -> None:
     """20 requests written while the simulator is stopped (SIGSTOP) are all in its socket
     buffers when it resumes: it reads (stamps) all 20 before it handles the first, so the
@@ -275,6 +288,7 @@ def test_the_running_simulator_reads_a_whole_burst_before_it_handles_any(tmp_pat
                 head += sock.recv(65536)
         os.kill(sim.pid, signal.SIGSTOP)
         try:
+            wait_stopped(sim.pid)  # kill() only queues the stop: a busy box may delay it
             for i, sock in enumerate(socks):
                 sock.sendall(post(i))
         finally:
