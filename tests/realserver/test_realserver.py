@@ -206,7 +206,9 @@ def workload(
                 "requests": requests,
                 "prompt_tokens": {"dist": "fixed", "value": prompt_tokens},
                 "output_tokens": {"dist": "fixed", "value": output_tokens},
-                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 99},
+                # p50: 5 requests bound it at 95 %, so these lenient targets are MET, not
+                # INCONCLUSIVE as a p99 of a few requests would be (exit 7)
+                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 50},
                 "deadlines": {"first_token_s": 60, "stall_s": 30, "total_s": 90},
             }
         },
@@ -522,14 +524,14 @@ def test_hf_preflight_turns_422_into_the_force_output_tokens_fix(
 def test_hf_cli_flags_the_hints_name_make_the_run_work(hf_server: Server, tmp_path: Path) -> None:
     """A workload written for another server (model `sim`, forced lengths) runs against
     transformers serve with the two flags the preflight names; usage gives N."""
-    path = workload(tmp_path, model="sim", requests=3, rate_per_s=2,
+    path = workload(tmp_path, model="sim", requests=5, rate_per_s=2,
                     prompt_tokens=16, output_tokens=12)  # fmt: skip
     out = tmp_path / "reports"
     done = run_cli("run", str(path), "--url", hf_server.url, "--model", hf_server.model,
                    "--no-force-output-tokens", "--out", str(out), "--run-id", "cli", "-q")  # fmt: skip
     assert done.returncode in (0, 3), done.stderr
     records = from_frame(pl.read_parquet(out / "cli" / "records.parquet"))
-    assert_all_ok(records, 3)
+    assert_all_ok(records, 5)
     for r in records:
         assert r.token_source is TokenSource.USAGE
         assert 1 <= r.output_tokens <= r.max_tokens == 12
@@ -697,10 +699,13 @@ def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: 
     Exact means what the server generated, which can pass max_tokens: llama-cpp-python skips
     its length check while the text ends in an incomplete UTF-8 character (llama_cpp/llama.py,
     `_create_completion`: `multibyte_fix` ... `continue` comes before `len(completion_tokens)
-    >= max_tokens`), so a stream whose 16th token is a split character goes on for the one to
-    three byte tokens that complete it, streamed after the last text as empty deltas (each
-    token decoded alone, `errors="ignore"`). Those are tokens; pings and the role chunk are
-    not."""
+    >= max_tokens`), so a stream whose 16th token looks like the start of a split character
+    goes on for up to three more tokens. What it then streams depends on the bytes: a
+    character they complete comes as one chunk; bytes that never make a character (random
+    weights) come one event per token after the loop, each decoded alone with
+    `errors="ignore"`, an empty delta for a lone byte and text for the rest (CI saw 17 of 16
+    with the empty delta before the last text). Those are tokens, each in the chunk after it;
+    pings and the role chunk come before the first text and are not."""
     body = chat_body("tiny", 16, min_tokens=16)
     body["messages"] = [{"role": "user", "content": " ".join(["word"] * 1500)}]
     lines = raw_lines(lcp_serial.url, body)
@@ -716,8 +721,9 @@ def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: 
     for r in records:
         overshoot = r.output_tokens - 16  # tokens past max_tokens finishing a split character
         assert 0 <= overshoot <= 3, r
-        assert r.chunk_tokens[-1] >= 1 + overshoot, r  # ...empty deltas after the last text
+        assert r.output_tokens == sum(r.chunk_tokens), r  # every token in one chunk's count
         assert r.first_token_ns is not None
+        assert r.chunk_ns[0] == r.first_token_ns, r  # nothing before the first text counted
         assert r.sent_ns is not None
         assert r.first_token_ns - r.sent_ns > 2 * LCP_PING_S * 1e9
 

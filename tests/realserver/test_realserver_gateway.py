@@ -138,7 +138,7 @@ def gw_workload(
     *,
     api: str,
     model: str = "tiny",
-    requests: int = 4,
+    requests: int = 5,
     rate_per_s: float = 8,
     output_tokens: int = 16,
     gateway: bool = True,
@@ -159,7 +159,9 @@ def gw_workload(
                 "requests": requests,
                 "prompt_tokens": {"dist": "fixed", "value": 48},
                 "output_tokens": {"dist": "fixed", "value": output_tokens},
-                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 99},
+                # p50: 5 requests bound it at 95 %, so these lenient targets are MET, not
+                # INCONCLUSIVE as a p99 of a few requests would be (exit 7)
+                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 50},
                 "deadlines": {"first_token_s": 60, "stall_s": 30, "total_s": 120},
             }
         },
@@ -213,10 +215,10 @@ def test_gateway_and_direct_agree_with_the_upstreams_counters(
         path = gw_workload(tmp_path, way, api=api, model=model, gateway=way == "gateway")
         before = scrape(upstream.url)
         code, records, stderr = cli(path, url, out, way)
-        prompt, predicted = llama_moved(upstream.url, before, 4 * 16)
+        prompt, predicted = llama_moved(upstream.url, before, 5 * 16)
         assert code in (0, 3), stderr
-        assert [(r.outcome, r.error) for r in records] == [("ok", None)] * 4, way
-        assert [r.output_tokens for r in records] == [16] * 4, way
+        assert [(r.outcome, r.error) for r in records] == [("ok", None)] * 5, way
+        assert [r.output_tokens for r in records] == [16] * 5, way
         assert predicted == sum(r.output_tokens for r in records), way
         assert prompt == sum(r.prompt_tokens or 0 for r in records), way
         assert all(r.prompt_tokens for r in records), way  # never 0: someone counted them
@@ -311,7 +313,7 @@ def test_gateway_sim_faults_are_breaches_never_ok(
     path = gw_workload(tmp_path, fault, api=api, model=model, output_tokens=24)
     code, records, stderr = cli(path, gateway.url, tmp_path / "reports", fault)
     assert code == 2, stderr
-    assert len(records) == 4
+    assert len(records) == 5
     assert {str(r.outcome) for r in records} <= allowed, [(r.outcome, r.error) for r in records]
     if fault == "error":  # the upstream's words, which LiteLLM wraps in its own message
         assert all("simulated failure mid-stream" in (r.error or "") for r in records), [

@@ -129,8 +129,13 @@ def vllm_workload(
     target: dict[str, Any] | None = None,
     deadlines: dict[str, float] | None = None,
     name: str = "workload.yaml",
+    percentile: float = 50,
 ) -> Path:
-    """A one-class workload for vLLM: fixed lengths at a constant rate, lenient SLOs."""
+    """A one-class workload for vLLM: fixed lengths at a constant rate, lenient SLOs judged
+    at `percentile`: p50 by default, which 5 requests bound at 95 % (so they are MET, not
+    INCONCLUSIVE as a p99 of a few requests would be: exit 7); p99 where a test's few
+    requests all fail, which one failure of one already shows MISSED (exit 2) and a p50 of
+    fewer than 5 cannot."""
     shape = (
         {"prompt": prompt}
         if prompt
@@ -145,7 +150,7 @@ def vllm_workload(
                 "requests": requests,
                 **shape,
                 "output_tokens": {"dist": "fixed", "value": output_tokens},
-                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 99},
+                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": percentile},
                 "deadlines": deadlines or {"first_token_s": 60, "stall_s": 30, "total_s": 120},
             }
         },
@@ -299,11 +304,14 @@ def test_vllm_stop_and_length_counted_by_reason(vllm: Server, tmp_path: Path) ->
 
 def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -> None:
     """vLLM's engine drops every running request (`POST /pause?mode=abort`, then
-    `/resume`) in the middle of 4 streams of 4000 forced tokens: each chat stream ends
+    `/resume`) in the middle of 4 streams of 12000 forced tokens: each chat stream ends
     `finish_reason: "abort"` with usage and `[DONE]`, and each record is `truncated` (a
     breach: exit 2), never ok; vLLM counts 4 `abort`, and the tokens it says it generated
     are the records' (usage on the abort chunk)."""
-    path = vllm_workload(tmp_path, requests=4, rate_per_s=100, output_tokens=4000)
+    # 12,000 tokens: ~30 s of streaming here, so the abort lands mid-stream though this box
+    # answers it late (vLLM's API server, busy streaming, took 7 s to handle /pause; with
+    # 4,000 tokens the streams had ended by then)
+    path = vllm_workload(tmp_path, requests=4, rate_per_s=100, output_tokens=12000, percentile=99)
     out = tmp_path / "reports"
     before = scrape(vllm.url)
     run = subprocess.Popen(
@@ -327,7 +335,7 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     moved = deltas(vllm.url, before, finished=4)
     assert moved["reasons"] == {"abort": 4}
     assert [(r.outcome, r.finish_reason) for r in records] == [("truncated", "abort")] * 4
-    assert all(0 < r.output_tokens < 4000 for r in records)
+    assert all(0 < r.output_tokens < 12000 for r in records)
     assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
 
 
@@ -404,7 +412,6 @@ def test_vllm_capacity_steps_each_start_cold(vllm: Server, tmp_path: Path) -> No
     path = vllm_workload(tmp_path, requests=40, rate_per_s=2, prompt_tokens=256, output_tokens=4)
     spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     spec["target"]["model"] = "sim"  # the file's model is not vLLM's: --model says which
-    spec["classes"]["c"]["slo"]["percentile"] = 50  # 10 requests per judged tail
     path.write_text(yaml.safe_dump(spec), encoding="utf-8")
     out = tmp_path / "capacity"
     done = run_cli("capacity", str(path), "--url", vllm.url, "--model", MODEL,
@@ -444,7 +451,8 @@ def test_vllm_refusals_are_quoted(vllm: Server, tmp_path: Path) -> None:
     assert "endpoint there" not in done.stderr
     assert "Traceback" not in done.stderr
     assert not (out / "unknown").exists()
-    long = vllm_workload(tmp_path, name="long.yaml", requests=1, prompt_tokens=20000)
+    long = vllm_workload(tmp_path, name="long.yaml", requests=1, prompt_tokens=20000,
+                         percentile=99)  # fmt: skip
     done = run_cli("run", str(long), "--url", vllm.url, "--out", str(out), "--run-id", "long",
                    "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q")  # fmt: skip
     assert done.returncode == 2, done.stderr
