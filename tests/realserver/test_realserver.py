@@ -195,8 +195,13 @@ def workload(
     prompt_tokens: int,
     output_tokens: int,
     target: dict[str, Any] | None = None,
+    percentile: float = 50,
 ) -> Path:
-    """A one-class workload file: fixed lengths at a constant rate, lenient SLOs."""
+    """A one-class workload file: fixed lengths at a constant rate, lenient SLOs judged at
+    `percentile`: p50 by default, which 5 requests bound at 95 % (so they are MET, not
+    INCONCLUSIVE as a p99 of a few requests would be: exit 7); p99 where a test expects a
+    few failures, which two of six (one of one) already show MISSED (exit 2) and a p50
+    shows only when nearly all fail."""
     raw = {
         "name": "realserver",
         "target": {"api": "openai-chat", "model": model, **(target or {})},
@@ -206,9 +211,7 @@ def workload(
                 "requests": requests,
                 "prompt_tokens": {"dist": "fixed", "value": prompt_tokens},
                 "output_tokens": {"dist": "fixed", "value": output_tokens},
-                # p50: 5 requests bound it at 95 %, so these lenient targets are MET, not
-                # INCONCLUSIVE as a p99 of a few requests would be (exit 7)
-                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": 50},
+                "slo": {"ttft_ms": 60000, "tpot_ms": 10000, "percentile": percentile},
                 "deadlines": {"first_token_s": 60, "stall_s": 30, "total_s": 90},
             }
         },
@@ -643,7 +646,7 @@ def test_lcp_default_interruption_is_truncated_never_ok(
     others are ok with all their tokens; the run misses its SLO (exit 2)."""
     before = disconnects(lcp_interrupting)
     path = workload(tmp_path, model=lcp_interrupting.model, requests=6, rate_per_s=4,
-                    prompt_tokens=32, output_tokens=256)  # fmt: skip
+                    prompt_tokens=32, output_tokens=256, percentile=99)  # fmt: skip
     result, records = run_engine(path, lcp_interrupting.url, tmp_path)
     time.sleep(1.0)  # the server logs a cut as its request handler unwinds
     cut = [r for r in records if r.outcome is Outcome.TRUNCATED]
@@ -660,7 +663,9 @@ def test_lcp_default_interruption_is_truncated_never_ok(
         if r.outcome is Outcome.OK:
             assert (r.finish_reason, r.output_tokens) == ("length", 256)
     assert result.summary.classes["c"].stream_ends.truncated == len(cut)
-    assert result.exit_code in (2, 3)  # 3: this busy machine's client fell behind
+    # p99 of 6 is MISSED at 95 % once 2 fail (its lower bound is the 5th of 6); one cut
+    # alone leaves it INCONCLUSIVE (7). 3: this busy machine's client fell behind.
+    assert result.exit_code in ((2, 3) if len(cut) >= 2 else (7, 3)), [r.outcome for r in records]
 
 
 @pytest.mark.slow

@@ -304,11 +304,16 @@ def test_vllm_stop_and_length_counted_by_reason(vllm: Server, tmp_path: Path) ->
 
 def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -> None:
     """vLLM's engine drops every running request (`POST /pause?mode=abort`, then
-    `/resume`) in the middle of 4 streams of 12000 forced tokens: each chat stream ends
-    `finish_reason: "abort"` with usage and `[DONE]`, and each record is `truncated` (a
-    breach: exit 2), never ok; vLLM counts 4 `abort`, and the tokens it says it generated
-    are the records' (usage on the abort chunk)."""
-    # 12,000 tokens: ~30 s of streaming here, so the abort lands mid-stream though this box
+    `/resume`) in the middle of 4 streams of 12000 forced tokens: each chat stream it drops
+    ends `finish_reason: "abort"` with usage and `[DONE]`, and each such record is
+    `truncated` (a breach: exit 2), never ok; vLLM's `abort` count is the records', and the
+    tokens it says it generated are the records' (usage on the abort chunk).
+
+    The abort waits until vLLM runs all 4. A box starved of CPU has been seen to admit one
+    and the other three 40 s later (vLLM's own log: `Running: 1 reqs`, then `3 reqs`), so
+    past a minute it aborts what runs then: what it dropped is truncated, what ended before
+    is ok and whole, and the counts still agree."""
+    # 12,000 tokens: ~40 s of streaming here, so the abort lands mid-stream though this box
     # answers it late (vLLM's API server, busy streaming, took 7 s to handle /pause; with
     # 4,000 tokens the streams had ended by then)
     path = vllm_workload(tmp_path, requests=4, rate_per_s=100, output_tokens=12000, percentile=99)
@@ -320,22 +325,30 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90  # until all 4 are streaming
-        while total(scrape(vllm.url), "vllm:num_requests_running") < 4:
+        patience = time.monotonic() + 60  # for all 4 to run at once
+        while (running := total(scrape(vllm.url), "vllm:num_requests_running")) < 4:
             assert run.poll() is None, run.communicate()
-            assert time.monotonic() < deadline, "4 requests never ran at once"
+            if running >= 1 and time.monotonic() > patience:
+                break  # admitted late: abort those that run
+            assert time.monotonic() < patience + 60, "no request ever ran"
             time.sleep(0.2)
         time.sleep(0.5)
         assert httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60).is_success
     finally:
         httpx.post(f"{vllm.url}/resume", timeout=60)
-        _, stderr = run.communicate(timeout=120)
+        _, stderr = run.communicate(timeout=180)
     assert run.returncode == 2, stderr
     records = from_frame(pl.read_parquet(out / "abort" / "records.parquet"))
     moved = deltas(vllm.url, before, finished=4)
-    assert moved["reasons"] == {"abort": 4}
-    assert [(r.outcome, r.finish_reason) for r in records] == [("truncated", "abort")] * 4
-    assert all(0 < r.output_tokens < 12000 for r in records)
+    seen = [(str(r.outcome), r.finish_reason, r.output_tokens) for r in records]
+    aborted = [r for r in records if r.finish_reason == "abort"]
+    assert moved["reasons"].get("abort", 0) == len(aborted) >= 1, (moved, seen)
+    assert any(r.output_tokens > 0 for r in aborted), seen  # dropped mid-stream
+    for r in records:
+        if r.finish_reason == "abort":
+            assert (r.outcome, r.output_tokens < 12000) == ("truncated", True), seen
+        else:
+            assert (r.outcome, r.finish_reason, r.output_tokens) == ("ok", "length", 12000), seen
     assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
 
 
