@@ -108,6 +108,12 @@ from loadgen.workload.spec import WorkloadSpec
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
+@click.option(
+    "--start-when-told",
+    is_flag=True,
+    hidden=True,  # the driver's side of `--ray` (run.told): not for people
+    help="With --shard: say ready on stdout, read the agreed start from stdin.",
+)
 @live_options
 @price_options
 @option(
@@ -141,6 +147,7 @@ def run(
     repeats: int,
     shard_text: str | None,
     start_at_text: str | None,
+    start_when_told: bool,
     dry_run: bool,
     prometheus_listen: str | None,
     prometheus_grace_s: float,
@@ -180,7 +187,12 @@ def run(
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if repeats > 1:
         check_repeats(shard_text, junit_path, markdown_path)
-    if shard_text is not None and start_at_text is None:
+    if start_when_told and (shard_text is None or start_at_text is not None):
+        raise OptionError(
+            "--start-when-told", "needs --shard and no --start-at",
+            "it is how `--ray` starts its shards; use --start-at by hand",
+        )  # fmt: skip
+    if shard_text is not None and start_at_text is None and not start_when_told:
         raise OptionError("--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
     check_url(shared["url"])
@@ -192,6 +204,7 @@ def run(
         sim_trace=sim_trace,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
+        start_when_told=start_when_told,
     )  # fmt: skip
     if dry_run:
         _dry_run(spec, options, memory)
