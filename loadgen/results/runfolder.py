@@ -23,9 +23,11 @@ code that reads or writes them.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import secrets
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,6 +57,7 @@ SERVER_PARTS_DIR = "server_metrics.parts"  # while the run lasts: the scraper's 
 RUN_LOG = "loadgen.log"
 LOCK_FILE = "run.lock"
 SIM_TRACE_FILE = "sim-trace.jsonl"  # the built-in simulator's trace (`--sim-trace`)
+SHARDS_DIR = "shards"  # `run --ray`: each shard's own run folder, `shards/<index>/`
 # What a run has measured once it exists: a folder without any of these is an unstarted run.
 MEASURED = (RUN_FILE, PARTS_DIR, SERVER_PARTS_DIR, RECORDS_FILE)
 # `loadgen report`'s folder (`<run>/report/` unless --out) and `report <store>`'s
@@ -106,6 +109,18 @@ def figure_file(name: str) -> str:
 def rolling_plot_file(metric: str) -> str:
     """`report <store>`'s plot of one metric over the windows."""
     return f"rolling-{metric}.png"
+
+
+def pack_run_folder(run_dir: Path) -> bytes:
+    """A run folder as one tar (uncompressed: parquet is compressed already), to carry it
+    between hosts (`run --ray` brings each shard's folder back this way); its lock and
+    heartbeats are left out (they belong to the live run on its host)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(run_dir.rglob("*")):
+            if path.is_file() and path.name != LOCK_FILE and not path.name.startswith(HEARTBEAT):
+                tar.add(path, arcname=str(path.relative_to(run_dir)), recursive=False)
+    return buffer.getvalue()
 
 
 def is_run_folder(path: Path) -> bool:

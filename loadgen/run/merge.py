@@ -328,7 +328,7 @@ def shard_table(shards: Sequence[ShardRun], start_ns: int) -> ShardTable:
 
 def with_ray(info: RunInfo, ray: RayInfo) -> RunInfo:
     """run.json with the Ray placement, and each shard row with its node."""
-    nodes = {s.index: s.node_ip or s.node_id for s in ray.shards}
+    nodes = {s.index: f"{s.node_ip} {(s.node_id or '?')[:12]}" for s in ray.shards}
     table = info.shards
     if table is not None:
         rows = tuple(replace(row, node=nodes.get(row.index)) for row in table.shards)
