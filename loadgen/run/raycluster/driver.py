@@ -272,8 +272,10 @@ def _watch(ray: Any, shards: Sequence[Shard], options: RunOptions, log: TextIO) 
 
 
 def _poll(ray: Any, shards: Sequence[Shard]) -> None:
-    """One look at the shards (about `POLL_S`)."""
-    from ray.exceptions import GetTimeoutError, RayError
+    """One look at the shards (about `POLL_S`). An actor that is unavailable (its node
+    unreachable for the moment) is silence, not yet loss: its `finish` is asked again and it
+    is lost only once silent for `LOST_AFTER_S`; an actor that died is lost at once."""
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
 
     pending = {s.finish_ref: s for s in shards if not s.done}
     done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
@@ -281,22 +283,33 @@ def _poll(ray: Any, shards: Sequence[Shard]) -> None:
         shard = pending[ref]
         try:
             shard.ended = ray.get(ref)
+            shard.ended_ns = time.time_ns()
+        except ActorUnavailableError:
+            shard.finish_ref = shard.actor.finish.remote()  # it waits for the same process
         except RayError as exc:
-            shard.lost = f"its actor died ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-        shard.ended_ns = time.time_ns()
+            _lose(shard, f"its actor died ({_first_words(exc)})")
     for shard in (s for s in shards if not s.done):
         try:
-            _running, shard.records = ray.get(shard.actor.progress.remote(), timeout=POLL_S * 2)
+            _, shard.records = ray.get(shard.actor.progress.remote(), timeout=POLL_S * 2)
             shard.last_heard_ns = time.time_ns()
-        except GetTimeoutError:
+        except (GetTimeoutError, ActorUnavailableError):
             silent_s = (time.time_ns() - shard.last_heard_ns) / 1e9
             if silent_s > LOST_AFTER_S:
-                shard.lost = f"its node {shard.where.get('node_ip')} silent for {silent_s:.0f} s"
-                shard.ended_ns = time.time_ns()
+                _lose(shard, f"its node {shard.where.get('node_ip')} silent for {silent_s:.0f} s")
                 ray.kill(shard.actor)
         except RayError as exc:
-            shard.lost = f"its actor died ({type(exc).__name__})"
-            shard.ended_ns = time.time_ns()
+            _lose(shard, f"its actor died ({_first_words(exc)})")
+
+
+def _lose(shard: Shard, why: str) -> None:
+    shard.lost = why
+    shard.ended_ns = time.time_ns()
+
+
+def _first_words(exc: Exception) -> str:
+    """An exception's kind and the start of its first line."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:120]}"
 
 
 def _progress_line(shards: Sequence[Shard]) -> str:
