@@ -252,6 +252,44 @@ def test_a_clock_skew_above_the_bound_refuses_the_run_before_any_traffic(
     assert no_shard_left() == []
 
 
+def test_a_shard_that_cannot_get_ready_refuses_the_run_with_its_reason(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A target no shard can reach (a closed port): each shard's preflight fails before it is
+    ready; the driver refuses the run before any traffic with their reasons; exit 1."""
+    workload = workload_file(tmp_path, SHORT % 30)
+    ran = subprocess.run(driver(cluster, workload, tmp_path, "unready", "--url", "http://127.0.0.1:9"),
+                         capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert (
+        "refused before any traffic: shard 0 not ready: its process ended with exit 1" in ran.stderr
+    )
+    assert "Traceback" not in ran.stderr
+    assert not (tmp_path / "unready").exists()
+    assert no_shard_left() == []
+
+
+def test_ray_without_an_address_starts_a_local_ray_for_the_run_and_stops_it(
+    tmp_path: Path,
+) -> None:
+    """`--ray` alone: a one-node Ray of its own started by the driver (not the module's
+    cluster, which runs on this host too), two shards SPREAD on it, merged; no shard left."""
+    workload = workload_file(tmp_path, SHORT % 40)
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    ran = subprocess.run(
+        [sys.executable, "-m", "loadgen", "run", str(workload), "--ray", "--shards", "2", "--out",
+         str(tmp_path), "--run-id", "local", "--lag-bound-ms", "1000"],
+        capture_output=True, text=True, timeout=200, env=env,
+    )  # fmt: skip
+    assert ran.returncode in VERDICTS, ran.stderr[-3000:]
+    assert "started a local Ray for this run" in ran.stderr
+    info = json.loads((tmp_path / "local" / "run.json").read_text())
+    assert info["ray"]["started_local"] is True
+    assert info["ray"]["strategy"] == "SPREAD"
+    assert sum(outcomes(tmp_path / "local").values()) == 40
+    assert no_shard_left() == []
+
+
 def test_more_shards_than_nodes_are_spread_and_said(cluster: Any, tmp_path: Path) -> None:
     """--shards 4 on 3 nodes: SPREAD, with a warning that says so; the run still merges."""
     workload = workload_file(tmp_path, SHORT % 40)

@@ -164,8 +164,8 @@ def _connect(ray: Any, address: str | None, log: TextIO, quiet: bool) -> bool:
     kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False,
                               "include_dashboard": False, "configure_logging": True}  # fmt: skip
     try:
-        if address is None:
-            ray.init(**kwargs)
+        if address is None:  # `local`: a new Ray, even with one running here already
+            ray.init(address="local", **kwargs)
             if not quiet:
                 print("ray: started a local Ray for this run (one node)", file=log)
             return True
