@@ -50,14 +50,25 @@ VERDICTS = (0, 2, 3, 7)
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Three Ray nodes of two logical CPUs each, on loopback (the node address is forced to
-    127.0.0.1: Ray would otherwise advertise this host's interface address)."""
+    127.0.0.1: Ray would otherwise advertise this host's interface address). Ray gives a
+    raylet 30 s to start, fixed; on a host others load that can pass, so a cluster that did
+    not come up is shut down and started again (three tries)."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's switch to loopback-only
     from ray.cluster_utils import Cluster  # defers ray (a slow import, and the [ray] extra)
 
-    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    for _ in range(NODES - 1):
-        made.add_node(num_cpus=2)
-    made.wait_for_nodes()
+    for attempt in range(3):
+        made = None
+        try:
+            made = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+            for _ in range(NODES - 1):
+                made.add_node(num_cpus=2)
+            made.wait_for_nodes()
+            break
+        except Exception:  # Ray's own: "The current node timed out during startup"
+            if made is not None:
+                made.shutdown()
+            if attempt == 2:
+                raise
     yield made
     made.shutdown()
 
