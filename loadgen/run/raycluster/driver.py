@@ -118,7 +118,12 @@ def run_on_ray(
         with target_url(options.url, spec) as (url, sim_args):
             if sim_args is not None:
                 _say(log, options, f"no --url given: started the built-in simulator at {url}")
-            start_ns = _launch_and_start(ray, spec, options, shards, url)
+            try:
+                start_ns = _launch_and_start(ray, spec, options, shards, url)
+            except KeyboardInterrupt:
+                print("\ninterrupted before the start: nothing was sent; stopping every shard",
+                      file=log)  # fmt: skip
+                raise
             before_t0_s = (start_ns - time.time_ns()) / 1e9 + (time.monotonic() - began)
             _say(log, options, f"ray: every shard ready; agreed start in "
                                f"{(start_ns - time.time_ns()) / 1e9:.2f} s")  # fmt: skip
