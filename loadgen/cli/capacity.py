@@ -45,6 +45,7 @@ from loadgen.cli.options import (
     spec_options,
     url_option,
 )
+from loadgen.cli.ray_options import ray_options, ray_settings
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_view import (
@@ -59,6 +60,7 @@ from loadgen.render.capacity_view import (
 )
 from loadgen.results.runfolder import read_summary
 from loadgen.results.write import write_files
+from loadgen.run.raycluster.driver import ray_session
 from loadgen.run.setup import client_setup
 from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
@@ -183,6 +185,7 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     help="Folder for capacity.json, knee.png and the steps' runs (default "
     "reports/capacity-<UTC time>).",
 )
+@ray_options
 @live_options
 @price_options
 @clean_errors
@@ -192,7 +195,8 @@ def capacity(
     warmup_s: float | None, max_extend: float, proposed_limit: str | None,
     safety_margin: float,
     out_dir: Path | None, prometheus_listen: str | None, prometheus_grace_s: float,
-    otlp_endpoint: str | None, otlp_interval_s: float, **shared: Any,
+    otlp_endpoint: str | None, otlp_interval_s: float, ray_address: str | None,
+    ray_shards: int | None, max_clock_skew_ms: float, **shared: Any,
 ) -> None:  # fmt: skip  # the options it shares with `run` (loadgen.cli.options) in `shared`
     """Find the highest load the server sustains with every SLO of every class met (the knee).
 
@@ -219,8 +223,13 @@ def capacity(
       loadgen capacity workloads/chat-smoke.yaml --param max_in_flight --start 4 --max 64
       loadgen capacity workloads/chat-smoke.yaml --prometheus-port 9464
       loadgen capacity workloads/chat-smoke.yaml --url http://gpu:8000 --cache reset
+      loadgen capacity workloads/chat.yaml --url http://gpu:8000 --ray auto --shards 4
     """
 
+    ray = ray_settings(ray_address, ray_shards, max_clock_skew_ms, **{
+        "--workers": (shared.get("workers") or 1) > 1, "--prometheus-port": prometheus_listen,
+        "--otlp-endpoint": otlp_endpoint,
+    })  # fmt: skip
     check_url(shared["url"])
     spec = shared_spec(workload, shared)
     check_run_step_options(shared, spec)
@@ -248,12 +257,12 @@ def capacity(
     fleet = None if price is None else price * base.replicas
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
                      price_per_hour=fleet)  # fmt: skip
-    with live as exporter:
+    session = ray_session(ray, quiet=base.quiet) if ray is not None else contextlib.nullcontext()
+    with live as exporter, session:
         with _target_url(base.url, spec, base.quiet) as base_url:
-            run_one = _memory_checked(
-                run_one_against(base_url, options=base, out=out / "steps", live=exporter),
-                base.seed, shared["max_memory_gb"],
-            )  # fmt: skip
+            one = run_one_against(base_url, options=base, out=out / "steps", live=exporter,
+                                  ray=ray)  # fmt: skip
+            run_one = _memory_checked(one, base.seed, shared["max_memory_gb"])
             run_step = step_runner(spec, run_one, param=param, min_tail=min_tail,
                                    warmup_s=warmup_s, min_lifetimes=min_lifetimes,
                                    lag_bound_ms=base.lag_bound_ms, on_start=on_start,

@@ -115,7 +115,8 @@ def memory_cap(max_memory_gb: float | None) -> tuple[int, str]:
 TARGET, LOAD, TIMING, SERVER_METRICS = "Target", "Load", "Deadlines and pacing", "Server metrics"
 OUTPUT, LIVE, COST, SEARCH = "Output", "Live export", "Cost", "Search"
 VERDICT = "Verdict"  # how sure a verdict is, and by which rule
-HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, OUTPUT, LIVE, COST)
+CLUSTER = "Cluster"  # --ray and its shards
+HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, CLUSTER, OUTPUT, LIVE, COST)
 HELP_OPTION_GROUP = "Help"  # --help itself (click adds it, ungrouped)
 
 

@@ -35,6 +35,7 @@ from loadgen.cli.options import (
     url_option,
     workload_options,
 )
+from loadgen.cli.ray_options import ray_options, ray_settings
 from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import VERDICT_PRECEDENCE, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_plan_line
@@ -47,6 +48,7 @@ from loadgen.results.write import write_files
 from loadgen.run.execute import RunResult, execute, prepare
 from loadgen.run.live import parse_listen
 from loadgen.run.options import RunOptions
+from loadgen.run.raycluster.driver import run_on_ray
 from loadgen.workload.shards import parse_share, parse_start_at
 from loadgen.workload.spec import WorkloadSpec
 
@@ -108,6 +110,14 @@ from loadgen.workload.spec import WorkloadSpec
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
+@ray_options
+@option(
+    LOAD,
+    "--start-when-told",
+    is_flag=True,
+    hidden=True,  # the driver's side of `--ray` (run.told): not for people
+    help="With --shard: say ready on stdout, read the agreed start from stdin.",
+)
 @live_options
 @price_options
 @option(
@@ -141,6 +151,7 @@ def run(
     repeats: int,
     shard_text: str | None,
     start_at_text: str | None,
+    start_when_told: bool,
     dry_run: bool,
     prometheus_listen: str | None,
     prometheus_grace_s: float,
@@ -148,6 +159,9 @@ def run(
     otlp_interval_s: float,
     junit_path: Path | None,
     markdown_path: Path | None,
+    ray_address: str | None,
+    ray_shards: int | None,
+    max_clock_skew_ms: float,
     **shared: Any,
 ) -> None:  # the shared options (loadgen.cli.options) come in `shared`
     """Run a workload against an endpoint and audit its SLOs.
@@ -162,6 +176,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://127.0.0.1:11434 --api ollama-chat --model tiny
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --workers 2
       loadgen run workloads/chat.yaml --url http://gpu:8000 --shard 0/4 --start-at 1764417600
+      loadgen run workloads/chat.yaml --url http://gpu:8000 --ray auto --shards 8
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --dry-run
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --warm-connections 0
       loadgen run workloads/mixed.yaml --server-metrics-url /metrics
@@ -180,9 +195,21 @@ def run(
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if repeats > 1:
         check_repeats(shard_text, junit_path, markdown_path)
-    if shard_text is not None and start_at_text is None:
+    if start_when_told and (shard_text is None or start_at_text is not None):
+        raise OptionError(
+            "--start-when-told", "needs --shard and no --start-at",
+            "it is how `--ray` starts its shards; use --start-at by hand",
+        )  # fmt: skip
+    if shard_text is not None and start_at_text is None and not start_when_told:
         raise OptionError("--shard", "needs an agreed start",
                           "add --start-at EPOCH, the same for every shard")  # fmt: skip
+    ray = ray_settings(
+        ray_address, ray_shards, max_clock_skew_ms, **{
+            "--shard": shard_text, "--start-at": start_at_text, "--repeats": repeats > 1,
+            "--workers": (shared.get("workers") or 1) > 1, "--prometheus-port": prometheus_listen,
+            "--otlp-endpoint": otlp_endpoint, "--sim-trace": sim_trace,
+        },
+    )  # fmt: skip
     check_url(shared["url"])
     spec = shared_spec(workload, shared)
     check_run_step_options(shared, spec)
@@ -192,10 +219,16 @@ def run(
         sim_trace=sim_trace,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
+        start_when_told=start_when_told,
     )  # fmt: skip
     if dry_run:
         _dry_run(spec, options, memory)
         return
+    if ray is not None:
+        with sigterm_as_ctrl_c():
+            result = run_on_ray(spec, options, ray)
+        _print_result(result, junit_path, markdown_path)
+        sys.exit(result.exit_code)
     price_per_hour = shared["price_per_hour"]
     fleet = None if price_per_hour is None else price_per_hour * shared["replicas"]
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,

@@ -23,9 +23,11 @@ code that reads or writes them.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import secrets
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,6 +57,7 @@ SERVER_PARTS_DIR = "server_metrics.parts"  # while the run lasts: the scraper's 
 RUN_LOG = "loadgen.log"
 LOCK_FILE = "run.lock"
 SIM_TRACE_FILE = "sim-trace.jsonl"  # the built-in simulator's trace (`--sim-trace`)
+SHARDS_DIR = "shards"  # `run --ray`: each shard's own run folder, `shards/<index>/`
 # What a run has measured once it exists: a folder without any of these is an unstarted run.
 MEASURED = (RUN_FILE, PARTS_DIR, SERVER_PARTS_DIR, RECORDS_FILE)
 # `loadgen report`'s folder (`<run>/report/` unless --out) and `report <store>`'s
@@ -108,6 +111,18 @@ def rolling_plot_file(metric: str) -> str:
     return f"rolling-{metric}.png"
 
 
+def pack_run_folder(run_dir: Path) -> bytes:
+    """A run folder as one tar (uncompressed: parquet is compressed already), to carry it
+    between hosts (`run --ray` brings each shard's folder back this way); its lock and
+    heartbeats are left out (they belong to the live run on its host)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(run_dir.rglob("*")):
+            if path.is_file() and path.name != LOCK_FILE and not path.name.startswith(HEARTBEAT):
+                tar.add(path, arcname=str(path.relative_to(run_dir)), recursive=False)
+    return buffer.getvalue()
+
+
 def is_run_folder(path: Path) -> bool:
     """A folder with a run.json (else, for `report`, a results store)."""
     return (path / RUN_FILE).exists()
@@ -121,7 +136,10 @@ def has_records(run_dir: Path) -> bool:
 SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 15  # 15: the verdict's confidence (additive): summary.json checks:
+SCHEMA_VERSION = 16  # 16: runs placed by Ray (additive): run.json shard.clock_offset_ns
+# (the shard host's wall clock minus the driver's, measured before t0), shards.shards.*
+# clock_offset_ms and node, and a merged run's `ray` block (placement, offsets, lost shards)
+# (15: the verdict's confidence (additive): summary.json checks:
 # verdict, confidence, low_ms, high_ms, low_open, high_open, needed; slo.verdict,
 # attainment_low/_high, targets.confidence; trajectory verdict, attainment_low/_high,
 # needed; models.*.verdict; verdict.rule and status `inconclusive` (exit 7); run.json
@@ -268,6 +286,10 @@ class ShardInfo:
     start_at_utc: str | None = None
     t0_unix_ns: int | None = field(default=None, metadata=OMIT_NONE)
     t0_skew_ms: float | None = field(default=None, metadata=OMIT_NONE)
+    # This host's wall clock minus the clock the start was agreed on (a Ray run's driver),
+    # measured before t0: the shard waits for start + offset on its own clock, and `merge`
+    # subtracts it from the anchor. None: not measured (the hosts' clocks taken as one).
+    clock_offset_ns: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +356,37 @@ class ShardRow:
     reached_late_ms: float | None
     interrupted: bool
     fell_behind: bool
+    clock_offset_ms: float | None = field(default=None, metadata=OMIT_NONE)  # measured
+    node: str | None = field(default=None, metadata=OMIT_NONE)  # where Ray placed it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayShard:
+    """One shard of a run placed by Ray: its node, its clock, how it ended."""
+
+    index: int
+    node_id: str | None = None
+    node_ip: str | None = None
+    clock_offset_ms: float | None = None  # the node's wall clock minus the driver's
+    clock_rtt_ms: float | None = None  # the round trip of the sample the offset came from
+    outcome: str = "ok"  # ok, interrupted, killed (its process), lost (its node), refused
+    reason: str | None = None  # what happened, when not ok
+    exit_code: int | None = None  # its `loadgen run` process's, when it ended
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayInfo:
+    """run.json's `ray` (`run --ray`): the cluster, how the shards were placed and
+    timed, and each shard's node, clock offset and end."""
+
+    address: str
+    started_local: bool
+    strategy: str  # STRICT_SPREAD (one shard per node) or SPREAD (fewer nodes than shards)
+    nodes_alive: int
+    max_clock_skew_ms: float
+    before_t0_s: float | None = None  # connect, place, spawn, ready, clocks: until t0
+    after_run_s: float | None = None  # the last shard's end to the merged folder
+    shards: tuple[RayShard, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -406,6 +459,7 @@ class RunInfo:
     connections: ConnectionCounts | None = field(default=None, metadata=OMIT_NONE)
     server_metrics: ServerMetricsInfo | None = field(default=None, metadata=OMIT_NONE)
     cache: CacheWarmth | None = field(default=None, metadata=OMIT_NONE)  # mode, nonce, reset
+    ray: RayInfo | None = field(default=None, metadata=OMIT_NONE)  # placed by Ray (`--ray`)
 
     @property
     def stop(self) -> str | None:

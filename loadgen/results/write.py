@@ -17,6 +17,7 @@ import io
 import json
 import os
 import shutil
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from loadgen.results.runfolder import (
     SERVER_METRICS_FILE,
     SERVER_METRICS_SCHEMA,
     SERVER_PARTS_DIR,
+    SHARDS_DIR,
     SUMMARY_FILE,
     WARM_UP_FILE,
     RunInfo,
@@ -114,6 +116,24 @@ def write_files(folder: Path, files: Mapping[str, bytes]) -> list[Path]:
 def make_run_folder(run_dir: Path) -> None:
     """Create a new run folder (its parents too); FileExistsError if it exists."""
     run_dir.mkdir(parents=True)
+
+
+def unpack_run_folder(run_dir: Path, data: bytes) -> None:
+    """A run folder carried as a tar (`runfolder.pack_run_folder`) made at `run_dir`: unpacked
+    into a temp folder beside it, then renamed into place (a reader never sees half of it).
+    Only regular files and folders under it are taken (no links, no paths outside)."""
+    tmp = run_dir.with_name(f".{run_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(tmp, filter="data")
+    os.replace(tmp, run_dir)
+
+
+def keep_shards(run_dir: Path, shards: Path) -> Path:
+    """The folder of shard run folders moved into the merged run (`run_dir/shards/`)."""
+    kept = run_dir / SHARDS_DIR
+    os.replace(shards, kept)
+    return kept
 
 
 def discard_unstarted(run_dir: Path) -> Path | None:

@@ -66,10 +66,19 @@ from loadgen.run.failure import client_failures
 from loadgen.run.live import LiveExporter
 from loadgen.run.options import RunOptions
 from loadgen.run.publish import Publish, publisher, tally_of
-from loadgen.run.record import Ran, RunState, begin, process_info, shard_anchor, with_processes
+from loadgen.run.record import (
+    Ran,
+    RunState,
+    begin,
+    process_info,
+    shard_anchor,
+    told_shard,
+    with_processes,
+)
 from loadgen.run.scraper import ScraperProcess
 from loadgen.run.setup import client_setup, engine_setup, metrics_headers, metrics_url
 from loadgen.run.simulator import sim_args_from_mapping, target_url
+from loadgen.run.told import ToldStart
 from loadgen.run.workers import run_workers
 from loadgen.workload.plans import Work, plan_work
 from loadgen.workload.prompts import nonce_words
@@ -115,6 +124,9 @@ def execute(
     ready = prepare(spec, options)
     work = ready.work
     workers, why = choose_workers(spec, work, options.workers)
+    if options.start_when_told and workers > 1:
+        raise OptionError("--start-when-told", "takes one engine process per shard",
+                          "add --workers 1 (a driver places more shards instead)")  # fmt: skip
     if not options.quiet:
         print(f"workers: {workers} ({why})", file=log)
     for said in workers_warnings(work, options.workers, workers):  # even with -q
@@ -404,9 +416,13 @@ def _run(
     if publish is not None and tally is not None:
         publish.begin(tally.snapshot, lambda: dict(stats.in_flight_by_class))
     current = info  # the record as it stands: t0 is added when it is fixed
+    told = ToldStart() if options.start_when_told else None
 
     def started(t0: T0) -> None:
-        nonlocal current
+        nonlocal current, info
+        if told is not None and told.start_at_unix_ns is not None:
+            info = replace(info, shard=told_shard(info.shard, told.start_at_unix_ns,
+                                                  told.clock_offset_ns))  # fmt: skip
         if publish is not None:
             publish.t0_ns.append(int(t0.perf_counter_ns or 0))
         current = replace(info, t0=t0)
@@ -420,6 +436,7 @@ def _run(
             work, endpoint, config, writer, stats, options,
             start_at_unix_ns=options.start_at_unix_ns, started=started, control=control,
             quiet=options.quiet, log=log, observe=tally.observe if tally is not None else None,
+            wait_start=told.wait if told is not None else None,
         )  # fmt: skip
         if publish is not None and tally is not None:
             publish.final = tally

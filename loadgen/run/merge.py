@@ -11,7 +11,10 @@ dispatched, sent, headers, first token, first content, last token, end, every ch
 shifted by its offset, anchor_i − T, so a request keeps every latency it measured (both
 ends move together) and lands on the common timeline where its host's wall clock put it.
 The offsets are the shards' skew; on one host they are µs, across hosts they include the
-hosts' clock disagreement, which no client can see: alignment is as good as NTP/PTP.
+hosts' clock disagreement, which no client can see: alignment is as good as NTP/PTP. A
+shard whose host's clock offset was measured (`run --ray` measures each node's against the
+driver before T: run.json `shard.clock_offset_ns`) has it taken out: its anchor on the
+driver's clock is anchor_i − clock offset_i, and the shift is that minus T.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from loadgen.results.runfolder import (
     SERVER_METRICS_FILE,
     SUMMARY_FILE,
     T0,
+    RayInfo,
     RunInfo,
     ShardInfo,
     ShardRow,
@@ -80,6 +84,16 @@ class ShardRun:
         if self.info.t0 is None:
             raise LoadgenError(f"{self.run_dir}: run.json has no t0")
         return int(self.info.t0.measured_unix_ns or self.info.t0.unix_ns)
+
+    @property
+    def clock_offset_ns(self) -> int:
+        """Its host's wall clock minus the agreed start's (0: not measured)."""
+        return self.shard.clock_offset_ns or 0
+
+    @property
+    def aligned_anchor_ns(self) -> int:
+        """Its t0 anchor on the clock the start was agreed on."""
+        return self.anchor_unix_ns - self.clock_offset_ns
 
     @property
     def planned(self) -> int:
@@ -167,8 +181,11 @@ def rebase(frame: pl.DataFrame, offset_ns: int) -> pl.DataFrame:
     )
 
 
-def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> MergeResult:
-    """Validate the shards, write the merged run folder, audit it (see the module docstring)."""
+def merge_shards(
+    dirs: Sequence[Path], out_dir: Path, run_id: str | None, *, ray: RayInfo | None = None
+) -> MergeResult:
+    """Validate the shards, write the merged run folder, audit it (see the module docstring).
+    `ray`: the placement of a `run --ray`, kept in run.json (and each shard row's node)."""
 
     read = [read_shard(d) for d in dirs]
     shards = sorted(read, key=lambda s: s.info.shard.index if s.info.shard else -1)
@@ -178,11 +195,13 @@ def merge_shards(dirs: Sequence[Path], out_dir: Path, run_id: str | None) -> Mer
     start_ns = shards[0].shard.start_at_unix_ns
     if start_ns is None:
         raise LoadgenError(f"cannot merge: {shards[0].run_dir} has no agreed start (--start-at)")
-    frames = [rebase(s.frame, s.anchor_unix_ns - start_ns) for s in shards]
+    frames = [rebase(s.frame, s.aligned_anchor_ns - start_ns) for s in shards]
     frame = pl.concat(frames).sort("request_id")
     if frame.get_column("request_id").n_unique() != frame.height:
         raise LoadgenError("cannot merge: the shards' request ids overlap (not one schedule)")
     info = merged_info(shards, run_id, start_ns)
+    if ray is not None:
+        info = with_ray(info, ray)
     run_dir = out_dir / info.run_id
     if run_dir.exists():
         raise LoadgenError(f"{run_dir} already exists: runs are never overwritten")
@@ -227,7 +246,7 @@ def _keep_server_metrics(shards: Sequence[ShardRun], run_dir: Path, start_ns: in
     shard = scraping_shard(shards)
     server = read_server_metrics(shard.run_dir) if shard is not None else None
     if shard is not None and server is not None:
-        offset = shard.anchor_unix_ns - start_ns
+        offset = shard.aligned_anchor_ns - start_ns
         write_server_metrics(run_dir, server.with_columns(pl.col("t_ns") + offset))
 
 
@@ -289,14 +308,15 @@ def shard_table(shards: Sequence[ShardRun], start_ns: int) -> ShardTable:
             planned=s.planned,
             records=s.frame.height,
             t0_unix_ns=s.anchor_unix_ns,
-            skew_ms=round((s.anchor_unix_ns - start_ns) / 1e6, 6),
+            skew_ms=round((s.aligned_anchor_ns - start_ns) / 1e6, 6),
             reached_late_ms=s.info.t0.reached_late_ms if s.info.t0 else None,
             interrupted=s.info.interrupted,
             fell_behind=s.fell_behind,
+            clock_offset_ms=_ms(s.shard.clock_offset_ns),
         )
         for s in shards
     ]
-    anchors = [s.anchor_unix_ns for s in shards]
+    anchors = [s.aligned_anchor_ns for s in shards]
     return ShardTable(
         count=len(shards),
         start_at_unix_ns=start_ns,
@@ -304,3 +324,17 @@ def shard_table(shards: Sequence[ShardRun], start_ns: int) -> ShardTable:
         max_abs_skew_ms=round(max(abs(a - start_ns) for a in anchors) / 1e6, 6),
         shards=tuple(rows),
     )
+
+
+def with_ray(info: RunInfo, ray: RayInfo) -> RunInfo:
+    """run.json with the Ray placement, and each shard row with its node."""
+    nodes = {s.index: f"{s.node_ip} {(s.node_id or '?')[:12]}" for s in ray.shards}
+    table = info.shards
+    if table is not None:
+        rows = tuple(replace(row, node=nodes.get(row.index)) for row in table.shards)
+        table = replace(table, shards=rows)
+    return replace(info, ray=ray, shards=table)
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 6)

@@ -146,6 +146,15 @@ def shard_info(options: RunOptions) -> ShardInfo | None:
     )
 
 
+def told_shard(shard: ShardInfo | None, start_at_unix_ns: int, clock_offset_ns: int) -> ShardInfo:
+    """A shard's record once a driver told it the agreed start and its clock offset."""
+    assert shard is not None  # --start-when-told needs --shard
+    return replace(
+        shard, start_at_unix_ns=start_at_unix_ns, start_at_utc=utc_text(start_at_unix_ns),
+        clock_offset_ns=clock_offset_ns,
+    )  # fmt: skip
+
+
 def shard_anchor(shard: ShardInfo, t0: T0) -> ShardInfo:
     """A shard's t0 wall-clock anchor (measured at t0) and its skew from the agreed start."""
     measured = t0.measured_unix_ns

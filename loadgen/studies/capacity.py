@@ -75,8 +75,10 @@ from loadgen.analysis.capacity import (
 from loadgen.analysis.confidence import INTERVAL
 from loadgen.errors import ConfigError
 from loadgen.results.runfolder import LAG_BOUND_MS, read_records
+from loadgen.run.cluster import RayOptions
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter
+from loadgen.run.raycluster.driver import run_on_ray
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 PARAMS = ("rate", "max_in_flight")
@@ -413,14 +415,15 @@ def extend_undecided(
 def run_one_against(
     url: str, *, out: Path, options: RunOptions | None = None, seed: int | None = None,
     lag_bound_ms: float = LAG_BOUND_MS, quiet: bool = False, live: LiveExporter | None = None,
-    price_per_hour: float | None = None, replicas: int = 1,
+    price_per_hour: float | None = None, replicas: int = 1, ray: RayOptions | None = None,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
     its folder in `out`, with `options` (every option `capacity` shares with `run`; else
     the few keywords); only the first step checks the target (preflight, unless the options
     skip it). `live` publishes every step on one endpoint (its counters go on rising). Each
     step is a run of its own to the cache too: a cold step draws its own nonce
-    (`nonce.step-NN` when `--nonce` is given), a reset step resets."""
+    (`nonce.step-NN` when `--nonce` is given), a reset step resets. `ray`: each step is a
+    run sharded over the Ray cluster (`run.raycluster`), its merged folder the step's."""
     base = options or RunOptions(
         seed=seed, lag_bound_ms=lag_bound_ms, quiet=quiet, price_per_hour=price_per_hour,
         replicas=replicas,
@@ -434,7 +437,10 @@ def run_one_against(
         step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
                        check_target=preflight[0], nonce=nonce)  # fmt: skip
         preflight[0] = False
-        result = execute(spec, step, live=live, warn_size=False)  # extended, not warned
+        if ray is not None:
+            result = run_on_ray(spec, step, ray)
+        else:
+            result = execute(spec, step, live=live, warn_size=False)  # extended, not warned
         fell_behind = result.summary.verdict.fell_behind
         return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
 

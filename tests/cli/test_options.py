@@ -33,6 +33,7 @@ RUN_ONLY = {
     "markdown_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
     "dry_run": "a step's plan depends on the lifetimes measured at the steps before it",
     "repeats": "a step is run again when inconclusive (--max-extend); repeats are run's",
+    "start_when_told": "goes with --shard (the side of a shard that --ray starts)",
 }
 # Options both take with a meaning of their own (so not from the shared set).
 OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder"}
@@ -99,7 +100,7 @@ def test_every_option_is_listed_in_exactly_one_help_group(command: click.Command
     assert "Other options" not in sections, list(sections)
     assert all(t.removesuffix(" options") in HELP_GROUPS for t in titles)
     for param in command.params:
-        if not isinstance(param, click.Option):
+        if not isinstance(param, click.Option) or param.hidden:  # hidden: not for people
             continue
         assert option_group(param) in HELP_GROUPS, param.name
         flag = max(param.opts, key=len)
@@ -142,7 +143,7 @@ def test_every_shared_option_reaches_every_step(
 
     seen: list[tuple[Any, Any]] = []
 
-    def fake_run_one_against(url: str, *, options: Any, out: Path, live: Any) -> Any:
+    def fake_run_one_against(url: str, *, options: Any, out: Path, live: Any, ray: Any) -> Any:
         def run_one(spec: Any, cap: int | None, run_id: str) -> Any:
             seen.append((spec, studies.replace(options, url=url, run_id=run_id)))
             raise SystemExit(0)
@@ -267,6 +268,8 @@ NOT_RUN_OPTIONS = {
     "prometheus_grace_s": "the live exporter's", "otlp_endpoint": "the live exporter's",
     "otlp_interval_s": "the live exporter's", "junit_path": "written from the summary",
     "markdown_path": "written from the summary",
+    "ray_address": "cli.ray_options: RayOptions", "ray_shards": "cli.ray_options: RayOptions",
+    "max_clock_skew_ms": "cli.ray_options: RayOptions",
 }  # fmt: skip
 
 

@@ -399,7 +399,7 @@ def test_a_first_step_whose_generator_fell_behind_exits_3_without_a_plot(
 
     from loadgen.cli.capacity import capacity
 
-    def fake_run_one_against(url, *, options, out, live):  # type: ignore[no-untyped-def]
+    def fake_run_one_against(url, *, options, out, live, ray):  # type: ignore[no-untyped-def]
         def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
             seconds = spec_at.classes["chat"].duration_s
             return steady_frame(16.0, seconds, 0.1, lag_ms=20.0), False, False, tmp_path / run_id
