@@ -545,10 +545,12 @@ def render_processes(run_info: RunInfo) -> list[Text]:
     if len(processes) > 1:
         for p in processes:
             late = p.late_share
+            who = f"worker {p.index}" if p.shard is None else f"shard {p.shard} worker {p.index}"
             lines.append(Text(
-                f"worker {p.index}: pid {p.pid} · {p.records:,} records · lag p99 "
+                f"{who}: pid {p.pid} · {p.records:,} records · lag p99 "
                 f"{with_unit(p.lag_ms_p99)} · late sends "
-                f"{'—' if late is None else f'{late:.2%}'} · t0 skew {p.t0_skew_us:g} µs"
+                f"{'—' if late is None else f'{late:.2%}'} · t0 skew "
+                f"{'—' if p.t0_skew_us is None else f'{p.t0_skew_us:g} µs'}"
                 + (f" · exit {p.exit_code}" if p.exit_code else ""),
                 style="red" if p.fell_behind or p.exit_code else "",
             ))  # fmt: skip

@@ -201,3 +201,21 @@ def test_an_inconclusive_run_shows_each_checks_bounds_and_the_requests_needed() 
     text = " ".join(render(summarize(frame, run_id="r", slos={"chat": median}, planned=10)).split())
     assert "chat TTFT p50 100 ms · 95% bounds 100–100 ms · target ≤ 200 ms · MET" in text
     assert "verdict: SLO MET (exit 0)" in text
+
+
+def test_a_merged_runs_process_lines_name_their_shard() -> None:
+    """Each shard's engine processes are all `worker 0..`: a merged run's line says which
+    shard each is, so two shards of one worker each are not two lines of `worker 0`."""
+    from loadgen.results.runfolder import ProcessInfo, RunInfo, WorkersInfo
+
+    def lines(processes: tuple[ProcessInfo, ...]) -> list[str]:
+        info = RunInfo(run_id="r", workers=WorkersInfo(count=len(processes), processes=processes))
+        return [line.plain.split(":")[0] for line in terminal.render_processes(info)]
+
+    merged = (ProcessInfo(index=0, pid=1, shard=0, t0_skew_us=0.0),
+              ProcessInfo(index=0, pid=2, shard=1, t0_skew_us=0.0))  # fmt: skip
+    assert lines(merged) == ["shard 0 worker 0", "shard 1 worker 0"]
+    workers = (ProcessInfo(index=0, pid=1, t0_skew_us=0.0), ProcessInfo(index=1, pid=2))
+    assert lines(workers) == ["worker 0", "worker 1"]
+    info = RunInfo(run_id="r", workers=WorkersInfo(count=2, processes=workers))
+    assert "t0 skew —" in terminal.render_processes(info)[1].plain  # unknown, not a crash
