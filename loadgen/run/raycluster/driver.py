@@ -12,6 +12,7 @@ actor, placement group and the local Ray this run started are gone when it retur
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -54,8 +55,15 @@ POLL_S = 0.5  # how often the driver looks at its shards
 PROGRESS_S = 5.0  # a progress line this often (not on a terminal: it would scroll)
 
 
-def import_ray() -> Any:
-    """Ray, or a usage error that says how to install it."""
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch: "0" keeps a node on 127.0.0.1
+
+
+def import_ray(address: str | None) -> Any:
+    """Ray, or a usage error that says how to install it. A local Ray started for one run
+    (no address) serves only this host: it is kept on loopback (Ray's own switch, read when
+    Ray is imported) rather than listening on this host's network address."""
+    if address is None:
+        os.environ.setdefault(LOOPBACK_ONLY, "0")
     try:
         import ray  # optional: only a Ray run needs it
     except ImportError:
@@ -90,7 +98,7 @@ def run_on_ray(
     """The run, sharded over a Ray cluster (see the module docstring)."""
     log = sys.stderr if log is None else log
     began = time.monotonic()
-    ray = import_ray()
+    ray = import_ray(ray_options.address)
     ready = prepare(spec, options)  # the plan, the client, the folder: refused before Ray
     run_id = options.run_id or new_run_id(spec.name)
     options = replace(options, run_id=run_id, nonce=ready.cache.nonce)
@@ -147,7 +155,7 @@ def ray_session(ray_options: RayOptions, *, log: TextIO | None = None, quiet: bo
     """Connected to the cluster for several runs (a capacity search's steps): each
     `run_on_ray` inside uses this connection, and a local Ray started here is stopped at
     the end, not after every run."""
-    ray = import_ray()
+    ray = import_ray(ray_options.address)
     started = _connect(ray, ray_options.address, sys.stderr if log is None else log, quiet)
     try:
         yield
