@@ -6,7 +6,10 @@ times: one `loadgen run` process at `--rate` req/s (`--requests`), and `loadgen 
 load). For each: wall seconds from launching the command to t0 (run.json's t0 against the
 launch), wall seconds from the last record's end to the command's exit, and send lag
 (sent − intended) p99; for the Ray run also the driver's own `ray.before_t0_s` and
-`ray.after_run_s`. Prints every repeat, then medians (min–max).
+`ray.after_run_s`. A third arm, for send lag only, launches the same three shards by hand
+(`run --shard i/3 --start-at T`, three processes on this host against one `loadgen sim`):
+the same processes on the same cores without Ray, so the difference is what Ray adds
+during the run. Prints every repeat, then medians (min–max).
 
 Usage: python benchmarks/ray_overhead.py --rate 40 --requests 400 --repeats 3
 """
@@ -55,6 +58,62 @@ def timed_run(workload: Path, out: Path, run_id: str, *extra: str) -> dict[str, 
     return figures
 
 
+def by_hand(workload: Path, out: Path, run_id: str) -> dict[str, float]:
+    """Three shards launched together by hand against one simulator: send lag p99 (ms) of
+    their records together."""
+    said = out / f"{run_id}-sim.log"
+    with said.open("w") as log:
+        sim = subprocess.Popen([sys.executable, "-m", "loadgen", "sim", "--port", "0"],
+                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        while not (urls := [w for w in said.read_text().split() if w.startswith("http://")]):
+            if sim.poll() is not None:
+                raise SystemExit(f"loadgen sim ended: {said.read_text()[-1500:]}")
+            time.sleep(0.1)
+        url = urls[0]
+        start_at = f"{time.time() + 4:.3f}"  # time for three interpreters to start
+        shards = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "loadgen",
+                    "run",
+                    str(workload),
+                    "--url",
+                    url,
+                    "--out",
+                    str(out),
+                    "--run-id",
+                    f"{run_id}-{i}",
+                    "--shard",
+                    f"{i}/3",
+                    "--start-at",
+                    start_at,
+                    "--lag-bound-ms",
+                    "1000",
+                    "-q",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(3)
+        ]
+        for shard in shards:
+            _, err = shard.communicate(timeout=900)
+            if shard.returncode not in (0, 2, 7):
+                raise SystemExit(f"{run_id}: exit {shard.returncode}: {err[-1500:]}")
+    finally:
+        sim.terminate()
+        sim.wait()
+    records = pl.concat(
+        pl.read_parquet(out / f"{run_id}-{i}" / "records.parquet") for i in range(3)
+    )
+    lag = ((records["sent_ns"] - records["intended_ns"]) / 1e6).drop_nulls().to_numpy()
+    return {"lag p99 ms": float(np.percentile(lag, 99))}
+
+
 def summary(rows: list[dict[str, float]]) -> str:
     return "  ".join(
         f"{key} {statistics.median(r[key] for r in rows):.3f} "
@@ -75,15 +134,18 @@ def main() -> None:
         one.write_text(WORKLOAD.format(rate=args.rate, requests=args.requests))
         three = folder / "three.yaml"
         three.write_text(WORKLOAD.format(rate=3 * args.rate, requests=3 * args.requests))
-        plain, sharded = [], []
+        plain, sharded, hand = [], [], []
         for repeat in range(args.repeats):
             plain.append(timed_run(one, folder, f"one-{repeat}"))
             sharded.append(timed_run(three, folder, f"ray-{repeat}", "--ray", cluster.address,
                                      "--shards", "3"))  # fmt: skip
+            hand.append(by_hand(three, folder, f"hand-{repeat}"))
             print(f"repeat {repeat}: one process {plain[-1]}")
             print(f"repeat {repeat}: --ray 3 shards {sharded[-1]}")
+            print(f"repeat {repeat}: 3 shards by hand {hand[-1]}")
         print(f"one process ({args.rate:g} req/s): {summary(plain)}")
         print(f"--ray 3 shards ({args.rate:g} req/s each): {summary(sharded)}")
+        print(f"3 shards by hand ({args.rate:g} req/s each): {summary(hand)}")
 
 
 if __name__ == "__main__":
