@@ -307,7 +307,11 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     `/resume`) in the middle of 4 streams of 12000 forced tokens: each chat stream it drops
     ends `finish_reason: "abort"` with usage and `[DONE]`, and each such record is
     `truncated` (a breach: exit 2), never ok; vLLM's `abort` count is the records', and the
-    tokens it says it generated are the records' (usage on the abort chunk).
+    tokens it says it generated are the records' (usage on the abort chunk). CI once saw
+    vLLM log `setting pause state to PAUSED_NEW` and send no abort chunk at all: the streams
+    went silent at ~4,070 tokens, and loadgen's stall deadline made each a `timeout_stall`,
+    a breach too; so a stream that stopped is truncated with vLLM's `abort`, or stalled,
+    never ok.
 
     The abort waits until vLLM runs all 4. A box starved of CPU has been seen to admit one
     and the other three 40 s later (vLLM's own log: `Running: 1 reqs`, then `3 reqs`), so
@@ -341,15 +345,21 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     records = from_frame(pl.read_parquet(out / "abort" / "records.parquet"))
     moved = deltas(vllm.url, before, finished=4)
     seen = [(str(r.outcome), r.finish_reason, r.output_tokens) for r in records]
+    stopped = [r for r in records if r.outcome != "ok"]
     aborted = [r for r in records if r.finish_reason == "abort"]
-    assert moved["reasons"].get("abort", 0) == len(aborted) >= 1, (moved, seen)
-    assert any(r.output_tokens > 0 for r in aborted), seen  # dropped mid-stream
+    assert stopped, seen
+    assert any(r.output_tokens > 0 for r in stopped), seen  # stopped mid-stream
     for r in records:
         if r.finish_reason == "abort":
             assert (r.outcome, r.output_tokens < 12000) == ("truncated", True), seen
-        else:
-            assert (r.outcome, r.finish_reason, r.output_tokens) == ("ok", "length", 12000), seen
-    assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
+        elif r.outcome == "ok":
+            assert (r.finish_reason, r.output_tokens) == ("length", 12000), seen
+        else:  # vLLM's abort chunk never came: the stream went silent, loadgen's stall deadline
+            assert (r.outcome, r.finish_reason, r.output_tokens < 12000) == (
+                "timeout_stall", None, True), seen  # fmt: skip
+    assert moved["reasons"].get("abort", 0) == len(aborted), (moved, seen)
+    if len(aborted) == len(stopped):  # every stop told by vLLM: its usage is the records'
+        assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
 
 
 # -- cache warmth --------------------------------------------------------------------------
