@@ -26,6 +26,7 @@ import http.server
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -589,6 +590,22 @@ def lcp_serial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
+def lcp_no_eog(server: Server) -> dict[str, Any]:
+    """The `target` that makes llama-cpp-python run every stream to max_tokens.
+
+    It ignores ignore_eos and min_tokens (unknown fields), so the tiny random model ends a
+    stream whenever it samples an end-of-generation token: 7 of 30 256-token requests here,
+    and a CI run's serial test saw 2 of 6 stop at 143 and 39 (loadgen rightly calls a forced
+    length that comes back short `truncated`). Its own way to force the length is a logit
+    bias of -100 on every EOG token; llama.cpp's loader lists them in the server's log
+    (`print_info: EOG token = 0 '<|endoftext|>'`, and the EOS token 2): with both biased,
+    30 of 30 ran to 256. This is what `target.extra_body` is for."""
+    text = server.log.read_text(errors="replace")
+    eog = sorted({int(i) for i in re.findall(r"EOG token\s+=\s+(\d+)", text)})
+    assert eog, f"no `EOG token = N` line in {server.log}: llama.cpp changed its load log"
+    return {"extra_body": {"logit_bias": {str(i): -100 for i in eog}}}
+
+
 def raw_lines(url: str, body: dict[str, Any]) -> list[tuple[float, bytes]]:
     """Every line of a streamed chat response (comments included), with its arrival time
     in seconds since the request was sent."""
@@ -624,10 +641,10 @@ def test_lcp_request_id_middleware_accepts_loadgens_ids_and_refuses_counters(
                          headers={"X-Request-Id": "loadgen-1"}, timeout=30)  # fmt: skip
     assert (refused.status_code, refused.content) == (400, b"")
     path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
-                    prompt_tokens=16, output_tokens=8)  # fmt: skip
+                    prompt_tokens=16, output_tokens=8, target=lcp_no_eog(lcp_serial))  # fmt: skip
     _, records = run_engine(path, lcp_serial.url, tmp_path)
     assert_all_ok(records, 3)
-    target = {"request_id": {"format": "counter"}}
+    target = {"request_id": {"format": "counter"}, **lcp_no_eog(lcp_serial)}
     path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
                     prompt_tokens=16, output_tokens=8, target=target)  # fmt: skip
     with pytest.raises(TargetError, match=r"HTTP 400: \(no body\)") as caught:
@@ -646,7 +663,8 @@ def test_lcp_default_interruption_is_truncated_never_ok(
     others are ok with all their tokens; the run misses its SLO (exit 2)."""
     before = disconnects(lcp_interrupting)
     path = workload(tmp_path, model=lcp_interrupting.model, requests=6, rate_per_s=4,
-                    prompt_tokens=32, output_tokens=256, percentile=99)  # fmt: skip
+                    prompt_tokens=32, output_tokens=256, percentile=99,
+                    target=lcp_no_eog(lcp_interrupting))  # fmt: skip
     result, records = run_engine(path, lcp_interrupting.url, tmp_path)
     time.sleep(1.0)  # the server logs a cut as its request handler unwinds
     cut = [r for r in records if r.outcome is Outcome.TRUNCATED]
@@ -682,7 +700,7 @@ def test_lcp_serial_run_is_ok_and_n_counts_empty_partial_utf8_deltas(
     character is whole (up to 3 tokens past 256, as empty deltas). Random weights make
     either rare (a run saw 255 once in four); more than a few would be loadgen's miscount."""
     path = workload(tmp_path, model=lcp_serial.model, requests=6, rate_per_s=4,
-                    prompt_tokens=32, output_tokens=256)  # fmt: skip
+                    prompt_tokens=32, output_tokens=256, target=lcp_no_eog(lcp_serial))  # fmt: skip
     result, records = run_engine(path, lcp_serial.url, tmp_path)
     assert_all_ok(records, 6)
     for r in records:
@@ -711,7 +729,7 @@ def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: 
     `errors="ignore"`, an empty delta for a lone byte and text for the rest (CI saw 17 of 16
     with the empty delta before the last text). Those are tokens, each in the chunk after it;
     pings and the role chunk come before the first text and are not."""
-    body = chat_body("tiny", 16, min_tokens=16)
+    body = chat_body("tiny", 16, **lcp_no_eog(lcp_serial)["extra_body"])
     body["messages"] = [{"role": "user", "content": " ".join(["word"] * 1500)}]
     lines = raw_lines(lcp_serial.url, body)
     first_data = next(line for _, line in lines if line.startswith(b"data:"))
@@ -720,7 +738,7 @@ def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: 
     pings = [t for t, line in lines if line.startswith(b": ping") and t < first_content]
     assert len(pings) >= 2
     path = workload(tmp_path, model=lcp_serial.model, requests=2, rate_per_s=1,
-                    prompt_tokens=1500, output_tokens=16)  # fmt: skip
+                    prompt_tokens=1500, output_tokens=16, target=lcp_no_eog(lcp_serial))  # fmt: skip
     _, records = run_engine(path, lcp_serial.url, tmp_path)
     assert_all_ok(records, 2)
     for r in records:
