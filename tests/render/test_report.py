@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from loadgen.analysis import audit
+from loadgen.analysis import audit, metrics
 from loadgen.codec import to_json
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.render.report.document import _generator_table
+from loadgen.render.report.document import _generator_table, health_text
 from loadgen.render.report.folder import report_files
 from loadgen.render.report.html import render_html
 from loadgen.render.report.markdown import render_markdown
@@ -498,6 +498,21 @@ def test_generator_health_is_said_in_words_one_unit_per_row(built: RunReport) ->
     assert rows["request rate achieved"].endswith(" req/s")
     assert "/" not in rows["rate asked"].replace("req/s", "")  # no mixed units in one cell
     assert "health" not in rows  # the old cryptic row is gone
+
+
+def test_generator_health_says_later_turns_are_not_among_its_sends() -> None:
+    """A run with later turns (a chat session's): the sends judged are those the schedule
+    placed, and the health row says so, since the run has more requests than that count."""
+    session = [streamed_record(i, intended_ms=400.0 * (i // 2), session_id=i // 2, turn=i % 2)
+               for i in range(6)]  # fmt: skip
+    frame = to_frame(session)
+    late = metrics.late_send_count(frame, 5.0)
+    assert late == (0, 3)  # the three first turns
+    text = health_text(metrics.generator_health(frame, planned=6), late)
+    assert text.startswith("OK — 0.0 % of sends placed by the schedule (0 of 3) later than")
+    single = to_frame([streamed_record(i, intended_ms=400.0 * i) for i in range(3)])
+    alone = health_text(metrics.generator_health(single, planned=3), (0, 3))
+    assert alone.startswith("OK — 0.0 % of sends (0 of 3) later than")
 
 
 def test_throughput_table_matches_the_records(built: RunReport) -> None:

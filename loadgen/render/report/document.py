@@ -187,7 +187,10 @@ def health_text(generator: GeneratorHealth, late: tuple[int, int] | None) -> str
     if late is None or late[1] == 0:
         return f"{word} — judged on the share of sends {rule}"
     share = late[0] / late[1] * 100
-    return f"{word} — {share:.1f} % of sends ({late[0]:,} of {late[1]:,}) {rule}"
+    # Later turns are sent on the previous answer, not on the schedule: their lag is the
+    # next-turn reaction (its own row), so they are not among the sends judged here.
+    placed = " placed by the schedule" if generator.chained_lag_ms.p99 is not None else ""
+    return f"{word} — {share:.1f} % of sends{placed} ({late[0]:,} of {late[1]:,}) {rule}"
 
 
 def _reaction_rows(generator: GeneratorHealth) -> list[tuple[str, str]]:
