@@ -248,18 +248,24 @@ def test_vllm_scraped_by_loadgen_is_recognised_and_adds_up(vllm: Server, tmp_pat
     assert server.counters["prompt_tokens"] == moved["prompt_tokens"]
     assert server.counters["prompt_tokens"] == sum(r.prompt_tokens or 0 for r in records)
     assert server.counters["prefix_cache_hits"] == moved["prefix_cache_hits"]
+    # Gauges are summarised over the scrapes taken during the run (t0 to its end). On a
+    # starved box the scraper (nice 10) may take none there (seen under two busy loops:
+    # every scrape before t0 or after the end), and then the gauge has no max; and a scrape
+    # taken well inside a request's stream (100 ms after its first token and before its
+    # last) must see it running, but it may take none there either (seen once: max 0).
     running = server.gauges["running"].max
-    assert running is not None
-    assert 0 <= running <= 6
-    # A scrape taken well inside a request's stream (100 ms after its first token and
-    # before its last) must see it running; on a starved box the scraper (nice 10) may
-    # take none there, and then the gauge has nothing to show (seen once: max 0).
     scraped = pl.read_parquet(result.run_dir / "server_metrics.parquet")
     times = scraped.filter(pl.col("name") == "vllm:num_requests_running")["t_ns"].to_list()
+    last_end = max(r.end_ns for r in records if r.end_ns is not None)
+    if any(0 <= t <= last_end for t in times):
+        assert running is not None, times
+    if running is not None:
+        assert 0 <= running <= 6
     inside = [t for t in times for r in records
               if r.first_token_ns is not None and r.last_token_ns is not None
               and r.first_token_ns + 100 * MS <= t <= r.last_token_ns - 100 * MS]  # fmt: skip
     if inside:
+        assert running is not None  # a scrape inside a stream is inside the run
         assert running >= 1, (f"{len(inside)} scrapes fell inside a stream, yet the running "
                               f"gauge's max was {running}")  # fmt: skip
 
@@ -335,7 +341,9 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
             if running >= 1 and time.monotonic() > patience:
                 break  # admitted late: abort those that run
             assert time.monotonic() < patience + 60, "no request ever ran"
-            time.sleep(0.2)
+            # vLLM renders /metrics on the API server's loop, the one streaming the tokens:
+            # on a starved box one scrape has taken 118 s, so ask once a second, not more
+            time.sleep(1.0)
         time.sleep(0.5)
         assert httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60).is_success
     finally:
@@ -357,7 +365,14 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
         else:  # vLLM's abort chunk never came: the stream went silent, loadgen's stall deadline
             assert (r.outcome, r.finish_reason, r.output_tokens < 12000) == (
                 "timeout_stall", None, True), seen  # fmt: skip
-    assert moved["reasons"].get("abort", 0) == len(aborted), (moved, seen)
+    # Every abort chunk is one of vLLM's aborts; a stream loadgen itself cut at its stall
+    # deadline may be one more (vLLM counts a request it dropped, or one whose client went
+    # away, as `abort`). Seen under two busy loops: vLLM counted 4 aborts and 24,542 tokens
+    # generated, while its starved API server had streamed ~76 per stream before going
+    # silent for loadgen's whole stall deadline, so all 4 records were timeout_stall.
+    stalled = [r for r in records if r.outcome == "timeout_stall"]
+    told = moved["reasons"].get("abort", 0)
+    assert len(aborted) <= told <= len(aborted) + len(stalled), (moved, seen)
     if len(aborted) == len(stopped):  # every stop told by vLLM: its usage is the records'
         assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
 
