@@ -322,7 +322,14 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     The abort waits until vLLM runs all 4. A box starved of CPU has been seen to admit one
     and the other three 40 s later (vLLM's own log: `Running: 1 reqs`, then `3 reqs`), so
     past a minute it aborts what runs then: what it dropped is truncated, what ended before
-    is ok and whole, and the counts still agree."""
+    is ok and whole, and the counts still agree.
+
+    This box has also frozen every process but vLLM's for 45-60 s at a time (a shell loop
+    sampling once every 2 s went 56 s between samples), while vLLM streamed on into the
+    sockets. A frozen client wakes past its stall deadline: its streams are
+    `timeout_stall` (vLLM then counts them as `abort` too) and the run may end before the
+    abort is sent; it may also wake past its lag bound (exit 3). Those records are
+    checked by the same rules, never ok."""
     # 12,000 tokens: ~40 s of streaming here, so the abort lands mid-stream though this box
     # answers it late (vLLM's API server, busy streaming, took 7 s to handle /pause; with
     # 4,000 tokens the streams had ended by then)
@@ -337,19 +344,22 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     try:
         patience = time.monotonic() + 60  # for all 4 to run at once
         while (running := total(scrape(vllm.url), "vllm:num_requests_running")) < 4:
-            assert run.poll() is None, run.communicate()
+            if run.poll() is not None:
+                break  # the client, frozen, gave up on its streams first (see above)
             if running >= 1 and time.monotonic() > patience:
                 break  # admitted late: abort those that run
             assert time.monotonic() < patience + 60, "no request ever ran"
             # vLLM renders /metrics on the API server's loop, the one streaming the tokens:
             # on a starved box one scrape has taken 118 s, so ask once a second, not more
             time.sleep(1.0)
-        time.sleep(0.5)
-        assert httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60).is_success
+        if run.poll() is None:
+            time.sleep(0.5)
+            aborted_ok = httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60)
+            assert aborted_ok.is_success
     finally:
         httpx.post(f"{vllm.url}/resume", timeout=60)
         _, stderr = run.communicate(timeout=180)
-    assert run.returncode == 2, stderr
+    assert run.returncode in (2, 3), stderr  # 3: the client woke past its lag bound
     records = from_frame(pl.read_parquet(out / "abort" / "records.parquet"))
     moved = deltas(vllm.url, before, finished=4)
     seen = [(str(r.outcome), r.finish_reason, r.output_tokens) for r in records]
