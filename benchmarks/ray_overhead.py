@@ -72,34 +72,15 @@ def by_hand(workload: Path, out: Path, run_id: str) -> dict[str, float]:
             time.sleep(0.1)
         url = urls[0]
         start_at = f"{time.time() + 4:.3f}"  # time for three interpreters to start
-        shards = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "loadgen",
-                    "run",
-                    str(workload),
-                    "--url",
-                    url,
-                    "--out",
-                    str(out),
-                    "--run-id",
-                    f"{run_id}-{i}",
-                    "--shard",
-                    f"{i}/3",
-                    "--start-at",
-                    start_at,
-                    "--lag-bound-ms",
-                    "1000",
-                    "-q",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(3)
-        ]
+
+        def shard(i: int) -> subprocess.Popen[str]:
+            cmd = [sys.executable, "-m", "loadgen", "run", str(workload), "--url", url,
+                   "--out", str(out), "--run-id", f"{run_id}-{i}", "--shard", f"{i}/3",
+                   "--start-at", start_at, "--lag-bound-ms", "1000", "-q"]  # fmt: skip
+            return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)  # fmt: skip
+
+        shards = [shard(i) for i in range(3)]
         for shard in shards:
             _, err = shard.communicate(timeout=900)
             if shard.returncode not in (0, 2, 7):
