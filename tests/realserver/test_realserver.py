@@ -599,11 +599,34 @@ def lcp_no_eog(server: Server) -> dict[str, Any]:
     length that comes back short `truncated`). Its own way to force the length is a logit
     bias of -100 on every EOG token; llama.cpp's loader lists them in the server's log
     (`print_info: EOG token = 0 '<|endoftext|>'`, and the EOS token 2): with both biased,
-    30 of 30 ran to 256. This is what `target.extra_body` is for."""
+    30 of 30 ran to 256. This is what `target.extra_body` is for. It makes an early stop
+    rare, not impossible: see `lcp_whole`."""
     text = server.log.read_text(errors="replace")
     eog = sorted({int(i) for i in re.findall(r"EOG token\s+=\s+(\d+)", text)})
     assert eog, f"no `EOG token = N` line in {server.log}: llama.cpp changed its load log"
     return {"extra_body": {"logit_bias": {str(i): -100 for i in eog}}}
+
+
+def lcp_early_stops(records: list[RequestRecord], forced: int) -> list[RequestRecord]:
+    """The streams llama-cpp-python ended on `stop`, each checked `truncated` (short of the
+    forced length), never ok. With every EOG token biased away they are rare, not gone: a
+    CI run saw 1 of 6 stop at 247 of 256 tokens, where 210 requests here all ran to length
+    (the cause not found); loadgen calling such a stream truncated is the point of it."""
+    early = [r for r in records if r.finish_reason == "stop"]
+    for r in early:
+        assert (str(r.outcome), r.output_tokens < forced) == ("truncated", True), r
+    return early
+
+
+def lcp_whole(records: list[RequestRecord], planned: int, forced: int) -> list[RequestRecord]:
+    """The records of the streams that ran to length, every one ok, and at least one; an
+    early stop among the others is truncated (`lcp_early_stops`)."""
+    assert len(records) == planned
+    early = lcp_early_stops(records, forced)
+    whole = [r for r in records if r not in early]
+    assert whole, "every stream stopped early"
+    assert_all_ok(whole, len(whole))
+    return whole
 
 
 def raw_lines(url: str, body: dict[str, Any]) -> list[tuple[float, bytes]]:
@@ -643,7 +666,7 @@ def test_lcp_request_id_middleware_accepts_loadgens_ids_and_refuses_counters(
     path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
                     prompt_tokens=16, output_tokens=8, target=lcp_no_eog(lcp_serial))  # fmt: skip
     _, records = run_engine(path, lcp_serial.url, tmp_path)
-    assert_all_ok(records, 3)
+    lcp_whole(records, 3, forced=8)
     target = {"request_id": {"format": "counter"}, **lcp_no_eog(lcp_serial)}
     path = workload(tmp_path, model=lcp_serial.model, requests=3, rate_per_s=4,
                     prompt_tokens=16, output_tokens=8, target=target)  # fmt: skip
@@ -667,7 +690,8 @@ def test_lcp_default_interruption_is_truncated_never_ok(
                     target=lcp_no_eog(lcp_interrupting))  # fmt: skip
     result, records = run_engine(path, lcp_interrupting.url, tmp_path)
     time.sleep(1.0)  # the server logs a cut as its request handler unwinds
-    cut = [r for r in records if r.outcome is Outcome.TRUNCATED]
+    early = lcp_early_stops(records, 256)  # not cut: the model stopped (see there)
+    cut = [r for r in records if r.outcome is Outcome.TRUNCATED and r not in early]
     assert len(records) == 6
     assert {str(r.outcome) for r in records} <= {"ok", "truncated"}
     assert len(cut) >= 1
@@ -678,12 +702,14 @@ def test_lcp_default_interruption_is_truncated_never_ok(
         assert r.finish_reason is None
         assert r.output_tokens < r.max_tokens
     for r in records:
-        if r.outcome is Outcome.OK:
-            assert (r.finish_reason, r.output_tokens) == ("length", 256)
-    assert result.summary.classes["c"].stream_ends.truncated == len(cut)
+        if r.outcome is Outcome.OK:  # N within what split characters do (see the serial test)
+            assert r.finish_reason == "length", r
+            assert 256 - 8 <= r.output_tokens == sum(r.chunk_tokens) <= 256 + 3, r
+    failed = len(cut) + len(early)
+    assert result.summary.classes["c"].stream_ends.truncated == failed
     # p99 of 6 is MISSED at 95 % once 2 fail (its lower bound is the 5th of 6); one cut
     # alone leaves it INCONCLUSIVE (7). 3: this busy machine's client fell behind.
-    assert result.exit_code in ((2, 3) if len(cut) >= 2 else (7, 3)), [r.outcome for r in records]
+    assert result.exit_code in ((2, 3) if failed >= 2 else (7, 3)), [r.outcome for r in records]
 
 
 @pytest.mark.slow
@@ -691,7 +717,8 @@ def test_lcp_default_interruption_is_truncated_never_ok(
 def test_lcp_serial_run_is_ok_and_n_counts_empty_partial_utf8_deltas(
     lcp_serial: Server, tmp_path: Path
 ) -> None:
-    """`--interrupt_requests False`: all ok; no usage comes, so N is counted from token
+    """`--interrupt_requests False`: every stream runs to length, ok (but the rare early
+    stop, truncated: `lcp_early_stops`); no usage comes, so N is counted from token
     events, empty `"content": ""` deltas included, though fewer chunks carried text; the
     summary says N was counted. One event is one token, give or take what llama-cpp-python
     does with a character split over byte tokens (llama_cpp/llama.py, `_create_completion`):
@@ -702,15 +729,16 @@ def test_lcp_serial_run_is_ok_and_n_counts_empty_partial_utf8_deltas(
     path = workload(tmp_path, model=lcp_serial.model, requests=6, rate_per_s=4,
                     prompt_tokens=32, output_tokens=256, target=lcp_no_eog(lcp_serial))  # fmt: skip
     result, records = run_engine(path, lcp_serial.url, tmp_path)
-    assert_all_ok(records, 6)
-    for r in records:
+    whole = lcp_whole(records, 6, forced=256)
+    for r in whole:
         assert (r.token_source, r.finish_reason) == (TokenSource.CHUNKS, "length")
         assert r.output_tokens == sum(r.chunk_tokens)
         assert 256 - 8 <= r.output_tokens <= 256 + 3, r
     assert sum(r.output_tokens - len(r.chunk_ns) for r in records) > 0  # empties were sent
+    early = 6 - len(whole)  # truncated: a p50 of 6 with one failure is INCONCLUSIVE (7)
     ends = result.summary.classes["c"].stream_ends
-    assert (ends.n_counted, ends.n_from_usage_share, ends.truncated) == (True, 0.0, 0)
-    assert result.exit_code in (0, 3)
+    assert (ends.n_counted, ends.n_from_usage_share, ends.truncated) == (True, 0.0, early)
+    assert result.exit_code in ((0, 3) if not early else (7, 3))
 
 
 @pytest.mark.slow
@@ -740,8 +768,7 @@ def test_lcp_pings_and_role_chunk_are_not_counted(lcp_serial: Server, tmp_path: 
     path = workload(tmp_path, model=lcp_serial.model, requests=2, rate_per_s=1,
                     prompt_tokens=1500, output_tokens=16, target=lcp_no_eog(lcp_serial))  # fmt: skip
     _, records = run_engine(path, lcp_serial.url, tmp_path)
-    assert_all_ok(records, 2)
-    for r in records:
+    for r in lcp_whole(records, 2, forced=16):
         overshoot = r.output_tokens - 16  # tokens past max_tokens finishing a split character
         assert 0 <= overshoot <= 3, r
         assert r.output_tokens == sum(r.chunk_tokens), r  # every token in one chunk's count
