@@ -13,8 +13,12 @@
 #           HF model made with a 16384-token context; its compile cache is kept here too.
 #   litellm LiteLLM's proxy (litellm[proxy], pinned; never 1.107.0, a compromised release) in its
 #           own venv, plus a config routing model `tiny` to an OpenAI-compatible upstream.
+#   netpath the network path's real parts: Debian's nginx-light (a TLS-terminating reverse
+#           proxy that buffers and compresses) and tinyproxy (a forward proxy), installed with
+#           apt-get when missing (root only); the tests start them with configs of their own
+#           (loadgen/testing/netpath.py), never as system services.
 #
-# Usage:  scripts/realserver/setup.sh [all|llama|hf|llamacpp-py|vllm|litellm]   (default: all)
+# Usage:  scripts/realserver/setup.sh [all|llama|hf|llamacpp-py|vllm|litellm|netpath]  (default: all)
 #
 # Everything goes to ${LOADGEN_CACHE:-$HOME/.cache/loadgen}/realserver, outside the checkout, so
 # repeat CI runs skip the build (the compiled binary is keyed on llama.cpp version, CPU arch and
@@ -98,6 +102,28 @@ ensure_build_tools() {
     "$CACHE/venv-tools/bin/pip" install --quiet cmake ninja
     export PATH="$CACHE/venv-tools/bin:$PATH"
   fi
+}
+
+# ------------------------------------------------------------------------------ nginx, tinyproxy
+setup_netpath() {
+  local missing=()
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  command -v tinyproxy >/dev/null || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "apt-get install ${missing[*]}"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      # --no-install-recommends: no service is wanted, only the binaries the tests start
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+      # Debian starts the packages' services on install where it can; the tests want none.
+      pkill -x nginx 2>/dev/null || true
+      pkill -x tinyproxy 2>/dev/null || true
+    else
+      die "need ${missing[*]} for the network-path tests (Debian: apt-get install ${missing[*]})"
+    fi
+  fi
+  log "netpath: $(/usr/sbin/nginx -v 2>&1), $(tinyproxy -v 2>&1)"
 }
 
 # ------------------------------------------------------------------------------ the tiny GGUF
@@ -360,7 +386,8 @@ YAML
 
 mkdir -p "$CACHE"
 case "${1:-all}" in
-  all) setup_llama; setup_hf; setup_llamacpp_py; setup_vllm; setup_litellm ;;
+  all) setup_netpath; setup_llama; setup_hf; setup_llamacpp_py; setup_vllm; setup_litellm ;;
+  netpath) setup_netpath ;;
   llama) setup_llama ;;
   hf) setup_hf ;;
   llamacpp-py) setup_llamacpp_py ;;
