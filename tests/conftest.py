@@ -1,4 +1,5 @@
-"""Fixtures the suites share: the engine against scripted responses, the figures a plot drew.
+"""Fixtures the suites share: the engine against scripted responses, the figures a plot drew,
+the network path's real parts (nginx, tinyproxy, a test CA, a simulator upstream) for tests/netpath/.
 
 Builders of records, run folders and workload files live in `loadgen.testing.builders`,
 plain functions that module-scoped fixtures and benchmarks can call too.
@@ -6,7 +7,8 @@ plain functions that module-scoped fixtures and benchmarks can call too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,7 @@ from matplotlib.figure import Figure
 
 from loadgen.render import plots
 from loadgen.results.records import RequestRecord
-from loadgen.testing import ReceivedRequest, ScriptedServer, Step, run_engine
+from loadgen.testing import ReceivedRequest, ScriptedServer, Step, netpath, run_engine
 from loadgen.testing.virtual import run_scripted
 from loadgen.workload.plans import RequestPlan
 
@@ -74,3 +76,41 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
 
     monkeypatch.setattr(plots, "figure_png", catch)
     return figures
+
+
+# -- the network path's real parts (tests/netpath/): nginx, tinyproxy, a CA, an upstream --
+SETUP = "scripts/realserver/setup.sh netpath"
+
+
+def _need(binary: str) -> str:
+    path = netpath.find(binary)
+    if path is not None:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{binary} is not installed; CI is set, so it must be ({SETUP})", pytrace=False)
+    pytest.skip(f"{binary} is not installed (run {SETUP}, or deselect with -m 'not realserver')")
+
+
+@pytest.fixture
+def need_nginx() -> str:
+    """nginx's path; the test skips (fails under CI) without it."""
+    return _need("nginx")
+
+
+@pytest.fixture
+def need_tinyproxy() -> str:
+    """tinyproxy's path; the test skips (fails under CI) without it."""
+    return _need("tinyproxy")
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One simulator (ten times real time) for the module's tests: its base URL."""
+    with netpath.simulator(tmp_path_factory.mktemp("sim")) as sim:
+        yield sim.url
+
+
+@pytest.fixture(scope="module")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> netpath.TestCA:
+    """A certificate authority of the module's own (trustme)."""
+    return netpath.TestCA(tmp_path_factory.mktemp("ca"))
