@@ -89,14 +89,15 @@ def time_windows(
     """One row per class and window, columns `SCHEMA`, sorted by class then window start.
 
     `step_s` None gives tumbling windows; 0 < step_s <= window_s gives sliding ones.
-    Raises ValueError for a non-positive window or a step outside (0, window_s].
+    Raises WindowError for a non-positive window, a step outside (0, window_s], or a grid
+    past the bounds (`check_grid`).
     """
     window_ns, step_ns = _grid_ns(window_s, step_s)
     if frame.height == 0:
         return pl.DataFrame(schema=SCHEMA)
     last_ns = int(frame.select(pl.max_horizontal(_end_ns(), "intended_ns").max()).item())
     classes = sorted(frame.get_column("class").unique().to_list())
-    count = window_count(last_ns, window_s, step_s)
+    count = check_grid(frame, last_ns, window_s, step_s)
     grid = pl.DataFrame({"class": classes}).join(
         pl.DataFrame({"window": pl.arange(0, count, eager=True)}), how="cross"
     )
@@ -167,6 +168,68 @@ def default_window_s(frame: pl.DataFrame) -> float:
     return float(next((s for s in WINDOW_LADDER_S if s > last_s), WINDOW_LADDER_S[-1]))
 
 
+class WindowError(ValueError):
+    """A window or step the report cannot use: not a positive length, a step longer than
+    the window, or more windows (or window rows) than `check_grid` allows."""
+
+
+# Bounds on what one run's windows may hold (`check_grid`): a 2.7-hour run in 1 s windows
+# fits, and half a million requests and ITL gaps in sliding windows 20 steps wide; a step of
+# 1e-9 s does not (10 billion windows for a 10 s run: 24 GiB and killed, before the bound).
+MAX_WINDOWS_PER_CLASS = 10_000
+# Rows the sliding grid builds, every request and every ITL gap once per window covering it:
+# ~65 bytes each at the peak (benchmarks/memory_bounds.py), so ~650 MB at the bound.
+MAX_WINDOW_ROWS = 10_000_000
+
+
+def check_grid(frame: pl.DataFrame, last_ns: int, window_s: float, step_s: float | None) -> int:
+    """The number of windows per class `time_windows` makes for `frame` (whose last moment is
+    `last_ns`), or a WindowError saying the count it would make, the bound and the smallest
+    step within it: at most `MAX_WINDOWS_PER_CLASS` windows per class, and at most
+    `MAX_WINDOW_ROWS` (request or gap, window) rows, each request and each ITL gap counted
+    once per window covering it (min(ceil(window / step), windows) of them)."""
+    window_ns, step_ns = _grid_ns(window_s, step_s)
+    count = last_ns // step_ns + 1
+    what = _grid_text(window_s, step_s)
+    if count > MAX_WINDOWS_PER_CLASS:
+        # last_ns // step <= MAX - 1 once step >= last_ns / (MAX - 1)
+        least_s = _round_up(-(-last_ns // (MAX_WINDOWS_PER_CLASS - 1)) / NS_PER_S)
+        raise WindowError(
+            f"{what} would cut this run (its last moment at {last_ns / NS_PER_S:.4g} s) into "
+            f"{count:,} windows per class; the report makes at most {MAX_WINDOWS_PER_CLASS:,}: "
+            f"use a {'step' if step_s is not None else 'window'} of at least {least_s:g} s"
+        )
+    covering = min(-(-window_ns // step_ns), count)
+    if covering > 1:
+        chunks = pl.col("chunk_ns").list.len().cast(pl.Int64)
+        gaps = int(frame.select((chunks - 1).clip(lower_bound=0).sum()).item() or 0)
+        events = frame.height + gaps
+        if events * covering > MAX_WINDOW_ROWS:
+            fits = max(MAX_WINDOW_ROWS // events, 1)
+            raise WindowError(
+                f"{what} puts each of this run's {frame.height:,} requests and {gaps:,} "
+                f"ITL gaps in {covering:,} windows: {events * covering:,} rows, over the "
+                f"{MAX_WINDOW_ROWS:,} the report holds: use a step of at least "
+                f"{_round_up(window_s / fits):g} s (at most {fits:,} windows covering a "
+                "moment), or tumbling windows"
+            )
+    return count
+
+
+def _grid_text(window_s: float, step_s: float | None) -> str:
+    if step_s is None:
+        return f"tumbling windows of {window_s:g} s"
+    return f"windows of {window_s:g} s every {step_s:g} s"
+
+
+def _round_up(value_s: float) -> float:
+    """`value_s` rounded up to 3 significant digits (a bound to quote that still holds)."""
+    if value_s <= 0:
+        return value_s
+    scale = 10 ** (math.floor(math.log10(value_s)) - 2)
+    return float(math.ceil(value_s / scale) * scale)
+
+
 def window_count(last_ns: int, window_s: float, step_s: float | None = None) -> int:
     """How many windows `time_windows` makes per class for a run whose last moment is
     `last_ns`: windows 0 .. last_ns // step, so a last moment right on a window's edge opens
@@ -197,12 +260,12 @@ def schedule_end_ns(frame: pl.DataFrame) -> int:
 
 def _grid_ns(window_s: float, step_s: float | None) -> tuple[int, int]:
     if not (math.isfinite(window_s) and window_s > 0):
-        raise ValueError(f"window must be a finite number of seconds > 0 (got {window_s})")
+        raise WindowError(f"window must be a finite number of seconds > 0 (got {window_s})")
     window_ns = max(round(window_s * NS_PER_S), 1)
     if step_s is None:
         return window_ns, window_ns
     if not (math.isfinite(step_s) and 0 < step_s <= window_s):
-        raise ValueError(f"window step must be in (0, window = {window_s:g} s] (got {step_s})")
+        raise WindowError(f"window step must be in (0, window = {window_s:g} s] (got {step_s})")
     return window_ns, max(round(step_s * NS_PER_S), 1)
 
 

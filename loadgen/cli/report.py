@@ -12,6 +12,7 @@ from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.confidence import RULES
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.analysis.windows import WindowError
 from loadgen.cli.exits import RUN_EXITS
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import LoadgenError, OptionError, RunBusy
@@ -187,17 +188,17 @@ def _report_run(
     slos = None
     if slo_text:
         slos = apply_slo_override(read_run_info(run_dir).slos(), parse_slo_override(slo_text))
+    fix = "one run takes seconds, e.g. --window 10 --step 5"
     try:
         window_s = float(window_text) if window_text else None  # None: by the run's length
         step_s = float(step_text) if step_text else None
+    except ValueError as exc:
+        raise OptionError("--window/--step", str(exc), fix) from None
+    try:
         built = build_run_report(run_dir, slos=slos, window_s=window_s, sliding_step_s=step_s,
                                  rule=rule)  # fmt: skip
-    except ValueError as exc:
-        raise OptionError(
-            "--window/--step",
-            str(exc),
-            "one run takes seconds, e.g. --window 10 --step 5",
-        ) from None
+    except WindowError as exc:  # only the grid's own errors: any other is not the flags'
+        raise OptionError("--window/--step", str(exc), fix) from None
     written = write_report(out_dir or run_dir / REPORT_DIR, report_files(built), built.summary)
     if fmt == "json":
         click.echo(json.dumps(codec.to_json(built.summary), indent=2))

@@ -11,10 +11,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from loadgen.analysis import windows as windows_module
 from loadgen.analysis.windows import (
     MAX_WINDOWS,
+    MAX_WINDOWS_PER_CLASS,
     MIN_COVERAGE,
     SCHEMA,
+    WindowError,
+    check_grid,
     default_window_s,
     schedule_end_ns,
     time_windows,
@@ -302,3 +306,39 @@ def test_a_run_ending_on_a_window_edge_still_gets_at_most_60_windows() -> None:
     assert windows.height == 31
     assert windows.get_column("requests").to_list()[:30] == [10] * 30
     assert time_windows(frame, window_s=1.0).height == 61  # why 1 s is refused
+
+
+def test_a_grid_past_the_window_bound_is_refused_with_its_count_and_the_least_step() -> None:
+    """A run whose last moment is at 10 s: a step of 1 ms makes 10,001 windows, one over the
+    bound (refused, saying so and that 1.01 ms is the least step); 1.001 ms makes 9,991 (kept)."""
+    frame = to_frame([record(0, intended_ms=0, ttft_ms=9_979)])  # chunks at 9.979, .989, .999 s
+    last_ns = 10 * S  # its end: 10 ms after its last chunk
+    assert int(frame.get_column("end_ns").max()) == last_ns  # type: ignore[arg-type]
+    with pytest.raises(WindowError) as refused:
+        time_windows(frame, window_s=0.001)
+    message = str(refused.value)
+    assert f"into 10,001 windows per class; the report makes at most {MAX_WINDOWS_PER_CLASS:,}" in (
+        message)  # fmt: skip
+    assert "use a window of at least 0.00101 s" in message
+    assert check_grid(frame, last_ns, 0.00101, None) == 9_901
+    assert time_windows(frame, window_s=0.001001).height == 9_991
+    with pytest.raises(WindowError, match="10,000,000,001 windows per class"):
+        time_windows(frame, window_s=1.0, step_s=1e-9)
+
+
+def test_sliding_windows_past_the_row_bound_are_refused_with_the_rows_they_would_make(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each request and each ITL gap sits in every window covering it: 4 requests of 2 gaps
+    (12 events) in 1 s windows every 0.1 s (10 cover a moment) make 120 rows: refused under
+    a bound of 100 rows (the least step then 0.125 s: 8 windows, 96 rows), kept at 120."""
+    frame = to_frame([record(i, intended_ms=i * 1000) for i in range(4)])
+    monkeypatch.setattr(windows_module, "MAX_WINDOW_ROWS", 100)
+    with pytest.raises(WindowError) as refused:
+        time_windows(frame, window_s=1.0, step_s=0.1)
+    assert ("puts each of this run's 4 requests and 8 ITL gaps in 10 windows: 120 rows, over "
+            "the 100 the report holds: use a step of at least 0.125 s") in str(refused.value)  # fmt: skip
+    assert time_windows(frame, window_s=1.0, step_s=0.125).height > 0
+    monkeypatch.setattr(windows_module, "MAX_WINDOW_ROWS", 120)
+    assert time_windows(frame, window_s=1.0, step_s=0.1).height == check_grid(
+        frame, 3_121 * MS, 1.0, 0.1)  # fmt: skip

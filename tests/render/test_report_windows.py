@@ -3,6 +3,7 @@ reads that rate in its last, partly run window, in windows sized by the run's le
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,18 @@ def test_a_step_longer_than_the_chosen_window_is_a_clear_error(constant_run: Pat
     assert result.exit_code == 1
     assert "longer than the window chosen for this run (1 s): give --window too" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_step_that_would_make_billions_of_windows_is_refused_before_any_is_made(
+    constant_run: Path,
+) -> None:
+    """`--window 1 --step 1e-9` (24 GiB and killed before the bound): exit 1 at once, with
+    the count it would make, the bound, and the least step within it."""
+    result = CliRunner().invoke(cli, ["report", str(constant_run), "--window", "1",
+                                      "--step", "1e-9", "--out", str(constant_run / "c")])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "--window/--step: windows of 1 s every 1e-09 s would cut this run" in result.output
+    assert "windows per class; the report makes at most 10,000: use a step of at least" in (
+        result.output)  # fmt: skip
+    assert "Traceback" not in result.output
+

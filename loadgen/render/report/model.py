@@ -20,7 +20,12 @@ from loadgen.analysis import metrics
 from loadgen.analysis.audit import audit_run
 from loadgen.analysis.server import server_timeline, window_gauges
 from loadgen.analysis.slo import per_request
-from loadgen.analysis.windows import default_window_s, schedule_end_ns, time_windows
+from loadgen.analysis.windows import (
+    WindowError,
+    default_window_s,
+    schedule_end_ns,
+    time_windows,
+)
 from loadgen.render.report.figures import (
     ClassView,
     chunks_by_tokens,
@@ -127,7 +132,7 @@ def build_run_report(
 
     `window_s` None: `windows.default_window_s` of the run's records. `rule` None: the
     verdict rule run.json recorded.
-    Raises LoadgenError for a folder that is not a run, ValueError for a bad window/step.
+    Raises LoadgenError for a folder that is not a run, WindowError for a bad window/step.
     """
     info = read_run_info(run_dir)
     summary, frame, effective = audit_run(run_dir, slos=slos, rule=rule)
@@ -137,7 +142,7 @@ def build_run_report(
     if window_s is None:
         window_s = default_window_s(frame)
         if sliding_step_s is not None and sliding_step_s > window_s:
-            raise ValueError(
+            raise WindowError(
                 f"window step {sliding_step_s:g} s is longer than the window chosen for this "
                 f"run ({window_s:g} s): give --window too"
             )
