@@ -35,6 +35,10 @@ from matplotlib.figure import Figure
 from loadgen.percentiles import nearest_rank
 from loadgen.render.terminal import with_unit
 
+# Every text drawn as written: a class name or server text with `$...$` is no mathtext
+# (an unknown `\q` in it made the whole report fail).
+matplotlib.rcParams["text.parse_math"] = False
+
 FloatArray = npt.NDArray[np.float64]
 
 DPI = 100

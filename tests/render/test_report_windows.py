@@ -85,3 +85,19 @@ def test_a_step_that_would_make_billions_of_windows_is_refused_before_any_is_mad
         result.output)  # fmt: skip
     assert "Traceback" not in result.output
 
+
+def test_a_class_name_with_matplotlib_math_is_drawn_as_written(tmp_path: Path) -> None:
+    """A class named `chat $\\q$` (mathtext with an unknown command) is reported like any
+    other, its name in the figures as written: once `report` failed, blaming --window/--step."""
+    text = chat_workload("math", rate_per_s=20, requests=5).replace("  chat:", '  "chat $\\\\q$":')
+    path = workload_file(tmp_path, text)
+    with ScriptedServer(lambda r: simple_chat(3)) as server:
+        ran = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
+                                       str(tmp_path), "--run-id", "r", "-q", *LAX])  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "--window" not in result.output
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert list(summary["classes"]) == ["chat $\\q$"]
+    assert list((tmp_path / "a").glob("*ttft_cdf.png"))
