@@ -8,10 +8,12 @@ its blank line is dispatched by `close()`. The output does not depend on how the
 split across reads (a property test checks this).
 
 Memory is bounded by `max_event_bytes` (the class's `limits.max_event_bytes`): a line
-longer than that, or an event whose data lines add up to more, raises `EventTooLarge`
-(checked on the line still arriving too, so a 100 MB line is refused at the cap, not
-buffered). A line that arrives over many reads is kept as a list of pieces and joined
-once, so a long line costs linear time, not quadratic.
+longer than that, or an event whose data (its lines joined by LF, so an empty `data:` line
+counts one byte) adds up to more, raises `EventTooLarge` (checked on the line still
+arriving too, so a 100 MB line is refused at the cap, not buffered). An event's lines are
+held as pieces until it ends: at most `max_event_bytes` of them, 8 bytes each for empty
+ones. A line that arrives over many reads is kept as a list of pieces and joined once, so a
+long line costs linear time, not quadratic.
 """
 
 from __future__ import annotations
@@ -136,8 +138,11 @@ class SseDecoder:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
-            self._data_bytes += len(value)
-            if self._data_bytes > self.max_event_bytes:
+            # Each line with the LF that joins it to the next: the data is this, less one
+            # LF. An empty `data:` line is a byte of the event, so a server sending only
+            # those reaches the cap (it held 822 MiB, growing, when they counted nothing).
+            self._data_bytes += len(value) + 1
+            if self._data_bytes > self.max_event_bytes + 1:
                 raise EventTooLarge(self.max_event_bytes, events)
         elif name == b"event":
             self._event = value

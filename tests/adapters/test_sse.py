@@ -119,6 +119,24 @@ def test_data_lines_adding_up_past_the_cap_are_refused() -> None:
     assert decode_capped([lines * 3 + b"\n"], 100) == ([], True)
 
 
+def test_empty_data_lines_count_their_newline_against_the_cap() -> None:
+    """An event's data is its lines joined by LF: 100 empty `data:` lines are 99 bytes (kept
+    under a 99-byte cap, refused under 98), so a server sending only those reaches the cap
+    instead of growing the decoder for ever; the same whatever the reads."""
+    event = b"data:\n" * 100 + b"\n"
+    assert decode_capped([event], 99) == ([(b"", b"\n" * 99)], False)
+    assert decode_capped([event], 98) == ([], True)
+    assert decode_capped([event[i : i + 7] for i in range(0, len(event), 7)], 98) == ([], True)
+    decoder = SseDecoder(1 << 20)
+
+    def feed_1_6_million_lines() -> None:
+        for _ in range(200):
+            decoder.feed(b"data:\n" * 8192)
+
+    with pytest.raises(EventTooLarge):  # ~1M lines at most: 8 MiB of pieces, then refused
+        feed_1_6_million_lines()
+
+
 def test_a_one_read_event_over_a_small_cap_is_refused_too() -> None:
     """The fast path (one whole event in one read) honours the cap exactly: it is on the
     line, `data: ` included (106 bytes here), as on every other path."""
