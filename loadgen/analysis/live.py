@@ -223,12 +223,15 @@ def _is_good(
     record: RequestRecord, values_ns: Mapping[str, list[float]], limits_ms: Mapping[str, float]
 ) -> bool:
     """`meets_slo`: ok, and within every set threshold (a measure that does not apply,
-    such as TPOT for one token, passes). ITL's limit applies to the largest gap. Compared
-    in float ms as `metrics.derive` computes them, so a value on the limit judges alike."""
+    such as TPOT for one token, passes). ITL's limit applies to the largest gap, an
+    unstamped one included (`RequestRecord.unstamped_max_gap_ns`). Compared in float ms as
+    `metrics.derive` computes them, so a value on the limit judges alike."""
     if record.outcome is not Outcome.OK:
         return False
     for name, limit_ms in limits_ms.items():
-        seen = values_ns.get(name.removesuffix("_ms"))
+        seen = values_ns.get(name.removesuffix("_ms"), [])
+        if name == "itl_ms" and record.unstamped_max_gap_ns is not None:
+            seen = [*seen, record.unstamped_max_gap_ns]
         if seen and float(max(seen)) / NS_PER_MS > limit_ms:
             return False
     return True

@@ -16,7 +16,9 @@ Definitions (times are int ns since the run's t0; results are float ms):
   durations), kept beside the client's numbers, never mixed into them.
 - TPOT = (last_token_ns - first_token_ns) / (N - 1), only for N = output_tokens > 1.
 - ITL = every gap between successive `chunk_ns` of one request; ITL percentiles are over
-  individual gaps, never over request averages.
+  individual gaps, never over request averages. A stream past its stamp cap contributes
+  its stamped gaps; its largest ITL (`max_itl_ms`, the request's ITL check) also takes the
+  largest of its unstamped ones (`unstamped_max_gap_ns`).
 - E2E = last_token_ns - intended_ns; an ok response with no output token at all is
   measured to end_ns instead (its TTFT, TPOT and ITL do not exist).
 - Send lag = sent_ns - intended_ns: the generator's own health, not the server's.
@@ -125,7 +127,9 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
         _ms(pl.col("first_token_ns") - pl.col("sent_ns")).alias("ttft_from_send_ms"),
         _ms(pl.when(n_tokens > 1).then(tpot_ns)).alias("tpot_ms"),
         _ms(last_ns.otherwise("last_token_ns") - pl.col("intended_ns")).alias("e2e_ms"),
-        _ms(_gaps_ns(pl.col("chunk_ns")).list.max()).alias("max_itl_ms"),
+        _ms(
+            pl.max_horizontal(_gaps_ns(pl.col("chunk_ns")).list.max(), "unstamped_max_gap_ns")
+        ).alias("max_itl_ms"),
         _ms(_lag_ns()).alias("lag_ms"),
         _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag_ms"),
         _ms(pl.col("first_content_ns") - pl.col("intended_ns")).alias("ttfvt_ms"),
@@ -231,6 +235,7 @@ def stream_ends(frame: pl.DataFrame) -> dict[str, StreamEnds]:
             n_from=n_from,
             n_from_usage_share=round(usage / part.height, 6) if part.height else None,
             n_counted=any(n_from.get(s.value, 0) for s in (TokenSource.TEXT, TokenSource.CHUNKS)),
+            itl_summarised=int((part.get_column("unstamped_chunks").fill_null(0) > 0).sum()),
             **_usage_evidence(whole),
         )
     return ends

@@ -8,7 +8,12 @@ needs, and does nothing else. Every failure is mapped to an `Outcome` in one pla
 only judges an ok stream's token count): nothing here raises for one request.
 
 Memory per request is capped: one stream event at its class's `max_event_bytes`, an error
-body at `MAX_ERROR_BODY`; past a cap the request ends and its connection closes.
+body at `MAX_ERROR_BODY` (past either, the request ends and its connection closes); the
+arrival stamps of its output chunks at `chunk_stamp_cap` (past it, the stream goes on: its
+chunks are counted and their gaps summarised by the largest, so N, TPOT and E2E stay whole);
+the answer text kept for the next turn at `MAX_KEPT_TEXT_CHARS`; the usage problems it
+quotes at `QUOTE_CHARS`. A normal stream meets none of these; the per-chunk cost of the
+stamp cap is one length check.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from functools import partial
 from loadgen.adapters.protocol import Adapter, MalformedEvent, ServerTimings, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Link
 from loadgen.results.records import Outcome, RequestRecord, TokenSource, usage_disagrees
@@ -32,6 +38,20 @@ MAX_ERROR_BODY = 2048
 QUOTE_CHARS = 300  # server text shown in a record's error (a body, an error event, a reason)
 QUOTE_EVENT_CHARS = 120  # of a malformed event's payload
 NO_SECRETS = Redactor()
+# Output chunks whose arrival times a request keeps (`chunk_stamp_cap`): at least this many,
+# and twice its max_tokens. A stream sends at most one chunk per token, so a normal stream
+# keeps every stamp; a server streaming tiny events for ever (2 GiB of stamps in 25 s, before
+# this cap) keeps this many, ~48 bytes each.
+MIN_CHUNK_STAMPS = 65_536
+# A session's (or trajectory's) answer text kept for its next turn, in characters: 8 times
+# the text of a 128k-token answer at 4 characters a token; a 1.2 GB answer took 4.9 GiB
+# before this cap. The next turn carries the answer's first this many characters.
+MAX_KEPT_TEXT_CHARS = 1 << 22
+
+
+def chunk_stamp_cap(max_tokens: int) -> int:
+    """The output chunks whose arrival times a request with this max_tokens keeps."""
+    return max(MIN_CHUNK_STAMPS, 2 * max_tokens)
 
 
 class Exchange:
@@ -55,6 +75,8 @@ class Exchange:
         forced: bool = False,
         allow_early_stops: bool = False,
         count_tokens: Callable[[str], int] | None = None,
+        max_chunk_stamps: int | None = None,
+        max_text_chars: int | None = None,
     ) -> None:
         self.plan = plan
         self.model: str | None = plan.model  # the engine fills in the target's when None
@@ -67,6 +89,10 @@ class Exchange:
         self._now = clock.now_ns
         self.keep_text = keep_text or count_tokens is not None  # flows build on the answer
         self.texts: list[str] = []
+        # Characters of answer text still to keep; past it `text_cut`, and no more is kept.
+        self.max_text_chars = MAX_KEPT_TEXT_CHARS if max_text_chars is None else max_text_chars
+        self.text_room = self.max_text_chars
+        self.text_cut = False
         self.stall_ns = int(plan.deadlines.stall_s * 1e9)
         self.reused_connection = False
         self.connection: str | None = None  # new, warm or reused (`connection_label`)
@@ -101,6 +127,14 @@ class Exchange:
         self.end_ns: int | None = None
         self.chunk_ns: list[int] = []
         self.chunk_chars: list[int] = []
+        # Chunks past the stamp cap: counted, their gaps summarised by the largest.
+        self.max_chunk_stamps = (
+            chunk_stamp_cap(plan.output_tokens) if max_chunk_stamps is None else max_chunk_stamps
+        )
+        self.unstamped_chunks = 0
+        self.unstamped_chars = 0
+        self.unstamped_max_gap_ns: int | None = None
+        self.unplaced_hidden = 0  # token-only events past the cap (counted, not placed)
         self.usage_completion: int | None = None
         self.usage_prompt: int | None = None
         self.cached_tokens: int | None = None
@@ -209,13 +243,21 @@ class Exchange:
                 self.first_content_ns = t_ns
             if delta.reasoning_chars and self.first_reasoning_ns is None:
                 self.first_reasoning_ns = t_ns
-            self.last_token_ns = t_ns
             if self.keep_text and delta.text:
-                self.texts.append(delta.text)
-            self.chunk_ns.append(t_ns)
-            self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+                self._keep_text(delta.text)
+            stamps = self.chunk_ns
+            if len(stamps) < self.max_chunk_stamps:
+                stamps.append(t_ns)
+                self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+            else:
+                self._unstamped(t_ns, delta.content_chars + delta.reasoning_chars or 1)
+            self.last_token_ns = t_ns
         elif delta.token_only and self.first_token_ns is not None:
-            self.hidden_at.append(len(self.chunk_ns))
+            room = self.max_chunk_stamps
+            if len(self.chunk_ns) < room and len(self.hidden_at) < room:
+                self.hidden_at.append(len(self.chunk_ns))
+            else:
+                self.unplaced_hidden += 1
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
         if delta.usage_problem is not None:
@@ -233,6 +275,27 @@ class Exchange:
         if delta.done:
             self.saw_done = True
             self.finish(t_ns, None)
+
+    def _keep_text(self, text: str) -> None:
+        """Keep answer text for the next turn, up to its cap; past it keep nothing more."""
+        if len(text) <= self.text_room:
+            self.texts.append(text)
+            self.text_room -= len(text)
+            return
+        self.texts.append(text[: self.text_room])
+        self.text_room = 0
+        self.text_cut, self.keep_text = True, False
+        LOGGER.warning("request %d: its answer passed the %s-character cap on the text kept "
+                       "for the next turn, which carries only that much of it",
+                       self.plan.request_id, f"{self.max_text_chars:,}")  # fmt: skip
+
+    def _unstamped(self, t_ns: int, chars: int) -> None:
+        """A chunk past the stamp cap: counted, its gap kept only if it is the largest."""
+        gap_ns = t_ns - (self.last_token_ns or t_ns)
+        if self.unstamped_max_gap_ns is None or gap_ns > self.unstamped_max_gap_ns:
+            self.unstamped_max_gap_ns = gap_ns
+        self.unstamped_chunks += 1
+        self.unstamped_chars += chars
 
     # -- end ---------------------------------------------------------------------------
     def finish(self, t_ns: int, outcome: Outcome | None, error: str | None = None) -> None:
@@ -330,28 +393,47 @@ class Exchange:
         """N, where it came from, and the tokens each output chunk carried.
 
         The server's usage when it sent one; else, with a tokenizer, the streamed text's
-        tokens (when no reasoning or tool output, which is not in the text, came); else the
-        count of token-bearing events: every output chunk and every token-only event after
-        the first output (each token-only event is counted in the output chunk after it).
+        tokens (when no reasoning or tool output, which is not in the text, came, and the
+        text was kept whole); else the count of token-bearing events: every output chunk and
+        every token-only event after the first output (each token-only event is counted in
+        the output chunk after it). Past the stamp cap the list covers the stamped chunks
+        (`_apportioned`); N counts every chunk.
         """
-        n_chunks = len(self.chunk_ns)
-        if self.usage_completion is not None and n_chunks:
+        stamped = len(self.chunk_ns)
+        if self.usage_completion is not None and stamped:
             tokens = self.usage_completion
-            return tokens, TokenSource.USAGE, apportion(tokens, self.chunk_chars)
-        if not n_chunks:
+            return tokens, TokenSource.USAGE, self._apportioned(tokens)
+        if not stamped:
             source = TokenSource.USAGE if self.usage_completion else TokenSource.NONE
             return self.usage_completion or 0, source, []
-        if self.count_tokens is not None and self.first_reasoning_ns is None and self.texts:
+        if (self.count_tokens is not None and self.first_reasoning_ns is None and self.texts
+                and not self.text_cut):  # fmt: skip
             tokens = max(1, self.count_tokens("".join(self.texts)))
-            return tokens, TokenSource.TEXT, apportion(tokens, self.chunk_chars)
-        per_chunk = [1] * n_chunks
+            return tokens, TokenSource.TEXT, self._apportioned(tokens)
+        per_chunk = [1] * stamped
         for index in self.hidden_at:
-            per_chunk[min(index, n_chunks - 1)] += 1
-        return n_chunks + len(self.hidden_at), TokenSource.CHUNKS, per_chunk
+            per_chunk[min(index, stamped - 1)] += 1
+        return self.counted_tokens(), TokenSource.CHUNKS, per_chunk
+
+    def counted_tokens(self) -> int:
+        """Token-bearing events that arrived: output chunks and token-only events after
+        the first output, those past the stamp cap included."""
+        chunks = len(self.chunk_ns) + self.unstamped_chunks
+        return chunks + len(self.hidden_at) + self.unplaced_hidden
+
+    def _apportioned(self, tokens: int) -> list[int]:
+        """`tokens` over the stamped chunks (`apportion`): all of them when every chunk is
+        stamped, else the stamped chunks' share of the text."""
+        if self.unstamped_chunks:
+            stamped = sum(self.chunk_chars)
+            tokens = tokens * stamped // (stamped + self.unstamped_chars)
+        return apportion(tokens, self.chunk_chars)
 
     def _usage_problem(self, problem: str) -> None:
-        """Note a usage count the server cannot mean (kept as text, never as a figure)."""
-        self.usage_problem = f"{self.usage_problem}; {problem}" if self.usage_problem else problem
+        """Note a usage count the server cannot mean (kept as text, never as a figure); the
+        first `QUOTE_CHARS` of them, as a server may send one in every event."""
+        text = f"{self.usage_problem}; {problem}" if self.usage_problem else problem
+        self.usage_problem = text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 1] + "…"
 
     def check_usage(self) -> None:
         """Drop, as a usage problem, counts above what this exchange could hold: output
@@ -378,7 +460,7 @@ class Exchange:
         outcome = self.outcome or Outcome.CANCELLED
         self.check_usage()
         tokens, source, per_chunk = self.output_tokens()
-        counted = len(self.chunk_ns) + len(self.hidden_at)
+        counted = self.counted_tokens()
         usage = self.usage_completion if self.chunk_ns else None
         error, stopped_early = self.error, False
         if outcome is Outcome.OK and self.usage_problem is not None:
@@ -431,6 +513,8 @@ class Exchange:
             usage_output_tokens=usage,
             counted_output_tokens=counted,
             usage_problem=self.usage_problem,
+            unstamped_chunks=self.unstamped_chunks,
+            unstamped_max_gap_ns=self.unstamped_max_gap_ns,
             connection=self.connection,
             model=self.model,
             cached_prompt_tokens=self.cached_tokens,

@@ -296,6 +296,13 @@ def stream_notes(cls: ClassAudit) -> list[str]:
             "integer, beyond what the stream held): not taken, each a stream_error "
             "(records: usage_problem)"
         )
+    if ends.itl_summarised:
+        notes.append(
+            f"{ends.itl_summarised} requests streamed more output chunks than the stamps a "
+            "request keeps: ITL percentiles count their stamped gaps, their largest ITL the "
+            "largest of the rest; N, TPOT and E2E count every chunk (records: "
+            "unstamped_chunks)"
+        )
     return notes
 
 

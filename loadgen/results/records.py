@@ -83,7 +83,9 @@ class RequestRecord:
     Times are ns since the run's t0. `intended_ns` is when the plan said to send (the
     moment the user pressed enter); TTFT and E2E are measured from it. `chunk_ns` holds
     the arrival time of every output-bearing chunk and `chunk_tokens` the tokens each
-    carried (1 each, unless the server's usage says more and they were apportioned).
+    carried (1 each, unless the server's usage says more and they were apportioned), up to
+    the request's stamp cap (`exchange.chunk_stamp_cap`); past it `unstamped_chunks` counts
+    the rest and `unstamped_max_gap_ns` keeps their largest gap.
     """
 
     request_id: int
@@ -130,6 +132,13 @@ class RequestRecord:
     # Usage counts the server sent that cannot be counts (negative, not integers, beyond what
     # the exchange could hold), as text: never taken as figures; the record is stream_error.
     usage_problem: str | None = None
+    # Output chunks past the stamp cap (`chunk_ns` then holds the first cap of them, so its
+    # length is the cap): counted in N (last_token_ns is the last of them, so TPOT and E2E
+    # are whole), their arrival times not kept; the largest of their gaps (from the last
+    # stamped chunk on) is `unstamped_max_gap_ns`, in the request's largest ITL. 0 and None
+    # for every stream within its cap.
+    unstamped_chunks: int = 0
+    unstamped_max_gap_ns: int | None = None
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -170,6 +179,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "usage_output_tokens": pl.Int64(),
     "counted_output_tokens": pl.Int64(),
     "usage_problem": pl.String(),
+    "unstamped_chunks": pl.Int64(),
+    "unstamped_max_gap_ns": pl.Int64(),
 }
 
 
@@ -216,6 +227,7 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
         row["stopped_early"] = bool(row.get("stopped_early"))  # null in older runs
         row["counted_output_tokens"] = row.get("counted_output_tokens") or 0
+        row["unstamped_chunks"] = row.get("unstamped_chunks") or 0  # null in older runs
         timings = row.get("server_timings")
         if isinstance(timings, dict) and any(v is not None for v in timings.values()):
             row["server_timings"] = ServerTimings(**timings)

@@ -136,7 +136,10 @@ def has_records(run_dir: Path) -> bool:
 SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 16  # 16: runs placed by Ray (additive): run.json shard.clock_offset_ns
+SCHEMA_VERSION = 17  # 17: bounds on hostile input (additive): records unstamped_chunks,
+# unstamped_max_gap_ns (chunks past the stamp cap); summary classes.*.stream_ends
+# itl_summarised; run.json server_metrics.dropped_lines (scrape lines past the parse cap)
+# (16: runs placed by Ray (additive): run.json shard.clock_offset_ns
 # (the shard host's wall clock minus the driver's, measured before t0), shards.shards.*
 # clock_offset_ms and node, and a merged run's `ray` block (placement, offsets, lost shards)
 # (15: the verdict's confidence (additive): summary.json checks:

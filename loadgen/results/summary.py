@@ -84,7 +84,9 @@ class StreamEnds:
     (chunks carrying several tokens, hidden reasoning, or a gateway's own count after a
     cut); `usage_problems`: requests whose usage held a number no count can be (negative,
     not an integer, beyond what the exchange could hold): not taken, the request a
-    `stream_error`.
+    `stream_error`. `itl_summarised`: requests that streamed more output chunks than their
+    stamp cap (`records.RequestRecord.unstamped_chunks`): their ITL gaps past it are
+    summarised by the largest, N, TPOT and E2E are whole.
     """
 
     finish_reasons: Mapping[str, int] = field(default_factory=dict)
@@ -96,6 +98,7 @@ class StreamEnds:
     usage_disagrees: int = 0
     usage_over_counted: int = 0
     usage_problems: int = 0
+    itl_summarised: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
