@@ -1,8 +1,9 @@
 """The server's side: a Prometheus `/metrics` scraper that runs beside the engine.
 
-Off the hot path: a thread of its own (one blocking GET per interval with httpx, parsed with
-prometheus_client's text-format parser, the reference implementation of the format), never a
-task on the engine's event loop, so a slow or hung endpoint cannot delay a send or a read.
+Off the hot path: a thread of its own (one GET per interval with httpx, on an event loop of
+that thread's own, parsed with prometheus_client's text-format parser, the reference
+implementation of the format), never a task on the engine's event loop, so a slow or hung
+endpoint cannot delay a send or a read.
 `loadgen run` runs it in a process of its own (`run.scraper`): parsing a real server's
 exposition holds the GIL for tens of ms, which would delay sends of the same process.
 Each scrape is stamped on the run's monotonic clock when its GET starts (as Prometheus stamps
@@ -10,6 +11,13 @@ a scrape) and kept as one row per sample: `(mono_ns, name, labels, value)`; hist
 summaries stay as their `_bucket`/`_sum`/`_count` series. A scrape that fails or times out
 (connect error, non-2xx, a body over the cap) is counted with its last error, never fatal; a
 line the parser rejects is skipped and counted, the rest of the scrape is kept.
+
+Bounded whatever the endpoint sends: each scrape within its timeout in all (`engine.fetch`:
+a total deadline, where httpx's restarts on every read and a trickled body held a scrape,
+and the run's end, for ever), its body to `MAX_SCRAPE_BYTES`, its parse to
+`MAX_SCRAPE_LINES` lines (and as many more of a known server's metrics; the rest counted as
+`dropped_lines`), the rows held to `SPILL_ROWS` (five 20 MB scrapes once held
+4 GiB and lost the server's metrics), and `latest` to the known servers' samples.
 
 Auth (`scrape_auth`): a scrape sends the target's own credential headers (Authorization,
 x-api-key, ...: the names `engine.secrets` treats as credentials, and the target URL's
@@ -20,13 +28,14 @@ another origin is followed without any of them. A refused scrape is classified (
 404, other status, connect, timeout, ...) and the latest becomes a note saying what, where
 and how to fix it (`ScrapeAccess.problem`); header values never enter a message.
 
-Rows are spilled to `server_metrics.parts/` (results.runfolder) about every ten scrapes, so a
-killed run keeps what was scraped; the run's end joins them into `server_metrics.parquet`
-with `t_ns` since t0.
+Rows are spilled to `server_metrics.parts/` (results.runfolder) about every ten scrapes, or
+sooner once `SPILL_ROWS` are held, so a killed run keeps what was scraped; the run's end
+joins them into `server_metrics.parquet` with `t_ns` since t0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import threading
@@ -39,7 +48,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.analysis.server import FAMILY_PREFIXES
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.fetch import fetch
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import redact_url
@@ -47,7 +58,12 @@ from loadgen.results.summary import ScrapeAccess
 from loadgen.workload.checks import CREDENTIAL_NAMES
 
 MAX_SCRAPE_BYTES = 32 * 1024 * 1024  # a /metrics body past this is a failed scrape
+# Lines of one scrape parsed (vLLM's /metrics has ~600; each model served adds ~150): past
+# them, as many more of the known servers' lines (`FAMILY_PREFIXES`) are kept, and the rest
+# dropped and counted. The parse holds ~2 KB a line of 8 labels (prometheus_client's samples).
+MAX_SCRAPE_LINES = 20_000
 SPILL_EVERY = 10  # scrapes between spills of the rows to a part file
+SPILL_ROWS = 10_000  # rows held before a spill, however few scrapes brought them
 
 Row = tuple[int, str, tuple[tuple[str, str], ...], float]  # (mono_ns, name, labels, value)
 
@@ -64,6 +80,7 @@ class ScrapeStats:
     malformed_lines: int
     last_error: str | None
     access: ScrapeAccess | None = None
+    dropped_lines: int = 0  # lines past MAX_SCRAPE_LINES not parsed, over every scrape
 
 
 # --- auth: which headers a scrape sends -------------------------------------------------------
@@ -280,7 +297,7 @@ class Scraper:
         clock: Clock = SYSTEM_CLOCK,
         timeout_s: float | None = None,
         spill: Callable[[list[Row]], None] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         auth: ScrapeAuth | None = None,
         redactor: Redactor | None = None,
         on_scrape: Callable[[Scraper], None] | None = None,
@@ -300,6 +317,7 @@ class Scraper:
         self.scrapes = 0
         self.failures = 0
         self.malformed_lines = 0
+        self.dropped_lines = 0
         self.last_error: str | None = None
         self.failed_by: dict[str, int] = {}
         self.problem: tuple[str, int | None, str] | None = None  # kind, status, detail
@@ -336,6 +354,7 @@ class Scraper:
             malformed_lines=self.malformed_lines,
             last_error=self.last_error,
             access=self.access(),
+            dropped_lines=self.dropped_lines,
         )
 
     def access(self) -> ScrapeAccess:
@@ -354,7 +373,7 @@ class Scraper:
             problem_status=status,
         )  # fmt: skip
 
-    def _strip_elsewhere(self, request: httpx.Request) -> None:
+    async def _strip_elsewhere(self, request: httpx.Request) -> None:
         """A request hook (it sees every redirect too): no header of ours to another origin."""
         if origin(str(request.url)) != self._origin:
             for name in self.auth.headers:
@@ -373,43 +392,74 @@ class Scraper:
         if self._transport is not None:
             kwargs["transport"] = self._transport
         interval_ns = int(self.interval_s * 1e9)
-        with httpx.Client(**kwargs) as client:
-            next_ns = self._clock.now_ns()
-            while True:
-                stopping = self._stop.is_set()
-                self.scrape_once(client)
-                if self._on_scrape is not None:
-                    self._on_scrape(self)
-                if stopping:
-                    return
-                next_ns += interval_ns
-                now = self._clock.now_ns()
-                if next_ns < now:  # a scrape longer than the interval: skip, do not pile up
-                    next_ns = now + interval_ns - (now - next_ns) % interval_ns
-                self._stop.wait((next_ns - now) / 1e9)
+        # One event loop for the thread's life (its connections are kept between scrapes);
+        # each scrape runs on it under its own total deadline.
+        with asyncio.Runner() as runner:
+            client = httpx.AsyncClient(**kwargs)
+            try:
+                next_ns = self._clock.now_ns()
+                while True:
+                    stopping = self._stop.is_set()
+                    self.scrape_once(lambda: runner.run(self._get(client)))
+                    if self._on_scrape is not None:
+                        self._on_scrape(self)
+                    if stopping:
+                        return
+                    next_ns += interval_ns
+                    now = self._clock.now_ns()
+                    if next_ns < now:  # a scrape longer than the interval: skip, not pile up
+                        next_ns = now + interval_ns - (now - next_ns) % interval_ns
+                    self._stop.wait((next_ns - now) / 1e9)
+            finally:
+                runner.run(client.aclose())
 
-    def scrape_once(self, client: httpx.Client) -> None:
-        """One GET, parsed into rows; a failure is counted, never raised."""
+    def scrape_once(self, get: Callable[[], str]) -> None:
+        """One GET (`get()`: the exposition's text), parsed into rows; a failure is counted,
+        never raised."""
         t_ns = self._clock.now_ns()
         try:
-            text = _get(client, self._request_url)
+            text = get()
         except (httpx.HTTPError, ScrapeError, UnicodeDecodeError) as exc:
             self._failed(exc)
             return
         finally:
             self.first_done.set()
+        text, dropped = within_line_cap(text)
+        if dropped and not self.dropped_lines:
+            LOGGER.warning("server metrics: a scrape of %s had %s lines past the %s parsed "
+                           "(every line of a known server's metrics kept); the rest are "
+                           "counted, not kept", redact_url(self.url), f"{dropped:,}",
+                           f"{MAX_SCRAPE_LINES:,}")  # fmt: skip
+        self.dropped_lines += dropped
         samples, bad = parse_exposition(text)
+        del text
         self.malformed_lines += bad
         self.scrapes += 1
-        self.latest = samples
+        self.latest = [s for s in samples if s[0].startswith(_KNOWN)]  # all the gauges read
         rows = self.rows
         for name, labels, value in samples:
             if math.isnan(value):
                 continue  # NaN gauges (an empty summary's quantiles) carry nothing
             rows.append((t_ns, name, tuple(sorted(labels.items())), value))
-        if self._spill is not None and self.scrapes % SPILL_EVERY == 0:
+        if self._spill is not None and (self.scrapes % SPILL_EVERY == 0 or len(rows) >= SPILL_ROWS):
             self._spill(rows)
             self.rows = []
+
+    async def _get(self, client: httpx.AsyncClient) -> str:
+        """The exposition's text, within the scrape's timeout in all."""
+        try:
+            got = await fetch(client, "GET", self._request_url, deadline_s=self.timeout_s,
+                              max_bytes=MAX_SCRAPE_BYTES)  # fmt: skip
+        except TimeoutError:
+            raise ScrapeError(f"no whole answer within the scrape's {self.timeout_s:g} s",
+                              "timeout") from None  # fmt: skip
+        if got.status >= 300:
+            kind = STATUS_KINDS.get(got.status, "http_error")
+            raise ScrapeError(f"HTTP {_status_text(got.status).removeprefix('HTTP ')}", kind,
+                              got.status)  # fmt: skip
+        if got.cut:
+            raise ScrapeError(f"body over {MAX_SCRAPE_BYTES} bytes", "too_large")
+        return got.body.decode("utf-8")
 
     def _failed(self, exc: Exception) -> None:
         kind, status = _classify(exc)
@@ -436,15 +486,31 @@ class ScrapeError(Exception):
         self.status = status
 
 
-def _get(client: httpx.Client, url: str) -> str:
-    with client.stream("GET", url) as response:
-        status = response.status_code
-        if status >= 300:
-            kind = STATUS_KINDS.get(status, "http_error")
-            raise ScrapeError(f"HTTP {_status_text(status).removeprefix('HTTP ')}", kind, status)
-        body = bytearray()
-        for chunk in response.iter_bytes():
-            body += chunk
-            if len(body) > MAX_SCRAPE_BYTES:
-                raise ScrapeError(f"body over {MAX_SCRAPE_BYTES} bytes", "too_large")
-    return body.decode("utf-8")
+_KNOWN = tuple(prefix for prefix, _ in FAMILY_PREFIXES)
+_DESCRIBED = ("# TYPE ", "# HELP ")
+
+
+def within_line_cap(text: str, cap: int | None = None) -> tuple[str, int]:
+    """`text` cut to its first `cap` lines (`MAX_SCRAPE_LINES`) and up to `cap` later lines
+    of a known server's metrics (its name, or the name a `# TYPE`/`# HELP` line describes,
+    with a `FAMILY_PREFIXES` prefix), and the number of sample lines left out; `text` itself
+    when it is within the cap. Read in place (no list of every line, no copy of the rest)."""
+    cap = MAX_SCRAPE_LINES if cap is None else cap
+    if text.count("\n") < cap:
+        return text, 0
+    end = -1
+    for _ in range(cap):
+        end = text.find("\n", end + 1)
+    kept, room, dropped, pos, size = [text[: end + 1]], cap, 0, end + 1, len(text)
+    while pos < size:
+        stop = text.find("\n", pos) + 1 or size
+        known = text.startswith(_KNOWN, pos) or (
+            text.startswith(_DESCRIBED, pos) and text.startswith(_KNOWN, pos + 7)
+        )
+        if known and room:
+            kept.append(text[pos:stop])
+            room -= 1
+        elif text[pos] != "#" and not text[pos:stop].isspace():
+            dropped += 1
+        pos = stop
+    return "".join(kept), dropped

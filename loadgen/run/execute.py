@@ -550,6 +550,6 @@ def _server_block(
     assert info.t0 is not None  # a run with a scraper reached t0 before it stopped it
     block = replace(info.server_metrics, scrapes=stats.scrapes, failures=stats.failures,
                     malformed_lines=stats.malformed_lines, last_error=stats.last_error,
-                    access=stats.access)  # fmt: skip
+                    dropped_lines=stats.dropped_lines, access=stats.access)  # fmt: skip
     server = join_server_metrics(run_dir, int(info.t0.perf_counter_ns or 0))
     return with_server(summary, server, block, frame), replace(info, server_metrics=block)

@@ -17,6 +17,8 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import arrivals_end_marks
+from hypothesis import given
+from hypothesis import strategies as st
 from matplotlib.figure import Figure
 
 from loadgen.adapters.anthropic import AnthropicMessages
@@ -35,9 +37,9 @@ from loadgen.analysis.server import (
     window_gauges,
 )
 from loadgen.cli import cli
-from loadgen.engine.scrape import Scraper, parse_exposition
+from loadgen.engine.scrape import Scraper, parse_exposition, within_line_cap
 from loadgen.render.terminal import server_line
-from loadgen.results.runfolder import read_server_metrics, server_rows_frame
+from loadgen.results.runfolder import SERVER_PART_SCHEMA, read_server_metrics, server_rows_frame
 from loadgen.results.summary import GaugeStats, ServerAudit
 from loadgen.results.write import join_server_metrics, write_server_part
 from loadgen.sim.config import config_from_mapping
@@ -181,6 +183,42 @@ def test_a_malformed_line_is_skipped_and_counted_the_rest_kept() -> None:
     samples, bad = parse_exposition(text)
     assert bad == 1
     assert samples == [("a", {}, 1.0), ("b", {"x": "y"}, 2.5)]
+
+
+def test_an_exposition_past_the_line_cap_keeps_its_first_lines_and_known_servers_lines() -> None:
+    """Cap 4: the first four lines, then only the vLLM and SGLang lines (a `# TYPE` of one
+    too), four at most; the two other sample lines are counted, the comment is not; within
+    the cap the text is itself; past the second four known lines, those are dropped too."""
+    text = ("# TYPE a gauge\na 1\nb 2\nc 3\nd 4\n# TYPE vllm:x gauge\nvllm:x 5\n# just a note\n"
+            'e 6\nsglang:y{m="z"} 7\n')  # fmt: skip
+    kept, dropped = within_line_cap(text, 4)
+    assert (
+        kept == '# TYPE a gauge\na 1\nb 2\nc 3\n# TYPE vllm:x gauge\nvllm:x 5\nsglang:y{m="z"} 7\n'
+    )
+    assert dropped == 2
+    assert within_line_cap(text, 11) == (text, 0)
+    assert parse_exposition(kept)[0][-2:] == [("vllm:x", {}, 5.0), ("sglang:y", {"m": "z"}, 7.0)]
+    known = [f'vllm:x{{i="{i}"}} {i}\n' for i in range(5)]
+    capped = within_line_cap("a 1\nb 2\n" + "".join(known) + "c 3\n", 2)
+    assert capped == ("a 1\nb 2\n" + "".join(known[:2]), 4)
+
+
+label_sets = st.lists(st.tuples(st.text(max_size=5), st.text(max_size=5)), max_size=4)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.text(max_size=8), label_sets,
+                          st.floats(allow_nan=False)), max_size=30))  # fmt: skip
+def test_spilled_rows_are_the_rows_whatever_their_labels(rows: list[Any]) -> None:
+    """A part frame built column by column holds each row's time, name, labels (in order,
+    none for a row without) and value: the frame a dict per label built."""
+    frame = server_rows_frame([(t, n, tuple(labels), v) for t, n, labels, v in rows])
+    by_dicts = pl.DataFrame(
+        {"mono_ns": [r[0] for r in rows], "name": [r[1] for r in rows],
+         "labels": [[{"name": k, "value": v} for k, v in r[2]] for r in rows],
+         "value": [r[3] for r in rows]},
+        schema=SERVER_PART_SCHEMA,
+    )  # fmt: skip
+    assert frame.equals(by_dicts)
 
 
 def _metrics_server(bodies: list[bytes], status: int = 200) -> ScriptedServer:
