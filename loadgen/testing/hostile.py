@@ -9,6 +9,11 @@ the server 1 MiB), and they stop when the client closes the connection.
 
 The cases use the suite's short deadlines (`DEADLINES`): a case that waits on a deadline
 ends by it, however much or little the server sends.
+
+Below them, the servers that once made loadgen's memory or time grow without bound (a
+stream of tiny events, empty `data:` lines, a huge answer in a session, a huge or trickled
+refusal of `--cache reset`, huge or trickled `/metrics`): `benchmarks/memory_bounds.py`
+plays them at full size (peak RSS before and after the caps), the suite with small caps.
 """
 
 from __future__ import annotations
@@ -336,3 +341,136 @@ def _png_texts(raw: bytes) -> Iterator[str]:
             text = rest[2:].split(b"\0", 2)[2]
             yield (zlib.decompress(text) if rest[0] else text).decode("latin-1")
         pos += 12 + size
+
+
+# -- memory and time: what once grew without bound ----------------------------------------
+# The smallest event a chat stream's output can come in (one character of content).
+TINY = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+FINISH = [chat_chunk(finish="stop"), sse("[DONE]")]
+
+
+def empty_data_lines(_request: ReceivedRequest) -> Iterator[Step]:
+    """One event of empty `data:` lines that never ends (822 MiB, growing, before they
+    counted against the event cap)."""
+    yield from _sse_head()
+    yield chunk(TOKENS[0])
+    lines = chunk(b"data:\n" * 8192)
+    while True:
+        yield lines
+
+
+def tiny_events(
+    count: int | None = None, *, per_write: int = 512
+) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """`count` one-character content events, `per_write` to a write (None: for ever; 2 GiB
+    of stamps in 25 s before the stamp cap), then a stop and `[DONE]`."""
+
+    def script(_request: ReceivedRequest) -> Iterator[Step]:
+        yield from _sse_head()
+        yield chunk(TOKENS[0])
+        sent = 0
+        while count is None or sent < count:
+            n = per_write if count is None else min(per_write, count - sent)
+            yield chunk(TINY * n)
+            sent += n
+        yield from (chunk(e) for e in FINISH)
+        yield LAST_CHUNK
+
+    return script
+
+
+def long_answer(
+    chars: int, *, event_chars: int = 65_536
+) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """An answer of `chars` characters in events of `event_chars` (a 1.2 GB answer took
+    4.9 GiB when a session kept all of it), then a stop and `[DONE]`; the next turn gets a
+    short answer."""
+    piece = chunk(chat_chunk("y" * event_chars))
+
+    def script(request: ReceivedRequest) -> Iterator[Step]:
+        messages = (request.body or {}).get("messages", [])
+        if any(m.get("role") == "assistant" for m in messages):
+            yield from stream_steps([*TOKENS, chat_chunk(finish="stop")])
+            return
+        yield from _sse_head()
+        yield chunk(TOKENS[0])
+        for _ in range(chars // event_chars):
+            yield piece
+        if chars % event_chars:
+            yield chunk(chat_chunk("y" * (chars % event_chars)))
+        yield from (chunk(e) for e in FINISH)
+        yield LAST_CHUNK
+
+    return script
+
+
+def exposition(series: int, *, labels: int = 8) -> bytes:
+    """A Prometheus text exposition a vLLM could serve, plus `series` samples of a gauge with
+    `labels` labels each (~25 bytes a label): 100,000 series of 8 labels are ~22 MB."""
+    head_lines = [
+        b"# TYPE vllm:num_requests_running gauge",
+        b'vllm:num_requests_running{model_name="m"} 1.0',
+        b"# TYPE vllm:num_requests_waiting gauge",
+        b'vllm:num_requests_waiting{model_name="m"} 0.0',
+        b"# TYPE junk gauge",
+    ]
+    names = [b"label_%d" % i for i in range(labels)]
+    lines = [
+        b"junk{" + b",".join(b'%b="value-%08d"' % (n, i) for n in names) + b"} %d" % i
+        for i in range(series)
+    ]
+    return b"\n".join([*head_lines, *lines]) + b"\n"
+
+
+def metrics_reply(body: bytes, *, trickle_s: float = 0.0) -> list[Step]:
+    """`/metrics` answered with `body` (with `trickle_s`: one byte every `trickle_s`, for
+    ever in practice: httpx's timeout restarts on every read)."""
+    head_bytes = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+    if not trickle_s:
+        return [head_bytes, body]
+    return [head_bytes, *(s for i in range(len(body)) for s in (body[i : i + 1], trickle_s))]
+
+
+def serving_metrics(
+    body: bytes, *, trickle_s: float = 0.0
+) -> Callable[[ReceivedRequest], Iterator[Step] | list[Step]]:
+    """A chat server whose `GET /metrics` is `metrics_reply(body, trickle_s)`."""
+
+    def handler(request: ReceivedRequest) -> Iterator[Step] | list[Step]:
+        if request.path.startswith("/metrics"):
+            return metrics_reply(body, trickle_s=trickle_s)
+        return stream_steps([*TOKENS, chat_chunk(finish="stop")])
+
+    return handler
+
+
+RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
+
+
+def refusing_reset(
+    body_bytes: int, *, trickle_s: float = 0.0
+) -> Callable[[ReceivedRequest], Iterator[Step] | list[Step]]:
+    """A chat server that refuses `--cache reset` (HTTP 400) with a body of `body_bytes` (a
+    400 MB one took 1.6 GiB when read whole), sent a MiB at a time, or one byte every
+    `trickle_s` (never given up on, when each read had its own timeout)."""
+
+    def refusal() -> Iterator[Step]:
+        yield (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
+               b"Content-Length: %d\r\n\r\n" % body_bytes)  # fmt: skip
+        left, piece = body_bytes, b"refused " * (MIB // 8)
+        while left > 0:
+            if trickle_s:
+                yield b"r"
+                yield trickle_s
+                left -= 1
+            else:
+                yield piece[:left]
+                left -= len(piece)
+
+    def handler(request: ReceivedRequest) -> Iterator[Step] | list[Step]:
+        if request.path in RESET_PATHS:
+            return refusal()
+        return stream_steps([*TOKENS, chat_chunk(finish="stop")])
+
+    return handler

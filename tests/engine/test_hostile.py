@@ -19,6 +19,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from time import monotonic, perf_counter, sleep
+from typing import Any
 
 import polars as pl
 import pytest
@@ -29,13 +30,17 @@ from hypothesis import strategies as st
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
 from loadgen.cli import cli
+from loadgen.engine import cache_reset
+from loadgen.engine import exchange as exchange_module
+from loadgen.engine import scrape as scrape_module
 from loadgen.engine.preflight import preflight
+from loadgen.engine.scrape import Scraper
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import RunBusy, TargetError
 from loadgen.printable import printable
 from loadgen.results.liveness import live_writer, run_lock
 from loadgen.results.records import Outcome
-from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR
+from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR, server_rows_frame
 from loadgen.testing import (
     CLOSE,
     ReceivedRequest,
@@ -47,7 +52,19 @@ from loadgen.testing import (
     stream_steps,
 )
 from loadgen.testing.builders import chat_workload, workload_file
-from loadgen.testing.hostile import CASES, DEADLINES, TOKENS, HostileCase
+from loadgen.testing.hostile import (
+    CASES,
+    DEADLINES,
+    MIB,
+    TOKENS,
+    HostileCase,
+    empty_data_lines,
+    exposition,
+    long_answer,
+    refusing_reset,
+    serving_metrics,
+    tiny_events,
+)
 
 REQUESTS = 3
 DEADLINE_FLOW = (f"{{first_token_s: {DEADLINES.first_token_s:g}, stall_s: {DEADLINES.stall_s:g}, "
@@ -582,3 +599,179 @@ def test_usage_no_server_can_mean_is_classified_summarized_and_never_met(
     assert summary["verdict"]["status"] == "missed"
     assert summary["classes"]["chat"]["stream_ends"]["usage_problems"] == REQUESTS
     assert summary["classes"]["chat"]["goodput"]["output_tokens_per_s"] == 0
+
+
+# -- memory and time: what once grew without bound ------------------------------------------
+# The servers of loadgen.testing.hostile's last section, played with small caps (each cap is
+# a module constant read when it is used, so a test sets it); benchmarks/memory_bounds.py
+# plays them at full size, before and after, with the peak RSS of each.
+
+
+def hostile_workload(tmp_path: Path, *, limits: str = "", deadlines: str = DEADLINE_FLOW) -> Path:
+    """The suite's workload with other deadlines and, given, the class's limits."""
+    text = chat_workload("hostile", rate_per_s=20, requests=REQUESTS, deadlines=deadlines)
+    if limits:
+        text = text.replace("    deadlines:", f"    limits: {limits}\n    deadlines:")
+    return workload_file(tmp_path, text, "memory.yaml")
+
+
+def test_empty_data_lines_end_at_the_event_cap_not_at_a_deadline(tmp_path: Path) -> None:
+    """Empty `data:` lines for ever, a 64 KiB event cap, a 30 s first-token deadline: each
+    request is a stream_error naming the cap, and the preflight says it too (the lines once
+    counted nothing: the event grew until the deadline, 822 MiB and growing in one case)."""
+    path = hostile_workload(tmp_path, limits="{max_event_bytes: 65536}",
+                            deadlines="{first_token_s: 30, stall_s: 30, total_s: 60}")  # fmt: skip
+    adapter = adapter_for("openai-chat")
+    with ScriptedServer(empty_data_lines) as server:
+        result = invoke(path, server.url, tmp_path)
+        endpoint = make_endpoint(server.url, adapter.default_path, {})
+        with pytest.raises(TargetError) as refused:
+            preflight(endpoint, adapter, BodyOptions(model="m"), timeout_s=30,
+                      max_event_bytes=65536)  # fmt: skip
+    assert result.exit_code == 2, result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records.height == REQUESTS
+    assert set(records["outcome"]) == {"stream_error"}
+    assert all("a stream event over the 64 KiB cap" in e for e in records["error"])
+    assert "a stream event over the 64 KiB cap" in str(refused.value)
+
+
+def test_a_stream_past_the_stamp_cap_is_recorded_whole_with_its_stamps_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5,000 one-character events with the stamp cap at 1,000: each request ok, 1,000 stamps
+    in records.parquet and 4,000 chunks counted unstamped, N = 5,000, the summary and the
+    terminal saying the ITL lists were summarised (every stamp was kept: 2 GiB after 25 s
+    of tiny events)."""
+    monkeypatch.setattr(exchange_module, "MIN_CHUNK_STAMPS", 1000)
+    with ScriptedServer(tiny_events(5000, per_write=100)) as server:
+        result = CliRunner().invoke(cli, [
+            "run", str(hostile_workload(tmp_path)), "--url", server.url, "--out", str(tmp_path),
+            "--run-id", "r", "--lag-bound-ms", "1000", "--no-preflight", "--verdict", "point"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    assert records["chunk_ns"].list.len().to_list() == [1000] * REQUESTS
+    assert records["unstamped_chunks"].to_list() == [4000] * REQUESTS
+    assert records["output_tokens"].to_list() == [5000] * REQUESTS
+    assert records["counted_output_tokens"].to_list() == [5000] * REQUESTS
+    assert records["unstamped_max_gap_ns"].null_count() == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["classes"]["chat"]["stream_ends"]["itl_summarised"] == REQUESTS
+    assert "3 requests streamed more output chunks than the stamps a request keeps" in " ".join(
+        result.output.split())  # fmt: skip
+
+
+SESSION = """name: session
+target: {api: openai-chat, model: m}
+classes:
+  chat:
+    kind: chat
+    arrival: {process: constant, rate_per_s: 1}
+    requests: 1
+    turns: {dist: fixed, value: 2}
+    think_time_s: {dist: fixed, value: 0}
+    prompt_tokens: {dist: fixed, value: 5}
+    output_tokens: {dist: fixed, value: 3}
+    slo: {ttft_ms: 5000, percentile: 50}
+    deadlines: {first_token_s: 10, stall_s: 10, total_s: 30}
+"""
+
+
+def test_a_session_carries_only_the_kept_part_of_a_huge_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first answer of 50,000 characters with kept text capped at 10,000: the second turn
+    carries its first 10,000 (it carried all: a 1.2 GB answer took 4.9 GiB, then a segfault
+    and no records), and the run's log says the answer was cut."""
+    monkeypatch.setattr(exchange_module, "MAX_KEPT_TEXT_CHARS", 10_000)
+    with ScriptedServer(long_answer(50_000, event_chars=1000)) as server:
+        result = invoke(workload_file(tmp_path, SESSION), server.url, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "r" / "records.parquet")["outcome"].to_list() == ["ok"] * 2
+    second = server.requests[1].body
+    assert second is not None
+    answers = [m["content"] for m in second["messages"] if m["role"] == "assistant"]
+    assert answers == ["y" * 10_000]
+    assert "passed the 10,000-character cap on the text kept" in (
+        tmp_path / "r" / "loadgen.log").read_text()  # fmt: skip
+
+
+def test_a_cache_reset_refused_with_a_huge_body_reads_2_kib_of_it(tmp_path: Path) -> None:
+    """A refusal of 64 MiB: exit 1 quoting its start, peak RSS near a healthy run's (the
+    body was read whole, then split into words: 400 MB took 1.6 GiB)."""
+    got = {}
+
+    def run() -> None:
+        with ScriptedServer(refusing_reset(64 * MIB)) as server:
+            got["result"] = invoke(hostile_workload(tmp_path), server.url, tmp_path,
+                                   "--cache", "reset")  # fmt: skip
+
+    growth = peak_rss_growth_mib(run)
+    result = got["result"]
+    assert result.exit_code == 1, result.output
+    assert "refused to reset its prefix cache (POST /reset_prefix_cache: HTTP 400: refused" in (
+        " ".join(result.output.split()))  # fmt: skip
+    if growth is not None:
+        assert growth < RSS_BOUND_MIB, f"peak RSS grew {growth:.0f} MiB"
+
+
+def test_a_trickled_cache_reset_is_given_up_on_at_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal trickled a byte every 0.2 s, the reset's deadline at 1 s: exit 1 saying so,
+    no request of the load sent (each byte restarted httpx's 30 s timeout: 1,000 bytes held
+    the run for 200 s, a longer body for ever)."""
+    monkeypatch.setattr(cache_reset, "RESET_TIMEOUT_S", 1.0)
+    with ScriptedServer(refusing_reset(1000, trickle_s=0.2)) as server:
+        result = invoke(hostile_workload(tmp_path), server.url, tmp_path, "--cache", "reset")
+    assert result.exit_code == 1, result.output
+    assert "did not answer the prefix-cache reset within 1 s" in " ".join(result.output.split())
+    assert [r.path for r in server.requests] == ["/reset_prefix_cache"]
+
+
+def test_a_trickled_metrics_endpoint_times_each_scrape_out_and_lets_the_scraper_stop() -> None:
+    """/metrics trickled a byte every 0.1 s to a scraper with a 0.5 s timeout: each scrape
+    fails as a timeout and stop() returns (a scrape waited for the whole body, so the run's
+    end waited on the scraper for ever, or killed it and lost its rows)."""
+    with ScriptedServer(serving_metrics(exposition(10), trickle_s=0.1)) as server:
+        scraper = Scraper(server.url + "/metrics", 0.2, timeout_s=0.5)
+        scraper.start()
+        assert scraper.first_done.wait(30)
+        stats = scraper.stop()
+    assert stats.scrapes == 0
+    assert stats.access is not None
+    assert stats.access.failed_by == {"timeout": stats.failures}
+    assert "no whole answer within the scrape's 0.5 s" in (stats.last_error or "")
+
+
+def test_a_huge_exposition_is_parsed_to_the_line_cap_and_spilled_as_it_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3,000 series of 8 labels and a vLLM gauge after them, the line cap at 1,000 and spills
+    at 500 rows: each scrape keeps its first 1,000 lines and the late vLLM line, counts the
+    other 2,005 as dropped, and is spilled at once, each row with its own labels (all held
+    until ten scrapes, then a dict per label: 4 GiB after five 20 MB scrapes)."""
+    monkeypatch.setattr(scrape_module, "MAX_SCRAPE_LINES", 1000)
+    monkeypatch.setattr(scrape_module, "SPILL_ROWS", 500)
+    body = exposition(3000) + b'vllm:num_requests_waiting{model_name="late"} 7\n'
+    spills: list[int] = []
+    rows: list[Any] = []
+
+    def spill(batch: list[Any]) -> None:
+        spills.append(len(batch))
+        rows.extend(batch)
+
+    with ScriptedServer(serving_metrics(body)) as server:
+        scraper = Scraper(server.url + "/metrics", 0.1, timeout_s=5, spill=spill)
+        scraper.start()
+        assert scraper.first_done.wait(30)
+        stats = scraper.stop()
+    assert stats.scrapes >= 2
+    assert spills == [998] * stats.scrapes  # 2 vLLM + 995 junk + the late one
+    assert stats.dropped_lines == 2005 * stats.scrapes
+    late = [r for r in rows if dict(r[2]).get("model_name") == "late"]
+    assert [r[3] for r in late] == [7.0] * stats.scrapes
+    frame = server_rows_frame(rows)
+    junk = frame.filter(pl.col("name") == "junk").head(2)
+    assert junk["labels"].to_list()[1] == [{"name": f"label_{i}", "value": "value-00000001"}
+                                            for i in range(8)]  # fmt: skip
