@@ -426,10 +426,11 @@ class Scraper:
             self.first_done.set()
         text, dropped = within_line_cap(text)
         if dropped and not self.dropped_lines:
-            LOGGER.warning("server metrics: a scrape of %s had %s lines past the %s parsed "
-                           "(every line of a known server's metrics kept); the rest are "
-                           "counted, not kept", redact_url(self.url), f"{dropped:,}",
-                           f"{MAX_SCRAPE_LINES:,}")  # fmt: skip
+            shown, cap = redact_url(self.url), f"{MAX_SCRAPE_LINES:,}"
+            LOGGER.warning("server metrics: a scrape of %s left %s lines out: the first %s "
+                           "lines are parsed, and as many more of a known server's metrics; "
+                           "the rest are counted (run.json server_metrics.dropped_lines)",
+                           shown, f"{dropped:,}", cap)  # fmt: skip
         self.dropped_lines += dropped
         samples, bad = parse_exposition(text)
         del text
@@ -441,6 +442,7 @@ class Scraper:
             if math.isnan(value):
                 continue  # NaN gauges (an empty summary's quantiles) carry nothing
             rows.append((t_ns, name, tuple(sorted(labels.items())), value))
+        del samples  # before a spill builds its frame: the parse's dicts are no longer needed
         if self._spill is not None and (self.scrapes % SPILL_EVERY == 0 or len(rows) >= SPILL_ROWS):
             self._spill(rows)
             self.rows = []
