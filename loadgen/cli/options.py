@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
 
 from loadgen.adapters import APIS
 from loadgen.analysis.confidence import INTERVAL, RULES
@@ -374,16 +377,54 @@ def check_memory_line(spec: Any, seed: int | None, max_memory_gb: float | None) 
 
 class _PipedConsole(Console):
     """rich's console, but a reader that stopped reading (`| head -1`) is the quiet exit 0
-    of `cli.exits`, not rich's own exit 1."""
+    of `cli.exits`, not rich's own exit 1; and, with `fit_tables`, a table wider than the
+    console is printed whole at its own width instead of cut (`judg…`, `100.…`)."""
+
+    def __init__(self, *, fit_tables: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fit_tables = fit_tables
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        wanted = max((_table_width(self, o) for o in objects), default=0)
+        if not self.fit_tables or wanted <= self.width:
+            super().print(*objects, **kwargs)
+            return
+        width = self.width
+        self.width = wanted  # the lines of text printed with it wrap there too
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self.width = width
+
+
+def _table_width(console: Console, renderable: Any) -> int:
+    """The width a table needs to show every cell whole (0 for what is not a table): the
+    widest table in a renderable or a group of them."""
+    if isinstance(renderable, Group):
+        return max((_table_width(console, r) for r in renderable.renderables), default=0)
+    if not isinstance(renderable, Table):
+        return 0
+    unbounded = console.options.update_width(UNBOUNDED_WIDTH)
+    return Measurement.get(console, unbounded, renderable).maximum
+
+
+UNBOUNDED_WIDTH = 10_000  # wider than any table loadgen prints: measures it uncut
+PIPED_WIDTH = 120  # text off a terminal wraps here when $COLUMNS does not say otherwise
+
 
 def output_console() -> Console:
-    """stdout for tables: the terminal's width, or 120 columns when piped to a file or CI log."""
-    return _PipedConsole(highlight=False, width=None if sys.stdout.isatty() else 120)
+    """stdout for tables and lines. On a terminal, its width. Piped to a file or a CI log:
+    $COLUMNS when set, else 120 columns, and a table wider than that printed whole at its
+    own width (a log has no width to cut it to), so a CI log reads as the terminal does."""
+    if sys.stdout.isatty():
+        return _PipedConsole(highlight=False)
+    columns = os.environ.get("COLUMNS", "")
+    width = None if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
+    return _PipedConsole(highlight=False, width=width, fit_tables=True)
 
 
 def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, str]:
