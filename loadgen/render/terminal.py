@@ -11,7 +11,7 @@ shows its figures labelled partial and no verdict: nothing says MET or MISSED.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich import box
@@ -92,8 +92,7 @@ def _class_table(summary: Summary) -> Table:
     stop = stop_of(summary.verdict)
     stopped = f" · stopped early ({STOP_TEXT[stop]}): PARTIAL figures" if stop else ""
     duration = f"{summary.duration_s:.1f} s"
-    unit = table_unit(v for cls in summary.classes.values() for v in _shown_ms(cls))
-    title = f"run {summary.run_id}{stopped} · {duration} · latencies in {unit}"
+    title = f"run {summary.run_id}{stopped} · {duration} · latencies in ms"
     table = Table(
         title=title,
         title_justify="left",
@@ -111,30 +110,24 @@ def _class_table(summary: Summary) -> Table:
     table.add_column("good\nreq/s", justify="right", no_wrap=True)
     table.add_column("SLO", no_wrap=True)
     for name, cls in summary.classes.items():
-        table.add_row(*_class_row(name, cls, unit))
+        table.add_row(*_class_row(name, cls))
         for model, part in (cls.models or {}).items():
-            table.add_row(*_model_row(model, part, unit))
+            table.add_row(*_model_row(model, part))
     return table
 
 
-def _shown_ms(cls: ClassAudit) -> list[float | None]:
-    """The latencies a class's row shows (the table's unit fits them all)."""
-    return [cls.ttft_ms.p50, cls.ttft_ms.p99, cls.ttft_ms_with_failures.p99, cls.tpot_ms.p50,
-            cls.tpot_ms.p99, cls.itl_ms.p99, cls.e2e_ms.p99]  # fmt: skip
-
-
-def _model_row(model: str, part: ModelAudit, unit: str = "ms") -> list[RenderableType]:
+def _model_row(model: str, part: ModelAudit) -> list[RenderableType]:
     """One model of a class's mix: its own requests against the class's targets."""
     attainment = part.attainment
     return [
         Text(f"  └ {model}", style="dim"),
         f"{part.requests:,}",
         Text(f"{part.failed:,}", style="red" if part.failed else ""),
-        f"{fmt_in(part.ttft_ms.p50, unit)}/{fmt_in(part.ttft_ms.p99, unit)}",
+        f"{fmt_ms(part.ttft_ms.p50)}/{fmt_ms(part.ttft_ms.p99)}",
         "",
-        f"{fmt_in(part.tpot_ms.p50, unit)}/{fmt_in(part.tpot_ms.p99, unit)}",
-        fmt_in(part.itl_ms.p99, unit),
-        fmt_in(part.e2e_ms.p99, unit),
+        f"{fmt_ms(part.tpot_ms.p50)}/{fmt_ms(part.tpot_ms.p99)}",
+        fmt_ms(part.itl_ms.p99),
+        fmt_ms(part.e2e_ms.p99),
         f"{attainment * 100:.1f}%" if attainment is not None else "—",
         _rate(part.goodput.requests_per_s),
         _model_verdict(part),
@@ -148,18 +141,18 @@ def _model_verdict(part: ModelAudit) -> Text:
     return Text(part.verdict.upper(), style=VERDICT_STYLE[part.verdict].removeprefix("bold "))
 
 
-def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableType]:
+def _class_row(name: str, cls: ClassAudit) -> list[RenderableType]:
     attainment = cls.slo.attainment
     failed = sum(n for k, n in cls.outcomes.items() if k != "ok")
     return [
         name,
         f"{cls.requests:,}",
         Text(f"{failed:,}", style="red" if failed else ""),
-        f"{fmt_in(cls.ttft_ms.p50, unit)}/{fmt_in(cls.ttft_ms.p99, unit)}",
-        _with_failures(cls.ttft_ms_with_failures, unit, judged=cls.slo.met is not None),
-        f"{fmt_in(cls.tpot_ms.p50, unit)}/{fmt_in(cls.tpot_ms.p99, unit)}",
-        fmt_in(cls.itl_ms.p99, unit),
-        fmt_in(cls.e2e_ms.p99, unit),
+        f"{fmt_ms(cls.ttft_ms.p50)}/{fmt_ms(cls.ttft_ms.p99)}",
+        _with_failures(cls.ttft_ms_with_failures, judged=cls.slo.met is not None),
+        f"{fmt_ms(cls.tpot_ms.p50)}/{fmt_ms(cls.tpot_ms.p99)}",
+        fmt_ms(cls.itl_ms.p99),
+        fmt_ms(cls.e2e_ms.p99),
         f"{attainment * 100:.1f}%" if attainment is not None else "—",
         _rate(cls.goodput.requests_per_s),
         _verdict_cell(cls.slo),
@@ -167,30 +160,19 @@ def _class_row(name: str, cls: ClassAudit, unit: str = "ms") -> list[RenderableT
 
 
 def fmt_ms(value: float | None) -> str:
-    """A latency in ms, 3-4 significant figures; seconds from 10 s up; "—" when missing."""
-    if value is None:
-        return "—"
-    if value >= 10_000:
-        return f"{value / 1000:.1f}s"
-    if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    """A latency in a table's ms column: ms whatever its size (a column never switches
+    unit), 3-4 significant figures, thousands separated ("12,345"); "—" when missing."""
+    return fmt_in(value, "ms")
 
 
 def with_unit(value: float | None, unit: str | None = None) -> str:
-    """`fmt_ms` with its unit: "412 ms", "24.0s"; with `unit` ("ms" or "s", one per table:
-    see `table_unit`) always in that unit: "20,000 ms", "0.412 s"."""
-    if unit is not None and value is not None:
-        return f"{fmt_in(value, unit)} {unit}"
-    text = fmt_ms(value)
-    return text if text.endswith("s") or value is None else f"{text} ms"
-
-
-def table_unit(values_ms: Iterable[float | None]) -> str:
-    """One unit for a table of latencies: "s" when any value reaches 10 s, else "ms" (give
-    it the measured values, not the targets: a 20 s target beside 15 ms values is shown as
-    20,000 ms, the values stay readable)."""
-    return "s" if any(v is not None and v >= 10_000 for v in values_ms) else "ms"
+    """A latency with its unit, for a line of text: "412 ms", from 10 s up "24.0 s"; with
+    `unit` ("ms" or "s") always in that unit: "20,000 ms", "0.412 s"."""
+    if value is None:
+        return "—"
+    if unit is None:
+        unit = "s" if value >= 10_000 else "ms"
+    return f"{fmt_in(value, unit)} {unit}"
 
 
 def fmt_in(value: float | None, unit: str) -> str:
@@ -205,14 +187,14 @@ def fmt_in(value: float | None, unit: str) -> str:
     return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
 
 
-def _with_failures(stats: FailureRankedStats, unit: str = "ms", *, judged: bool = True) -> Text:
+def _with_failures(stats: FailureRankedStats, *, judged: bool = True) -> Text:
     """The p99 with failures worst: "fail" in red when it falls on a failure (yellow in a
     run that stopped early, which judges nothing: a figure, not a verdict)."""
     if stats.count == 0:
         return Text("—")
     if stats.p99 is None:
         return Text("fail", style="bold red" if judged else "yellow")
-    return Text(fmt_in(stats.p99, unit))
+    return Text(fmt_ms(stats.p99))
 
 
 def _rate(value: float | None) -> str:
@@ -427,8 +409,9 @@ def bounds_text(check: Check) -> str:
             f"open (needs {check.needed:,} requests)")  # fmt: skip
     else:
         high = "failure" if check.high_ms is None else None
-    if low is None and high is None:  # both numbers: one unit for the pair
-        return f"{fmt_ms(check.low_ms)}–{with_unit(check.high_ms)}"
+    if low is None and high is None:  # both numbers: one unit for the pair, the high one's
+        unit = "s" if check.high_ms is not None and check.high_ms >= 10_000 else "ms"
+        return f"{fmt_in(check.low_ms, unit)}–{with_unit(check.high_ms, unit)}"
     return f"{low or with_unit(check.low_ms)}–{high or with_unit(check.high_ms)}"
 
 

@@ -103,14 +103,32 @@ def test_render_class_without_targets_or_requests() -> None:
 
 
 def test_fmt_ms() -> None:
-    """Latencies keep 3-4 significant figures and switch to seconds from 10 s."""
+    """A table's latency keeps 3-4 significant figures in ms whatever its size; a line of
+    text says its unit and switches to seconds from 10 s."""
     assert [fmt_ms(v) for v in (None, 1.234, 12.34, 123.4, 12_345.0)] == [
         "—",
         "1.23",
         "12.3",
         "123",
-        "12.3s",
+        "12,345",
     ]
+    assert [with_unit(v) for v in (None, 412.0, 12_345.0)] == ["—", "412 ms", "12.3 s"]
+
+
+def test_a_long_e2e_leaves_every_other_column_of_the_run_table_in_ms() -> None:
+    """E2E p99 past 10 s (300 gaps of 40-60 ms) once switched the whole table to seconds
+    (TPOT `0.0372/0.0579`); each column now keeps ms."""
+    gaps = [40.0 + 20.0 * (k % 2) for k in range(300)]
+    records = [streamed_record(i, intended_ms=i * 100.0, ttft_ms=80.0, gaps_ms=gaps)
+               for i in range(20)]  # fmt: skip
+    summary = summarize(to_frame(records), run_id="r", slos={"chat": SloTargets(ttft_ms=200.0)},
+                        planned=20)  # fmt: skip
+    text = render(summary)
+    assert "latencies in ms" in text
+    row = next(line for line in text.splitlines() if line.startswith(" chat"))
+    assert "50.0/50.0" in row  # TPOT p50/p99 in ms, not 0.0500/0.0500
+    assert "15,080" in row  # E2E p99: 80 ms + 300 gaps averaging 50 ms, in ms
+    assert row.split()[3] == "80.0/80.0"  # TTFT p50/p99
 
 
 def test_reasoning_runs_show_time_to_first_visible_token_beside_ttft() -> None:

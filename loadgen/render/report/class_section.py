@@ -25,7 +25,7 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
-from loadgen.render.terminal import bounds_text, stream_notes, table_unit, with_unit
+from loadgen.render.terminal import bounds_text, fmt_ms, stream_notes, with_unit
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
     BatchAudit,
@@ -189,11 +189,10 @@ def _checks_table(slo: SloAudit) -> Table:
     None) judges none of them, so its rows say "not judged" (never a red FAIL under a
     banner saying nothing is judged)."""
     rows = []
-    unit = table_unit(c.value_ms for c in slo.checks)
     partial = slo.met is None
     for check in slo.checks:
         p, value = check.percentile, check.value_ms
-        shown = with_unit(value, unit) if value is not None or check.population == 0 else "fail"
+        shown = with_unit(value, "ms") if value is not None or check.population == 0 else "fail"
         if partial and shown == "fail":
             shown = "on a failure"  # a figure, not a verdict: not toned red
         result = NOT_JUDGED if partial else RESULT[check.judged]
@@ -205,7 +204,7 @@ def _checks_table(slo: SloAudit) -> Table:
                 shown,
                 bounds_text(check) if check.confidence is not None else "—",
                 level,
-                f"≤ {with_unit(check.target_ms, unit)}" if check.target_ms is not None else "—",
+                f"≤ {with_unit(check.target_ms, 'ms')}" if check.target_ms is not None else "—",
                 f"{check.population:,}",
                 result,
                 check.note or "",
@@ -267,12 +266,11 @@ def _percentile_table(cls: ClassAudit) -> Table:
     p = cls.slo.targets.percentile
     rows = []
     measures = _percentile_rows(cls)
-    unit = table_unit(v for _, s, _ in measures for v in (s.p50, s.p90, s.p95, s.p99, s.max))
     for label, stats, target in measures:
         missing = "fail" if stats.count else "—"
         points = (stats.p50, stats.p90, stats.p95, stats.p99, stats.max)
-        cells = [with_unit(v, unit) if v is not None else missing for v in points]
-        target_text = f"≤ {with_unit(target, unit)} at p{p:g}" if target is not None else ""
+        cells = [with_unit(v, "ms") if v is not None else missing for v in points]
+        target_text = f"≤ {with_unit(target, 'ms')} at p{p:g}" if target is not None else ""
         rows.append((label, f"{stats.count:,}", *cells, target_text))
     headers = ("measure", "n", "p50", "p90", "p95", "p99", "max", "SLO target")
     return Table("Latency percentiles (ok requests unless 'failures worst')", headers, rows)
@@ -292,9 +290,8 @@ def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
     measured = [(SERVER_LABELS[name], stats) for name, stats in server.measured().items()]
     client = [("client TTFT from send", cls.ttft_from_send_ms), ("client E2E", cls.e2e_ms)]
     rows = []
-    unit = table_unit(v for _, s in [*measured, *client] for v in (s.p50, s.p90, s.p99, s.max))
     for label, stats in [*measured, *client]:
-        cells = [with_unit(v, unit) if v is not None else "—"
+        cells = [with_unit(v, "ms") if v is not None else "—"
                  for v in (stats.p50, stats.p90, stats.p99, stats.max)]  # fmt: skip
         rows.append((label, f"{stats.count:,}", *cells))
     title = f"Server-reported timings ({server.requests:,} ok requests), beside the client's own"
@@ -382,7 +379,6 @@ def _windows_table(windows: pl.DataFrame) -> Table:
     rows = []
     latency = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
                "itl_p99_ms")  # fmt: skip
-    unit = table_unit(w[c] for w in windows.iter_rows(named=True) for c in latency)
     for w in windows.iter_rows(named=True):
         rows.append(
             (
@@ -393,7 +389,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
                 count(w["ok"]),
                 count(w["failed"]),
                 pct(w["attainment"]),
-                *(with_unit(w[c], unit) for c in latency),
+                *(fmt_ms(w[c]) for c in latency),
                 *(_server_cell(w, c) for c in server),
             )
         )
@@ -405,12 +401,12 @@ def _windows_table(windows: pl.DataFrame) -> Table:
         "ok",
         "failed",
         "attainment",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99",
-        "ITL p50",
-        "ITL p99",
+        "TTFT p50 (ms)",
+        "TTFT p99 (ms)",
+        "TPOT p50 (ms)",
+        "TPOT p99 (ms)",
+        "ITL p50 (ms)",
+        "ITL p99 (ms)",
         *(SERVER_WINDOW_COLUMNS[c] for c in server),
     )
-    return Table("Time windows (ok requests' percentiles)", headers, rows)
+    return Table("Time windows (ok requests' percentiles, ms)", headers, rows)

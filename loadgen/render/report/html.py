@@ -24,9 +24,10 @@ td:first-child,th:first-child{text-align:left}th{background:#f4f4f4}
 td.bad{background:#fde2e1}td.good{background:#e3f4e1}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#555;font-size:.9em}details{margin:1em 0}summary{cursor:pointer}
-.wide{overflow-x:auto}.wide td{white-space:nowrap}
+.wide{overflow-x:auto}.wide table{font-size:.9em}.wide td,.wide th{padding:.2em .4em}
+.wide td:first-child{white-space:nowrap}
 """
-WIDE_COLUMNS = 8  # a table this wide scrolls sideways rather than wrap "12.3 ms" in two
+WIDE_COLUMNS = 8  # a table this wide is set smaller and tighter to fit the page
 _CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fail": "bad",
               "INCONCLUSIVE": "warn",
               "not judged": "warn"}  # fmt: skip
