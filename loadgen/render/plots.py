@@ -84,8 +84,33 @@ def cdf_png(
     horizontal one; where they cross is the pass/fail point. `bounds`, when given, is drawn
     as a bar on the percentile's line from the lower to the upper bound (an open side runs
     to the axis' edge, with an arrow): the check is met when the bar ends left of the
-    target, missed when it starts right of it.
+    target, missed when it starts right of it. Notes (an off-scale SLO, the failures, a
+    percentile on a failure) stand under the title, above the plot (`title_with_notes`).
     """
+    return figure_png(
+        cdf_figure(
+            values_ms,
+            failures=failures,
+            title=title,
+            metric=metric,
+            target_ms=target_ms,
+            percentile=percentile,
+            bounds=bounds,
+        )
+    )
+
+
+def cdf_figure(
+    values_ms: Sequence[float] | FloatArray,
+    *,
+    failures: int,
+    title: str,
+    metric: str,
+    target_ms: float | None,
+    percentile: float,
+    bounds: Bounds | None = None,
+) -> Figure:
+    """`cdf_png`'s figure, not yet drawn into bytes (closed by `figure_png`)."""
     values = np.sort(np.asarray(values_ms, dtype=np.float64))
     n = values.size + failures
     fig, ax = _figure()
@@ -99,22 +124,39 @@ def cdf_png(
     else:
         ax.text(0.5, 0.5, "no completed values", transform=ax.transAxes, ha="center")
     ax.axhline(percentile / 100, color="grey", linestyle=":", label=f"p{percentile:g}")
-    _slo_line(ax, values, target_ms)
+    notes = [_slo_line(ax, values, target_ms)]
     if n:
-        _mark_percentile(ax, values, n, percentile)
+        notes.append(_mark_percentile(ax, values, n, percentile))
     if bounds is not None and values.size:
         _mark_bounds(ax, values, percentile, bounds)
     if failures:
         share = failures / n
         ax.axhline(1 - share, color="tab:red", linewidth=0.8, alpha=0.5)
-        note = f"{failures} failed ({share:.1%}): the curve stops at {1 - share:.1%}"
-        ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", color="tab:red", bbox=NOTE_BOX)
+        notes.append(f"{failures} failed ({share:.1%}): the curve stops at {1 - share:.1%}")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(f"{metric} (ms)")
     ax.set_ylabel("share of requests ≤ x")
-    ax.set_title(title)
+    title_with_notes(fig, ax, title, notes)
     ax.legend(loc="lower right")
-    return figure_png(fig)
+    return fig
+
+
+NOTE_LINE_PT = 12.0  # one note line (fontsize 9) above the plot area
+
+
+def title_with_notes(fig: Figure, ax: Axes, title: str, notes: Sequence[str | None]) -> None:
+    """The title, and under it each note in red, above the plot area: a note never lies over
+    the curve, the percentile's bar or its arrow (inside the axes, any place can hold them
+    for some data). The plot area shrinks by the notes' height."""
+    shown = [note for note in notes if note]
+    for index, note in enumerate(reversed(shown)):
+        ax.annotate(note, xy=(0.5, 1.0), xycoords="axes fraction", ha="center", va="bottom",
+                    xytext=(0, 3 + index * NOTE_LINE_PT), textcoords="offset points",
+                    color="tab:red", fontsize=9)  # fmt: skip
+    ax.set_title(title, pad=6 + len(shown) * NOTE_LINE_PT)
+    if shown:
+        height_pt = fig.get_figheight() * 72
+        fig.subplots_adjust(top=MARGINS["top"] - len(shown) * NOTE_LINE_PT / height_pt)
 
 
 def itl_histogram_png(
@@ -137,10 +179,10 @@ def itl_histogram_png(
         ax.set_ylim(bottom=0.7)
     else:
         ax.text(0.5, 0.5, "no gaps (no ok request had two chunks)", transform=ax.transAxes)
-    _slo_line(ax, gaps, target_ms)
+    note = _slo_line(ax, gaps, target_ms)
     ax.set_xlabel("inter-chunk gap (ms)")
     ax.set_ylabel("gaps (log scale)")
-    ax.set_title(title)
+    title_with_notes(fig, ax, title, [note])
     if gaps.size or target_ms is not None:
         ax.legend(loc="upper right")
     return figure_png(fig)
@@ -317,23 +359,17 @@ def _mark_bounds(ax: Axes, values: FloatArray, percentile: float, bounds: Bounds
             ax.plot([edge], [y], marker=marker, color="tab:purple", markersize=8)
 
 
-def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> None:
-    """A dot where the nearest-rank percentile (failures worst) lies, with its value."""
+def _mark_percentile(ax: Axes, values: FloatArray, n: int, percentile: float) -> str | None:
+    """A dot where the nearest-rank percentile (failures worst) lies, with its value; the
+    note to show instead when it falls on a failed request."""
     rank = nearest_rank(percentile, n)
     label = f"p{percentile:g}"
     if rank > values.size:
-        ax.text(
-            0.02,
-            0.88,
-            f"{label} falls on a failed request",
-            transform=ax.transAxes,
-            va="top",
-            color="tab:red",
-            bbox=NOTE_BOX,
-        )
-        return
+        return f"{label} falls on a failed request"
     value = float(values[rank - 1])
-    ax.plot([value], [rank / n], "o", color="black", label=f"{label} = {_ms(value)} (nearest rank)")
+    ax.plot([value], [rank / n], "o", color="black", zorder=4,  # over the bounds' bar
+            label=f"{label} = {_ms(value)} (nearest rank)")  # fmt: skip
+    return None
 
 
 def hop_boxplot_png(
@@ -449,23 +485,22 @@ def fit_x(values: FloatArray, target_ms: float | None, *, log: bool) -> tuple[fl
     return low - pad, high + pad, shown
 
 
-def _slo_line(ax: Axes, values: FloatArray, target_ms: float | None) -> None:
-    """Fit the x axis to `values`; draw the SLO line there, or note it as off-scale."""
+def _slo_line(ax: Axes, values: FloatArray, target_ms: float | None) -> str | None:
+    """Fit the x axis to `values`; draw the SLO line there, or return the note saying it is
+    off-scale (for `title_with_notes`)."""
     if not values.size:
         if target_ms is not None:
             ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
-        return
+        return None
     left, right, shown = fit_x(values, target_ms, log=ax.get_xscale() == "log")
     ax.set_xlim(left, right)
     if target_ms is None:
-        return
+        return None
     if shown:
         ax.axvline(target_ms, color="tab:red", linestyle="--", label=f"SLO {_ms(target_ms)}")
-        return
+        return None
     side, where = ("right", "below") if target_ms > right else ("left", "above")
-    note = f"SLO {_ms(target_ms)} off-scale ({side}): every value shown is {where} it"
-    ax.text(0.98 if side == "right" else 0.02, 0.5, note, transform=ax.transAxes,
-            ha=side, va="center", color="tab:red", bbox=NOTE_BOX)  # fmt: skip
+    return f"SLO {_ms(target_ms)} off-scale ({side}): every value shown is {where} it"
 
 
 def _thin(n: int) -> npt.NDArray[np.intp]:

@@ -175,12 +175,40 @@ def test_fit_x_keeps_the_data_readable_and_says_when_the_slo_is_off_scale() -> N
 def test_an_off_scale_slo_is_noted_and_a_near_one_drawn() -> None:
     """On the axes: off-scale, no SLO line and a note naming it; near, a line at the target."""
     fig, ax = plt.subplots()
-    plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 20_000.0)
+    note = plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 20_000.0)
     assert ax.get_xlim()[1] < 20
     assert not ax.get_lines()
-    assert any("SLO 20.0s off-scale (right)" in t.get_text() for t in ax.texts)
-    plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 17.0)
+    assert note is not None
+    assert note.startswith("SLO 20.0 s off-scale (right)")
+    assert plots._slo_line(ax, np.asarray([14.0, 15.0, 16.0]), 17.0) is None
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [17.0]
+    plt.close(fig)
+
+
+def test_the_cdf_notes_stand_above_the_plot_never_over_the_curve_or_the_bounds() -> None:
+    """An off-scale SLO, failures and a p99 on a failure: each note lies above the plot area
+    and below the title, none over another (inside the axes, one lay over the curve)."""
+    values = np.linspace(20.0, 120.0, 97)
+    fig = plots.cdf_figure(
+        values,
+        failures=3,
+        title="chat: TTFT",
+        metric="TTFT",
+        target_ms=20_000.0,
+        percentile=99.0,
+        bounds=plots.Bounds(low_ms=110.0, high_ms=None, confidence=0.95),
+    )
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    ax = fig.axes[0]
+    plot = ax.get_window_extent(renderer)
+    title = ax.title.get_window_extent(renderer)
+    notes = [t for t in ax.texts if t.get_text() and t is not ax.title]
+    assert sorted(t.get_text().split(" ")[0] for t in notes) == ["3", "SLO", "p99"]
+    boxes = [t.get_window_extent(renderer) for t in notes]
+    for box in boxes:
+        assert box.y0 >= plot.y1
+        assert box.y1 <= title.y0
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     plt.close(fig)
 
 
