@@ -78,13 +78,18 @@ class ClassFigures:
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
     # The class's verdict at its confidence, and its TTFT/TPOT checks' one-sided bounds
-    # (None: no such check, or the bound open or on a failure; `analysis.slo`).
+    # (None: no such check, or the bound open or on a failure; `analysis.slo`): `_open`
+    # says which (True: open, the sample too small to reach it).
     verdict: str = MET
     confidence: float | None = None
     ttft_low_ms: float | None = None
     ttft_high_ms: float | None = None
     tpot_low_ms: float | None = None
     tpot_high_ms: float | None = None
+    ttft_low_open: bool = False
+    ttft_high_open: bool = False
+    tpot_low_open: bool = False
+    tpot_high_open: bool = False
     why: str | None = None  # an inconclusive class: which check, and why
 
 
@@ -343,6 +348,10 @@ def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
         ttft_high_ms=ttft.high_ms if ttft else None,
         tpot_low_ms=tpot.low_ms if tpot else None,
         tpot_high_ms=tpot.high_ms if tpot else None,
+        ttft_low_open=bool(ttft and ttft.low_open),
+        ttft_high_open=bool(ttft and ttft.high_open),
+        tpot_low_open=bool(tpot and tpot.low_open),
+        tpot_high_open=bool(tpot and tpot.high_open),
         why=_undecided_why(block.slo.checks) if verdict == INCONCLUSIVE else None,
     )
 

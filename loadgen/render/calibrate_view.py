@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.analysis.calibration import Ladder, Level
+from loadgen.render.terminal import fmt_num
 
 CONTENDED_STALL_MS = 500.0  # host CPU-pressure stall during a level above which we say so
 
@@ -36,7 +37,7 @@ def level_line(level: Level) -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "–" if value is None or not math.isfinite(value) else f"{value:.2f}"
+    return "–" if value is None or not math.isfinite(value) else fmt_num(value, 2)
 
 
 def _stall(value: object) -> str:
@@ -50,6 +51,7 @@ def levels_table(result: dict[str, object]) -> Table:
     table = Table(
         box=box.SIMPLE_HEAD,
         title="loadgen calibrate",
+        caption_justify="left",
         caption="ts = chunk timestamp error, TTFT = TTFT error, lag = send lag (ms); "
         "CPU = client CPU per chunk; stall = time tasks waited for a CPU (host CPU "
         "pressure) during the level; load = 1-min load average",

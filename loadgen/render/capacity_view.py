@@ -31,6 +31,7 @@ from loadgen.analysis.capacity import (
     to_json,
 )
 from loadgen.render.knee_plot import knee_png
+from loadgen.render.terminal import fmt_num, with_unit
 from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
 from loadgen.workload.spec import WorkloadSpec
 
@@ -108,8 +109,8 @@ def evidence_line(step: Step) -> str:
         name = "TTFT" if trend.series == "ttft_ms" else "in flight"
         tag = "" if not trend.rising else " rising" if step.closed_loop else " RISING"
         parts.append(
-            f"{name} {trend.rise:+.3g}{unit} (bound {trend.allowance:.2g}, floor "
-            f"{trend.floor:.2g}){tag}"
+            f"{name} {_figure(trend.rise, sign=True)}{unit} (bound "
+            f"{_figure(trend.allowance)}{unit}, floor {_figure(trend.floor)}{unit}){tag}"
         )
     if step.closed_loop:
         parts.append("closed loop: rate and trends shown, not judged")
@@ -140,7 +141,8 @@ def step_lines(step: Step, param: str, scale: float) -> list[Text | str]:
 
 def bounds_lines(step: Step) -> list[str]:
     """Per class, the TTFT and TPOT percentile with its confidence bounds and the verdict:
-    `chat TTFT p90 412 ms (95% bounds 398–431) ≤ 1000: met`."""
+    `chat TTFT p90 412 ms (95% bounds 398–431 ms) ≤ 1,000 ms: met`; a value or bound on a
+    failed request is `fail`, a bound the sample is too small to reach `open`."""
     lines = []
     for name, c in step.classes.items():
         parts = []
@@ -149,19 +151,30 @@ def bounds_lines(step: Step) -> list[str]:
             if target is None:
                 continue
             value, low, high = (getattr(c, f"{metric}{end}_ms") for end in ("", "_low", "_high"))
+            low_open, high_open = (getattr(c, f"{metric}_{end}_open") for end in ("low", "high"))
+            shown = "fail" if value is None else with_unit(value, "ms")
             level = f"{c.confidence:.0%} " if c.confidence is not None else ""
-            parts.append(f"{metric.upper()} p{c.percentile:g} {_bound(value)} ms ({level}bounds "
-                         f"{_bound(low)}–{_bound(high)}) ≤ {target:g}")  # fmt: skip
+            bounds = f"{_bound(low, low_open)}–{_bound(high, high_open)}"
+            parts.append(f"{metric.upper()} p{c.percentile:g} {shown} ({level}bounds {bounds}) "
+                         f"≤ {with_unit(target, 'ms')}")  # fmt: skip
         if parts:
             lines.append(f"{name} " + " · ".join(parts) + f": {c.verdict}")
     return lines
 
 
-def _bound(value: float | None) -> str:
-    """A bound or value in ms; "open/fail" where there is none (open, or on a failure)."""
+def _bound(value: float | None, is_open: bool) -> str:
+    """A bound in ms; `open` where the sample is too small to reach it, `fail` where it
+    falls on a failed request."""
     if value is None:
-        return "open/fail"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+        return "open" if is_open else "fail"
+    return with_unit(value, "ms")
+
+
+def _figure(value: float, *, sign: bool = False) -> str:
+    """3 significant figures, never an exponent: `-1,110`, `2,800`, `12.3`, `0.42`."""
+    magnitude = abs(value)
+    decimals = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2
+    return fmt_num(value, decimals, sign=sign)
 
 
 STATUS_COLOUR = {PASS: "green", FAIL: "red", INVALID: "yellow", UNDECIDED: "magenta"}
@@ -224,12 +237,12 @@ def _steady_cells(step: Step) -> list[str | Text]:
         Text(done, style="red") if step.over_saturated else done,
         "—" if steady.lifetimes is None else f"{steady.lifetimes:.0f}",
     ]
-    for series, form in (("in_flight", "{:+,.1f}"), ("ttft_ms", "{:+,.0f}")):
+    for series, decimals in (("in_flight", 1), ("ttft_ms", 0)):
         trend = trends.get(series)
         if trend is None:
             cells.append("—")
             continue
-        text = form.format(trend.rise)
+        text = fmt_num(trend.rise, decimals, sign=True)
         cells.append(Text(text, style="red") if trend.rising else text)
     return cells
 

@@ -26,7 +26,7 @@ from loadgen.analysis.compare import (
 from loadgen.analysis.confidence import Estimate, min_samples
 from loadgen.analysis.server import ServerDelta, ServerThreshold
 from loadgen.render.cost_view import money
-from loadgen.render.terminal import fmt_ms
+from loadgen.render.terminal import fmt_ms, fmt_num
 
 
 def format_value(check: Check, value: float | None) -> str:
@@ -61,9 +61,11 @@ def format_change(result: CheckResult) -> str:
     if math.isinf(change):
         return "+fail" if change > 0 else "-fail"
     if result.check.kind == "share":
-        return f"{change * 100:+.1f} pp"
+        return fmt_num(change * 100, 1, sign=True) + " pp"
     relative = result.change_relative
-    return f"{relative * 100:+.1f}%" if relative is not None else f"{change:+g}"
+    if relative is None:
+        return f"{change:+g}"
+    return fmt_num(relative, 1, sign=True, percent=True)
 
 
 def format_tolerance(check: Check, tolerance: Tolerance) -> str:
@@ -156,7 +158,7 @@ def cost_notes(comparison: Comparison) -> list[str]:
     lines = []
     for c in comparison.cost:
         change = c.change_relative
-        moved = "" if change is None else f" ({change:+.1%})"
+        moved = "" if change is None else f" ({fmt_num(change, 1, sign=True, percent=True)})"
         lines.append(
             f"cost {c.class_name}: {money(c.baseline_per_million_good)} → "
             f"{money(c.current_per_million_good)} per M good output tokens{moved}; "

@@ -20,6 +20,7 @@ from loadgen.analysis.repeats import (
     Spread,
     to_json,
 )
+from loadgen.render.terminal import fmt_num
 
 
 def _figure(value: float | None, figure: str) -> str:
@@ -27,7 +28,7 @@ def _figure(value: float | None, figure: str) -> str:
         return "fail"
     if figure == "attainment":
         return f"{value:.1%}"
-    return f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return fmt_num(value, 1 if abs(value) < 1000 else 0)
 
 
 def _interval(s: Spread, figure: str) -> str:
@@ -81,5 +82,5 @@ def changes_table(changes: Sequence[Change], level: float) -> Table:
 
 def _signed(value: float, figure: str) -> str:
     if figure == "attainment":
-        return f"{value * 100:+.1f}pp"
-    return f"{value:+,.1f}"
+        return fmt_num(value * 100, 1, sign=True) + "pp"
+    return fmt_num(value, 1, sign=True)

@@ -187,6 +187,14 @@ def fmt_in(value: float | None, unit: str) -> str:
     return f"{shown:.2f}" if unit == "ms" or shown >= 1 else f"{shown:.3g}"
 
 
+def fmt_num(value: float, decimals: int, *, sign: bool = False, percent: bool = False) -> str:
+    """A number with thousands separators and `decimals` decimals (`sign`: always signed;
+    `percent`: a share as `12.5%`), never a negative zero: -0.004 is `0.00`, not `-0.00`."""
+    shown = value * 100 if percent else value
+    rounded = round(shown, decimals) or 0.0  # -0.0 is falsy: a rounded-away minus is dropped
+    return f"{rounded:{'+' if sign else ''},.{decimals}f}" + ("%" if percent else "")
+
+
 def _with_failures(stats: FailureRankedStats, *, judged: bool = True) -> Text:
     """The p99 with failures worst: "fail" in red when it falls on a failure (yellow in a
     run that stopped early, which judges nothing: a figure, not a verdict)."""
@@ -557,8 +565,8 @@ def shard_lines(table: ShardTable) -> list[str]:
     """One line per shard (records, skew, whether it fell behind) and the spread."""
     lines = [
         f"shard {row.index}/{table.count}: {row.records:,} records · host {row.host} · "
-        f"t0 skew {row.skew_ms:+.3f} ms · reached t0 {row.reached_late_ms} ms late"
-        + (" · FELL BEHIND" if row.fell_behind else "")
+        f"t0 skew {fmt_num(row.skew_ms, 3, sign=True)} ms · "
+        f"reached t0 {row.reached_late_ms} ms late" + (" · FELL BEHIND" if row.fell_behind else "")
         for row in table.shards
     ]
     lines.append(

@@ -25,7 +25,7 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
-from loadgen.render.terminal import bounds_text, fmt_ms, stream_notes, with_unit
+from loadgen.render.terminal import bounds_text, fmt_ms, fmt_num, stream_notes, with_unit
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
     BatchAudit,
@@ -311,7 +311,10 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
             f"{num(prompt.target_mean)} vs {num(prompt.reported_mean)} "
             f"over {prompt.requests:,} requests with usage",
         ),
-        ("prompt tokens mean relative difference", f"{diff:+.2%}" if diff is not None else "—"),
+        (
+            "prompt tokens mean relative difference",
+            fmt_num(diff, 2, sign=True, percent=True) if diff is not None else "—",
+        ),
         ("tokens per chunk mean / max", f"{num(chunking.mean)} / {num(chunking.max)}"),
     ]
     ends = cls.stream_ends
