@@ -23,7 +23,9 @@ from loadgen.render.terminal import bounds_text
 from loadgen.results.summary import Check, ClassAudit, Summary, TrajectoryAudit
 
 HEADERS = ("class", "check", "measured", "bounds", "target", "requests", "result")
-STATUS = {"met": "pass", "missed": "FAIL", "inconclusive": "INCONCLUSIVE"}
+# A check's result in the verdict's words, as the terminal says them (MET, MISSED,
+# INCONCLUSIVE); the generator's health is ok or INVALID; a stopped run's rows skipped.
+STATUS = {"met": "MET", "missed": "MISSED", "inconclusive": "INCONCLUSIVE"}
 LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 
 
@@ -37,7 +39,7 @@ class Row:
     measured: str
     target: str
     requests: int
-    status: str  # pass, FAIL, INCONCLUSIVE, invalid, skipped
+    status: str  # MET, MISSED, INCONCLUSIVE; ok, INVALID (the generator); skipped
     why: str = ""  # a failure's or a skip's sentence
     bounds: str = ""  # the confidence bounds, e.g. `95% bounds 61.2–84.9 ms`
 
@@ -69,7 +71,7 @@ def _class_rows(name: str, block: ClassAudit) -> list[Row]:
         if check.metric == "requests" or check.percentile is None:
             out.append(Row(class_name=name, check="requests", label="requests recorded",
                            measured="0", target="> 0", requests=block.requests,
-                           status="FAIL", why=check.note or "no recorded requests"))  # fmt: skip
+                           status="MISSED", why=check.note or "no recorded requests"))  # fmt: skip
             continue
         out.append(_check_row(name, block, check))
     if block.batch is not None:
@@ -113,7 +115,7 @@ def _batch_row(name: str, block: ClassAudit) -> Row:
     )  # fmt: skip
     return Row(class_name=name, check="batch deadline", label="batch deadline", measured=took,
                target=deadline, requests=batch.documents,
-               status="pass" if batch.met_deadline else "FAIL", why=why)  # fmt: skip
+               status="MET" if batch.met_deadline else "MISSED", why=why)  # fmt: skip
 
 
 def _trajectory_row(name: str, block: ClassAudit) -> Row:
@@ -150,7 +152,7 @@ def _generator_row(summary: Summary) -> Row:
     )  # fmt: skip
     return Row(class_name="generator", check="send lag p99", label="send lag p99",
                measured=measured, target=f"≤ {g.lag_bound_ms:g} ms", requests=g.sent,
-               status="invalid" if g.fell_behind else "pass", why=why)  # fmt: skip
+               status="INVALID" if g.fell_behind else "ok", why=why)  # fmt: skip
 
 
 def render_run_junit(summary: Summary) -> str:
@@ -172,11 +174,11 @@ def render_run_junit(summary: Summary) -> str:
 def _case(row: Row) -> Case:
     bounds = f"  {row.bounds}" if row.bounds else ""
     detail = f"measured: {row.measured}{bounds}  target: {row.target}  requests: {row.requests:,}"
-    if row.status == "FAIL":
+    if row.status == "MISSED":
         return Case(name=row.check, failure=(row.why, "slo", detail), output=detail)
     if row.status == "INCONCLUSIVE":
         return Case(name=row.check, failure=(row.why, "inconclusive", detail), output=detail)
-    if row.status == "invalid":
+    if row.status == "INVALID":
         return Case(name=row.check, failure=(row.why, "invalid", detail), output=detail)
     if row.status == "skipped":
         return Case(name=row.check, skipped=row.why, output=detail)
@@ -202,13 +204,15 @@ def render_run_markdown(summary: Summary) -> str:
         "|---|---|---:|---|---:|---:|---|",
     ]
     for row in rows(summary):
-        status = {"pass": "pass", "skipped": "not judged"}.get(row.status, f"**{row.status}**")
+        status = {"MET": "MET", "ok": "ok", "skipped": "not judged"}.get(
+            row.status, f"**{row.status}**"
+        )
         cells = [row.class_name, row.label, row.measured, row.bounds,
                  row.target, f"{row.requests:,}", status]  # fmt: skip
         lines.append("| " + " | ".join(md_cell(c) if i < 6 else c
                                         for i, c in enumerate(cells)) + " |")  # fmt: skip
     found = rows(summary)
-    failed = [r for r in found if r.status in ("FAIL", "INCONCLUSIVE", "invalid")]
+    failed = [r for r in found if r.status in ("MISSED", "INCONCLUSIVE", "INVALID")]
     if failed:
         lines += ["", *(f"- {md_cell(r.why)}" for r in failed)]
     elif found and found[0].status == "skipped":

@@ -75,15 +75,17 @@ def test_junit_has_the_failing_check_with_its_figures(failing_run: tuple[int, st
 
 
 def test_markdown_is_the_same_table(failing_run: tuple[int, str, Path]) -> None:
-    """The Markdown twin: a row per testcase, the failure in bold and explained below."""
+    """The Markdown twin: a row per testcase in the terminal's words (it said `pass` and
+    `FAIL` where the terminal says MET and MISSED), the miss in bold and explained below."""
     _, _, tmp = failing_run
     text = (tmp / "slo.md").read_text()
     assert text.startswith("### loadgen run: SLO MISSED (exit 2)")
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 3  # header + the three cases
     assert "| chat | TTFT p90 (failures worst) |" in text
-    assert "| **FAIL** |" in table[1]
-    assert "| pass |" in table[2]
+    assert "| **MISSED** |" in table[1]
+    assert "| MET |" in table[2]
+    assert "pass" not in text
     assert "- TTFT p90 (failures worst) of class chat:" in text
 
 
@@ -104,7 +106,7 @@ def test_a_stopped_run_skips_every_case(failing_run: tuple[int, str, Path]) -> N
     markdown = render_run_markdown(stopped)
     assert "no verdict" in markdown
     assert "| not judged |" in markdown
-    assert "FAIL" not in markdown
+    assert "MISSED" not in markdown
 
 
 def test_a_missing_folder_is_refused_before_the_run(tmp_path: Path) -> None:
