@@ -44,7 +44,7 @@ INCONCLUSIVE_ROW = (
     "many); a miss anywhere is 2, a generator that fell behind 3",
 )
 
-# `run` and `report`
+# `run`: its own verdict (each command's help lists only the codes it returns)
 RUN_EXITS = exit_help(
     (EXIT_OK, "every SLO of every class met"),
     (EXIT_USAGE, "usage or configuration error (bad file, unreachable target)"),
@@ -52,12 +52,26 @@ RUN_EXITS = exit_help(
     (EXIT_FELL_BEHIND, "the generator fell behind, or the client failed (out of disk space, file\n"
                        "descriptors or permission mid-run): its numbers are not the server's"),
     (EXIT_WATCHDOG, "the watchdog stopped a run where nothing progressed; records are written"),
-    (EXIT_INCOMPLETE, "incomplete: a run killed outright, finished by report --recover "
-                      "(no verdict)"),
-    (EXIT_BUSY, "the run is still running: report (and report --recover) refuse it; --wait waits"),
+    (EXIT_INCOMPLETE, "incomplete (--ray): a shard's process was killed or its node lost; every\n"
+                      "plan recorded, no verdict"),
     INCONCLUSIVE_ROW,
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM); records and summary are still written (no\n"
                        "verdict: the figures are partial)"),
+)  # fmt: skip
+
+# `report`: a run folder's verdict as re-audited, or a results store's windows
+REPORT_EXITS = exit_help(
+    (EXIT_OK, "every SLO of every class met (a results store: the windows were written)"),
+    (EXIT_USAGE, "usage error (bad flag, no run in PATH, --slo or --window unreadable)"),
+    (EXIT_SLO_MISSED, "the run missed an SLO"),
+    (EXIT_FELL_BEHIND, "the run's generator fell behind, or its client failed: its numbers are\n"
+                       "not the server's"),
+    (EXIT_WATCHDOG, "the run was stopped by the watchdog (no verdict)"),
+    (EXIT_INCOMPLETE, "the run is incomplete: killed outright, finished by --recover (no verdict)"),
+    (EXIT_BUSY, "the run is still running: refused (--wait waits for it)"),
+    INCONCLUSIVE_ROW,
+    (EXIT_INTERRUPTED, "the run was interrupted (Ctrl-C / SIGTERM): its figures are partial\n"
+                       "(no verdict)"),
 )  # fmt: skip
 
 CAPACITY_EXITS = exit_help(

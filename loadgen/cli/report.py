@@ -13,7 +13,7 @@ from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaud
 from loadgen.analysis.confidence import RULES
 from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
 from loadgen.analysis.windows import WindowError
-from loadgen.cli.exits import RUN_EXITS
+from loadgen.cli.exits import REPORT_EXITS
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
@@ -36,7 +36,7 @@ from loadgen.results.store import discover_runs, select_runs
 from loadgen.results.write import recover, write_audit, write_files, write_report
 
 
-@click.command(epilog=RUN_EXITS)
+@click.command(epilog=REPORT_EXITS)
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--slo",
