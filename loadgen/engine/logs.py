@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from loadgen.errors import LoadgenError
 from loadgen.printable import printable
 from loadgen.results.runfolder import RUN_LOG
 
@@ -71,6 +72,18 @@ class RunLogHandler(logging.FileHandler):
             super().close()
 
 
+def _ending_record(exc: BaseException) -> logging.LogRecord:
+    """The run log's last line for a run that ended by `exc`: a LoadgenError's message (what,
+    where, how to fix), an interrupt, or a bug with its traceback."""
+    if isinstance(exc, KeyboardInterrupt):
+        text, trace = "run stopped: interrupted (Ctrl-C or SIGTERM)", None
+    elif isinstance(exc, LoadgenError):
+        text, trace = f"run stopped: {exc}", None
+    else:
+        text, trace = f"run stopped by an error: {exc!r}", (type(exc), exc, exc.__traceback__)
+    return LOGGER.makeRecord(LOGGER.name, logging.ERROR, __file__, 0, "%s", (text,), trace)
+
+
 def configure(verbosity: int) -> None:
     """Send loadgen's log to stderr at the level `-v` count asks for (none: warnings only)."""
     level = LEVELS.get(verbosity, logging.DEBUG)
@@ -87,7 +100,10 @@ def configure(verbosity: int) -> None:
 @contextlib.contextmanager
 def run_log(run_dir: Path, redact: Callable[[str], str]) -> Iterator[None]:
     """During a run: redact with this run's secrets, and copy the log to `<run>/loadgen.log`
-    (info and up; debug too under `-vv`)."""
+    (info and up; debug too under `-vv`). A run that ends by an error or an interrupt says
+    so there last (the error's message, a bug's traceback), so the log kept of a run that
+    never began (`<run-id>.failed.log`) holds why, not just its first line; stderr has it
+    from the command already, so it goes to the file alone."""
     level = min(LOGGER.getEffectiveLevel(), logging.INFO)
     handler = RunLogHandler(run_dir / RUN_LOG, encoding="utf-8")
     handler.setFormatter(RedactingFormatter(FORMAT))
@@ -98,6 +114,9 @@ def run_log(run_dir: Path, redact: Callable[[str], str]) -> Iterator[None]:
     _redactors.append(redact)
     try:
         yield
+    except BaseException as exc:
+        handler.handle(_ending_record(exc))
+        raise
     finally:
         _redactors.remove(redact)
         LOGGER.removeHandler(handler)

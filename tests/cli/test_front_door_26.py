@@ -119,7 +119,8 @@ def test_a_failed_preflight_leaves_no_folder_and_the_run_id_can_be_given_again(
     tmp_path: Path,
 ) -> None:
     """The preflight fails: no `out/again` folder, its log kept as `out/again.failed.log`
-    (named in the error); the same --run-id then runs and records every plan."""
+    (named in the error), ending with the error itself (it held one INFO line); the same
+    --run-id then runs and records every plan."""
     path = workload_file(tmp_path, TINY)
     out = tmp_path / "out"
     args = ["run", str(path), "--out", str(out), "--run-id", "again", "-q",
@@ -130,7 +131,10 @@ def test_a_failed_preflight_leaves_no_folder_and_the_run_id_can_be_given_again(
     assert not (out / "again").exists()
     kept = out / "again.failed.log"
     assert f"nothing was sent; its log: {kept}" in failed.output
-    assert "run again: 2 planned requests" in kept.read_text()
+    log = kept.read_text().splitlines()
+    assert "run again: 2 planned requests" in log[0]
+    assert " ERROR loadgen: run stopped: " in log[-1]
+    assert failed.output.split("error: ", 1)[1].split(" (nothing was sent")[0] in log[-1]
     with ScriptedServer(lambda request: simple_chat(2)) as server:
         ok = CliRunner().invoke(cli, [*args, "--url", server.url])
     assert ok.exit_code == 0, ok.output
@@ -195,4 +199,4 @@ def test_sigterm_during_the_preflight_exits_130_and_leaves_no_folder(tmp_path: P
     assert process.returncode == 130, output
     assert "Traceback" not in output
     assert not (out / "term").exists()
-    assert (out / "term.failed.log").exists()
+    assert "run stopped: interrupted (Ctrl-C or SIGTERM)" in (out / "term.failed.log").read_text()
