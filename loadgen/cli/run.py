@@ -36,6 +36,8 @@ from loadgen.cli.options import (
     workload_options,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
+from loadgen.engine.preflight import check_reachable
+from loadgen.engine.transport import make_endpoint
 from loadgen.engine.warmup import warm_capped_note, warm_count
 from loadgen.errors import VERDICT_PRECEDENCE, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_plan_line
@@ -139,7 +141,8 @@ from loadgen.workload.spec import WorkloadSpec
     "--dry-run",
     is_flag=True,
     help="Validate everything the run would use (file, flags, URL, headers, run folder, "
-    "memory), print the plan, then stop: nothing is sent or written.",
+    "memory), print the plan, then stop: nothing is sent or written (the URL is connected "
+    "to, and the connection closed, to see it accepts connections).",
 )
 @clean_errors
 def run(
@@ -334,6 +337,8 @@ def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
 
     ready = prepare(spec, options)
     work, url = ready.work, ready.url
+    if url is not None:  # a URL that cannot be reached is not valid: a TCP connect, no request
+        check_reachable(make_endpoint(url, "/", {}))
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
@@ -343,6 +348,6 @@ def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
     capped = warm_capped_note(work, options.warm_connections, None, options.max_in_flight)
     console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})",
                   soft_wrap=True)  # fmt: skip
-    target = url or "the built-in simulator"
+    target = f"{url} (it accepts connections)" if url else "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

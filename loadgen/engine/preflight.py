@@ -28,6 +28,7 @@ a raw socket to see its first bytes (an HTTP/2-only server's SETTINGS frame).
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -416,3 +417,30 @@ def _reason(exc: Exception, redactor: Redactor) -> str:
     """httpx's message without its errno prefix (it may quote what the server sent)."""
     text = str(exc) or type(exc).__name__
     return redactor.quote(text.split("] ", 1)[-1], QUOTE_CHARS)
+
+
+REACH_TIMEOUT_S = 10.0  # `run --dry-run`'s connection attempt
+
+
+def check_reachable(endpoint: Endpoint, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """`run --dry-run`'s look at the target: a TCP connection to its host and port, closed
+    at once (no request sent, no TLS handshake: the run's preflight does those). Raise
+    `TargetError`, in the preflight's words, when none opens within `timeout_s`: a dry run
+    must not call an unreachable URL valid."""
+    try:
+        socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s).close()
+    except socket.gaierror as exc:
+        raise TargetError(
+            f"cannot connect to {endpoint.origin}: its host does not resolve ({exc.strerror}) "
+            "(check --url)"
+        ) from None
+    except TimeoutError:
+        raise TargetError(
+            f"cannot connect to {endpoint.origin}: no answer in {timeout_s:g} s (is the server "
+            "running and reachable from here? check --url and the firewall)"
+        ) from None
+    except OSError as exc:
+        raise TargetError(
+            f"cannot connect to {endpoint.origin}: {exc.strerror or exc} "
+            "(is the server running and listening there? check --url)"
+        ) from None

@@ -168,7 +168,8 @@ def prepare(spec: WorkloadSpec, options: RunOptions) -> Prepared:
     """Everything a run checks before it sends or writes anything, shared by `execute` and
     `loadgen run --dry-run` (so both refuse alike): the plans and the shard's share of them,
     the agreed start, the client (headers and their ${VAR}s), the simulator profile when
-    there is no URL, the cache mode and nonce, and that the run folder is free."""
+    there is no URL, the cache mode and nonce, and that the run folder is free and can be
+    made."""
     work = plan_work(spec, options.seed)
     if options.shard is not None:
         work = split_work(work, options.shard)
@@ -182,10 +183,31 @@ def prepare(spec: WorkloadSpec, options: RunOptions) -> Prepared:
     if url is None:
         sim_args_from_mapping(spec.sim, spec.source)
     cache = cache_warmth(spec, options)  # a --nonce outside cold mode is refused here
+    check_out_dir(options.out_dir)
     if options.run_id is not None:
         check_run_dir(options.out_dir / options.run_id)
     return Prepared(work=work, adapter=adapter, headers=headers, redactor=redactor, url=url,
                     cache=cache)  # fmt: skip
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """The results store can take a new run folder: it, or the nearest folder above it that
+    exists, is a folder this user may write into, on a file system mounted writable. Checked
+    without writing anything (`--dry-run` writes nothing), so what only a write can tell (a
+    full disk, a quota) is still the run's to find."""
+    existing = out_dir
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = f"{existing} is not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"this user may not write into {existing}"
+    elif hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY:
+        problem = f"{existing} is on a read-only file system"
+    else:
+        return
+    raise OptionError("--out", f"cannot create the run folder under {out_dir}: {problem}",
+                      "give --out a folder this user may write into")  # fmt: skip
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tracemalloc
@@ -452,6 +453,47 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
     )
     assert taken.exit_code == 1
     assert "already exists" in taken.output
+
+
+def test_dry_run_refuses_a_url_nothing_listens_on_and_sends_nothing_to_one_that_does(
+    tmp_path: Path,
+) -> None:
+    """A closed port is exit 1 with the preflight's words (the dry run called it valid); a
+    listening server is connected to, sent no request, and the dry run says it is valid."""
+    path = workload_file(tmp_path, BASE)
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    closed = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--url",
+                                      f"http://127.0.0.1:{port}"])  # fmt: skip
+    assert closed.exit_code == 1, closed.output
+    assert f"cannot connect to http://127.0.0.1:{port}: Connection refused" in closed.output
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        listening = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--url", url])
+        assert listening.exit_code == 0, listening.output
+        assert f"to {url} (it accepts connections); nothing was sent" in listening.output
+        connection, _ = server.accept()  # the dry run's, queued by the kernel
+        with connection:
+            connection.settimeout(10)
+            assert connection.recv(1024) == b""  # closed without a byte sent
+
+
+def test_a_run_folder_that_cannot_be_made_fails_dry_run_and_run_alike(tmp_path: Path) -> None:
+    """--out under a file (or a folder this user may not write) is exit 1 from the dry run,
+    which called it valid, and from the run, before anything starts."""
+    path = workload_file(tmp_path, BASE)
+    (tmp_path / "a-file").write_text("")
+    for extra in (["--dry-run"], [*LAX, "-q"]):
+        result = CliRunner().invoke(
+            cli, ["run", str(path), "--out", str(tmp_path / "a-file" / "store"), *extra]
+        )
+        assert result.exit_code == 1, result.output
+        assert f"cannot create the run folder under {tmp_path / 'a-file' / 'store'}: " in (
+            result.output
+        )
+        assert f"{tmp_path / 'a-file'} is not a folder" in result.output
+        assert "started the built-in simulator" not in result.output
 
 
 # ---------------------------------------------------------------- client failures mid-run
