@@ -34,6 +34,9 @@ did 99 % of our users see this month").
   sample: a bad night widens no interval, it moves the percentile.
 - A run without `histograms.parquet` (or with an unreadable one) is read from its
   records and binned the same way; `fallback_runs` names those runs in each window.
+- Each run is a point too (`rolling_view(...).runs`): one row per run and class, its own
+  requests, attainment and percentiles with their bounds, from its histograms alone, as
+  a window holding only that run would have them.
 - `exact=True` also computes every percentile from the records (`<column>_exact`) and
   `max_rel_diff`, the largest |histogram − exact| / exact of the row. HdrHistogram with
   3 significant digits keeps it below 0.1 % from 1 ms up.
@@ -107,12 +110,20 @@ class _Bin:
     values_ms: dict[str, list[npt.NDArray[np.float64]]] = field(default_factory=dict)  # exact
 
 
+@dataclass(frozen=True, slots=True)
+class RollingView:
+    """What `loadgen report STORE` shows: the trailing windows and every run as a point."""
+
+    windows: pl.DataFrame  # one row per (window end, workload, class): `rolling_windows`
+    runs: pl.DataFrame  # one row per (run, workload, class): the run's own figures
+
+
 def rolling_windows(
     store_dir: Path,
     *,
     window: timedelta,
     step: timedelta,
-    class_name: str | None = None,
+    class_name: str | Sequence[str] | None = None,
     exact: bool = False,
     end: datetime | None = None,
     workload: str | None = None,
@@ -121,30 +132,53 @@ def rolling_windows(
     """One row per (window end, workload, class): see the module docstring for every column.
 
     `workload` selects by name (every fingerprint of it, each its own rows) or by key
-    (`name@fingerprint`); `include_incomplete` pools runs that stopped early too.
+    (`name@fingerprint`); `class_name`, one class or several; `include_incomplete` pools
+    runs that stopped early too.
     """
+    return rolling_view(
+        store_dir, window=window, step=step, class_name=class_name, exact=exact, end=end,
+        workload=workload, include_incomplete=include_incomplete,
+    ).windows  # fmt: skip
+
+
+def rolling_view(
+    store_dir: Path,
+    *,
+    window: timedelta,
+    step: timedelta,
+    class_name: str | Sequence[str] | None = None,
+    exact: bool = False,
+    end: datetime | None = None,
+    workload: str | None = None,
+    include_incomplete: bool = False,
+) -> RollingView:
+    """The windows (`rolling_windows`, whose arguments these are) and each run's own row,
+    from one read of the store."""
     window_ns, step_ns = _whole_minutes_ns(window, "--window"), _whole_minutes_ns(step, "--step")
     runs = pooled_runs(store_dir, workload=workload, include_incomplete=include_incomplete)
     minutes, fallback = _load_minutes(runs)
     keys = sorted(set(minutes.select("workload", "class").iter_rows()))
     if class_name is not None:
-        if class_name not in {c for _, c in keys}:
+        wanted = [class_name] if isinstance(class_name, str) else list(class_name)
+        unknown = [c for c in wanted if c not in {c for _, c in keys}]
+        if unknown:
             raise OptionError(
                 "--class",
-                f"no run in {store_dir} has class {class_name!r}",
+                f"no run in {store_dir} has class {', '.join(map(repr, unknown))}",
                 f"classes found: {', '.join(sorted({c for _, c in keys})) or 'none'}",
             )
-        keys = [k for k in keys if k[1] == class_name]
-        minutes = minutes.filter(pl.col("class") == class_name)
+        keys = [k for k in keys if k[1] in wanted]
+        minutes = minutes.filter(pl.col("class").is_in(wanted))
+    started = {r.run_id: r.started for r in runs}
+    points = _run_rows(minutes, started)
     ends = _window_ends(minutes, runs, step_ns, end)
     if not ends:
-        return _frame([], exact=exact)
+        return RollingView(windows=_frame([], exact=exact), runs=points)
     slot_ns = math.gcd(window_ns, step_ns)  # every window is a whole number of slots
     anchor = ends[-1]
     bins = _bin_minutes(minutes, anchor, slot_ns)
     if exact:
         _add_exact_values(bins, runs, sorted({c for _, c in keys}), anchor, slot_ns)
-    started = {r.run_id: r.started for r in runs}
     costs = _run_costs(runs)
     rows = []
     for end_ns in ends:
@@ -165,7 +199,24 @@ def rolling_windows(
                 "fallback_runs": [r for r in run_ids if r in fallback],
             }
             rows.append(row)
-    return _frame(rows, exact=exact)
+    return RollingView(windows=_frame(rows, exact=exact), runs=points)
+
+
+def _run_rows(minutes: pl.DataFrame, started: Mapping[str, datetime]) -> pl.DataFrame:
+    """One row per (run, workload, class), oldest run first: its minutes merged into one
+    bin, figured as a window (`_window_row`) of that run alone."""
+    bins: dict[tuple[str, str, str], _Bin] = {}
+    for row in minutes.iter_rows(named=True):
+        _add_minute(bins.setdefault((row["run_id"], row["workload"], row["class"]), _Bin()), row)
+    rows = []
+    for (run_id, workload, cls), part in sorted(
+        bins.items(), key=lambda item: (started[item[0][0]], item[0])
+    ):
+        row = _window_row([part], exact=False)
+        row |= {"run_id": run_id, "run_started": started[run_id], "workload": workload,
+                "class": cls}  # fmt: skip
+        rows.append(row)
+    return _points_frame(rows)
 
 
 # Per run and class: (its requests, its cost, its ok output tokens, its good output tokens).
@@ -290,19 +341,25 @@ def _bin_minutes(
     slotted = minutes.with_columns(
         ((pl.col("minute_start_unix_ns") - anchor) // slot_ns).alias("slot")
     )
-    count_columns = ["requests", *OUTCOMES, "meets_slo"]
     bins: dict[tuple[str, str, int], _Bin] = {}
     for row in slotted.iter_rows(named=True):
-        b = bins.setdefault((row["workload"], row["class"], row["slot"]), _Bin())
-        b.run_ids.add(row["run_id"])
-        b.run_requests[row["run_id"]] = b.run_requests.get(row["run_id"], 0) + row["requests"]
-        for name in count_columns:
-            b.counts[name] = b.counts.get(name, 0) + (row.get(name) or 0)
-        for metric in METRICS:
-            histogram = b.histograms.setdefault(metric, LatencyHistogram())
-            if row[metric] is not None:
-                histogram.add_encoded(row[metric])
+        _add_minute(bins.setdefault((row["workload"], row["class"], row["slot"]), _Bin()), row)
     return bins
+
+
+_COUNT_COLUMNS = ("requests", *OUTCOMES, "meets_slo")
+
+
+def _add_minute(b: _Bin, row: Mapping[str, Any]) -> None:
+    """One run's minute of one class (a row of its histograms) into the bin `b`."""
+    b.run_ids.add(row["run_id"])
+    b.run_requests[row["run_id"]] = b.run_requests.get(row["run_id"], 0) + row["requests"]
+    for name in _COUNT_COLUMNS:
+        b.counts[name] = b.counts.get(name, 0) + (row.get(name) or 0)
+    for metric in METRICS:
+        histogram = b.histograms.setdefault(metric, LatencyHistogram())
+        if row[metric] is not None:
+            histogram.add_encoded(row[metric])
 
 
 def _add_exact_values(
@@ -436,6 +493,37 @@ def _percentile_columns(*, exact: bool) -> list[str]:
     return names
 
 
+def _points_frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    """The runs' rows: a run's identity, then the columns a window row has."""
+    schema: dict[str, Any] = {
+        "run_id": pl.String,
+        "run_started": pl.Datetime("us", "UTC"),
+        "workload": pl.String,
+        "class": pl.String,
+        **_figure_schema(exact=False),
+    }
+    return (
+        pl.DataFrame(list(rows), schema=schema, orient="row")
+        if rows
+        else pl.DataFrame(schema=schema)
+    )
+
+
+def _figure_schema(*, exact: bool) -> dict[str, Any]:
+    """The columns a window (or a run) is figured by: counts, attainment, percentiles."""
+    schema: dict[str, Any] = {
+        "requests": pl.Int64,
+        "ok": pl.Int64,
+        "failures": pl.Int64,
+        "meets_slo": pl.Int64,
+        "attainment": pl.Float64,
+        "outcomes": pl.Struct(dict.fromkeys(OUTCOMES, pl.Int64)),
+    }
+    for name in _percentile_columns(exact=exact):
+        schema[name] = pl.Int64 if name.endswith("_count") else pl.Float64
+    return schema
+
+
 def _frame(rows: Sequence[Mapping[str, Any]], *, exact: bool) -> pl.DataFrame:
     when = pl.Datetime("ns", "UTC")
     schema: dict[str, Any] = {
@@ -447,15 +535,8 @@ def _frame(rows: Sequence[Mapping[str, Any]], *, exact: bool) -> pl.DataFrame:
         "run_ids": pl.List(pl.String),
         "run_started": pl.List(pl.Datetime("us", "UTC")),
         "fallback_runs": pl.List(pl.String),
-        "requests": pl.Int64,
-        "ok": pl.Int64,
-        "failures": pl.Int64,
-        "meets_slo": pl.Int64,
-        "attainment": pl.Float64,
-        "outcomes": pl.Struct(dict.fromkeys(OUTCOMES, pl.Int64)),
+        **_figure_schema(exact=exact),
     }
-    for name in _percentile_columns(exact=exact):
-        schema[name] = pl.Int64 if name.endswith("_count") else pl.Float64
     if exact:
         schema["max_rel_diff"] = pl.Float64
     schema["cost_per_million_output_tokens"] = pl.Float64  # null without --price-per-hour

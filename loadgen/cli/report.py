@@ -11,7 +11,7 @@ import click
 from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.confidence import RULES
-from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.analysis.rolling import parse_duration, rolling_view, to_json
 from loadgen.analysis.windows import WindowError
 from loadgen.cli.exits import REPORT_EXITS
 from loadgen.cli.options import clean_errors, output_console
@@ -66,7 +66,9 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
     help="One run: slide windows by this many s (default: tumbling). "
     "Results store: step between windows, e.g. 1d (default).",
 )
-@click.option("--class", "class_name", help="Results store: only this class.")
+@click.option(
+    "--class", "class_names", multiple=True, help="Results store: only this class (repeatable)."
+)
 @click.option(
     "--workload",
     "workload_name",
@@ -87,7 +89,8 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Where to write the report (default: PATH/report).",
+    help="Where to write the report (default: PATH/report for a run; for a results store "
+    "./rolling-report, in the current folder: never inside the store).",
 )
 @click.option(
     "--format",
@@ -117,7 +120,7 @@ def report(
     rule: str | None,
     window_text: str | None,
     step_text: str | None,
-    class_name: str | None,
+    class_names: tuple[str, ...],
     workload_name: str | None,
     include_incomplete: bool,
     exact: bool,
@@ -151,7 +154,7 @@ def report(
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule)
     else:
         _report_store(
-            path, window_text or "30d", step_text or "1d", class_name, exact, out_dir, fmt,
+            path, window_text or "30d", step_text or "1d", class_names, exact, out_dir, fmt,
             workload=workload_name, include_incomplete=include_incomplete,
         )  # fmt: skip
 
@@ -212,7 +215,7 @@ def _report_run(
 
 
 def _report_store(
-    store: Path, window_text: str, step_text: str, class_name: str | None, exact: bool,
+    store: Path, window_text: str, step_text: str, class_names: tuple[str, ...], exact: bool,
     out_dir: Path | None, fmt: str, *, workload: str | None, include_incomplete: bool,
 ) -> None:  # fmt: skip
 
@@ -222,16 +225,18 @@ def _report_store(
                            "results store that `loadgen run --out` writes to")  # fmt: skip
     window, step = parse_duration(window_text), parse_duration(step_text)
     selected = select_runs(runs, workload=workload, include_incomplete=True)
-    frame = rolling_windows(store, window=window, step=step, class_name=class_name, exact=exact,
-                            workload=workload, include_incomplete=include_incomplete)  # fmt: skip
+    view = rolling_view(store, window=window, step=step, class_name=class_names or None,
+                        exact=exact, workload=workload,
+                        include_incomplete=include_incomplete)  # fmt: skip
     if fmt == "json":
-        click.echo(json.dumps(to_json(frame), indent=2))
+        click.echo(json.dumps(to_json(view.windows), indent=2))
         return
-    console = output_console()
-    console.print(render_rolling_table(frame))
-    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
-    if stopped and not include_incomplete:
-        console.print(left_out_line(stopped))
     slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
-    for path in write_files(out_dir or store / ROLLING_REPORT_DIR, rolling_files(frame, slos)):
+    console = output_console()
+    console.print(render_rolling_table(view.windows, slos))
+    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
+    notes = [left_out_line(stopped)] if stopped and not include_incomplete else []
+    for note in notes:
+        console.print(note)
+    for path in write_files(out_dir or Path(ROLLING_REPORT_DIR), rolling_files(view, slos, notes)):
         click.echo(f"wrote {path}")

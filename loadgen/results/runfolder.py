@@ -64,8 +64,10 @@ MEASURED = (RUN_FILE, PARTS_DIR, SERVER_PARTS_DIR, RECORDS_FILE)
 REPORT_DIR = "report"
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
-ROLLING_REPORT_DIR = "rolling-report"
+ROLLING_REPORT_DIR = "rolling-report"  # in the current folder, never in the store
 ROLLING_FILE = "rolling.json"
+ROLLING_HTML = "rolling.html"
+ROLLING_MD = "rolling.md"
 # `loadgen capacity`'s folder
 CAPACITY_FILE = "capacity.json"
 KNEE_PLOT = "knee.png"

@@ -13,10 +13,11 @@ import polars as pl
 import pytest
 from rich.console import Console
 
-from loadgen.analysis.rolling import parse_duration, rolling_windows, to_json
+from loadgen.analysis.rolling import parse_duration, rolling_view, rolling_windows, to_json
 from loadgen.analysis.slo import per_request
 from loadgen.errors import ConfigError
-from loadgen.render.rolling_view import render_rolling_table, rolling_plot
+from loadgen.render.rolling_view import render_rolling_table, rolling_figure, rolling_plot
+from loadgen.render.terminal import fmt_ms
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.runfolder import HISTOGRAMS_FILE
 from loadgen.testing import builders
@@ -321,3 +322,85 @@ def replace_id(record: RequestRecord, offset: int) -> RequestRecord:
     from dataclasses import replace
 
     return replace(record, request_id=record.request_id + offset)
+
+
+def test_each_run_is_a_point_with_its_own_figures(tmp_path: Path) -> None:
+    """Three runs in one day (TTFT 100, 200 and 300 ms, the last with 1 failure in 10): one
+    window pools them, and each run keeps a row of its own requests and percentiles, oldest
+    first (the plot drew a single dot for the five runs of one window)."""
+    write_run(tmp_path, day(1, 1), same_ttft(20, 100.0))
+    write_run(tmp_path, day(1, 2), same_ttft(20, 200.0))
+    write_run(tmp_path, day(1, 3), [*same_ttft(9, 300.0),
+                                    failure(9, intended_ms=900.0, outcome=Outcome.REJECTED)])  # fmt: skip
+    view = rolling_view(tmp_path, window=DAY, step=DAY)
+    assert view.windows.get_column("requests").to_list() == [50]
+    runs = view.runs
+    assert runs.get_column("requests").to_list() == [20, 20, 10]
+    assert runs.get_column("failures").to_list() == [0, 0, 1]
+    assert runs.get_column("ttft_ms_p50").to_list() == [
+        pytest.approx(100.0, rel=1e-3), pytest.approx(200.0, rel=1e-3), pytest.approx(300.0, rel=1e-3)
+    ]  # fmt: skip
+    assert math.isinf(runs.row(2, named=True)["ttft_ms_with_failures_p99"])
+    assert runs.get_column("run_started").to_list() == [day(1, 1), day(1, 2), day(1, 3)]
+    assert rolling_view(tmp_path, window=DAY, step=DAY, class_name=["chat"]).runs.height == 3
+
+
+def test_the_table_and_the_plot_show_the_same_percentile_and_every_run(tmp_path: Path) -> None:
+    """With a p90 SLO the table's p column says p90 and its TTFT cell is the window's p90
+    (the table showed p50/p99 while the plot drew p90); the plot draws p90 too, the windows
+    as a line and the five runs of one window as five points."""
+    p90 = SloTargets(ttft_ms=500, tpot_ms=50, percentile=90)
+    for hour in range(1, 6):
+        write_run(tmp_path, day(1, hour), same_ttft(20, 100.0 * hour), slos={"chat": p90})
+    view = rolling_view(tmp_path, window=DAY, step=DAY)
+    window = view.windows.row(0, named=True)
+    console = Console(width=200, record=True)
+    console.print(render_rolling_table(view.windows, {"chat": p90}))
+    row = next(line for line in console.export_text().splitlines() if " chat " in line)
+    shown = f"{fmt_ms(window['ttft_ms_p90'])}/{fmt_ms(window['ttft_ms_with_failures_p90'])}"
+    assert " p90 " in row
+    assert shown in row
+    figure = rolling_figure(view.windows, slo_ms={"chat": p90}, runs=view.runs)
+    top = figure.axes[0]
+    labels = [line.get_label() for line in top.get_lines()]
+    assert "chat p90 (all), windows" in labels
+    assert not any("p99" in label or "p50" in label for label in labels)
+    each_run = next(line for line in top.get_lines() if line.get_label().endswith("each run"))
+    assert len(each_run.get_xdata()) == 5
+    assert list(each_run.get_ydata()) == [
+        pytest.approx(v, rel=1e-3) for v in view.runs.get_column("ttft_ms_with_failures_p90")
+    ]
+
+
+def test_report_store_writes_its_page_beside_not_into_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report STORE` writes rolling-report/ in the current folder (it wrote it into the
+    store), with an HTML page and its Markdown twin holding the windows and every run;
+    `--class` may be given twice, as `compare --class`."""
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+
+    store = tmp_path / "store"
+    for n in (1, 2):
+        write_run(store, day(n), [*same_ttft(10, 100.0 * n),
+                                  stream(10, ttft_ms=50.0, class_name="agent")])  # fmt: skip
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = CliRunner().invoke(cli, ["report", str(store), "--class", "chat", "--class", "agent"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in store.iterdir() if not p.name.startswith("2026")) == []
+    written = sorted(p.name for p in (here / "rolling-report").iterdir())
+    assert written == ["rolling-tpot.png", "rolling-ttft.png", "rolling.html", "rolling.json",
+                       "rolling.md"]  # fmt: skip
+    page = (here / "rolling-report" / "rolling.html").read_text()
+    assert "Runs (each a point on the plots)" in page
+    windows, runs = page.split("Runs (each a point on the plots)")
+    assert windows.count("<tr><td>2026-03-0") == 2 * 2  # two window ends, two classes
+    assert runs.count("<tr><td>2026-03-0") == 2 * 2  # two runs, two classes
+    assert windows.count("data:image/png;base64,") == 2  # the plots, inline
+    markdown = (here / "rolling-report" / "rolling.md").read_text()
+    assert "![TTFT over the windows" in markdown
+    assert "(rolling-ttft.png)" in markdown

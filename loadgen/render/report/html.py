@@ -1,10 +1,11 @@
-"""The run report as one self-contained HTML page: inline CSS, PNGs as data URIs, no
-network loads, every string escaped."""
+"""The run report (and the rolling view) as one self-contained HTML page: inline CSS, PNGs
+as data URIs, no network loads, every string escaped."""
 
 from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Mapping, Sequence
 
 from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table
 from loadgen.render.report.document import document
@@ -35,16 +36,22 @@ _CELL_TONE = {"MET": "good", "PASS": "good", "MISSED": "bad", "FAIL": "bad", "fa
 
 def render_html(report: RunReport) -> str:
     """One self-contained HTML page: inline CSS, PNGs as data URIs, every text escaped."""
-    e = html.escape
-    body = "\n".join(_html_block(b, report) for b in document(report))
-    title = e(f"loadgen report · {report.summary.run_id}")
+    return page_html(f"loadgen report · {report.summary.run_id}", document(report),
+                     report.figures)  # fmt: skip
+
+
+def page_html(title: str, blocks: Sequence[Block], figures: Mapping[str, bytes]) -> str:
+    """`blocks` as one self-contained page titled `title`; a `Figure` block's PNG is
+    `figures[name]`, embedded as a data URI."""
+    body = "\n".join(_html_block(b, figures) for b in blocks)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{title}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+        f"{body}\n</body>\n</html>\n"
     )
 
 
-def _html_block(block: Block, report: RunReport) -> str:
+def _html_block(block: Block, figures: Mapping[str, bytes]) -> str:
     e = html.escape
     if isinstance(block, Heading):
         return f"<h{block.level}>{e(block.text)}</h{block.level}>"
@@ -54,12 +61,12 @@ def _html_block(block: Block, report: RunReport) -> str:
     if isinstance(block, Table):
         return _html_table(block)
     if isinstance(block, Figure):
-        data = base64.b64encode(report.figures[block.name]).decode("ascii")
+        data = base64.b64encode(figures[block.name]).decode("ascii")
         return (
             f'<figure><img alt="{e(block.caption)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{e(block.caption)}</figcaption></figure>"
         )
-    inner = "\n".join(_html_block(b, report) for b in block.blocks)
+    inner = "\n".join(_html_block(b, figures) for b in block.blocks)
     if block.is_open:
         return f"<details open><summary>{e(block.summary)}</summary>\n{inner}\n</details>"
     folded = f"{e(block.summary)}: folded, click to show"

@@ -1,9 +1,10 @@
-"""The run report as Markdown: the same blocks as the HTML page; figures link to the PNGs
-written beside it."""
+"""The run report (and the rolling view) as Markdown: the same blocks as the HTML page;
+figures link to the PNGs written beside it."""
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table
 from loadgen.render.report.document import document
@@ -12,7 +13,12 @@ from loadgen.render.report.model import RunReport
 
 def render_markdown(report: RunReport) -> str:
     """Markdown: the same blocks; figures link to `<name>.png` beside the file."""
-    return "\n\n".join(_md_block(b) for b in document(report)) + "\n"
+    return page_markdown(document(report))
+
+
+def page_markdown(blocks: Sequence[Block]) -> str:
+    """`blocks` as Markdown; a figure links to `<name>.png` beside the file."""
+    return "\n\n".join(_md_block(b) for b in blocks) + "\n"
 
 
 def _md_block(block: Block) -> str:
