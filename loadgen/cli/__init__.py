@@ -13,7 +13,13 @@ running (report refuses it); 130 interrupted. 4, 5, 6 and 130 are no verdict.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
 
 import click
 
@@ -74,4 +80,33 @@ def cli(verbose: int) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    matplotlib_home()
     cli()
+
+
+MPLCONFIGDIR = "MPLCONFIGDIR"  # matplotlib's config and font-cache folder
+
+
+def matplotlib_home() -> Path | None:
+    """Point matplotlib's config and font cache at a folder of this user's under the system's
+    temp folder (`loadgen-matplotlib-UID`, owner-only), unless MPLCONFIGDIR says where:
+    left to itself matplotlib writes its font cache to ~/.cache/matplotlib, and loadgen
+    leaves nothing in the home folder. A folder of that name another user made, or one open
+    to others, is not used: a fresh one is, removed at exit (the font cache is then rebuilt,
+    ~0.3 s). Returns the folder chosen (None: the user's MPLCONFIGDIR)."""
+    if os.environ.get(MPLCONFIGDIR):
+        return None
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    folder = Path(tempfile.gettempdir()) / f"loadgen-matplotlib-{uid if uid is not None else 0}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = folder.lstat()
+        mine = uid is None or found.st_uid == uid
+        usable = stat.S_ISDIR(found.st_mode) and mine and not found.st_mode & 0o077
+    except OSError:
+        usable = False
+    if not usable:
+        folder = Path(tempfile.mkdtemp(prefix="loadgen-matplotlib-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ[MPLCONFIGDIR] = str(folder)
+    return folder

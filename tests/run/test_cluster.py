@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import sys
+import types
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +26,13 @@ from loadgen.run.cluster import (
     plan_placement,
     skew_problems,
     write_lost_shard,
+)
+from loadgen.run.raycluster.driver import (
+    LOOPBACK_ONLY,
+    RAY_AUTH_MODE,
+    RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH,
+    import_ray,
 )
 from loadgen.testing.builders import workload_file
 from loadgen.workload.plans import plan_work
@@ -123,6 +133,29 @@ def test_ray_without_the_extra_says_how_to_install_it(
     assert "pip install 'loadgen[ray]'" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_a_local_ray_gets_a_token_of_the_run_and_a_cluster_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--ray` alone: token auth with a fresh 256-bit token in the environment Ray's processes
+    inherit (left to itself Ray saved one to ~/.ray/auth_token); a token or token file the
+    user set is kept; `--ray ADDRESS` joins a cluster with whatever token it has."""
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # no Ray is started
+    for name in (RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, LOOPBACK_ONLY):
+        monkeypatch.setenv(name, "")  # recorded, so what import_ray sets is undone after
+        monkeypatch.delenv(name)
+    import_ray("auto")
+    assert RAY_AUTH_TOKEN not in os.environ
+    assert RAY_AUTH_MODE not in os.environ
+    import_ray(None)
+    token = os.environ[RAY_AUTH_TOKEN]
+    assert re.fullmatch(r"[0-9a-f]{64}", token)
+    assert os.environ[RAY_AUTH_MODE] == "token"
+    monkeypatch.delenv(RAY_AUTH_TOKEN)
+    monkeypatch.setenv(RAY_AUTH_TOKEN_PATH, "/somewhere/token")
+    import_ray(None)
+    assert RAY_AUTH_TOKEN not in os.environ
 
 
 @pytest.mark.parametrize(

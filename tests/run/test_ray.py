@@ -285,10 +285,16 @@ def test_ray_without_an_address_starts_a_local_ray_for_the_run_and_stops_it(
 ) -> None:
     """`--ray` alone: a one-node Ray of its own started by the driver (not the module's
     cluster, which runs on this host too), on loopback though the test's environment does
-    not ask for it (the driver does), two shards SPREAD on it, merged; no shard left."""
+    not ask for it (the driver does), two shards SPREAD on it, merged; no shard left; and
+    nothing in the home folder (Ray wrote ~/.ray/auth_token, which every later `ray start`
+    enforced), the run saying where Ray's own state went."""
     workload = workload_file(tmp_path, SHORT % 40)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env = {k: v for k, v in os.environ.items()
+           if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" and not k.startswith("RAY_AUTH")}  # fmt: skip
     env["RAY_ADDRESS"] = ""
+    home = tmp_path / "home"
+    home.mkdir()
+    env["HOME"] = str(home)
     ran = subprocess.run(
         [sys.executable, "-m", "loadgen", "run", str(workload), "--ray", "--shards", "2", "--out",
          str(tmp_path), "--run-id", "local", "--lag-bound-ms", "1000"],
@@ -296,6 +302,10 @@ def test_ray_without_an_address_starts_a_local_ray_for_the_run_and_stops_it(
     )  # fmt: skip
     assert ran.returncode in VERDICTS, ran.stderr[-3000:]
     assert "started a local Ray for this run" in ran.stderr
+    assert list(home.rglob("*")) == []
+    session = re.search(r"its logs and state in (\S+),", ran.stderr)
+    assert session is not None
+    assert Path(session.group(1)).is_dir()
     info = json.loads((tmp_path / "local" / "run.json").read_text())
     assert info["ray"]["started_local"] is True
     assert info["ray"]["strategy"] == "SPREAD"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -56,14 +57,26 @@ PROGRESS_S = 5.0  # a progress line this often (not on a terminal: it would scro
 
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch: "0" keeps a node on 127.0.0.1
+# Ray's token authentication: the mode, and the token itself (or a file holding it), which
+# Ray's processes read from the environment before ~/.ray/auth_token.
+RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH = (
+    "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+)  # fmt: skip
 
 
 def import_ray(address: str | None) -> Any:
     """Ray, or a usage error that says how to install it. A local Ray started for one run
     (no address) serves only this host: it is kept on loopback (Ray's own switch, read when
-    Ray is imported) rather than listening on this host's network address."""
+    Ray is imported) rather than listening on this host's network address, and its token
+    authentication gets a token of this process's own, in its environment (which Ray's
+    processes inherit): left to itself, Ray writes a new token to ~/.ray/auth_token, which
+    every later `ray start` on this host then enforces, refusing nodes that lack it
+    ("InvalidAuthToken"). A token or mode the user set is kept."""
     if address is None:
         os.environ.setdefault(LOOPBACK_ONLY, "0")
+        if not (os.environ.get(RAY_AUTH_TOKEN) or os.environ.get(RAY_AUTH_TOKEN_PATH)):
+            os.environ.setdefault(RAY_AUTH_MODE, "token")
+            os.environ[RAY_AUTH_TOKEN] = secrets.token_hex(32)  # Ray's own: 256 random bits
     try:
         import ray  # optional: only a Ray run needs it
     except ImportError:
@@ -180,7 +193,9 @@ def _connect(ray: Any, address: str | None, log: TextIO, quiet: bool) -> bool:
         if address is None:  # `local`: a new Ray, even with one running here already
             ray.init(address="local", **kwargs)
             if not quiet:
-                print("ray: started a local Ray for this run (one node)", file=log)
+                print(f"ray: started a local Ray for this run (one node, on loopback; its "
+                      f"logs and state in {_session_dir(ray)}, its auth token in this "
+                      "process's environment only: nothing in your home)", file=log)  # fmt: skip
             return True
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -189,6 +204,15 @@ def _connect(ray: Any, address: str | None, log: TextIO, quiet: bool) -> bool:
             "address (host:6379), `auto` on a cluster node, or no value to start a local one"
         ) from None
     return False
+
+
+def _session_dir(ray: Any) -> str:
+    """Where the local Ray keeps its logs and state (its session folder, under Ray's temp
+    folder: /tmp/ray unless RAY_TMPDIR says otherwise); Ray's own, left for reading after."""
+    try:
+        return str(ray._private.worker._global_node.get_session_dir_path())
+    except AttributeError:  # a Ray that moved it: say where it is by default
+        return "Ray's temp folder (/tmp/ray unless RAY_TMPDIR)"
 
 
 def _place(ray: Any, count: int, strategy: str) -> tuple[Any, list[Shard]]:
