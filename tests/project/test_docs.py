@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import markdown
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 400
@@ -73,6 +74,38 @@ def test_the_strict_build_fails_on_a_broken_anchor(tmp_path: Path) -> None:
     done = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-heading" in done.stdout + done.stderr
+
+
+def readme_setup_commands() -> list[str]:
+    """The bash blocks of the README's "Set up" section: the run command, the test command."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_the_readme_installs_only_what_running_needs_and_the_test_extra_to_test() -> None:
+    """The run command installs loadgen alone (it installed the test extra: Ray, mypy, ...,
+    an 837 MB venv for a first run; 420 MB without); the test command installs the test
+    extra, and `.ci/run` installs it and runs that same test command."""
+    run, test = readme_setup_commands()
+    assert "pip install -e . &&" in run
+    assert "[test]" not in run
+    assert "loadgen run workloads/" in run
+    install, command = test.split(" && ")
+    assert install == "pip install -e '.[test]'"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "python -m pip install --quiet -e '.[test]'" in ci
+    assert any(line.startswith(command + " ") for line in ci), command
+
+
+def test_a_docs_build_as_documented_leaves_nothing_untracked() -> None:
+    """`mkdocs build --strict` at the root, as the README says, writes site/: git ignores it
+    (it was left untracked), as it ignores the rolling view's default folder."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("site/index.html", "rolling-report/rolling.html"):
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, check=False)
+        assert done.returncode == 0, f"{path} is not ignored by git"
 
 
 def test_the_readme_is_at_most_400_lines() -> None:
