@@ -439,3 +439,19 @@ def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, 
             raise click.BadParameter(f"{value!r:.80}: {problem}", param_hint=flag)
         headers[name.strip()] = rest.strip()
     return headers
+
+
+def check_report_paths(*paths: tuple[str, Path | None]) -> None:
+    """--junit / --markdown must land in an existing folder: checked before any traffic."""
+    for flag, path in paths:
+        if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
+            raise OptionError(flag, f"the folder of {path} does not exist",
+                              "create it first, or write the file elsewhere")  # fmt: skip
+
+
+def write_text(path: Path, text: str) -> None:
+    """A --junit or --markdown file; a failed write is an error naming it, not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise LoadgenError(f"cannot write {path}: {exc.strerror}") from None

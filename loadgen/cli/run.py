@@ -23,6 +23,7 @@ from loadgen.cli.options import (
     VERDICT,
     GroupedHelp,
     check_memory_line,
+    check_report_paths,
     check_run_id,
     check_run_step_options,
     check_url,
@@ -34,16 +35,22 @@ from loadgen.cli.options import (
     shared_spec,
     url_option,
     workload_options,
+    write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
 from loadgen.engine.preflight import check_reachable
 from loadgen.engine.transport import make_endpoint
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import VERDICT_PRECEDENCE, LoadgenError, OptionError
+from loadgen.errors import VERDICT_PRECEDENCE, OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan
-from loadgen.render.repeats_view import repeats_file, spread_table
-from loadgen.render.run_checks import render_run_junit, render_run_markdown
+from loadgen.render.repeats_view import repeats_file, spread_markdown, spread_table
+from loadgen.render.run_checks import (
+    render_repeats_junit,
+    render_repeats_markdown,
+    render_run_junit,
+    render_run_markdown,
+)
 from loadgen.render.terminal import render_processes, render_summary
 from loadgen.results.runfolder import new_run_id
 from loadgen.results.write import write_files
@@ -127,14 +134,16 @@ from loadgen.workload.spec import WorkloadSpec
     "--junit",
     "junit_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the run's SLO checks as JUnit XML: a testcase per class per check.",
+    help="Write the run's SLO checks as JUnit XML: a testcase per class per check (with "
+    "--repeats, every run's, each run's suites named RUN-ID.CLASS).",
 )
 @option(
     OUTPUT,
     "--markdown",
     "markdown_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the same checks as a Markdown table (for a CI job summary).",
+    help="Write the same checks as a Markdown table (for a CI job summary; with --repeats, "
+    "every run's checks and the between-run spread).",
 )
 @option(
     OUTPUT,
@@ -197,7 +206,7 @@ def run(
     if prometheus_listen is not None:
         parse_listen(prometheus_listen)  # a bad value is refused by --dry-run too
     if repeats > 1:
-        check_repeats(shard_text, junit_path, markdown_path)
+        check_repeats(shard_text)
     if start_when_told and (shard_text is None or start_at_text is not None):
         raise OptionError(
             "--start-when-told", "needs --shard and no --start-at",
@@ -246,11 +255,14 @@ def run(
             with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
                 result = execute(spec, each, live=exporter)
             results.append(result)
-            _print_result(result, junit_path, markdown_path)
+            if repeats == 1:
+                _print_result(result, junit_path, markdown_path)
+            else:  # each repeat's table; the JUnit and Markdown cover them all, at the end
+                _print_result(result, None, None)
             if result.interrupted:  # Ctrl-C, SIGTERM or the watchdog: no more repeats
                 break
         if repeats > 1:
-            _print_repeats(results, out_dir / base)
+            _print_repeats(results, out_dir / base, junit_path, markdown_path)
     sys.exit(worst_exit(r.exit_code for r in results))
 
 
@@ -269,15 +281,27 @@ def _print_result(result: RunResult, junit_path: Path | None, markdown_path: Pat
         console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
 
 
-def _print_repeats(results: list[RunResult], folder: Path) -> None:
-    """The between-run spread of the repeats, and repeats.json in `folder`."""
-    spread = repeats_of([r.summary for r in results])
+def _print_repeats(
+    results: list[RunResult], folder: Path, junit_path: Path | None, markdown_path: Path | None
+) -> None:
+    """The between-run spread of the repeats, and repeats.json in `folder`; the JUnit (each
+    run's suites) and the Markdown (every run's checks, the spread) of them all."""
+    summaries = [r.summary for r in results]
+    spread = repeats_of(summaries)
     console = output_console()
     console.print(spread_table(spread))
     verdicts = ", ".join(f"{r.run_dir.name} {r.summary.verdict.status}" for r in results)
     console.print(f"repeats: {verdicts}")
     for path in write_files(folder, repeats_file(spread)):
         console.print(f"wrote {path}")
+    if junit_path is not None:
+        write_text(junit_path, render_repeats_junit(summaries))
+        console.print(f"wrote {junit_path}")
+    if markdown_path is not None:
+        worst = worst_exit(r.exit_code for r in results)
+        write_text(markdown_path, render_repeats_markdown(summaries, worst,
+                                                          spread_markdown(spread)))  # fmt: skip
+        console.print(f"wrote {markdown_path}")
 
 
 def worst_exit(codes: Iterable[int]) -> int:
@@ -286,15 +310,11 @@ def worst_exit(codes: Iterable[int]) -> int:
     return next((code for code in VERDICT_PRECEDENCE if code in seen), max(seen, default=0))
 
 
-def check_repeats(shard_text: str | None, junit: Path | None, markdown: Path | None) -> None:
+def check_repeats(shard_text: str | None) -> None:
     """--repeats runs whole runs on one host, each judged on its own."""
     if shard_text is not None:
         raise OptionError("--repeats", "does not combine with --shard",
                           "repeat the sharded run (and its merge) instead")  # fmt: skip
-    for flag, path in (("--junit", junit), ("--markdown", markdown)):
-        if path is not None:
-            raise OptionError(flag, "describes one run, and --repeats makes several",
-                              "drop it, or run the repeats one by one")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -313,21 +333,6 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def check_report_paths(*paths: tuple[str, Path | None]) -> None:
-    """--junit / --markdown must land in an existing folder: checked before any traffic."""
-    for flag, path in paths:
-        if path is not None and not (path.parent if str(path.parent) else Path(".")).is_dir():
-            raise OptionError(flag, f"the folder of {path} does not exist",
-                              "create it first, or write the file elsewhere")  # fmt: skip
-
-
-def write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise LoadgenError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:

@@ -20,6 +20,7 @@ from loadgen.analysis.repeats import (
     Spread,
     to_json,
 )
+from loadgen.render.compare_view import md_cell
 from loadgen.render.terminal import fmt_num
 
 
@@ -43,16 +44,41 @@ def spread_table(repeats: Repeats) -> Table:
     title = (f"between-run spread of {runs} repeats (mean, two-sided t-interval at "
              f"{repeats.level:.0%}, min–max; latencies in ms, failures worst)")  # fmt: skip
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
-    for header in ("class", "figure", "per run", "mean", "interval", "min–max"):
+    for header in SPREAD_HEADERS:
         table.add_column(header, justify="left" if header in ("class", "figure") else "right")
+    for row in _spread_rows(repeats):
+        table.add_row(*row)
+    return table
+
+
+SPREAD_HEADERS = ("class", "figure", "per run", "mean", "interval", "min–max")
+
+
+def _spread_rows(repeats: Repeats) -> list[tuple[str, ...]]:
+    """Per class and figure: each run's value, the mean, its t-interval, min–max."""
+    rows: list[tuple[str, ...]] = []
     for name, figures in repeats.figures.items():
         for figure, s in figures.items():
             values = " ".join(_figure(v, figure) for v in s.values)
             spread_text = "—" if s.min is None else (
                 f"{_figure(s.min, figure)}–{_figure(s.max, figure)}")  # fmt: skip
-            table.add_row(name, figure, values, _figure(s.mean, figure), _interval(s, figure),
-                          spread_text)  # fmt: skip
-    return table
+            rows.append((name, figure, values, _figure(s.mean, figure), _interval(s, figure),
+                         spread_text))  # fmt: skip
+    return rows
+
+
+def spread_markdown(repeats: Repeats) -> list[str]:
+    """`spread_table` as Markdown lines (for `run --repeats --markdown`)."""
+    runs = len(repeats.run_ids)
+    lines = [
+        f"**between-run spread of {runs} repeats** (mean, two-sided t-interval at "
+        f"{repeats.level:.0%}, min–max; latencies in ms, failures worst)",
+        "",
+        "| " + " | ".join(SPREAD_HEADERS) + " |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in _spread_rows(repeats)]
+    return lines
 
 
 def repeats_file(repeats: Repeats) -> dict[str, bytes]:

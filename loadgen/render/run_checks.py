@@ -15,6 +15,7 @@ The JUnit document comes from the one builder `loadgen compare --junit` uses
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from loadgen.render.compare_view import md_cell
@@ -157,6 +158,18 @@ def _generator_row(summary: Summary) -> Row:
 
 def render_run_junit(summary: Summary) -> str:
     """A testsuite per class (and one for the generator), a testcase per check."""
+    return junit_xml(f"loadgen run {summary.run_id}", _suites(summary, "run"))
+
+
+def render_repeats_junit(summaries: Sequence[Summary]) -> str:
+    """`run --repeats K`: each run's suites (`RUN-ID.class`, a testcase per check), so a CI
+    system shows every repeat's checks and fails on any run's miss."""
+    title = f"loadgen run --repeats {len(summaries)}"
+    return junit_xml(title, [s for summary in summaries for s in _suites(summary, summary.run_id)])
+
+
+def _suites(summary: Summary, prefix: str) -> list[Suite]:
+    """A run's suites named `prefix.class`, each check's figures as properties."""
     found = rows(summary)
     suites = []
     for name in dict.fromkeys(r.class_name for r in found):
@@ -167,8 +180,8 @@ def render_run_junit(summary: Summary) -> str:
                                    ("target", r.target), ("requests", str(r.requests)))
                       if v}  # fmt: skip
         properties["run_id"] = summary.run_id
-        suites.append(Suite(name=f"run.{name}", cases=cases, properties=properties))
-    return junit_xml(f"loadgen run {summary.run_id}", suites)
+        suites.append(Suite(name=f"{prefix}.{name}", cases=cases, properties=properties))
+    return suites
 
 
 def _case(row: Row) -> Case:
@@ -185,36 +198,78 @@ def _case(row: Row) -> Case:
     return Case(name=row.check, output=detail)
 
 
+TITLES = {
+    "met": "SLO MET",
+    "missed": "SLO MISSED",
+    "inconclusive": "SLO INCONCLUSIVE (nothing missed; not everything could be judged)",
+    "fell_behind": "INVALID (the generator fell behind)",
+}
+
+
 def render_run_markdown(summary: Summary) -> str:
     """The same checks as a Markdown table, for a CI job summary."""
     verdict = summary.verdict
-    title = {
-        "met": "SLO MET",
-        "missed": "SLO MISSED",
-        "inconclusive": "SLO INCONCLUSIVE (nothing missed; not everything could be judged)",
-        "fell_behind": "INVALID (the generator fell behind)",
-    }
     lines = [
-        f"### loadgen run: {title.get(verdict.status, verdict.status.upper())} "
+        f"### loadgen run: {TITLES.get(verdict.status, verdict.status.upper())} "
         f"(exit {verdict.exit_code})",
         "",
         f"run `{md_cell(summary.run_id)}` · {summary.duration_s:,.1f} s",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|---|---|---:|---|---:|---:|---|",
+        *_table(HEADERS, [("", r) for r in rows(summary)]),
+        *_why_lines([("", r) for r in rows(summary)]),
     ]
-    for row in rows(summary):
+    return "\n".join(lines) + "\n"
+
+
+def render_repeats_markdown(
+    summaries: Sequence[Summary], exit_code: int, spread: Sequence[str] = ()
+) -> str:
+    """`run --repeats K` for a CI job summary: the worst verdict, every run's checks in one
+    table (a `run` column first), the between-run spread (`spread`: its Markdown lines,
+    `repeats_view.spread_markdown`), and why each check that was not met was not."""
+    worst = next((s for s in summaries if s.verdict.exit_code == exit_code), summaries[-1])
+    status = worst.verdict.status
+    found = [(s.run_id, r) for s in summaries for r in rows(s)]
+    runs = ", ".join(
+        f"`{md_cell(s.run_id)}` {s.verdict.status} (exit {s.verdict.exit_code})" for s in summaries
+    )
+    lines = [
+        f"### loadgen run --repeats {len(summaries)}: {TITLES.get(status, status.upper())} "
+        f"(exit {exit_code}, the worst run's)",
+        "",
+        f"runs: {runs}",
+        "",
+        *_table(("run", *HEADERS), found),
+        *(["", *spread] if spread else []),
+        *_why_lines(found),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _table(headers: Sequence[str], found: Sequence[tuple[str, Row]]) -> list[str]:
+    """The checks' rows (after a run id when the headers start with `run`)."""
+    with_run = headers[0] == "run"
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + ("---|" if with_run else "") + "---|---|---:|---|---:|---:|---|"]  # fmt: skip
+    for run_id, row in found:
         status = {"MET": "MET", "ok": "ok", "skipped": "not judged"}.get(
             row.status, f"**{row.status}**"
         )
-        cells = [row.class_name, row.label, row.measured, row.bounds,
-                 row.target, f"{row.requests:,}", status]  # fmt: skip
-        lines.append("| " + " | ".join(md_cell(c) if i < 6 else c
-                                        for i, c in enumerate(cells)) + " |")  # fmt: skip
-    found = rows(summary)
-    failed = [r for r in found if r.status in ("MISSED", "INCONCLUSIVE", "INVALID")]
+        cells = [row.class_name, row.label, row.measured, row.bounds, row.target,
+                 f"{row.requests:,}"]  # fmt: skip
+        shown = [*([f"`{md_cell(run_id)}`"] if with_run else []), *map(md_cell, cells), status]
+        lines.append("| " + " | ".join(shown) + " |")
+    return lines
+
+
+def _why_lines(found: Sequence[tuple[str, Row]]) -> list[str]:
+    """Why each check that was not met was not (after its run id, when there are several);
+    or why nothing was judged."""
+    failed = [(run_id, r) for run_id, r in found if r.status in ("MISSED", "INCONCLUSIVE",
+                                                                  "INVALID")]  # fmt: skip
     if failed:
-        lines += ["", *(f"- {md_cell(r.why)}" for r in failed)]
-    elif found and found[0].status == "skipped":
-        lines += ["", md_cell(found[0].why)]
-    return "\n".join(lines) + "\n"
+        return ["", *(f"- {f'{run_id}: ' if run_id else ''}{md_cell(r.why)}"
+                      for run_id, r in failed)]  # fmt: skip
+    if found and found[0][1].status == "skipped":
+        return ["", md_cell(found[0][1].why)]
+    return []

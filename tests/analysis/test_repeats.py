@@ -112,11 +112,16 @@ def repeat_runs(tmp_path: Path, run_id: str, delay_s: float, *extra: str) -> tup
 @pytest.mark.slow
 def test_run_repeats_and_compare_them_end_to_end(tmp_path: Path) -> None:
     """`run --repeats 3` writes three run folders (id-r1..r3) and id/repeats.json with each
-    figure's three values; `compare` of two repeats folders: a server 100 ms slower to its
-    first token REGRESSED (exit 2), the same server again: no regression (exit 0)."""
-    code, output = repeat_runs(tmp_path, "before", 0.0)
+    figure's three values, and one JUnit and one Markdown of the three; `compare` of two
+    repeats folders: a server 100 ms slower to its first token REGRESSED (exit 2), the same
+    server again: no regression (exit 0)."""
+    junit, markdown = tmp_path / "j.xml", tmp_path / "s.md"
+    code, output = repeat_runs(tmp_path, "before", 0.0, "--junit", str(junit),
+                               "--markdown", str(markdown))  # fmt: skip
     assert code == 0, output
     assert "between-run spread of 3 repeats" in output
+    assert junit.read_text().count('<testsuite name="before-r') == 3 * 2  # chat, generator
+    assert markdown.read_text().startswith("### loadgen run --repeats 3: SLO MET (exit 0")
     assert sorted(p.name for p in tmp_path.glob("before-r*")) == ["before-r1", "before-r2",
                                                                    "before-r3"]  # fmt: skip
     data = json.loads((tmp_path / "before" / "repeats.json").read_text())
@@ -134,9 +139,9 @@ def test_run_repeats_and_compare_them_end_to_end(tmp_path: Path) -> None:
     assert "REGRESSED" not in same.output
 
 
-@pytest.mark.parametrize("extra", [["--junit", "j.xml"], ["--shard", "0/2", "--start-at", "0"]])
+@pytest.mark.parametrize("extra", [["--shard", "0/2", "--start-at", "0"]])
 def test_repeats_refuse_what_describes_one_run(tmp_path: Path, extra: list[str]) -> None:
-    """--repeats with --junit (one run's checks) or --shard: exit 1, nothing sent."""
+    """--repeats with --shard: exit 1, nothing sent."""
     path = workload_file(tmp_path, chat_workload(requests=5))
     result = CliRunner().invoke(cli, ["run", str(path), "--url", "http://127.0.0.1:9",
                                       "--repeats", "2", *extra])  # fmt: skip

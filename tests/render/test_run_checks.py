@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.repeats import repeats_of
 from loadgen.cli import cli
-from loadgen.render.run_checks import render_run_junit, render_run_markdown, rows
+from loadgen.render.repeats_view import spread_markdown
+from loadgen.render.run_checks import (
+    render_repeats_junit,
+    render_repeats_markdown,
+    render_run_junit,
+    render_run_markdown,
+    rows,
+)
 from loadgen.results.runfolder import read_summary
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
@@ -161,3 +169,29 @@ def test_an_inconclusive_check_fails_its_case_as_inconclusive(tmp_path: Path) ->
     markdown = (tmp_path / "i.md").read_text()
     assert markdown.startswith("### loadgen run: SLO INCONCLUSIVE")
     assert "**INCONCLUSIVE**" in markdown
+
+
+def test_repeats_write_every_runs_checks_and_the_spread(failing_run: tuple[int, str, Path]) -> None:
+    """`run --repeats` with --junit/--markdown (refused before): the JUnit holds each run's
+    suites (`RUN-ID.class`), failing where that run missed; the Markdown names the worst
+    verdict and exit, every run's checks in one table with a run column, the between-run
+    spread, and why each miss is one, after its run id."""
+    _, _, tmp = failing_run
+    missed = read_summary(tmp / "f")
+    met = dataclasses.replace(
+        missed, run_id="f-r2",
+        verdict=dataclasses.replace(missed.verdict, status="met", slo_met=True, exit_code=0),
+    )  # fmt: skip
+    first = dataclasses.replace(missed, run_id="f-r1")
+    root = ET.fromstring(render_repeats_junit([first, met]))
+    suites = [s.get("name") for s in root.iter("testsuite")]
+    assert suites == ["f-r1.chat", "f-r1.generator", "f-r2.chat", "f-r2.generator"]
+    assert [s.get("failures") for s in root.iter("testsuite")] == ["1", "0", "1", "0"]
+    markdown = render_repeats_markdown([first, met], 2, spread_markdown(repeats_of([first, met])))
+    assert markdown.startswith("### loadgen run --repeats 2: SLO MISSED (exit 2, the worst run's)")
+    table = [line for line in markdown.splitlines() if line.startswith("| `f-r")]
+    assert len(table) == 2 * 3  # two runs, two checks and the generator each
+    assert "| `f-r1` | chat | TTFT p90 (failures worst) |" in markdown
+    assert "**between-run spread of 2 repeats**" in markdown
+    assert "| chat | ttft_ms p90 |" in markdown
+    assert "- f-r1: TTFT p90 (failures worst) of class chat:" in markdown

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -116,6 +117,24 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
     result = CliRunner().invoke(cli, ["merge", *map(str, dirs), "--out", str(tmp), "--run-id", "m"])
     assert result.exit_code == 0, result.output
     return tmp / "whole", tmp / "m", dirs
+
+
+@pytest.mark.slow  # four shards and an unsharded run: ~20 s on 2 cores
+def test_merge_writes_the_merged_runs_checks_as_junit_and_markdown(
+    sharded: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """`merge --junit --markdown` (as `run` has them): the merged run's checks, one testsuite
+    per class and the generator's, and the Markdown table with its verdict."""
+    _, _, dirs = sharded
+    junit, markdown = tmp_path / "slo.xml", tmp_path / "slo.md"
+    result = CliRunner().invoke(cli, ["merge", *map(str, dirs), "--out", str(tmp_path), "--run-id",
+                                      "again", "--junit", str(junit), "--markdown", str(markdown)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"wrote {junit}" in " ".join(result.output.split())
+    root = ET.fromstring(junit.read_text())
+    assert root.get("name") == "loadgen run again"
+    assert "run.generator" in [s.get("name") for s in root.iter("testsuite")]
+    assert markdown.read_text().startswith("### loadgen run: SLO MET (exit 0)")
 
 
 @pytest.mark.slow  # four shards and an unsharded run: ~20 s on 2 cores
