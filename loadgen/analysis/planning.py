@@ -30,8 +30,7 @@ class PlanInputs:
     arrival_rate_per_s: float | None = None
     drain_rate_per_s: float | None = None  # None: slots_per_replica / T_hold
     decode_table: DecodeTable = ()
-    gpus_per_replica: float | None = None
-    gpu_hour_usd: float | None = None
+    price_per_hour: float | None = None  # one replica's, as `run --price-per-hour`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,11 +89,12 @@ class Fleet:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cost:
-    """Dollars per hour and per million SLO-meeting output tokens."""
+    """Per hour and per million SLO-meeting output tokens, in the currency of
+    `--price-per-hour` (as `run`'s cost)."""
 
-    fleet_usd_per_hour: float | None  # replicas × GPUs × $/GPU-h (needs an arrival rate)
-    usd_per_million_tokens: float | None  # at λ·N_out tokens/s
-    usd_per_million_tokens_at_capacity: float | None  # one replica at its goodput optimum
+    fleet_per_hour: float | None  # replicas × price per replica-hour (needs an arrival rate)
+    per_million_tokens: float | None  # at λ·N_out tokens/s
+    per_million_tokens_at_capacity: float | None  # one replica at its goodput optimum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -294,16 +294,16 @@ def _goodput_rows(i: PlanInputs, r: Plan) -> list[tuple[str, str, str] | None]:
     if r.cost:
         rows += [
             None,
-            ("fleet cost", _num(r.cost.fleet_usd_per_hour, " $/h"), "replicas × GPUs × $/GPU-h"),
+            ("fleet cost", _num(r.cost.fleet_per_hour, " /h"), "replicas × --price-per-hour"),
             (
                 "per million SLO-meeting tokens",
-                _num(r.cost.usd_per_million_tokens, " $"),
-                "fleet $/h / (λ × N_out × 3600 / 10⁶)",
+                _num(r.cost.per_million_tokens),
+                "fleet /h / (λ × N_out × 3600 / 10⁶)",
             ),
             (
                 "  at one replica's goodput optimum",
-                _num(r.cost.usd_per_million_tokens_at_capacity, " $"),
-                "GPUs × $/GPU-h / (goodput × 3600 / 10⁶)",
+                _num(r.cost.per_million_tokens_at_capacity),
+                "--price-per-hour / (goodput × 3600 / 10⁶)",
             ),
         ]
     return rows
@@ -320,7 +320,7 @@ _UNITS = {
     "output_tokens": " tokens",
     "arrival_rate_per_s": " req/s",
     "drain_rate_per_s": " req/s",
-    "gpu_hour_usd": " $/h",
+    "price_per_hour": " /h",
     "slots_per_replica": " slots",
 }
 

@@ -1,4 +1,4 @@
-"""Capacity planning: the seed's serving arithmetic, from SLOs and a few serving parameters.
+"""Capacity planning: the serving arithmetic, from SLOs and a few serving parameters.
 
 Sits beside the audit, after the records: `estimate` (`loadgen.analysis.estimates`) reads
 parameters off measured runs' records, `from_runs` adds what their `run.json` recorded,
@@ -18,7 +18,7 @@ tokens, λ = arrival rate, μ = drain rate of one replica):
   `queue_cap_requests` is its floor, the setting to use (admit at most that many waiting).
 - utilization: the replica's admission queue seen as M/G/1 with service time S = 1/μ and
   service-time CV C_v (Pollaczek–Khinchine): W_q = ρ·S·(1 + C_v²)/(2(1 − ρ)). Its p99 is
-  taken as ln(100)·W_q (the seed's exponential multiplier; optimistic for heavy-tailed
+  taken as ln(100)·W_q (the exponential multiplier; optimistic for heavy-tailed
   service, where it is a floor). The largest ρ with P/r + ln(100)·W_q ≤ TTFT_slo is
   ρ_max = x/(1 + x), x = (TTFT_slo − P/r)/(ln(100)·S·(1 + C_v²)/2); with an E2E SLO the
   E2E budget is applied too and the smaller ρ wins. One server is a pessimistic picture of
@@ -38,7 +38,8 @@ tokens, λ = arrival rate, μ = drain rate of one replica):
   queues nothing.
 - goodput: for each (B, t(B)) of a decode table, tokens/s = B/t(B), and it counts only
   when t(B) ≤ TPOT_slo; the optimum is the feasible B with the most tokens/s.
-- cost: replicas × GPUs × $/GPU-hour over the SLO-meeting output tokens per hour (λ·N).
+- cost: replicas × the price of a replica-hour over the SLO-meeting output tokens per hour
+  (λ·N), in the currency of `--price-per-hour`.
 
 The p99 of the queue model is the exponential's, ln(100)·W_q, not a sample percentile
 (every percentile read off records is nearest rank: `loadgen.analysis.estimates`). The
@@ -115,7 +116,7 @@ def mg1_wait_over_s(utilization: float, service_cv: float) -> float:
 
 
 def queue_row(utilization: float, service_cv: float, percentile: float = 99.0) -> QueueRow:
-    """The seed's M/M/1 table row for ρ (mean and tail sojourn over S) and the M/G/1 mean."""
+    """The M/M/1 table row for ρ (mean and tail sojourn over S) and the M/G/1 mean."""
     mean = 1 / (1 - utilization)
     return QueueRow(
         utilization=utilization,
@@ -211,9 +212,9 @@ def goodput_optimum(options: Sequence[BatchOption]) -> BatchOption | None:
     return max(feasible, key=lambda o: o.tokens_per_s) if feasible else None
 
 
-def usd_per_million_tokens(usd_per_hour: float, tokens_per_s: float) -> float:
-    """$/h over millions of tokens per hour."""
-    return usd_per_hour / (tokens_per_s * 3600 / 1e6)
+def per_million_tokens(per_hour: float, tokens_per_s: float) -> float:
+    """A price per hour over millions of tokens per hour."""
+    return per_hour / (tokens_per_s * 3600 / 1e6)
 
 
 def make_plan(inputs: PlanInputs) -> Plan:
@@ -348,20 +349,20 @@ def _replicas_apart(i: PlanInputs, t_hold_s: float, budget_ms: float, first: int
 
 
 def _cost(i: PlanInputs, fleet: Fleet | None, best: BatchOption | None) -> Cost | None:
-    if i.gpus_per_replica is None or i.gpu_hour_usd is None:
+    replica = i.price_per_hour
+    if replica is None:
         return None
-    replica_usd = i.gpus_per_replica * i.gpu_hour_usd
-    fleet_usd = replica_usd * fleet.replicas if fleet else None
+    fleet_price = replica * fleet.replicas if fleet else None
     rate = i.arrival_rate_per_s
     return Cost(
-        fleet_usd_per_hour=fleet_usd,
-        usd_per_million_tokens=(
-            usd_per_million_tokens(fleet_usd, rate * i.output_tokens)
-            if fleet_usd is not None and rate is not None
+        fleet_per_hour=fleet_price,
+        per_million_tokens=(
+            per_million_tokens(fleet_price, rate * i.output_tokens)
+            if fleet_price is not None and rate is not None
             else None
         ),
-        usd_per_million_tokens_at_capacity=(
-            usd_per_million_tokens(replica_usd, best.tokens_per_s) if best else None
+        per_million_tokens_at_capacity=(
+            per_million_tokens(replica, best.tokens_per_s) if best else None
         ),
     )
 
@@ -391,7 +392,7 @@ def parse_decode_table(text: str, source: str = "command line") -> DecodeTable:
 _POSITIVE = (
     "prefill_tokens_per_s", "decode_step_ms", "slots_per_replica", "ttft_slo_ms", "tpot_slo_ms",
     "prompt_tokens", "long_prompt_tokens", "output_tokens", "e2e_slo_ms", "arrival_rate_per_s",
-    "drain_rate_per_s", "gpus_per_replica",
+    "drain_rate_per_s", "price_per_hour",
 )  # fmt: skip
 
 
@@ -404,16 +405,12 @@ def validate(inputs: PlanInputs, sources: Mapping[str, str]) -> None:
     for name, ok in (
         ("service_cv", inputs.service_cv >= 0),
         ("beta", inputs.beta >= 0),
-        ("gpu_hour_usd", inputs.gpu_hour_usd is None or inputs.gpu_hour_usd >= 0),
         ("percentile", 0 < inputs.percentile < 100),
     ):
         if not ok:
             _bad(name, sources, f"is out of range (got {getattr(inputs, name):g})")
     if inputs.output_tokens < 1:
         _bad("output_tokens", sources, f"must be ≥ 1 (got {inputs.output_tokens:g})")
-    if (inputs.gpus_per_replica is None) != (inputs.gpu_hour_usd is None):
-        raise OptionError("--gpus-per-replica/--gpu-hour-usd",
-                          "a cost needs both", "give both, or neither")  # fmt: skip
 
 
 def _bad(name: str, sources: Mapping[str, str], problem: str) -> None:

@@ -202,11 +202,33 @@ def test_default_drain_rate_is_slots_over_hold_time() -> None:
 
 
 def test_cost() -> None:
-    """11 one-GPU replicas at $2/h serving 9,000 tok/s cost 22/32.4 $ per million tokens."""
-    inputs, _ = planner.resolve({**SEED_FLAGS, "gpus_per_replica": 1, "gpu_hour_usd": 2})
+    """11 replicas at 2 per hour serving 9,000 tok/s cost 22/32.4 per million tokens."""
+    inputs, _ = planner.resolve({**SEED_FLAGS, "price_per_hour": 2})
     cost = planner.make_plan(inputs).cost
     assert cost is not None
-    assert cost.usd_per_million_tokens == pytest.approx(22 / 32.4)
+    assert cost.fleet_per_hour == 22
+    assert cost.per_million_tokens == pytest.approx(22 / 32.4)
+
+
+def test_the_price_is_run_s_price_per_hour_and_the_old_pair_still_works() -> None:
+    """`plan --price-per-hour 5` (one replica, as `run --price-per-hour`) and the old
+    `--gpus-per-replica 2 --gpu-hour-usd 2.5` give the same cost; the old pair says its new
+    name; one of the pair alone, or the pair beside the new flag, is exit 1."""
+    new = CliRunner().invoke(plan, [*SEED_ARGS, "--price-per-hour", "5", "--format", "json"])
+    old = CliRunner().invoke(plan, [*SEED_ARGS, "--gpus-per-replica", "2", "--gpu-hour-usd",
+                                    "2.5", "--format", "json"])  # fmt: skip
+    assert new.exit_code == old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["fleet_per_hour"] == json.loads(new.stdout)["fleet_per_hour"]
+    assert json.loads(new.stdout)["fleet_per_hour"] == 55  # 11 replicas × 5
+    assert "--gpus-per-replica and --gpu-hour-usd are deprecated: give --price-per-hour 5" in (
+        old.stderr
+    )
+    assert "--gpu-hour-usd" not in CliRunner().invoke(plan, ["--help"]).output
+    for extra in (["--gpus-per-replica", "2"], ["--price-per-hour", "5", "--gpu-hour-usd", "2",
+                                                "--gpus-per-replica", "2"]):  # fmt: skip
+        refused = CliRunner().invoke(plan, [*SEED_ARGS, *extra])
+        assert refused.exit_code == 1
+        assert "--price-per-hour" in refused.output
 
 
 def test_decode_alone_over_tpot_gives_no_chunk() -> None:
@@ -245,6 +267,7 @@ def test_cli_text_shows_formulas() -> None:
         (["--service-cv", "-1"], "--service-cv"),
         (["--slots-per-replica", "2.5"], "--slots-per-replica"),
         (["--gpus-per-replica", "2"], "--gpu-hour-usd"),
+        (["--price-per-hour", "0"], "--price-per-hour"),
     ],
 )
 def test_cli_bad_input_exits_1(args: list[str], message: str) -> None:
