@@ -1,7 +1,7 @@
 """Per-class objectives beyond request percentiles: batches, trajectories, sessions.
 
 Part of the audit stage, after `slo.audit_class` (`analysis.audit.audit` calls
-`judge_by_objective` for every class). The seed's three product shapes are judged
+`judge_by_objective` for every class). The three product shapes are judged
 differently: chat by TTFT/TPOT percentiles (the summary as it is, plus a `sessions` block
 when the class has multi-turn sessions); summarization by whether the whole batch finished
 by its deadline, and its input/output token throughput (TTFT/TPOT kept for diagnosis only);

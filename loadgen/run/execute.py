@@ -238,7 +238,7 @@ def _execute(
         if sim_args is not None and not options.quiet:
             print(
                 f"no --url given: started the built-in simulator (loadgen sim) at {base_url}"
-                f"{' with ' + ' '.join(sim_args) if sim_args else ' with the seed parameters'}",
+                f"{' with ' + ' '.join(sim_args) if sim_args else ' with its default parameters'}",
                 file=log,
             )
         endpoint, config = engine_setup(spec, options, base_url, ready.adapter, ready.headers,

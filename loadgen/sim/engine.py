@@ -15,8 +15,8 @@ Colocated engine (`Engine`), one step at a time:
   prefilled *whole* in this step (several prompts admitted together share one long step);
   with `chunk_tokens > 0` the step prefills at most `chunk_tokens` prompt tokens, shared
   FIFO in admission order (the budget excludes the decode tokens, unlike vLLM's
-  `max_num_batched_tokens`; this is the seed's C = (TPOT_slo − t_decode) × prefill_rate).
-* Duration (the seed's additive, conservative model):
+  `max_num_batched_tokens`; this is the planner's C = (TPOT_slo − t_decode) × prefill_rate).
+* Duration (an additive, conservative model):
   step_ns = decode_step_ms(B) + prefill_tokens / prefill_tokens_per_s, with B the number of
   sequences decoding in the step (0 ms when B = 0), decode_step_ms piecewise linear in B
   between table points and flat beyond the table's ends.
@@ -72,7 +72,7 @@ SEED_DECODE_TABLE = DecodeTable(((16, 20.0), (32, 30.0), (64, 55.0)))
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    """Serving physics; defaults are the seed's parameter set."""
+    """Serving physics; the defaults are the simulator's default parameter set."""
 
     prefill_tokens_per_s: float = 8000.0
     decode_table: DecodeTable = SEED_DECODE_TABLE
