@@ -59,7 +59,7 @@ def sim_args_from_mapping(mapping: Mapping[str, Any], source: str) -> list[str]:
             args.extend(f"--fault={name}={prob!r}" for name, prob in value.items())
         elif key in _FLAG_KEYS:
             args.extend([flag] if value else [])
-        elif key == "decode_step_ms":
+        elif key == "decode_table":
             args.extend([flag, format_decode_table(value)])
         elif key == "output_dist":
             args.extend([flag, _output_dist_arg(mapping[key])])

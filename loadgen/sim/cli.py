@@ -70,10 +70,12 @@ _SECONDS = "simulated seconds (divided by --speed)"
     "--prefill-tokens-per-s", type=float, help="Prefill rate per replica.  [default: 8000]"
 )
 @click.option(
-    "--decode-step-ms",
+    "--decode-table",
+    metavar="B:MS,...",
     help="Decode step time by batch size, 'B:MS,...' (piecewise linear) or one number (flat)."
     "  [default: 16:20,32:30,64:55]",
 )
+@click.option("--decode-step-ms", "old_decode_step_ms", hidden=True)  # old: --decode-table
 @click.option("--max-batch", type=int, help="Max running sequences.  [default: 32]")
 @click.option(
     "--chunk-tokens", type=int, help="Prefill tokens per step; 0 = whole prompts.  [default: 0]"
@@ -149,14 +151,19 @@ _SECONDS = "simulated seconds (divided by --speed)"
     type=int,
     help="KV-cache capacity that /metrics reports usage against.  [default: 262144]",
 )
-def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) -> None:
+def sim(
+    config_path: Path | None,
+    fault_specs: tuple[str, ...],
+    old_decode_step_ms: str | None,
+    **flags: Any,
+) -> None:
     """Serve a simulated streaming LLM whose timing follows a serving model, in every dialect.
 
     It speaks OpenAI chat/completions, OpenAI Responses, Anthropic Messages, TGI and
     Ollama, each on its usual path (or one of them only, with --api).
 
     Continuous batching up to --max-batch; each step decodes one token per running
-    sequence (decode_step_ms by batch size) and prefills waiting prompts at
+    sequence (--decode-table: its step time by batch size) and prefills waiting prompts at
     --prefill-tokens-per-s (whole, or --chunk-tokens per step). Per-request faults and
     dialects via X-Sim-* headers (see loadgen.sim.faults). Prints one line,
     'loadgen sim listening on http://HOST:PORT', then serves until SIGINT/SIGTERM.
@@ -169,6 +176,12 @@ def sim(config_path: Path | None, fault_specs: tuple[str, ...], **flags: Any) ->
         loadgen sim --config sim.yaml --fault stall=0.01 --stall-s 2
         loadgen sim --api anthropic --port 8080 --fault error_after=0.05
     """
+    if old_decode_step_ms is not None:  # the old name: it still works, saying its new one
+        if flags["decode_table"] is not None:
+            raise click.UsageError("--decode-step-ms is the old name of --decode-table: give one")
+        click.echo("warning: --decode-step-ms is deprecated: its new name is --decode-table "
+                   "(the old one still works)", err=True)  # fmt: skip
+        flags["decode_table"] = old_decode_step_ms
     try:
         config = build_config(config_path, flags, fault_specs)
     except LoadgenError as exc:

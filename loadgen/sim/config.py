@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +249,7 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "host": (_str, "an address such as 127.0.0.1"),
     "port": (lambda v: _int(v, 0, 65535), "a TCP port; 0 picks a free one"),
     "prefill_tokens_per_s": (lambda v: _float(v, positive=True), "tokens per second, e.g. 8000"),
-    "decode_step_ms": (parse_decode_table, "e.g. '16:20,32:30,64:55' or a number"),
+    "decode_table": (parse_decode_table, "e.g. '16:20,32:30,64:55' or a number"),
     "max_batch": (lambda v: _int(v, 1), "an integer >= 1"),
     "chunk_tokens": (_int, "an integer >= 0; 0 = whole prompts"),
     "queue_cap": (_int, "an integer >= 0; 0 = no cap"),
@@ -279,10 +280,26 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
 }
 
 
+# A key's old name -> its name now (`plan --decode-step-ms` is one step time, a table is
+# `--decode-table` everywhere). The old name still works and says its new one on stderr.
+RENAMED = {"decode_step_ms": "decode_table"}
+_SAID: set[tuple[str, str]] = set()  # (source, old key) already warned about
+
+
 def validate(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
-    """Parse every key of `mapping`; unknown keys and bad values raise `ConfigError`."""
+    """Parse every key of `mapping`; unknown keys and bad values raise `ConfigError`; a key
+    under its old name (`RENAMED`) is read as its new one, saying so on stderr."""
     parsed: dict[str, Any] = {}
-    for key, raw in mapping.items():
+    for old_key, raw in mapping.items():
+        key = RENAMED.get(str(old_key), str(old_key))
+        if key != old_key:
+            if key in mapping:
+                raise ConfigError(source, f"{prefix}{old_key}", f"is the old name of {prefix}{key}",
+                                  "give one of them")  # fmt: skip
+            if (source, old_key) not in _SAID:  # once per file, though it is read twice
+                _SAID.add((source, str(old_key)))
+                print(f"warning: {source}: {prefix}{old_key} is deprecated: its new name is "
+                      f"{prefix}{key} (the old one still works)", file=sys.stderr)  # fmt: skip
         entry = SETTINGS.get(str(key))
         if entry is None:
             known = ", ".join(sorted(SETTINGS))
@@ -296,12 +313,12 @@ def validate(mapping: Mapping[str, Any], source: str, prefix: str = "") -> dict[
 
 
 def config_from_mapping(mapping: Mapping[str, Any], source: str) -> SimConfig:
-    """Build a `SimConfig` from settings (defaults are the seed's parameter set)."""
+    """Build a `SimConfig` from settings (defaults: the serving model's default parameter set)."""
     v = validate(mapping, source)
     engine = EngineConfig()
     engine = EngineConfig(
         prefill_tokens_per_s=v.get("prefill_tokens_per_s", engine.prefill_tokens_per_s),
-        decode_table=v.get("decode_step_ms", engine.decode_table),
+        decode_table=v.get("decode_table", engine.decode_table),
         max_batch=v.get("max_batch", engine.max_batch),
         chunk_tokens=v.get("chunk_tokens", engine.chunk_tokens),
         queue_cap=v.get("queue_cap", engine.queue_cap),

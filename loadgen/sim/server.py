@@ -432,7 +432,7 @@ def _start_record(config: SimConfig, clock: SimClock) -> dict[str, Any]:
         "t0_ns": clock.t0_ns,
         "speed": config.speed,
         "prefill_tokens_per_s": engine.prefill_tokens_per_s,
-        "decode_step_ms": format_decode_table(engine.decode_table),
+        "decode_table": format_decode_table(engine.decode_table),
         "max_batch": engine.max_batch,
         "chunk_tokens": engine.chunk_tokens,
         "queue_cap": engine.queue_cap,

@@ -98,7 +98,7 @@ def sim_args(streams: int, tokens_per_s: float) -> list[str]:
     """A simulator with a clean cadence: one token per stream every 1/tokens_per_s, all
     streams in one batch, near-instant prefill, real time."""
     return [
-        "--decode-step-ms", f"{1000.0 / tokens_per_s:g}",
+        "--decode-table", f"{1000.0 / tokens_per_s:g}",
         "--max-batch", str(max(streams, 1)),
         "--prefill-tokens-per-s", "100000000",
         "--speed", "1",

@@ -49,6 +49,8 @@ a release changes what a default sends, the fingerprint must name the semantics 
   spec without `cache` (schema 13 and older) is rebuilt as `warm`, and the identity of such
   a run is derived from its stored spec (`scheme` 3, recorded since schema 14): old runs
   pool with `--cache warm` runs, never silently with cold ones. `reset` is a mode of its own.
+- Renamed keys. A `sim:` key that was renamed is hashed by its old name (`HASHED_AS`:
+  `decode_table` as `decode_step_ms`), so a file that takes up the new name keeps its series.
 """
 
 from __future__ import annotations
@@ -169,11 +171,18 @@ def _canonical_fields(value: Any) -> dict[str, Any]:
             continue
         if how == _FILE_NAME and isinstance(current, str):
             current = PurePath(current).name
+        if isinstance(value, WorkloadSpec) and f.name == "sim":
+            current = {HASHED_AS.get(str(k), str(k)): v for k, v in current.items()}
         out[f.name] = _canonical(current)
     if isinstance(value, ClassSpec) and value.kind == "agent":
         out.pop("tool_result_tokens", None)  # in the context entry, when it shapes traffic
         out["context"] = _agent_context(value)
     return out
+
+
+# A `sim:` key renamed since -> the name it is hashed by: the one it had when workloads'
+# series began, so renaming it in a file splits no series.
+HASHED_AS = {"decode_table": "decode_step_ms"}
 
 
 def _agent_context(cls: ClassSpec) -> dict[str, Any]:

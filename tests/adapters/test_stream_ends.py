@@ -65,7 +65,7 @@ UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimProcess, Path]]:
     """One fast simulator with a trace, for every dialect."""
     trace = tmp_path_factory.mktemp("sim") / "trace.jsonl"
-    with running_sim(["--speed", "20", "--decode-step-ms", "10"], trace_file=trace) as process:
+    with running_sim(["--speed", "20", "--decode-table", "10"], trace_file=trace) as process:
         yield process, trace
 
 

@@ -130,7 +130,7 @@ classes:
     output_tokens: {dist: fixed, value: 20}
     slo: {ttft_ms: 5000, percentile: 90}
     deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
-sim: {speed: 4, max_batch: 8, decode_step_ms: 25, prefill_tokens_per_s: 1000000000}
+sim: {speed: 4, max_batch: 8, decode_table: 25, prefill_tokens_per_s: 1000000000}
 """
 
 

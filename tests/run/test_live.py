@@ -220,7 +220,7 @@ classes:
     prompt_tokens: {dist: fixed, value: 16}
     output_tokens: {dist: fixed, value: 40}
     deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
-sim: {max_batch: 2, decode_step_ms: 20, prefill_tokens_per_s: 1000000000}
+sim: {max_batch: 2, decode_table: 20, prefill_tokens_per_s: 1000000000}
 """
 
 

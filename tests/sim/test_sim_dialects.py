@@ -705,7 +705,7 @@ def run_against_sim(
     plans = PlanFactory(prompt_tokens=E2E_PROMPT, output_tokens=E2E_TOKENS).at(
         *[0.3 * i for i in range(len(headers))]
     )
-    args = ["--speed", str(E2E_SPEED), "--decode-step-ms", str(E2E_STEP_MS)]
+    args = ["--speed", str(E2E_SPEED), "--decode-table", str(E2E_STEP_MS)]
     with running_sim(args, trace_file=trace_file) as sim:
         t0_ns = time.perf_counter_ns() + 50_000_000
         records = run_engine(

@@ -144,7 +144,7 @@ def test_unqueued_request_ttft_is_its_prefill_and_tpot_is_one_decode_step() -> N
     # decode step of a batch of 1: 30 ms with a flat table. TPOT averages 49 gaps, so one
     # late chunk moves it by at most its delay / 49; 10% below covers that.
     plans = PlanFactory(prompt_tokens=2000, output_tokens=50).at(0.0)
-    run = run_traced(plans, sim_args("--decode-step-ms", "30"))
+    run = run_traced(plans, sim_args("--decode-table", "30"))
     assert_all_ok(run.records, plans)
     (record,) = run.records
     assert record.output_tokens == 50
@@ -163,7 +163,7 @@ def test_unqueued_request_ttft_is_its_prefill_and_tpot_is_one_decode_step() -> N
 # -- TPOT by batch size ---------------------------------------------------------------------
 
 
-BATCH_SIM = sim_args("--decode-step-ms", "16:20,32:30,64:55", "--max-batch", "64")
+BATCH_SIM = sim_args("--decode-table", "16:20,32:30,64:55", "--max-batch", "64")
 
 
 @pytest.mark.parametrize(("batch", "step_ms"), [(16, 20.0), (32, 30.0), (64, 55.0)])

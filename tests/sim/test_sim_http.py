@@ -20,7 +20,9 @@ from click.testing import CliRunner
 
 from loadgen.errors import ConfigError
 from loadgen.run.simulator import SimProcess, running_sim, sim_args_from_mapping
-from loadgen.sim.cli import sim
+from loadgen.sim import cli as sim_cli
+from loadgen.sim.cli import build_config, sim
+from loadgen.sim.config import SimConfig
 
 SPEED = 50.0
 CHAT = "/v1/chat/completions"
@@ -402,7 +404,37 @@ def test_cli_help_has_example_and_bad_config_exits_1(tmp_path: Path) -> None:
     result = runner.invoke(sim, ["--config", str(config)])
     assert result.exit_code == 1
     assert "max_batch" in result.output
-    assert "--decode-step-ms" in runner.invoke(sim, ["--help"]).output
+    assert "--decode-table" in runner.invoke(sim, ["--help"]).output
+
+
+def test_the_decode_table_s_old_name_still_works_and_says_its_new_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sim --decode-step-ms` (a table, where `plan --decode-step-ms` is one number) is now
+    `--decode-table`; the old flag and the old `decode_step_ms` key still give the same
+    table, hidden from --help, each saying its new name; both names at once is an error."""
+    runner = CliRunner()
+    assert "--decode-step-ms" not in runner.invoke(sim, ["--help"]).output
+    new = build_config(None, {"decode_table": "16:20,32:30"}, ())
+    old = sim_args_from_mapping({"decode_step_ms": "16:20,32:30"}, "old.yaml")
+    assert "sim.decode_step_ms is deprecated: its new name is sim.decode_table" in (
+        capsys.readouterr().err
+    )
+    assert old == ["--decode-table", "16:20,32:30"]
+    config = tmp_path / "sim.yaml"
+    config.write_text("decode_step_ms: '16:20,32:30'\n")
+    assert build_config(config, {}, ()).engine.decode_table == new.engine.decode_table
+    with pytest.raises(ConfigError, match=r"is the old name of sim\.decode_table"):
+        sim_args_from_mapping({"decode_step_ms": 20, "decode_table": 20}, "both.yaml")
+    both = runner.invoke(sim, ["--decode-step-ms", "20", "--decode-table", "20"])
+    assert both.exit_code != 0
+    assert "old name of --decode-table" in both.output
+    served: list[SimConfig] = []
+    monkeypatch.setattr(sim_cli, "run", served.append)  # the config it would serve
+    flag = runner.invoke(sim, ["--decode-step-ms", "16:20,32:30"])
+    assert flag.exit_code == 0, flag.output
+    assert "--decode-step-ms is deprecated: its new name is --decode-table" in flag.output
+    assert served[0].engine.decode_table == new.engine.decode_table
 
 
 def test_sim_args_from_mapping_validates_and_converts() -> None:
@@ -410,14 +442,14 @@ def test_sim_args_from_mapping_validates_and_converts() -> None:
     args = sim_args_from_mapping(
         {
             "max_batch": 64,
-            "decode_step_ms": {16: 20, 32: 30},
+            "decode_table": {16: 20, 32: 30},
             "faults": {"stall": 0.1},
             "no_done": True,
         },
         "w.yaml",
     )
     assert args == [
-        "--max-batch", "64", "--decode-step-ms", "16:20,32:30", "--fault=stall=0.1", "--no-done",
+        "--max-batch", "64", "--decode-table", "16:20,32:30", "--fault=stall=0.1", "--no-done",
     ]  # fmt: skip
     with pytest.raises(ConfigError) as bad_key:
         sim_args_from_mapping({"max_bath": 3}, "w.yaml")

@@ -197,7 +197,7 @@ classes:
     output_tokens: {dist: fixed, value: %(tokens)d}
     slo: {ttft_ms: %(ttft_ms)g, percentile: 90}
     deadlines: {first_token_s: 60, stall_s: 30, total_s: 120}
-sim: {speed: %(speed)g, max_batch: %(batch)d, decode_step_ms: %(step_ms)g, prefill_tokens_per_s: 1000000000}
+sim: {speed: %(speed)g, max_batch: %(batch)d, decode_table: %(step_ms)g, prefill_tokens_per_s: 1000000000}
 """
 
 

@@ -38,7 +38,7 @@ classes:
     output_tokens: {{dist: fixed, value: {tokens}}}
     slo: {{ttft_ms: {ttft_ms}, percentile: 90}}
     deadlines: {{first_token_s: 600, stall_s: 600, total_s: 600}}
-sim: {{max_batch: {batch}, decode_step_ms: {step_ms}, prefill_tokens_per_s: 1000000000}}
+sim: {{max_batch: {batch}, decode_table: {step_ms}, prefill_tokens_per_s: 1000000000}}
 """
 
 
@@ -192,7 +192,7 @@ classes:
     output_tokens: {{dist: fixed, value: 20}}
     slo: {{ttft_ms: {ttft_ms}, percentile: 90}}
     deadlines: {{first_token_s: 600, stall_s: 600, total_s: 600}}
-sim: {{max_batch: 32, decode_step_ms: 30, prefill_tokens_per_s: 8000}}
+sim: {{max_batch: 32, decode_table: 30, prefill_tokens_per_s: 8000}}
 """
 
 
