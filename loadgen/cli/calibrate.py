@@ -41,6 +41,16 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
     return values
 
 
+def old_format(value: str) -> str:
+    """`--format table`, calibrate's old name for what every command calls `text`: it still
+    works, saying its new name."""
+    if value != "table":
+        return value
+    click.echo("warning: --format table is deprecated: its new name is --format text "
+               "(the old one still works)", err=True)  # fmt: skip
+    return "text"
+
+
 @click.command(
     "calibrate", epilog=CALIBRATE_EXITS, context_settings={"help_option_names": ["-h", "--help"]}
 )
@@ -103,9 +113,11 @@ def _levels(text: str | None, quick: bool) -> tuple[int, ...]:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
+    type=click.Choice(["text", "json", "table"]),  # table: the old name of text
+    metavar="[text|json]",
+    default="text",
     show_default=True,
+    callback=lambda ctx, param, value: old_format(value),
     help="json: the result on stdout, for machines.",
 )
 @click.option(
@@ -181,10 +193,10 @@ def _calibrate(
     save = save_target(saving[0], quick=ladder.quick, no_save=saving[1])
 
     def progress(level: Level) -> None:
-        if fmt == "table":
+        if fmt == "text":
             print(level_line(level), file=sys.stderr, flush=True)
 
-    if fmt == "table":
+    if fmt == "text":
         print(start_line(ladder), file=sys.stderr, flush=True)
     with open_live(*live_flags) as live:
         measure = functools.partial(measure_level, live=live)
