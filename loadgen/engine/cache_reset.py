@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
 
 from loadgen.engine.fetch import MAX_ERROR_BYTES, fetch
+from loadgen.engine.network import Network
+from loadgen.engine.tls import find_verify_error, verify_failure
 from loadgen.errors import TargetError
 
 RESET_ENDPOINTS: dict[str, str] = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
@@ -49,12 +52,15 @@ def reset_prefix_cache(
     redact: Callable[[str], str] = str,
     transport: httpx.AsyncBaseTransport | None = None,
     deadline_s: float | None = None,
+    network: Network | None = None,
 ) -> str:
     """POST the reset endpoints in `reset_order` until one answers 2xx, all within
     `deadline_s` (`RESET_TIMEOUT_S` by default); returns what it said (`POST
-    /reset_prefix_cache: HTTP 200`). TargetError when none can."""
+    /reset_prefix_cache: HTTP 200`). TargetError when none can. The requests go as the
+    run's (`network`: its TLS trust and proxy)."""
     deadline_s = RESET_TIMEOUT_S if deadline_s is None else deadline_s
-    ask = partial(_ask, origin, dict(headers), family, redact, transport)
+    network = network if network is not None else Network()
+    ask = partial(_ask, origin, dict(headers), family, redact, transport, network)
     try:
         return anyio.run(ask, deadline_s, backend="asyncio")
     except TimeoutError:
@@ -71,19 +77,26 @@ async def _ask(
     family: str | None,
     redact: Callable[[str], str],
     transport: httpx.AsyncBaseTransport | None,
+    network: Network,
     deadline_s: float,
 ) -> str:
     tried: list[str] = []
+    options = network.httpx_options(origin)
     with anyio.fail_after(deadline_s):
-        async with httpx.AsyncClient(timeout=deadline_s, transport=transport) as client:
+        async with httpx.AsyncClient(timeout=deadline_s, transport=transport, **options) as client:
             for path in reset_order(family):
                 try:
                     got = await fetch(client, "POST", origin + path, headers=headers,
                                       deadline_s=None, max_bytes=MAX_ERROR_BYTES)  # fmt: skip
                 except httpx.HTTPError as exc:
+                    why = f"{type(exc).__name__}: {exc}"
+                    if (failed := find_verify_error(exc)) is not None:
+                        host = urlsplit(origin).hostname or ""
+                        why = verify_failure(failed, origin.split("://", 1)[-1], network.tls,
+                                             host=host)  # fmt: skip
                     raise TargetError(redact(
-                        f"cache: reset: POST {origin}{path} failed ({type(exc).__name__}: "
-                        f"{exc}); run with --cache cold to start cold without a reset"
+                        f"cache: reset: POST {origin}{path} failed ({why}); run with --cache "
+                        "cold to start cold without a reset"
                     )) from None  # fmt: skip
                 said = f"POST {path}: HTTP {got.status}"
                 if 200 <= got.status < 300:

@@ -26,6 +26,7 @@ from functools import partial
 from loadgen.adapters.protocol import Adapter, MalformedEvent, ServerTimings, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
+from loadgen.engine.intermediaries import explain
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Link
@@ -151,6 +152,7 @@ class Exchange:
         self.body_bytes = 0  # response body bytes received (bounds a plausible usage count)
         self.request_bytes = 0  # the request's bytes (bounds a plausible prompt count)
         self.usage_problem: str | None = None  # usage counts it could not take (as text)
+        self.answered_by: tuple[str | None, str | None] = (None, None)  # an error's Server, Via
 
     # -- ExchangeSink ------------------------------------------------------------------
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
@@ -158,6 +160,8 @@ class Exchange:
         self.headers_ns = t_ns
         self.content_type = headers.get("content-type", "")
         self.response_id = headers.get("x-request-id")  # a body `id` replaces it
+        if status >= 400:  # who wrote an error page: the server, or a proxy in front
+            self.answered_by = (headers.get("server"), headers.get("via"))
 
     def on_body(self, data: bytes, t_ns: int) -> None:
         if self.settled:
@@ -350,6 +354,9 @@ class Exchange:
         if status is not None and status >= 300:
             body = self.redactor.quote(self.error_body.strip(), QUOTE_CHARS).strip()
             message = f"HTTP {status}" + (f": {body}" if body else "")
+            page = self.error_body[:MAX_ERROR_BODY].decode("utf-8", "replace")
+            if (note := explain(status, *self.answered_by, page)) is not None:
+                message += f" ({note})"
             return (Outcome.REJECTED if status == 429 else Outcome.HTTP_ERROR), message
         if self.first_token_ns is None:
             if self.saw_done and self.finish_reason is None and self.adapter.finish_signal:

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Collection, Mapping
+import ssl
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
+from typing import Any
 
 import anyio
 import httpx
@@ -40,12 +42,17 @@ import orjson
 from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
 from loadgen.engine.exchange import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
+from loadgen.engine.intermediaries import explain
+from loadgen.engine.network import httpx_options
+from loadgen.engine.proxy import ProxyRefused, refusal_hint
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.tls import client_certificate_refusal, find_verify_error, verify_failure
 from loadgen.engine.transport import (
     HTTP2_ANSWER,
     Endpoint,
+    Pool,
     compression_note,
-    encode_request,
+    connect_failure,
     http2_frame,
     probe_first_bytes,
     request_headers,
@@ -83,7 +90,8 @@ def preflight_deadline(
 class _Progress:
     """How far the preflight got: what a deadline message says it was waiting for."""
 
-    stage: str = "connect"  # connect → headers → token
+    stage: str = "connect"  # connect → (proxy →) (tls →) headers → token
+    last_read_ns: int = 0  # when body bytes last arrived (perf_counter_ns)
     status: int = 0
     content_type: str = ""
     body_bytes: int = 0
@@ -121,16 +129,10 @@ def preflight(
         raise TargetError(
             _deadline_message(endpoint, shown, progress, timeout_s, deadline_why, elapsed_s)
         ) from None
+    except httpx.ProxyError as exc:  # the proxy refused the CONNECT tunnel
+        raise TargetError(_proxy_refusal(endpoint, exc, redactor)) from None
     except httpx.ConnectError as exc:
-        if progress.stage == "tls":
-            raise TargetError(
-                f"the TLS handshake with {endpoint.origin} failed ({_reason(exc, redactor)}): "
-                f"{_plain_http_hint(endpoint)}"
-            ) from None
-        raise TargetError(
-            f"cannot connect to {endpoint.origin}: {_reason(exc, redactor)} "
-            "(is the server running and listening there? check --url)"
-        ) from None
+        raise TargetError(_connect_failure(endpoint, exc, progress.stage, redactor)) from None
     except httpx.TimeoutException:  # httpx's own timeouts are the deadline too: a backstop
         elapsed_s = (perf_counter_ns() - started_ns) / 1e9
         raise TargetError(
@@ -144,13 +146,96 @@ def preflight(
         reason = _reason(exc, redactor)
         if progress.stage == "headers" and "Receive buffer too long" in reason:  # h11's words
             reason = "response headers over the preflight's 100 KiB cap"
+        elif (refused := client_certificate_refusal(reason, endpoint.tls)) is not None:
+            reason = refused  # TLS 1.3: the server's refusal comes after the handshake
         elif isinstance(exc, httpx.RemoteProtocolError) and progress.stage == "headers":
-            first = probe_first_bytes(endpoint, check.request_bytes, timeout_s=min(timeout_s, 5))
+            first = probe_first_bytes(endpoint, timeout_s=min(timeout_s, 5))
             if http2_frame(first):
                 raise TargetError(f"{shown}: {HTTP2_ANSWER}") from None
             if first:
-                reason += f"; its answer began {redactor.quote(first, 60)!r}"
+                said = redactor.quote(first, 60)
+                reason += f"; to a bare request (none of the run's headers) it answered {said!r}"
+        elif progress.stage == "token":
+            elapsed_s = (perf_counter_ns() - started_ns) / 1e9
+            reason = _cut_message(progress, elapsed_s, reason)
         raise TargetError(f"{shown}: {reason}") from None
+
+
+def check_connection(endpoint: Endpoint, *, timeout_s: float = DEFAULT_DEADLINE_S) -> None:
+    """Open one connection to an https endpoint (through its proxy) as the engine opens
+    them, send nothing, and close it: TargetError when the certificate fails verification
+    or the proxy refuses the tunnel for want of credentials or permission. What `run
+    --no-preflight` still checks: a client configuration error is exit 1, not a run of
+    `connect_error`s judged as the server's. Other failures are left to the run's records."""
+    if endpoint.scheme != "https":
+        return
+
+    async def connect() -> None:
+        pool = Pool(endpoint, kernel_stamps=False)
+        try:
+            (await pool.connect()).detach()
+        finally:
+            pool.close()
+
+    try:
+        anyio.run(_within, connect, timeout_s, backend="asyncio")
+    except ssl.SSLCertVerificationError as exc:
+        raise TargetError(connect_failure(exc, endpoint)) from None
+    except ProxyRefused as exc:
+        if exc.status in (403, 407):
+            raise TargetError(str(exc)) from None
+    except (OSError, TimeoutError):
+        return  # unreachable, refused, ...: the run's records say so, as without the check
+
+
+async def _within(call: Callable[[], Awaitable[None]], timeout_s: float) -> None:
+    with anyio.fail_after(timeout_s):
+        await call()
+
+
+def _connect_failure(endpoint: Endpoint, exc: httpx.ConnectError, stage: str,
+                     redactor: Redactor) -> str:  # fmt: skip
+    """Why the connection (TCP, the proxy's tunnel, or TLS) could not be made, and the fix."""
+    where = f"{endpoint.host}:{endpoint.port}"
+    if (failed := find_verify_error(exc)) is not None:
+        return verify_failure(failed, where, endpoint.tls, host=endpoint.host)
+    reason = _reason(exc, redactor)
+    if stage == "tls" or endpoint.tunnelled:
+        if (refused := client_certificate_refusal(reason, endpoint.tls)) is not None:
+            return f"the TLS handshake with {where} failed: {refused}"
+        if stage == "tls":
+            return f"the TLS handshake with {where} failed ({reason}): {_not_tls_hint(reason)}"
+    if endpoint.proxy is not None and stage == "connect":
+        return (f"cannot connect to the proxy {endpoint.proxy.shown}: {reason} (is it running "
+                "there? check --proxy or the proxy variable, or list the target's host in "
+                "NO_PROXY)")  # fmt: skip
+    return (f"cannot connect to {endpoint.origin}: {reason} (is the server running and "
+            "listening there? check --url)")  # fmt: skip
+
+
+def _proxy_refusal(endpoint: Endpoint, exc: httpx.ProxyError, redactor: Redactor) -> str:
+    """The proxy declined the CONNECT tunnel (httpcore says `407 Proxy Authentication ...`)."""
+    proxy = endpoint.proxy
+    reason = _reason(exc, redactor)
+    status = int(reason[:3]) if reason[:3].isdigit() else 0
+    shown = proxy.shown if proxy is not None else "the proxy"
+    hint = refusal_hint(status, proxy) if proxy is not None else "see the proxy's log"
+    return (f"the proxy {shown} refused the tunnel to {endpoint.host}:{endpoint.port}: "
+            f"HTTP {reason} ({hint})")  # fmt: skip
+
+
+def _cut_message(progress: _Progress, elapsed_s: float, reason: str) -> str:
+    """A stream that broke before its first generated token, said as seen (httpx says
+    `peer closed connection without sending complete message body`)."""
+    silent_s = (perf_counter_ns() - progress.last_read_ns) / 1e9 if progress.last_read_ns else 0
+    silence = f", the last {silent_s:.1f} s of them silent," if silent_s >= 1 else ""
+    return (
+        f"the stream broke before its first generated token: HTTP {progress.status}, "
+        f"{progress.body_bytes:,} bytes and {progress.events:,} events in {elapsed_s:.1f} s"
+        f"{silence} then the connection closed ({reason}); a proxy in front closes a stream "
+        "that is silent past its read timeout (e.g. nginx's proxy_read_timeout, 60 s by "
+        "default): raise it above the server's time to first token"
+    )
 
 
 def _deadline_message(
@@ -161,10 +246,17 @@ def _deadline_message(
     deadline = f"the preflight's {deadline_s:g} s deadline ({why})"
     if progress.stage == "connect":
         return f"{endpoint.origin} did not accept a connection within {deadline}"
+    if progress.stage == "proxy":
+        return (
+            f"the proxy {endpoint.proxy.shown if endpoint.proxy else ''} accepted the "
+            f"connection but did not open the tunnel to {endpoint.host}:{endpoint.port} "
+            f"within {deadline}"
+        )
     if progress.stage == "tls":
         return (
             f"{endpoint.origin} accepted the connection but the TLS handshake did not "
-            f"complete within {deadline}: {_plain_http_hint(endpoint)}"
+            f"complete within {deadline}: is it a TLS port? (a plain HTTP server waits "
+            "for a request and never answers a handshake)"
         )
     if progress.stage == "headers":
         return (
@@ -201,7 +293,6 @@ class _Check:
         self.extra_headers: Mapping[str, str] = {}
         self.extra_fields: Mapping[str, object] = {}
         self.sent = ""  # what was sent, for a refusal's message
-        self.request_bytes = b""  # the request as the engine would write it
 
     async def run(self, timeout_s: float) -> None:
         endpoint, adapter, options = self.endpoint, self.adapter, self.options
@@ -219,12 +310,9 @@ class _Check:
         headers = request_headers(endpoint, len(body), extra)
         shown = {k: v for k, v in headers if k not in ("Host", "Content-Length")}
         self.sent = _sent_note(shown, fields, self.redactor)
-        self.request_bytes = encode_request(endpoint, body, extra)  # for a probe, if needed
         url = endpoint.origin + endpoint.target
         with anyio.fail_after(timeout_s):
-            # Plain http needs no TLS context (httpx builds one eagerly: ~16 ms).
-            verify = endpoint.scheme == "https"
-            async with httpx.AsyncClient(timeout=timeout_s, verify=verify) as client:
+            async with httpx.AsyncClient(timeout=timeout_s, **_client_options(endpoint)) as client:
                 client.headers.clear()  # no Accept-Encoding, Connection: what the engine sends
                 request = client.build_request(
                     "POST", url, content=body, headers=headers,
@@ -237,11 +325,15 @@ class _Check:
                     await response.aclose()
 
     async def _trace(self, name: str, info: object) -> None:
-        """httpcore's progress events: once connected (and through TLS, for https), the
-        wait is for the headers."""
+        """httpcore's progress events: once connected (to the proxy and through its tunnel,
+        and through TLS, for https), the wait is for the headers."""
+        endpoint = self.endpoint
         if name == "connection.connect_tcp.complete":
-            self.progress.stage = "tls" if self.endpoint.scheme == "https" else "headers"
-        elif name == "connection.start_tls.complete":
+            https = "tls" if endpoint.scheme == "https" else "headers"
+            self.progress.stage = "proxy" if endpoint.tunnelled else https
+        elif name == "http_proxy.start_tls.started":
+            self.progress.stage = "tls"
+        elif name.endswith("start_tls.complete"):
             self.progress.stage = "headers"
 
     async def _answer(self, response: httpx.Response, optional: Collection[str]) -> None:
@@ -250,10 +342,12 @@ class _Check:
         progress.content_type = self.redactor.quote(response.headers.get("content-type", ""), 80)
         if response.status_code >= 400:
             detail = await self._error_body(response)
+            headers = response.headers
+            page = explain(response.status_code, headers.get("server"), headers.get("via"), detail)
             message = _status_message(
-                self.shown, response.status_code, detail, self.adapter, optional
+                self.shown, response.status_code, detail, self.adapter, optional, page
             )
-            if 400 <= response.status_code < 500:
+            if 400 <= response.status_code < 500 and page is None:
                 message += f"; {self._id_hint(detail)}{self.sent}"
             raise TargetError(message)
         if 300 <= response.status_code < 400:
@@ -299,6 +393,7 @@ class _Check:
         try:
             async for chunk in response.aiter_raw():
                 progress.body_bytes += len(chunk)
+                progress.last_read_ns = perf_counter_ns()
                 events = decoder.feed(chunk)
                 progress.heartbeats = decoder.comments
                 for event, data in events:
@@ -328,14 +423,28 @@ class _Check:
         )
 
 
-def _plain_http_hint(endpoint: Endpoint) -> str:
-    plain = f"http://{endpoint.origin.split('://', 1)[1]}"
-    return f"does the server speak plain HTTP there? try --url {plain}"
+def _client_options(endpoint: Endpoint) -> dict[str, Any]:
+    """httpx's settings: the run's TLS context and proxy (`engine.network`)."""
+    return httpx_options(endpoint.scheme, endpoint.tls, endpoint.proxy)
+
+
+def _not_tls_hint(reason: str) -> str:
+    """What a handshake that failed for a reason other than the certificate means. A
+    `wrong version number` is the server answering in something other than TLS; the fix
+    is never to drop TLS (the credentials would then go in cleartext)."""
+    said = reason.lower().replace("_", " ")
+    if any(s in said for s in ("wrong version number", "record layer", "packet length too long")):
+        return ("the server there did not answer in TLS (plain HTTP on that port?): check "
+                "the port in --url")  # fmt: skip
+    return "check the port in --url and the server's TLS settings (versions, ciphers)"
 
 
 def _status_message(
-    shown: str, status: int, detail: str, adapter: Adapter, optional: Collection[str]
-) -> str:
+    shown: str, status: int, detail: str, adapter: Adapter, optional: Collection[str],
+    page: str | None = None,
+) -> str:  # fmt: skip
+    """`shown answered HTTP status: detail (hint)`; `page` is what an intermediary's error
+    page means (`intermediaries.explain`), which replaces the server's hints."""
     hints = {
         401: "check the API key: set the variable named in target.api_key_env",
         403: "the key is not allowed to use this model or endpoint",
@@ -344,8 +453,8 @@ def _status_message(
         "or target.include_usage: false",
         400: "the server rejected the request: check target.model (--model) and target.extra_body",
     }
-    hint = None
-    if status == 400:
+    hint = page
+    if status == 400 and hint is None:
         hint = _pinned_model_hint(detail)
     if status == 404 and _is_about_the_model(detail):  # the path is right: the model is not
         hint = "the server does not serve this model: check target.model (--model)"
@@ -423,24 +532,29 @@ REACH_TIMEOUT_S = 10.0  # `run --dry-run`'s connection attempt
 
 
 def check_reachable(endpoint: Endpoint, *, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """`run --dry-run`'s look at the target: a TCP connection to its host and port, closed
-    at once (no request sent, no TLS handshake: the run's preflight does those). Raise
-    `TargetError`, in the preflight's words, when none opens within `timeout_s`: a dry run
-    must not call an unreachable URL valid."""
+    """`run --dry-run`'s look at the target: a TCP connection to its host and port (to the
+    forward proxy's, when it is reached through one), closed at once (no request sent, no
+    TLS handshake: the run's preflight does those). Raise `TargetError`, in the preflight's
+    words, when none opens within `timeout_s`: a dry run must not call an unreachable URL
+    valid."""
+    proxy = endpoint.proxy
+    host, port = (proxy.host, proxy.port) if proxy else (endpoint.host, endpoint.port)
+    where = f"the proxy {proxy.shown}" if proxy else endpoint.origin
+    fix = "check --proxy or the proxy variable" if proxy else "check --url"
+    who = "the proxy" if proxy else "the server"
     try:
-        socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except socket.gaierror as exc:
         raise TargetError(
-            f"cannot connect to {endpoint.origin}: its host does not resolve ({exc.strerror}) "
-            "(check --url)"
+            f"cannot connect to {where}: its host does not resolve ({exc.strerror}) ({fix})"
         ) from None
     except TimeoutError:
         raise TargetError(
-            f"cannot connect to {endpoint.origin}: no answer in {timeout_s:g} s (is the server "
-            "running and reachable from here? check --url and the firewall)"
+            f"cannot connect to {where}: no answer in {timeout_s:g} s (is {who} running and "
+            f"reachable from here? {fix} and the firewall)"
         ) from None
     except OSError as exc:
         raise TargetError(
-            f"cannot connect to {endpoint.origin}: {exc.strerror or exc} "
-            "(is the server running and listening there? check --url)"
+            f"cannot connect to {where}: {exc.strerror or exc} "
+            f"(is {who} running and listening there? {fix})"
         ) from None

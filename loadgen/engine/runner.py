@@ -38,7 +38,7 @@ from loadgen.engine.exchange import Exchange
 from loadgen.engine.flows import Started, batch, conversation
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.starts import Starts
-from loadgen.engine.transport import Connector, Link
+from loadgen.engine.transport import Connector, Link, connect_failure
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.workload.plans import Flow, RequestPlan, Work, singles_of
 from loadgen.workload.prompts import PromptMaker
@@ -451,7 +451,11 @@ class Engine:
             )
             exchange.finish(self._now(), Outcome.CLIENT_ERROR, message)
             return None
-        message = connect_message(exc) if isinstance(exc, OSError) else f"connect failed: {exc!r}"
+        message = (
+            f"connect failed: {connect_failure(exc, self.connector.endpoint)}"
+            if isinstance(exc, OSError)
+            else f"connect failed: {exc!r}"
+        )
         exchange.finish(self._now(), Outcome.CONNECT_ERROR, message)
         return None
 
@@ -481,9 +485,3 @@ def connection_label(conn: Link) -> str:
     if not conn.reused:
         return "new"
     return "warm" if conn.warm and conn.exchanges == 0 else "reused"
-
-
-def connect_message(exc: OSError) -> str:
-    """A short, secret-free description of a connection failure."""
-    text = exc.strerror or str(exc) or type(exc).__name__
-    return f"connect failed: {text}"

@@ -52,7 +52,9 @@ from loadgen.analysis.server import FAMILY_PREFIXES
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.fetch import fetch
 from loadgen.engine.logs import LOGGER
+from loadgen.engine.network import Network
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.tls import find_verify_error, verify_failure
 from loadgen.engine.transport import redact_url
 from loadgen.results.summary import ScrapeAccess
 from loadgen.workload.checks import CREDENTIAL_NAMES
@@ -190,6 +192,8 @@ def problem_note(kind: str, status: int | None, detail: str, url: str, auth: Scr
         )
     if kind == "http_error":
         return f"{what}: the endpoint answered an error, not metrics: check it serves them here"
+    if kind == "certificate":
+        return f"{what}: {detail}"
     if kind == "connect":
         return (
             f"{what}: cannot connect ({detail}): check the host and port, and that the "
@@ -301,8 +305,10 @@ class Scraper:
         auth: ScrapeAuth | None = None,
         redactor: Redactor | None = None,
         on_scrape: Callable[[Scraper], None] | None = None,
+        network: Network | None = None,
     ) -> None:
         self.url = url
+        self.network = network if network is not None else Network()
         self.interval_s = interval_s
         self.auth = auth if auth is not None else scrape_auth(url, url, {})
         self._redactor = redactor if redactor is not None else Redactor()
@@ -385,10 +391,8 @@ class Scraper:
             "headers": {"accept": "text/plain", **self.auth.headers},
             "event_hooks": {"request": [self._strip_elsewhere]},
         }  # fmt: skip
-        if self.url.startswith("http://"):
-            # No TLS on this URL: skip building a certificate store (~30 ms of CPU, measured
-            # by benchmarks/scrape_overhead.py) that it would never use.
-            kwargs["verify"] = False
+        # The run's TLS trust and proxy (engine.network), for a redirect to https too.
+        kwargs.update(self.network.httpx_options(self.url, redirects=True))
         if self._transport is not None:
             kwargs["transport"] = self._transport
         interval_ns = int(self.interval_s * 1e9)
@@ -466,11 +470,18 @@ class Scraper:
     def _failed(self, exc: Exception) -> None:
         kind, status = _classify(exc)
         detail = self._redactor.redact(f"{type(exc).__name__}: {exc}")[:300]
+        said = self._redactor.redact(str(exc))[:200] or kind
+        if (failed := find_verify_error(exc)) is not None:
+            parts = urlsplit(self.url)
+            where = f"{parts.hostname}:{parts.port or 443}"
+            kind, said = "certificate", verify_failure(failed, where, self.network.tls,
+                                                       host=parts.hostname or "")  # fmt: skip
+            detail = said
         self.failures += 1
         self.last_error = detail
         first_of_kind = kind not in self.failed_by
         self.failed_by[kind] = self.failed_by.get(kind, 0) + 1
-        self.problem = (kind, status, self._redactor.redact(str(exc))[:200] or kind)
+        self.problem = (kind, status, said)
         if first_of_kind:  # once per kind, to the run log (the console shows the note)
             LOGGER.info("server metrics: %s", problem_note(
                 kind, status, self.problem[2], redact_url(self.url), self.auth))  # fmt: skip

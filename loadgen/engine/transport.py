@@ -30,6 +30,19 @@ from typing import Any, Protocol, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock, ReadClock
+from loadgen.engine.proxy import (
+    Proxy,
+    ProxyRefused,
+    connect_reply,
+    connect_request,
+    open_tunnel,
+)
+from loadgen.engine.tls import (
+    TlsSettings,
+    client_certificate_refusal,
+    client_context,
+    verify_failure,
+)
 
 # Caps on what one response may make the client hold: its status line and headers, and
 # one line of chunked framing (a size line, a trailer). Past one, the exchange ends as a
@@ -99,19 +112,34 @@ class WarmReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
-    """Where requests go: scheme, host, port, the request target path and fixed headers."""
+    """Where requests go: scheme, host, port, the request target path and fixed headers;
+    the TLS settings of an https endpoint and the forward proxy on the way, if any."""
 
     scheme: str
     host: str
     port: int
     target: str  # path + query, as sent on the request line
     headers: Mapping[str, str] = field(default_factory=dict)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    proxy: Proxy | None = None  # None: connections go straight to host:port
 
     @property
     def origin(self) -> str:
         """scheme://host:port (no credentials, no path), for messages and run.json."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def tunnelled(self) -> bool:
+        """https through a proxy: a CONNECT tunnel, TLS inside it."""
+        return self.proxy is not None and self.scheme == "https"
+
+    @property
+    def request_target(self) -> str:
+        """The request line's target: the path, or the absolute URL for an http proxy."""
+        if self.proxy is None or self.scheme == "https":
+            return self.target
+        return f"http://{host_header(self)}{self.target}"
 
 
 def split_url(url: str) -> SplitResult:
@@ -134,7 +162,10 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-def make_endpoint(url: str, path: str, headers: Mapping[str, str]) -> Endpoint:
+def make_endpoint(
+    url: str, path: str, headers: Mapping[str, str], *, tls: TlsSettings | None = None,
+    proxy: Proxy | None = None,
+) -> Endpoint:  # fmt: skip
     """An endpoint from a base URL and the request path; URL user-info becomes Basic auth."""
     parts = split_url(url)
     base = parts.path.rstrip("/")
@@ -154,21 +185,26 @@ def make_endpoint(url: str, path: str, headers: Mapping[str, str]) -> Endpoint:
     scheme = parts.scheme
     port = parts.port or (443 if scheme == "https" else 80)
     return Endpoint(
-        scheme=scheme, host=parts.hostname or "", port=port, target=target, headers=all_headers
-    )
+        scheme=scheme, host=parts.hostname or "", port=port, target=target, headers=all_headers,
+        tls=tls or TlsSettings(), proxy=proxy,
+    )  # fmt: skip
+
+
+def host_header(endpoint: Endpoint) -> str:
+    """The Host header's value: host, and the port unless it is the scheme's default."""
+    default_port = 443 if endpoint.scheme == "https" else 80
+    host = endpoint.host if ":" not in endpoint.host else f"[{endpoint.host}]"
+    return host if endpoint.port == default_port else f"{host}:{endpoint.port}"
 
 
 def request_headers(
     endpoint: Endpoint, body_bytes: int, extra: Mapping[str, str]
 ) -> list[tuple[str, str]]:
     """The headers of every POST loadgen sends, in order: the engine's requests and the
-    preflight's are the same bytes (no Accept-Encoding: streams are read as sent)."""
-    default_port = 443 if endpoint.scheme == "https" else 80
-    host = endpoint.host if ":" not in endpoint.host else f"[{endpoint.host}]"
-    if endpoint.port != default_port:
-        host = f"{host}:{endpoint.port}"
+    preflight's are the same bytes (no Accept-Encoding: streams are read as sent). A
+    proxy's own header (`Proxy-Authorization`) is the connection's: `encode_request` adds it."""
     headers = [
-        ("Host", host),
+        ("Host", host_header(endpoint)),
         ("Content-Type", "application/json"),
         ("Accept", "text/event-stream"),
         ("Content-Length", str(body_bytes)),
@@ -180,10 +216,21 @@ def request_headers(
 
 
 def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) -> bytes:
-    """A POST request with a JSON body, as bytes."""
-    lines = [f"POST {endpoint.target} HTTP/1.1"]
+    """A POST request with a JSON body, as bytes (in absolute form, with the proxy's
+    credentials, when it goes to an http proxy)."""
+    lines = [f"POST {endpoint.request_target} HTTP/1.1"]
     lines.extend(f"{k}: {v}" for k, v in request_headers(endpoint, len(body), extra))
+    lines.extend(_proxy_headers(endpoint))
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _proxy_headers(endpoint: Endpoint) -> list[str]:
+    """`Proxy-Authorization` for a request sent to an http proxy (a tunnel's is in its
+    CONNECT, never inside TLS)."""
+    proxy = endpoint.proxy
+    if proxy is None or endpoint.scheme == "https" or proxy.authorization is None:
+        return []
+    return [f"Proxy-Authorization: {proxy.authorization}"]
 
 
 HTTP2_ANSWER = (
@@ -211,20 +258,50 @@ def compression_note(endpoint: Endpoint) -> str:
             "for text/event-stream)")  # fmt: skip
 
 
-def probe_first_bytes(endpoint: Endpoint, request: bytes, *, timeout_s: float) -> bytes:
-    """The first bytes the server answers `request` with on a new connection (b"" when it
-    sends none in time, or the connection fails): what an unparseable answer was."""
+def probe_request(endpoint: Endpoint) -> bytes:
+    """What the diagnostic probe sends: an empty JSON POST to the endpoint's path, without
+    its query, with loadgen's own headers only. None of the user's headers, the URL's query
+    or the workload's body: whatever may carry a credential stays off the probe, whatever
+    answers it."""
+    path = endpoint.target.split("?", 1)[0]
+    bare = Endpoint(scheme=endpoint.scheme, host=endpoint.host, port=endpoint.port, target=path,
+                    proxy=endpoint.proxy)  # fmt: skip
+    lines = [f"POST {bare.request_target} HTTP/1.1"]
+    lines.extend(f"{k}: {v}" for k, v in request_headers(bare, 2, {}))
+    lines.extend(_proxy_headers(endpoint))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + b"{}"
+
+
+def probe_first_bytes(endpoint: Endpoint, *, timeout_s: float) -> bytes:
+    """The first bytes the server answers `probe_request` with on a new connection (b""
+    when it sends none in time, or the connection fails): what an unparseable answer was.
+
+    The connection is made as every other one (through the proxy, TLS verified with the
+    run's settings): a certificate that fails verification ends the probe before anything
+    is sent. Not for a running event loop (the preflight calls it between its own).
+    """
     try:
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as raw:
-            sock = raw
-            if endpoint.scheme == "https":
-                context = ssl.create_default_context()
-                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-                sock = context.wrap_socket(raw, server_hostname=endpoint.host)
-            sock.sendall(request)
-            return sock.recv(64)
-    except (OSError, ValueError):
+        return asyncio.run(asyncio.wait_for(_probe(endpoint), timeout_s))
+    except (OSError, ValueError, EOFError, asyncio.LimitOverrunError):
         return b""
+
+
+async def _probe(endpoint: Endpoint) -> bytes:
+    proxy = endpoint.proxy
+    host, port = (proxy.host, proxy.port) if proxy is not None else (endpoint.host, endpoint.port)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        if endpoint.tunnelled:
+            assert proxy is not None
+            writer.write(connect_request(proxy, endpoint.host, endpoint.port))
+            head = await reader.readuntil(b"\r\n\r\n")
+            connect_reply(head[:-4], proxy, endpoint.host, endpoint.port)
+        if endpoint.scheme == "https":
+            await writer.start_tls(client_context(endpoint.tls), server_hostname=endpoint.host)
+        writer.write(probe_request(endpoint))
+        return await reader.read(64)
+    finally:
+        writer.close()
 
 
 SO_TIMESTAMPNS = 35  # Linux: SCM_TIMESTAMPNS ancillary data (struct timespec, CLOCK_REALTIME)
@@ -237,6 +314,45 @@ _HEX = re.compile(rb"[0-9A-Fa-f]+")  # a bare chunk size (int() would also accep
 # a size line (the regex check plus int() cost ~0.3 µs per chunk, measured). Other spellings
 # (leading zeros, mixed case, ≥ 4 KiB) take the regex path, with the same result.
 _CHUNK_SIZES = {b"%x" % n: n for n in range(1, 4096)} | {b"%X" % n: n for n in range(1, 4096)}
+
+
+def connect_failure(exc: OSError, endpoint: Endpoint) -> str:
+    """Why a connection to `endpoint` could not be opened, in words: a certificate that
+    failed verification (which one, and the fix), a proxy's refusal, a refused client
+    certificate, or the system's error text. No secret is in any of them."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        where = f"{endpoint.host}:{endpoint.port}"
+        return verify_failure(exc, where, endpoint.tls, host=endpoint.host)
+    text = exc.strerror or str(exc) or type(exc).__name__
+    if isinstance(exc, ssl.SSLError):
+        return client_certificate_refusal(text, endpoint.tls) or text
+    if endpoint.proxy is not None and not isinstance(exc, ProxyRefused):
+        return f"{text} (through the proxy {endpoint.proxy.shown})"
+    return text
+
+
+QUIET_CLOSE_S = 1.0  # a close after this much silence is said with its silence
+
+
+def lost_reason(exc: Exception | None, silent_ns: int, got_bytes: bool, endpoint: Endpoint) -> str:
+    """Why a connection ended mid-exchange, as seen: a TLS alert about this client's
+    certificate, the error, or a close after `silent_ns` without a byte (since the last
+    read, or since the request when nothing came), which is how a proxy's read timeout
+    looks from the client."""
+    if exc is not None:
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, ssl.SSLError):
+            return client_certificate_refusal(text, endpoint.tls) or text
+        return text
+    silent_s = silent_ns / 1e9
+    if silent_s < QUIET_CLOSE_S:
+        return "connection closed by server"
+    since = "the last read" if got_bytes else "the request was sent"
+    return (
+        f"silence for {silent_s:.1f} s after {since}, then the connection closed (a proxy's "
+        "read timeout closes a stream that goes quiet that long, e.g. nginx's "
+        "proxy_read_timeout, 60 s by default: raise it above the server's longest silence)"
+    )
 
 
 def _report(loop: asyncio.AbstractEventLoop, exc: Exception) -> None:
@@ -338,7 +454,7 @@ class Connection(asyncio.Protocol):
         if self._in_body and not self._chunked and self._remaining < 0:
             sink.on_end(t_ns)  # a close-delimited body ends with the connection
         else:
-            reason = str(exc) if exc else "connection closed by server"
+            reason = lost_reason(exc, t_ns - self._floor_ns, self._got_bytes, self.pool.endpoint)
             sink.on_lost(reason, self._got_bytes, t_ns)
 
     # -- framing --------------------------------------------------------------------------
@@ -676,12 +792,16 @@ class Pool:
         self._slices = 0
         self._after_scheduled = False  # an `_after_step` is due (callbacks left, no drain)
         self.last_read_ns = 0  # when bytes last arrived on any connection (the watchdog)
-        self._ssl: ssl.SSLContext | bool | None = None
-        if endpoint.scheme == "https":
-            self._ssl = ssl_context or ssl.create_default_context()
+        self._ssl: ssl.SSLContext | None = None
+        if endpoint.scheme == "https":  # the run's one trust (engine.tls), unless a test's
+            self._ssl = ssl_context or client_context(endpoint.tls)
+        # Where sockets connect: the proxy, when there is one (engine.proxy).
+        proxy = endpoint.proxy
+        self._dial = (proxy.host, proxy.port) if proxy else (endpoint.host, endpoint.port)
         self.opened = 0  # every connection opened, warm ones included
         self.warm_opened = 0  # of which opened before t0 by `warm`
-        # Plain HTTP on Linux: sockets of our own, read with the kernel's receive time.
+        # Plain HTTP on Linux: sockets of our own, read with the kernel's receive time (to
+        # the proxy, for an http target behind one: its reads are this client's reads).
         if kernel_stamps is None:
             kernel_stamps = KERNEL_STAMPS_AVAILABLE and self._ssl is None
         self.kernel_stamps = kernel_stamps
@@ -702,21 +822,34 @@ class Pool:
         return None
 
     async def connect(self) -> Connection:
-        """A new connection. OSError when it cannot be opened."""
+        """A new connection (through the proxy's tunnel for https behind one). OSError when
+        it cannot be opened (`proxy.ProxyRefused` when the proxy declines the tunnel,
+        `ssl.SSLCertVerificationError` when the certificate fails verification)."""
         loop = asyncio.get_running_loop()
+        endpoint = self.endpoint
         if self.kernel_stamps:
             conn = Connection(self)
             StampedSocket.attach(loop, await self._open_socket(loop), conn)
             self.opened += 1
             self._open.add(conn)
             return conn
-        _, protocol = await loop.create_connection(
-            lambda: Connection(self),
-            self.endpoint.host,
-            self.endpoint.port,
-            ssl=self._ssl,
-            server_hostname=self.endpoint.host if self._ssl else None,
-        )
+        if endpoint.tunnelled:
+            assert endpoint.proxy is not None
+            sock = await self._open_socket(loop, stamps=False)
+            try:
+                await open_tunnel(loop, sock, endpoint.proxy, endpoint.host, endpoint.port)
+                _, protocol = await loop.create_connection(
+                    lambda: Connection(self), sock=sock, ssl=self._ssl,
+                    server_hostname=endpoint.host,
+                )  # fmt: skip
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            _, protocol = await loop.create_connection(
+                lambda: Connection(self), *self._dial, ssl=self._ssl,
+                server_hostname=endpoint.host if self._ssl else None,
+            )  # fmt: skip
         self.opened += 1
         self._open.add(protocol)
         return protocol
@@ -743,7 +876,7 @@ class Pool:
                 try:
                     opened.append(await self.connect())
                 except OSError as exc:
-                    errors.append(exc.strerror or str(exc) or type(exc).__name__)
+                    errors.append(connect_failure(exc, self.endpoint))
 
         tasks = [asyncio.ensure_future(open_one()) for _ in range(max(0, count))]
         if tasks:
@@ -771,32 +904,35 @@ class Pool:
             seconds=(self.clock.now_ns() - start_ns) / 1e9,
         )  # fmt: skip
 
-    async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
-        """A connected non-blocking socket with kernel receive timestamps switched on.
+    async def _open_socket(
+        self, loop: asyncio.AbstractEventLoop, *, stamps: bool = True
+    ) -> socket.socket:
+        """A connected non-blocking socket to the endpoint (or its proxy), with kernel
+        receive timestamps switched on unless `stamps` is False.
 
         The name is resolved once per pool (a lookup per connection would cost a thread-pool
         round trip each, at thousands of connections; an IP literal needs none). Addresses
         are tried in order, as `create_connection` does; the one that connects is kept first.
         """
+        host, port = self._dial
         if not self._addresses:
-            literal = _literal_address(self.endpoint.host, self.endpoint.port)
+            literal = _literal_address(host, port)
             if literal is not None:
                 self._addresses = [literal]
             else:
-                infos = await loop.getaddrinfo(
-                    self.endpoint.host, self.endpoint.port, type=socket.SOCK_STREAM
-                )
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
                 self._addresses = [(info[0], info[4]) for info in infos]
             if not self._addresses:
-                raise OSError(f"cannot resolve {self.endpoint.host}")
+                raise OSError(f"cannot resolve {host}")
         error: OSError | None = None
         for index, (family, address) in enumerate(self._addresses):
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                with contextlib.suppress(OSError):  # refused: reads are stamped in user space
-                    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                if stamps:
+                    with contextlib.suppress(OSError):  # refused: reads stamped in user space
+                        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
                 await loop.sock_connect(sock, address)
             except OSError as exc:
                 sock.close()

@@ -48,6 +48,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_http_server
 
 from loadgen.analysis.live import BUCKETS_S, MEASURES, LiveTally
+from loadgen.engine.network import Network
 from loadgen.errors import OptionError
 
 LATENCY_HELP = {
@@ -109,6 +110,7 @@ class LiveExporter:
         otlp_endpoint: str | None = None,
         otlp_interval_s: float = 5.0,
         price_per_hour: float | None = None,
+        network: Network | None = None,
     ) -> None:
         self.state = LiveState(price_per_hour=price_per_hour)
         self.grace_s = grace_s
@@ -137,7 +139,8 @@ class LiveExporter:
                     "--otlp-endpoint", "needs the OpenTelemetry SDK",
                     "pip install 'loadgen[otel]'",
                 ) from None  # fmt: skip
-            self.otlp = OtlpPush(otlp_endpoint, self.families, interval_s=otlp_interval_s)
+            self.otlp = OtlpPush(otlp_endpoint, self.families, interval_s=otlp_interval_s,
+                                 network=network)  # fmt: skip
 
     def begin(self, run: LiveRun) -> None:
         with self._lock:

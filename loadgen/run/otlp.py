@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from loadgen import __version__
+from loadgen.engine.network import Network
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 SDK_LOGGER = "opentelemetry.exporter"  # the exporter's retries and failures log here
@@ -58,14 +59,18 @@ class OtlpPush:
     """Pushes `families()` (prometheus_client metric families) to an OTLP/HTTP endpoint."""
 
     def __init__(
-        self, endpoint: str, families: Callable[[], Sequence[Any]], *, interval_s: float = 5.0
-    ) -> None:
+        self, endpoint: str, families: Callable[[], Sequence[Any]], *, interval_s: float = 5.0,
+        network: Network | None = None,
+    ) -> None:  # fmt: skip
         self.problem = _LastProblem()
         sdk_logger = logging.getLogger(SDK_LOGGER)
         sdk_logger.addHandler(self.problem)
         self._propagate, sdk_logger.propagate = sdk_logger.propagate, False
         self.endpoint = endpoint
-        self.exporter = OTLPMetricExporter(endpoint=endpoint, timeout=5)
+        # The run's TLS trust and proxy (engine.network), not requests' own CA bundle and
+        # environment: the collector is verified as the target is.
+        session = (network or Network()).requests_session(endpoint)
+        self.exporter = OTLPMetricExporter(endpoint=endpoint, timeout=5, session=session)
         self.families = families
         self.pushes = 0
         self.interval_s = interval_s

@@ -31,6 +31,7 @@ from typing import Any
 
 from loadgen.analysis.server import current_gauges, server_family
 from loadgen.engine.logs import LOGGER
+from loadgen.engine.network import Network
 from loadgen.engine.scrape import ScrapeAuth, Scraper, ScrapeStats, default_timeout_s
 from loadgen.engine.secrets import Redactor
 from loadgen.errors import LoadgenError
@@ -56,6 +57,7 @@ class ScrapeTask:
     auth: ScrapeAuth
     redactor: Redactor
     parent_pid: int
+    network: Network
 
 
 class ScraperProcess:
@@ -72,6 +74,7 @@ class ScraperProcess:
         auth: ScrapeAuth,
         redactor: Redactor | None = None,
         timeout_s: float | None = None,
+        network: Network | None = None,
     ) -> None:
         self.url = url
         self.interval_s = interval_s
@@ -80,7 +83,8 @@ class ScraperProcess:
         self._task = ScrapeTask(url=url, interval_s=interval_s, timeout_s=self.timeout_s,
                                 run_dir=run_dir, auth=auth,
                                 redactor=redactor if redactor is not None else Redactor(),
-                                parent_pid=os.getpid())  # fmt: skip
+                                parent_pid=os.getpid(),
+                                network=network if network is not None else Network())  # fmt: skip
         self.first_done = threading.Event()  # set when the first scrape has ended
         self.pid: int | None = None  # the scraper process's
         asked = ScrapeAccess(headers={name: auth.sources[name] for name in sorted(auth.headers)},
@@ -207,7 +211,7 @@ def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
 
     scraper = Scraper(task.url, task.interval_s, timeout_s=task.timeout_s, auth=task.auth,
                       redactor=task.redactor, spill=partial(write_server_part, task.run_dir),
-                      on_scrape=scraped)  # fmt: skip
+                      on_scrape=scraped, network=task.network)  # fmt: skip
     tell(("ready", os.getpid()))
     scraper.start()
     with contextlib.suppress(EOFError):  # EOF: the parent is gone

@@ -20,6 +20,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from ssl import SSLContext
 from time import perf_counter_ns
 from typing import Any
 
@@ -181,10 +182,12 @@ def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) 
 
 
 class ScriptedServer:
-    """A loopback HTTP/1.1 server whose responses come from `handler(request)` scripts."""
+    """A loopback HTTP/1.1 server whose responses come from `handler(request)` scripts
+    (over TLS with `ssl`, a server context: an https URL)."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, ssl: SSLContext | None = None) -> None:
         self.handler = handler
+        self.ssl = ssl
         self.requests: list[ReceivedRequest] = []
         self.finished: dict[str, int] = {}  # X-Request-Id → when its script's last step was played
         self.connections = 0
@@ -196,8 +199,8 @@ class ScriptedServer:
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. http://127.0.0.1:PORT."""
-        return f"http://127.0.0.1:{self.port}"
+        """Base URL, e.g. http://127.0.0.1:PORT (https:// with `ssl`)."""
+        return f"{'https' if self.ssl else 'http'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ScriptedServer:
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -218,7 +221,7 @@ class ScriptedServer:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.ssl)
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         async with server:
