@@ -12,13 +12,14 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from loadgen.analysis.calibration import QUICK_LADDER, Ladder, Level, Thresholds
 from loadgen.cli.exits import CALIBRATE_EXITS
 from loadgen.cli.live_options import live_options, open_live
-from loadgen.cli.options import clean_errors, output_console
+from loadgen.cli.options import clean_errors, network_options, output_console, read_network
 from loadgen.errors import EXIT_SLO_MISSED, OptionError
 from loadgen.render.calibrate_view import conclusion, level_line, levels_table, start_line
 from loadgen.run.envelope import calibration_path, save_calibration
@@ -131,12 +132,13 @@ def old_format(value: str) -> str:
 )
 @click.option("--no-save", is_flag=True, help="Do not save (loadgen run will not see it).")
 @live_options
+@network_options
 def calibrate(
     levels: str | None, tokens_per_s: float, seconds: float, processes: int,
     max_timestamp_err_ms: float, max_ttft_err_ms: float, max_send_lag_ms: float,
     all_levels: bool, quick: bool, fmt: str, save_path: str | None, no_save: bool,
     prometheus_listen: str | None, prometheus_grace_s: float, otlp_endpoint: str | None,
-    otlp_interval_s: float,
+    otlp_interval_s: float, **network: Any,
 ) -> None:  # fmt: skip
     """Find the highest load this machine's client measures truthfully (its envelope).
 
@@ -154,6 +156,10 @@ def calibrate(
       loadgen calibrate --levels 256,512,1024 --workers 2 --format json
       loadgen calibrate --quick
       loadgen calibrate --quick --prometheus-port 9464
+      loadgen calibrate --quick --otlp-endpoint https://otel:4318/v1/metrics --cacert ca.pem
+
+    Its streams go to a simulator of its own on loopback; the TLS and proxy options are
+    for --otlp-endpoint.
     """
 
     clean_errors(_calibrate)(
@@ -174,6 +180,7 @@ def calibrate(
         fmt,
         (save_path, no_save),
         (prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s),
+        network,
     )
 
 
@@ -189,8 +196,10 @@ def save_target(save_path: str | None, *, quick: bool, no_save: bool) -> Path | 
 def _calibrate(
     ladder: Ladder, thresholds: Thresholds, fmt: str, saving: tuple[str | None, bool],
     live_flags: tuple[str | None, float, str | None, float] = (None, 0.0, None, 5.0),
+    network_flags: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     save = save_target(saving[0], quick=ladder.quick, no_save=saving[1])
+    network = read_network(network_flags or {})
 
     def progress(level: Level) -> None:
         if fmt == "text":
@@ -198,7 +207,7 @@ def _calibrate(
 
     if fmt == "text":
         print(start_line(ladder), file=sys.stderr, flush=True)
-    with open_live(*live_flags) as live:
+    with open_live(*live_flags, network=network) as live:
         measure = functools.partial(measure_level, live=live)
         result = run_calibration(ladder, thresholds, progress, measure=measure)
         if save is not None:

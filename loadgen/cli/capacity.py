@@ -256,7 +256,7 @@ def capacity(
     price = base.price_per_hour
     fleet = None if price is None else price * base.replicas
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
-                     price_per_hour=fleet)  # fmt: skip
+                     price_per_hour=fleet, network=base.network)  # fmt: skip
     session = ray_session(ray, quiet=base.quiet) if ray is not None else contextlib.nullcontext()
     with live as exporter, session:
         with _target_url(base.url, spec, base.quiet) as base_url:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from loadgen.cli.options import COST, LIVE, FiniteFloat, option
+from loadgen.engine.network import Network
 from loadgen.errors import OptionError
 from loadgen.run.live import LiveExporter, parse_listen
 
@@ -68,6 +69,7 @@ def open_live(
     *,
     price_per_hour: float | None = None,
     say: Callable[[str], None] | None = None,
+    network: Network | None = None,
 ) -> Iterator[LiveExporter | None]:
     """The exporter the flags ask for (None without them); closed, after its grace, on exit.
     `say` prints where it serves (default: stderr)."""
@@ -83,7 +85,7 @@ def open_live(
     address, port = parse_listen(prometheus_listen) if prometheus_listen else ("", None)
     live = LiveExporter(
         port=port, address=address, grace_s=prometheus_grace_s, otlp_endpoint=otlp_endpoint,
-        otlp_interval_s=otlp_interval_s, price_per_hour=price_per_hour,
+        otlp_interval_s=otlp_interval_s, price_per_hour=price_per_hour, network=network,
     )  # fmt: skip
     if live.url is not None:
         say(f"prometheus: serving the live figures at {live.url}")

@@ -19,6 +19,9 @@ from rich.table import Table
 
 from loadgen.adapters import APIS
 from loadgen.analysis.confidence import INTERVAL, RULES
+from loadgen.engine.network import Network
+from loadgen.engine.proxy import ProxySettings
+from loadgen.engine.tls import TlsSettings, check_settings
 from loadgen.errors import LoadgenError, OptionError
 from loadgen.printable import printable
 from loadgen.results.runfolder import LAG_BOUND_MS
@@ -119,7 +122,10 @@ TARGET, LOAD, TIMING, SERVER_METRICS = "Target", "Load", "Deadlines and pacing",
 OUTPUT, LIVE, COST, SEARCH = "Output", "Live export", "Cost", "Search"
 VERDICT = "Verdict"  # how sure a verdict is, and by which rule
 CLUSTER = "Cluster"  # --ray and its shards
-HELP_GROUPS = (TARGET, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, CLUSTER, OUTPUT, LIVE, COST)
+NETWORK = "TLS and proxy"  # how every connection verifies servers and reaches them
+HELP_GROUPS = (
+    TARGET, NETWORK, LOAD, SEARCH, TIMING, SERVER_METRICS, VERDICT, CLUSTER, OUTPUT, LIVE, COST,
+)  # fmt: skip
 HELP_OPTION_GROUP = "Help"  # --help itself (click adds it, ungrouped)
 
 
@@ -231,9 +237,30 @@ URL_OPTION = option(
     "target.url) the built-in simulator is started.",
 )  # fmt: skip
 
+# TLS and forward proxies (`engine.network`): every connection a command makes (the
+# target, the preflight, the scraper, the cache reset, the OTLP push) uses them.
+NETWORK_OPTIONS: list[Decorator] = [
+    option(NETWORK, "--cacert", metavar="FILE",
+           help="Trust only the CA certificates in FILE (PEM) when verifying servers "
+           "(default: the system store, or SSL_CERT_FILE / SSL_CERT_DIR)."),
+    option(NETWORK, "--cert", metavar="FILE",
+           help="Client certificate (PEM) for mutual TLS, shown to servers that ask for one; "
+           "its key in --key, or in the same file."),
+    option(NETWORK, "--key", metavar="FILE",
+           help="The unencrypted private key (PEM) of --cert."),
+    option(NETWORK, "--insecure", is_flag=True,
+           help="Do not verify TLS certificates (test servers only: requests and their "
+           "credentials go to whoever answers). Said on the terminal, recorded in run.json."),
+    option(NETWORK, "--proxy", metavar="URL|none",
+           help="Forward proxy for every connection: http://[USER:PASSWORD@]HOST:PORT (https "
+           "targets through a CONNECT tunnel). Default: HTTPS_PROXY, HTTP_PROXY or ALL_PROXY "
+           "as curl reads them, less the hosts in NO_PROXY; none: no proxy at all."),
+]  # fmt: skip
+
 RUN_STEP_OPTIONS: list[Decorator] = [
     option(TARGET, "--header", "headers", multiple=True, metavar="NAME:VALUE",
            help="Extra request header (repeatable); ${VAR} is read from the environment."),
+    *NETWORK_OPTIONS,
     option(TARGET, "--no-preflight", is_flag=True,
            help="Skip the one-request check of the target."),
     option(TARGET, "--preflight-timeout", "preflight_timeout_s",
@@ -294,6 +321,29 @@ def run_step_options(func: F) -> F:
     return _apply(RUN_STEP_OPTIONS, func)
 
 
+def network_options(func: F) -> F:
+    """NETWORK_OPTIONS: --cacert, --cert, --key, --insecure, --proxy."""
+    return _apply(NETWORK_OPTIONS, func)
+
+
+NETWORK_FLAGS = ("cacert", "cert", "key", "insecure", "proxy")
+
+
+def read_network(opts: dict[str, Any]) -> Network:
+    """The command's TLS and proxy settings from NETWORK_OPTIONS and the environment,
+    checked now (a file that cannot be used, contradictory flags, a proxy URL that is
+    not one: exit 1 before anything is sent)."""
+    tls = TlsSettings.from_environment(
+        cacert=opts.get("cacert"), cert=opts.get("cert"), key=opts.get("key"),
+        insecure=bool(opts.get("insecure")),
+    )  # fmt: skip
+    check_settings(tls)
+    proxies = ProxySettings.from_environment(opts.get("proxy"))
+    if proxies.flag is not None and not proxies.off:
+        proxies.configured("https")  # a --proxy that is no proxy URL is refused here
+    return Network(tls=tls, proxies=proxies)
+
+
 def url_option(func: F) -> F:
     """--url (first in `--help`, so a decorator of its own)."""
     return URL_OPTION(func)
@@ -342,7 +392,7 @@ def shared_run_options(opts: dict[str, Any], **own: Any) -> RunOptions:
     is passed as given, those in `_READ_INTO_RUN` read first; `own` is what the command
     adds (e.g. --run-id, the shard). Options that change the workload (`--requests`,
     `--api`, ...) are the spec's, applied by `override`."""
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"network": read_network(opts)}
     for name, value in opts.items():
         if name in _READ_INTO_RUN:
             field, read = _READ_INTO_RUN[name]

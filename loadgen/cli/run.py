@@ -244,7 +244,7 @@ def run(
     price_per_hour = shared["price_per_hour"]
     fleet = None if price_per_hour is None else price_per_hour * shared["replicas"]
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
-                     price_per_hour=fleet)  # fmt: skip
+                     price_per_hour=fleet, network=options.network)  # fmt: skip
     if repeats > 1:
         base = run_id or new_run_id(spec.name)
         check_run_id(f"{base}-r{repeats}")

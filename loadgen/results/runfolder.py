@@ -252,14 +252,26 @@ class WorkloadInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TlsInfo:
+    """How the run verified the target and proved itself (run.json's `target.tls`)."""
+
+    verify: bool = True  # False: --insecure, no certificate was verified
+    trust: str = ""  # the CAs trusted: `the system store`, `--cacert FILE`, SSL_CERT_FILE=...
+    client_certificate: str | None = None  # --cert's file (mutual TLS), or None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TargetInfo:
-    """Where the requests went (the URL redacted of credentials) and with which API."""
+    """Where the requests went (the URL redacted of credentials) and with which API; for
+    an https target (or any TLS flag) its TLS, and the forward proxy on the way, if any."""
 
     url: str | None = None
     api: str | None = None
     model: str | None = None
     builtin_sim: bool = False
     sim_args: tuple[str, ...] | None = None
+    tls: TlsInfo | None = field(default=None, metadata=OMIT_NONE)
+    proxy: str | None = field(default=None, metadata=OMIT_NONE)  # `http://host:port (SOURCE)`
 
 
 LAG_BOUND_MS = 5.0  # `--lag-bound-ms`: the send lag above which a send is late (its one default)

@@ -33,7 +33,8 @@ from loadgen.analysis.sizing import size_warnings
 from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
-from loadgen.engine.preflight import preflight, preflight_deadline
+from loadgen.engine.network import Network
+from loadgen.engine.preflight import check_connection, preflight, preflight_deadline
 from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, put_in_body
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import scrape_auth
@@ -182,6 +183,8 @@ def prepare(spec: WorkloadSpec, options: RunOptions) -> Prepared:
     adapter, headers, redactor, url = client_setup(spec, options)
     if url is None:
         sim_args_from_mapping(spec.sim, spec.source)
+    else:
+        options.network.proxy_for(url)  # a proxy variable that names no usable proxy: here
     cache = cache_warmth(spec, options)  # a --nonce outside cold mode is refused here
     check_out_dir(options.out_dir)
     if options.run_id is not None:
@@ -245,14 +248,19 @@ def _execute(
                                         redactor)  # fmt: skip
         LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
                     endpoint.origin, endpoint.target)  # fmt: skip
+        for line in network_lines(endpoint, options.network, quiet=options.quiet):
+            print(line, file=log)
+            LOGGER.info("%s", line)
         if options.check_target:
             _check_target(spec, options, endpoint, ready.adapter, config, redactor)
+        else:  # still no certificate failure judged as the server's: exit 1 before t0
+            check_connection(endpoint)
         info = begin(spec, options, endpoint, run_id=run_dir.name, planned=planned,
                      sim_args=sim_args, open_files=open_files,
                      workers=WorkersInfo(count=workers, chosen=why))  # fmt: skip
         scraper, server_metrics = _scraper(spec, options, endpoint, run_dir, log, redactor)
         if cache.mode == "reset":
-            cache = _reset(cache, endpoint, scraper, redactor, options.quiet, log)
+            cache = _reset(cache, endpoint, scraper, redactor, options, log)
         info = replace(info, server_metrics=server_metrics, cache=cache)
         publish = publisher(live, spec, work, info)
         if publish is not None:
@@ -313,7 +321,8 @@ def _scraper(
     interval_s = options.server_metrics_interval_s or spec.target.server_metrics_interval_s
     auth = scrape_auth(url, endpoint.origin, endpoint.headers, metrics_headers(spec, options))
     info = ServerMetricsInfo(url=redact_url(url), interval_s=interval_s)
-    scraper = ScraperProcess(url, interval_s, run_dir=run_dir, auth=auth, redactor=redactor)
+    scraper = ScraperProcess(url, interval_s, run_dir=run_dir, auth=auth, redactor=redactor,
+                             network=options.network)  # fmt: skip
     scraper.start()
     if not options.quiet:
         sent = f" with {', '.join(sorted(auth.headers))}" if auth.headers else ""
@@ -323,6 +332,22 @@ def _scraper(
             print(f"server metrics: {note}; the run goes on, its client figures unaffected",
                   file=log)  # fmt: skip
     return scraper, info
+
+
+def network_lines(endpoint: Endpoint, network: Network, *, quiet: bool) -> list[str]:
+    """What the terminal says of the path to the target: the proxy (unless quiet), and
+    always that verification is off (`--insecure`: credentials go to whoever answers)."""
+    lines = []
+    if endpoint.proxy is not None and not quiet:
+        how = "a CONNECT tunnel" if endpoint.tunnelled else "requests in absolute form"
+        lines.append(f"proxy: {endpoint.proxy.shown} for {endpoint.origin} ({how})")
+    if network.tls.insecure:
+        lines.append(
+            "warning: --insecure: TLS certificates are not verified (the target's, the "
+            "scraper's, the OTLP collector's): requests and their credentials go to whoever "
+            "answers"
+        )
+    return lines
 
 
 def preflight_extras(
@@ -549,16 +574,16 @@ NONCE_HEX = 8  # hex digits of a drawn nonce
 
 def _reset(
     cache: CacheWarmth, endpoint: Endpoint, scraper: ScraperProcess | None, redactor: Redactor,
-    quiet: bool, log: TextIO,
+    options: RunOptions, log: TextIO,
 ) -> CacheWarmth:  # fmt: skip
     """Ask the server to empty its prefix cache (its kind from the first scrape, if any)."""
     family = None
     if scraper is not None and scraper.first_done.wait(scraper.timeout_s + 1):
         family = scraper.family
     said = reset_prefix_cache(endpoint.origin, endpoint.headers, family=family,
-                              redact=redactor.redact)  # fmt: skip
+                              redact=redactor.redact, network=options.network)  # fmt: skip
     LOGGER.info("cache: reset: %s", said)
-    if not quiet:
+    if not options.quiet:
         print(f"cache: reset: {endpoint.origin} emptied its prefix cache ({said})", file=log)
     return dataclasses.replace(cache, reset=said)
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadgen.engine.network import Network
 from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.workload.shards import Share
 
@@ -40,3 +41,6 @@ class RunOptions:
     server_metrics_headers: Mapping[str, str] = field(default_factory=dict)
     nonce: str | None = None  # `--nonce`: a cold run's prompts start with it; None: drawn
     verdict: str = "interval"  # `--verdict`: judge each check by its bounds, or `point`
+    # TLS trust and forward proxies (`--cacert`, `--cert`/`--key`, `--insecure`, `--proxy`,
+    # and the environment as the command read it): every connection of the run uses them.
+    network: Network = field(default_factory=Network)

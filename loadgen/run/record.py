@@ -34,6 +34,7 @@ from loadgen.results.runfolder import (
     RunSettings,
     ShardInfo,
     TargetInfo,
+    TlsInfo,
     WorkersInfo,
     WorkloadInfo,
 )
@@ -112,6 +113,8 @@ def begin(
             model=spec.target.model,
             builtin_sim=sim_args is not None,
             sim_args=tuple(sim_args) if sim_args is not None else None,
+            tls=tls_info(endpoint),
+            proxy=endpoint.proxy.shown if endpoint.proxy is not None else None,
         ),
         options=RunSettings(
             max_in_flight=options.max_in_flight,
@@ -131,6 +134,14 @@ def begin(
         ),
         workers=workers,
     )
+
+
+def tls_info(endpoint: Endpoint) -> TlsInfo | None:
+    """run.json's `target.tls`: for an https target, or whenever a TLS flag was given."""
+    tls = endpoint.tls
+    if endpoint.scheme != "https" and not (tls.cacert or tls.cert or tls.insecure):
+        return None
+    return TlsInfo(verify=not tls.insecure, trust=tls.trust, client_certificate=tls.cert)
 
 
 def shard_info(options: RunOptions) -> ShardInfo | None:

@@ -134,6 +134,8 @@ def client_setup(
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
     secrets = run_secrets(headers, env_values, url)
+    for proxy_url in options.network.proxies.urls():  # a proxy's user-info is a credential
+        secrets += run_secrets({}, (), proxy_url)
     scraped = metrics_url(spec, options)
     if scraped is not None:
         own = metrics_headers(spec, options, secrets)
@@ -149,8 +151,15 @@ def engine_setup(
     headers: Mapping[str, str],
     redactor: Redactor,
 ) -> tuple[Endpoint, EngineConfig]:
-    """The endpoint and the engine's configuration (the same in every worker process)."""
-    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, dict(headers))
+    """The endpoint and the engine's configuration (the same in every worker process).
+
+    The endpoint carries the run's TLS settings and the proxy on the way to `base_url`; the
+    built-in simulator (no URL given) is on loopback and never behind a proxy."""
+    network = options.network
+    builtin = (options.url or spec.target.url) is None
+    proxy = None if builtin else network.proxy_for(base_url)
+    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, dict(headers),
+                             tls=network.tls, proxy=proxy)  # fmt: skip
     body_options = BodyOptions(
         model=spec.target.model,
         include_usage=spec.target.include_usage,
