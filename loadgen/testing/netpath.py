@@ -179,6 +179,23 @@ def _serving(cmd: list[str], *, port: int, folder: Path, log: Path, url: str) ->
             process.wait()
 
 
+def wait_for_http(url: str, process: subprocess.Popen[bytes], startup_s: float = 120.0) -> None:
+    """Wait until GET `url` answers 200 (a real server's health endpoint once its model is
+    loaded); RuntimeError when `process` exits first or `startup_s` passes."""
+    import httpx
+
+    deadline = time.monotonic() + startup_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer 200 within {startup_s:g} s")
+        time.sleep(0.2)
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
