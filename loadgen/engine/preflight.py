@@ -46,7 +46,7 @@ from loadgen.engine.intermediaries import explain
 from loadgen.engine.network import httpx_options
 from loadgen.engine.proxy import ProxyRefused, refusal_hint
 from loadgen.engine.secrets import Redactor
-from loadgen.engine.tls import client_certificate_refusal, find_verify_error, verify_failure
+from loadgen.engine.tls import find_verify_error, handshake_refusal, verify_failure
 from loadgen.engine.transport import (
     HTTP2_ANSWER,
     Endpoint,
@@ -146,7 +146,7 @@ def preflight(
         reason = _reason(exc, redactor)
         if progress.stage == "headers" and "Receive buffer too long" in reason:  # h11's words
             reason = "response headers over the preflight's 100 KiB cap"
-        elif (refused := client_certificate_refusal(reason, endpoint.tls)) is not None:
+        elif (refused := handshake_refusal(reason, endpoint.tls)) is not None:
             reason = refused  # TLS 1.3: the server's refusal comes after the handshake
         elif isinstance(exc, httpx.RemoteProtocolError) and progress.stage == "headers":
             first = probe_first_bytes(endpoint, timeout_s=min(timeout_s, 5))
@@ -201,7 +201,7 @@ def _connect_failure(endpoint: Endpoint, exc: httpx.ConnectError, stage: str,
         return verify_failure(failed, where, endpoint.tls, host=endpoint.host)
     reason = _reason(exc, redactor)
     if stage == "tls" or endpoint.tunnelled:
-        if (refused := client_certificate_refusal(reason, endpoint.tls)) is not None:
+        if (refused := handshake_refusal(reason, endpoint.tls)) is not None:
             return f"the TLS handshake with {where} failed: {refused}"
         if stage == "tls":
             return f"the TLS handshake with {where} failed ({reason}): {_not_tls_hint(reason)}"

@@ -269,14 +269,27 @@ CLIENT_CERT_ALERTS = {
     "CERTIFICATE_UNKNOWN": "the server refused this client's certificate",
     "CERTIFICATE_EXPIRED": "the server says this client's certificate has expired",
 }
+HTTP2_ONLY = (
+    "the server refused the ALPN offer of http/1.1 (no_application_protocol): it speaks only "
+    "HTTP/2 there, and loadgen speaks HTTP/1.1: point --url at its HTTP/1.1 listener, or at "
+    "a proxy in front that speaks HTTP/1.1"
+)
 
 
-def client_certificate_refusal(text: str, settings: TlsSettings) -> str | None:
-    """What a TLS alert (in an exception's text) says about this client's certificate, with
-    the fix; None when it is about something else."""
+def _alert(upper: str, name: str) -> bool:
+    """Does an exception's text (upper case) carry TLS alert `name`?"""
+    return f"ALERT_{name}" in upper or f"ALERT {name.replace('_', ' ')}" in upper
+
+
+def handshake_refusal(text: str, settings: TlsSettings) -> str | None:
+    """What a TLS alert from the server (in an exception's text) means, with the fix: this
+    client's certificate refused (mutual TLS), or http/1.1 refused by an HTTP/2-only
+    server; None when it is about something else."""
     upper = text.upper()
+    if _alert(upper, "NO_APPLICATION_PROTOCOL"):
+        return HTTP2_ONLY
     for alert, what in CLIENT_CERT_ALERTS.items():
-        if f"ALERT_{alert}" in upper or f"ALERT {alert.replace('_', ' ')}" in upper:
+        if _alert(upper, alert):
             given = f" (sent: --cert {settings.cert})" if settings.cert else ""
             return (f"{what}{given}: pass --cert FILE --key FILE, a certificate the server's "
                     "client CA signed")  # fmt: skip

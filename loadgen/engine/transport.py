@@ -39,8 +39,8 @@ from loadgen.engine.proxy import (
 )
 from loadgen.engine.tls import (
     TlsSettings,
-    client_certificate_refusal,
     client_context,
+    handshake_refusal,
     verify_failure,
 )
 
@@ -325,7 +325,7 @@ def connect_failure(exc: OSError, endpoint: Endpoint) -> str:
         return verify_failure(exc, where, endpoint.tls, host=endpoint.host)
     text = exc.strerror or str(exc) or type(exc).__name__
     if isinstance(exc, ssl.SSLError):
-        return client_certificate_refusal(text, endpoint.tls) or text
+        return handshake_refusal(text, endpoint.tls) or text
     if endpoint.proxy is not None and not isinstance(exc, ProxyRefused):
         return f"{text} (through the proxy {endpoint.proxy.shown})"
     return text
@@ -342,7 +342,7 @@ def lost_reason(exc: Exception | None, silent_ns: int, got_bytes: bool, endpoint
     if exc is not None:
         text = str(exc) or type(exc).__name__
         if isinstance(exc, ssl.SSLError):
-            return client_certificate_refusal(text, endpoint.tls) or text
+            return handshake_refusal(text, endpoint.tls) or text
         return text
     silent_s = silent_ns / 1e9
     if silent_s < QUIET_CLOSE_S:

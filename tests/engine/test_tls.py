@@ -18,8 +18,8 @@ import trustme
 from loadgen.engine.tls import (
     TlsSettings,
     check_settings,
-    client_certificate_refusal,
     fresh_context,
+    handshake_refusal,
     verify_failure,
 )
 from loadgen.errors import ConfigError, OptionError
@@ -202,7 +202,7 @@ def test_without_a_client_certificate_the_server_refuses_and_says_so(
     conn = handshake(listen, server, settings)  # TLS 1.3: the refusal comes at the first read
     with conn, pytest.raises(ssl.SSLError) as refused:
         conn.recv(1)  # (a write first could meet the closed socket's RST and lose the alert)
-    said = client_certificate_refusal(str(refused.value), settings)
+    said = handshake_refusal(str(refused.value), settings)
     assert said is not None
     assert "requires a client certificate" in said
     assert "--cert" in said
@@ -282,6 +282,18 @@ def test_contradictory_or_unusable_settings_are_refused_with_the_flag_named(
         assert isinstance(refused.value, OptionError) == where.startswith("--")
         assert refused.value.key == where, refused.value
         assert problem in refused.value.problem, refused.value
+
+
+def test_an_http2_only_server_refusing_http_1_1_is_named() -> None:
+    """The no_application_protocol alert (an HTTP/2-only server refusing the ALPN offer of
+    http/1.1) reads as that, with the fix; other alerts are not taken for it."""
+    said = handshake_refusal(
+        "[SSL: TLSV1_ALERT_NO_APPLICATION_PROTOCOL] tlsv1 alert no application protocol",
+        TlsSettings(),
+    )
+    assert said is not None
+    assert "speaks only HTTP/2" in said
+    assert handshake_refusal("[SSL: TLSV1_ALERT_PROTOCOL_VERSION] alert", TlsSettings()) is None
 
 
 def test_the_trust_in_words() -> None:
