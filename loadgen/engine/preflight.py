@@ -231,7 +231,8 @@ def _cut_message(progress: _Progress, elapsed_s: float, reason: str) -> str:
     silence = f", the last {silent_s:.1f} s of them silent," if silent_s >= 1 else ""
     return (
         f"the stream broke before its first generated token: HTTP {progress.status}, "
-        f"{progress.body_bytes:,} bytes and {progress.events:,} events in {elapsed_s:.1f} s"
+        f"{progress.body_bytes:,} bytes and {progress.events:,} "
+        f"event{'' if progress.events == 1 else 's'} in {elapsed_s:.1f} s"
         f"{silence} then the connection closed ({reason}); a proxy in front closes a stream "
         "that is silent past its read timeout (e.g. nginx's proxy_read_timeout, 60 s by "
         "default): raise it above the server's time to first token"
