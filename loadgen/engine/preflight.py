@@ -19,10 +19,18 @@ message (an error body, an error event, a bad payload) is quoted through the run
 `Redactor`: redacted first, then cut, then shown printable.
 
 Its header lines are the engine's (`transport.request_headers`), byte for byte: httpx's own
-defaults (`Accept-Encoding`, `Connection`) are dropped. Wrong turns are named: a TLS
-handshake that fails or hangs (a plain-HTTP server behind `https://`), a redirect (not
-followed), a compressed stream, and an answer h11 cannot parse, which is sent once more on
-a raw socket to see its first bytes (an HTTP/2-only server's SETTINGS frame).
+defaults (`Accept-Encoding`, `Connection`) are dropped; its TLS context and proxy are the
+run's (`engine.network`), nothing from httpx's own reading of the environment. Wrong turns
+are named: a certificate that fails verification (which check, and the fix), a proxy that
+refuses the tunnel, a TLS handshake that fails or hangs (a plain-HTTP port behind
+`https://`), a proxy's error page, a stream cut after a silence, a redirect (not
+followed), a compressed stream, and an answer h11 cannot parse, after which a bare request
+(no header, query or body of the run's) is sent on a new, verified connection to see its
+first bytes (an HTTP/2-only server's SETTINGS frame).
+
+`check_connection` is what `run --no-preflight` still does for https: one handshake,
+nothing sent, so that a certificate the client does not trust is exit 1, not a run of
+`connect_error`s.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ the preflight and anything that is not the hot path.
 The exchange (the caller) sees four callbacks: `on_head`, `on_body`, `on_end` and
 `on_lost`; this module only frames HTTP (status line, headers, chunked, Content-Length or
 close-delimited bodies) and keeps idle keep-alive connections for reuse.
+
+Connection set-up is the endpoint's: https with the run's one TLS context (`engine.tls`),
+and, behind a forward proxy (`engine.proxy`), a CONNECT tunnel with TLS inside it for
+https, or the proxy's own socket (kernel-stamped like a direct one) and absolute-form
+requests for http. Why a connection could not be opened, or ended mid-response, is said
+here in words (`connect_failure`, `lost_reason`): which certificate check failed, what the
+proxy answered, how long the silence was before a close.
 """
 
 from __future__ import annotations
