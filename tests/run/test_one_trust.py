@@ -15,6 +15,7 @@ import trustme
 
 from loadgen.engine.cache_reset import reset_prefix_cache
 from loadgen.engine.network import Network
+from loadgen.engine.proxy import ProxySettings
 from loadgen.engine.scrape import Scraper
 from loadgen.engine.tls import TlsSettings
 from loadgen.errors import TargetError
@@ -116,3 +117,48 @@ def test_the_otlp_push_verifies_with_the_runs_trust(ca: trustme.CA, trusted: Net
         collector.server_close()
     assert len(got) >= 1
     assert push.failures == 0
+
+
+def test_the_scraper_and_the_otlp_push_go_through_the_runs_proxy(trusted: Network) -> None:
+    """With a proxy for http (here a recording server plays it), the scrape and the OTLP push
+    are sent to it in absolute form with its credentials, as the engine's requests are."""
+    otlp = pytest.importorskip("loadgen.run.otlp")
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append((self.requestline, self.headers.get("Proxy-Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = METRICS if self.command == "GET" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    env = {"http_proxy": f"http://u:pw@127.0.0.1:{proxy.server_address[1]}"}
+    network = Network(tls=trusted.tls, proxies=ProxySettings.from_environment(environ=env))
+    try:
+        scraped = scrape_once("http://metrics.test:9400/metrics", network)
+        push = otlp.OtlpPush("http://collector.test:4318/v1/metrics", list, interval_s=3600,
+                             network=network)  # fmt: skip
+        pushed = push.push()
+        push.close()
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert scraped.failures == 0
+    assert pushed
+    lines = {line for line, _ in seen}
+    assert "GET http://metrics.test:9400/metrics HTTP/1.1" in lines
+    assert "POST http://collector.test:4318/v1/metrics HTTP/1.1" in lines
+    assert {auth for _, auth in seen} == {"Basic dTpwdw=="}
