@@ -84,15 +84,17 @@ class TlsSettings:
 
 
 def check_settings(settings: TlsSettings) -> None:
-    """Refuse flags that contradict each other, and build the context once (OptionError
-    naming the flag or variable and the fix when a file cannot be used)."""
+    """Refuse flags that contradict each other, and load the files given (ConfigError naming
+    the flag or variable and the fix when one cannot be used). The system store alone is
+    not loaded here: a plain-http run never needs it (it costs tens of ms)."""
     if settings.insecure and settings.cacert:
         raise OptionError("--insecure", "turns verification off, so --cacert would not be used",
                           "drop one of them: --cacert to verify with that CA")  # fmt: skip
     if settings.key and not settings.cert:
         raise OptionError("--key", "needs --cert (the certificate the key belongs to)",
                           "add --cert FILE, or drop --key")  # fmt: skip
-    client_context(settings)
+    if settings.cacert or settings.cert or settings.env_file or settings.env_dir:
+        client_context(settings)
 
 
 @functools.lru_cache(maxsize=8)
