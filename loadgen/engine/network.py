@@ -10,7 +10,7 @@ its own (`trust_env` off), so no part trusts, or proxies, differently from anoth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,10 @@ class Network:
 
     tls: TlsSettings = field(default_factory=TlsSettings)
     proxies: ProxySettings = field(default_factory=ProxySettings)
+
+    def direct(self) -> Network:
+        """These settings with no proxy at all (the built-in simulator, on loopback)."""
+        return replace(self, proxies=ProxySettings(flag="none"))
 
     def proxy_for(self, url: str) -> Proxy | None:
         """The proxy a connection to `url` goes through (None: direct). ConfigError when the

@@ -238,6 +238,8 @@ def _execute(
         target_url(url, spec, trace_file=trace) as target,
     ):
         base_url, sim_args = target
+        if sim_args is not None:  # on loopback: its scrapes and cache reset go direct too
+            options = dataclasses.replace(options, network=options.network.direct())
         if sim_args is not None and not options.quiet:
             print(
                 f"no --url given: started the built-in simulator (loadgen sim) at {base_url}"

@@ -183,3 +183,23 @@ def test_unusable_network_settings_are_exit_1_before_anything_is_sent(
         assert said in result.stderr, result.stderr
         assert "Traceback" not in result.output
         assert "pw" not in result.stderr
+
+
+@pytest.mark.slow  # the built-in simulator's start-up: ~2 s on 2 cores
+def test_the_built_in_simulator_is_never_reached_through_a_proxy(tmp_path: Path) -> None:
+    """Without --url, a proxy variable (here naming a port nothing listens on) reaches none
+    of the run's connections to the simulator: requests, scrapes, the cache reset."""
+    from loadgen.testing import netpath
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    workload = workload_file(tmp_path, chat_workload("sim", requests=REQUESTS, target=None))
+    dead = f"http://127.0.0.1:{netpath.free_port()}"
+    args = ["run", str(workload), "--out", str(tmp_path / "out"), "--run-id", "r", "-q",
+            "--verdict", "point", "--lag-bound-ms", "1000", "--server-metrics-url", "/metrics",
+            "--cache", "reset"]  # fmt: skip
+    result = CliRunner().invoke(cli, args, env={"HTTP_PROXY": dead, "http_proxy": dead})
+    assert result.exit_code == 0, result.output
+    info = run_json(tmp_path)
+    assert "proxy" not in info["target"]  # type: ignore[operator]
+    assert info["server_metrics"]["failures"] == 0  # type: ignore[index]
+    assert info["cache"]["reset"] == "POST /reset_prefix_cache: HTTP 200"  # type: ignore[index]
