@@ -326,9 +326,6 @@ def network_options(func: F) -> F:
     return _apply(NETWORK_OPTIONS, func)
 
 
-NETWORK_FLAGS = ("cacert", "cert", "key", "insecure", "proxy")
-
-
 def read_network(opts: dict[str, Any]) -> Network:
     """The command's TLS and proxy settings from NETWORK_OPTIONS and the environment,
     checked now (a file that cannot be used, contradictory flags, a proxy URL that is
