@@ -342,8 +342,9 @@ def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
 
     ready = prepare(spec, options)
     work, url = ready.work, ready.url
+    proxy = options.network.proxy_for(url) if url is not None else None
     if url is not None:  # a URL that cannot be reached is not valid: a TCP connect, no request
-        check_reachable(make_endpoint(url, "/", {}))
+        check_reachable(make_endpoint(url, "/", {}, proxy=proxy))  # to its proxy, behind one
     console = output_console()
     console.print(render_plan(spec, work.plans))
     console.print(memory)
@@ -353,6 +354,7 @@ def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
     capped = warm_capped_note(work, options.warm_connections, None, options.max_in_flight)
     console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})",
                   soft_wrap=True)  # fmt: skip
-    target = f"{url} (it accepts connections)" if url else "the built-in simulator"
+    reached = f"its proxy {proxy.shown} accepts connections" if proxy else "it accepts connections"
+    target = f"{url} ({reached})" if url else "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

@@ -203,3 +203,22 @@ def test_the_built_in_simulator_is_never_reached_through_a_proxy(tmp_path: Path)
     assert "proxy" not in info["target"]  # type: ignore[operator]
     assert info["server_metrics"]["failures"] == 0  # type: ignore[index]
     assert info["cache"]["reset"] == "POST /reset_prefix_cache: HTTP 200"  # type: ignore[index]
+
+
+def test_the_dry_run_behind_a_proxy_checks_that_the_proxy_answers(tmp_path: Path) -> None:
+    """--dry-run connects to the proxy (the target may be reachable only through it): valid
+    when the proxy accepts, exit 1 naming the proxy when nothing listens there."""
+    from loadgen.testing import netpath
+
+    with ScriptedServer(lambda r: simple_chat(1)) as proxy:
+        result = invoke(tmp_path / "up", "http://only-via-proxy.test:8000", "--dry-run",
+                        "--proxy", proxy.url)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # the console wraps the line
+    assert f"its proxy {proxy.url} (--proxy) accepts connections" in said
+    assert not proxy.requests  # a TCP connect, nothing sent
+    dead = f"http://127.0.0.1:{netpath.free_port()}"
+    result = invoke(tmp_path / "down", "http://only-via-proxy.test:8000", "--dry-run",
+                    "--proxy", dead)  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert f"cannot connect to the proxy {dead} (--proxy)" in result.stderr
