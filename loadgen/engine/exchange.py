@@ -373,7 +373,12 @@ class Exchange:
         return stream_end(self.finish_reason, self.adapter.finish_signal)
 
     def timeout(self, outcome: Outcome, message: str) -> None:
-        """A deadline fired: settle as that timeout (the connection is dropped)."""
+        """A deadline fired: settle as that timeout (the connection is dropped). After an
+        error status the status already said what happened: the request is that HTTP
+        outcome, with what arrived of its body (a 500 whose body trickles is no timeout)."""
+        if self.status is not None and self.status >= 300:
+            outcome, said = self._clean_end_outcome()
+            message = f"{said} (the rest of its body not read: {message})"
         self.finish(self._now(), outcome, message)
 
     def start_stall_watch(self) -> None:

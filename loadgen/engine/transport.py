@@ -367,6 +367,12 @@ def _report(loop: asyncio.AbstractEventLoop, exc: Exception) -> None:
     loop.call_exception_handler({"message": "loadgen: parsing a response failed", "exception": exc})
 
 
+# A status code as RFC 9110 (section 15) defines it: three digits, the first 1-5. Anything
+# else (`3000000000`, `10^20`, `099`, `600`) is a protocol error, kept as text, never a number
+# a record must hold.
+_STATUS = re.compile(r"[1-5][0-9][0-9]")
+
+
 def _digits(text: str) -> bool:
     """ASCII digits only (str.isdigit also accepts superscripts that int() rejects)."""
     return text.isascii() and text.isdigit()
@@ -458,8 +464,8 @@ class Connection(asyncio.Protocol):
         if sink is None:
             return
         t_ns = self._now()
-        if self._in_body and not self._chunked and self._remaining < 0:
-            sink.on_end(t_ns)  # a close-delimited body ends with the connection
+        if self._in_body and not self._chunked and self._remaining < 0 and exc is None:
+            sink.on_end(t_ns)  # a close-delimited body ends with the connection's clean close
         else:
             reason = lost_reason(exc, t_ns - self._floor_ns, self._got_bytes, self.pool.endpoint)
             sink.on_lost(reason, self._got_bytes, t_ns)
@@ -484,13 +490,12 @@ class Connection(asyncio.Protocol):
             head, self._head = self._head[:end], self._head[end + 4 :]
             lines = head.decode("latin-1").split("\r\n")
             status_line = lines[0].split(" ", 2)
-            if (
-                len(status_line) < 2
-                or not status_line[0].startswith("HTTP/")
-                or not _digits(status_line[1])
-            ):
+            if len(status_line) < 2 or not status_line[0].startswith("HTTP/"):
                 # The whole line (under the cap): the exchange redacts, then cuts it.
                 self._fail(sink, f"not an HTTP response: {lines[0]!r}", t_ns)
+                return b""
+            if not _STATUS.fullmatch(status_line[1]):  # 3 digits, 100-599 (RFC 9110 15)
+                self._fail(sink, f"a status code outside 100-599: {lines[0]!r}", t_ns)
                 return b""
             status = int(status_line[1])
             if not 100 <= status < 200:

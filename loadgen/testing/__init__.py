@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -279,6 +281,9 @@ class ScriptedServer:
                 return False
             elif step == RESET:
                 transport = writer.transport
+                sock = transport.get_extra_info("socket")
+                if sock is not None:  # linger 0: the close sends an RST, not a FIN
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 transport.abort()
                 return False
         return True

@@ -30,6 +30,7 @@ from loadgen.results.records import Outcome
 from loadgen.testing import (
     CLOSE,
     LAST_CHUNK,
+    RESET,
     ReceivedRequest,
     Step,
     chat_chunk,
@@ -174,6 +175,39 @@ def _with_usage(usage: bytes) -> Callable[[ReceivedRequest], Iterator[Step]]:
     return script
 
 
+def bad_status(status: bytes) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """A status line whose code is no HTTP status (`3000000000`, `10^20`, `099`, `600`)."""
+
+    def script(_request: ReceivedRequest) -> Iterator[Step]:
+        yield b"HTTP/1.1 " + status + b" X\r\nContent-Type: text/event-stream\r\n\r\n"
+        yield from TOKENS
+        yield CLOSE
+
+    return script
+
+
+def reset_close_delimited(_request: ReceivedRequest) -> Iterator[Step]:
+    yield b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    yield from TOKENS
+    yield 0.05
+    yield RESET  # an RST, not the FIN that ends a close-delimited body
+
+
+TRICKLED_BODY = b'{"error": {"message": "overloaded, try again later"}}'
+
+
+def trickled_error(status: int) -> Callable[[ReceivedRequest], Iterator[Step]]:
+    """An error status, then its body one byte every 0.3 s: slower than any deadline."""
+
+    def script(_request: ReceivedRequest) -> Iterator[Step]:
+        yield head(status, chunked=False, length=len(TRICKLED_BODY))
+        for i in range(len(TRICKLED_BODY)):
+            yield TRICKLED_BODY[i : i + 1]
+            yield 0.3
+
+    return script
+
+
 NO_TOKEN = "streamed no generated token within the preflight's"
 CASES = [
     HostileCase(name="html-200", what="200 with text/html", script=html_200,
@@ -231,6 +265,19 @@ CASES = [
     HostileCase(name="usage-beyond-the-stream", what="usage completion_tokens: 2**31 - 1",
                 script=_with_usage(b'{"completion_tokens": 2147483647}'),
                 outcome=Outcome.STREAM_ERROR, error="more than the", preflight=""),
+    HostileCase(name="status-3000000000", what="HTTP/1.1 3000000000 X",
+                script=bad_status(b"3000000000"), outcome=Outcome.STREAM_ERROR,
+                error="a status code outside 100-599: 'HTTP/1.1 3000000000 X'",
+                preflight="illegal status line"),
+    HostileCase(name="status-10^20", what="a 21-digit status code",
+                script=bad_status(b"1" + b"0" * 20), outcome=Outcome.STREAM_ERROR,
+                error="a status code outside 100-599", preflight="illegal status line"),
+    HostileCase(name="reset-close-delimited", what="an RST ends a close-delimited stream",
+                script=reset_close_delimited, outcome=Outcome.STREAM_ERROR,
+                error="Connection reset by peer", preflight=""),
+    HostileCase(name="trickled-500", what="a 500 whose body comes a byte per 0.3 s",
+                script=trickled_error(500), outcome=Outcome.HTTP_ERROR,
+                error="HTTP 500: {", preflight="answered HTTP 500"),
 ]  # fmt: skip
 
 

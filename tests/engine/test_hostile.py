@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 import pytest
 from click.testing import CliRunner, Result
+from conftest import EngineRun
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -34,15 +35,17 @@ from loadgen.engine import cache_reset
 from loadgen.engine import exchange as exchange_module
 from loadgen.engine import scrape as scrape_module
 from loadgen.engine.preflight import preflight
+from loadgen.engine.request_ids import plan_number
 from loadgen.engine.scrape import Scraper
 from loadgen.engine.transport import make_endpoint
 from loadgen.errors import RunBusy, TargetError
 from loadgen.printable import printable
 from loadgen.results.liveness import live_writer, run_lock
-from loadgen.results.records import Outcome
+from loadgen.results.records import Outcome, to_frame
 from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR, server_rows_frame
 from loadgen.testing import (
     CLOSE,
+    PlanFactory,
     ReceivedRequest,
     ScriptedServer,
     Step,
@@ -57,16 +60,24 @@ from loadgen.testing.hostile import (
     DEADLINES,
     MIB,
     TOKENS,
+    TRICKLED_BODY,
     HostileCase,
+    bad_status,
     empty_data_lines,
     exposition,
     long_answer,
     refusing_reset,
+    reset_close_delimited,
     serving_metrics,
     tiny_events,
+    trickled_error,
 )
+from loadgen.testing.virtual import run_scripted
+from loadgen.workload.spec import Deadlines
 
 REQUESTS = 3
+MS = 1_000_000
+FAST = Deadlines(first_token_s=3, stall_s=0.4, total_s=6)  # the engine tests' deadlines
 DEADLINE_FLOW = (f"{{first_token_s: {DEADLINES.first_token_s:g}, stall_s: {DEADLINES.stall_s:g}, "
                  f"total_s: {DEADLINES.total_s:g}}}")  # fmt: skip
 WORKLOAD = chat_workload("hostile", rate_per_s=20, requests=REQUESTS, deadlines=DEADLINE_FLOW)
@@ -777,3 +788,85 @@ def test_a_huge_exposition_is_parsed_to_the_line_cap_and_spilled_as_it_comes(
     junk = frame.filter(pl.col("name") == "junk").head(2)
     assert junk["labels"].to_list()[1] == [{"name": f"label_{i}", "value": "value-00000001"}
                                             for i in range(8)]  # fmt: skip
+
+
+# -- numbers and ends a server sends: checked at the door ----------------------------------
+
+
+def _after_a_good_preflight(script: Callable[[ReceivedRequest], Iterator[Step]]) -> object:
+    """`script` for every planned request; the preflight (its own id) a healthy stream."""
+    return lambda r: (
+        simple_chat(3) if plan_number(r.headers.get("x-request-id")) is None else script(r)
+    )
+
+
+@pytest.mark.parametrize(
+    "status", [b"3000000000", b"1" + b"0" * 20, b"099", b"600", b"20", b"2000"]
+)
+def test_a_status_code_outside_100_to_599_is_a_protocol_error_kept_as_text(
+    status: bytes, engine_run: EngineRun
+) -> None:
+    """`HTTP/1.1 3000000000 X` (once Int32 overflow in to_frame: every record lost), 10**20,
+    099 (once taken for an interim 1xx, the request left hanging), 600, 20, 2000: each a
+    stream_error whose error quotes the status line, no http_status, and the records write."""
+    plans = PlanFactory(deadlines=FAST).at(0.0, 0.01)
+    records, _ = engine_run(plans, bad_status(status))
+    line = f"HTTP/1.1 {status.decode()} X"
+    assert [r.outcome for r in records] == [Outcome.STREAM_ERROR] * 2
+    assert all(r.error == f"a status code outside 100-599: {line!r}" for r in records)
+    assert [r.http_status for r in records] == [None, None]
+    assert to_frame(records).height == 2  # every record is writable
+
+
+def test_a_status_of_3000000000_after_a_good_preflight_keeps_every_record(
+    workload: Path, tmp_path: Path
+) -> None:
+    """The issue's run: a preflight that passes, then `HTTP/1.1 3000000000 X` for every
+    request: exit 2 (was a traceback, exit 1, no records.parquet), 3 stream_error records."""
+    with ScriptedServer(_after_a_good_preflight(bad_status(b"3000000000"))) as server:
+        result = CliRunner().invoke(cli, [
+            "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id", "r",
+            "-q", "--lag-bound-ms", "1000", "--verdict", "point"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    records = pl.read_parquet(tmp_path / "r" / "records.parquet", glob=False)
+    assert records["outcome"].to_list() == ["stream_error"] * REQUESTS
+    assert records["http_status"].null_count() == REQUESTS
+
+
+def test_an_rst_ends_a_close_delimited_stream_as_a_stream_error_a_fin_cleanly(
+    engine_run: EngineRun,
+) -> None:
+    """A body without length or chunking ends with the connection: a FIN is its end (the
+    stream judged by its finish: no finish reason, truncated), an RST mid-stream is a broken
+    stream (`stream_error`, was "ended cleanly but short": truncated), its tokens kept."""
+    fin = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+           *TOKENS, 0.05, CLOSE]  # fmt: skip
+    cases = {"fin": fin, "rst": list(reset_close_delimited(None))}  # type: ignore[arg-type]
+    order = ["fin", "rst"]
+    plans = PlanFactory(deadlines=FAST).at(0.0, 0.01)
+    records, _ = engine_run(plans, lambda r: cases[r.headers["x-case"]],
+                            headers_for=lambda p: {"X-Case": order[p.request_id]})  # fmt: skip
+    fin_record, rst_record = records
+    assert fin_record.outcome is Outcome.TRUNCATED
+    assert rst_record.outcome is Outcome.STREAM_ERROR
+    assert "reset" in (rst_record.error or "").lower()
+    assert fin_record.counted_output_tokens == rst_record.counted_output_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"), [(500, Outcome.HTTP_ERROR), (429, Outcome.REJECTED)]
+)
+def test_an_error_status_whose_body_trickles_is_that_status_not_a_timeout(
+    status: int, outcome: Outcome
+) -> None:
+    """A 500 (or 429) whose body comes a byte every 0.3 s, past the 3 s first-token deadline:
+    its HTTP outcome (was timeout_first_token), the status kept, the 10 bytes that arrived
+    by the deadline quoted, and the deadline that ended the read named."""
+    plans = PlanFactory(deadlines=FAST).at(0.0)
+    (record,), _ = run_scripted(plans, trickled_error(status))
+    assert record.outcome is outcome
+    assert record.http_status == status
+    arrived = TRICKLED_BODY[:10].decode().strip()  # 0, 0.3, ..., 2.7 s: 10 bytes by 3 s
+    assert record.error == (f"HTTP {status}: {arrived} (the rest of its body not read: no "
+                            "generated token in 3 s)")  # fmt: skip
+    assert record.end_ns == 3_000 * MS
