@@ -43,6 +43,9 @@ class AnthropicMessages:
     framing = "sse"
     finish_signal = True  # message_delta's stop_reason before message_stop
     forces_length = False
+    # The smallest event that carries output (a tool call's start; `Adapter.event_framing`)
+    smallest_output_event = b'{"type":"content_block_start","content_block":{"type":"tool_use"}}'
+    event_framing = len(smallest_output_event) - 1
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """`anthropic-version`, and the key as `x-api-key`."""

@@ -64,6 +64,9 @@ class GenericAdapter:
     name = "generic"
     default_path = ""  # `target.path` is required (checked at load)
     forces_length = False  # the body template is the user's: loadgen adds no force fields
+    # Its events are the user's: no framing is assumed, each token needs a byte of its event.
+    smallest_output_event = b"x"
+    event_framing = 0
 
     def __init__(self, spec: GenericSpec) -> None:
         self.spec = spec

@@ -68,6 +68,9 @@ class OllamaChat(_Ollama):
 
     name = "ollama-chat"
     default_path = "/api/chat"
+    # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
+    smallest_output_event = b'{"message":{"content":"x"}}'
+    event_framing = len(smallest_output_event) - 1
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions
@@ -100,6 +103,9 @@ class OllamaGenerate(_Ollama):
 
     name = "ollama-generate"
     default_path = "/api/generate"
+    # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
+    smallest_output_event = b'{"response":"x"}'
+    event_framing = len(smallest_output_event) - 1
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

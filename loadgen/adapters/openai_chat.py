@@ -34,6 +34,9 @@ class OpenAIChat:
     framing = "sse"
     finish_signal = True  # every chunk stream ends with a choice's finish_reason
     forces_length = True  # ignore_eos + min_tokens
+    # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
+    smallest_output_event = b'{"choices":[{"delta":{"content":"x"}}]}'
+    event_framing = len(smallest_output_event) - 1
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""

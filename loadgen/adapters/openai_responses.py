@@ -61,6 +61,9 @@ class OpenAIResponses:
     framing = "sse"
     finish_signal = True  # response.completed / response.incomplete
     forces_length = False
+    # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
+    smallest_output_event = b'{"type":"response.refusal.delta","delta":"x"}'
+    event_framing = len(smallest_output_event) - 1
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""

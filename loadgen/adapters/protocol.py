@@ -163,6 +163,13 @@ class Adapter(Protocol):
     `done: true`, a Responses terminal event), so a stream that ends without one was cut
     short (`truncated`). `forces_length`: `force_output_tokens` reaches the server (the
     body asks for exactly `max_tokens`), so fewer tokens without a stop reason is a cut.
+
+    `event_framing`: the bytes of an event's payload that carry no output, at the least:
+    the size of `smallest_output_event` (the shortest payload this adapter reads as output:
+    one byte of text in its lightest shape, tested so) less one. A token takes at least a
+    byte of text, so the output events that arrived carry at most
+    Σ (payload bytes − event_framing) tokens: a usage count above that (and the token-only
+    events, and the EOS) is more than the stream could carry (`Exchange.check_usage`).
     """
 
     name: str
@@ -170,6 +177,8 @@ class Adapter(Protocol):
     framing: str  # "sse" or "ndjson"
     finish_signal: bool
     forces_length: bool
+    smallest_output_event: bytes
+    event_framing: int
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """Headers every request carries: the API's own, and the key where it expects it."""

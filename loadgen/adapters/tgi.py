@@ -37,6 +37,9 @@ class TgiGenerateStream:
     framing = "sse"
     finish_signal = True  # the last event's details.finish_reason
     forces_length = False
+    # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
+    smallest_output_event = b'{"token":{"text":"x"}}'
+    event_framing = len(smallest_output_event) - 1
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer` (Inference Endpoints)."""

@@ -248,10 +248,12 @@ def _usage_evidence(part: pl.DataFrame) -> dict[str, int]:
     has = usage.is_not_null() & (counted > 0)
     over = has & (usage > counted + UNSTREAMED_TOKENS)
     disagrees = over | (has & (usage < counted))
+    not_taken = has & (pl.col("token_source") != TokenSource.USAGE.value)
     row = part.select(
         disagrees.sum().alias("usage_disagrees"),
         over.sum().alias("usage_over_counted"),
         pl.col("usage_problem").is_not_null().sum().alias("usage_problems"),
+        not_taken.sum().alias("usage_not_taken"),
     ).row(0, named=True)
     return {k: int(v or 0) for k, v in row.items()}
 

@@ -30,7 +30,13 @@ from loadgen.engine.intermediaries import explain
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Link
-from loadgen.results.records import Outcome, RequestRecord, TokenSource, usage_disagrees
+from loadgen.results.records import (
+    UNSTREAMED_TOKENS,
+    Outcome,
+    RequestRecord,
+    TokenSource,
+    usage_disagrees,
+)
 from loadgen.workload.plans import RequestPlan
 
 # An error response's body is read up to this many bytes, then the request ends (with its
@@ -150,6 +156,15 @@ class Exchange:
         self.finish_reason: str | None = None  # the API's stop reason, as it sent it
         self.hidden_at: list[int] = []  # token-only events: index of the chunk after each
         self.body_bytes = 0  # response body bytes received (bounds a plausible usage count)
+        # What bounds the tokens the stream could carry (`carried_tokens`): the output
+        # events' bytes past their framing (`Adapter.event_framing`), those of the events
+        # with a tool call, the characters of the text events, the token-only events.
+        self.event_framing = adapter.event_framing
+        self.output_bytes = 0
+        self.tool_bytes = 0
+        self.text_chars = 0
+        self.token_only_events = 0
+        self.usage_beyond_stream = False  # usage above `carried_tokens`: N from the stream
         self.request_bytes = 0  # the request's bytes (bounds a plausible prompt count)
         self.usage_problem: str | None = None  # usage counts it could not take (as text)
         self.answered_by: tuple[str | None, str | None] = (None, None)  # an error's Server, Via
@@ -249,19 +264,28 @@ class Exchange:
                 self.first_reasoning_ns = t_ns
             if self.keep_text and delta.text:
                 self._keep_text(delta.text)
+            chars = delta.content_chars + delta.reasoning_chars
             stamps = self.chunk_ns
             if len(stamps) < self.max_chunk_stamps:
                 stamps.append(t_ns)
-                self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
+                self.chunk_chars.append(chars or 1)
             else:
-                self._unstamped(t_ns, delta.content_chars + delta.reasoning_chars or 1)
+                self._unstamped(t_ns, chars or 1)
             self.last_token_ns = t_ns
-        elif delta.token_only and self.first_token_ns is not None:
-            room = self.max_chunk_stamps
-            if len(self.chunk_ns) < room and len(self.hidden_at) < room:
-                self.hidden_at.append(len(self.chunk_ns))
+            size = len(payload) - self.event_framing
+            self.output_bytes += size
+            if delta.has_tool_call:
+                self.tool_bytes += size
             else:
-                self.unplaced_hidden += 1
+                self.text_chars += chars
+        elif delta.token_only:
+            self.token_only_events += 1
+            if self.first_token_ns is not None:
+                room = self.max_chunk_stamps
+                if len(self.chunk_ns) < room and len(self.hidden_at) < room:
+                    self.hidden_at.append(len(self.chunk_ns))
+                else:
+                    self.unplaced_hidden += 1
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
         if delta.usage_problem is not None:
@@ -412,7 +436,7 @@ class Exchange:
         (`_apportioned`); N counts every chunk.
         """
         stamped = len(self.chunk_ns)
-        if self.usage_completion is not None and stamped:
+        if self.usage_completion is not None and stamped and not self.usage_beyond_stream:
             tokens = self.usage_completion
             return tokens, TokenSource.USAGE, self._apportioned(tokens)
         if not stamped:
@@ -447,11 +471,32 @@ class Exchange:
         text = f"{self.usage_problem}; {problem}" if self.usage_problem else problem
         self.usage_problem = text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 1] + "…"
 
+    def carried_tokens(self) -> int:
+        """The most output tokens the stream that arrived could carry.
+
+        A token takes at least a byte of text, and an output event at least one token. So
+        the output events carry at most their payload bytes past their API's framing
+        (`Adapter.event_framing`), and at most the UTF-8 bytes of their text, which are at
+        most `UTF8_MAX_BYTES` per character (a tool call's arguments are not in the text:
+        those events count by their bytes). Add each token-only event and the EOS a
+        server counts but does not stream (`UNSTREAMED_TOKENS`).
+        """
+        by_text = UTF8_MAX_BYTES * self.text_chars + self.tool_bytes
+        events = len(self.chunk_ns) + self.unstamped_chunks  # past the stamp cap too
+        carried = max(min(self.output_bytes, by_text), events)
+        return carried + self.token_only_events + UNSTREAMED_TOKENS
+
     def check_usage(self) -> None:
         """Drop, as a usage problem, counts above what this exchange could hold: output
         tokens above both the planned cap and the response's bytes (a streamed token takes
         at least a byte; hidden reasoning is within the cap), prompt tokens above the
-        request's bytes plus `PROMPT_TEMPLATE_TOKENS` (a chat template's own tokens)."""
+        request's bytes plus `PROMPT_TEMPLATE_TOKENS` (a chat template's own tokens).
+
+        An output count within those but above what the output events could carry
+        (`carried_tokens`: hidden reasoning, or a server's own count) is kept as the
+        server's count (`usage_output_tokens`, a disagreement) but not taken as N: N, and
+        TPOT with it, come from the stream, so a count can never make TPOT shorter than
+        the events show."""
         output_cap = max(self.plan.output_tokens, self.body_bytes)
         if self.usage_completion is not None and self.usage_completion > output_cap:
             self._usage_problem(
@@ -459,6 +504,8 @@ class Exchange:
                 f"bytes that arrived could hold, and over max_tokens {self.plan.output_tokens})"
             )
             self.usage_completion = None
+        if self.usage_completion is not None and self.chunk_ns:
+            self.usage_beyond_stream = self.usage_completion > self.carried_tokens()
         prompt_cap = self.request_bytes + PROMPT_TEMPLATE_TOKENS
         if self.usage_prompt is not None and self.request_bytes and self.usage_prompt > prompt_cap:
             self._usage_problem(
@@ -557,6 +604,8 @@ def stream_end(finish_reason: str | None, finish_signal: bool) -> tuple[Outcome,
         return Outcome.TRUNCATED, f"stream ended with finish reason {finish_reason!r}"
     return Outcome.OK, None
 
+
+UTF8_MAX_BYTES = 4  # bytes of one character in UTF-8, at most
 
 # Prompt tokens a chat template may add beyond the request's bytes (role markers, a default
 # system prompt): a prompt count above request bytes + this is no count of this request.

@@ -274,10 +274,12 @@ def stream_notes(cls: ClassAudit) -> list[str]:
         )
     if ends.usage_disagrees:
         over, under = ends.usage_over_counted, ends.usage_disagrees - ends.usage_over_counted
+        beyond = (f" ({ends.usage_not_taken} more than their stream's bytes could carry: N "
+                  "counted from the stream)" if ends.usage_not_taken else "")  # fmt: skip
         notes.append(
             f"usage disagrees with the tokens that arrived in {ends.usage_disagrees} requests "
             f"({over} claimed more: chunks carrying several tokens, hidden reasoning, or a "
-            f"gateway's own count; {under} fewer than the chunks): N is the server's, "
+            f"gateway's own count; {under} fewer than the chunks): N is the server's{beyond}, "
             "records keep both (usage_output_tokens, counted_output_tokens)"
         )
     if ends.usage_problems:

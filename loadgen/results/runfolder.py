@@ -138,7 +138,9 @@ def has_records(run_dir: Path) -> bool:
 SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 17  # 17: bounds on hostile input (additive): records unstamped_chunks,
+SCHEMA_VERSION = 18  # 18: summary.json classes.*.stream_ends.usage_not_taken (additive):
+# usage above what the stream could carry, N counted from the stream
+# (17: bounds on hostile input (additive): records unstamped_chunks,
 # unstamped_max_gap_ns (chunks past the stamp cap); summary classes.*.stream_ends
 # itl_summarised; run.json server_metrics.dropped_lines (scrape lines past the parse cap)
 # (16: runs placed by Ray (additive): run.json shard.clock_offset_ns

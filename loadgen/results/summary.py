@@ -82,11 +82,13 @@ class StreamEnds:
     `usage_disagrees`: requests whose usage count disagrees with the token-bearing events
     that arrived (`records.usage_disagrees`), of which `usage_over_counted` claimed more
     (chunks carrying several tokens, hidden reasoning, or a gateway's own count after a
-    cut); `usage_problems`: requests whose usage held a number no count can be (negative,
-    not an integer, beyond what the exchange could hold): not taken, the request a
-    `stream_error`. `itl_summarised`: requests that streamed more output chunks than their
-    stamp cap (`records.RequestRecord.unstamped_chunks`): their ITL gaps past it are
-    summarised by the largest, N, TPOT and E2E are whole.
+    cut), and `usage_not_taken` claimed more than their output events could carry
+    (`Exchange.carried_tokens`): kept as the server's count, N counted from the stream;
+    `usage_problems`: requests whose usage held a number no count can be (negative, not an
+    integer, beyond what the exchange could hold): not taken, the request a `stream_error`.
+    `itl_summarised`: requests that streamed more output chunks than their stamp cap
+    (`records.RequestRecord.unstamped_chunks`): their ITL gaps past it are summarised by
+    the largest, N, TPOT and E2E are whole.
     """
 
     finish_reasons: Mapping[str, int] = field(default_factory=dict)
@@ -99,6 +101,7 @@ class StreamEnds:
     usage_over_counted: int = 0
     usage_problems: int = 0
     itl_summarised: int = 0
+    usage_not_taken: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

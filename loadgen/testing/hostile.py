@@ -265,6 +265,11 @@ CASES = [
     HostileCase(name="usage-beyond-the-stream", what="usage completion_tokens: 2**31 - 1",
                 script=_with_usage(b'{"completion_tokens": 2147483647}'),
                 outcome=Outcome.STREAM_ERROR, error="more than the", preflight=""),
+    # 600 tokens: under the bytes that arrived (the door's bound), far over what 3 events of
+    # 3 characters carry: the usage is kept, N (and TPOT) come from the events, still ok.
+    HostileCase(name="usage-beyond-the-events", what="usage completion_tokens: 600 after 3",
+                script=_with_usage(b'{"completion_tokens": 600}'), outcome=Outcome.OK,
+                error="", preflight=""),
     HostileCase(name="status-3000000000", what="HTTP/1.1 3000000000 X",
                 script=bad_status(b"3000000000"), outcome=Outcome.STREAM_ERROR,
                 error="a status code outside 100-599: 'HTTP/1.1 3000000000 X'",

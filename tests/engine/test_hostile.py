@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from time import monotonic, perf_counter, sleep
 from typing import Any
@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.protocol import BodyOptions
+from loadgen.analysis.metrics import derive, stream_ends
 from loadgen.cli import cli
 from loadgen.engine import cache_reset
 from loadgen.engine import exchange as exchange_module
@@ -41,7 +42,7 @@ from loadgen.engine.transport import make_endpoint
 from loadgen.errors import RunBusy, TargetError
 from loadgen.printable import printable
 from loadgen.results.liveness import live_writer, run_lock
-from loadgen.results.records import Outcome, to_frame
+from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, to_frame
 from loadgen.results.runfolder import HEARTBEAT, LOCK_FILE, PARTS_DIR, server_rows_frame
 from loadgen.testing import (
     CLOSE,
@@ -53,6 +54,7 @@ from loadgen.testing import (
     simple_chat,
     sse,
     stream_steps,
+    usage,
 )
 from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.testing.hostile import (
@@ -870,3 +872,55 @@ def test_an_error_status_whose_body_trickles_is_that_status_not_a_timeout(
     assert record.error == (f"HTTP {status}: {arrived} (the rest of its body not read: no "
                             "generated token in 3 s)")  # fmt: skip
     assert record.end_ns == 3_000 * MS
+
+
+def _paced_stream(texts: Sequence[str], completion: int, gap_s: float) -> list[Step]:
+    """A chat stream: a role chunk, one chunk per text `gap_s` apart, a stop, and usage
+    `completion` (the server's claim)."""
+    events = [chat_chunk(role="assistant"), *(chat_chunk(t) for t in texts),
+              chat_chunk(finish="stop"), chat_chunk(usage=usage(completion), no_choices=True)]  # fmt: skip
+    return stream_steps(events, gap_s=gap_s)
+
+
+def test_usage_above_what_the_events_carry_never_shortens_tpot() -> None:
+    """4 one-word chunks 300 ms apart, then usage 2,000 (under max_tokens 2,000: the door
+    let it pass, and TPOT was 900/1,999 = 0.45 ms, MET): N is the 4 events, TPOT the
+    300 ms they show, the server's 2,000 kept beside them and counted as a disagreement
+    and as usage not taken; the request stays ok."""
+    plans = PlanFactory(deadlines=Deadlines(first_token_s=5, stall_s=5, total_s=10),
+                        output_tokens=2000).at(0.0)  # fmt: skip
+    (record,), _ = run_scripted(
+        plans, lambda r: _paced_stream([" w0", " w1", " w2", " w3"], 2000, 0.3)
+    )
+    assert record.outcome is Outcome.OK
+    assert (record.output_tokens, record.token_source) == (4, TokenSource.CHUNKS)
+    assert (record.usage_output_tokens, record.counted_output_tokens) == (2000, 4)
+    assert record.usage_problem is None
+    tpot = derive(to_frame([record]))["tpot_ms"].item()
+    assert tpot == pytest.approx(300.0)
+    ends = stream_ends(to_frame([record]))["chat"]
+    assert (ends.usage_disagrees, ends.usage_over_counted, ends.usage_not_taken) == (1, 1, 1)
+
+
+def test_usage_the_events_could_carry_is_taken_as_n() -> None:
+    """4 chunks of 40 characters each: a usage of 100 is coalesced tokens the stream can carry
+    (each event at most its payload past the API's framing, and at most 4 bytes a character
+    of its text), so N is the server's 100, apportioned over the chunks; at the bound (the
+    smaller of the two, plus the EOS) usage is still N, one past it N is the 4 events."""
+    plans = PlanFactory(deadlines=Deadlines(first_token_s=5, stall_s=5, total_s=10),
+                        output_tokens=2000).at(0.0, 0.01, 0.02)  # fmt: skip
+    text = "x" * 40
+    payload = len(chat_chunk(text)) - len(b"data: \n\n")
+    by_bytes = 4 * (payload - adapter_for("openai-chat").event_framing)
+    carried = min(by_bytes, 4 * 4 * len(text)) + UNSTREAMED_TOKENS
+    claims = [100, carried, carried + 1]
+
+    def claim(request: ReceivedRequest) -> list[Step]:
+        number = plan_number(request.headers["x-request-id"]) or 0
+        return _paced_stream([text] * 4, claims[number], 0.05)
+
+    records, _ = run_scripted(plans, claim)
+    assert [r.token_source for r in records] == [TokenSource.USAGE, TokenSource.USAGE,
+                                                 TokenSource.CHUNKS]  # fmt: skip
+    assert [r.output_tokens for r in records] == [100, carried, 4]
+    assert sum(records[0].chunk_tokens) == 100

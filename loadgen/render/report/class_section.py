@@ -326,8 +326,8 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
         reasons = ", ".join(f"{n:,} {reason}" for reason, n in ends.finish_reasons.items())
         rows.append(("stop reasons (requests with output)", reasons))
     rows.append(("truncated / stopped early", f"{ends.truncated} / {ends.stopped_early}"))
-    rows.append(("usage disagrees with the stream / usage problems",
-                 f"{ends.usage_disagrees} / {ends.usage_problems}"))  # fmt: skip
+    usage = f"{ends.usage_disagrees} / {ends.usage_not_taken} / {ends.usage_problems}"
+    rows.append(("usage disagrees with the stream / beyond it (not N) / usage problems", usage))
     if chunking.mean is not None and chunking.mean > 1 and not ends.n_counted:
         rows.append(("note", "chunks carry several tokens: ITL figures are per chunk"))
     cache = cls.prefix_cache
