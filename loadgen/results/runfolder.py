@@ -643,7 +643,7 @@ def read_server_metrics(run_dir: Path) -> pl.DataFrame | None:
     if not path.exists():
         return None
     try:
-        return pl.read_parquet(path)
+        return pl.read_parquet(path, glob=False)
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise LoadgenError(f"cannot read {path}: {exc}") from None
 
@@ -656,14 +656,15 @@ def read_parts(parts_dir: Path) -> pl.DataFrame:
     parts = sorted(parts_dir.glob(PART_GLOB))
     if not parts:
         return empty_frame()
-    return pl.concat([with_all_columns(pl.read_parquet(p)) for p in parts]).sort("request_id")
+    frames = [with_all_columns(pl.read_parquet(p, glob=False)) for p in parts]
+    return pl.concat(frames).sort("request_id")
 
 
 def read_records(run_dir: Path) -> pl.DataFrame:
     """A run's records: `records.parquet`, or the parts of a run that never finished."""
     path = run_dir / RECORDS_FILE
     if path.exists():
-        return with_all_columns(pl.read_parquet(path))
+        return with_all_columns(pl.read_parquet(path, glob=False))
     return read_parts(run_dir / PARTS_DIR)
 
 
@@ -678,7 +679,7 @@ def load_histograms(run_dir: Path, counts: Sequence[str]) -> pl.DataFrame | None
     if not path.exists():
         return None
     try:
-        minutes = pl.read_parquet(path)
+        minutes = pl.read_parquet(path, glob=False)
     except (OSError, pl.exceptions.PolarsError):
         return None
     required = ("class", "minute_start_unix_ns", "requests", Outcome.OK.value, "meets_slo")

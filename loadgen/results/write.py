@@ -411,7 +411,7 @@ def join_server_metrics(run_dir: Path, t0_mono_ns: int) -> pl.DataFrame | None:
     files = sorted(parts.glob(PART_GLOB)) if parts.exists() else []
     if not files:
         return read_server_metrics(run_dir)
-    frame = pl.concat([pl.read_parquet(f) for f in files], how="vertical")
+    frame = pl.concat([pl.read_parquet(f, glob=False) for f in files], how="vertical")
     frame = frame.select(
         (pl.col("mono_ns") - t0_mono_ns).alias("t_ns"), "name", "labels", "value"
     ).sort("t_ns", maintain_order=True)

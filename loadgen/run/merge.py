@@ -130,7 +130,7 @@ def read_shard(run_dir: Path) -> ShardRun:
         )
     fell_behind = (run_dir / SUMMARY_FILE).exists() and read_summary(run_dir).verdict.fell_behind
     return ShardRun(
-        run_dir=run_dir, info=info, frame=pl.read_parquet(run_dir / RECORDS_FILE),
+        run_dir=run_dir, info=info, frame=pl.read_parquet(run_dir / RECORDS_FILE, glob=False),
         fell_behind=fell_behind,
     )  # fmt: skip
 

@@ -143,7 +143,7 @@ def _lags(run_dir: Path, watch: _PartWatch, server_end_ns: dict[int, int]) -> tu
     t0_ns = json.loads((run_dir / "run.json").read_text())["t0"]["perf_counter_ns"]
     write_ns = read_ns = 0
     for name, seen_ns in watch.seen.items():
-        part = pl.read_parquet(run_dir / PARTS_DIR / name)
+        part = pl.read_parquet(run_dir / PARTS_DIR / name, glob=False)
         ok = part.filter(pl.col("outcome") == "ok")
         if ok.height == 0:
             continue
@@ -203,7 +203,7 @@ def kill_and_recover(
     if not recovery.stdout.startswith("{"):
         raise AssertionError(f"recovery failed ({recovery.returncode}): {recovery.stderr[-2000:]}")
     summary = json.loads(recovery.stdout)
-    records = pl.read_parquet(run_dir / RECORDS_FILE)
+    records = pl.read_parquet(run_dir / RECORDS_FILE, glob=False)
 
     def ids(outcome: str) -> set[int]:
         return set(records.filter(pl.col("outcome") == outcome)["request_id"].to_list())

@@ -373,7 +373,7 @@ def artifact_texts(root: Path) -> dict[str, str]:
         raw = path.read_bytes()
         text = raw.decode("latin-1")
         if path.suffix == ".parquet":
-            frame = pl.read_parquet(path)
+            frame = pl.read_parquet(path, glob=False)
             text += "\n".join(str(v) for column in frame.iter_columns() for v in column)
         elif path.suffix == ".png":
             text += "".join(_png_texts(raw))

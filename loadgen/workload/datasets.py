@@ -271,8 +271,9 @@ def _table(spec: DatasetSpec) -> Iterator[tuple[int, dict[str, Any]]]:
             yield index + 1, obj
         return
     try:
-        frame = (pl.read_csv(path, infer_schema=False) if spec.format == "csv"
-                 else pl.read_parquet(path))  # fmt: skip
+        # glob=False: a file name with [ ] * ? is that one file, not a pattern
+        frame = (pl.read_csv(path, infer_schema=False, glob=False) if spec.format == "csv"
+                 else pl.read_parquet(path, glob=False))  # fmt: skip
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise ConfigError(path, "", f"cannot read it as {spec.format}: {exc}") from None
     yield from enumerate(frame.iter_rows(named=True), start=1)

@@ -304,7 +304,7 @@ def _first_line(path: Path) -> str:
 def _read_csv(path: Path, required: Sequence[str]) -> pl.DataFrame:
     """All columns as strings, a `line` column, blank lines dropped; columns checked by name."""
     try:
-        frame = pl.read_csv(path, infer_schema=False, encoding="utf8-lossy")
+        frame = pl.read_csv(path, infer_schema=False, encoding="utf8-lossy", glob=False)
     except pl.exceptions.NoDataError:
         raise ConfigError(str(path), "", "trace file is empty", "give a header and rows") from None
     except pl.exceptions.PolarsError as exc:
@@ -489,7 +489,8 @@ _PLAIN_JSON = {
 def _read_jsonl(path: Path, schema: dict[str, Any], required: Sequence[str]) -> pl.DataFrame:
     """The fast path assumes a good file; any problem is explained by `_jsonl_problem`."""
     try:
-        frame = pl.read_ndjson(path, schema=schema)
+        with path.open("rb") as handle:  # a file, not a path: polars would glob `[ ] * ?`
+            frame = pl.read_ndjson(handle, schema=schema)
     except pl.exceptions.PolarsError:
         raise _jsonl_problem(path, schema, required) from None
     values = frame.select(required)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import re
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,5 +238,74 @@ def test_analysis_and_render_write_no_file() -> None:
         for package in ("analysis", "render")
         for path in sorted((ROOT / "loadgen" / package).rglob("*.py"))
         for number, line in file_writes(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == [], "\n".join(offenders)
+
+
+def _opened_names(tree: ast.AST) -> set[str]:
+    """Names bound by `with <x>.open(...) as name` (an open file, not a path)."""
+    return {
+        item.optional_vars.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.With)
+        for item in node.items
+        if isinstance(item.optional_vars, ast.Name)
+        and isinstance(item.context_expr, ast.Call)
+        and getattr(item.context_expr.func, "attr", getattr(item.context_expr.func, "id", ""))
+        == "open"
+    }
+
+
+def path_reads_that_glob(source: str) -> list[tuple[int, str]]:
+    """(line number, line) of every polars read or scan (`pl.read_*`, `pl.scan_*`) that
+    would take its path as a glob pattern: polars globs by default, so `runs[prod]/…` reads
+    nothing and `runs*/…` every run of the name. A call passes when it says `glob=False`,
+    or (a reader with no such parameter: read_ndjson, read_ipc, …) reads an open file."""
+    tree = ast.parse(source)
+    opened = _opened_names(tree)
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "pl"
+                and node.func.attr.startswith(("read_", "scan_"))):  # fmt: skip
+            continue
+        reader = getattr(pl, node.func.attr, None)
+        if reader is None or "source" not in inspect.signature(reader).parameters:
+            continue  # not a reader of files
+        if "glob" in inspect.signature(reader).parameters:
+            safe = any(k.arg == "glob" and isinstance(k.value, ast.Constant)
+                       and k.value.value is False for k in node.keywords)  # fmt: skip
+        else:
+            safe = bool(node.args) and isinstance(node.args[0], ast.Name) and (
+                node.args[0].id in opened)  # fmt: skip
+        if not safe:
+            found.append((node.lineno, lines[node.lineno - 1]))
+    return found
+
+
+def test_the_glob_scan_sees_a_read_that_globs() -> None:
+    """The scan flags a read without glob=False and an NDJSON read of a path, not a read with
+    glob=False or of an open file."""
+    source = (
+        "import polars as pl\n"
+        "def f(path):\n"
+        "    pl.read_parquet(path)\n"
+        "    pl.scan_parquet(path, glob=True)\n"
+        "    pl.read_ndjson(path)\n"
+        "    pl.read_csv(path, glob=False)\n"
+        "    with path.open('rb') as handle:\n"
+        "        pl.read_ndjson(handle)\n"
+        "    pl.DataFrame({'a': [1]})\n"
+    )
+    assert [number for number, _ in path_reads_that_glob(source)] == [3, 4, 5]
+
+
+def test_every_polars_read_takes_its_path_as_a_path() -> None:
+    """No read or scan in loadgen/ takes its path as a glob pattern (`path_reads_that_glob`)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "loadgen").rglob("*.py"))
+        for number, line in path_reads_that_glob(path.read_text(encoding="utf-8"))
     ]
     assert offenders == [], "\n".join(offenders)

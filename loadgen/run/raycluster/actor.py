@@ -113,7 +113,8 @@ class ShardActor:
         count = 0
         if parts.is_dir() and any(parts.glob(PART_GLOB)):
             with contextlib.suppress(Exception):  # a part being renamed: counted next time
-                count = int(pl.scan_parquet(parts / PART_GLOB).select(pl.len()).collect().item())
+                files = sorted(parts.glob(PART_GLOB))  # listed: polars would glob the folder
+                count = int(pl.scan_parquet(files, glob=False).select(pl.len()).collect().item())
         return running, count
 
     def interrupt(self, grace_s: float) -> None:
