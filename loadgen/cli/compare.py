@@ -248,7 +248,9 @@ def _compare(
         if deltas:
             console.print(render_server_table(deltas))
             if exit_code and not comparison.exit_code:
-                console.print("[bold red]a server figure passed its --server-threshold (exit 2)[/]")
+                console.print(
+                    "a server figure passed its --server-threshold (exit 2)", style="bold red"
+                )
         for path in written:
             console.print(f"wrote {path}")
     sys.exit(exit_code)

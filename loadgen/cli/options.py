@@ -466,12 +466,16 @@ PIPED_WIDTH = 120  # text off a terminal wraps here when $COLUMNS does not say o
 def output_console() -> Console:
     """stdout for tables and lines. On a terminal, its width. Piped to a file or a CI log:
     $COLUMNS when set, else 120 columns, and a table wider than that printed whole at its
-    own width (a log has no width to cut it to), so a CI log reads as the terminal does."""
+    own width (a log has no width to cut it to), so a CI log reads as the terminal does.
+
+    Without rich's markup: text is printed as it is, so a path (`--out 'runs[prod]'`) or a
+    server's text with `[...]` in it is neither eaten as a style tag nor a MarkupError
+    (`[/]`); styles are given as `style=`."""
     if sys.stdout.isatty():
-        return _PipedConsole(highlight=False)
+        return _PipedConsole(highlight=False, markup=False)
     columns = os.environ.get("COLUMNS", "")
     width = None if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
-    return _PipedConsole(highlight=False, width=width, fit_tables=True)
+    return _PipedConsole(highlight=False, markup=False, width=width, fit_tables=True)
 
 
 def parse_headers(values: tuple[str, ...], flag: str = "--header") -> dict[str, str]:

@@ -13,6 +13,7 @@ from types import FrameType
 from typing import Any
 
 import click
+from rich.text import Text
 
 from loadgen.analysis.repeats import repeats_of
 from loadgen.cli.exits import RUN_EXITS
@@ -278,7 +279,8 @@ def _print_result(result: RunResult, junit_path: Path | None, markdown_path: Pat
             write_text(path, text(result.summary))
             console.print(f"wrote {path}")
     if result.watchdog:
-        console.print(f"[bold red]stopped by the watchdog:[/] {result.watchdog} (exit 4)")
+        console.print(Text.assemble(("stopped by the watchdog:", "bold red"),
+                                    f" {result.watchdog} (exit 4)"))  # fmt: skip
 
 
 def _print_repeats(

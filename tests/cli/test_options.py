@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from loadgen.cli.capacity import capacity
 from loadgen.cli.check import check
-from loadgen.cli.options import HELP_GROUPS, option_group
+from loadgen.cli.options import HELP_GROUPS, option_group, output_console
 from loadgen.cli.run import run
 from loadgen.testing.builders import workload_file
 
@@ -310,3 +310,13 @@ def test_shared_run_options_passes_each_option_as_given() -> None:
         {"X-A": "1"},
         12,
     )
+
+
+def test_the_output_console_prints_brackets_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    """A path like `runs[prod]/r` is printed whole (rich's markup ate `[prod]`), and text
+    with `[/]` prints instead of raising a MarkupError."""
+    console = output_console()
+    console.print("records and summary: runs[prod]/r")
+    console.print("a [/] and a [bold]x[/bold]")
+    assert capsys.readouterr().out.splitlines() == [
+        "records and summary: runs[prod]/r", "a [/] and a [bold]x[/bold]"]  # fmt: skip
