@@ -13,13 +13,15 @@ out by a rule on its whole document.
 `from_json` is the inverse, by the fields' annotations: a key missing from the JSON takes
 the field's default (older files lack newer keys), a field without a default is required,
 keys the document does not know are ignored; `tuple[X, ...]` is an array of X, a
-fixed `tuple[X, Y]` an array of exactly those. A malformed document raises ValueError with
-the dotted path of what is wrong; the run folder turns it into a LoadgenError.
+fixed `tuple[X, Y]` an array of exactly those; an `int` is a 64-bit integer and a `float` a
+finite number (`INT64`). A malformed document raises ValueError with the dotted path of what
+is wrong; the run folder turns it into a LoadgenError.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -29,6 +31,10 @@ T = TypeVar("T")
 OmitRule = Callable[[Any, Any], bool]  # (document, value) -> leave the field out
 OMIT = "omit"
 _HINTS: dict[type, dict[str, Any]] = {}  # a document class's resolved annotations
+# An `int` field holds a 64-bit integer and a `float` field a finite number below 2**63 in
+# size: what loadgen writes (`allow_nan=False`) and what every figure, clock and Parquet
+# column can hold. A damaged file's 2**70, 1e300 or Infinity is a ValueError naming it.
+INT64 = 2**63
 
 
 def omitted_when(rule: OmitRule) -> dict[str, OmitRule]:
@@ -89,6 +95,12 @@ def _parse(hint: Any, value: Any, where: str) -> Any:
         return {key: _parse(args[1], item, f"{where}.{key}") for key, item in value.items()}
     if origin is tuple:
         return _tuple(args, value, where)
+    if hint is int and (type(value) is not int or not -INT64 <= value < INT64):
+        raise ValueError(f"{where} is not a 64-bit integer (got {value!r:.40})")
+    if hint is float and (
+        type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= INT64
+    ):
+        raise ValueError(f"{where} is not a finite number (got {value!r:.40})")
     return value
 
 

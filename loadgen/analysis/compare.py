@@ -580,12 +580,17 @@ def load_sides(
     if window is not None:
         folder = current_dir.parent if store is None else store
         entries, left_out = _window_runs(folder, current_entry, window, include_incomplete)
+        frames, damaged = _readable_records(entries)
+        entries = [e for e in entries if e.run_id in frames]
+        if not entries:
+            raise LoadgenError(f"{folder}: every run of the baseline window is damaged: "
+                               + "; ".join(damaged))  # fmt: skip
         label = (
             f"{len(entries)} run{'s' if len(entries) > 1 else ''} "
             f"{entries[0].started:%Y-%m-%d %H:%M}–{entries[-1].started:%Y-%m-%d %H:%M} UTC"
         )
-        side = replace(_read_side(entries, label), left_out=left_out)
-        return side, current, dict(current_entry.slos)
+        side = _read_side(entries, label, [frames[e.run_id] for e in entries])
+        return replace(side, left_out=(*left_out, *damaged)), current, dict(current_entry.slos)
     raise ValueError("give baseline_dir or window")
 
 
@@ -597,9 +602,10 @@ def _window_runs(
     end = current.started_unix_ns
     start = end - (window // timedelta(microseconds=1)) * 1000
     this = current.run_dir.resolve()
+    unreadable: list[str] = []
     in_window = [
         e
-        for e in discover_runs(folder)
+        for e in discover_runs(folder, unreadable)
         if start <= e.started_unix_ns < end and e.run_dir.resolve() != this
     ]
     entries = [e for e in in_window if e.workload_key == current.workload_key
@@ -623,7 +629,20 @@ def _window_runs(
         for e in in_window
         if e.run_id not in pooled
     )
-    return entries, left_out
+    return entries, (*left_out, *unreadable)
+
+
+def _readable_records(entries: Sequence[RunEntry]) -> tuple[dict[str, pl.DataFrame], list[str]]:
+    """Each entry's records by run id, and each run whose records are damaged, with why
+    (left out of a pooled baseline, not a reason to refuse the whole window)."""
+    frames: dict[str, pl.DataFrame] = {}
+    damaged: list[str] = []
+    for entry in entries:
+        try:
+            frames[entry.run_id] = read_records(entry.run_dir)
+        except LoadgenError as exc:
+            damaged.append(f"{entry.run_id} ({exc})")
+    return frames, damaged
 
 
 SHOWN_DIFFERENCES = 5  # settings named in a refusal; the rest are counted
@@ -699,8 +718,10 @@ def _run_entry(run_dir: Path) -> RunEntry:
     return read_run_entry(run_dir)
 
 
-def _read_side(entries: Sequence[RunEntry], label: str) -> Side:
-    frames = [read_records(e.run_dir) for e in entries]
+def _read_side(
+    entries: Sequence[RunEntry], label: str, frames: Sequence[pl.DataFrame] | None = None
+) -> Side:
+    frames = [read_records(e.run_dir) for e in entries] if frames is None else frames
     return Side(
         label=label,
         run_ids=tuple(e.run_id for e in entries),

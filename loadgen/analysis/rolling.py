@@ -128,16 +128,18 @@ def rolling_windows(
     end: datetime | None = None,
     workload: str | None = None,
     include_incomplete: bool = False,
+    skipped: list[str] | None = None,
 ) -> pl.DataFrame:
     """One row per (window end, workload, class): see the module docstring for every column.
 
     `workload` selects by name (every fingerprint of it, each its own rows) or by key
     (`name@fingerprint`); `class_name`, one class or several; `include_incomplete` pools
-    runs that stopped early too.
+    runs that stopped early too. A run whose run.json, or whose histograms and records, are
+    damaged is left out, with why appended to `skipped` (else it is a LoadgenError).
     """
     return rolling_view(
         store_dir, window=window, step=step, class_name=class_name, exact=exact, end=end,
-        workload=workload, include_incomplete=include_incomplete,
+        workload=workload, include_incomplete=include_incomplete, skipped=skipped,
     ).windows  # fmt: skip
 
 
@@ -151,12 +153,17 @@ def rolling_view(
     end: datetime | None = None,
     workload: str | None = None,
     include_incomplete: bool = False,
+    skipped: list[str] | None = None,
 ) -> RollingView:
     """The windows (`rolling_windows`, whose arguments these are) and each run's own row,
     from one read of the store."""
     window_ns, step_ns = _whole_minutes_ns(window, "--window"), _whole_minutes_ns(step, "--step")
-    runs = pooled_runs(store_dir, workload=workload, include_incomplete=include_incomplete)
-    minutes, fallback = _load_minutes(runs)
+    runs = pooled_runs(store_dir, workload=workload, include_incomplete=include_incomplete,
+                       skipped=skipped)  # fmt: skip
+    minutes, fallback, damaged = _load_minutes(runs, strict=skipped is None)
+    if damaged and skipped is not None:
+        skipped.extend(f"{run_id} ({reason})" for run_id, reason in damaged.items())
+        runs = [r for r in runs if r.run_id not in damaged]
     keys = sorted(set(minutes.select("workload", "class").iter_rows()))
     if class_name is not None:
         wanted = [class_name] if isinstance(class_name, str) else list(class_name)
@@ -271,11 +278,12 @@ def _window_cost(parts: Sequence[_Bin], class_name: str, costs: RunCosts) -> dic
 
 
 def pooled_runs(
-    store_dir: Path, *, workload: str | None = None, include_incomplete: bool = False
-) -> list[RunEntry]:
+    store_dir: Path, *, workload: str | None = None, include_incomplete: bool = False,
+    skipped: list[str] | None = None,
+) -> list[RunEntry]:  # fmt: skip
     """The store's runs a window may pool (`store.select_runs`); LoadgenError/ConfigError,
-    saying what the store holds, when none qualifies."""
-    every = discover_runs(store_dir)
+    saying what the store holds, when none qualifies (`skipped`: see `discover_runs`)."""
+    every = discover_runs(store_dir, skipped)
     if not every:
         raise LoadgenError(f"{store_dir}: no runs found (no folder with a run.json)")
     runs = select_runs(every, workload=workload, include_incomplete=include_incomplete)
@@ -304,19 +312,31 @@ def _whole_minutes_ns(value: timedelta, option: str) -> int:
     return total_ns
 
 
-def _load_minutes(runs: Sequence[RunEntry]) -> tuple[pl.DataFrame, set[str]]:
-    """Every run's per-minute histograms with a run_id column; runs read from records."""
-    frames, fallback = [], set()
+def _load_minutes(
+    runs: Sequence[RunEntry], *, strict: bool = True
+) -> tuple[pl.DataFrame, set[str], dict[str, str]]:
+    """Every run's per-minute histograms with a run_id column, the runs read from records,
+    and (unless `strict`: then a LoadgenError) each run left out because its histograms and
+    its records are damaged, with why."""
+    frames, fallback, damaged = [], set(), {}
     for run in runs:
         minutes = load_histograms(run.run_dir)
         if minutes is None:
+            try:
+                records = read_records(run.run_dir)
+            except LoadgenError as exc:
+                if strict:
+                    raise
+                damaged[run.run_id] = str(exc)
+                continue
             fallback.add(run.run_id)
-            minutes = build_histograms(
-                read_records(run.run_dir), t0_unix_ns=run.started_unix_ns, slos=run.slos
-            )
+            minutes = build_histograms(records, t0_unix_ns=run.started_unix_ns, slos=run.slos)
         frames.append(minutes.with_columns(pl.lit(run.run_id).alias("run_id"),
                                            pl.lit(run.workload_key).alias("workload")))  # fmt: skip
-    return pl.concat(frames, how="diagonal_relaxed"), fallback
+    if not frames:
+        raise LoadgenError("no run's histograms or records could be read: "
+                           + "; ".join(f"{k} ({v})" for k, v in damaged.items()))  # fmt: skip
+    return pl.concat(frames, how="diagonal_relaxed"), fallback, damaged
 
 
 def _window_ends(

@@ -219,15 +219,18 @@ def _report_store(
     out_dir: Path | None, fmt: str, *, workload: str | None, include_incomplete: bool,
 ) -> None:  # fmt: skip
 
-    runs = discover_runs(store)
+    runs = discover_runs(store, [])
     if not runs:
-        raise LoadgenError(f"{store} holds no runs (no */{RUN_FILE}): give a run folder or the "
-                           "results store that `loadgen run --out` writes to")  # fmt: skip
+        raise LoadgenError(f"{store} holds no readable runs (no */{RUN_FILE}): give a run folder "
+                           "or the results store that `loadgen run --out` writes to")  # fmt: skip
     window, step = parse_duration(window_text), parse_duration(step_text)
     selected = select_runs(runs, workload=workload, include_incomplete=True)
+    skipped: list[str] = []
     view = rolling_view(store, window=window, step=step, class_name=class_names or None,
-                        exact=exact, workload=workload,
-                        include_incomplete=include_incomplete)  # fmt: skip
+                        exact=exact, workload=workload, include_incomplete=include_incomplete,
+                        skipped=skipped)  # fmt: skip
+    for reason in skipped:
+        click.echo(f"skipped {reason}", err=True)
     if fmt == "json":
         click.echo(json.dumps(to_json(view.windows), indent=2))
         return

@@ -133,8 +133,8 @@ def _notes(comparison: Comparison) -> list[str]:
             "be the workload's, not the server's"
         )
     if comparison.left_out:
-        notes.append(f"left out of the baseline window (another workload, or stopped early): "
-                     f"{', '.join(comparison.left_out)}")  # fmt: skip
+        notes.append("left out of the baseline window (another workload, stopped early, or "
+                     f"damaged): {', '.join(comparison.left_out)}")  # fmt: skip
     if comparison.incomplete:
         notes.append(f"includes runs that stopped early (partial figures): "
                      f"{', '.join(comparison.incomplete)}")  # fmt: skip

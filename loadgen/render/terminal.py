@@ -23,7 +23,7 @@ from loadgen.analysis.slo import stop_of
 from loadgen.render.cache_view import cache_line
 from loadgen.render.cost_view import cost_line
 from loadgen.results.recover import Recovery
-from loadgen.results.runfolder import RunInfo, ShardTable
+from loadgen.results.runfolder import DAMAGED_DIR, RunInfo, ShardTable
 from loadgen.results.summary import (
     AskedLoad,
     Check,
@@ -580,8 +580,12 @@ def shard_lines(table: ShardTable) -> list[str]:
 
 def recovery_line(run_dir: Path, done: Recovery) -> str:
     """What `report --recover` did: the records it kept and the plans it recorded, and how."""
-    return (
+    line = (
         f"recovered {run_dir}: planned {done.planned:,} · {done.kept:,} records kept from its "
         f"parts · {done.cancelled:,} cancelled (sent, no record survived) · {done.not_sent:,} "
         "not_sent; marked incomplete (no verdict, exit 5)"
     )
+    for name, reason in done.skipped.items():
+        line += (f"\n  skipped {name} (kept in {DAMAGED_DIR}/): {reason}; its plans are "
+                 "counted above as the others without a record")  # fmt: skip
+    return line

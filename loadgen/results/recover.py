@@ -5,8 +5,9 @@ A run killed by SIGKILL, the OOM killer or a lost CI runner leaves its run folde
 one heartbeat file per engine process (`records.parts/heartbeat*`, touched four times a
 second: its modification time is the last moment that process was seen alive). Recovery
 rebuilds the run's exact plan from run.json (the resolved spec and the seed: plans are a
-pure function of them; a shard takes its share, by the same split rule), joins the parts,
-and gives every plan without a record one, so planned == recorded:
+pure function of them; a shard takes its share, by the same split rule), joins the parts
+(every readable one: a damaged part is skipped, saying why, and kept aside in
+`records.damaged/`), and gives every plan without a record one, so planned == recorded:
 
 - `cancelled` when it was sent (or due) before its process's last heartbeat and no record
   survived: it was in flight, or finished within the second before the kill whose part was
@@ -27,7 +28,7 @@ loadgen) is judged by the latest moment its records show.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -39,7 +40,7 @@ from loadgen.results.runfolder import (
     PARTS_DIR,
     RECORDS_FILE,
     RunInfo,
-    read_parts,
+    readable_parts,
 )
 from loadgen.workload.identity import spec_from_resolved
 from loadgen.workload.plans import Flow, RequestPlan, Work, plan_work
@@ -57,6 +58,9 @@ class Recovery:
     cancelled: int
     not_sent: int
     nothing_to_do: bool = False  # the run already has its records.parquet: left as it is
+    # Parts that could not be read, by name, each with why (`runfolder.readable_parts`):
+    # their plans are recorded as the others without a record are; the files are kept aside.
+    skipped: Mapping[str, str] = field(default_factory=dict)
 
 
 def recovered_records(run_dir: Path, info: RunInfo) -> tuple[pl.DataFrame, Recovery] | None:
@@ -69,13 +73,13 @@ def recovered_records(run_dir: Path, info: RunInfo) -> tuple[pl.DataFrame, Recov
             return None
         raise LoadgenError(f"{run_dir} has neither {RECORDS_FILE} nor {PARTS_DIR}")
     work = rebuild_work(info, run_dir)
-    frame = read_parts(parts)
+    frame, skipped = readable_parts(parts)
     alive = last_alive_ns(parts, info, frame)
     filled = fill_unrecorded(work, frame, alive, processes=_process_count(info))
     joined = pl.concat([frame, to_frame(filled)]).sort("request_id") if filled else frame
     counts = {o: sum(r.outcome is o for r in filled) for o in (Outcome.CANCELLED, Outcome.NOT_SENT)}
     done = Recovery(planned=len(work.plans), kept=frame.height, cancelled=counts[Outcome.CANCELLED],
-                    not_sent=counts[Outcome.NOT_SENT])  # fmt: skip
+                    not_sent=counts[Outcome.NOT_SENT], skipped=skipped)  # fmt: skip
     return joined, done
 
 

@@ -38,7 +38,7 @@ import polars as pl
 
 from loadgen.codec import OMIT_NONE, from_json, to_json
 from loadgen.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_WATCHDOG, LoadgenError
-from loadgen.results.records import Outcome, empty_frame, with_all_columns
+from loadgen.results.records import OUTCOMES, SCHEMA, Outcome, empty_frame, with_all_columns
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
 from loadgen.workload.spec import METRICS_MS, ArrivalSpec, SloTargets
@@ -48,6 +48,7 @@ RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 RECORDS_FILE = "records.parquet"
 PARTS_DIR = "records.parts"  # while the run lasts: parts, heartbeats
+DAMAGED_DIR = "records.damaged"  # parts `report --recover` could not read, kept aside
 HEARTBEAT = "heartbeat"  # in PARTS_DIR, one per engine process: `heartbeat`, `heartbeat-w000`
 PART_GLOB = "part-*.parquet"  # a parts folder's complete parts (temp names start with a dot)
 WARM_UP_FILE = ".warm-up.parquet"  # written and removed at once, to start polars' I/O
@@ -642,29 +643,83 @@ def read_server_metrics(run_dir: Path) -> pl.DataFrame | None:
     path = run_dir / SERVER_METRICS_FILE
     if not path.exists():
         return None
-    try:
-        return pl.read_parquet(path, glob=False)
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        raise LoadgenError(f"cannot read {path}: {exc}") from None
+    return read_parquet(path)
 
 
 # --- records and histograms -------------------------------------------------------------
 
 
+def read_parquet(path: Path) -> pl.DataFrame:
+    """One Parquet file, read as that file: never as a pattern (polars reads a path as a glob
+    by default, so `runs[prod]/…` would match nothing and `runs*/…` every run of that name),
+    and a LoadgenError naming it when it is not a readable Parquet file (truncated, garbage).
+    Records, histograms and server metrics are read here; every other read passes
+    `glob=False` itself (tests/project/test_quality.py finds one that does not)."""
+    try:
+        return pl.read_parquet(path, glob=False)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = str(exc).split("\n", 1)[0]
+        raise LoadgenError(f"cannot read {path}: not a readable Parquet file ({reason})") from None
+
+
+# Records columns without which a frame is no records at all (`conform_records`).
+REQUIRED_COLUMNS = ("request_id", "class", "intended_ns", "outcome")
+
+
+def conform_records(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
+    """`frame`, read from `path`, as records: the `SCHEMA` columns in order (those an older run
+    lacks as nulls), each of its dtype; a LoadgenError naming the file and the column when it
+    is no records file (a column missing or of another type, an outcome loadgen never wrote)."""
+    missing = [name for name in REQUIRED_COLUMNS if name not in frame.columns]
+    if missing:
+        raise LoadgenError(f"{path} is not a records file: it has no {', '.join(missing)} column"
+                           f" (its columns: {', '.join(frame.columns)[:200]})")  # fmt: skip
+    casts = []
+    for name, dtype in SCHEMA.items():
+        have = frame.schema.get(name)
+        if have is None or have == dtype:
+            continue
+        if name == "server_timings" and isinstance(have, pl.Struct):
+            continue  # an older run's timings have fewer fields: read as they are
+        try:
+            casts.append(frame.get_column(name).cast(dtype, strict=True))
+        except (pl.exceptions.PolarsError, TypeError):
+            raise LoadgenError(
+                f"{path} is not a records file: its column {name} holds {have}, not {dtype}"
+            ) from None
+    frame = with_all_columns(frame.with_columns(casts) if casts else frame)
+    unknown = set(frame.get_column("outcome").unique().drop_nulls()) - set(OUTCOMES)
+    if unknown or frame.get_column("outcome").null_count():
+        shown = ", ".join(sorted(map(repr, unknown))[:5]) or "null"
+        raise LoadgenError(f"{path} is not a records file: outcome {shown} is none of loadgen's")
+    return frame.select(list(SCHEMA))
+
+
 def read_parts(parts_dir: Path) -> pl.DataFrame:
-    """Every complete part in a parts folder as one frame (what an interrupted run kept)."""
-    parts = sorted(parts_dir.glob(PART_GLOB))
-    if not parts:
-        return empty_frame()
-    frames = [with_all_columns(pl.read_parquet(p, glob=False)) for p in parts]
-    return pl.concat(frames).sort("request_id")
+    """Every complete part in a parts folder as one frame (what an interrupted run kept); a
+    LoadgenError naming a damaged part (`readable_parts` skips them instead)."""
+    frames = [conform_records(read_parquet(p), p) for p in sorted(parts_dir.glob(PART_GLOB))]
+    return pl.concat(frames).sort("request_id") if frames else empty_frame()
+
+
+def readable_parts(parts_dir: Path) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Every readable part in a parts folder as one frame, and each other part's name with
+    why it was skipped (unreadable, or no records: a damaged part costs its own records)."""
+    frames, skipped = [], {}
+    for part in sorted(parts_dir.glob(PART_GLOB)):
+        try:
+            frames.append(conform_records(read_parquet(part), part))
+        except LoadgenError as exc:
+            skipped[part.name] = str(exc)
+    return (pl.concat(frames).sort("request_id") if frames else empty_frame()), skipped
 
 
 def read_records(run_dir: Path) -> pl.DataFrame:
-    """A run's records: `records.parquet`, or the parts of a run that never finished."""
+    """A run's records: `records.parquet`, or the parts of a run that never finished; a
+    LoadgenError naming the file when it is damaged."""
     path = run_dir / RECORDS_FILE
     if path.exists():
-        return with_all_columns(pl.read_parquet(path, glob=False))
+        return conform_records(read_parquet(path), path)
     return read_parts(run_dir / PARTS_DIR)
 
 
@@ -679,8 +734,8 @@ def load_histograms(run_dir: Path, counts: Sequence[str]) -> pl.DataFrame | None
     if not path.exists():
         return None
     try:
-        minutes = pl.read_parquet(path, glob=False)
-    except (OSError, pl.exceptions.PolarsError):
+        minutes = read_parquet(path)
+    except LoadgenError:
         return None
     required = ("class", "minute_start_unix_ns", "requests", Outcome.OK.value, "meets_slo")
     if any(name not in minutes.columns for name in (*required, *HISTOGRAM_METRICS)):

@@ -43,9 +43,21 @@ class RunEntry:
         return datetime.fromtimestamp(self.started_unix_ns / 1e9, UTC)
 
 
-def discover_runs(store_dir: Path) -> list[RunEntry]:
-    """Every run folder directly under `store_dir` that has a `run.json`, oldest t0 first."""
-    entries = [read_run_entry(path.parent) for path in store_dir.glob(f"*/{RUN_FILE}")]
+def discover_runs(store_dir: Path, skipped: list[str] | None = None) -> list[RunEntry]:
+    """Every run folder directly under `store_dir` that has a `run.json`, oldest t0 first.
+
+    A folder whose run.json is damaged (not JSON, a t0 no clock can hold) is a LoadgenError,
+    or, when `skipped` is given, left out with why appended to it: one damaged night does
+    not cost a store's every other run.
+    """
+    entries = []
+    for path in sorted(store_dir.glob(f"*/{RUN_FILE}")):
+        try:
+            entries.append(read_run_entry(path.parent))
+        except LoadgenError as exc:
+            if skipped is None:
+                raise
+            skipped.append(f"{path.parent.name} ({exc})")
     return sorted(entries, key=lambda e: (e.started_unix_ns, e.run_id))
 
 

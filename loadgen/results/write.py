@@ -32,6 +32,7 @@ from loadgen.errors import TRANSIENT_ERRNOS
 from loadgen.results.records import RequestRecord, empty_frame, to_frame
 from loadgen.results.recover import Recovery, recovered_records
 from loadgen.results.runfolder import (
+    DAMAGED_DIR,
     HEARTBEAT,
     HISTOGRAMS_FILE,
     MEASURED,
@@ -376,6 +377,11 @@ def recover(run_dir: Path) -> Recovery:
                         nothing_to_do=True)  # fmt: skip
     joined, done = found
     write_records(run_dir, joined)
+    if done.skipped:  # the damaged parts are evidence: kept aside, out of a rerun's way
+        damaged = run_dir / DAMAGED_DIR
+        damaged.mkdir(exist_ok=True)
+        for name in done.skipped:
+            (run_dir / PARTS_DIR / name).rename(damaged / name)
     remove_parts(run_dir / PARTS_DIR)
     if info.t0 is not None and info.t0.perf_counter_ns is not None:
         join_server_metrics(run_dir, info.t0.perf_counter_ns)  # what the scraper spilled

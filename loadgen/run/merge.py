@@ -42,6 +42,7 @@ from loadgen.results.runfolder import (
     ShardTable,
     WorkersInfo,
     new_run_id,
+    read_records,
     read_run_info,
     read_server_metrics,
     read_summary,
@@ -129,10 +130,26 @@ def read_shard(run_dir: Path) -> ShardRun:
             f"`loadgen report --recover {run_dir}` first"
         )
     fell_behind = (run_dir / SUMMARY_FILE).exists() and read_summary(run_dir).verdict.fell_behind
-    return ShardRun(
-        run_dir=run_dir, info=info, frame=pl.read_parquet(run_dir / RECORDS_FILE, glob=False),
-        fell_behind=fell_behind,
-    )  # fmt: skip
+    return ShardRun(run_dir=run_dir, info=info, frame=read_records(run_dir),
+                    fell_behind=fell_behind)  # fmt: skip
+
+
+def uncovered(shard: ShardRun) -> str | None:
+    """What is wrong when a shard's records are not one per request it planned, or None.
+
+    A run writes records.parquet only once every plan has its record (a killed one has
+    none until `report --recover` gives each unrecorded plan one), so a records file with
+    fewer (or repeated) request ids than run.json's `planned` is not what the shard wrote:
+    damaged, cut, or another run's. The merge refuses it rather than filling the gap with
+    `not_sent`: whether those requests were sent, and what they measured, is unknown.
+    """
+    planned, ids = shard.info.planned, shard.frame.get_column("request_id")
+    if planned is None or (ids.len() == planned and ids.n_unique() == planned):
+        return None
+    return (f"{shard.run_dir}: its {RECORDS_FILE} holds {ids.n_unique():,} distinct request "
+            f"ids in {ids.len():,} rows for the {planned:,} requests its run.json planned, so "
+            "it does not cover its plan (damaged, cut, or another run's); rerun that shard, or "
+            "restore its folder")  # fmt: skip
 
 
 def problems(shards: Sequence[ShardRun]) -> list[str]:
@@ -141,6 +158,7 @@ def problems(shards: Sequence[ShardRun]) -> list[str]:
     not_shards = [s for s in shards if s.info.shard is None]
     for s in not_shards:
         found.append(f"{s.run_dir}: not a shard (run.json has no shard; run with --shard i/N)")
+    found.extend(problem for s in shards if (problem := uncovered(s)) is not None)
     shards = [s for s in shards if s.info.shard is not None]
     if not shards:
         return found
