@@ -8,6 +8,7 @@ run` reads it to warn when a workload's expected peak exceeds it and to choose `
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -98,12 +99,18 @@ def save_calibration(result: Mapping[str, Any], path: Path | None = None) -> Pat
 
 
 def envelope_of(result: Mapping[str, Any]) -> Envelope | None:
-    """The Envelope of one saved calibrate result; None when it has no valid envelope key."""
+    """The Envelope of one saved calibrate result; None when it has no valid envelope key
+    (a figure that is no count, Infinity or NaN included: the file is a cache anyone can
+    edit, and a bad entry is ignored, never the reason a run fails)."""
     try:
         load = result["envelope"] or {"streams": 0, "chunks_per_s": 0.0}
+        streams, rate = float(load["streams"]), float(load["chunks_per_s"])
+        processes = float(result["processes"])
+        if not all(math.isfinite(v) and v >= 0 for v in (streams, rate, processes)):
+            return None
         return Envelope(
-            load=Load(streams=int(load["streams"]), chunks_per_s=float(load["chunks_per_s"])),
-            processes=int(result["processes"]),
+            load=Load(streams=int(streams), chunks_per_s=rate),
+            processes=int(processes),
             measured_at=str(result["measured_at"]),
             host=str(result["host"]),
             quick=bool(result.get("quick", False)),

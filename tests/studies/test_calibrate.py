@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from loadgen.analysis.calibration import Ladder, Level, Thresholds
+from loadgen.cli import cli
 from loadgen.engine.transport import KERNEL_STAMPS_AVAILABLE, Connection, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.run.envelope import (
@@ -108,6 +110,33 @@ def test_no_calibration_means_no_envelope_and_no_warning(tmp_path: Path) -> None
     path.write_text("{not json")
     assert last_envelope(path) is None
     assert envelope_warning(spec(), [plan(0, 0, 10)], path=path) is None
+
+
+@pytest.mark.parametrize("bad", ["Infinity", "-Infinity", "NaN", "1e400", "-3", '"many"'])
+@pytest.mark.parametrize("field", ["streams", "chunks_per_s", "processes"])
+def test_an_entry_that_is_no_count_is_ignored_not_a_traceback(
+    field: str, bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edited cache whose envelope holds Infinity (made every `run` fail: OverflowError
+    converting it to int), NaN, a negative or a word: that entry is no envelope (ignored,
+    as a corrupt file is), this host's good entry still is, and `loadgen run` runs."""
+    path = tmp_path / "calibration.json"
+    save_calibration(result(host_name(), 2, 512, "2026-01-01T00:00:00+00:00"), path)
+    entry = result(host_name(), 1, 256, "2026-01-02T00:00:00+00:00")
+    target = entry if field == "processes" else entry["envelope"]
+    target[field] = "BAD"  # type: ignore[index]
+    data = json.loads(path.read_text())
+    data["hosts"][host_name()]["1"] = entry
+    path.write_text(json.dumps(data).replace('"BAD"', bad))
+    envelope = last_envelope(path)
+    assert envelope is not None
+    assert envelope.processes == 2  # the newer entry is no envelope: the older one stands
+    monkeypatch.setenv("LOADGEN_CALIBRATION", str(path))
+    assert envelope_warning(spec(), [plan(0, 0, 10)]) is None
+    workload = tmp_path / "w.yaml"
+    workload.write_text(SPEC)
+    result_ = CliRunner().invoke(cli, ["run", str(workload), "--dry-run"])
+    assert result_.exit_code == 0, result_.output
 
 
 def test_env_var_chooses_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
