@@ -29,7 +29,7 @@ from loadgen.analysis.server import (
 )
 from loadgen.cli.exits import COMPARE_EXITS, UsageErrorsExitOne
 from loadgen.cli.options import clean_errors, output_console
-from loadgen.errors import ConfigError, LoadgenError, OptionError
+from loadgen.errors import ConfigError, LoadgenError, OptionError, RunBusy
 from loadgen.render.cache_view import CacheSide, cache_json, compare_cache_line
 from loadgen.render.compare_view import (
     render_markdown,
@@ -39,6 +39,7 @@ from loadgen.render.compare_view import (
 )
 from loadgen.render.junit import render_junit
 from loadgen.render.repeats_view import changes_table
+from loadgen.results.liveness import live_writer
 from loadgen.results.runfolder import SUMMARY_FILE, read_run_info, read_summary
 from loadgen.results.summary import CacheWarmth, ServerAudit
 
@@ -205,6 +206,10 @@ def _compare(
         thresholds = parse_server_thresholds(server_thresholds)
     except ValueError as exc:
         raise OptionError("--server-threshold", str(exc), "") from None
+    for run in runs:  # a run still writing its folder is no side yet: exit 6, as `report`
+        if (why := live_writer(run)) is not None:
+            raise RunBusy(f"{run} is running: {why}. Cannot compare a run that is still "
+                          "writing its folder; compare it once it ends")  # fmt: skip
     baseline_dir = runs[0] if window is None else None
     baseline, current, slos = load_sides(
         runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,

@@ -92,6 +92,7 @@ COMPARE_EXITS = exit_help(
                  "--include-incomplete)"),
     (EXIT_SLO_MISSED, "at least one check REGRESSED (or a server figure passed its "
                       "--server-threshold)"),
+    (EXIT_BUSY, "BASELINE or CURRENT is still running: compare it once it ends"),
 )  # fmt: skip
 
 MERGE_EXITS = exit_help(

@@ -2,11 +2,12 @@
 clock can hold, a part of the wrong type, a store under a name with glob characters. Each
 gives a clear error naming the file (exit 1, no traceback) or is left out of a pooled read
 saying why; `report --recover` keeps every readable part; `merge` refuses a shard whose
-records do not cover its plan."""
+records do not cover its plan; `compare` refuses a run still running (exit 6)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from loadgen.cli import cli
+from loadgen.results.liveness import run_lock
 from loadgen.results.records import RequestRecord
 from loadgen.results.runfolder import (
     DAMAGED_DIR,
@@ -294,3 +296,17 @@ def test_a_dataset_or_trace_named_with_glob_characters_is_read(tmp_path: Path) -
     for index, text in enumerate(texts):
         result = invoke("check", str(workload_file(tmp_path, text, f"w{index}.yaml")))
         assert result.exit_code == 0, result.output
+
+
+def test_compare_refuses_a_run_still_running_with_exit_6(tmp_path: Path) -> None:
+    """CURRENT (or BASELINE) a live run is writing (its run.lock held): exit 6 saying it is
+    running (was "stopped before its end (incomplete)", exit 1), as `report` refuses it; once
+    the lock is free the comparison runs."""
+    runs = nights(tmp_path / "store", count=2)
+    for live in runs:
+        with run_lock(live, doing="write into"):
+            result = invoke("compare", str(runs[0]), str(runs[1]))
+        assert result.exit_code == 6, result.output
+        assert f"{live} is running: its lock (run.lock) is held by pid {os.getpid()}" in " ".join(
+            result.output.split())  # fmt: skip
+    assert invoke("compare", str(runs[0]), str(runs[1])).exit_code == 0
