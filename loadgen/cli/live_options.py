@@ -13,6 +13,7 @@ from loadgen.cli.options import COST, LIVE, FiniteFloat, option
 from loadgen.engine.network import Network
 from loadgen.errors import OptionError
 from loadgen.run.live import LiveExporter, parse_listen
+from loadgen.workload.spec import redact_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,7 +80,7 @@ def open_live(
         return
     if otlp_endpoint is not None and not otlp_endpoint.startswith(("http://", "https://")):
         raise OptionError(
-            "--otlp-endpoint", f"{otlp_endpoint!r} is not an http(s) URL",
+            "--otlp-endpoint", f"{redact_url(otlp_endpoint)!r} is not an http(s) URL",
             "give the collector's OTLP/HTTP metrics URL, e.g. http://127.0.0.1:4318/v1/metrics",
         )  # fmt: skip
     address, port = parse_listen(prometheus_listen) if prometheus_listen else ("", None)
@@ -90,7 +91,8 @@ def open_live(
     if live.url is not None:
         say(f"prometheus: serving the live figures at {live.url}")
     if otlp_endpoint is not None:
-        say(f"otlp: pushing the live figures to {otlp_endpoint} every {otlp_interval_s:g} s")
+        shown = redact_url(otlp_endpoint)
+        say(f"otlp: pushing the live figures to {shown} every {otlp_interval_s:g} s")
     try:
         yield live
     except BaseException:

@@ -259,7 +259,9 @@ NETWORK_OPTIONS: list[Decorator] = [
 
 RUN_STEP_OPTIONS: list[Decorator] = [
     option(TARGET, "--header", "headers", multiple=True, metavar="NAME:VALUE",
-           help="Extra request header (repeatable); ${VAR} is read from the environment."),
+           help="Extra request header (repeatable); ${VAR} is read from the environment. "
+           "Its value is redacted from every output unless the name is a harmless one "
+           "(Content-Type, Accept, User-Agent, X-Request-Id, traceparent, ...)."),
     *NETWORK_OPTIONS,
     option(TARGET, "--no-preflight", is_flag=True,
            help="Skip the one-request check of the target."),

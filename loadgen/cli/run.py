@@ -60,7 +60,7 @@ from loadgen.run.live import parse_listen
 from loadgen.run.options import RunOptions
 from loadgen.run.raycluster.driver import run_on_ray
 from loadgen.workload.shards import parse_share, parse_start_at
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, redact_url
 
 
 @click.command(cls=GroupedHelp, epilog=RUN_EXITS)
@@ -357,6 +357,6 @@ def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
     console.print(f"warm connections: {warm:,} opened before t0 ({capped or how})",
                   soft_wrap=True)  # fmt: skip
     reached = f"its proxy {proxy.shown} accepts connections" if proxy else "it accepts connections"
-    target = f"{url} ({reached})" if url else "the built-in simulator"
+    target = f"{redact_url(url)} ({reached})" if url else "the built-in simulator"
     count = len(work.plans)
     console.print(f"dry run: valid; would send {count:,} requests to {target}; nothing was sent")

@@ -27,6 +27,7 @@ from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, encode_request
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.prompts import PromptMaker
+from loadgen.workload.spec import is_secret_header, redact_url
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,9 +79,10 @@ class RequestEncoder:
         body = self._body(plan, messages, request_id)
         if LOGGER.isEnabledFor(logging.DEBUG):
             point = self.endpoint
-            sent = {**point.headers, **headers}
-            LOGGER.debug("request %d: POST %s%s headers %s", plan.request_id, point.origin,
-                         point.target, sent)  # fmt: skip
+            sent = {k: "(secret)" if is_secret_header(k) else v
+                    for k, v in {**point.headers, **headers}.items()}  # fmt: skip
+            LOGGER.debug("request %d: POST %s headers %s", plan.request_id,
+                         redact_url(point.origin + point.target), sent)  # fmt: skip
         return encode_request(self.endpoint, body, headers), request_id
 
     def _body(

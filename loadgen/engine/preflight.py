@@ -66,7 +66,7 @@ from loadgen.engine.transport import (
     request_headers,
 )
 from loadgen.errors import TargetError
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, is_secret_header
 
 # Fields `target.force_output_tokens` adds so that every response has its planned length.
 FORCE_FIELDS = ("ignore_eos", "min_tokens")
@@ -484,13 +484,10 @@ def _is_about_the_model(detail: str) -> bool:
     )  # fmt: skip
 
 
-SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})
-
-
 def _sent_note(headers: Mapping[str, str], fields: Mapping[str, object], redactor: Redactor) -> str:
     """`sent headers A: v, B: (secret); body fields x, y`: what a refused request carried."""
     shown = ", ".join(
-        f"{k}: {'(secret)' if k.lower() in SECRET_HEADERS else redactor.quote(v, 80)}"
+        f"{k}: {'(secret)' if is_secret_header(k) else redactor.quote(v, 80)}"
         for k, v in headers.items()
     )
     return f"sent headers {shown}; body fields {', '.join(fields)}"

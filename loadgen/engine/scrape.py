@@ -55,9 +55,8 @@ from loadgen.engine.logs import LOGGER
 from loadgen.engine.network import Network
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.tls import find_verify_error, verify_failure
-from loadgen.engine.transport import redact_url
 from loadgen.results.summary import ScrapeAccess
-from loadgen.workload.checks import CREDENTIAL_NAMES
+from loadgen.workload.checks import CREDENTIAL_NAMES, redact_url
 
 MAX_SCRAPE_BYTES = 32 * 1024 * 1024  # a /metrics body past this is a failed scrape
 # Lines of one scrape parsed (vLLM's /metrics has ~600; each model served adds ~150): past

@@ -1,8 +1,10 @@
 """Secrets: the values that must never reach an output, and one function that hides them.
 
 Collected once per run from what carries credentials: the API key (`target.api_key_env`),
-header values read from the environment (`${VAR}`) or named like credentials, URL
-user-info and query values. `Redactor.quote` is the one way server-supplied text (error
+every header value read from the environment (`${VAR}`) or given literally under any name
+but a harmless one (`workload.checks.is_secret_header`: `Ocp-Apim-Subscription-Key: <key>`
+is a secret although nothing in its name says so), URL user-info and query values (of
+`--url` and of `target.path`). `Redactor.quote` is the one way server-supplied text (error
 bodies, error events, malformed payloads, status lines, headers echoed back) enters a
 message: it replaces every secret in the whole text first, cuts only the redacted text,
 and then replaces any run of 8 or more characters of a secret that is still there (left
@@ -22,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from loadgen.printable import printable
-from loadgen.workload.checks import CREDENTIAL_NAMES
+from loadgen.workload.checks import HARMLESS_QUERY, is_secret_header
 
 REDACTED = "<redacted>"
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
@@ -126,15 +128,24 @@ def _base64_forms(secret: str) -> set[str]:
 
 
 def run_secrets(
-    headers: Mapping[str, str], env_values: Iterable[str], url: str | None
+    headers: Mapping[str, str], env_values: Iterable[str], url: str | None, path: str | None = None
 ) -> list[str]:
-    """Everything secret in a run's headers, environment-expanded values and URL."""
-    found = [value for name, value in headers.items() if CREDENTIAL_NAMES.search(name)]
+    """Everything secret in a run's headers (every value but a harmless header's),
+    environment-expanded values, URL (user-info, query values) and request path (its query
+    values)."""
+    found = [value for name, value in headers.items() if is_secret_header(name)]
     found.extend(env_values)
     if url:
         parts = urlsplit(url)
         found.extend(p for p in (parts.username, parts.password) if p)
         if parts.username:
             found.append(f"{parts.username}:{parts.password or ''}")
-        found.extend(value for _, value in parse_qsl(parts.query))
+        found.extend(_query_values(parts.query))
+    if path:
+        found.extend(_query_values(urlsplit(path).query))
     return found
+
+
+def _query_values(query: str) -> list[str]:
+    """A query's values, but those a URL shows (`HARMLESS_QUERY`: `api-version`)."""
+    return [value for name, value in parse_qsl(query) if name.lower() not in HARMLESS_QUERY]

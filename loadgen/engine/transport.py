@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock, ReadClock
 from loadgen.engine.proxy import (
@@ -50,6 +50,7 @@ from loadgen.engine.tls import (
     handshake_refusal,
     verify_failure,
 )
+from loadgen.workload.spec import redact_url
 
 # Caps on what one response may make the client hold: its status line and headers, and
 # one line of chunked framing (a size line, a trailer). Past one, the exchange ends as a
@@ -155,18 +156,6 @@ def split_url(url: str) -> SplitResult:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"URL must look like http://host:port (got {redact_url(url)!r})")
     return parts
-
-
-def redact_url(url: str) -> str:
-    """The URL without user-info or query string (they may carry secrets)."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"
-    if parts.port:
-        netloc += f":{parts.port}"
-    query = "<redacted>" if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def make_endpoint(

@@ -39,7 +39,7 @@ from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, put_in_body
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
-from loadgen.engine.transport import Endpoint, redact_url
+from loadgen.engine.transport import Endpoint
 from loadgen.errors import ConfigError, LoadgenError, OptionError, TargetError
 from loadgen.results.liveness import run_lock
 from loadgen.results.records import from_frame
@@ -84,7 +84,7 @@ from loadgen.run.workers import run_workers
 from loadgen.workload.plans import Work, plan_work
 from loadgen.workload.prompts import nonce_words
 from loadgen.workload.shards import check_start_at, split_work
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, redact_url
 
 __all__ = [
     "Prepared", "RunOptions", "RunResult", "choose_workers", "client_setup", "execute", "finish",
@@ -248,8 +248,8 @@ def _execute(
             )
         endpoint, config = engine_setup(spec, options, base_url, ready.adapter, ready.headers,
                                         redactor)  # fmt: skip
-        LOGGER.info("run %s: %d planned requests to %s%s", run_dir.name, planned,
-                    endpoint.origin, endpoint.target)  # fmt: skip
+        LOGGER.info("run %s: %d planned requests to %s", run_dir.name, planned,
+                    redact_url(endpoint.origin + endpoint.target))  # fmt: skip
         for line in network_lines(endpoint, options.network, quiet=options.quiet):
             print(line, file=log)
             LOGGER.info("%s", line)

@@ -36,6 +36,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from loadgen import __version__
 from loadgen.engine.network import Network
+from loadgen.engine.secrets import Redactor, run_secrets
+from loadgen.workload.spec import redact_url
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 SDK_LOGGER = "opentelemetry.exporter"  # the exporter's retries and failures log here
@@ -106,8 +108,11 @@ class OtlpPush:
         sdk_logger.removeHandler(self.problem)
         sdk_logger.propagate = self._propagate
         if self.failures and log is not None:
-            why = f" ({self.problem.last})" if self.problem.last else ""
-            log(f"otlp: {self.failures} of {self.pushes} pushes to {self.endpoint} failed{why}")
+            # The exporter's own words may quote the endpoint: its user-info and query hidden.
+            hide = Redactor(run_secrets({}, (), self.endpoint)).redact
+            why = f" ({hide(self.problem.last)})" if self.problem.last else ""
+            shown = redact_url(self.endpoint)
+            log(f"otlp: {self.failures} of {self.pushes} pushes to {shown} failed{why}")
 
 
 def metrics_data(families: Sequence[Any], *, start_ns: int, now_ns: int) -> Any:

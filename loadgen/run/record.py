@@ -23,7 +23,7 @@ import polars as pl
 
 from loadgen import __version__
 from loadgen.analysis.metrics import generator_health
-from loadgen.engine.transport import Endpoint, redact_url
+from loadgen.engine.transport import Endpoint
 from loadgen.results.runfolder import (
     SCHEMA_VERSION,
     T0,
@@ -41,7 +41,7 @@ from loadgen.results.runfolder import (
 from loadgen.run.options import RunOptions
 from loadgen.workload.identity import identity
 from loadgen.workload.shards import utc_text
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, redact_url
 
 
 @dataclass(slots=True)
@@ -77,6 +77,18 @@ class Ran:
     state: RunState
 
 
+def _shown(spec: WorkloadSpec) -> WorkloadSpec:
+    """`spec` with its target's URL, path and metrics URL as `redact_url` shows them."""
+    target = spec.target
+
+    def shown(url: str | None) -> str | None:
+        return None if url is None else redact_url(url)
+
+    target = dataclasses.replace(target, url=shown(target.url), path=shown(target.path),
+                                 server_metrics_url=shown(target.server_metrics_url))  # fmt: skip
+    return dataclasses.replace(spec, target=target)
+
+
 def begin(
     spec: WorkloadSpec,
     options: RunOptions,
@@ -88,7 +100,13 @@ def begin(
     open_files: int | None,
     workers: WorkersInfo,
 ) -> RunInfo:
-    """The run record as it stands before t0: what was run, where, with what, on which host."""
+    """The run record as it stands before t0: what was run, where, with what, on which host.
+
+    What may hold a secret is kept as it may be shown: header names only (their values may
+    be secret), the target's URL, path and metrics URL through `redact_url` (user-info and
+    query values); the workload's identity is that of the spec as stored, so a key in a
+    path's query never enters its fingerprint (a rotated key is the same workload)."""
+    spec = _shown(spec)
     resolved = dataclasses.asdict(spec)
     resolved.pop("raw", None)
     resolved["target"]["headers"] = sorted(spec.target.headers)  # names only: values may be secret

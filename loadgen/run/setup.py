@@ -133,7 +133,7 @@ def client_setup(
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
-    secrets = run_secrets(headers, env_values, url)
+    secrets = run_secrets(headers, env_values, url, spec.target.path)
     for proxy_url in options.network.proxies.urls():  # a proxy's user-info is a credential
         secrets += run_secrets({}, (), proxy_url)
     scraped = metrics_url(spec, options)

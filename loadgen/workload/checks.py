@@ -3,15 +3,17 @@ flags with them (`--url`, `--header`, `--server-metrics-url`), and the run its h
 
 Each `*_problem` function returns what is wrong (a sentence a message can carry) or "";
 `check_schedule` raises a `ConfigError`, on the file and again after `--rate`,
-`--requests`, `--duration`. Here too: which header names carry credentials, the one
-definition `engine.secrets` and the scraper use.
+`--requests`, `--duration`. Here too: which headers are secrets (`is_secret_header`, the
+one definition `engine.secrets`, the preflight and the logs use), which carry credentials
+(`CREDENTIAL_NAMES`, what a scrape sends to the target's origin), and `redact_url`, the one
+way a URL is shown anywhere.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loadgen.errors import ConfigError
 from loadgen.workload.model import (
@@ -30,9 +32,56 @@ from loadgen.workload.model import (
 # not set at all: the key comes from `target.api_key_env`.
 CREDENTIAL_NAMES = re.compile(r"authorization|api[-_]?key|token|secret|cookie", re.IGNORECASE)
 API_KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})  # lower case
+# Header names known to carry nothing secret (lower case): every other header value given on
+# the command line (`--header`) or in the workload (`target.headers`) is a secret, redacted
+# from every output, whatever its name (`Ocp-Apim-Subscription-Key`, `X-Functions-Key`,
+# `X-Auth-Key`, `X-Password` are credentials no pattern of names would catch). Content
+# negotiation, tracing and request ids, and the APIs' own version and beta switches.
+HARMLESS_HEADERS = frozenset({
+    "accept", "accept-charset", "accept-encoding", "accept-language", "cache-control",
+    "connection", "content-type", "host", "pragma", "user-agent", "x-request-id",
+    "x-correlation-id", "traceparent", "tracestate", "anthropic-version", "anthropic-beta",
+    "openai-beta",
+})  # fmt: skip
+# Query parameters whose values a URL shows (`redact_url`); every other value is hidden.
+HARMLESS_QUERY = frozenset({"api-version"})
+REDACTED = "<redacted>"
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # `${VAR}` in a header value
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field-name characters
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def is_secret_header(name: str) -> bool:
+    """True unless `name` is one of `HARMLESS_HEADERS`: its value is then a secret."""
+    return name.lower() not in HARMLESS_HEADERS
+
+
+def redact_url(url: str) -> str:
+    """`url` as any output may show it: user-info as `<redacted>@`, every query value
+    `<redacted>` but those of `HARMLESS_QUERY` (`api-version`), no fragment. A path with a
+    query (`target.path`) is shown the same way. The one function every URL shown passes
+    through (messages, logs, run.json, the terminal)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bad IPv6 literal: hide everything past the scheme's //
+        scheme, sep, _ = url.partition("//")
+        return f"{scheme}{sep}{REDACTED}" if sep else REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    elif "@" in parts.path and not netloc:  # `user:key@host:8000`, no scheme
+        return f"{REDACTED}@{url.rpartition('@')[2]}"
+    query = "&".join(_redacted_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _redacted_pair(pair: str) -> str:
+    """`name=value` of a query with the value hidden unless the name is harmless (a bare
+    `token` with no `=` may be a key itself: hidden)."""
+    name, sep, _ = pair.partition("=")
+    if not sep:
+        return REDACTED if pair else pair
+    return pair if unquote(name).lower() in HARMLESS_QUERY else f"{name}={REDACTED}"
 
 
 def number_text(value: float) -> str:
@@ -108,26 +157,26 @@ def metrics_url_problem(url: str) -> str:
 def url_problem(url: object) -> str:
     """What is wrong with a base URL (scheme, host, port), or "" if nothing."""
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        return f"must look like http://host:port or https://host:port (got {url!r:.80})"
+        return f"must look like http://host:port or https://host:port (got {_shown(url)!r:.80})"
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:  # a port that is not a number in 0-65535, a bad IPv6 literal
-        return f"is not a valid URL ({exc}), e.g. http://127.0.0.1:8000 (got {url!r:.80})"
+        return f"is not a valid URL ({exc}), e.g. http://127.0.0.1:8000 (got {_shown(url)!r:.80})"
     if not parts.hostname:
-        return f"has no host, e.g. http://127.0.0.1:8000 (got {url!r:.80})"
+        return f"has no host, e.g. http://127.0.0.1:8000 (got {_shown(url)!r:.80})"
     if port == 0:
-        return f"has port 0: the port must be 1-65535 (got {url!r:.80})"
+        return f"has port 0: the port must be 1-65535 (got {_shown(url)!r:.80})"
     if any(c in url for c in "\r\n\t\x00 ") or not url.isascii():
         return (f"must be ASCII without spaces or control characters (percent-encode "
-                f"others) (got {url!r:.80})")  # fmt: skip
+                f"others) (got {_shown(url)!r:.80})")  # fmt: skip
     if problem := host_problem(parts.hostname):
-        return f"{problem} (got {url!r:.80})"
+        return f"{problem} (got {_shown(url)!r:.80})"
     hostport = parts.netloc.rpartition("@")[2].lower()
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     rest = hostport.removeprefix(host.lower())
     if rest == hostport or not re.fullmatch(r"(:[0-9]*)?", rest):  # 127.[::1], [::1]x:80
-        return f"has a host and port that do not parse ({hostport:.60}) (got {url!r:.80})"
+        return f"has a host and port that do not parse ({hostport:.60}) (got {_shown(url)!r:.80})"
     return ""
 
 
@@ -168,9 +217,14 @@ def header_problem(name: str, value: str) -> str:
     return ""
 
 
+def _shown(url: object) -> object:
+    """A URL as a message may quote it (`redact_url`); anything else as it is."""
+    return redact_url(url) if isinstance(url, str) else url
+
+
 def path_problem(path: str) -> str:
     """What is wrong with a request path (it goes into the request line as is), or ""."""
     if not path.startswith("/") or not path.isascii() or any(c in path for c in " \r\n\t\x00"):
         rule = "must start with / and be ASCII without spaces (percent-encode others)"
-        return f"{rule} (got {path!r:.80})"
+        return f"{rule} (got {redact_url(path)!r:.80})"
     return ""

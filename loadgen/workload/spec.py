@@ -17,8 +17,10 @@ from loadgen.workload.checks import (
     check_schedule,
     header_problem,
     host_problem,
+    is_secret_header,
     metrics_url_problem,
     path_problem,
+    redact_url,
     url_problem,
 )
 from loadgen.workload.model import (
@@ -81,6 +83,7 @@ __all__ = [
     "check_schedule",
     "header_problem",
     "host_problem",
+    "is_secret_header",
     "load",
     "loads",
     "metrics_url_problem",
@@ -88,5 +91,6 @@ __all__ = [
     "parse",
     "path_problem",
     "rate_scale",
+    "redact_url",
     "url_problem",
 ]

@@ -1,5 +1,5 @@
 """Secret redaction: every known secret, its base64 forms and any 8 characters of them are
-hidden, before any cut; ordinary text is not."""
+hidden, before any cut; ordinary text is not. URLs are shown redacted (`redact_url`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import base64
 import pytest
 
 from loadgen.engine.secrets import REDACTED, Redactor, run_secrets
+from loadgen.workload.spec import redact_url
 
 
 def test_secrets_and_their_base64_forms_are_redacted() -> None:
@@ -20,22 +21,23 @@ def test_secrets_and_their_base64_forms_are_redacted() -> None:
     )  # padding kept
 
 
-def test_run_secrets_come_from_credential_headers_env_values_and_the_url() -> None:
-    """Credential-named headers, env-expanded values, URL user-info and query values are secret."""
+def test_run_secrets_are_every_header_value_but_a_harmless_ones_env_values_and_urls() -> None:
+    """Every header value but a harmless header's (`X-Team: serving` and
+    `Ocp-Apim-Subscription-Key` are secrets, their names say nothing; `Content-Type`,
+    `User-Agent`, `anthropic-version` are not), env-expanded values, URL user-info, and the
+    query values of the URL and of the request path but `api-version`'s are secret."""
     found = run_secrets(
-        {"Authorization": "Bearer k1-secret", "X-Team": "serving", "X-Api-Key": "k2-secret"},
+        {"Authorization": "Bearer k1-secret", "X-Team": "serving", "X-Api-Key": "k2-secret",
+         "Ocp-Apim-Subscription-Key": "k6-apim", "Content-Type": "application/json",
+         "user-agent": "curl/8.5", "anthropic-version": "2023-06-01"},
         ["k3-from-env"],
-        "http://ops:p4-secret@host:8000/v1?key=q5-secret",
-    )
-    assert {
-        "Bearer k1-secret",
-        "k2-secret",
-        "k3-from-env",
-        "p4-secret",
-        "q5-secret",
-        "ops:p4-secret",
-    } <= set(found)
-    assert "serving" not in found
+        "http://ops:p4-secret@host:8000/v1?key=q5-secret&api-version=2024-02-01",
+        "/v1/chat?code=q7-path",
+    )  # fmt: skip
+    assert set(found) == {
+        "Bearer k1-secret", "serving", "k2-secret", "k6-apim", "k3-from-env", "p4-secret",
+        "ops", "q5-secret", "ops:p4-secret", "q7-path",
+    }  # fmt: skip
 
 
 def test_short_values_are_not_treated_as_secrets() -> None:
@@ -93,3 +95,24 @@ def test_quote_of_a_huge_text_looks_only_at_what_it_can_show() -> None:
     just past the cut is still redacted, the rest is never decoded."""
     huge = b"e" * 290 + KEY.encode() + b"\xff" * 10_000_000
     assert Redactor([KEY]).quote(huge, 300) == "e" * 290 + REDACTED
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("https://user:pw@gw.example:443/v1?api-key=k1&x=2", "https://<redacted>@gw.example:443/v1?api-key=<redacted>&x=<redacted>"),
+        ("https://gw.example/openai/x?api-version=2024-02-01&code=k2",
+         "https://gw.example/openai/x?api-version=2024-02-01&code=<redacted>"),
+        ("http://k3@[::1]:8000/", "http://<redacted>@[::1]:8000/"),
+        ("http://h:99999/?sk-bare-key", "http://h:99999/?<redacted>"),
+        ("/v1/chat/completions?code=k4#frag", "/v1/chat/completions?code=<redacted>"),
+        ("user:k5@host:8000", "<redacted>@host:8000"),
+        ("http://[::1/?key=k6", "http://<redacted>"),
+    ],
+)  # fmt: skip
+def test_a_url_is_shown_without_user_info_or_query_values(url: str, shown: str) -> None:
+    """`redact_url`, the one way a URL is shown: user-info as `<redacted>@`, every query
+    value but `api-version`'s hidden (names kept), no fragment; a path's query alike; a URL
+    no parser reads shows nothing past its scheme."""
+    assert redact_url(url) == shown

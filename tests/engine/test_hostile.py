@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import http.server
 import itertools
 import json
 import os
@@ -64,6 +65,7 @@ from loadgen.testing.hostile import (
     TOKENS,
     TRICKLED_BODY,
     HostileCase,
+    artifact_texts,
     bad_status,
     empty_data_lines,
     exposition,
@@ -924,3 +926,137 @@ def test_usage_the_events_could_carry_is_taken_as_n() -> None:
                                                  TokenSource.CHUNKS]  # fmt: skip
     assert [r.output_tokens for r in records] == [100, carried, 4]
     assert sum(records[0].chunk_tokens) == 100
+
+
+# -- no credential onto a screen or into a file ---------------------------------------------
+# Header values given literally, under names that say nothing of a credential (what
+# `--header "Ocp-Apim-Subscription-Key: $KEY"` is once the shell expanded it), and a key in a
+# URL's user-info and query, in target.path's query, in the OTLP endpoint's.
+LITERAL = {"Ocp-Apim-Subscription-Key": "apim-0123456789abcdef", "X-Auth-Key": "authkey-98765432",
+           "X-Functions-Key": "funcskey-ABCDEFGH", "X-Password": "hunter2-password-x"}  # fmt: skip
+IN_FILE = ("X-Gateway-Token", "gwfile-11223344556677")  # target.headers, literally
+
+
+def _secret_windows(values: Sequence[str]) -> set[str]:
+    """Every 8-character window of each value: what no output may hold."""
+    return {v[i : i + 8] for v in values for i in range(len(v) - 7)}
+
+
+def _held(text: str, values: Sequence[str]) -> list[str]:
+    return sorted(w for w in _secret_windows(values) if w in text)
+
+
+def _echo_headers_401(request: ReceivedRequest) -> list[Step]:
+    """A 401 whose body echoes every header the request carried (as some gateways do)."""
+    body = "unauthorized; you sent " + "; ".join(f"{k}: {v}" for k, v in request.headers.items())
+    raw = body.encode()
+    return [b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\nContent-Length: %d"
+            b"\r\n\r\n%b" % (len(raw), raw)]  # fmt: skip
+
+
+def test_literal_header_values_are_secrets_in_every_output(tmp_path: Path) -> None:
+    """Four literal `--header` credentials and one in `target.headers`, echoed by a 401:
+    the preflight's refusal says `(secret)` for each in "sent headers" and hides the echo
+    (both printed them); a -vv run with --junit/--markdown, its records (the error column
+    held them), loadgen.log, run.json, report.html/md and the report command hold none of
+    them, while harmless headers (`User-Agent`) and other text stay readable."""
+    text = WORKLOAD.replace("target: {api: openai-chat, model: m}",
+                            "target: {api: openai-chat, model: m, headers: "
+                            f"{{{IN_FILE[0]}: {IN_FILE[1]}}}}}")  # fmt: skip
+    workload = workload_file(tmp_path, text, "literal.yaml")
+    flags = [f for name, value in LITERAL.items() for f in ("--header", f"{name}: {value}")]
+    values = [*LITERAL.values(), IN_FILE[1]]
+    out = tmp_path / "out"
+    with ScriptedServer(_echo_headers_401) as server:
+        refused = CliRunner().invoke(cli, ["run", str(workload), "--url", server.url, "--out",
+                                           str(out), "--run-id", "p", *flags])  # fmt: skip
+        ran = CliRunner().invoke(cli, [
+            "-vv", "run", str(workload), "--url", server.url, "--out", str(out), "--run-id", "r",
+            "--no-preflight", "--lag-bound-ms", "1000", "--verdict", "point", *flags,
+            "--junit", str(tmp_path / "junit.xml"), "--markdown", str(tmp_path / "slo.md")])  # fmt: skip
+    assert server.requests[0].headers["x-functions-key"] == LITERAL["X-Functions-Key"]  # sent
+    assert refused.exit_code == 1, refused.output
+    said = " ".join(refused.output.split())
+    for name in [*LITERAL, IN_FILE[0]]:
+        assert f"{name}: (secret)" in said
+    assert "User-Agent: loadgen" in said
+    assert ran.exit_code == 2, ran.output
+    reported = CliRunner().invoke(cli, ["report", str(out / "r")])
+    errors = pl.read_parquet(out / "r" / "records.parquet", glob=False)["error"].to_list()
+    assert all(e.startswith("HTTP 401: unauthorized; you sent") for e in errors)
+    assert all("ocp-apim-subscription-key: <redacted>" in e for e in errors)
+    texts = {"preflight": refused.output, "run -vv": ran.output, "report": reported.output,
+             "junit": (tmp_path / "junit.xml").read_text(), "md": (tmp_path / "slo.md").read_text(),
+             **artifact_texts(out)}  # fmt: skip
+    assert {name: _held(t, values) for name, t in texts.items() if _held(t, values)} == {}
+
+
+@contextlib.contextmanager
+def _refusing_collector() -> Iterator[int]:
+    """An OTLP collector that refuses every push with a 400 quoting the URL it was sent to
+    (its user-info and query too), on loopback; its port."""
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server names it so
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            said = f"no such collector: {self.path} as {self.headers.get('authorization')}"
+            body = said.encode()
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_urls_are_shown_without_their_credentials(tmp_path: Path) -> None:
+    """`run --dry-run` with user-info and `?api-key=` (printed raw), the OTLP endpoint's
+    user-info and `?token=` at the start and in the failure note at the end (printed raw),
+    a key in target.path's query (in run.json, loadgen.log and the -v terminal) and in
+    target.server_metrics_url's (run.json's spec): each shown as `<redacted>`, the rest of
+    the URL kept."""
+    url_key, otlp_key, path_key = "urlpass-55667788", "otlptok-99887766", "pathkey-33445566"
+    metrics_key = "metricstok-1234567"
+    metrics = f"http://m:{metrics_key}@127.0.0.1:9/metrics?token={metrics_key}"  # refused
+    text = WORKLOAD.replace("target: {api: openai-chat, model: m}",
+                            "target: {api: openai-chat, model: m, "
+                            f"path: '/v1/chat/completions?code={path_key}', "
+                            f"server_metrics_url: '{metrics}'}}")  # fmt: skip
+    workload = workload_file(tmp_path, text, "urls.yaml")
+    with _refusing_collector() as port, ScriptedServer(lambda r: simple_chat(3)) as server:
+        dry = CliRunner().invoke(cli, [
+            "run", str(workload), "--dry-run", "--url",
+            f"http://ops:{url_key}@127.0.0.1:{server.port}/v1?api-key={url_key}"])  # fmt: skip
+        otlp = f"http://u:{otlp_key}@127.0.0.1:{port}/v1/metrics?token={otlp_key}"
+        ran = CliRunner().invoke(cli, [
+            "-v", "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id",
+            "r", "--lag-bound-ms", "1000", "--verdict", "point", "--otlp-endpoint", otlp,
+            "--otlp-interval", "0.2"])  # fmt: skip
+    assert dry.exit_code == 0, dry.output
+    assert (f"would send 3 requests to http://<redacted>@127.0.0.1:{server.port}/v1?api-key="
+            "<redacted> (it accepts connections); nothing was sent"
+            in " ".join(dry.output.split()))  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    assert server.requests[0].path == f"/v1/chat/completions?code={path_key}"  # sent as is
+    said = " ".join(ran.output.split())
+    assert "otlp: pushing the live figures to http://<redacted>@127.0.0.1:" in said
+    assert "/v1/metrics?token=<redacted> failed" in said
+    assert "/v1/chat/completions?code=<redacted>" in said
+    texts = {"dry-run": dry.output, "run -v": ran.output, **artifact_texts(tmp_path / "r")}
+    keys = [url_key, otlp_key, path_key, metrics_key]
+    assert {name: _held(t, keys) for name, t in texts.items() if _held(t, keys)} == {}
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    target = info["workload"]["spec"]["target"]
+    assert target["path"] == "/v1/chat/completions?code=<redacted>"
+    assert target["server_metrics_url"] == "http://<redacted>@127.0.0.1:9/metrics?token=<redacted>"
