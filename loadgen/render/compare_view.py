@@ -8,6 +8,7 @@ order-statistic intervals (see `analysis.compare`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,10 +229,21 @@ def render_markdown(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What Markdown reads as markup in a line of text: a backslash, code, emphasis (`_` only at
+# a word's edge: `ttft_ms` is plain text), links and images (`[`, `]`), a table cell's end,
+# strikethrough. Each is escaped with a backslash; `&` and `<` become entities (no HTML, no
+# autolink; a lone `>` is plain text). `![x](http://…)` and `[click](javascript:…)` are then
+# text, not markup.
+_MARKUP = re.compile(r"[\\`*\[\]|~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
 def md_cell(text: str) -> str:
-    """Safe in a Markdown table cell: no HTML, pipes escaped, one line."""
-    escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # a lone ">" is plain text
-    return escaped.replace("|", "\\|").replace("\n", " ")
+    """`text` (a server's included: finish reasons, error bodies) as Markdown shows it
+    literally, in a table cell or a line: nothing in it is markup, and it is one line. The
+    one escape of every Markdown file loadgen writes (report.md, --markdown, compare)."""
+    entities = text.replace("&", "&amp;").replace("<", "&lt;")
+    escaped = _MARKUP.sub(lambda m: "\\" + m.group(), entities)
+    return escaped.replace("\r", " ").replace("\n", " ")
 
 
 def render_server_table(deltas: Sequence[ServerDelta]) -> RenderableType:

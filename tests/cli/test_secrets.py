@@ -1,5 +1,6 @@
 """Secret redaction: every known secret, its base64 forms and any 8 characters of them are
-hidden, before any cut; ordinary text is not. URLs are shown redacted (`redact_url`)."""
+hidden, before any cut; ordinary text is not. URLs are shown redacted (`redact_url`), and
+Markdown cells show server text literally (`md_cell`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import pytest
 
 from loadgen.engine.secrets import REDACTED, Redactor, run_secrets
+from loadgen.render.compare_view import md_cell
 from loadgen.workload.spec import redact_url
 
 
@@ -116,3 +118,20 @@ def test_a_url_is_shown_without_user_info_or_query_values(url: str, shown: str) 
     value but `api-version`'s hidden (names kept), no fragment; a path's query alike; a URL
     no parser reads shows nothing past its scheme."""
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("![x](http://evil.example/p.png)", "!\\[x\\](http://evil.example/p.png)"),
+        ("[click](javascript:alert(1))", "\\[click\\](javascript:alert(1))"),
+        ("<img src=x> & <b>", "&lt;img src=x> &amp; &lt;b>"),
+        ("`code` *em* _em_ ~~s~~ a|b \\", "\\`code\\` \\*em\\* \\_em\\_ \\~\\~s\\~\\~ a\\|b \\\\"),
+        ("ttft_ms p99 ≥ 2.5 ms\nnext", "ttft_ms p99 ≥ 2.5 ms next"),
+    ],
+)  # fmt: skip
+def test_markdown_cells_show_server_text_literally(text: str, shown: str) -> None:
+    """`md_cell`: a server's image, link, HTML, code, emphasis, strikethrough, pipe and
+    backslash are escaped (Markdown shows them as written), `snake_case` is left as it is,
+    and a line break is a space."""
+    assert md_cell(text) == shown

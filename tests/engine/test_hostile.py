@@ -52,6 +52,7 @@ from loadgen.testing import (
     ScriptedServer,
     Step,
     chat_chunk,
+    head,
     simple_chat,
     sse,
     stream_steps,
@@ -1060,3 +1061,35 @@ def test_urls_are_shown_without_their_credentials(tmp_path: Path) -> None:
     target = info["workload"]["spec"]["target"]
     assert target["path"] == "/v1/chat/completions?code=<redacted>"
     assert target["server_metrics_url"] == "http://<redacted>@127.0.0.1:9/metrics?token=<redacted>"
+
+
+SERVER_MARKDOWN = "![x](http://evil.example/p.png) [click](javascript:alert(1)) <b>b</b> *e*"
+# The server's Markdown, were it live: its image or link brackets unescaped, its HTML, its
+# emphasis (report.md's own figures are images too: only the server's are looked for).
+LIVE_MARKDOWN = re.compile(r"(?<!\\)\[(x|click)(?<!\\)\]\(|<b>|(?<!\\)\*e(?<!\\)\*")
+
+
+def _markdown_server(request: ReceivedRequest) -> list[Step]:
+    """Even requests stream with Markdown as their finish reason; odd ones are a 500 whose
+    body is that Markdown."""
+    if (plan_number(request.headers.get("x-request-id")) or 0) % 2 == 0:
+        return stream_steps([*TOKENS, chat_chunk(finish=SERVER_MARKDOWN)])
+    body = SERVER_MARKDOWN.encode()
+    return [head(500, chunked=False, length=len(body)), body]
+
+
+def test_server_markdown_is_text_in_every_markdown_file(workload: Path, tmp_path: Path) -> None:
+    """A finish reason and an error body holding an image, a javascript: link, HTML and
+    emphasis: report.md (whose stop reasons and failures tables kept the image and link
+    live) and --markdown show them as text, each character still there."""
+    with ScriptedServer(_markdown_server) as server:
+        ran = invoke(workload, server.url, tmp_path, "--markdown", str(tmp_path / "slo.md"))
+    assert ran.exit_code == 0, ran.output  # 2 of 3 ok: the p50 is met
+    reported = CliRunner().invoke(cli, ["report", str(tmp_path / "r")])
+    assert reported.exit_code == 0, reported.output
+    report_md = (tmp_path / "r" / "report" / "report.md").read_text()
+    shown = "!\\[x\\](http://evil.example/p.png) \\[click\\](javascript:alert(1))"
+    assert shown in report_md  # the stop reasons' row and the failures' error column
+    assert report_md.count(shown) >= 2
+    for text in (report_md, (tmp_path / "slo.md").read_text()):
+        assert not LIVE_MARKDOWN.search(text), LIVE_MARKDOWN.search(text)

@@ -3,9 +3,9 @@ figures link to the PNGs written beside it."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 
+from loadgen.render.compare_view import md_cell
 from loadgen.render.report.blocks import Block, Figure, Heading, Para, Table
 from loadgen.render.report.document import document
 from loadgen.render.report.model import RunReport
@@ -38,5 +38,6 @@ def _md_block(block: Block) -> str:
 
 
 def _md(text: str) -> str:
-    """Text safe in a Markdown table cell: HTML-escaped, pipes escaped, on one line."""
-    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    """Text shown literally in a table cell or a line (`compare_view.md_cell`): a server's
+    `![x](http://…)` or `[click](javascript:…)` in a finish reason or an error body is text."""
+    return md_cell(text)
