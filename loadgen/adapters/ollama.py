@@ -20,6 +20,7 @@ from loadgen.adapters.protocol import (
     Message,
     ServerTimings,
     bearer_headers,
+    duration_ms,
     flatten,
     json_object,
     token_count,
@@ -155,9 +156,7 @@ def _timings(obj: dict[str, Any]) -> ServerTimings | None:
     """The final object's durations (ns) in ms, and its token counts."""
     fields: dict[str, Any] = {}
     for key, name in DURATIONS.items():
-        value = obj.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            fields[name] = value / NS_PER_MS
+        fields[name] = duration_ms(obj.get(key), NS_PER_MS)
     fields["prefill_tokens"] = token_count(obj.get("prompt_eval_count"))
     fields["decode_tokens"] = token_count(obj.get("eval_count"))
     if all(v is None for v in fields.values()):

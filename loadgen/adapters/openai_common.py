@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import orjson
@@ -12,6 +11,7 @@ from loadgen.adapters.protocol import (
     Delta,
     MalformedEvent,
     ServerTimings,
+    duration_ms,
     error_message,
     token_count,
     usage_count,
@@ -97,13 +97,10 @@ def _closing(obj: dict[str, Any], delta: Delta) -> None:
 def llama_timings(timings: dict[str, Any]) -> ServerTimings | None:
     """llama.cpp's `timings` object as ServerTimings (None when it holds none of them)."""
 
-    def ms(key: str) -> float | None:
-        value = timings.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        return float(value) if math.isfinite(value) else None
-
-    prefill, decode = ms("prompt_ms"), ms("predicted_ms")
+    prefill, decode = (
+        duration_ms(timings.get("prompt_ms")),
+        duration_ms(timings.get("predicted_ms")),
+    )
     fields: dict[str, Any] = {
         "prefill_ms": prefill,
         "decode_ms": decode,

@@ -10,6 +10,7 @@ The registry from the workload's `target.api` name is `loadgen.adapters`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -236,16 +237,31 @@ def bearer_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+# The largest usage count taken as a figure: a server's count at or above 2**31 (the most a
+# 32-bit counter holds; no context window comes near it) is not a count. Summed over the
+# records of any run (at most 10**8 requests), such counts stay far inside 64 bits.
+MAX_USAGE_COUNT = 2**31 - 1
+# The longest duration a server's own timing may report, in ms (11.6 days: past any
+# deadline a request can have); a longer, negative or non-finite one is no duration.
+MAX_SERVER_MS = 1e9
+
+
 def token_count(value: object) -> int | None:
-    """`value` when it is a plausible token count (an int in [0, 2**63)), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+    """`value` when it is a plausible token count (an int in [0, MAX_USAGE_COUNT]), else
+    None: a server's timings and cache counts are diagnostics, dropped when absurd (the
+    2**63 - 1 of three requests summed past 64 bits)."""
+    if type(value) is int and 0 <= value <= MAX_USAGE_COUNT:
         return value
     return None
 
 
-# The largest usage count taken as a figure: a server's count at or above 2**31 (the most a
-# 32-bit counter holds; no context window comes near it) is not a count.
-MAX_USAGE_COUNT = 2**31 - 1
+def duration_ms(value: object, per_ms: float = 1.0) -> float | None:
+    """`value` (a server's duration, `per_ms` of its units to a ms) in ms when it is a
+    number in [0, MAX_SERVER_MS] ms, else None (negative, Infinity-sized, a bool, text)."""
+    if type(value) not in (int, float):
+        return None
+    ms = value / per_ms  # type: ignore[operator]  # an int or a float, checked above
+    return float(ms) if math.isfinite(ms) and 0 <= ms <= MAX_SERVER_MS else None
 
 
 def usage_count(value: object, name: str, delta: Delta) -> int | None:
