@@ -157,12 +157,11 @@ class Exchange:
         self.hidden_at: list[int] = []  # token-only events: index of the chunk after each
         self.body_bytes = 0  # response body bytes received (bounds a plausible usage count)
         # What bounds the tokens the stream could carry (`carried_tokens`): the output
-        # events' bytes past their framing (`Adapter.event_framing`), those of the events
-        # with a tool call, the characters of the text events, the token-only events.
+        # events' payload bytes, those of the events with a tool call, the token-only events.
         self.event_framing = adapter.event_framing
         self.output_bytes = 0
+        self.tool_events = 0
         self.tool_bytes = 0
-        self.text_chars = 0
         self.token_only_events = 0
         self.usage_beyond_stream = False  # usage above `carried_tokens`: N from the stream
         self.request_bytes = 0  # the request's bytes (bounds a plausible prompt count)
@@ -264,20 +263,17 @@ class Exchange:
                 self.first_reasoning_ns = t_ns
             if self.keep_text and delta.text:
                 self._keep_text(delta.text)
-            chars = delta.content_chars + delta.reasoning_chars
             stamps = self.chunk_ns
             if len(stamps) < self.max_chunk_stamps:
                 stamps.append(t_ns)
-                self.chunk_chars.append(chars or 1)
+                self.chunk_chars.append(delta.content_chars + delta.reasoning_chars or 1)
             else:
-                self._unstamped(t_ns, chars or 1)
+                self._unstamped(t_ns, delta.content_chars + delta.reasoning_chars or 1)
             self.last_token_ns = t_ns
-            size = len(payload) - self.event_framing
-            self.output_bytes += size
+            self.output_bytes += len(payload)
             if delta.has_tool_call:
-                self.tool_bytes += size
-            else:
-                self.text_chars += chars
+                self.tool_events += 1
+                self.tool_bytes += len(payload)
         elif delta.token_only:
             self.token_only_events += 1
             if self.first_token_ns is not None:
@@ -481,9 +477,12 @@ class Exchange:
         those events count by their bytes). Add each token-only event and the EOS a
         server counts but does not stream (`UNSTREAMED_TOKENS`).
         """
-        by_text = UTF8_MAX_BYTES * self.text_chars + self.tool_bytes
+        framing = self.event_framing
         events = len(self.chunk_ns) + self.unstamped_chunks  # past the stamp cap too
-        carried = max(min(self.output_bytes, by_text), events)
+        by_bytes = self.output_bytes - framing * events
+        chars = sum(self.chunk_chars) + self.unstamped_chars  # a bare tool call's counts 1
+        by_text = UTF8_MAX_BYTES * chars + self.tool_bytes - framing * self.tool_events
+        carried = max(min(by_bytes, by_text), events)
         return carried + self.token_only_events + UNSTREAMED_TOKENS
 
     def check_usage(self) -> None:
