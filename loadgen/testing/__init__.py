@@ -198,6 +198,7 @@ class ScriptedServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._open: set[asyncio.StreamWriter] = set()  # connections not yet closed
 
     @property
     def url(self) -> str:
@@ -223,17 +224,30 @@ class ScriptedServer:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.ssl)
+        # TLS is started in `_connection` (start_tls), not by the server: a handshake that
+        # fails then fails in a connection this server tracks and closes; one failing inside
+        # asyncio's server was left to the garbage collector when the loop ended first.
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         async with server:
             await self._stop.wait()
             server.close()
+            # Close what is still open now, on this loop: a TLS connection left to the loop's
+            # teardown leaves its socket to the garbage collector (an unclosed-socket warning
+            # in whichever test runs then).
+            for writer in list(self._open):
+                writer.transport.abort()
+            for _ in range(3):
+                await asyncio.sleep(0)  # the aborts' connection_lost callbacks run
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         index = self.connections
         self.connections += 1
+        self._open.add(writer)
         try:
+            if self.ssl is not None:
+                await writer.start_tls(self.ssl)
             while True:
                 request = await self._read_request(reader, index)
                 if request is None:
@@ -243,9 +257,10 @@ class ScriptedServer:
                 self.finished[request.headers.get("x-request-id", "")] = perf_counter_ns()
                 if not played:
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            return  # the client went away, or the server is shutting down
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # the client went away (or refused the handshake), or the server stops
         finally:
+            self._open.discard(writer)
             if not writer.is_closing():
                 writer.close()
 
