@@ -142,6 +142,10 @@ class Exchange:
         self.unstamped_chars = 0
         self.unstamped_max_gap_ns: int | None = None
         self.unplaced_hidden = 0  # token-only events past the cap (counted, not placed)
+        # Network reads that carried output: reads are told apart by their arrival stamps
+        # (every event of one read carries that read's), counted as the events come.
+        self.output_reads = 0
+        self._read_ns = -1  # the stamp of the last read that carried output
         self.usage_completion: int | None = None
         self.usage_prompt: int | None = None
         self.cached_tokens: int | None = None
@@ -254,6 +258,9 @@ class Exchange:
             self.finish(t_ns, Outcome.STREAM_ERROR, f"server error event: {shown}")
             return
         if delta.content_chars or delta.reasoning_chars or delta.has_tool_call:
+            if t_ns != self._read_ns:
+                self._read_ns = t_ns
+                self.output_reads += 1
             if self.first_token_ns is None:
                 self.first_token_ns = t_ns
                 self.start_stall_watch()
@@ -573,6 +580,8 @@ class Exchange:
             usage_problem=self.usage_problem,
             unstamped_chunks=self.unstamped_chunks,
             unstamped_max_gap_ns=self.unstamped_max_gap_ns,
+            output_events=len(self.chunk_ns) + self.unstamped_chunks,
+            output_reads=self.output_reads,
             connection=self.connection,
             model=self.model,
             cached_prompt_tokens=self.cached_tokens,

@@ -139,6 +139,12 @@ class RequestRecord:
     # for every stream within its cap.
     unstamped_chunks: int = 0
     unstamped_max_gap_ns: int | None = None
+    # How the output arrived: its output-bearing events (`chunk_ns` holds their stamps) and
+    # the network reads that carried them (reads told apart by their arrival stamps). Many
+    # events per read is a stream held back on the way, or written in bursts by the server
+    # (`analysis.delivery`); several tokens per event is the server's own chunking.
+    output_events: int = 0
+    output_reads: int = 0
 
 
 # Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
@@ -181,6 +187,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "usage_problem": pl.String(),
     "unstamped_chunks": pl.Int64(),
     "unstamped_max_gap_ns": pl.Int64(),
+    "output_events": pl.Int64(),
+    "output_reads": pl.Int64(),
 }
 
 
@@ -228,6 +236,8 @@ def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
         row["stopped_early"] = bool(row.get("stopped_early"))  # null in older runs
         row["counted_output_tokens"] = row.get("counted_output_tokens") or 0
         row["unstamped_chunks"] = row.get("unstamped_chunks") or 0  # null in older runs
+        row["output_events"] = row.get("output_events") or 0  # null in older runs
+        row["output_reads"] = row.get("output_reads") or 0
         timings = row.get("server_timings")
         if isinstance(timings, dict) and any(v is not None for v in timings.values()):
             row["server_timings"] = ServerTimings(**timings)

@@ -44,7 +44,8 @@ def streamed_record(
     the intended time (after the send with `from_send`), then one chunk per gap, and its end
     `end_after_ms` after the last chunk. `sent=False` leaves the dispatch and send times
     out, `content` stamps the first chunk as the first visible token too, and `fields` set
-    any other field of the record."""
+    any other field of the record. Chunks at one time arrived in one read (a gap of 0: the
+    reads counted are the distinct times)."""
     intended = int(intended_ms * MS)
     send = intended + int(lag_ms * MS)
     chunks = [(send if from_send else intended) + int(ttft_ms * MS)]
@@ -64,7 +65,7 @@ def streamed_record(
         chunk_ns=tuple(chunks),
         chunk_tokens=(1,) * len(chunks),
         output_tokens=len(chunks),
-        **fields,
+        **{"output_events": len(chunks), "output_reads": len(set(chunks)), **fields},
     )
 
 
