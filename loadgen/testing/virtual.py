@@ -245,16 +245,18 @@ def run_scripted(
     refuse: bool = False,
     warm: int = 0,
     connect_s: float = 0.0,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[list[RequestRecord], ScriptedPool]:
     """`loadgen.testing.run_engine`, in virtual time against `handler`'s scripts: the
     records by request id, and the pool (what the server saw). Times in the records are
     relative to t0, which is 20 ms after the start (and after warming `warm`
-    connections), as in `run_engine`; each connect takes `connect_s` of virtual time."""
+    connections), as in `run_engine`; each connect takes `connect_s` of virtual time;
+    `headers` are sent with every request (the endpoint's, as `--header` gives them)."""
     config = engine_config(api, max_in_flight=max_in_flight, headers_for=headers_for,
                            priority_header=priority_header, generic=generic)  # fmt: skip
     adapter = config.adapter
     endpoint = make_endpoint("http://127.0.0.1:8000", path or adapter.default_path,
-                             adapter.headers(None))  # fmt: skip
+                             {**adapter.headers(None), **(headers or {})})  # fmt: skip
     clock = VirtualClock()
     pool = ScriptedPool(handler, endpoint, clock, refuse=refuse, connect_s=connect_s)
     loop_options: dict[str, Any] = {"loop_factory": lambda: VirtualLoop(clock)}
