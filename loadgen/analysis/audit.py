@@ -23,6 +23,7 @@ from loadgen.analysis import metrics
 from loadgen.analysis.confidence import INTERVAL
 from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
+from loadgen.analysis.delivery import delivery, unpaced
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
@@ -111,6 +112,7 @@ def audit(
     stopped: str | None = None,
     price: Price | None = None,
     rule: str = INTERVAL,
+    path_buffers: bool = False,
 ) -> Summary:
     """The run's summary: generator health, one audit per class, and the verdict.
 
@@ -118,7 +120,9 @@ def audit(
     in the frame, audited without targets. `stopped` (a key of `runfolder.STOPS`) withholds
     the verdict: the figures are kept, as partial figures, and nothing is judged (see
     `slo.verdict`). With `price`, the summary has a `cost` block (`analysis.cost`). `rule`
-    is how every check is judged (`interval`, `point`: see `analysis.slo`).
+    is how every check is judged (`interval`, `point`: see `analysis.slo`). `path_buffers`:
+    the path is known to buffer (`target.path_buffers`), so streams that arrived coalesced
+    are judged as observed, not as unknown (`analysis.delivery`).
     """
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
@@ -126,7 +130,8 @@ def audit(
     asked = {name: o.asked for name, o in objectives.items() if o.asked is not None}
     generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
                                          requested_rate_per_s=requested, asked=asked)  # fmt: skip
-    classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule)
+    classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule,
+                           path_buffers=path_buffers)  # fmt: skip
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}
     return Summary(
@@ -165,9 +170,10 @@ def class_audits(
     *,
     duration_s: float,
     rule: str = INTERVAL,
+    path_buffers: bool = False,
 ) -> dict[str, ClassAudit]:
     """Each class's block, judged by its objective and `rule`: `objectives`' classes first,
-    in order."""
+    in order; with its delivery, coalesced streams judged as unknown unless `path_buffers`."""
     rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
     by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
     chunking = metrics.tokens_per_chunk(frame)
@@ -175,19 +181,24 @@ def class_audits(
     classes = {}
     for name in [*objectives, *sorted(set(by_class) - set(objectives))]:
         objective = objectives.get(name)
+        mine = by_class.get(name, rows.clear())
+        judged_unknown = bool(mine["coalesced"].any()) and not path_buffers
+        part = frame.filter(pl.col("class") == name) if objective or judged_unknown else None
         block = audit_class(
-            by_class.get(name, rows.clear()),
+            mine,
             metrics.itl_gaps_ms(frame, name),
             tokens_per_chunk=chunking.get(name, TokensPerChunk()),
             stream_ends=ends.get(name, StreamEnds()),
             targets=objective.slo if objective else NO_TARGETS,
             duration_s=duration_s,
             rule=rule,
+            delivery=delivery(mine, path_buffers=path_buffers),
+            unpaced=unpaced(mine, part) if judged_unknown and part is not None else None,
         )
         if objective is not None:
-            block = judge_by_objective(block, frame.filter(pl.col("class") == name), objective,
-                                       rule=rule)  # fmt: skip
-        models = model_audits(frame, by_class.get(name, rows.clear()), name, chunking,
+            assert part is not None
+            block = judge_by_objective(block, part, objective, rule=rule)
+        models = model_audits(frame, mine, name, chunking,
                               objective.slo if objective else NO_TARGETS, duration_s,
                               rule=rule)  # fmt: skip
         classes[name] = replace(block, models=models) if models else block
@@ -252,6 +263,7 @@ def audit_run(
         lag_bound_ms=info.lag_bound_ms,
         price=recorded_price(info),
         rule=rule or info.verdict_rule,
+        path_buffers=info.path_buffers,
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return with_cache(summary, info.cache), frame, effective

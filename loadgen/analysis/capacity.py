@@ -272,7 +272,8 @@ def audit_step(
     kept = frame.filter(pl.col("intended_ns") >= cut)
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
     summary = audit(kept, run_id="step", objectives=objectives, planned=kept.height,
-                    lag_bound_ms=lag_bound_ms, rule=rule)  # fmt: skip
+                    lag_bound_ms=lag_bound_ms, rule=rule,
+                    path_buffers=spec.target.path_buffers)  # fmt: skip
     required = required_requests(spec, min_tail)
     classes = {
         name: _class_figures(block, required.get(name))

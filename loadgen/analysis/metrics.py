@@ -22,6 +22,8 @@ Definitions (times are int ns since the run's t0; results are float ms):
 - E2E = last_token_ns - intended_ns; an ok response with no output token at all is
   measured to end_ns instead (its TTFT, TPOT and ITL do not exist).
 - Send lag = sent_ns - intended_ns: the generator's own health, not the server's.
+- output_events, output_reads: how the output arrived; coalesced: in reads of several
+  events each (`analysis.delivery`): its TPOT and ITL are not the server's pace.
 
 Percentiles, everywhere in loadgen, use the nearest-rank definition (`loadgen.percentiles`):
 the p-th percentile of n values is the value at 1-based rank ceil(p/100 * n) of the sorted
@@ -37,6 +39,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
+from loadgen.analysis.delivery import events, marked, reads
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.runfolder import LAG_BOUND_MS
@@ -119,7 +122,7 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
     n_tokens = pl.col("output_tokens")
     tpot_ns = (pl.col("last_token_ns") - pl.col("first_token_ns")) / (n_tokens - 1)
     last_ns = pl.when(is_ok).then(pl.coalesce("last_token_ns", "end_ns"))
-    return frame.select(
+    rows = frame.select(
         "request_id",
         "class",
         "outcome",
@@ -141,7 +144,10 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
         ),
         "prompt_tokens",
         "cached_prompt_tokens",
+        events().alias("output_events"),
+        reads().alias("output_reads"),
     )
+    return rows.with_columns(marked(frame, rows))
 
 
 def _ms(ns: pl.Expr) -> pl.Expr:

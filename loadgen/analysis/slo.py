@@ -71,6 +71,7 @@ from loadgen.analysis.confidence import (
     share_bounds,
     worst,
 )
+from loadgen.analysis.delivery import COALESCED_EVENTS, Unpaced
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_SLO_MISSED
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
@@ -78,6 +79,7 @@ from loadgen.results.runfolder import STOPS
 from loadgen.results.summary import (
     Check,
     ClassAudit,
+    Delivery,
     Goodput,
     PrefixCacheShare,
     ServerTimings,
@@ -185,13 +187,17 @@ def audit_class(
     duration_s: float,
     stream_ends: StreamEnds | None = None,
     rule: str = INTERVAL,
+    delivery: Delivery | None = None,
+    unpaced: Unpaced | None = None,
 ) -> ClassAudit:
     """One class's block of the summary: outcomes, latency stats, SLO audit and goodput.
 
     `rows` are the class's `per_request` rows, `itl_ms` the gaps of its ok requests,
     `duration_s` the whole run's duration (goodput's denominator), `rule` how its checks
     are judged (`interval` or `point`). Each population is sorted once and shared by its
-    stats and its check.
+    stats and its check. `unpaced`: the class's streams that arrived coalesced, whose
+    TPOT and ITL the checks judge as unknown (`analysis.delivery`); the stats show every
+    ok request as observed.
     """
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
     failures = rows.height - ok.height
@@ -213,9 +219,11 @@ def audit_class(
         tokens_per_chunk=tokens_per_chunk,
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets,
-                      streamed=ok.get_column("max_itl_ms").drop_nulls().len(), rule=rule),
+                      streamed=ok.get_column("max_itl_ms").drop_nulls().len(), rule=rule,
+                      unpaced=unpaced),
         goodput=goodput(rows, duration_s=duration_s),
         stream_ends=stream_ends or StreamEnds(),
+        delivery=delivery or Delivery(),
         prefix_cache=prefix_cache_share(rows),
     )  # fmt: skip
 
@@ -262,20 +270,27 @@ def slo_audit(
     targets: SloTargets,
     streamed: int | None = None,
     rule: str = INTERVAL,
+    unpaced: Unpaced | None = None,
 ) -> SloAudit:
     """attainment, the checks and the class's verdict, for one class.
 
     `ok_ms` holds each measure's values over ok requests (ITL: over their gaps),
     `meeting` how many requests met every per-request threshold, `streamed` how many ok
     requests streamed at least one gap (ITL's groups; None: every ok request did).
+    `unpaced`: streams that arrived coalesced, judged as unknown on TPOT and ITL
+    (`_unpaced_check`).
     """
     check_rule(rule)
     limits = targets.thresholds_ms()
     p, level = targets.percentile, targets.confidence
     groups = requests - failures if streamed is None else streamed
     population = Population(requests=requests, failures=failures, streamed=groups)
-    checks = [_check(name, limit, ok_ms[name], population, p, level, rule)
-              for name, limit in limits.items()]  # fmt: skip
+    checks = [
+        _unpaced_check(name, limit, ok_ms[name], population, p, level, rule, unpaced)
+        if unpaced is not None and unpaced.unknown(name)
+        else _check(name, limit, ok_ms[name], population, p, level, rule)
+        for name, limit in limits.items()
+    ]
     if checks and requests == 0:
         checks = [_unjudgeable_check(level)]
     judged = worst([c.judged for c in checks])
@@ -359,6 +374,56 @@ def _check(
         high_open=judgement.high is None and judgement.n > 0,
         needed=judgement.needed,
     )
+
+
+def _unpaced_check(
+    name: str, limit_ms: float, values: pl.Series, counts: Population, p: float, level: float,
+    rule: str, unpaced: Unpaced,
+) -> Check:  # fmt: skip
+    """TPOT or ITL when some streams arrived coalesced: their values are not the server's
+    pace, so they are unknown. The upper bound ranks them worst (as failures), the lower
+    bound best (0 ms): MET only when it holds whatever they were, MISSED only when it fails
+    whatever they were, else INCONCLUSIVE saying why. `--verdict point` does the same with
+    the point estimates. The value shown is the observed percentile over every ok request."""
+    observed = _check(name, limit_ms, values, counts, p, level, rule)
+    known = unpaced.values(name)
+    unknown = unpaced.unknown(name)
+    ordered = known.to_numpy().astype(np.float64, copy=False)
+    failures = counts.failures
+    if name == "itl_ms":
+        zeros = np.zeros(unpaced.itl_unknown_gaps)
+        worst_case = judge_clustered(ordered, unpaced.itl_streams, p, limit_ms, level,
+                                     failures=failures + unknown)  # fmt: skip
+        best_case = judge_clustered(np.concatenate((zeros, ordered)),
+                                    unpaced.itl_streams + unknown, p, limit_ms, level,
+                                    failures=failures)  # fmt: skip
+    else:
+        worst_case = judge_percentile(ordered, p, limit_ms, level, failures=failures + unknown)
+        best_case = judge_percentile(np.concatenate((np.zeros(unknown), ordered)), p, limit_ms,
+                                     level, failures=failures)  # fmt: skip
+    if rule == INTERVAL:
+        high, low = worst_case.high, best_case.low
+    else:
+        high, low = worst_case.value, best_case.value
+    if high is not None and high <= limit_ms:
+        judged = MET
+    elif low is not None and low > limit_ms:
+        judged = MISSED
+    else:
+        judged = INCONCLUSIVE
+    metric = "TPOT" if name == "tpot_ms" else "ITL"
+    note = (
+        f"{unpaced.coalesced:,} of {unpaced.streams:,} streams arrived coalesced (at least "
+        f"half of their reads carried {COALESCED_EVENTS}+ events): their {metric} is not the "
+        f"server's pace, so it is judged unknown (worst for the upper bound, best for the "
+        "lower); target.path_buffers: true (--path-buffers) judges it as observed"
+    )
+    return replace(
+        observed, verdict=judged, passed=judged == MET, note=note,
+        low_ms=metrics.round_ms(low), high_ms=metrics.round_ms(high),
+        low_open=low is None and worst_case.n > 0, high_open=high is None and worst_case.n > 0,
+        needed=worst_case.needed if high is None else None,
+    )  # fmt: skip
 
 
 def _inconclusive_note(judgement: Judgement, p: float, limit_ms: float, note: str | None) -> str:

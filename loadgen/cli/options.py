@@ -30,6 +30,7 @@ from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
 from loadgen.workload.spec import (
     CACHE_MODES,
+    CLIENT_CODINGS,
     MAX_REQUESTS,
     MAX_SEED,
     MAX_SPAN_S,
@@ -214,6 +215,16 @@ SPEC_OPTIONS: list[Decorator] = [
     option(TARGET, "--force-output-tokens/--no-force-output-tokens", default=None,
            help="Send ignore_eos + min_tokens (OpenAI APIs), replacing "
            "target.force_output_tokens; servers that reject them answer HTTP 422."),
+    option(TARGET, "--accept-encoding", metavar="[CODINGS]", is_flag=False,
+           flag_value=", ".join(CLIENT_CODINGS),
+           help="Send Accept-Encoding as the users' clients do: alone, "
+           f"'{', '.join(CLIENT_CODINGS)}' (the OpenAI SDK's); or the codings, e.g. gzip; none "
+           "sends none. Replaces target.accept_encoding. Compressed streams are inflated as "
+           "they arrive and timed by the compressed bytes."),
+    option(VERDICT, "--path-buffers/--no-path-buffers", default=None,
+           help="The path to the server is known to buffer (a proxy or gateway that holds "
+           "streams back): streams that arrive coalesced are judged as observed, not "
+           "INCONCLUSIVE on TPOT/ITL. Replaces target.path_buffers."),
     option(LOAD, "--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
            help="Refuse a plan whose estimated client memory (plans, records and their "
            "audit) exceeds this many GiB (default: half of this host's memory)."),
@@ -313,8 +324,8 @@ def workload_options(func: F) -> F:
 
 
 def spec_options(func: F) -> F:
-    """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --max-memory-gb, --cache,
-    --nonce, --confidence."""
+    """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --accept-encoding,
+    --path-buffers, --max-memory-gb, --cache, --nonce, --confidence."""
     return _apply(SPEC_OPTIONS, func)
 
 
@@ -354,7 +365,8 @@ def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
         load(workload), requests=opts.get("requests"), duration_s=opts.get("duration"),
         rate=opts.get("rate"), api=opts.get("api"), model=opts.get("model"),
         force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
-        confidence=opts.get("confidence"),
+        confidence=opts.get("confidence"), accept_encoding=opts.get("accept_encoding"),
+        path_buffers=opts.get("path_buffers"),
     )  # fmt: skip
     if opts.get("nonce") is not None and spec.cache != "cold":
         raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",

@@ -75,6 +75,8 @@ def _class_rows(name: str, block: ClassAudit) -> list[Row]:
                            status="MISSED", why=check.note or "no recorded requests"))  # fmt: skip
             continue
         out.append(_check_row(name, block, check))
+    if block.delivery.coalesced:
+        out.append(_delivery_row(name, block))
     if block.batch is not None:
         out.append(_batch_row(name, block))
     if block.trajectory is not None:
@@ -101,6 +103,29 @@ def _check_row(name: str, block: ClassAudit, check: Check) -> Row:
     return Row(class_name=name, check=f"{check.metric} p{check.percentile:g}", label=label,
                measured=measured, target=target, requests=check.population,
                status=STATUS[judged], why=why, bounds=bounds)  # fmt: skip
+
+
+def _delivery_row(name: str, block: ClassAudit) -> Row:
+    """Streams that arrived coalesced, named: INCONCLUSIVE when that left the class's TPOT
+    or ITL check inconclusive (their pace is not the server's), else a pass that says what
+    arrived (no TPOT/ITL target, the rest judged it, or the workload says its path buffers)."""
+    d = block.delivery
+    measured = (
+        f"{d.coalesced:,} of {d.streams:,} streams coalesced ({d.events_per_read:,.1f} events/read)"
+    )
+    share = f"{d.coalesced_share or 0:.0%} of streams, {d.coalesced_token_share or 0:.0%} of tokens"
+    paced = [c for c in block.slo.checks if c.metric in ("tpot_ms", "itl_ms")]
+    status, why = "pass", ""
+    if not d.path_buffers and any(c.judged == "inconclusive" for c in paced):
+        status = "INCONCLUSIVE"
+        why = (f"inconclusive: delivery of class {name}: {measured}, {share}, arrived in reads "
+               f"of {d.coalesced_at_events}+ events (held back between the server and the "
+               "client, or written in bursts by the server): their TPOT and ITL are not the "
+               "server's pace (target.path_buffers: true judges them as observed)")  # fmt: skip
+    return Row(class_name=name, check="delivery", label="delivery (events per read)",
+               measured=measured, target="paced (not coalesced)"
+               if not d.path_buffers else "path buffers (declared)",
+               requests=d.streams, status=status, why=why, bounds=share)  # fmt: skip
 
 
 def _batch_row(name: str, block: ClassAudit) -> Row:

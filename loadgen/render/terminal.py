@@ -242,6 +242,7 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
             lines.append(Text(f"  {name} failures: {', '.join(kinds)}", style="yellow"))
         lines.extend(_objective_lines(name, cls))
         lines.extend(Text(f"  {name}: {note}", style="yellow") for note in stream_notes(cls))
+        lines.extend(Text(f"  {name}: {note}", style=style) for note, style in delivery_notes(cls))
         lines.extend(_reasoning_and_server_lines(name, cls))
         if partial:
             continue
@@ -296,6 +297,52 @@ def stream_notes(cls: ClassAudit) -> list[str]:
             "unstamped_chunks)"
         )
     return notes
+
+
+# Events per read from which a class's delivery is shown even when no stream was coalesced:
+# some of its events shared reads (a server writing several at once, a late reader).
+SHOWN_EVENTS_PER_READ = 1.5
+
+
+def delivery_notes(cls: ClassAudit) -> list[tuple[str, str]]:
+    """How a class's output arrived, with its style: streams that arrived coalesced (their
+    share of streams and tokens, and how their TPOT/ITL were judged), else the figures when
+    events shared reads noticeably; nothing for a stream read event by event."""
+    d = cls.delivery
+    if d.events_per_read is None or (not d.coalesced and d.events_per_read < SHOWN_EVENTS_PER_READ):
+        return []
+    figures = (
+        f"{d.events_per_read:,.1f} events per network read (up to "
+        f"{d.events_per_read_max or 0:,.1f} in a stream), "
+        f"{_per(d.tokens_per_event)} tokens per event"
+    )
+    if not d.coalesced:
+        return [(
+            f"delivery: {figures}: events shared reads (the server writing several at once, "
+            f"or a late reader), but no stream had half its reads at {d.coalesced_at_events}+ "
+            "events: paced as observed", "dim",
+        )]  # fmt: skip
+    judged = (
+        "judged as observed, as target.path_buffers says the path buffers"
+        if d.path_buffers
+        else "not the server's pace: the TPOT/ITL checks take them as unknown "
+        "(target.path_buffers: true or --path-buffers judges them as observed)"
+    )
+    return [(
+        f"COALESCED: {d.coalesced:,} of {d.streams:,} streams ({_share(d.coalesced_share)} of "
+        f"them, {_share(d.coalesced_token_share)} of output tokens) arrived in reads of "
+        f"{d.coalesced_at_events}+ events: {figures}; held back between the server and "
+        f"loadgen (a buffering proxy or gateway, compression) or written in bursts by the "
+        f"server; their TPOT and ITL are {judged}", "yellow" if d.path_buffers else "bold yellow",
+    )]  # fmt: skip
+
+
+def _per(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f}".rstrip("0").rstrip(".")
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
 
 
 def _reasoning_and_server_lines(name: str, cls: ClassAudit) -> list[Text]:

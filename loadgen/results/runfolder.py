@@ -139,14 +139,17 @@ def has_records(run_dir: Path) -> bool:
 SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 18  # 18: summary.json classes.*.stream_ends.usage_not_taken (additive):
-# usage above what the stream could carry, N counted from the stream
+SCHEMA_VERSION = 19  # 19: delivery (additive): records output_events, output_reads;
+# summary.json classes.*.delivery, checks[].coalesced; run.json workload.spec.target
+# accept_encoding, path_buffers
+# (18: summary.json classes.*.stream_ends.usage_not_taken (additive):
+# usage above what the stream could carry, N counted from the stream)
 # (17: bounds on hostile input (additive): records unstamped_chunks,
 # unstamped_max_gap_ns (chunks past the stamp cap); summary classes.*.stream_ends
-# itl_summarised; run.json server_metrics.dropped_lines (scrape lines past the parse cap)
+# itl_summarised; run.json server_metrics.dropped_lines (scrape lines past the parse cap))
 # (16: runs placed by Ray (additive): run.json shard.clock_offset_ns
 # (the shard host's wall clock minus the driver's, measured before t0), shards.shards.*
-# clock_offset_ms and node, and a merged run's `ray` block (placement, offsets, lost shards)
+# clock_offset_ms and node, and a merged run's `ray` block (placement, offsets, lost shards))
 # (15: the verdict's confidence (additive): summary.json checks:
 # verdict, confidence, low_ms, high_ms, low_open, high_open, needed; slo.verdict,
 # attainment_low/_high, targets.confidence; trajectory verdict, attainment_low/_high,
@@ -507,6 +510,13 @@ class RunInfo:
         older), so a re-audit of such a run says what the run said."""
         recorded = self.options.verdict if self.options is not None else None
         return recorded or "point"
+
+    @property
+    def path_buffers(self) -> bool:
+        """The workload said its path buffers (`target.path_buffers`, `--path-buffers`):
+        streams that arrived coalesced are judged as observed (`analysis.delivery`)."""
+        spec = self.workload.spec if self.workload else {}
+        return bool((spec.get("target") or {}).get("path_buffers", False))
 
     @property
     def lag_bound_ms(self) -> float:

@@ -68,6 +68,36 @@ class TokensPerChunk:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """How a class's output arrived at the client (`analysis.delivery`), over its ok
+    requests that streamed output (`streams`).
+
+    `reads`: the network reads that carried their output; `events`: their output events;
+    `events_per_read` = events / reads (1.0 on a direct path that kept up),
+    `events_per_read_max` the most of one stream; `tokens_per_event` = output tokens / events (the
+    server's own chunking: vLLM's stream interval makes it > 1). `coalesced`: streams at
+    least half of whose reads carried `coalesced_at_events` or more events each: held back
+    between the server and the client (a buffering proxy, gateway or compression) or written
+    in bursts by the server; `coalesced_share` of the streams, `coalesced_token_share` of
+    their output tokens. Their TPOT and ITL are not the server's pace: the class's checks
+    judge them as unknown, unless `path_buffers` (the workload or `--path-buffers` says the
+    path buffers): then as observed.
+    """
+
+    streams: int = 0
+    reads: int = 0
+    events: int = 0
+    events_per_read: float | None = None
+    events_per_read_max: float | None = None
+    tokens_per_event: float | None = None
+    coalesced: int = 0
+    coalesced_share: float | None = None
+    coalesced_token_share: float | None = None
+    coalesced_at_events: int = 4
+    path_buffers: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamEnds:
     """How a class's streams ended, and where their N came from (over requests with output;
     `truncated` over all: a cut may come before any output).
@@ -351,6 +381,7 @@ class ClassAudit:
     trajectory: TrajectoryAudit | None = field(default=None, metadata=OMIT_NONE)
     sessions: SessionsAudit | None = field(default=None, metadata=OMIT_NONE)
     stream_ends: StreamEnds = field(default_factory=StreamEnds)
+    delivery: Delivery = field(default_factory=Delivery)
     # a class whose requests named more than one model: one block per model, by name
     models: Mapping[str, ModelAudit] | None = field(default=None, metadata=OMIT_NONE)
     prefix_cache: PrefixCacheShare | None = field(default=None, metadata=OMIT_NONE)

@@ -536,6 +536,7 @@ def finish(
         price=None if options.price_per_hour is None
         else Price(per_hour=options.price_per_hour, replicas=options.replicas),
         rule=options.verdict,
+        path_buffers=spec.target.path_buffers,
     )  # fmt: skip
     if scraper is not None:
         summary, info = _server_block(summary, scraper, run_dir, info, frame)

@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loadgen.errors import ConfigError
 from loadgen.workload.model import (
+    CLIENT_CODINGS,
+    CONTENT_CODINGS,
     MAX_PERIODS,
     MAX_RATE_PER_S,
     MAX_SPAN_S,
@@ -82,6 +84,31 @@ def _redacted_pair(pair: str) -> str:
     if not sep:
         return REDACTED if pair else pair
     return pair if unquote(name).lower() in HARMLESS_QUERY else f"{name}={REDACTED}"
+
+
+ACCEPT_ENCODING_FIX = (
+    f"name codings loadgen inflates as they arrive ({', '.join(CONTENT_CODINGS)}), e.g. "
+    f"'{', '.join(CLIENT_CODINGS)}' as the OpenAI SDK sends, or 'none'"
+)
+
+
+def accept_encoding_codings(value: object) -> tuple[str, ...]:
+    """The codings of an Accept-Encoding setting: a comma-separated string or a list of
+    names, each one of CONTENT_CODINGS, in order, once each; `none` (or nothing) is ().
+    ValueError saying what is wrong."""
+    if isinstance(value, str):
+        names = [part.strip().lower() for part in value.split(",")]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        names = [str(v).strip().lower() for v in value]
+    else:
+        raise ValueError(
+            f"must be true, false, a list or a comma-separated string, got {value!r:.60}"
+        )
+    names = [n for n in names if n and n != "none"]
+    for name in names:
+        if name not in CONTENT_CODINGS:
+            raise ValueError(f"{name!r:.40} is not a coding loadgen inflates as it arrives")
+    return tuple(dict.fromkeys(names))
 
 
 def number_text(value: float) -> str:

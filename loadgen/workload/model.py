@@ -48,6 +48,11 @@ SPAN_WHY = "31 days, the longest schedule loadgen plans"
 MAX_SEED = 2**63 - 1
 REQUEST_ID_FORMATS = ("uuid", "counter")
 REQUEST_ID_BODY = ("auto", "on", "off")  # loadgen.engine.request_ids.BODY_FIELDS
+# The content codings loadgen can ask for and inflate as they arrive, and what it asks for
+# when told to accept compression without naming codings: the OpenAI SDK's (httpx's)
+# `Accept-Encoding: gzip, deflate`.
+CONTENT_CODINGS = ("gzip", "deflate")
+CLIENT_CODINGS = ("gzip", "deflate")
 
 # How the workload fingerprint (`workload.identity`) treats a field (its metadata).
 FINGERPRINT = "fingerprint"
@@ -89,6 +94,15 @@ class TargetSpec:
     # The metrics endpoint's own headers (its credentials when they differ from the target's,
     # which are sent only to the target's origin); `${VAR}` read from the environment.
     server_metrics_headers: Mapping[str, str] = field(default_factory=dict, metadata=NOT_TRAFFIC)
+    # `Accept-Encoding` sent with every request (`--accept-encoding`), as the users' clients
+    # send it: () sends none. A compressed stream is inflated as it arrives and timed by the
+    # arrival of its compressed bytes, so a route that compresses (and holds back) event
+    # streams is measured as those clients see it.
+    accept_encoding: tuple[str, ...] = ()
+    # The path to the server is known to buffer (a proxy, gateway or CDN that holds streams
+    # back; `--path-buffers`): streams that arrive coalesced are judged as observed, not as
+    # unknown (`loadgen.analysis.delivery`). How runs are judged, not traffic.
+    path_buffers: bool = field(default=False, metadata=NOT_TRAFFIC)
 
 
 METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")

@@ -10,7 +10,12 @@ from dataclasses import replace
 
 from loadgen.adapters import APIS
 from loadgen.errors import OptionError
-from loadgen.workload.checks import check_schedule, number_text
+from loadgen.workload.checks import (
+    ACCEPT_ENCODING_FIX,
+    accept_encoding_codings,
+    check_schedule,
+    number_text,
+)
 from loadgen.workload.model import (
     CACHE_MODES,
     MAX_REQUESTS,
@@ -34,9 +39,12 @@ def override(
     force_output_tokens: bool | None = None,
     cache: str | None = None,
     confidence: float | None = None,
+    accept_encoding: str | None = None,
+    path_buffers: bool | None = None,
 ) -> WorkloadSpec:
     """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
-    `--model`, `--force-output-tokens` and `--cache` applied.
+    `--model`, `--force-output-tokens`, `--cache`, `--accept-encoding` and
+    `--path-buffers` applied.
 
     `requests` replaces every class's count; `duration_s` every open-loop class's duration
     (a closed-loop batch, `concurrency`, keeps its `requests` documents: it has no arrivals
@@ -45,10 +53,20 @@ def override(
     every class is scaled to in proportion to its own rate. `api` replaces `target.api`
     (the request path then follows the new API unless `target.path` is set); `model` and
     `force_output_tokens` replace theirs. `confidence` replaces every class's
-    `slo.confidence` (the level its targets are judged at).
+    `slo.confidence` (the level its targets are judged at). `accept_encoding` replaces
+    `target.accept_encoding` (codings, comma-separated; `none` sends none); `path_buffers`
+    replaces `target.path_buffers`.
     """
     _check_run_length(spec, requests, duration_s)
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
+    if accept_encoding is not None:
+        try:
+            codings = accept_encoding_codings(accept_encoding)
+        except ValueError as exc:
+            raise OptionError("--accept-encoding", str(exc), ACCEPT_ENCODING_FIX) from None
+        spec = replace(spec, target=replace(spec.target, accept_encoding=codings))
+    if path_buffers is not None:
+        spec = replace(spec, target=replace(spec.target, path_buffers=path_buffers))
     if cache is not None:
         if cache not in CACHE_MODES:
             raise OptionError("--cache", f"unknown mode {cache!r}",

@@ -23,9 +23,11 @@ from loadgen.adapters import APIS
 from loadgen.adapters.generic import GenericSpec, generic_spec
 from loadgen.workload import sections
 from loadgen.workload.checks import (
+    ACCEPT_ENCODING_FIX,
     API_KEY_HEADERS,
     CREDENTIAL_NAMES,
     ENV_REFERENCE,
+    accept_encoding_codings,
     check_schedule,
     header_problem,
     metrics_url_problem,
@@ -36,6 +38,7 @@ from loadgen.workload.inputs import WORKLOAD_MAX_BYTES, load_yaml, read_text
 from loadgen.workload.model import (
     CACHE_MODES,
     CLASS_KINDS,
+    CLIENT_CODINGS,
     DEFAULT_HOPS,
     MAX_CONCURRENCY,
     MAX_REQUESTS,
@@ -159,7 +162,21 @@ def _target(node: Node) -> TargetSpec:
             "server_metrics_interval_s", 1.0, minimum=0.05, maximum=3600
         ),
         server_metrics_headers=_metrics_headers(node),
+        accept_encoding=_accept_encoding(node),
+        path_buffers=node.boolean("path_buffers", False),
     )
+
+
+def _accept_encoding(node: Node) -> tuple[str, ...]:
+    """`target.accept_encoding`: true (the OpenAI SDK's `gzip, deflate`), false, or the
+    codings as a list or a comma-separated string, each one loadgen inflates."""
+    value = node.value.get("accept_encoding", False)
+    if isinstance(value, bool):
+        return CLIENT_CODINGS if value else ()
+    try:
+        return accept_encoding_codings(value)
+    except ValueError as exc:
+        raise node.error("accept_encoding", str(exc), ACCEPT_ENCODING_FIX) from None
 
 
 def _headers(node: Node) -> dict[str, str]:

@@ -131,7 +131,7 @@ def test_optional_blocks_appear_only_for_their_kind() -> None:
     assert not {"batch", "trajectory"} & set(chat)
     assert "judged_by" not in chat["slo"]
     assert (docs["slo"]["judged_by"], agent["slo"]["judged_by"]) == ("batch", "trajectory")
-    assert list(docs)[-2:] == ["batch", "stream_ends"]  # the optional block, then the newer one
+    assert list(docs)[-3:] == ["batch", "stream_ends", "delivery"]  # optional, then newer ones
 
 
 def test_a_damaged_summary_is_refused_with_the_key_that_is_wrong(tmp_path: Path) -> None:

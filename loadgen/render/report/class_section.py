@@ -25,7 +25,14 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
-from loadgen.render.terminal import bounds_text, fmt_ms, fmt_num, stream_notes, with_unit
+from loadgen.render.terminal import (
+    bounds_text,
+    delivery_notes,
+    fmt_ms,
+    fmt_num,
+    stream_notes,
+    with_unit,
+)
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
     BatchAudit,
@@ -58,6 +65,7 @@ def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
         _outcomes_table(cls),
         _percentile_table(cls),
         _tokens_table(cls, details),
+        _delivery_table(cls),
     ]
     if cls.models:
         blocks.append(_models_table(cls.models))
@@ -339,6 +347,25 @@ def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:
         ))  # fmt: skip
     rows.extend(("note", note) for note in stream_notes(cls))
     return Table("Tokens and stream ends", ("", ""), rows)
+
+
+def _delivery_table(cls: ClassAudit) -> Table:
+    """How the class's output arrived: reads, events per read, tokens per event, and the
+    streams that arrived coalesced (their share, and how their TPOT/ITL were judged)."""
+    d = cls.delivery
+    rows = [
+        ("streams (ok, with output) / network reads / output events",
+         f"{d.streams:,} / {d.reads:,} / {d.events:,}"),
+        ("events per read (the most of one stream)",
+         f"{num(d.events_per_read)} ({num(d.events_per_read_max)})"),
+        ("tokens per event", num(d.tokens_per_event)),
+        (f"coalesced streams (half their reads at {d.coalesced_at_events}+ events)",
+         f"{d.coalesced:,}: {pct(d.coalesced_share)} of streams, "
+         f"{pct(d.coalesced_token_share)} of output tokens"),
+    ]  # fmt: skip
+    if d.coalesced:
+        rows.append(("note", "; ".join(note for note, _ in delivery_notes(cls))))
+    return Table("Delivery (how the output arrived)", ("", ""), rows)
 
 
 def _errors_table(errors: Sequence[ErrorCount]) -> Table:
