@@ -31,6 +31,7 @@ import re
 import socket
 import ssl
 import sys
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -197,8 +198,9 @@ def request_headers(
     endpoint: Endpoint, body_bytes: int, extra: Mapping[str, str]
 ) -> list[tuple[str, str]]:
     """The headers of every POST loadgen sends, in order: the engine's requests and the
-    preflight's are the same bytes (no Accept-Encoding: streams are read as sent). A
-    proxy's own header (`Proxy-Authorization`) is the connection's: `encode_request` adds it."""
+    preflight's are the same bytes (Accept-Encoding only when the endpoint's headers carry
+    it: `target.accept_encoding`, `--accept-encoding`). A proxy's own header
+    (`Proxy-Authorization`) is the connection's: `encode_request` adds it."""
     headers = [
         ("Host", host_header(endpoint)),
         ("Content-Type", "application/json"),
@@ -242,16 +244,38 @@ def http2_frame(data: bytes) -> bool:
     return len(data) >= 9 and data[3] in (0x04, 0x07) and data[5:9] == b"\x00\x00\x00\x00"
 
 
+# The content codings loadgen inflates as they arrive, each with its zlib window bits (a
+# `deflate` body is zlib-wrapped, as RFC 9110 says, or raw, as some servers send it: told
+# apart by its first two bytes).
+INFLATED = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+INFLATE_SLICE = 256 * 1024  # inflated bytes handed on at a time (a small body may inflate to GBs)
+
+
+def accepted_codings(headers: Mapping[str, str]) -> frozenset[str]:
+    """The codings of INFLATED an Accept-Encoding header among `headers` asks for (`q=0`
+    refuses one)."""
+    value = next((v for k, v in headers.items() if k.lower() == "accept-encoding"), "")
+    asked = set()
+    for item in value.split(","):
+        coding, _, params = item.strip().lower().partition(";")
+        if coding and params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            asked.add(coding.strip())
+    if "gzip" in asked:
+        asked.add("x-gzip")
+    return frozenset(asked & INFLATED.keys())
+
+
 def compression_note(endpoint: Endpoint) -> str:
-    """Why a compressed stream is refused, and what to change: loadgen times bytes as they
-    arrive, so it reads streams as sent; it asks for no compression unless told to."""
+    """Why a compressed stream is refused, and what to change: loadgen inflates gzip and
+    deflate when asked for them (`--accept-encoding`), and reads every other stream as sent."""
     asked = any(k.lower() == "accept-encoding" for k in endpoint.headers)
     if asked:
-        return ("because --header or target.headers asked for it (Accept-Encoding): "
-                "loadgen reads streams uncompressed; remove that header")  # fmt: skip
-    return ("although the request asked for none (no Accept-Encoding): loadgen reads "
-            "streams uncompressed; turn compression off for this route (e.g. a proxy's gzip "
-            "for text/event-stream)")  # fmt: skip
+        return ("that loadgen cannot read as it arrives (it inflates gzip and deflate): ask "
+                "for those only (--accept-encoding gzip,deflate), or remove the Accept-Encoding "
+                "header")  # fmt: skip
+    return ("although the request asked for none (no Accept-Encoding): turn compression off "
+            "for this route (e.g. a proxy's gzip for text/event-stream), or read it as clients "
+            "that accept gzip do: --accept-encoding")  # fmt: skip
 
 
 def probe_request(endpoint: Endpoint) -> bytes:
@@ -432,6 +456,7 @@ class Connection(asyncio.Protocol):
             data = self._read_head(data, sink, t_ns)
             if not self._in_body or self.sink is None:
                 return
+            sink = self.sink  # the exchange's, or the one inflating a compressed body for it
         if self._chunked:
             self._read_chunked(data, sink, t_ns)
         elif self._remaining >= 0:
@@ -494,8 +519,10 @@ class Connection(asyncio.Protocol):
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        encoding = headers.get("content-encoding", "identity").lower()
-        if status < 300 and encoding not in ("", "identity"):  # a stream, not an error body
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding in self.pool.codings:  # asked for: inflated as it arrives
+            self.sink = sink = Inflating(sink, encoding, self)
+        elif status < 300 and encoding not in ("", "identity"):  # a stream, not an error body
             note = compression_note(self.pool.endpoint)
             self._fail(sink, f"a compressed stream (Content-Encoding: {encoding:.40}) {note}", t_ns)
             return b""
@@ -616,6 +643,68 @@ class Connection(asyncio.Protocol):
         """The exchange gave up (deadline, cancel): the connection cannot be reused."""
         self.sink = None
         self._abort()
+
+
+class Inflating:
+    """The sink of a compressed response (a Content-Encoding asked for with Accept-Encoding):
+    each read is inflated as it arrives and handed on with that read's stamp, the arrival of
+    the compressed bytes, which is when a client that accepts compression has them too.
+    Bytes held back by the compressor (a proxy that flushes a deflate block only when it is
+    full) arrive late, as they do for such clients. Handed on `INFLATE_SLICE` at a time: a
+    body that inflates to gigabytes ends at the exchange's caps, never in memory at once.
+    """
+
+    __slots__ = ("_conn", "_encoding", "_inflater", "_pending", "_sink")
+
+    def __init__(self, sink: ExchangeSink, encoding: str, conn: Connection) -> None:
+        self._sink, self._encoding, self._conn = sink, encoding, conn
+        self._inflater: Any = None  # a zlib decompressor, once the first bytes tell which
+        self._pending = b""  # a deflate body's first byte, until its second says which kind
+
+    def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
+        self._sink.on_head(status, headers, t_ns)
+
+    def on_body(self, data: bytes, t_ns: int) -> None:
+        if self._inflater is None:
+            data = self._pending + data
+            if self._encoding == "deflate" and len(data) < 2:
+                self._pending = data
+                return
+            self._inflater = zlib.decompressobj(_window_bits(self._encoding, data))
+        try:
+            out = self._inflater.decompress(data, INFLATE_SLICE)
+            while True:
+                if out:
+                    self._sink.on_body(out, t_ns)
+                tail = self._inflater.unconsumed_tail
+                if not tail or self._conn.sink is not self:  # done, or the exchange ended
+                    return
+                out = self._inflater.decompress(tail, INFLATE_SLICE)
+        except zlib.error as exc:
+            reason = f"a {self._encoding} body that does not inflate ({exc})"
+            self._conn._fail(self._sink, reason, t_ns)  # the connection cannot be read on
+
+    def on_end(self, t_ns: int) -> None:
+        if self._inflater is not None:
+            try:
+                rest = self._inflater.flush()
+            except zlib.error:  # pragma: no cover - flush raises only on a corrupt stream
+                rest = b""
+            if rest:
+                self._sink.on_body(rest, t_ns)
+        self._sink.on_end(t_ns)
+
+    def on_lost(self, reason: str, got_response_bytes: bool, t_ns: int) -> None:
+        self._sink.on_lost(reason, got_response_bytes, t_ns)
+
+
+def _window_bits(encoding: str, first: bytes) -> int:
+    """zlib's window bits for a body of `encoding` that starts with `first`: a deflate
+    body without the zlib header (CMF/FLG: method 8, a multiple of 31) is raw deflate."""
+    zlib_header = (first[0] & 0x0F) == 8 and (first[0] << 8 | first[1]) % 31 == 0
+    if encoding == "deflate" and not zlib_header:
+        return -zlib.MAX_WBITS
+    return INFLATED[encoding]
 
 
 def _literal_address(host: str, port: int) -> tuple[int, Any] | None:
@@ -785,6 +874,7 @@ class Pool:
     ) -> None:
         self.endpoint = endpoint
         self.clock = clock
+        self.codings = accepted_codings(endpoint.headers)  # inflated as they arrive
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._ready: list[Connection] = []  # connections with stamped, unparsed reads

@@ -154,11 +154,17 @@ def engine_setup(
     """The endpoint and the engine's configuration (the same in every worker process).
 
     The endpoint carries the run's TLS settings and the proxy on the way to `base_url`; the
-    built-in simulator (no URL given) is on loopback and never behind a proxy."""
+    built-in simulator (no URL given) is on loopback and never behind a proxy.
+    `target.accept_encoding` is sent as the request's Accept-Encoding (replacing one given
+    as a header): the transport inflates what it asked for."""
     network = options.network
     builtin = (options.url or spec.target.url) is None
     proxy = None if builtin else network.proxy_for(base_url)
-    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, dict(headers),
+    headers = dict(headers)
+    if spec.target.accept_encoding:
+        headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
+        headers["Accept-Encoding"] = ", ".join(spec.target.accept_encoding)
+    endpoint = make_endpoint(base_url, spec.target.path or adapter.default_path, headers,
                              tls=network.tls, proxy=proxy)  # fmt: skip
     body_options = BodyOptions(
         model=spec.target.model,
