@@ -182,8 +182,8 @@ def class_audits(
     for name in [*objectives, *sorted(set(by_class) - set(objectives))]:
         objective = objectives.get(name)
         mine = by_class.get(name, rows.clear())
-        judged_unknown = bool(mine["coalesced"].any()) and not path_buffers
-        part = frame.filter(pl.col("class") == name) if objective or judged_unknown else None
+        coalesced = bool(mine["coalesced"].any())
+        part = frame.filter(pl.col("class") == name) if objective or coalesced else None
         block = audit_class(
             mine,
             metrics.itl_gaps_ms(frame, name),
@@ -193,7 +193,9 @@ def class_audits(
             duration_s=duration_s,
             rule=rule,
             delivery=delivery(mine, path_buffers=path_buffers),
-            unpaced=unpaced(mine, part) if judged_unknown and part is not None else None,
+            unpaced=unpaced(mine, part, observed=path_buffers)
+            if coalesced and part is not None
+            else None,
         )
         if objective is not None:
             assert part is not None

@@ -149,6 +149,7 @@ class Unpaced:
     itl_unknown_gaps: int
     coalesced: int  # the class's coalesced streams
     streams: int  # its ok requests that streamed output
+    observed: bool = False  # the path is declared to buffer: judged as observed, said so
 
     def unknown(self, metric: str) -> int:
         """Unknown values of `metric` (`tpot_ms`, `itl_ms`; 0 for the others)."""
@@ -159,9 +160,10 @@ class Unpaced:
         return self.tpot_ms if metric == "tpot_ms" else self.itl_ms
 
 
-def unpaced(rows: pl.DataFrame, part: pl.DataFrame) -> Unpaced:
+def unpaced(rows: pl.DataFrame, part: pl.DataFrame, *, observed: bool = False) -> Unpaced:
     """The split of one class's TPOT and ITL (`rows`: its `slo.per_request` rows, with
-    `coalesced`; `part`: its records, in the same order)."""
+    `coalesced`; `part`: its records, in the same order); `observed`: the path is declared
+    to buffer, and the checks take every value as observed, saying so."""
     ok = rows.get_column("outcome") == Outcome.OK.value
     flagged = rows.get_column("coalesced") & ok
     tpot = rows.filter(ok).select("tpot_ms", "coalesced").drop_nulls("tpot_ms")
@@ -181,6 +183,7 @@ def unpaced(rows: pl.DataFrame, part: pl.DataFrame) -> Unpaced:
         itl_unknown_gaps=int(unknown.get_column("gaps").list.len().sum()),
         coalesced=int(flagged.sum()),
         streams=int((ok & (rows.get_column("output_events") > 0)).sum()),
+        observed=observed,
     )
 
 

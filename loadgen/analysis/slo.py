@@ -384,8 +384,19 @@ def _unpaced_check(
     pace, so they are unknown. The upper bound ranks them worst (as failures), the lower
     bound best (0 ms): MET only when it holds whatever they were, MISSED only when it fails
     whatever they were, else INCONCLUSIVE saying why. `--verdict point` does the same with
-    the point estimates. The value shown is the observed percentile over every ok request."""
+    the point estimates. The value shown is the observed percentile over every ok request.
+    Where the path is declared to buffer (`unpaced.observed`), the check is the observed
+    one, and says so."""
     observed = _check(name, limit_ms, values, counts, p, level, rule)
+    metric = "TPOT" if name == "tpot_ms" else "ITL"
+    coalesced = (
+        f"{unpaced.coalesced:,} of {unpaced.streams:,} streams arrived coalesced (half their "
+        f"reads at {COALESCED_EVENTS}+ events)"
+    )
+    if unpaced.observed:
+        said = f"{coalesced}: judged as observed, as target.path_buffers says the path buffers"
+        note = said if observed.note is None else f"{observed.note}; {said}"
+        return replace(observed, note=note)
     known = unpaced.values(name)
     unknown = unpaced.unknown(name)
     ordered = known.to_numpy().astype(np.float64, copy=False)
@@ -411,15 +422,12 @@ def _unpaced_check(
         judged = MISSED
     else:
         judged = INCONCLUSIVE
-    metric = "TPOT" if name == "tpot_ms" else "ITL"
     note = (
-        f"{unpaced.coalesced:,} of {unpaced.streams:,} streams arrived coalesced (at least "
-        f"half of their reads carried {COALESCED_EVENTS}+ events): their {metric} is not the "
-        f"server's pace, so it is judged unknown (worst for the upper bound, best for the "
-        "lower); target.path_buffers: true (--path-buffers) judges it as observed"
+        f"{coalesced}: their {metric} is not the server's pace and is judged unknown (worst "
+        "for the upper bound, best for the lower); --path-buffers judges it as observed"
     )
     return replace(
-        observed, verdict=judged, passed=judged == MET, note=note,
+        observed, verdict=judged, passed=judged == MET, note=note, coalesced=unknown,
         low_ms=metrics.round_ms(low), high_ms=metrics.round_ms(high),
         low_open=low is None and worst_case.n > 0, high_open=high is None and worst_case.n > 0,
         needed=worst_case.needed if high is None else None,

@@ -313,8 +313,8 @@ def delivery_notes(cls: ClassAudit) -> list[tuple[str, str]]:
         return []
     figures = (
         f"{d.events_per_read:,.1f} events per network read (up to "
-        f"{d.events_per_read_max or 0:,.1f} in a stream), "
-        f"{_per(d.tokens_per_event)} tokens per event"
+        f"{d.events_per_read_max or 0:,.1f} in a stream), {_per(d.tokens_per_event)} tokens "
+        "per event"
     )
     if not d.coalesced:
         return [(
@@ -338,7 +338,7 @@ def delivery_notes(cls: ClassAudit) -> list[tuple[str, str]]:
 
 
 def _per(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.2f}".rstrip("0").rstrip(".")
+    return "—" if value is None else f"{value:,.2f}"
 
 
 def _share(value: float | None) -> str:
@@ -455,8 +455,9 @@ def check_line(name: str, check: Check) -> Text:
 
 
 def bounds_text(check: Check) -> str:
-    """`61.2–84.9 ms`, `61.2 ms–open (needs 299 requests)`, `61.2 ms–failure`: a check's
-    one-sided bounds, an open one with the requests that would close it."""
+    """`61.2–84.9 ms`, `61.2 ms–open (needs 299 requests)`, `61.2 ms–failure`, `0.00
+    ms–unknown` (a coalesced stream's): a check's one-sided bounds, an open one with the
+    requests that would close it."""
     if check.population == 0:
         return "none (no values)"
     low = "open" if check.low_open else "failure" if check.low_ms is None else None
@@ -464,8 +465,10 @@ def bounds_text(check: Check) -> str:
     if check.high_open:
         high = "open" if check.needed is None else (
             f"open (needs {check.needed:,} requests)")  # fmt: skip
+    elif check.high_ms is None:
+        high = "unknown" if check.coalesced else "failure"  # a coalesced stream's, or a failure
     else:
-        high = "failure" if check.high_ms is None else None
+        high = None
     if low is None and high is None:  # both numbers: one unit for the pair, the high one's
         unit = "s" if check.high_ms is not None and check.high_ms >= 10_000 else "ms"
         return f"{fmt_in(check.low_ms, unit)}–{with_unit(check.high_ms, unit)}"

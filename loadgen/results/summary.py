@@ -188,6 +188,10 @@ class Check:
     low_open: bool = False
     high_open: bool = False
     needed: int | None = None
+    # Values judged unknown: those of streams that arrived coalesced (`Delivery`), ranked
+    # worst for `high_ms` (None there: "unknown"), best for `low_ms`. None when there were
+    # none, or the path is declared to buffer (judged as observed: the note says so).
+    coalesced: int | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def judged(self) -> str:

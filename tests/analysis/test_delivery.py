@@ -174,14 +174,15 @@ def test_whole_responses_leave_tpot_and_itl_inconclusive_saying_why() -> None:
 
 
 def test_a_declared_buffering_path_is_judged_as_observed() -> None:
-    """With path_buffers the same records are judged as they arrived: MET, exit 0, and the
-    delivery block says the path was declared to buffer."""
+    """With path_buffers the same records are judged as they arrived: MET, exit 0, the TPOT
+    and ITL checks and the delivery block saying the path was declared to buffer."""
     records = [stream(i, [32]) for i in range(40)]
     summary = judged(records, path_buffers=True, ttft_ms=2000, tpot_ms=50, itl_ms=100,
                      percentile=90)  # fmt: skip
     assert (summary.verdict.status, summary.verdict.exit_code) == ("met", 0)
     assert summary.classes["chat"].delivery.path_buffers is True
-    assert all(c.note is None for c in summary.classes["chat"].slo.checks)
+    for check in summary.classes["chat"].slo.checks[1:]:
+        assert "judged as observed, as target.path_buffers says" in (check.note or "")
 
 
 def test_a_few_coalesced_streams_among_direct_ones_change_no_verdict() -> None:
