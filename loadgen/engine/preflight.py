@@ -24,9 +24,16 @@ run's (`engine.network`), nothing from httpx's own reading of the environment. W
 are named: a certificate that fails verification (which check, and the fix), a proxy that
 refuses the tunnel, a TLS handshake that fails or hangs (a plain-HTTP port behind
 `https://`), a proxy's error page, a stream cut after a silence, a redirect (not
-followed), a compressed stream, and an answer h11 cannot parse, after which a bare request
-(no header, query or body of the run's) is sent on a new, verified connection to see its
-first bytes (an HTTP/2-only server's SETTINGS frame).
+followed), a compressed stream the request did not ask for, and an answer h11 cannot parse,
+after which a bare request (no header, query or body of the run's) is sent on a new,
+verified connection to see its first bytes (an HTTP/2-only server's SETTINGS frame).
+
+Compression as the users' clients meet it: a run that asks for it (`--accept-encoding`)
+reads its preflight inflated, to its end, and is told when the route compresses event
+streams; a run that asks for none sends one more short request with the OpenAI SDK's
+`Accept-Encoding: gzip, deflate`, and when the route compresses it, warns with the first
+token such a client got beside the plain one (a proxy that compresses SSE may hold the
+stream until its buffer fills: the SDK waits for the whole response).
 
 `check_connection` is what `run --no-preflight` still does for https: one handshake,
 nothing sent, so that a certificate the client does not trust is exit 1, not a run of
@@ -59,6 +66,7 @@ from loadgen.engine.transport import (
     HTTP2_ANSWER,
     Endpoint,
     Pool,
+    accepted_codings,
     compression_note,
     connect_failure,
     http2_frame,
@@ -66,7 +74,7 @@ from loadgen.engine.transport import (
     request_headers,
 )
 from loadgen.errors import TargetError
-from loadgen.workload.spec import WorkloadSpec, is_secret_header
+from loadgen.workload.spec import CLIENT_CODINGS, WorkloadSpec, is_secret_header
 
 # Fields `target.force_output_tokens` adds so that every response has its planned length.
 FORCE_FIELDS = ("ignore_eos", "min_tokens")
@@ -95,6 +103,18 @@ def preflight_deadline(
 
 
 @dataclass(slots=True)
+class _Seen:
+    """How a compressed preflight stream arrived: its coding, its first token (ms after the
+    request was sent), and its output events and the reads that carried them (read to its
+    end: a short stream, under the same deadline)."""
+
+    encoding: str = ""
+    first_token_ms: float = 0.0
+    events: int = 0
+    reads: int = 0
+
+
+@dataclass(slots=True)
 class _Progress:
     """How far the preflight got: what a deadline message says it was waiting for."""
 
@@ -118,13 +138,61 @@ def preflight(
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     extra_headers: Mapping[str, str] | None = None,
     extra_fields: Mapping[str, object] | None = None,
-) -> None:
-    """Raise `TargetError` saying what is wrong and how to fix it; return when the target
-    streamed a generated token. Ends within `timeout_s`, whatever the server sends.
+) -> list[str]:
+    """Raise `TargetError` saying what is wrong and how to fix it; return, once the target
+    streamed a generated token, what the run should warn about (`compression`). Ends
+    within `timeout_s` (twice, with the compression probe), whatever the server sends.
 
     `extra_headers` and `extra_fields` are what the engine adds to each real request (its
     request id and priority header; a body `priority`), so the preflight sends them too.
     """
+    check = _checked(endpoint, adapter, options, timeout_s=timeout_s, deadline_why=deadline_why,
+                     redactor=redactor, max_event_bytes=max_event_bytes,
+                     extra_headers=extra_headers, extra_fields=extra_fields)  # fmt: skip
+    if check.codings:  # asked for: the preflight read what the run will read
+        return [compression_warning(check, None)] if check.compressed else []
+    probe = _checked(endpoint, adapter, options, timeout_s=timeout_s, deadline_why=deadline_why,
+                     redactor=redactor, max_event_bytes=max_event_bytes,
+                     extra_headers={**(extra_headers or {}), **CLIENT_ACCEPT},
+                     extra_fields=extra_fields)  # fmt: skip
+    return [compression_warning(probe, check)] if probe.compressed else []
+
+
+# What the users' clients send (the OpenAI SDK, through httpx): what the preflight probes a
+# route with when the run itself asks for no compression.
+CLIENT_ACCEPT = {"Accept-Encoding": ", ".join(CLIENT_CODINGS)}
+
+
+def compression_warning(compressed: _Check, plain: _Check | None) -> str:
+    """What clients that accept compression see on this route: its coding, when their first
+    token came and how the stream arrived; beside the plain stream's first token when the
+    run reads streams uncompressed (`plain`), with how to measure what they see."""
+    seen = compressed.seen
+    asked = compressed.extra_headers.get("Accept-Encoding") or next(
+        (v for k, v in compressed.endpoint.headers.items() if k.lower() == "accept-encoding"), ""
+    )
+    line = (
+        f"{compressed.shown} compresses event streams (Content-Encoding: {seen.encoding}) for "
+        f"clients that send Accept-Encoding: {asked} (the OpenAI SDK does): the preflight's "
+        f"first token reached such a client {seen.first_token_ms:,.0f} ms after it was sent, "
+        f"its {seen.events:,} output events in {seen.reads:,} read{'s' * (seen.reads != 1)}"
+    )
+    if plain is None:
+        return line + " (this run reads the streams as they do)"
+    return (
+        f"{line}; uncompressed, its first token came after {plain.seen.first_token_ms:,.0f} "
+        "ms. This run reads streams uncompressed, as those clients do not: add "
+        "--accept-encoding to measure what they see (or turn compression off for "
+        "text/event-stream on the route)"
+    )
+
+
+def _checked(
+    endpoint: Endpoint, adapter: Adapter, options: BodyOptions, *, timeout_s: float,
+    deadline_why: str, redactor: Redactor, max_event_bytes: int,
+    extra_headers: Mapping[str, str] | None, extra_fields: Mapping[str, object] | None,
+) -> _Check:  # fmt: skip
+    """One preflight request, checked (TargetError when it is not a stream of this API)."""
     shown = endpoint.origin + endpoint.target.split("?", 1)[0]
     progress = _Progress()
     started_ns = perf_counter_ns()
@@ -167,6 +235,7 @@ def preflight(
             elapsed_s = (perf_counter_ns() - started_ns) / 1e9
             reason = _cut_message(progress, elapsed_s, reason)
         raise TargetError(f"{shown}: {reason}") from None
+    return check
 
 
 def check_connection(endpoint: Endpoint, *, timeout_s: float = DEFAULT_DEADLINE_S) -> None:
@@ -302,6 +371,10 @@ class _Check:
         self.extra_headers: Mapping[str, str] = {}
         self.extra_fields: Mapping[str, object] = {}
         self.sent = ""  # what was sent, for a refusal's message
+        self.codings = accepted_codings(endpoint.headers)  # what the run inflates
+        self.compressed = False  # the answer came compressed (a coding it asked for)
+        self.seen = _Seen()
+        self.sent_ns = 0
 
     async def run(self, timeout_s: float) -> None:
         endpoint, adapter, options = self.endpoint, self.adapter, self.options
@@ -327,6 +400,7 @@ class _Check:
                     "POST", url, content=body, headers=headers,
                     extensions={"trace": self._trace},
                 )  # fmt: skip
+                self.sent_ns = perf_counter_ns()
                 response = await client.send(request, stream=True)
                 try:
                     await self._answer(response, optional)
@@ -367,7 +441,10 @@ class _Check:
                 "request's latency would include the hop); use the final URL in --url"
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
+        asked = accepted_codings({**self.endpoint.headers, **self.extra_headers})
+        if encoding in asked:
+            self.compressed, self.seen.encoding = True, encoding
+        elif encoding not in ("", "identity"):
             raise TargetError(
                 f"{self.shown} answered with a compressed stream (Content-Encoding: "
                 f"{self.redactor.quote(encoding, 40)}) {compression_note(self.endpoint)}"
@@ -399,12 +476,17 @@ class _Check:
         adapter, shown, progress = self.adapter, self.shown, self.progress
         quote = self.redactor.quote
         decoder = new_decoder(adapter, self.max_event_bytes)  # SSE or NDJSON, by the framing
+        seen = self.seen
+        # A compressed answer is inflated by httpx (gzip, deflate) as it arrives, and read to
+        # its end: how its events arrive is what a client that accepts compression sees.
+        chunks = response.aiter_bytes() if self.compressed else response.aiter_raw()
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in chunks:
                 progress.body_bytes += len(chunk)
                 progress.last_read_ns = perf_counter_ns()
                 events = decoder.feed(chunk)
                 progress.heartbeats = decoder.comments
+                carried = False
                 for event, data in events:
                     progress.events += 1
                     try:
@@ -419,7 +501,15 @@ class _Check:
                         shown_error = quote(delta.error, QUOTE_CHARS)
                         raise TargetError(f"{shown} sent an error event: {shown_error}")
                     if delta.has_output:
-                        return
+                        if not seen.events:
+                            seen.first_token_ms = (perf_counter_ns() - self.sent_ns) / 1e6
+                        seen.events += 1
+                        carried = True
+                        if not self.compressed:
+                            return
+                seen.reads += carried
+            if seen.events:
+                return
         except EventTooLarge as exc:
             raise TargetError(
                 f"{shown} sent {exc} after {progress.body_bytes:,} bytes (raise the class's "

@@ -254,7 +254,12 @@ def _execute(
             print(line, file=log)
             LOGGER.info("%s", line)
         if options.check_target:
-            _check_target(spec, options, endpoint, ready.adapter, config, redactor)
+            for note in _check_target(spec, options, endpoint, ready.adapter, config, redactor):
+                if options.quiet:  # still said, once: warnings reach stderr and the run's log
+                    LOGGER.warning("preflight: %s", note)
+                else:
+                    LOGGER.info("preflight: %s", note)
+                    print(f"preflight: {note}", file=log)
         else:  # still no certificate failure judged as the server's: exit 1 before t0
             check_connection(endpoint)
         info = begin(spec, options, endpoint, run_id=run_dir.name, planned=planned,
@@ -291,12 +296,13 @@ def _execute(
 def _check_target(
     spec: WorkloadSpec, options: RunOptions, endpoint: Endpoint, adapter: Adapter,
     config: EngineConfig, redactor: Redactor,
-) -> None:  # fmt: skip
-    """The preflight: one request to the target before any load (TargetError: exit 1)."""
+) -> list[str]:  # fmt: skip
+    """The preflight: one request to the target before any load (TargetError: exit 1), and
+    what it warns about (a route that compresses event streams)."""
     timeout_s, why = preflight_deadline(spec, options.preflight_timeout_s, options.watchdog_s)
     headers, fields = preflight_extras(spec, endpoint, config)
     try:
-        preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
+        return preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
                   deadline_why=why, redactor=redactor,
                   max_event_bytes=max(config.max_event_bytes.values()),
                   extra_headers=headers, extra_fields=fields)  # fmt: skip

@@ -20,6 +20,7 @@ import json
 import socket
 import struct
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from ssl import SSLContext
@@ -181,6 +182,31 @@ def simple_chat(tokens: int, *, gap_s: float = 0.0, first_delay_s: float = 0.0) 
     if first_delay_s:
         steps.insert(2, first_delay_s)  # after the head and the role chunk
     return steps
+
+
+def compressed_chat(
+    tokens: int, *, encoding: str = "gzip", wbits: int = 31, sync: bool = True,
+    gap_s: float = 0.0,
+) -> list[Step]:  # fmt: skip
+    """`simple_chat`'s events compressed with zlib `wbits` (31 gzip, 15 zlib, −15 raw
+    deflate) under `Content-Encoding: encoding`, `gap_s` apart: each flushed as written
+    (`sync`, as a server compressing a stream should), or left to the compressor, which
+    writes a block only when it fills or the stream ends (as a proxy's gzip does)."""
+    events = [chat_chunk(role="assistant"), *(chat_chunk(f" w{i}") for i in range(tokens)),
+              chat_chunk(finish="stop"), chat_chunk(usage=usage(tokens), no_choices=True),
+              sse("[DONE]")]  # fmt: skip
+    compressor = zlib.compressobj(wbits=wbits)
+    steps: list[Step] = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
+        b"\r\nContent-Encoding: " + encoding.encode() + b"\r\n\r\n"
+    ]
+    for index, event in enumerate(events):
+        if index and gap_s:
+            steps.append(gap_s)
+        out = compressor.compress(event) + (compressor.flush(zlib.Z_SYNC_FLUSH) if sync else b"")
+        if out:
+            steps.append(chunk(out))
+    return [*steps, chunk(compressor.flush()), LAST_CHUNK]
 
 
 class ScriptedServer:

@@ -23,9 +23,8 @@ from loadgen.testing import (
     Step,
     chat_chunk,
     chunk,
+    compressed_chat,
     simple_chat,
-    sse,
-    usage,
 )
 from loadgen.testing.bufferproxy import ResponseEnds, held, stalled
 from loadgen.testing.virtual import run_scripted
@@ -98,25 +97,8 @@ def judged(records: list[RequestRecord]) -> Summary:
 def compressed(
     encoding: str = "gzip", *, wbits: int = 31, sync: bool = True, tokens: int = TOKENS
 ) -> list[Step]:
-    """A chat stream compressed with `wbits` (31 gzip, 15 zlib, −15 raw deflate), each event
-    flushed as it is written (`sync`, as a server compressing a stream should) or left to
-    the compressor, which writes a block only when it fills or the stream ends."""
-    events = [chat_chunk(role="assistant"), *(chat_chunk(f" w{i}") for i in range(tokens)),
-              chat_chunk(finish="stop"), chat_chunk(usage=usage(tokens), no_choices=True),
-              sse("[DONE]")]  # fmt: skip
-    compressor = zlib.compressobj(wbits=wbits)
-    steps: list[Step] = [
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-        b"Content-Encoding: " + encoding.encode() + b"\r\n\r\n"
-    ]
-    for index, event in enumerate(events):
-        if index:
-            steps.append(GAP_S)
-        out = compressor.compress(event) + (compressor.flush(zlib.Z_SYNC_FLUSH) if sync else b"")
-        if out:
-            steps.append(chunk(out))
-    steps += [chunk(compressor.flush()), LAST_CHUNK]
-    return steps
+    """The chat stream compressed (`loadgen.testing.compressed_chat`), 21.6 ms apart."""
+    return compressed_chat(tokens, encoding=encoding, wbits=wbits, sync=sync, gap_s=GAP_S)
 
 
 def test_a_flushed_gzip_stream_is_timed_as_the_plain_one() -> None:

@@ -309,19 +309,21 @@ def test_the_preflight_sends_the_real_requests_headers_byte_for_byte(
     workload: Path, tmp_path: Path
 ) -> None:
     """On the wire, the preflight's header lines are the real request's: the same names,
-    case, order and values (no Accept-Encoding, no Connection), the user's header too."""
+    case, order and values (no Accept-Encoding, no Connection), the user's header too; its
+    compression probe adds the OpenAI SDK's Accept-Encoding, and only that."""
     with ScriptedServer(lambda r: simple_chat(3)) as server:
         result = CliRunner().invoke(cli, [
             "run", str(workload), "--url", server.url, "--out", str(tmp_path), "--run-id", "r",
             "-q", "--lag-bound-ms", "1000", "--header", "X-Team: infra",
             "--verdict", "point"])  # fmt: skip  # 3 requests: see `invoke`
     assert result.exit_code == 0, result.output
-    preflight_head, *real_heads = [r.head for r in server.requests]
+    preflight_head, probe_head, *real_heads = [r.head for r in server.requests]
     assert len(real_heads) == REQUESTS
     assert all(_masked(h) == _masked(preflight_head) for h in real_heads)
     names = [line.split(b":")[0] for line in _masked(preflight_head)]
     assert names == [b"Host", b"Content-Type", b"Accept", b"Content-Length", b"User-Agent",
                      b"X-Team", b"X-Request-Id"]  # fmt: skip
+    assert _masked(probe_head) == [*_masked(preflight_head), b"Accept-Encoding: gzip, deflate"]
 
 
 def _compressed_sse(_request: ReceivedRequest) -> Iterator[Step]:
