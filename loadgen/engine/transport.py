@@ -256,13 +256,22 @@ def accepted_codings(headers: Mapping[str, str]) -> frozenset[str]:
     refuses one)."""
     value = next((v for k, v in headers.items() if k.lower() == "accept-encoding"), "")
     asked = set()
-    for item in value.split(","):
-        coding, _, params = item.strip().lower().partition(";")
-        if coding and params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
-            asked.add(coding.strip())
+    for item in value.lower().split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        weights = [p.partition("=")[2].strip() for p in params if p.startswith("q")]
+        if coding and not (weights and _is_zero(weights[0])):
+            asked.add(coding)
     if "gzip" in asked:
         asked.add("x-gzip")
     return frozenset(asked & INFLATED.keys())
+
+
+def _is_zero(weight: str) -> bool:
+    """A `q` weight of 0 (`0`, `0.0`, `0.000`): the coding is refused."""
+    try:
+        return float(weight) == 0.0
+    except ValueError:
+        return False
 
 
 def compression_note(endpoint: Endpoint) -> str:
@@ -659,7 +668,7 @@ class Inflating:
     def __init__(self, sink: ExchangeSink, encoding: str, conn: Connection) -> None:
         self._sink, self._encoding, self._conn = sink, encoding, conn
         self._inflater: Any = None  # a zlib decompressor, once the first bytes tell which
-        self._pending = b""  # a deflate body's first byte, until its second says which kind
+        self._pending = b""  # a body's first byte, until its second comes
 
     def on_head(self, status: int, headers: Mapping[str, str], t_ns: int) -> None:
         self._sink.on_head(status, headers, t_ns)
@@ -667,7 +676,7 @@ class Inflating:
     def on_body(self, data: bytes, t_ns: int) -> None:
         if self._inflater is None:
             data = self._pending + data
-            if self._encoding == "deflate" and len(data) < 2:
+            if len(data) < 2:  # a deflate body's first two bytes say which kind it is
                 self._pending = data
                 return
             self._inflater = zlib.decompressobj(_window_bits(self._encoding, data))
@@ -688,7 +697,7 @@ class Inflating:
         if self._inflater is not None:
             try:
                 rest = self._inflater.flush()
-            except zlib.error:  # pragma: no cover - flush raises only on a corrupt stream
+            except zlib.error:  # a corrupt tail: what inflated before it was handed on
                 rest = b""
             if rest:
                 self._sink.on_body(rest, t_ns)
@@ -701,10 +710,10 @@ class Inflating:
 def _window_bits(encoding: str, first: bytes) -> int:
     """zlib's window bits for a body of `encoding` that starts with `first`: a deflate
     body without the zlib header (CMF/FLG: method 8, a multiple of 31) is raw deflate."""
+    if encoding != "deflate":
+        return INFLATED[encoding]
     zlib_header = (first[0] & 0x0F) == 8 and (first[0] << 8 | first[1]) % 31 == 0
-    if encoding == "deflate" and not zlib_header:
-        return -zlib.MAX_WBITS
-    return INFLATED[encoding]
+    return INFLATED[encoding] if zlib_header else -zlib.MAX_WBITS
 
 
 def _literal_address(host: str, port: int) -> tuple[int, Any] | None:

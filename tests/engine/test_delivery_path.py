@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
+from loadgen.engine.transport import accepted_codings
 from loadgen.results.records import Outcome, RequestRecord, to_frame
 from loadgen.results.summary import Summary
 from loadgen.testing import (
@@ -198,3 +199,42 @@ def test_the_proxy_finds_each_response_end_however_bytes_are_split(cuts: list[in
         ends += [offset + end for end in finder.feed(stream[start:stop])]
         offset += stop - start
     assert ends == list(itertools.accumulate(len(r) for r in RESPONSES))
+
+
+@pytest.mark.parametrize("wbits", [31, 15, -15])
+def test_a_compressed_body_split_byte_by_byte_inflates_the_same(wbits: int) -> None:
+    """Every compressed byte in a read of its own (the first one alone, before the second
+    says which deflate it is): the same 32 tokens, ok."""
+    encoding = "gzip" if wbits == 31 else "deflate"
+    steps = compressed(encoding, wbits=wbits)
+    raw = _unchunk(b"".join(s for s in steps[1:-1] if isinstance(s, bytes)))
+    split: list[Step] = [steps[0], *(chunk(raw[i : i + 1]) for i in range(len(raw))), LAST_CHUNK]
+    record = one(split, headers=GZIP)
+    assert (record.outcome, record.output_tokens) == (Outcome.OK, 32)
+
+
+def _unchunk(body: bytes) -> bytes:
+    """The data of a chunked body's chunks, joined."""
+    out, pos = b"", 0
+    while pos < len(body):
+        end = body.index(b"\r\n", pos)
+        size = int(body[pos:end], 16)
+        out += body[end + 2 : end + 2 + size]
+        pos = end + 2 + size + 2
+    return out
+
+
+@pytest.mark.parametrize(
+    ("header", "codings"),
+    [
+        ("gzip, deflate", {"gzip", "x-gzip", "deflate"}),
+        ("GZIP;q=0.5, br", {"gzip", "x-gzip"}),
+        ("gzip;q=0, deflate;q=0.000", set()),
+        ("identity", set()),
+        ("", set()),
+    ],
+)
+def test_the_codings_asked_for_are_read_from_the_header(header: str, codings: set[str]) -> None:
+    """Accept-Encoding's codings, case-insensitive, weights read (q=0 refuses), those
+    loadgen inflates kept."""
+    assert accepted_codings({"Accept-Encoding": header}) == codings
