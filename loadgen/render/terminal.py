@@ -299,23 +299,35 @@ def stream_notes(cls: ClassAudit) -> list[str]:
     return notes
 
 
-# Events per read from which a class's delivery is shown even when no stream was coalesced:
-# some of its events shared reads (a server writing several at once, a late reader).
+# Events per read (or tokens per event) from which a class's delivery is shown when no stream
+# was coalesced: events shared reads (a server writing several at once, a late reader), or
+# carried several tokens (the server's own chunking).
 SHOWN_EVENTS_PER_READ = 1.5
 
 
 def delivery_notes(cls: ClassAudit) -> list[tuple[str, str]]:
     """How a class's output arrived, with its style: streams that arrived coalesced (their
     share of streams and tokens, and how their TPOT/ITL were judged), else the figures when
-    events shared reads noticeably; nothing for a stream read event by event."""
+    events shared reads or carried several tokens noticeably (the server's own chunking);
+    nothing for a stream read one token an event, an event a read."""
     d = cls.delivery
-    if d.events_per_read is None or (not d.coalesced and d.events_per_read < SHOWN_EVENTS_PER_READ):
+    if d.events_per_read is None:
+        return []
+    shared = d.events_per_read >= SHOWN_EVENTS_PER_READ
+    chunked = (d.tokens_per_event or 0.0) >= SHOWN_EVENTS_PER_READ
+    if not (d.coalesced or shared or chunked):
         return []
     figures = (
         f"{d.events_per_read:,.1f} events per network read (up to "
         f"{d.events_per_read_max or 0:,.1f} in a stream), {_per(d.tokens_per_event)} tokens "
         "per event"
     )
+    if not d.coalesced and not shared:
+        return [(
+            f"delivery: {figures}: the server's own chunking (several tokens an event, as "
+            "vLLM's --stream-interval makes them), read one event at a time: paced as "
+            "observed, ITL per event", "dim",
+        )]  # fmt: skip
     if not d.coalesced:
         return [(
             f"delivery: {figures}: events shared reads (the server writing several at once, "

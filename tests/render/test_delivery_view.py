@@ -3,6 +3,7 @@ JUnit and Markdown; a server writing a few events at once is shown with its figu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -73,6 +74,17 @@ def test_a_server_writing_a_few_events_at_once_is_shown_with_its_figures() -> No
     assert "delivery: 2.0 events per network read" in shown
     assert "COALESCED" not in shown
     assert "delivery" not in text(summary_of([stream(i, [1] * 32) for i in range(40)]))
+
+
+def test_the_servers_own_chunking_is_told_apart_from_a_held_back_stream() -> None:
+    """Events of 5 tokens each, one a read (vLLM's --stream-interval 5): a dim line naming the
+    server's chunking, 5.00 tokens per event, nothing coalesced, TPOT judged."""
+    records = [replace(stream(i, [1] * 32), output_tokens=160, chunk_tokens=(5,) * 32)
+               for i in range(40)]  # fmt: skip
+    shown = text(summary_of(records))
+    assert "1.0 events per network read (up to 1.0 in a stream), 5.00 tokens per event" in shown
+    assert "the server's own chunking" in shown
+    assert "COALESCED" not in shown
 
 
 def test_junit_and_markdown_name_the_delivery() -> None:
