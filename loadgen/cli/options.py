@@ -220,7 +220,8 @@ SPEC_OPTIONS: list[Decorator] = [
            help="Send Accept-Encoding as the users' clients do: alone, "
            f"'{', '.join(CLIENT_CODINGS)}' (the OpenAI SDK's); or the codings, e.g. gzip; none "
            "sends none. Replaces target.accept_encoding. Compressed streams are inflated as "
-           "they arrive and timed by the compressed bytes."),
+           "they arrive and timed by the compressed bytes. Put it after WORKLOAD, or give a "
+           "value."),
     option(VERDICT, "--path-buffers/--no-path-buffers", default=None,
            help="The path to the server is known to buffer (a proxy or gateway that holds "
            "streams back): streams that arrive coalesced are judged as observed, not "
