@@ -24,7 +24,9 @@ lag bound (5 ms) on at most 1 % of its sends. With each read late by 3g or more 
 probability q, independently, a stream of R reads is called coalesced with probability
 P(Binomial(R, q) ≥ R/2) (`direct_false_share`): 2.4e-8 for q = 1 % and R = 10, 6e-24 for
 R = 32. A stall of the client or of the box (a descheduled process: 100–500 ms on a loaded
-2-core host) makes one big read among small ones, which moves no median. Buffering moves
+2-core host) makes one big read among small ones, which moves no median (and such a
+stream's TPOT, first to last event, both on time, is still the server's; its ITL shows the
+burst as it came). Buffering moves
 every read: a B-byte block carries B / s events (s = 150–400 bytes a chat event: 10–27 per
 4 KiB), a whole response all of them. A stall longer than most of a stream looks like a
 whole response and is called coalesced: its pace was not seen either.
