@@ -222,6 +222,16 @@ class Judgement:
     needed: int | None = None
 
 
+def bounds_verdict(low: float | None, high: float | None, target: float) -> str:
+    """MET when the upper bound is closed and meets `target`, MISSED when the lower bound
+    is closed and misses it, else INCONCLUSIVE (see the module doc)."""
+    if high is not None and high <= target:
+        return MET
+    if low is not None and low > target:
+        return MISSED
+    return INCONCLUSIVE
+
+
 def judge_percentile(
     ordered: Values, p: float, target: float, level: float, *, failures: int = 0
 ) -> Judgement:
@@ -245,15 +255,9 @@ def judge_percentile(
         lower, upper = one_sided_ranks(n, q, level)
         low = at(lower) if lower >= 1 else None
         high = at(upper) if upper <= n else None
-    if high is not None and high <= target:
-        verdict = MET
-    elif low is not None and low > target:
-        verdict = MISSED
-    else:
-        verdict = INCONCLUSIVE
     needed = samples_needed(p, level) if high is None else None
-    return Judgement(value=value, low=low, high=high, verdict=verdict, n=n, confidence=level,
-                     needed=needed)  # fmt: skip
+    return Judgement(value=value, low=low, high=high, verdict=bounds_verdict(low, high, target),
+                     n=n, confidence=level, needed=needed)  # fmt: skip
 
 
 def judge_clustered(
@@ -298,15 +302,9 @@ def judge_clustered(
         lower, upper = one_sided_ranks(n, q, level)
         low = at(math.floor((lower - 1) * weight + 1e-9) + 1) if lower >= 1 else None
         high = at(upper * weight) if upper <= n else None
-    if high is not None and high <= target:
-        verdict = MET
-    elif low is not None and low > target:
-        verdict = MISSED
-    else:
-        verdict = INCONCLUSIVE
     needed = samples_needed(p, level) if high is None else None
-    return Judgement(value=value, low=low, high=high, verdict=verdict, n=n, confidence=level,
-                     needed=needed)  # fmt: skip
+    return Judgement(value=value, low=low, high=high, verdict=bounds_verdict(low, high, target),
+                     n=n, confidence=level, needed=needed)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -65,6 +65,7 @@ from loadgen.analysis.confidence import (
     MISSED,
     RULES,
     Judgement,
+    bounds_verdict,
     judge_clustered,
     judge_percentile,
     point_verdict,
@@ -416,12 +417,7 @@ def _unpaced_check(
         high, low = worst_case.high, best_case.low
     else:
         high, low = worst_case.value, best_case.value
-    if high is not None and high <= limit_ms:
-        judged = MET
-    elif low is not None and low > limit_ms:
-        judged = MISSED
-    else:
-        judged = INCONCLUSIVE
+    judged = bounds_verdict(low, high, limit_ms)
     note = (
         f"{coalesced}: their {metric} is not the server's pace and is judged unknown (worst "
         "for the upper bound, best for the lower); --path-buffers judges it as observed"
