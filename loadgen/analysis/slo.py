@@ -31,6 +31,12 @@ Breach accounting (every non-ok outcome is a miss of every SLO of its class):
   The point estimate stays the nearest-rank percentile of the gaps of ok requests, or a
   failure when the failures exceed the percentile's allowance at request level
   (failures > n - ceil(p/100 * n), n = the class's requests).
+- streams that arrived coalesced (`analysis.delivery`: held back on the way, or written in
+  bursts): their TPOT and ITL are not the server's pace, so the TPOT and ITL checks take
+  them as unknown, ranked worst for the upper bound and best (0) for the lower
+  (`_unpaced_check`); the point estimate shown is the observed one. Where the workload
+  says the path buffers (`target.path_buffers`), they are judged as observed, and the
+  check's note says so.
 - verdict (per class): the worst of its checks (missed, then inconclusive, then met);
   `met` is verdict == met. A check with no values to judge (e.g. TPOT when every response
   had one token, or no request came back ok) is missed: a promise nothing measured is not
