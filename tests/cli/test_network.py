@@ -20,6 +20,7 @@ from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
 
 REQUESTS = 6
+PREFLIGHT = 2  # the preflight and its compression probe (the OpenAI SDK's Accept-Encoding)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_cacert_is_the_one_trust_of_the_preflight_and_the_engine(
     """--cacert: the preflight and every request verify with it; run.json records the trust."""
     result = invoke(tmp_path, tls_server.url, "--cacert", str(ca_pem))
     assert result.exit_code == 0, result.output
-    assert len(tls_server.requests) == REQUESTS + 1  # the preflight's too
+    assert len(tls_server.requests) == REQUESTS + PREFLIGHT  # the preflight's too
     target = run_json(tmp_path)["target"]
     assert isinstance(target, dict)
     assert target["tls"] == {"verify": True, "trust": f"--cacert {ca_pem}",
@@ -141,13 +142,13 @@ def test_the_environment_proxy_and_no_proxy_are_taken(tmp_path: Path) -> None:
             ScriptedServer(lambda r: simple_chat(3)) as origin:  # fmt: skip
         env = {"HTTP_PROXY": proxy.url}
         assert invoke(tmp_path / "a", origin.url, env=env).exit_code == 0
-        assert len(proxy.requests) == REQUESTS + 1
+        assert len(proxy.requests) == REQUESTS + PREFLIGHT
         assert not origin.requests
         env_bypass = {**env, "NO_PROXY": "localhost,127.0.0.0/8"}
         assert invoke(tmp_path / "b", origin.url, env=env_bypass).exit_code == 0
         assert invoke(tmp_path / "c", origin.url, "--proxy", "none", env=env).exit_code == 0
-        assert len(proxy.requests) == REQUESTS + 1
-        assert len(origin.requests) == 2 * (REQUESTS + 1)
+        assert len(proxy.requests) == REQUESTS + PREFLIGHT
+        assert len(origin.requests) == 2 * (REQUESTS + PREFLIGHT)
 
 
 @pytest.mark.parametrize(

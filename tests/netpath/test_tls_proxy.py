@@ -130,7 +130,8 @@ def test_through_tinyproxy_one_tunnel_per_connection_and_none_when_bypassed(
     parts: dict[str, str], test_ca: netpath.TestCA, sim_url: str, tmp_path: Path
 ) -> None:
     """HTTPS_PROXY and --proxy: exit 0, and tinyproxy saw a CONNECT to nginx for the
-    preflight and for each connection the run opened (warm ones before t0 included);
+    preflight, its compression probe and each connection the run opened (warm ones before
+    t0 included);
     NO_PROXY naming the target: exit 0 and no CONNECT; an http target: absolute-form POSTs."""
     target = parts["trusted"]
     authority = target.removeprefix("https://")
@@ -145,7 +146,7 @@ def test_through_tinyproxy_one_tunnel_per_connection_and_none_when_bypassed(
             seen = netpath.requests(proxy)[before:]
             counts = run_json(tmp_path / how)["connections"]
             opened = counts["warm_opened"] + counts["opened_during_run"]
-            assert seen == [("CONNECT", authority)] * (1 + opened), (how, seen, counts)
+            assert seen == [("CONNECT", authority)] * (2 + opened), (how, seen, counts)
             shown = run_json(tmp_path / how)["target"]["proxy"]
             assert shown == f"{proxy.url} ({'HTTPS_PROXY' if how == 'env' else '--proxy'})"
         before = len(netpath.requests(proxy))
@@ -158,7 +159,8 @@ def test_through_tinyproxy_one_tunnel_per_connection_and_none_when_bypassed(
         result = run(tmp_path / "http", sim_url, env={"HTTP_PROXY": proxy.url})
         assert result.exit_code == 0, result.output
         seen = netpath.requests(proxy)[before:]
-        assert seen == [("POST", f"{sim_url}/v1/chat/completions")] * (1 + REQUESTS)
+        # the run's, the preflight's and its compression probe's
+        assert seen == [("POST", f"{sim_url}/v1/chat/completions")] * (2 + REQUESTS)
 
 
 def test_tinyproxy_with_basic_auth_takes_the_urls_credentials_and_refuses_without(
