@@ -258,12 +258,22 @@ class ScriptedServer:
         self._ready.set()
         async with server:
             await self._stop.wait()
+            # Close every connection now, on this loop: one left to the loop's teardown
+            # leaves its socket to the garbage collector (an unclosed-socket warning in
+            # whichever test runs then). A connection accepted just before the stop first
+            # finishes its set-up (closing the server under it, Python 3.11 leaves its socket
+            # unclosed), and every handler runs to its first await, where it is known.
+            for _ in range(3):
+                await asyncio.sleep(0)
             server.close()
-            # Close what is still open now, on this loop: a TLS connection left to the loop's
-            # teardown leaves its socket to the garbage collector (an unclosed-socket warning
-            # in whichever test runs then).
+            await asyncio.sleep(0)
+            handlers = asyncio.all_tasks() - {asyncio.current_task()}
             for writer in list(self._open):
                 writer.transport.abort()
+            for handler in handlers:
+                handler.cancel()
+            if handlers:
+                await asyncio.wait(handlers, timeout=5)
             for _ in range(3):
                 await asyncio.sleep(0)  # the aborts' connection_lost callbacks run
 
