@@ -52,7 +52,7 @@ from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
 from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, offered_rate
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
 UNDECIDED = INCONCLUSIVE  # a steady step whose SLOs are neither met nor missed: run longer
@@ -230,11 +230,10 @@ def required_requests(spec: WorkloadSpec, min_tail: int) -> dict[str, int]:
 
 
 def base_rate_per_s(spec: WorkloadSpec) -> float | None:
-    """The file's total arrival rate of open-loop classes (None when a class replays a trace)."""
-    rates = [c.arrival.mean_rate_per_s for c in spec.classes.values() if c.concurrency is None]
-    if any(r is None for r in rates):
-        return None
-    return sum(r for r in rates if r is not None)
+    """What load 1.0 means in rate mode: the file's open-loop arrivals per second
+    (`workload.spec.offered_rate`, the one definition `--rate` uses too); None when a class
+    replays a trace."""
+    return offered_rate(spec).per_s
 
 
 def audit_step(

@@ -52,11 +52,11 @@ from loadgen.render.capacity_view import (
     capacity_files,
     conclusion,
     judged_steps,
+    load_axis,
     rule_lines,
     start_line,
     step_lines,
     steps_table,
-    x_axis,
 )
 from loadgen.results.runfolder import read_summary
 from loadgen.results.write import write_files
@@ -96,14 +96,15 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     type=click.Choice(PARAMS),
     default="rate",
     show_default=True,
-    help="rate: multiply every class's arrival rate; max_in_flight: step a concurrency cap, "
-    "each class sending closed-loop so the cap stays full.",
+    help="rate: multiply every open-loop class's arrival rate (closed-loop batches run as "
+    "written); max_in_flight: step a concurrency cap, each class sending closed-loop so the "
+    "cap stays full.",
 )
 @option(
     SEARCH,
     "--start",
-    help="First load: a multiplier (0.5x) or total req/s (rate), a cap (max_in_flight). "
-    "Default 0.5x / 1.",
+    help="First load: a multiplier (0.5x) or the open-loop classes' total arrivals/s (rate), "
+    "a cap (max_in_flight). Default 0.5x / 1.",
 )
 @option(SEARCH, "--max", "maximum", help="Highest load to try. Default 16x / 256.")
 @option(
@@ -240,15 +241,15 @@ def capacity(
     proposed = _load_value(spec, param, proposed_limit, "--proposed-limit")
     out = out_dir or Path("reports") / f"capacity-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     console = output_console()
-    scale, unit = x_axis(spec, param)
+    axis = load_axis(spec, param)
     for rule in rule_lines(spec, min_tail, min_lifetimes, warmup_s, param):
         console.print(rule)
 
     def on_start(load: float, spec_at: WorkloadSpec) -> None:
-        console.print(start_line(load, spec_at, param, scale))
+        console.print(start_line(load, spec_at, axis))
 
     def on_step(step: Step) -> None:
-        for line in step_lines(step, param, scale):
+        for line in step_lines(step, axis):
             console.print(line)
         if (cached := step_cache_line(step)) is not None:
             console.print(cached)
@@ -270,13 +271,13 @@ def capacity(
             found = search(run_step, loads, resolution=resolution, integer=integer,
                            on_step=on_step)  # fmt: skip
         verdict = judge(found, proposed, safety_margin=safety_margin) if proposed else None
-        console.print(steps_table(found, param, scale))
+        console.print(steps_table(found, axis))
         base_rate = base_rate_per_s(spec) if param == "rate" else None
         settings = settings_json(param, loads, resolution, min_tail, min_lifetimes, warmup_s,
                                  safety_margin, proposed, base_rate, max_extend,
                                  base.verdict)  # fmt: skip
-        write_files(out, capacity_files(found, verdict, (scale, unit, base_rate), settings))
-        for line in conclusion(found, verdict, param, scale, safety_margin):
+        write_files(out, capacity_files(found, verdict, axis, settings))
+        for line in conclusion(found, verdict, axis, safety_margin):
             console.print(line)
         if judged_steps(found):
             console.print(f"knee plot, capacity.json and step runs: {out}")

@@ -202,7 +202,9 @@ COUNT_OPTIONS: list[Decorator] = [
            help="Requests (or sessions, trajectories) per class, replacing the file's."),
     option(LOAD, "--duration", type=FiniteFloat(0, MAX_SPAN_S, low_open=True),
            help="Seconds of arrivals per class, replacing the file's."),
-    option(LOAD, "--rate", help="Total req/s across classes (e.g. 8), or a multiplier (2x)."),
+    option(LOAD, "--rate", help="The open-loop classes' arrivals per second in all (e.g. 8; "
+           "each class keeps its share; closed-loop batches run as written), or a multiplier "
+           "of their rates (2x)."),
 ]  # fmt: skip
 
 SPEC_OPTIONS: list[Decorator] = [

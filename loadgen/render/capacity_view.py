@@ -8,6 +8,7 @@ Latencies are each class's SLO percentile (nearest rank) with failures ranked wo
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from rich import box
@@ -25,7 +26,6 @@ from loadgen.analysis.capacity import (
     Search,
     Step,
     Verdict,
-    base_rate_per_s,
     planned_size,
     required_requests,
     to_json,
@@ -33,24 +33,43 @@ from loadgen.analysis.capacity import (
 from loadgen.render.knee_plot import knee_png
 from loadgen.render.terminal import fmt_num, with_unit
 from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
-from loadgen.workload.spec import WorkloadSpec
+from loadgen.workload.spec import WorkloadSpec, offered_rate
 
 
-def x_axis(spec: WorkloadSpec, param: str) -> tuple[float, str]:
-    """What one load unit is on the page: req/s in rate mode when the rate is known."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadAxis:
+    """What a load of the search is on the page: in rate mode a multiplier of the file's
+    open-loop rate (`workload.spec.offered_rate`) shown with its total, else a cap."""
+
+    param: str
+    scale: float  # the unit per load: the file's open-loop rate (1.0 when unknown or a cap)
+    unit: str  # `req/s`, `sessions/s`, ...; "" when the total is unknown (a trace replay)
+    title: str  # the plot's axis title
+
+    def text(self, load: float) -> str:
+        """A load as the user gave it: `4 in flight`, `6x (12 req/s)`, or `2x`."""
+        if self.param == "max_in_flight":
+            return f"{load:g} in flight"
+        return f"{load:.3g}x ({load * self.scale:.3g} {self.unit})" if self.unit else f"{load:.3g}x"
+
+    def value(self, load: float) -> float:
+        """The load on the axis's own scale (its total in `unit`, or the cap)."""
+        return load * self.scale
+
+
+def load_axis(spec: WorkloadSpec, param: str) -> LoadAxis:
+    """The axis of a search over `param` for this workload."""
     if param == "max_in_flight":
-        return 1.0, "max in flight (concurrent requests)"
-    base = base_rate_per_s(spec)
-    if base is None:
-        return 1.0, "load (× the workload's rates)"
-    return base, "arrival rate (req/s, all classes)"
-
-
-def load_label(load: float, param: str, scale: float) -> str:
-    """A load as the user gave it: `4 in flight`, or `2x (16 req/s)`."""
-    if param == "max_in_flight":
-        return f"{load:g} in flight"
-    return f"{load:.3g}x ({load * scale:.3g} req/s)" if scale != 1.0 else f"{load:.3g}x"
+        return LoadAxis(param=param, scale=1.0, unit="",
+                        title="max in flight (concurrent requests)")  # fmt: skip
+    offered = offered_rate(spec)
+    if offered.per_s is None:
+        return LoadAxis(param=param, scale=1.0, unit="",
+                        title="load (× the workload's open-loop rates)")  # fmt: skip
+    outside = (f"; {', '.join(offered.closed_loop)} closed-loop, outside it"
+               if offered.closed_loop else "")  # fmt: skip
+    title = f"offered load ({offered.unit}: {', '.join(offered.open_loop)}{outside})"
+    return LoadAxis(param=param, scale=offered.per_s, unit=offered.unit, title=title)
 
 
 def rule_lines(
@@ -121,18 +140,16 @@ def evidence_line(step: Step) -> str:
     return " · ".join(parts)
 
 
-def start_line(load: float, spec_at: WorkloadSpec, param: str, scale: float) -> str:
+def start_line(load: float, spec_at: WorkloadSpec, axis: LoadAxis) -> str:
     """What a step is about to send: how long, how many requests."""
     seconds, requests = planned_size(spec_at)
     length = f"{seconds:,.0f} s of sending, " if seconds else ""
-    return f"running {load_label(load, param, scale)}: {length}~{requests:,.0f} requests"
+    return f"running {axis.text(load)}: {length}~{requests:,.0f} requests"
 
 
-def step_lines(step: Step, param: str, scale: float) -> list[Text | str]:
+def step_lines(step: Step, axis: LoadAxis) -> list[Text | str]:
     """A step's verdict with its reason, and its steady-state evidence when it has any."""
-    lines: list[Text | str] = [
-        Text.assemble(f"step {load_label(step.load, param, scale)}: ", status_text(step))
-    ]
+    lines: list[Text | str] = [Text.assemble(f"step {axis.text(step.load)}: ", status_text(step))]
     if step.steady is not None:
         lines.append(f"  {evidence_line(step)}")
     lines.extend(f"  {line}" for line in bounds_lines(step))
@@ -188,15 +205,15 @@ def status_text(step: Step) -> Text:
     return text
 
 
-def steps_table(found: Search, param: str, scale: float) -> Table:
+def steps_table(found: Search, axis: LoadAxis) -> Table:
     """One row per step, in load order: counts, attainment, goodput vs throughput, latencies."""
     names = sorted({n for s in found.steps for n in s.classes})
     required = max((c.required or 0 for s in found.steps for c in s.classes.values()), default=0)
     title = "capacity steps (after warm-up" + (f"; judged >= {required:,}" if required else "")
     table = Table(box=box.SIMPLE_HEAD, title=title + "; latencies in ms)")
     table.add_column("load", justify="right")
-    if param == "rate" and scale != 1.0:
-        table.add_column("req/s", justify="right")
+    if axis.unit:
+        table.add_column(axis.unit, justify="right")
     for heading in ("judged", "done\n%", "life-\ntimes", "in flight\nrise", "TTFT\nrise",
                     "attain.", "good\ntok/s", "thru\ntok/s"):  # fmt: skip
         table.add_column(heading, justify="right")
@@ -206,9 +223,9 @@ def steps_table(found: Search, param: str, scale: float) -> Table:
         table.add_column(f"{name}\nTPOT p{p:g}", justify="right")
     table.add_column("verdict")
     for step in sorted(found.steps, key=lambda s: s.load):
-        cells: list[str | Text] = [f"{step.load:.3g}" + ("x" if param == "rate" else "")]
-        if param == "rate" and scale != 1.0:
-            cells.append(f"{step.load * scale:.3g}")
+        cells: list[str | Text] = [f"{step.load:.3g}" + ("x" if axis.param == "rate" else "")]
+        if axis.unit:
+            cells.append(f"{axis.value(step.load):.3g}")
         cells += [
             f"{step.requests:,}",
             *_steady_cells(step),
@@ -263,13 +280,13 @@ def _ms(figures: ClassFigures | None, metric: str) -> str | Text:
 
 
 def conclusion(
-    found: Search, verdict: Verdict | None, param: str, scale: float, safety_margin: float
+    found: Search, verdict: Verdict | None, axis: LoadAxis, safety_margin: float
 ) -> list[Text]:
     lines = []
     stopped = found.stopped_by
     if stopped is not None and stopped.status == INVALID and not judged_steps(found):
         lines.append(Text(
-            f"no step was judged: at {load_label(stopped.load, param, scale)}, the first load, "
+            f"no step was judged: at {axis.text(stopped.load)}, the first load, "
             f"{stopped.note}; its numbers describe the client, not the server (exit 3): "
             "rerun on a bigger or quieter machine, with --workers, or a looser --lag-bound-ms",
             style="bold yellow",
@@ -277,50 +294,50 @@ def conclusion(
         return lines
     if stopped is not None and stopped.status == INVALID:
         lines.append(Text(
-            f"stopped at {load_label(stopped.load, param, scale)}: {stopped.note}; the search "
+            f"stopped at {axis.text(stopped.load)}: {stopped.note}; the search "
             "went no further, so loads above the highest pass stay unjudged", style="yellow",
         ))  # fmt: skip
     if found.capacity is not None:
         lines.append(Text(
             "over-saturated, the server served at most "
-            f"{load_label(found.capacity, param, scale)}; "
-            f"no load at or above {load_label(found.ceiling or 0, param, scale)} "
+            f"{axis.text(found.capacity)}; "
+            f"no load at or above {axis.text(found.ceiling or 0)} "
             f"({1 - RATE_TOLERANCE:.0%} of it) can pass"
         ))  # fmt: skip
     if found.highest_pass is None:
         lines.append(Text("no load passed every SLO: lower --start", style="bold red"))
     elif found.upper is None:
-        lines.append(Text(f"highest passing load {load_label(found.highest_pass, param, scale)}; "
+        lines.append(Text(f"highest passing load {axis.text(found.highest_pass)}; "
                           "no step failed, so the knee lies above it: raise --max"))  # fmt: skip
     else:
         if found.first_fail is not None and found.upper == found.first_fail:
-            bound = f"the first failing load {load_label(found.first_fail, param, scale)}"
+            bound = f"the first failing load {axis.text(found.first_fail)}"
         elif found.first_undecided is not None and found.upper == found.first_undecided:
             bound = (f"the first load still inconclusive when extended "
-                     f"{load_label(found.first_undecided, param, scale)}")  # fmt: skip
+                     f"{axis.text(found.first_undecided)}")  # fmt: skip
         else:
-            bound = f"the capacity bound {load_label(found.upper, param, scale)}"
+            bound = f"the capacity bound {axis.text(found.upper)}"
         lines.append(Text(
-            f"highest passing load {load_label(found.highest_pass, param, scale)}, "
+            f"highest passing load {axis.text(found.highest_pass)}, "
             f"{found.margin:.1%} below {bound}", style="bold",
         ))  # fmt: skip
         lines.append(Text(
-            f"the knee lies in [{load_label(found.highest_pass, param, scale)}, "
-            f"{load_label(found.upper, param, scale)}): shown to pass at the first, not "
+            f"the knee lies in [{axis.text(found.highest_pass)}, "
+            f"{axis.text(found.upper)}): shown to pass at the first, not "
             "shown to pass at the second"
         ))  # fmt: skip
     if verdict is not None:
-        lines.append(_verdict_line(verdict, param, scale, safety_margin))
+        lines.append(_verdict_line(verdict, axis, safety_margin))
     return lines
 
 
-def _verdict_line(verdict: Verdict, param: str, scale: float, safety_margin: float) -> Text:
+def _verdict_line(verdict: Verdict, axis: LoadAxis, safety_margin: float) -> Text:
     word = Text("PASS", style="bold green") if verdict.passed else Text("FAIL", style="bold red")
-    proposed = load_label(verdict.proposed, param, scale)
+    proposed = axis.text(verdict.proposed)
     if verdict.allowed is None:
         reason = "no load passed every SLO"
     else:
-        allowed = load_label(verdict.allowed, param, scale)
+        allowed = axis.text(verdict.allowed)
         relation = "<=" if verdict.passed else ">"
         reason = (f"{proposed} {relation} {allowed} = highest pass less the "
                   f"{safety_margin:.0%} safety margin")  # fmt: skip
@@ -328,17 +345,14 @@ def _verdict_line(verdict: Verdict, param: str, scale: float, safety_margin: flo
 
 
 def capacity_files(
-    found: Search, verdict: Verdict | None, axis: tuple[float, str, float | None],
-    settings: dict[str, Any],
-) -> dict[str, bytes]:  # fmt: skip
+    found: Search, verdict: Verdict | None, axis: LoadAxis, settings: dict[str, Any]
+) -> dict[str, bytes]:
     """capacity.json (`analysis.capacity.to_json`) and knee.png, for the command to write
-    (`results.write.write_files`); `axis` is the plot's (load scale, label) and the file's
-    total rate."""
-    scale, unit, base_rate = axis
-    data = to_json(found, verdict, settings, base_rate)
+    (`results.write.write_files`), on the search's `axis`."""
+    data = to_json(found, verdict, settings, axis.scale if axis.unit else None)
     files = {CAPACITY_FILE: (json.dumps(data, indent=2) + "\n").encode("utf-8")}
     if judged_steps(found):  # else there is nothing to draw: no knee.png, and the
-        files[KNEE_PLOT] = knee_png(found, x_scale=scale, x_label=unit)  # why is said
+        files[KNEE_PLOT] = knee_png(found, x_scale=axis.scale, x_label=axis.title)  # why is said
     return files
 
 

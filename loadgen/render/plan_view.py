@@ -13,7 +13,7 @@ from rich.text import Text
 from loadgen.analysis.sizing import class_sizes, planned_units, size_text
 from loadgen.workload.datasets import load_dataset
 from loadgen.workload.plans import RequestPlan
-from loadgen.workload.spec import ClassSpec, WorkloadSpec
+from loadgen.workload.spec import ClassSpec, WorkloadSpec, offered_rate
 
 NS_PER_S = 1e9
 
@@ -40,18 +40,36 @@ def render_plan(
         mine = [p for p in plans if p.class_name == name]
         table.add_row(name, *_class_cells(cls, mine))
     span = (plans[-1].intended_ns - plans[0].intended_ns) / NS_PER_S if plans else 0.0
-    rate = (len(plans) - 1) / span if span > 0 else float("nan")
     parts: list[RenderableType] = [
         table,
-        Text(
-            f"whole run: {len(plans)} requests over {span:,.1f} s "
-            f"(mean {rate:,.2f} req/s); nothing was sent"
-        ),
+        Text(f"whole run: {len(plans)} requests over {span:,.1f} s; nothing was sent"),
+        Text(offered_line(spec, plans)),
     ]
     parts.extend(Text(line) for line in source_lines(spec, plans))
     if show_schedule:
         parts.append(_schedule_table(plans))
     return Group(*parts)
+
+
+def offered_line(spec: WorkloadSpec, plans: Sequence[RequestPlan]) -> str:
+    """`offered load: 12 req/s (chat; summarize is a closed loop, outside it) asked; the
+    schedule plans 11.4 req/s`: the one rate `--rate` and `capacity` speak of
+    (`offered_rate`), as asked and as the sampled schedule has it (each open-loop class's
+    arrivals over its own span)."""
+    offered = offered_rate(spec)
+    planned = [_arrival_rate(spec.classes[name], [p for p in plans if p.class_name == name])
+               for name in offered.open_loop]  # fmt: skip
+    sampled = (f"; the schedule plans {sum(r for r in planned if r is not None):,.3g} "
+               f"{offered.unit}" if planned and None not in planned else "")  # fmt: skip
+    return f"offered load: {offered.describe()} asked{sampled}"
+
+
+def _arrival_rate(cls: ClassSpec, plans: Sequence[RequestPlan]) -> float | None:
+    """A class's planned arrivals per second: its arrivals (requests, or the first turns of
+    its sessions and trajectories) less one, over their span (None: fewer than two)."""
+    starts = [p for p in plans if not p.turn]
+    span = (starts[-1].intended_ns - starts[0].intended_ns) / NS_PER_S if len(starts) > 1 else 0.0
+    return (len(starts) - 1) / span if span > 0 else None
 
 
 def source_lines(spec: WorkloadSpec, plans: Sequence[RequestPlan]) -> list[str]:
@@ -106,7 +124,8 @@ def _class_cells(cls: ClassSpec, plans: Sequence[RequestPlan]) -> list[str]:
     if cls.concurrency is not None:
         starts = list(plans[:1])
     span = (starts[-1].intended_ns - starts[0].intended_ns) / NS_PER_S if len(starts) > 1 else 0.0
-    rate = f"{(len(starts) - 1) / span:,.2f}" if span > 0 else "-"
+    arrivals = _arrival_rate(cls, plans) if cls.concurrency is None else None
+    rate = "-" if arrivals is None else f"{arrivals:,.2f}"
     prompt = sum(p.prompt_tokens for p in plans)
     output = sum(p.output_tokens for p in plans)
     return [

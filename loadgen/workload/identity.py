@@ -72,6 +72,7 @@ from loadgen.workload.model import (
     TargetSpec,
     WorkloadSpec,
 )
+from loadgen.workload.overrides import offered_rate
 from loadgen.workload.plans import DEFAULT_TOOL_RESULT, is_agent_trace
 
 FINGERPRINT_CHARS = 16
@@ -210,11 +211,10 @@ def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
 
 
 def offered_rate_per_s(spec: WorkloadSpec) -> float | None:
-    """The mean offered arrival rate over all classes (None when a class replays a trace)."""
-    rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
-    if any(r is None for r in rates):
-        return None
-    return round(sum(r for r in rates if r is not None), 6)
+    """The open-loop classes' arrivals per second, summed (`overrides.offered_rate`, the
+    load `--rate` means; None when a class replays a trace)."""
+    total = offered_rate(spec).per_s
+    return None if total is None else round(total, 6)
 
 
 def identity(spec: WorkloadSpec, *, max_in_flight: int | None = None) -> dict[str, Any]:

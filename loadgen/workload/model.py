@@ -376,6 +376,18 @@ class ClassSpec:
     fanout: FanoutSpec | None = None
 
     @property
+    def arrival_unit(self) -> str | None:
+        """What one arrival of this class starts: `requests`, `sessions` (multi-turn chat, a
+        dataset's replayed conversations) or `trajectories` (agents); None for a closed loop
+        (`concurrency`), which has no arrivals: it sends as its requests end."""
+        if self.concurrency is not None:
+            return None
+        if self.kind == "agent":
+            return "trajectories"
+        replayed = self.dataset is not None and self.dataset.turns == "all"
+        return "sessions" if self.turns is not None or replayed else "requests"
+
+    @property
     def is_flow(self) -> bool:
         """True when requests depend on each other (sessions, trajectories, closed loop)."""
         return (

@@ -6,7 +6,7 @@ spec, and checked as the file is (`check_schedule`), naming the flag that went o
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from loadgen.adapters import APIS
 from loadgen.errors import OptionError
@@ -119,7 +119,8 @@ def _override_class(
         count, duration = requests, None
     elif duration_s is not None and cls.concurrency is None:
         count, duration = None, duration_s
-    return replace(cls, arrival=cls.arrival.scaled(scale), requests=count, duration_s=duration)
+    arrival = cls.arrival if cls.concurrency is not None else cls.arrival.scaled(scale)
+    return replace(cls, arrival=arrival, requests=count, duration_s=duration)
 
 
 def _override_target(
@@ -145,8 +146,55 @@ def _override_target(
     return target
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OfferedRate:
+    """The load a rate means: the arrivals per second of the workload's open-loop classes,
+    summed. `--rate N`, `capacity --param rate`'s loads and labels, and knee.png's axis all
+    read this one figure. A closed-loop class (`concurrency`) has no arrival rate (it sends
+    as its requests end), so it is outside the total and keeps its concurrency.
+
+    `per_s` is None when an open-loop class replays a trace (its rate is the trace's);
+    `unit` says what an arrival is: `req/s`, `sessions/s`, `trajectories/s`, or
+    `arrivals/s` when the open-loop classes count different things."""
+
+    per_s: float | None
+    unit: str
+    open_loop: tuple[str, ...]  # the classes it sums, in file order
+    closed_loop: tuple[str, ...]  # the classes outside it
+
+    def describe(self, per_s: float | None = None) -> str:
+        """`12 req/s (chat; summarize, a closed loop, is outside it)` at `per_s` (default
+        the file's own total)."""
+        value = self.per_s if per_s is None else per_s
+        total = "a trace's rate" if value is None else f"{value:.3g} {self.unit}"
+        classes = ", ".join(self.open_loop) or "no open-loop class"
+        if self.closed_loop:
+            names = ", ".join(self.closed_loop)
+            verb = "is a closed loop" if len(self.closed_loop) == 1 else "are closed loops"
+            return f"{total} ({classes}; {names} {verb}, outside it)"
+        return f"{total} ({classes})"
+
+
+_UNITS = {"requests": "req/s", "sessions": "sessions/s", "trajectories": "trajectories/s"}
+
+
+def offered_rate(spec: WorkloadSpec) -> OfferedRate:
+    """The workload's open-loop arrival rate as the file gives it (see `OfferedRate`)."""
+    open_loop = [c for c in spec.classes.values() if c.concurrency is None]
+    rates = [c.arrival.mean_rate_per_s for c in open_loop]
+    units = {c.arrival_unit for c in open_loop}
+    unit = _UNITS[str(next(iter(units)))] if len(units) == 1 else "arrivals/s"
+    return OfferedRate(
+        per_s=None if None in rates else sum(r for r in rates if r is not None),
+        unit=unit,
+        open_loop=tuple(c.name for c in open_loop),
+        closed_loop=tuple(c.name for c in spec.classes.values() if c.concurrency is not None),
+    )
+
+
 def rate_scale(spec: WorkloadSpec, rate: str) -> float:
-    """The factor `--rate` applies to every class's rate (see `override`)."""
+    """The factor `--rate` applies to every open-loop class's rate (see `override`): the
+    multiplier itself (`2x`), or a total over `offered_rate`'s (`12`)."""
     text = rate.strip().lower()
     try:
         value = float(text[:-1]) if text.endswith("x") else float(text)
@@ -156,14 +204,19 @@ def rate_scale(spec: WorkloadSpec, rate: str) -> float:
         raise OptionError(
             "--rate",
             f"must be a positive number or multiplier (got {rate!r})",
-            "e.g. --rate 8 (total req/s) or --rate 2x",
+            "e.g. --rate 8 (the open-loop classes' arrivals per second, in all) or --rate 2x",
         )
     if text.endswith("x"):
         return value
-    rates = [cls.arrival.mean_rate_per_s for cls in spec.classes.values()]
-    if any(r is None for r in rates):
+    offered = offered_rate(spec)
+    if not offered.open_loop:
+        raise OptionError(
+            "--rate", f"every class of {spec.source} is a closed loop: it has no arrival rate",
+            "set each class's concurrency in the file instead",
+        )  # fmt: skip
+    if offered.per_s is None:
         raise OptionError(
             "--rate", "a total rate cannot be split over trace-replay classes",
             "use a multiplier such as --rate 2x",
         )  # fmt: skip
-    return value / sum(r for r in rates if r is not None)
+    return value / offered.per_s

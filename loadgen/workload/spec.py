@@ -50,7 +50,7 @@ from loadgen.workload.model import (
     TraceSpec,
     WorkloadSpec,
 )
-from loadgen.workload.overrides import override, rate_scale
+from loadgen.workload.overrides import OfferedRate, offered_rate, override, rate_scale
 from loadgen.workload.parse import load, loads, parse
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "FanoutSpec",
     "LengthDist",
     "Limits",
+    "OfferedRate",
     "SecondsDist",
     "SharedPrefixSpec",
     "SloTargets",
@@ -89,6 +90,7 @@ __all__ = [
     "load",
     "loads",
     "metrics_url_problem",
+    "offered_rate",
     "override",
     "parse",
     "path_problem",
