@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from loadgen.render import plots
 from loadgen.results.records import RequestRecord
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, netpath, run_engine
+from loadgen.testing.busy import busy_loops
 from loadgen.testing.virtual import run_scripted
 from loadgen.workload.plans import RequestPlan
 
@@ -114,3 +115,11 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> netpath.TestCA:
     """A certificate authority of the module's own (trustme)."""
     return netpath.TestCA(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def busy_machine() -> Iterator[list[int]]:
+    """Two busy loops beside the test for its whole length (`loadgen.testing.busy`): a box
+    loaded like a shared CI runner. Yields their pids."""
+    with busy_loops(2) as pids:
+        yield pids

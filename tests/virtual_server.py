@@ -10,6 +10,7 @@ verdicts against exact physics quickly.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 import polars as pl
@@ -93,4 +94,52 @@ def closed_loop_frame(engine_config: EngineConfig, cap: int, count: int, tokens:
                     if next_id < count:
                         heapq.heappush(pending, (step.end_ns, next_id))
                         next_id += 1
+    return to_frame(records)
+
+
+def busy_client(period_ms: float, blocked_ms: float) -> Callable[[int], int]:
+    """A client whose event loop is taken from it for `blocked_ms` of every `period_ms` (busy
+    neighbours on its cores): anything due at t inside a block happens at the block's end.
+    Returns t ↦ how late (ns) something due at t (a send, a chunk's read) happens."""
+    period, blocked = round(period_ms * 1e6), round(blocked_ms * 1e6)
+
+    def late_ns(t_ns: int) -> int:
+        phase = t_ns % period
+        return blocked - phase if phase < blocked else 0
+
+    return late_ns
+
+
+def lagged_frame(
+    spec: WorkloadSpec, seed: int, late_ns: Callable[[int], int],
+    stamp_late_ns: Callable[[int], int] | None = None,
+) -> pl.DataFrame:  # fmt: skip
+    """Every planned request sent by a client that is `late_ns(t)` late at t: it dispatches
+    at intended + late(intended), the virtual engine sees the request then (the server's
+    own physics, bunched arrivals included), and every chunk is stamped late(t) after the
+    engine emitted it (`stamp_late_ns(t)` when given). One token per chunk, usage-counted,
+    as `open_loop_frame`."""
+    stamp = stamp_late_ns or late_ns
+    engine = config_from_mapping(spec.sim, spec.source).engine
+    plans = plan_run(spec, seed)
+    starts = {p.request_id: p.intended_ns + late_ns(p.intended_ns) for p in plans}
+    arrivals = [
+        (starts[p.request_id], SeqRequest(seq_id=p.request_id, prompt_tokens=p.prompt_tokens,
+                                          output_tokens=p.output_tokens))
+        for p in plans
+    ]  # fmt: skip
+    run = simulate(engine, arrivals)
+    records = []
+    for p in plans:
+        stamps = [t + stamp(t) for t in run.token_ns[p.request_id]]
+        chunks = tuple(int(c) for c in np.maximum.accumulate(np.array(stamps)))
+        records.append(RequestRecord(
+            request_id=p.request_id, class_name=p.class_name, intended_ns=p.intended_ns,
+            outcome=Outcome.OK, dispatched_ns=starts[p.request_id], sent_ns=starts[p.request_id],
+            first_token_ns=chunks[0], first_content_ns=chunks[0], last_token_ns=chunks[-1],
+            end_ns=chunks[-1], chunk_ns=chunks, chunk_tokens=(1,) * len(chunks),
+            output_tokens=len(chunks), token_source=TokenSource.USAGE,
+            prompt_tokens=p.prompt_tokens, prompt_tokens_target=p.prompt_tokens,
+            max_tokens=len(chunks),
+        ))  # fmt: skip
     return to_frame(records)

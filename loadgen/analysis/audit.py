@@ -24,13 +24,13 @@ from loadgen.analysis.confidence import INTERVAL
 from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.delivery import delivery, unpaced
+from loadgen.analysis.health import judge_client
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.results.runfolder import (
-    LAG_BOUND_MS,
     PARTS_DIR,
     RECORDS_FILE,
     SCHEMA_VERSION,
@@ -108,7 +108,7 @@ def audit(
     run_id: str,
     objectives: Mapping[str, Objective],
     planned: int,
-    lag_bound_ms: float = LAG_BOUND_MS,
+    lag_bound_ms: float | None = None,
     stopped: str | None = None,
     price: Price | None = None,
     rule: str = INTERVAL,
@@ -122,7 +122,9 @@ def audit(
     `slo.verdict`). With `price`, the summary has a `cost` block (`analysis.cost`). `rule`
     is how every check is judged (`interval`, `point`: see `analysis.slo`). `path_buffers`:
     the path is known to buffer (`target.path_buffers`), so streams that arrived coalesced
-    are judged as observed, not as unknown (`analysis.delivery`).
+    are judged as observed, not as unknown (`analysis.delivery`). The generator falls
+    behind only when its own time could have changed the verdict (`analysis.health`), or
+    its lag p99 passed `lag_bound_ms` when one is given.
     """
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
@@ -130,10 +132,13 @@ def audit(
     asked = {name: o.asked for name, o in objectives.items() if o.asked is not None}
     generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
                                          requested_rate_per_s=requested, asked=asked)  # fmt: skip
-    classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule,
+    rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
+    classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule, rows=rows,
                            path_buffers=path_buffers)  # fmt: skip
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}
+    else:
+        generator = judge_client(generator, rows, frame, classes, rule=rule)
     return Summary(
         schema_version=SCHEMA_VERSION,
         loadgen_version=__version__,
@@ -171,10 +176,13 @@ def class_audits(
     duration_s: float,
     rule: str = INTERVAL,
     path_buffers: bool = False,
+    rows: pl.DataFrame | None = None,
 ) -> dict[str, ClassAudit]:
     """Each class's block, judged by its objective and `rule`: `objectives`' classes first,
-    in order; with its delivery, coalesced streams judged as unknown unless `path_buffers`."""
-    rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
+    in order; with its delivery, coalesced streams judged as unknown unless `path_buffers`.
+    `rows`: `per_request`'s rows of `frame`, when the caller has them."""
+    if rows is None:
+        rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
     by_class = {str(k[0]): part for k, part in rows.partition_by("class", as_dict=True).items()}
     chunking = metrics.tokens_per_chunk(frame)
     ends = metrics.stream_ends(frame)

@@ -8,15 +8,20 @@ runs the steps, judges each with them.
 A step passes only when it reached a steady state at the offered load and met every SLO
 there (`audit_step`, with the evidence from `loadgen.analysis.steady`):
 
-1. the generator kept up (else the step is *invalid*: its numbers describe the client);
+1. the generator kept up, by the generator-health rule (`analysis.health`): no request
+   failed in the client, its sends kept the schedule's rate within RATE_TOLERANCE, and its
+   own time could not have changed the SLO verdict, unless the server failed the step on
+   its own (3, 4); else the step is *invalid*: its numbers describe the client;
 2. it is long enough: each class with a percentile SLO has its `min_requests` after the
    warm-up, and the judged part lasted at least `min_lifetimes` (20) mean lifetimes of its
    own requests (intended → end), so that a request's whole life repeats many times;
 3. it completed (any outcome) within RATE_TOLERANCE (3 %) of the offered rate over the
    judged part, and below the server's measured capacity (the highest ok-completion rate
    of any over-saturated step, less the same tolerance);
-4. neither the requests in flight nor the TTFT from intended rose across the judged part
-   beyond what the slices' scatter allows and beyond one request's worth of queue;
+4. neither the requests in flight nor the TTFT rose across the judged part beyond what
+   the slices' scatter allows and beyond one request's worth of queue (both timed from
+   each request's dispatch: a generator whose lag grows is judged by 1, not taken for a
+   queue at the server);
 5. every SLO was MET over the judged part, at its confidence (`analysis.slo`: the
    percentile's one-sided order-statistic bound meets the target), not merely its point
    estimate.
@@ -47,10 +52,10 @@ import polars as pl
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.confidence import INCONCLUSIVE, INTERVAL, MET, MISSED
+from loadgen.analysis.health import RATE_TOLERANCE as RATE_TOLERANCE  # re-exported: the one figure
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
-from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
 from loadgen.workload.spec import WorkloadSpec, offered_rate
 
@@ -58,7 +63,6 @@ PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
 UNDECIDED = INCONCLUSIVE  # a steady step whose SLOs are neither met nor missed: run longer
 SHORT = "short"  # internal: would pass but the step was too short; run again, longer
 NS_PER_S = 1_000_000_000
-RATE_TOLERANCE = 0.03  # "completed within a few percent of offered"
 MIN_LIFETIMES = 20.0  # the judged part lasts at least this many mean request lifetimes
 WARMUP_LIFETIMES = 2.0  # the warm-up lasts at least this many (the in-flight count settles)
 MAX_WARMUP_SHARE = 1 / 3  # the default warm-up never takes more of a step than this
@@ -244,11 +248,11 @@ def audit_step(
     min_tail: int,
     warmup_s: float | None,
     from_send: bool,
-    fell_behind: bool,
+    client_failed: bool,
     run_dir: str | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
     steady_checks: bool = True,
-    lag_bound_ms: float = LAG_BOUND_MS,
+    lag_bound_ms: float | None = None,
     rule: str = INTERVAL,
 ) -> Step:
     """Drop the warm-up, re-audit what is left, and give the step its status and reason.
@@ -256,8 +260,10 @@ def audit_step(
     Warm-up: records intended before first intended + `warmup_s`; by default the larger of
     10 % of the sending period and WARMUP_LIFETIMES mean lifetimes of the step's requests.
     `from_send` measures every latency from the send instead of the intended time
-    (closed-loop cap steps). `lag_bound_ms` is the run's: the re-audit judges the
-    generator by the same bound; `rule` judges the SLOs (`interval` or `point`).
+    (closed-loop cap steps). `client_failed`: requests of the whole run (warm-up included)
+    failed in the client itself. `lag_bound_ms` is the run's: the re-audit judges the
+    generator by the same rule (`analysis.health`) and bound; `rule` judges the SLOs
+    (`interval` or `point`).
     `steady_checks=False` is the old rule (counts and SLOs only), kept so tests can show
     what the steady-state checks catch.
     """
@@ -279,9 +285,9 @@ def audit_step(
         for name, block in summary.classes.items()
         if name in spec.classes
     }
-    steady = steadiness(frame, cut, end)
+    steady = steadiness(frame if from_send else _from_dispatch(frame), cut, end)
     status, note, capacity = _status(
-        summary, classes, steady, fell_behind, load=load, min_lifetimes=min_lifetimes,
+        summary, classes, steady, client_failed, load=load, min_lifetimes=min_lifetimes,
         closed_loop=from_send, steady_checks=steady_checks,
         served_load=served_load(frame, spec, load, cut, end),
     )  # fmt: skip
@@ -291,6 +297,13 @@ def audit_step(
         step, steady=steady, warmup_s=(cut - first) / NS_PER_S, min_lifetimes=min_lifetimes,
         capacity_load=capacity, closed_loop=from_send,
     )  # fmt: skip
+
+
+def _from_dispatch(frame: pl.DataFrame) -> pl.DataFrame:
+    """The records timed from each request's dispatch (the moment the generator started it):
+    the steady-state evidence is the server's, and the generator's own lag (its growth is
+    the rate its sends kept) is judged once, by `analysis.health`."""
+    return frame.with_columns(pl.coalesce("dispatched_ns", "intended_ns").alias("intended_ns"))
 
 
 def served_load(
@@ -372,7 +385,7 @@ def _status(
     summary: Summary,
     classes: Mapping[str, ClassFigures],
     steady: Steadiness,
-    fell_behind: bool,
+    client_failed: bool,
     *,
     load: float,
     min_lifetimes: float,
@@ -380,9 +393,21 @@ def _status(
     steady_checks: bool,
     served_load: float | None,
 ) -> tuple[str, str, float | None]:
-    """(status, reason, capacity load if over-saturated), the checks in the module's order."""
-    if fell_behind or summary.verdict.fell_behind:
-        return INVALID, "the generator fell behind (late sends, or client errors)", None
+    """(status, reason, capacity load if over-saturated), the checks in the module's order.
+
+    The generator's part (1) by `analysis.health`'s rule: a step is invalid when the client
+    failed, offered less than the load asked (its sends short of the schedule's rate), or
+    when its own time could have changed the SLO verdict and nothing the server did (its
+    completions, its queue) fails the step on its own."""
+    generator = summary.generator
+    if client_failed or generator.client_errors or _over_bound(summary):
+        return INVALID, f"the generator fell behind: {generator.reason or _CLIENT_FAILED}", None
+    shortfall = generator.rate_shortfall
+    if not closed_loop and shortfall is not None and shortfall > RATE_TOLERANCE:
+        return INVALID, (
+            f"the generator fell behind: it sent {shortfall:.1%} slower than scheduled (more "
+            f"than {RATE_TOLERANCE:.0%}), so the load asked was not applied"
+        ), None  # fmt: skip
     if closed_loop and steady_checks and steady.mean_in_flight < load * (1 - RATE_TOLERANCE):
         return INVALID, (
             f"the closed loop did not hold its cap: {steady.mean_in_flight:.3g} of {load:g} "
@@ -403,16 +428,21 @@ def _status(
         reasons.append(
             f"over-saturated: completed {steady.completed_per_s:.3g} of "
             f"{steady.offered_per_s:.3g} req/s offered ({share:.0%}), short by "
-            f"{shortfall(steady):.0f} requests (allowed {allowed_shortfall(steady):.0f})"
+            f"{shortfall_of(steady):.0f} requests (allowed {allowed_shortfall(steady):.0f})"
         )
     if steady_checks and not closed_loop:  # a closed loop's queue is bounded by its cap
         reasons += [f"{_SERIES[t.series]} rising {_rise(t)}" for t in steady.rising()]
+    moved = _client_moved(summary)
     missed = [name for name, c in classes.items() if c.verdict == MISSED]
-    if missed:
+    if missed and moved is None:
         reasons.append(f"missed: {', '.join(missed)}")
     if reasons:
         tail = [f"short: {', '.join(short)}"] if short else []
+        if moved is not None:
+            tail.append(f"its SLO verdict could be the client's: {moved}")
         return FAIL, "; ".join(reasons + tail), capacity
+    if moved is not None:
+        return INVALID, f"the generator fell behind: {generator.reason or moved}", None
     if short:
         return SHORT, f"shorter than the rule: {', '.join(short)}", None
     undecided = [f"{name} ({c.why})" for name, c in classes.items() if c.verdict == INCONCLUSIVE]
@@ -423,7 +453,27 @@ def _status(
     return PASS, "steady, every SLO met" if steady_checks else "every SLO met", None
 
 
-def shortfall(steady: Steadiness) -> int:
+_CLIENT_FAILED = "requests failed in the client itself (out of file descriptors or local ports)"
+
+
+def _over_bound(summary: Summary) -> bool:
+    """The judged part's send-lag p99 above a given --lag-bound-ms."""
+    bound, p99 = summary.generator.lag_bound_ms, summary.generator.lag_ms.p99
+    return bound is not None and p99 is not None and p99 > bound
+
+
+def _client_moved(summary: Summary) -> str | None:
+    """The checks whose verdict the client's own time could change, when that changes the
+    judged part's verdict (`analysis.health`); None when it could not."""
+    effect = summary.generator.client
+    if effect is None:
+        return None
+    if effect.client_out == effect.as_measured and effect.stamps_worst == effect.as_measured:
+        return None
+    return "; ".join(effect.moved)
+
+
+def shortfall_of(steady: Steadiness) -> int:
     """Requests offered over the judged part that it did not complete (its in-flight growth)."""
     return steady.offered - steady.completed
 
@@ -436,7 +486,7 @@ def allowed_shortfall(steady: Steadiness) -> float:
 
 def is_over_saturated(steady: Steadiness) -> bool:
     """Completed short of offered by more than `allowed_shortfall`."""
-    return steady.offered_per_s > 0 and shortfall(steady) > allowed_shortfall(steady)
+    return steady.offered_per_s > 0 and shortfall_of(steady) > allowed_shortfall(steady)
 
 
 _SERIES = {"in_flight": "in flight", "ttft_ms": "TTFT from intended"}

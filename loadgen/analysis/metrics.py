@@ -42,7 +42,6 @@ import polars as pl
 from loadgen.analysis.delivery import events, marked, reads
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
-from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.results.summary import (
     AskedLoad,
     FailureRankedStats,
@@ -294,86 +293,82 @@ def rate_per_s(times_ns: pl.Series) -> float | None:
     return (present.len() - 1) * NS_PER_S / span_ns
 
 
-def late_send_count(frame: pl.DataFrame, bound_ms: float) -> tuple[int, int]:
-    """(sends later than `bound_ms`, scheduled sends with a lag): the count `late_sends`
-    judges, over the same sends as `generator_health`'s lag (the schedule's own, not a
-    session's later turns). The report states it in words."""
-    present = _scheduled_lags_ms(frame).drop_nulls()
-    return int((present > bound_ms).sum()), present.len()
-
-
-def _scheduled_lags_ms(frame: pl.DataFrame) -> pl.Series:
-    """The start lag (ms) of every request the schedule placed (not a chained turn)."""
-    chained = pl.col("turn").fill_null(0) > 0 if "turn" in frame.columns else pl.lit(False)
-    lags = frame.select(_ms(_lag_ns()).alias("lag"), chained.alias("chained"))
-    return lags.filter(~pl.col("chained")).get_column("lag")
-
-
-def late_sends(lags_ms: pl.Series, bound_ms: float) -> bool:
-    """True when more than 1 % of the sends (and more than one) were later than the bound.
-
-    For 100 sends or more this is the nearest-rank p99 > bound; for a small run it keeps a
-    single startup straggler from invalidating the whole run.
-    """
-    present = lags_ms.drop_nulls()
-    late = int((present > bound_ms).sum())
-    return late > max(1.0, 0.01 * present.len())
+def lag_trend(intended_ns: pl.Series, lags_ms: pl.Series) -> float | None:
+    """The least-squares slope of the send lag on the intended time (seconds of lag gained
+    per second of schedule): 0 for a client that keeps up, however late each send is; > 0
+    for one that falls further behind as the run goes on. None with fewer than 3 sends or no
+    span. Robust to a single late straggler, which a first-to-last span is not."""
+    both = pl.DataFrame({"t": intended_ns, "lag": lags_ms}).drop_nulls()
+    if both.height < 3:
+        return None
+    t_s = both.get_column("t").cast(pl.Float64) / NS_PER_S
+    lag_s = both.get_column("lag") / 1000.0
+    spread = float(((t_s - t_s.mean()) ** 2).sum())
+    if spread <= 0:
+        return None
+    return float(((t_s - t_s.mean()) * (lag_s - lag_s.mean())).sum()) / spread
 
 
 def generator_health(
     frame: pl.DataFrame,
     *,
     planned: int,
-    lag_bound_ms: float = LAG_BOUND_MS,
+    lag_bound_ms: float | None = None,
     requested_rate_per_s: float | None = None,
     asked: Mapping[str, AskedLoad] | None = None,
 ) -> GeneratorHealth:
-    """How well the generator kept to its schedule: lag, and target vs achieved rate.
+    """How well the generator kept to its schedule: lag, and scheduled vs achieved rate.
 
     lag = dispatched_ns - intended_ns (sent_ns where a record has no dispatch time): how
-    late the scheduler started each request. `fell_behind` is true when its nearest-rank
-    p99 exceeds `lag_bound_ms`: the run's latencies then describe the generator, not the
-    server (more precisely: more than 1 % of sends, and more than one, were late; see
-    `late_sends`). Only requests the schedule placed count (single requests and the first turn
-    of a session, trajectory or batch): a later turn's intended time is the previous
-    turn's end plus a think time, so its lag is the client's reaction time, reported on
-    its own as `chained_lag_ms` (and included in that turn's TTFT). A request that failed in
-    the client itself (`client_error`: no file descriptor, no local port) also makes the
-    run fall behind: its numbers are then the client's limits. `send_lag_ms`
-    (sent - intended) also holds waits for an in-flight slot and
+    late the scheduler started each request. `lag_ms` is over the requests the schedule
+    placed (single requests and the first turn of a session, trajectory or batch): a later
+    turn's intended time is the previous turn's end plus a think time, so its lag is the
+    client's reaction time, reported on its own as `chained_lag_ms` (and included in that
+    turn's TTFT). `send_lag_ms` (sent - intended) also holds waits for an in-flight slot and
     connecting, which are charged to the requests, not to the generator. Requests never
-    started have no lag. Rates (see `rate_per_s`): target over the intended times of every
-    record, achieved over the start (dispatch, else send) times of the started ones.
+    started have no lag. Rates (see `rate_per_s`): scheduled over the intended times of every
+    record; achieved = scheduled / (1 + the lag's trend over the scheduled sends,
+    `lag_trend`), so `rate_shortfall` = 1 - achieved / scheduled.
+
+    `fell_behind` here is only what needs no verdict: a request that failed in the client
+    itself (`client_error`: no file descriptor, no local port), or a lag p99 above
+    `lag_bound_ms` when one is given. Whether the client's time could have changed the
+    verdict is `analysis.health.judge_client`'s, once the classes are judged.
     """
     chained = pl.col("turn").fill_null(0) > 0 if "turn" in frame.columns else pl.lit(False)
     lags = frame.select(
         _ms(_lag_ns()).alias("lag"),
         _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag"),
-        (pl.col("intended_ns") + _lag_ns()).alias("started_ns"),
+        pl.col("intended_ns"),
         chained.alias("chained"),
     )
     client_errors = int((frame.get_column("outcome") == Outcome.CLIENT_ERROR.value).sum())
-    scheduled = lags.filter(~pl.col("chained")).get_column("lag")
+    placed = lags.filter(~pl.col("chained"))
+    scheduled = placed.get_column("lag")
     reaction = lags.filter(pl.col("chained")).get_column("lag")
     target = rate_per_s(frame.get_column("intended_ns"))
-    achieved = rate_per_s(lags.get_column("started_ns"))
+    trend = lag_trend(placed.get_column("intended_ns"), scheduled)
+    achieved = None if target is None or trend is None else target / (1 + trend)
+    lag = lag_stats(scheduled)
+    over = lag_bound_ms is not None and lag.p99 is not None and lag.p99 > lag_bound_ms
     return GeneratorHealth(
         planned=planned,
         sent=int(frame.get_column("sent_ns").is_not_null().sum()),
         recorded=frame.height,
         retries=int(frame.get_column("retries").fill_null(0).sum()),
-        lag_ms=lag_stats(scheduled),
+        lag_ms=lag,
         send_lag_ms=lag_stats(lags.get_column("send_lag")),
         chained_lag_ms=lag_stats(reaction),
         target_rate_per_s=round(target, 3) if target is not None else None,
         achieved_rate_per_s=round(achieved, 3) if achieved is not None else None,
         client_errors=client_errors,
-        fell_behind=late_sends(scheduled, lag_bound_ms) or client_errors > 0,
+        fell_behind=client_errors > 0 or over,
         lag_bound_ms=lag_bound_ms,
         requested_rate_per_s=None
         if requested_rate_per_s is None
         else round(requested_rate_per_s, 3),
         asked=dict(asked or {}),
+        rate_shortfall=None if trend is None else round(1 - 1 / (1 + trend), 6),
     )
 
 

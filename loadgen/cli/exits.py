@@ -49,8 +49,9 @@ RUN_EXITS = exit_help(
     (EXIT_OK, "every SLO of every class met"),
     (EXIT_USAGE, "usage or configuration error (bad file, unreachable target)"),
     (EXIT_SLO_MISSED, "an SLO was missed"),
-    (EXIT_FELL_BEHIND, "the generator fell behind, or the client failed (out of disk space, file\n"
-                       "descriptors or permission mid-run): its numbers are not the server's"),
+    (EXIT_FELL_BEHIND, "the generator fell behind (its own time could have changed the verdict),\n"
+                       "or the client failed (out of disk space, file descriptors or permission\n"
+                       "mid-run): its numbers are not the server's"),
     (EXIT_WATCHDOG, "the watchdog stopped a run where nothing progressed; records are written"),
     (EXIT_INCOMPLETE, "incomplete (--ray): a shard's process was killed or its node lost; every\n"
                       "plan recorded, no verdict"),

@@ -2,13 +2,13 @@
 
 One row (and one JUnit testcase) per class per SLO check (a percentile target, failures
 ranked worst) and per objective (a summarization batch's deadline, an agent class's
-trajectory share), plus the generator's health: a run whose generator fell behind judges
-nothing of the server, so its case fails as `invalid`. A failure carries the measured
-value, its confidence bounds, the target and the request count. An inconclusive check
-(the target within its bounds, or too few requests to bound it) is a failure of type
-`inconclusive` saying how many requests would judge it: CI must not read it as a pass. A
-run that stopped before its end (Ctrl-C, the watchdog, a recovered kill) judges nothing:
-every case is skipped, saying how it stopped.
+trajectory share), plus the generator's health: a run whose client's own time could have
+changed its verdict (`analysis.health`) judges nothing of the server, so its case fails as
+`invalid`. A failure carries the measured value, its confidence bounds, the target and the
+request count. An inconclusive check (the target within its bounds, or too few requests to
+bound it) is a failure of type `inconclusive` saying how many requests would judge it: CI
+must not read it as a pass. A run that stopped before its end (Ctrl-C, the watchdog, a
+recovered kill) judges nothing: every case is skipped, saying how it stopped.
 The JUnit document comes from the one builder `loadgen compare --junit` uses
 (`render.junit`), the Markdown from the same table cells.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from loadgen.analysis.health import health_text, rate_text
 from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
 from loadgen.render.terminal import bounds_text
@@ -169,15 +170,20 @@ def share_bounds_text(t: TrajectoryAudit, confidence: float) -> str:
 
 
 def _generator_row(summary: Summary) -> Row:
+    """The generator-health rule (`analysis.health`) as one check: its figure (the send-lag
+    p99, and the rate the sends kept) and whether the client's time could have changed the
+    verdict, in the sentence the terminal prints."""
     g = summary.generator
     lag = g.lag_ms.p99
-    measured = "none" if lag is None else f"{lag:,.2f} ms"
-    why = "" if not g.fell_behind else (
-        f"the generator fell behind: send lag p99 {measured} above the {g.lag_bound_ms:g} ms "
-        f"bound, over {g.sent:,} sends: the figures are the client's, not the server's"
-    )  # fmt: skip
-    return Row(class_name="generator", check="send lag p99", label="send lag p99",
-               measured=measured, target=f"≤ {g.lag_bound_ms:g} ms", requests=g.sent,
+    measured = f"send lag p99 {'none' if lag is None else f'{lag:,.3g} ms'}"
+    if g.rate_shortfall is not None:
+        measured += f"; scheduled rate: {rate_text(g.rate_shortfall)}"
+    target = "the verdict unchanged without the client's time"
+    if g.lag_bound_ms is not None:
+        target += f"; lag p99 ≤ {g.lag_bound_ms:g} ms (--lag-bound-ms)"
+    why = f"the generator fell behind: {health_text(g)}" if g.fell_behind else ""
+    return Row(class_name="generator", check="client time", label="client's time vs the verdict",
+               measured=measured, target=target, requests=g.sent,
                status="INVALID" if g.fell_behind else "ok", why=why)  # fmt: skip
 
 

@@ -139,9 +139,13 @@ def has_records(run_dir: Path) -> bool:
 SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as run.json keys
 
 
-SCHEMA_VERSION = 19  # 19: delivery (additive): records output_events, output_reads;
+LAG_RULE_SCHEMA = 20  # run.json's lag_bound_ms is a strict bound from this schema on
+SCHEMA_VERSION = 20  # 20: the generator-health rule (additive): summary.json generator.client
+# {stamp_error_ms, as_measured, client_out, stamps_worst, moved}, generator.rate_shortfall,
+# rate_shortfall_low and reason; run.json options.lag_bound_ms null unless given (a strict bound)
+# (19: delivery (additive): records output_events, output_reads;
 # summary.json classes.*.delivery, checks[].coalesced; run.json workload.spec.target
-# accept_encoding, path_buffers
+# accept_encoding, path_buffers)
 # (18: summary.json classes.*.stream_ends.usage_not_taken (additive):
 # usage above what the stream could carry, N counted from the stream)
 # (17: bounds on hostile input (additive): records unstamped_chunks,
@@ -280,15 +284,14 @@ class TargetInfo:
     proxy: str | None = field(default=None, metadata=OMIT_NONE)  # `http://host:port (SOURCE)`
 
 
-LAG_BOUND_MS = 5.0  # `--lag-bound-ms`: the send lag above which a send is late (its one default)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     """The command line's options that shaped the run (run.json's `options`)."""
 
     max_in_flight: int | None = None
-    lag_bound_ms: float = LAG_BOUND_MS
+    # `--lag-bound-ms`: a strict bound on the send-lag p99 when given (schema 17; before, a
+    # 5 ms default of the older rule, which a re-audit no longer applies: `RunInfo`)
+    lag_bound_ms: float | None = None
     grace_s: float = 5.0
     # `--price-per-hour` (one replica's, or the fleet's) and `--replicas`: the summary's cost
     price_per_hour: float | None = field(default=None, metadata=OMIT_NONE)
@@ -519,8 +522,12 @@ class RunInfo:
         return bool((spec.get("target") or {}).get("path_buffers", False))
 
     @property
-    def lag_bound_ms(self) -> float:
-        """The send lag above which a send was late (`--lag-bound-ms`)."""
+    def lag_bound_ms(self) -> float | None:
+        """`--lag-bound-ms` as the run was given it (None: no strict bound). A run written
+        before schema 20 recorded the older rule's 5 ms default whether given or not: it is
+        re-audited by the generator-health rule alone (`analysis.health`)."""
+        if (self.schema_version or 0) < LAG_RULE_SCHEMA:
+            return None
         return (self.options or RunSettings()).lag_bound_ms
 
     def classes(self) -> dict[str, RecordedClass]:

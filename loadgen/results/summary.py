@@ -437,8 +437,23 @@ class AskedLoad:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClientEffect:
+    """What the client's own time could do to the run's verdict (`analysis.health`): the
+    verdict as measured, with the client's time taken out (each request's send lag and the
+    stamp error out of its latencies: the server's best case), and with the stamps at their
+    worst for the server; `moved`, each check the client's time could move, in words."""
+
+    stamp_error_ms: float  # E: the send-lag p99, taken as how late any stamp may be
+    as_measured: str
+    client_out: str
+    stamps_worst: str
+    moved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GeneratorHealth:
-    """How well the generator kept to its schedule (see `analysis.metrics.generator_health`)."""
+    """How well the generator kept to its schedule (see `analysis.metrics.generator_health`)
+    and whether its own time could have changed the verdict (`analysis.health`)."""
 
     planned: int
     sent: int
@@ -450,22 +465,19 @@ class GeneratorHealth:
     target_rate_per_s: float | None
     achieved_rate_per_s: float | None
     client_errors: int
-    fell_behind: bool
-    lag_bound_ms: float
+    fell_behind: bool  # the run is no measure of the server: `reason` says why (exit 3)
+    lag_bound_ms: float | None  # `--lag-bound-ms`, a strict bound when given (None: none)
     # The rate the user asked for (the workload's arrival rates summed; None for traces,
     # closed-loop and chained work): `target_rate_per_s` is the sampled schedule's.
     requested_rate_per_s: float | None = None
     # Per class, what was asked in the class's own unit (sessions/s, a closed loop's
     # concurrency, ...): the rate asked where `requested_rate_per_s` has none to sum.
     asked: Mapping[str, AskedLoad] = field(default_factory=dict)
-
-    @property
-    def slow_reaction(self) -> bool:
-        """The client's own next-turn reaction (a closed loop's or a session's later
-        requests, inside their TTFT) had a p99 over the lag bound: the generator is near
-        its limit, and those turns' latencies carry its time. A warning, not a verdict."""
-        p99 = self.chained_lag_ms.p99
-        return p99 is not None and p99 > self.lag_bound_ms
+    # 1 − achieved / scheduled rate: how much less load the sends offered than scheduled
+    # (the send lag's least-squares trend; None with fewer than 3 scheduled sends).
+    rate_shortfall: float | None = None
+    client: ClientEffect | None = None  # None: a stopped run, or written before schema 17
+    reason: str | None = None  # why the run fell behind, in one sentence (None: it did not)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadgen.engine.network import Network
-from loadgen.results.runfolder import LAG_BOUND_MS
 from loadgen.workload.shards import Share
 
 
@@ -21,7 +20,7 @@ class RunOptions:
     run_id: str | None = None
     max_in_flight: int | None = None
     quiet: bool = False
-    lag_bound_ms: float = LAG_BOUND_MS
+    lag_bound_ms: float | None = None  # `--lag-bound-ms`: a strict bound when given
     grace_s: float = 5.0
     check_target: bool = True
     preflight_timeout_s: float | None = None  # None: the class deadlines (engine.preflight)

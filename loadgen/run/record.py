@@ -212,7 +212,7 @@ def process_info(
     pid: int,
     t0: T0,
     parent_t0: T0,
-    lag_bound_ms: float,
+    lag_bound_ms: float | None,
     exit_code: int | None = 0,
     connections: ConnectionCounts | None = None,
 ) -> ProcessInfo:
@@ -253,8 +253,11 @@ def total_connections(processes: Sequence[ProcessInfo]) -> ConnectionCounts | No
     )
 
 
-def late_share(frame: pl.DataFrame, lag_bound_ms: float) -> float | None:
-    """Share of the schedule's sends (singles and first turns) later than the bound."""
+def late_share(frame: pl.DataFrame, lag_bound_ms: float | None) -> float | None:
+    """Share of the schedule's sends (singles and first turns) later than `--lag-bound-ms`
+    (None without a bound, or without sends)."""
+    if lag_bound_ms is None:
+        return None
     lag_ns = pl.coalesce(pl.col("dispatched_ns"), pl.col("sent_ns")) - pl.col("intended_ns")
     scheduled = frame.filter(pl.col("turn").fill_null(0) == 0).select(lag_ns.alias("lag"))
     lags = scheduled.get_column("lag").drop_nulls()

@@ -74,7 +74,7 @@ from loadgen.analysis.capacity import (
 )
 from loadgen.analysis.confidence import INTERVAL
 from loadgen.errors import ConfigError
-from loadgen.results.runfolder import LAG_BOUND_MS, read_records
+from loadgen.results.runfolder import read_records
 from loadgen.run.cluster import RayOptions
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter
@@ -315,7 +315,7 @@ def step_runner(
     min_tail: int = 10,
     warmup_s: float | None = None,
     min_lifetimes: float = MIN_LIFETIMES,
-    lag_bound_ms: float = LAG_BOUND_MS,
+    lag_bound_ms: float | None = None,
     on_start: Callable[[float, WorkloadSpec], None] | None = None,
     max_extend: float = MAX_EXTEND,
     rule: str = INTERVAL,
@@ -323,7 +323,8 @@ def step_runner(
     """The real step function: plan the step, run it with `run_one`, audit it.
 
     `run_one(step_spec, max_in_flight, run_id)` runs the load and returns the records,
-    whether the generator fell behind, whether the run was interrupted, and its folder.
+    whether requests failed in the client itself, whether the run was interrupted, and its
+    folder (whether the generator kept up is judged on the step's judged part).
     Each step is planned on the lifetime measured at the highest passing step so far (×
     LIFETIME_CUSHION); one that comes out too short is run once more on its own lifetime.
     `on_start(load, step_spec)` is told before each run (to say how long it will take).
@@ -346,12 +347,12 @@ def step_runner(
         )  # fmt: skip
         if on_start is not None:
             on_start(load, spec_at)
-        frame, fell_behind, interrupted, run_dir = run_one(spec_at, cap, f"step-{count:02d}")
+        frame, client_failed, interrupted, run_dir = run_one(spec_at, cap, f"step-{count:02d}")
         if interrupted:
             return Step(load=load, status=INTERRUPTED, note="interrupted", run_dir=str(run_dir))
         step = audit_step(
             frame, spec_at, load, min_tail=min_tail, warmup_s=warmup_s,
-            from_send=param == "max_in_flight", fell_behind=fell_behind, run_dir=str(run_dir),
+            from_send=param == "max_in_flight", client_failed=client_failed, run_dir=str(run_dir),
             min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms, rule=rule,
         )  # fmt: skip
         return replace(step, extended=extend)
@@ -414,7 +415,7 @@ def extend_undecided(
 
 def run_one_against(
     url: str, *, out: Path, options: RunOptions | None = None, seed: int | None = None,
-    lag_bound_ms: float = LAG_BOUND_MS, quiet: bool = False, live: LiveExporter | None = None,
+    lag_bound_ms: float | None = None, quiet: bool = False, live: LiveExporter | None = None,
     price_per_hour: float | None = None, replicas: int = 1, ray: RayOptions | None = None,
 ) -> RunOne:  # fmt: skip
     """The real `run_one`: each step is one `loadgen run` (`run.execute`) against `url`,
@@ -441,8 +442,8 @@ def run_one_against(
             result = run_on_ray(spec, step, ray)
         else:
             result = execute(spec, step, live=live, warn_size=False)  # extended, not warned
-        fell_behind = result.summary.verdict.fell_behind
-        return read_records(result.run_dir), fell_behind, result.interrupted, result.run_dir
+        client_failed = result.summary.generator.client_errors > 0
+        return read_records(result.run_dir), client_failed, result.interrupted, result.run_dir
 
     return run_one
 

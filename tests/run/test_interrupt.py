@@ -21,7 +21,6 @@ import anyio
 import polars as pl
 import pytest
 
-from loadgen.analysis.metrics import late_sends
 from loadgen.results.recover import fill_unrecorded
 from loadgen.results.runfolder import read_records
 from loadgen.testing import ScriptedServer, head
@@ -76,13 +75,11 @@ def test_an_interrupt_records_every_plan_and_judges_nothing(tmp_path: Path, sig:
     assert cancelled == received - ok  # sent and unfinished: exactly what the server got
     assert outcome_ids(records, "not_sent") == set(range(60)) - received
     summary = json.loads((run_dir / "summary.json").read_text())
-    # Whether the generator fell behind is the machine's (a loaded one sends more than one
-    # request later than the default 5 ms): the verdict must say what the records measured.
+    # A stopped run has no verdict for the client's time to change: it never falls behind
+    # by the generator-health rule, however late a loaded machine sent.
     generator = summary["generator"]
-    sent = records.filter(pl.col("outcome") != "not_sent")
-    lags_ms = (pl.coalesce("dispatched_ns", "sent_ns") - pl.col("intended_ns")) / 1e6
-    behind = late_sends(sent.select(lags_ms).to_series(), generator["lag_bound_ms"])
-    assert summary["verdict"] == {"status": "interrupted", "slo_met": None, "fell_behind": behind,
+    assert (generator["client"], generator["reason"]) == (None, None)
+    assert summary["verdict"] == {"status": "interrupted", "slo_met": None, "fell_behind": False,
                                   "exit_code": 130, "rule": "interval"}, generator  # fmt: skip
     assert summary["classes"]["chat"]["slo"]["met"] is None
     assert summary["generator"]["recorded"] == 60

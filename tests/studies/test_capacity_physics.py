@@ -152,9 +152,9 @@ def test_a_count_only_step_passes_an_overload_that_the_steady_state_rule_fails()
     at, _ = step_spec(spec, 1.1, param="rate", min_tail=10, warmup_s=None)
     frame = open_loop_frame(at, seed=1)
     old = audit_step(frame, at, 1.1, min_tail=10, warmup_s=None, from_send=False,
-                     fell_behind=False, steady_checks=False)  # fmt: skip
+                     client_failed=False, steady_checks=False)  # fmt: skip
     new = audit_step(frame, at, 1.1, min_tail=10, warmup_s=None, from_send=False,
-                     fell_behind=False)  # fmt: skip
+                     client_failed=False)  # fmt: skip
     assert old.status == PASS
     assert new.status == FAIL
     assert "over-saturated" in new.note
@@ -171,7 +171,7 @@ def test_a_steady_step_below_mu_passes_every_check() -> None:
         spec, 0.7, param="rate", min_tail=10, warmup_s=None, lifetime_s=0.5 * LIFETIME_CUSHION
     )  # as step_runner plans it
     step = audit_step(open_loop_frame(at, seed=3), at, 0.7, min_tail=10, warmup_s=None,
-                      from_send=False, fell_behind=False)  # fmt: skip
+                      from_send=False, client_failed=False)  # fmt: skip
     assert step.status == PASS, step.note
     assert step.steady is not None
     assert step.steady.lifetime_s == pytest.approx(20 * 0.025, rel=0.15)
@@ -251,7 +251,7 @@ def test_a_closed_loop_step_with_a_rising_ttft_passes_on_its_slos() -> None:
     assert cap == 4
     frame = closed_loop_records(4, 2000, lambda t: 50 + 1.0 * t)
     closed = audit_step(frame, at, 4, min_tail=10, warmup_s=None, from_send=True,
-                        fell_behind=False)  # fmt: skip
+                        client_failed=False)  # fmt: skip
     assert closed.steady is not None
     assert [t.series for t in closed.steady.rising()] == ["ttft_ms"]
     assert closed.status == PASS, closed.note
@@ -259,7 +259,7 @@ def test_a_closed_loop_step_with_a_rising_ttft_passes_on_its_slos() -> None:
     assert closed.classes["chat"].ttft_ms is not None
     assert closed.classes["chat"].ttft_ms < 1000
     opened = audit_step(frame, at, 4, min_tail=10, warmup_s=None, from_send=False,
-                        fell_behind=False)  # fmt: skip
+                        client_failed=False)  # fmt: skip
     assert opened.status == FAIL
     assert "TTFT from intended rising" in opened.note
 
@@ -273,7 +273,7 @@ def test_a_closed_loop_that_does_not_hold_its_cap_is_invalid() -> None:
     at, _ = step_spec(spec, 14, param="max_in_flight", min_tail=10, warmup_s=None)
     frame = closed_loop_records(14, 400, lambda t: 100.0, start_ms=lambda k: 1000.0 * k)
     step = audit_step(frame, at, 14, min_tail=10, warmup_s=None, from_send=True,
-                      fell_behind=False, min_lifetimes=5)  # fmt: skip
+                      client_failed=False, min_lifetimes=5)  # fmt: skip
     assert step.steady is not None
     assert step.steady.mean_in_flight < 14 * (1 - RATE_TOLERANCE)
     assert 0 < step.steady.offered - step.steady.completed <= 14
@@ -281,7 +281,7 @@ def test_a_closed_loop_that_does_not_hold_its_cap_is_invalid() -> None:
     assert step.note.startswith("the closed loop did not hold its cap")
     steady = closed_loop_records(14, 400, lambda t: 100.0)  # all 14 from the start
     held = audit_step(steady, at, 14, min_tail=10, warmup_s=None, from_send=True,
-                      fell_behind=False, min_lifetimes=5)  # fmt: skip
+                      client_failed=False, min_lifetimes=5)  # fmt: skip
     assert held.steady is not None
     assert held.steady.mean_in_flight >= 14 * (1 - RATE_TOLERANCE)
     assert held.status == PASS, held.note

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from loadgen import __version__
+from loadgen.analysis.health import health_text
 from loadgen.analysis.slo import stop_of
 from loadgen.analysis.windows import MAX_WINDOWS, MIN_COVERAGE, MIN_REQUESTS_PER_WINDOW
 from loadgen.errors import LoadgenError
@@ -28,7 +29,7 @@ def document(report: RunReport) -> list[Block]:
     blocks: list[Block] = [Heading(1, f"loadgen report · {summary.run_id}")]
     blocks.extend(_banners(report))
     blocks.append(_run_table(report))
-    blocks.append(_generator_table(summary.generator, report.late_sends))
+    blocks.append(_generator_table(summary.generator))
     blocks.append(_classes_table(summary.classes))
     if summary.cost is not None:
         blocks.append(cost_table(summary.cost))
@@ -85,9 +86,8 @@ def _banners(report: RunReport) -> list[Block]:
     if generator.fell_behind:
         banners.append(
             Para(
-                f"GENERATOR FELL BEHIND: send lag p99 {with_unit(generator.lag_ms.p99)} "
-                f"> bound {generator.lag_bound_ms:g} ms. These latencies describe the load "
-                "generator, not the server.",
+                f"GENERATOR FELL BEHIND: {health_text(generator)}. These latencies cannot "
+                "tell the server's part from the client's.",
                 "bad",
             )
         )
@@ -156,13 +156,16 @@ def _utc(text: object) -> str:
         return "unknown"
 
 
-def _generator_table(generator: GeneratorHealth, late: tuple[int, int] | None = None) -> Table:
+def _generator_table(generator: GeneratorHealth) -> Table:
     """The generator's health in words and its rates, one unit per row: the rate asked
     (req/s, sessions/s, ...) on its own row, the request rates scheduled and achieved on
-    theirs. `late`: (sends later than the bound, scheduled sends), from the records."""
+    theirs."""
     lag, send = generator.lag_ms, generator.send_lag_ms
     rows = [
-        ("generator health", health_text(generator, late)),
+        (
+            "generator health",
+            f"{'FELL BEHIND' if generator.fell_behind else 'OK'} — {health_text(generator)}",
+        ),
         ("start lag p50 / p99 / max", " / ".join(map(with_unit, (lag.p50, lag.p99, lag.max)))),
         ("send lag p50 / p99 / max", " / ".join(map(with_unit, (send.p50, send.p99, send.max)))),
         *_reaction_rows(generator),
@@ -171,26 +174,14 @@ def _generator_table(generator: GeneratorHealth, late: tuple[int, int] | None = 
             "request rate scheduled",
             f"{num(generator.target_rate_per_s, ' req/s')} (over the sampled send times)",
         ),
-        ("request rate achieved", num(generator.achieved_rate_per_s, " req/s")),
+        (
+            "request rate achieved",
+            f"{num(generator.achieved_rate_per_s, ' req/s')} (the "
+            "scheduled rate less the send lag's trend)",
+        ),
         ("retries", f"{generator.retries:,}"),
     ]
     return Table("Generator health", ("", ""), rows)
-
-
-def health_text(generator: GeneratorHealth, late: tuple[int, int] | None) -> str:
-    """`OK — 0.2 % of sends (1 of 500) later than 5 ms (fails above 1 %, and above one
-    send)`: `metrics.late_sends`'s rule in words; FELL BEHIND when it failed."""
-    word = "FELL BEHIND" if generator.fell_behind else "OK"
-    rule = f"later than {generator.lag_bound_ms:g} ms (fails above 1 %, and above one send)"
-    if generator.client_errors:
-        return f"FELL BEHIND — {generator.client_errors:,} requests failed in the client itself"
-    if late is None or late[1] == 0:
-        return f"{word} — judged on the share of sends {rule}"
-    share = late[0] / late[1] * 100
-    # Later turns are sent on the previous answer, not on the schedule: their lag is the
-    # next-turn reaction (its own row), so they are not among the sends judged here.
-    placed = " placed by the schedule" if generator.chained_lag_ms.p99 is not None else ""
-    return f"{word} — {share:.1f} % of sends{placed} ({late[0]:,} of {late[1]:,}) {rule}"
 
 
 def _reaction_rows(generator: GeneratorHealth) -> list[tuple[str, str]]:
@@ -198,9 +189,7 @@ def _reaction_rows(generator: GeneratorHealth) -> list[tuple[str, str]]:
     react = generator.chained_lag_ms
     if react.p99 is None:
         return []
-    note = "the client's own, inside those turns' TTFT"
-    if generator.slow_reaction:
-        note += f"; SLOW: over {generator.lag_bound_ms:g} ms at p99, the generator near its limit"
+    note = "the client's own, inside those turns' TTFT, and taken out with the send lag"
     values = " / ".join(map(with_unit, (react.p50, react.p99, react.max)))
     return [("next-turn reaction p50 / p99 / max", f"{values} ({note})")]
 

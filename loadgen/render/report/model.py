@@ -117,7 +117,6 @@ class RunReport:
     server_timeline: pl.DataFrame | None = None  # `analysis.server.server_timeline`, if scraped
     window_chosen: bool = False  # window_s was chosen by the run's length, not given
     schedule_end_s: float | None = None  # when the run's arrivals ended (`windows`)
-    late_sends: tuple[int, int] | None = None  # `metrics.late_send_count`: (late, scheduled)
 
 
 def build_run_report(
@@ -203,7 +202,6 @@ def build_run_report(
         server_timeline=timeline,
         window_chosen=chosen,
         schedule_end_s=schedule_end_s,
-        late_sends=metrics.late_send_count(frame, summary.generator.lag_bound_ms),
     )
 
 

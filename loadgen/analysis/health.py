@@ -1,0 +1,190 @@
+"""The generator-health rule: could the client's own time have changed the run's verdict?
+
+Part of the audit (`analysis.audit.audit` calls `judge_client` once the classes are judged).
+Pure functions of the per-request rows (`slo.per_request`), the classes' audits and the
+generator's figures (`metrics.generator_health`).
+
+The physics. Every latency is measured from the request's *intended* send time, so:
+
+1. The send lag is charged. A request the client started L late (dispatch − intended, each
+   request its own, a later turn's reaction included) carries L in its TTFT and E2E: the
+   client's delay counts against the server, never for it.
+2. A busy client also stamps late. The event loop that wakes late for a send reads a
+   chunk's bytes late the same way, so any timestamp may be late by up to E, taken as the
+   run's send-lag p99 (the one figure the run prints for its client). A late stamp only
+   lengthens TTFT and E2E; it moves a TPOT by up to ±E/(N − 1) and an ITL gap by ±E.
+
+So every check is judged again, by the same rule and confidence, in two cases:
+
+- the server's best case: each request's own lag and E taken out of its TTFT and E2E,
+  E/(N − 1) out of its TPOT and E out of every ITL gap (never below 0);
+- its worst case: TTFT and E2E as measured (late stamps never shorten them), E/(N − 1)
+  added to every TPOT and E to every ITL gap.
+
+When the run's verdict is the same in both, the client's time could not have changed it:
+a MET that holds with the lag charged is conservative, and the run stands however late its
+sends were. When it is not (a MISSED whose margin is within the lag its requests carry, a
+TPOT MET within the stamp error), the figures cannot tell the server's part from the
+client's: the run *fell behind* (exit 3), and `ClientEffect.moved` names the checks.
+
+3. The load was offered. A client that cannot keep up sends slower than scheduled, so its
+   lag grows over the run: the least-squares trend of the send lag on the intended time
+   gives the achieved rate, scheduled / (1 + trend) (`metrics.generator_health`). A
+   shortfall beyond RATE_TOLERANCE offered the server less than was asked, which can hide
+   a miss: such a run stands only when it MISSED in both cases anyway (a lighter load
+   already missed).
+4. Requests that failed in the client itself (`client_error`), and a send-lag p99 above
+   `--lag-bound-ms` when one is given, make the run fall behind whatever its verdict.
+
+Objectives judged whole (a summarization batch's deadline, an agent class's trajectory
+share) keep their verdict as measured in both cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import polars as pl
+
+from loadgen.analysis import metrics
+from loadgen.analysis.confidence import MISSED, worst
+from loadgen.analysis.slo import slo_audit
+from loadgen.results.records import Outcome
+from loadgen.results.summary import Check, ClassAudit, ClientEffect, GeneratorHealth
+
+RATE_TOLERANCE = 0.03  # sends (and, in capacity, completions) within 3 % of the rate asked
+NO_GAPS = pl.Series("itl_ms", [], dtype=pl.Float64)
+LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+
+
+def judge_client(
+    generator: GeneratorHealth,
+    rows: pl.DataFrame,
+    frame: pl.DataFrame,
+    classes: Mapping[str, ClassAudit],
+    *,
+    rule: str,
+) -> GeneratorHealth:
+    """The generator's health with the rule applied (see the module): its `client` effect,
+    `fell_behind` and the one sentence saying why (`reason`, None when the run stands).
+
+    `rows` are `slo.per_request`'s rows of `frame`, `classes` the classes as audited."""
+    error_ms = generator.lag_ms.p99 or 0.0
+    measured, best, worst_case, moved = {}, {}, {}, []
+    for name, block in classes.items():
+        measured[name] = block.slo.judged or MISSED
+        if block.slo.judged_by is not None or not block.slo.checks:
+            best[name] = worst_case[name] = measured[name]
+            continue
+        mine = rows.filter(pl.col("class") == name)
+        gaps = metrics.itl_gaps_ms(frame, name) if block.slo.targets.itl_ms else NO_GAPS
+        cases = [rejudged(mine, gaps, block, error_ms, rule=rule, best=b) for b in (True, False)]
+        best[name], worst_case[name] = (worst([c.judged for c in case]) for case in cases)
+        moved += [
+            moved_text(name, check, *(case[i] for case in cases))
+            for i, check in enumerate(block.slo.checks)
+            if any(case[i].judged != check.judged for case in cases)
+        ]
+    effect = ClientEffect(
+        stamp_error_ms=round(error_ms, 3),
+        as_measured=worst(list(measured.values())),
+        client_out=worst(list(best.values())),
+        stamps_worst=worst(list(worst_case.values())),
+        moved=tuple(moved),
+    )
+    reason = client_reason(generator, effect)
+    return replace(generator, client=effect, fell_behind=reason is not None, reason=reason)
+
+
+def rejudged(
+    rows: pl.DataFrame, gaps_ms: pl.Series, block: ClassAudit, error_ms: float, *, rule: str,
+    best: bool,
+) -> tuple[Check, ...]:  # fmt: skip
+    """A class's checks judged again with the client's time at its largest against the
+    server taken out (`best`), or with the stamps at their worst for it (see the module)."""
+    ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
+    lag = pl.col("lag_ms").fill_null(0.0)
+    per_token = error_ms / (pl.col("output_tokens") - 1)
+    sign = -1.0 if best else 1.0
+    shifted = ok.select(
+        (pl.col("ttft_ms") - lag - error_ms).clip(lower_bound=0.0) if best else pl.col("ttft_ms"),
+        (pl.col("e2e_ms") - lag - error_ms).clip(lower_bound=0.0) if best else pl.col("e2e_ms"),
+        (pl.col("tpot_ms") + sign * per_token).clip(lower_bound=0.0),
+        pl.col("max_itl_ms"),
+    )
+    ok_ms = {name: shifted.get_column(name).drop_nulls().sort()
+             for name in ("ttft_ms", "e2e_ms", "tpot_ms")}  # fmt: skip
+    ok_ms["itl_ms"] = (gaps_ms + sign * error_ms).clip(lower_bound=0.0).sort()
+    audit = slo_audit(
+        ok_ms, requests=rows.height, failures=rows.height - ok.height, meeting=0,
+        targets=block.slo.targets, streamed=shifted.get_column("max_itl_ms").drop_nulls().len(),
+        rule=rule,
+    )  # fmt: skip
+    return audit.checks
+
+
+def moved_text(name: str, measured: Check, best: Check, worst_case: Check) -> str:
+    """`chat TTFT p90: MISSED as measured (95% bounds 1,012–1,090 ms, target ≤ 1,000 ms),
+    INCONCLUSIVE with the client's time taken out`: one check the client could move."""
+    label = f"{name} {LABELS.get(measured.metric, measured.metric)} p{measured.percentile or 0:g}"
+    bounds = ""
+    if measured.low_ms is not None and measured.high_ms is not None:
+        level = f"{measured.confidence:.0%} " if measured.confidence is not None else ""
+        bounds = f"{level}bounds {measured.low_ms:,.4g}–{measured.high_ms:,.4g} ms, "
+    target = f"target ≤ {measured.target_ms:,.4g} ms" if measured.target_ms is not None else ""
+    cases = []
+    if best.judged != measured.judged:
+        cases.append(f"{best.judged.upper()} with the client's time taken out")
+    if worst_case.judged != measured.judged:
+        cases.append(f"{worst_case.judged.upper()} with its stamps at their worst")
+    return (f"{label}: {measured.judged.upper()} as measured ({bounds}{target}), "
+            + " and ".join(cases))  # fmt: skip
+
+
+def client_reason(generator: GeneratorHealth, effect: ClientEffect) -> str | None:
+    """Why the run's figures are the client's, not the server's (None: the run stands)."""
+    if generator.client_errors:
+        return (f"{generator.client_errors:,} requests failed in the client itself (out of "
+                "file descriptors or local ports, or a worker process died: see the records' "
+                "error)")  # fmt: skip
+    bound, p99 = generator.lag_bound_ms, generator.lag_ms.p99
+    if bound is not None and p99 is not None and p99 > bound:
+        return f"the send lag p99 {p99:,.3g} ms is above --lag-bound-ms {bound:g}"
+    if effect.client_out != effect.as_measured or effect.stamps_worst != effect.as_measured:
+        return (f"the client's own time could have changed the verdict (send lag p99 "
+                f"{effect.stamp_error_ms:,.3g} ms, charged to each request and taken as how "
+                f"late any stamp may be): {'; '.join(effect.moved)}")  # fmt: skip
+    shortfall = generator.rate_shortfall
+    if shortfall is not None and shortfall > RATE_TOLERANCE and effect.as_measured != MISSED:
+        return (f"the client sent {shortfall:.1%} slower than scheduled (more than "
+                f"{RATE_TOLERANCE:.0%}: its send lag grew over the run), so the server was "
+                "offered less load than asked, and that could hide a miss")  # fmt: skip
+    return None
+
+
+def health_text(generator: GeneratorHealth) -> str:
+    """The rule's outcome in one sentence: the same on the terminal, in the report, JUnit
+    and Markdown. The run's figure is its send-lag p99 (charged, and taken as the stamp
+    error) and the rate its sends kept."""
+    if generator.fell_behind:
+        return generator.reason or (
+            "more than 1 % of sends later than the lag bound (a run judged by the rule before "
+            "the generator-health rule; `loadgen report` judges it again)"
+        )
+    if generator.client is None:
+        return "not judged (the run stopped before its end, or was judged before this rule)"
+    rate = generator.rate_shortfall
+    kept = "" if rate is None else f"; its sends kept the schedule's rate ({rate_text(rate)})"
+    return (f"the client's own time could not change the verdict: send lag p99 "
+            f"{generator.client.stamp_error_ms:,.3g} ms, charged to TTFT and E2E and taken as "
+            f"the stamp error{kept}")  # fmt: skip
+
+
+def rate_text(shortfall: float) -> str:
+    """`0.4% short, within 3%`, `0.2% ahead`, or `on it` (within 0.05 %)."""
+    if abs(shortfall) < 0.0005:
+        return "on it"
+    if shortfall < 0:
+        return f"{-shortfall:.1%} ahead"
+    return f"{shortfall:.1%} short, within {RATE_TOLERANCE:.0%}"
