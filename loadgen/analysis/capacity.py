@@ -53,6 +53,7 @@ import polars as pl
 from loadgen.analysis.audit import audit
 from loadgen.analysis.confidence import INCONCLUSIVE, INTERVAL, MET, MISSED
 from loadgen.analysis.health import RATE_TOLERANCE as RATE_TOLERANCE  # re-exported: the one figure
+from loadgen.analysis.health import short_of_rate
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
@@ -402,11 +403,11 @@ def _status(
     generator = summary.generator
     if client_failed or generator.client_errors or _over_bound(summary):
         return INVALID, f"the generator fell behind: {generator.reason or _CLIENT_FAILED}", None
-    shortfall = generator.rate_shortfall
-    if not closed_loop and shortfall is not None and shortfall > RATE_TOLERANCE:
+    if not closed_loop and short_of_rate(generator):
         return INVALID, (
-            f"the generator fell behind: it sent {shortfall:.1%} slower than scheduled (more "
-            f"than {RATE_TOLERANCE:.0%}), so the load asked was not applied"
+            f"the generator fell behind: it sent {generator.rate_shortfall:.1%} slower than "
+            f"scheduled (at least {generator.rate_shortfall_low:.1%}, more than "
+            f"{RATE_TOLERANCE:.0%}), so the load asked was not applied"
         ), None  # fmt: skip
     if closed_loop and steady_checks and steady.mean_in_flight < load * (1 - RATE_TOLERANCE):
         return INVALID, (

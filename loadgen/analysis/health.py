@@ -30,9 +30,10 @@ client's: the run *fell behind* (exit 3), and `ClientEffect.moved` names the che
 3. The load was offered. A client that cannot keep up sends slower than scheduled, so its
    lag grows over the run: the least-squares trend of the send lag on the intended time
    gives the achieved rate, scheduled / (1 + trend) (`metrics.generator_health`). A
-   shortfall beyond RATE_TOLERANCE offered the server less than was asked, which can hide
-   a miss: such a run stands only when it MISSED in both cases anyway (a lighter load
-   already missed).
+   shortfall beyond RATE_TOLERANCE, at the trend's one-sided 99.9 % lower bound (a few
+   late stragglers of a short run do not make a trend), offered the server less than was
+   asked, which can hide a miss: such a run stands only when it MISSED in both cases
+   anyway (a lighter load already missed).
 4. Requests that failed in the client itself (`client_error`), and a send-lag p99 above
    `--lag-bound-ms` when one is given, make the run fall behind whatever its verdict.
 
@@ -155,12 +156,19 @@ def client_reason(generator: GeneratorHealth, effect: ClientEffect) -> str | Non
         return (f"the client's own time could have changed the verdict (send lag p99 "
                 f"{effect.stamp_error_ms:,.3g} ms, charged to each request and taken as how "
                 f"late any stamp may be): {'; '.join(effect.moved)}")  # fmt: skip
-    shortfall = generator.rate_shortfall
-    if shortfall is not None and shortfall > RATE_TOLERANCE and effect.as_measured != MISSED:
-        return (f"the client sent {shortfall:.1%} slower than scheduled (more than "
-                f"{RATE_TOLERANCE:.0%}: its send lag grew over the run), so the server was "
-                "offered less load than asked, and that could hide a miss")  # fmt: skip
+    if short_of_rate(generator) and effect.as_measured != MISSED:
+        return (f"the client sent {generator.rate_shortfall:.1%} slower than scheduled (at "
+                f"least {generator.rate_shortfall_low:.1%}, more than {RATE_TOLERANCE:.0%}: its "
+                "send lag grew over the run), so the server was offered less load than asked, "
+                "and that could hide a miss")  # fmt: skip
     return None
+
+
+def short_of_rate(generator: GeneratorHealth) -> bool:
+    """The sends kept less than the scheduled rate less RATE_TOLERANCE, beyond the noise of
+    the lag's trend (its one-sided lower bound, `metrics.lag_trend`)."""
+    low = generator.rate_shortfall_low
+    return low is not None and low > RATE_TOLERANCE
 
 
 def health_text(generator: GeneratorHealth) -> str:

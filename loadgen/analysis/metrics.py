@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import polars as pl
 
 from loadgen.analysis.delivery import events, marked, reads
+from loadgen.analysis.repeats import t_quantile
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
@@ -293,20 +295,43 @@ def rate_per_s(times_ns: pl.Series) -> float | None:
     return (present.len() - 1) * NS_PER_S / span_ns
 
 
-def lag_trend(intended_ns: pl.Series, lags_ms: pl.Series) -> float | None:
+TREND_LEVEL = 0.999  # one-sided: a client keeping up is called short about once in 1,000
+
+
+@dataclass(frozen=True, slots=True)
+class LagTrend:
     """The least-squares slope of the send lag on the intended time (seconds of lag gained
-    per second of schedule): 0 for a client that keeps up, however late each send is; > 0
-    for one that falls further behind as the run goes on. None with fewer than 3 sends or no
-    span. Robust to a single late straggler, which a first-to-last span is not."""
+    per second of schedule) and its one-sided lower bound at TREND_LEVEL from the scatter
+    about the line (Student's t, n − 2 degrees of freedom)."""
+
+    slope: float
+    low: float
+
+
+def lag_trend(intended_ns: pl.Series, lags_ms: pl.Series) -> LagTrend | None:
+    """0 for a client that keeps up, however late each send is; > 0 for one that falls
+    further behind as the run goes on. Its lower bound keeps a few late stragglers of a
+    short run (one 24 ms send of five over 80 ms is a 4 % slope) from reading as a client
+    that cannot keep up. None with fewer than 3 sends or no span."""
     both = pl.DataFrame({"t": intended_ns, "lag": lags_ms}).drop_nulls()
     if both.height < 3:
         return None
-    t_s = both.get_column("t").cast(pl.Float64) / NS_PER_S
-    lag_s = both.get_column("lag") / 1000.0
-    spread = float(((t_s - t_s.mean()) ** 2).sum())
+    t_s = both.get_column("t").cast(pl.Float64).to_numpy() / NS_PER_S
+    lag_s = both.get_column("lag").cast(pl.Float64).to_numpy() / 1000.0
+    dt = t_s - t_s.mean()
+    spread = float((dt**2).sum())
     if spread <= 0:
         return None
-    return float(((t_s - t_s.mean()) * (lag_s - lag_s.mean())).sum()) / spread
+    slope = float((dt * (lag_s - lag_s.mean())).sum()) / spread
+    residuals = lag_s - lag_s.mean() - slope * dt
+    error = math.sqrt(float((residuals**2).sum()) / (both.height - 2) / spread)
+    return LagTrend(slope=slope, low=slope - t_quantile(TREND_LEVEL, both.height - 2) * error)
+
+
+def _shortfall(slope: float) -> float:
+    """1 − achieved / scheduled for a lag growing `slope` s per s: 1 − 1 / (1 + slope); a
+    slope (or a bound on one) below −0.5 reads as −0.5: far ahead, and finite."""
+    return round(1 - 1 / (1 + max(slope, -0.5)), 6)
 
 
 def generator_health(
@@ -328,7 +353,8 @@ def generator_health(
     connecting, which are charged to the requests, not to the generator. Requests never
     started have no lag. Rates (see `rate_per_s`): scheduled over the intended times of every
     record; achieved = scheduled / (1 + the lag's trend over the scheduled sends,
-    `lag_trend`), so `rate_shortfall` = 1 - achieved / scheduled.
+    `lag_trend`), so `rate_shortfall` = 1 - achieved / scheduled, and `rate_shortfall_low`
+    its one-sided lower bound from the trend's.
 
     `fell_behind` here is only what needs no verdict: a request that failed in the client
     itself (`client_error`: no file descriptor, no local port), or a lag p99 above
@@ -348,7 +374,7 @@ def generator_health(
     reaction = lags.filter(pl.col("chained")).get_column("lag")
     target = rate_per_s(frame.get_column("intended_ns"))
     trend = lag_trend(placed.get_column("intended_ns"), scheduled)
-    achieved = None if target is None or trend is None else target / (1 + trend)
+    achieved = None if target is None or trend is None else target / (1 + trend.slope)
     lag = lag_stats(scheduled)
     over = lag_bound_ms is not None and lag.p99 is not None and lag.p99 > lag_bound_ms
     return GeneratorHealth(
@@ -368,7 +394,8 @@ def generator_health(
         if requested_rate_per_s is None
         else round(requested_rate_per_s, 3),
         asked=dict(asked or {}),
-        rate_shortfall=None if trend is None else round(1 - 1 / (1 + trend), 6),
+        rate_shortfall=None if trend is None else _shortfall(trend.slope),
+        rate_shortfall_low=None if trend is None else _shortfall(trend.low),
     )
 
 

@@ -275,9 +275,12 @@ def test_the_achieved_rate_is_the_scheduled_one_less_the_lags_trend(
     health = metrics.generator_health(to_frame(records), planned=20)
     assert health.target_rate_per_s == 10.0
     assert health.rate_shortfall is not None
+    assert health.rate_shortfall_low is not None
     if shortfall is None:  # 300 ms at the end over 1.9 s: the first-to-last span says 14 %
         assert 0 < health.rate_shortfall < 0.05
+        assert health.rate_shortfall_low < 0  # one straggler: no trend beyond its scatter
         return
+    assert health.rate_shortfall_low == pytest.approx(shortfall, abs=1e-6)  # no scatter
     assert health.rate_shortfall == pytest.approx(shortfall, abs=1e-6)
     assert health.achieved_rate_per_s == pytest.approx(10.0 * (1 - shortfall), abs=1e-3)
 
