@@ -17,9 +17,11 @@ judge both sides, so attainment and goodput compare like with like.
 Like with like also means one workload (`loadgen.workload.identity`: name + fingerprint of the
 resolved spec): a baseline window pools only runs of CURRENT's workload, and two runs of
 different workloads are not compared unless forced (and the comparison then says so). A
-run that stopped before its end (interrupted, watchdog, killed and recovered) is no
-measure of the server: it is left out of a baseline window, and refused as BASELINE or
-CURRENT, unless `include_incomplete`.
+run that stopped before its end (interrupted, watchdog, killed and recovered), or whose
+generator fell behind (`analysis.health`: its client's own time could have changed its
+verdict), is no measure of the server: it is left out of a baseline window, and refused as
+BASELINE or CURRENT with its reason, unless `include_incomplete`. A window with no valid
+run of the workload is the first night of a series (`NoBaseline`).
 
 Intervals (two-sided, at `confidence`):
 
@@ -564,9 +566,10 @@ def load_sides(
     The baseline is BASELINE's run folder, or every run of CURRENT's workload in `store`
     (default: CURRENT's parent folder) whose t0 lies in [CURRENT's t0 - window, CURRENT's
     t0), CURRENT itself excluded, their records pooled. Runs that stopped early are left
-    out of the window, and refused as a side, unless `include_incomplete`; a BASELINE of
-    another workload is refused unless `force`. LoadgenError when a folder is not a run,
-    a side is refused, or the window holds no run.
+    out of the window, and refused as a side (`RefusedSide`), unless `include_incomplete`;
+    so are runs whose generator fell behind. A BASELINE of another workload is refused
+    unless `force`. NoBaseline when the window holds no valid run of CURRENT's workload;
+    LoadgenError when a folder is not a run.
     """
     current_entry = _run_entry(current_dir)
     _check_complete(current_entry, "CURRENT", include_incomplete)
@@ -594,11 +597,35 @@ def load_sides(
     raise ValueError("give baseline_dir or window")
 
 
+class NoBaseline(LoadgenError):
+    """The baseline window holds no valid run of CURRENT's workload: the first night of a
+    nightly series (`loadgen compare` says "no baseline yet" and exits 0)."""
+
+
+class RefusedSide(LoadgenError):
+    """BASELINE or CURRENT is no measure of the server (it stopped before its end, or its
+    generator fell behind): nothing is compared (exit 1), and the message says why."""
+
+
+def duration_text(window: timedelta) -> str:
+    """`30 days`, `12 hours`, `90 minutes`, `45 seconds`: a window in words, not `0:00:00`."""
+    seconds = window.total_seconds()
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} seconds"
+
+
 def _window_runs(
     folder: Path, current: RunEntry, window: timedelta, include_incomplete: bool
 ) -> tuple[list[RunEntry], tuple[str, ...]]:
     """The runs of CURRENT's workload that started in the window before it, and the window's
-    other runs, each with why it was left out (its workload, or how it stopped)."""
+    other runs, each with why it was left out (its workload, or why it is no measure of the
+    server). NoBaseline when none is left: the first night of a series."""
+    if not folder.is_dir():
+        raise LoadgenError(f"--store {folder}: no such folder (give the results store that "
+                           "`loadgen run --out` writes to)")  # fmt: skip
     end = current.started_unix_ns
     start = end - (window // timedelta(microseconds=1)) * 1000
     this = current.run_dir.resolve()
@@ -612,20 +639,22 @@ def _window_runs(
                and (include_incomplete or e.is_complete)]  # fmt: skip
     if not entries:
         others = [_versus(e, current) for e in _latest_per_workload(in_window, current)]
-        stopped = sum(not e.is_complete for e in in_window
-                      if e.workload_key == current.workload_key)  # fmt: skip
-        held = (f"; it holds {len(in_window)} other runs in that window"
-                + (f", of workloads {', '.join(others)}" if others else "")
-                + (f", {stopped} of this workload that stopped early (--include-incomplete "
-                   "pools them)" if stopped else "")) if in_window else ""  # fmt: skip
-        raise LoadgenError(
-            f"{folder}: no complete run of workload {current.workload_key} started in the "
-            f"{window} before {current.run_id} ({current.started:%Y-%m-%d %H:%M} UTC){held}: "
-            "widen --baseline-window, or point --store at the folder holding the earlier runs"
+        invalid = [f"{e.run_id} ({e.invalid})" for e in in_window
+                   if e.workload_key == current.workload_key and not e.is_complete]  # fmt: skip
+        held = (f"; it holds {len(in_window)} other run{'s' if len(in_window) != 1 else ''} "
+                "in that window" + (f", of workloads {', '.join(others)}" if others else "")
+                + (f", and of this workload only runs that are no measure of the server: "
+                   f"{'; '.join(invalid)} (--include-incomplete pools them)" if invalid else "")
+                ) if in_window else ""  # fmt: skip
+        raise NoBaseline(
+            f"no baseline yet: {folder} holds no valid run of workload {current.workload_key} "
+            f"started in the {duration_text(window)} before {current.run_id} "
+            f"({current.started:%Y-%m-%d %H:%M} UTC){held}. Tonight's run is the first of the "
+            "series: later nights compare with it"
         )
     pooled = {e.run_id for e in entries}
     left_out = tuple(
-        f"{e.run_id} ({e.workload_key if e.workload_key != current.workload_key else e.stopped})"
+        f"{e.run_id} ({e.workload_key if e.workload_key != current.workload_key else e.invalid})"
         for e in in_window
         if e.run_id not in pooled
     )
@@ -672,12 +701,15 @@ def _named(differences: Sequence[SettingDifference]) -> str:
 
 
 def _check_complete(entry: RunEntry, side: str, include_incomplete: bool) -> None:
-    if entry.stopped is not None and not include_incomplete:
-        raise LoadgenError(
-            f"{side} {entry.run_id} stopped before its end ({entry.stopped}): its unsent and "
-            "cancelled requests are not the server's, so it is no measure to compare; rerun "
-            "it, or add --include-incomplete to compare its partial figures anyway"
-        )
+    """RefusedSide when the run is no measure of the server, unless `include_incomplete`."""
+    if include_incomplete or entry.is_complete:
+        return
+    why = ("its unsent and cancelled requests are not the server's" if entry.stopped
+           else "its latencies cannot tell the server's part from the client's")  # fmt: skip
+    raise RefusedSide(
+        f"{side} {entry.run_id} is not compared: {entry.invalid}; {why}, so it is no measure "
+        "to compare. Rerun it, or add --include-incomplete to compare its figures anyway"
+    )
 
 
 def _check_same_workload(baseline: RunEntry, current: RunEntry, force: bool) -> tuple[str, ...]:

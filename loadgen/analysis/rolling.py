@@ -4,9 +4,10 @@ Reads the store (`loadgen.results.store`) and feeds the reports: for every step,
 classes' figures over the TRAILING window, pooled over every request of every run of that
 workload in it. A workload is a name and a fingerprint of its resolved spec
 (`loadgen.workload.identity`): two runs that differ in anything but seed, run length and target URL
-are two workloads, and a class named "chat" in each is two rows, never one. Runs that
-stopped before their end (interrupted, watchdog, killed and recovered) are left out unless
-`include_incomplete`: their unsent and cancelled requests are not the server's failures.
+are two workloads, and a class named "chat" in each is two rows, never one. Runs that are
+no measure of the server (`RunEntry.invalid`: stopped before their end, or their generator
+fell behind) are left out unless `include_incomplete`: their unsent and cancelled requests
+are not the server's failures, nor their client's time the server's latency.
 Pooling merges the runs' per-minute histograms; it never averages per-run percentiles (a
 bad night of 1,000 requests and 29 good nights of 100,000 pool to a p99 set by the good
 nights, while an average of p99s is pulled up by the bad one: only pooling answers "what
@@ -289,14 +290,14 @@ def pooled_runs(
     runs = select_runs(every, workload=workload, include_incomplete=include_incomplete)
     if not runs:
         held = sorted({r.workload_key for r in every})
-        stopped = sum(not r.is_complete for r in every)
+        invalid = sum(not r.is_complete for r in every)
         raise OptionError(
             "--workload" if workload is not None else "--include-incomplete",
-            f"no complete run in {store_dir}"
+            f"no valid run in {store_dir}"
             + (f" of workload {workload!r}" if workload is not None else "")
-            + f" ({len(every)} runs, {stopped} of them stopped early)",
+            + f" ({len(every)} runs, {invalid} of them stopped early or fell behind)",
             f"workloads found: {', '.join(held)}; pick one with --workload NAME, or add "
-            "--include-incomplete to pool runs that stopped early",
+            "--include-incomplete to pool runs that stopped early or fell behind",
         )
     return runs
 

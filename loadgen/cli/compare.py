@@ -11,6 +11,8 @@ from pathlib import Path
 import click
 
 from loadgen.analysis.compare import (
+    NoBaseline,
+    RefusedSide,
     Side,
     compare_sides,
     load_sides,
@@ -33,11 +35,12 @@ from loadgen.errors import ConfigError, LoadgenError, OptionError, RunBusy
 from loadgen.render.cache_view import CacheSide, cache_json, compare_cache_line
 from loadgen.render.compare_view import (
     render_markdown,
+    render_not_compared_markdown,
     render_server_table,
     render_table,
     server_json,
 )
-from loadgen.render.junit import render_junit
+from loadgen.render.junit import render_junit, render_not_compared_junit
 from loadgen.render.repeats_view import changes_table
 from loadgen.results.liveness import live_writer
 from loadgen.results.runfolder import SUMMARY_FILE, read_run_info, read_summary
@@ -97,8 +100,9 @@ from loadgen.results.summary import CacheWarmth, ServerAudit
 @click.option(
     "--include-incomplete",
     is_flag=True,
-    help="Also use runs that stopped early (interrupted, watchdog, recovered): in the "
-    "baseline window, or as BASELINE/CURRENT.",
+    help="Also use runs that are no measure of the server, stopped early (interrupted, "
+    "watchdog, recovered) or whose generator fell behind: in the baseline window, or as "
+    "BASELINE/CURRENT.",
 )
 @click.option(
     "--server-threshold",
@@ -145,8 +149,11 @@ def compare(
     interval reaches beyond the sample (p99 under 368 requests at 95 %) is "not enough
     data". Classes in only one side are listed, not compared. Only runs of one workload
     (name + spec fingerprint) are compared: the baseline window pools CURRENT's workload
-    only; BASELINE of another workload needs --force. Runs that stopped early are left
-    out (refused as a side) unless --include-incomplete. Runs that scraped the server
+    only; BASELINE of another workload needs --force. Runs that stopped early or whose
+    generator fell behind are left out (refused as a side, saying why; --junit/--markdown
+    say so too) unless --include-incomplete. A baseline window with no valid run of the
+    workload is the first night of a series: "no baseline yet", exit 0, with --junit and
+    --markdown written. Runs that scraped the server
     (run --server-metrics-url) add its figures side by side: informational unless a
     --server-threshold is set.
 
@@ -211,10 +218,14 @@ def _compare(
             raise RunBusy(f"{run} is running: {why}. Cannot compare a run that is still "
                           "writing its folder; compare it once it ends")  # fmt: skip
     baseline_dir = runs[0] if window is None else None
-    baseline, current, slos = load_sides(
-        runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,
-        include_incomplete=include_incomplete,
-    )  # fmt: skip
+    try:
+        baseline, current, slos = load_sides(
+            runs[-1], baseline_dir=baseline_dir, window=window, store=store, force=force,
+            include_incomplete=include_incomplete,
+        )  # fmt: skip
+    except (NoBaseline, RefusedSide) as exc:
+        _not_compared(runs[-1], exc, junit_path, markdown_path, fmt)
+        return
     comparison = compare_sides(
         baseline,
         current,
@@ -259,6 +270,32 @@ def _compare(
         for path in written:
             console.print(f"wrote {path}")
     sys.exit(exit_code)
+
+
+def _not_compared(
+    current: Path, exc: NoBaseline | RefusedSide, junit_path: Path | None,
+    markdown_path: Path | None, fmt: str,
+) -> None:  # fmt: skip
+    """Nothing to compare: the first night of a series (no baseline yet: exit 0, said on
+    stdout) or a side that is no measure of the server (exit 1, on stderr). Either way the
+    JUnit and Markdown asked for are written, saying so, so a CI job's summary step finds
+    them; `--format json` gets `{compared: false, reason, exit_code}`."""
+    first_night = isinstance(exc, NoBaseline)
+    why, code = str(exc), 0 if first_night else exc.exit_code
+    written = []
+    if junit_path is not None:
+        written.append(_write(junit_path, render_not_compared_junit(
+            current.name, why, first_night=first_night)))  # fmt: skip
+    if markdown_path is not None:
+        written.append(_write(markdown_path, render_not_compared_markdown(
+            why, first_night=first_night)))  # fmt: skip
+    if fmt == "json":
+        click.echo(json.dumps({"compared": False, "reason": why, "exit_code": code}, indent=2))
+    else:
+        click.echo(why, err=not first_night)
+    for path in written:
+        click.echo(f"wrote {path}", err=fmt == "json")
+    sys.exit(code)
 
 
 def _compare_repeats(baseline_dir: Path, current_dir: Path, fmt: str, *, force: bool) -> None:

@@ -87,10 +87,11 @@ CAPACITY_EXITS = exit_help(
 )  # fmt: skip
 
 COMPARE_EXITS = exit_help(
-    (EXIT_OK, "no check regressed"),
+    (EXIT_OK, "no check regressed, or no baseline yet (the window holds no valid run of the\n"
+              "workload: the first night)"),
     (EXIT_USAGE, "usage error (missing run, no class in common, bad flag), runs of different\n"
-                 "workloads (without --force), or a run that stopped early (without\n"
-                 "--include-incomplete)"),
+                 "workloads (without --force), or a side that stopped early or fell behind\n"
+                 "(without --include-incomplete)"),
     (EXIT_SLO_MISSED, "at least one check REGRESSED (or a server figure passed its "
                       "--server-threshold)"),
     (EXIT_BUSY, "BASELINE or CURRENT is still running: compare it once it ends"),

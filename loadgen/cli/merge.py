@@ -85,6 +85,6 @@ def _merge(
     console.print(f"merged run: {result.run_dir}")
     for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
         if path is not None:
-            write_text(path, text(result.summary))
+            write_text(path, text(result.summary, result.run_info.target))
             console.print(f"wrote {path}")
     sys.exit(result.exit_code)

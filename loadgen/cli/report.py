@@ -19,7 +19,7 @@ from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, rolling_files
-from loadgen.render.terminal import recovery_line, render_summary
+from loadgen.render.terminal import recovery_line, render_summary, target_line
 from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
 from loadgen.results.runfolder import (
     RECORDS_FILE,
@@ -78,7 +78,8 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
 @click.option(
     "--include-incomplete",
     is_flag=True,
-    help="Results store: also pool runs that stopped early (interrupted, watchdog, recovered).",
+    help="Results store: also pool runs that are no measure of the server: stopped early "
+    "(interrupted, watchdog, recovered) or whose generator fell behind.",
 )
 @click.option(
     "--exact",
@@ -208,6 +209,8 @@ def _report_run(
     else:
         console = output_console()
         console.print(render_summary(built.summary))
+        if (against := target_line(built.run_info.target)) is not None:
+            console.print(against)
         for file in written:
             if file.name in (REPORT_HTML, REPORT_MD, SUMMARY_FILE):
                 console.print(f"wrote {file}")
@@ -237,9 +240,9 @@ def _report_store(
     slos = {(run.workload_key, name): slo for run in runs for name, slo in run.slos.items()}
     console = output_console()
     console.print(render_rolling_table(view.windows, slos))
-    stopped = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
-    notes = [left_out_line(stopped)] if stopped and not include_incomplete else []
+    invalid = [r for r in runs if not r.is_complete and (workload is None or r in selected)]
+    notes = [left_out_line(invalid)] if invalid and not include_incomplete else []
     for note in notes:
-        console.print(note)
+        console.print(note, markup=False)
     for path in write_files(out_dir or Path(ROLLING_REPORT_DIR), rolling_files(view, slos, notes)):
         click.echo(f"wrote {path}")

@@ -52,7 +52,7 @@ from loadgen.render.run_checks import (
     render_run_junit,
     render_run_markdown,
 )
-from loadgen.render.terminal import render_processes, render_summary
+from loadgen.render.terminal import render_processes, render_summary, target_line
 from loadgen.results.runfolder import new_run_id
 from loadgen.results.write import write_files
 from loadgen.run.execute import RunResult, execute, prepare
@@ -271,12 +271,15 @@ def _print_result(result: RunResult, junit_path: Path | None, markdown_path: Pat
     """One run's table, its processes, where it went, and its JUnit/Markdown files."""
     console = output_console()
     console.print(render_summary(result.summary))
+    if (against := target_line(result.run_info.target)) is not None:
+        console.print(against)
     for line in render_processes(result.run_info):
         console.print(line)
     console.print(f"records and summary: {result.run_dir}")
+    target = result.run_info.target
     for path, text in ((junit_path, render_run_junit), (markdown_path, render_run_markdown)):
         if path is not None:
-            write_text(path, text(result.summary))
+            write_text(path, text(result.summary, target))
             console.print(f"wrote {path}")
     if result.watchdog:
         console.print(Text.assemble(("stopped by the watchdog:", "bold red"),
@@ -296,13 +299,14 @@ def _print_repeats(
     console.print(f"repeats: {verdicts}")
     for path in write_files(folder, repeats_file(spread)):
         console.print(f"wrote {path}")
+    target = results[0].run_info.target
     if junit_path is not None:
-        write_text(junit_path, render_repeats_junit(summaries))
+        write_text(junit_path, render_repeats_junit(summaries, target))
         console.print(f"wrote {junit_path}")
     if markdown_path is not None:
         worst = worst_exit(r.exit_code for r in results)
-        write_text(markdown_path, render_repeats_markdown(summaries, worst,
-                                                          spread_markdown(spread)))  # fmt: skip
+        text = render_repeats_markdown(summaries, worst, spread_markdown(spread), target)
+        write_text(markdown_path, text)
         console.print(f"wrote {markdown_path}")
 
 

@@ -229,6 +229,12 @@ def render_markdown(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_not_compared_markdown(why: str, *, first_night: bool) -> str:
+    """`compare --markdown` when nothing was compared: no baseline yet, or a side refused."""
+    head = "no baseline yet" if first_night else "not compared"
+    return f"### loadgen compare: {head}\n\n{md_cell(why)}\n"
+
+
 # What Markdown reads as markup in a line of text: a backslash, code, emphasis (`_` only at
 # a word's edge: `ttft_ms` is plain text), links and images (`[`, `]`), a table cell's end,
 # strikethrough. Each is escaped with a backslash; `&` and `<` become entities (no HTML, no

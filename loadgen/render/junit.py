@@ -157,3 +157,15 @@ def _numbers(r: CheckResult) -> dict[str, str]:
         "change": text(r.change),
         "verdict": str(r.verdict),
     }
+
+
+def render_not_compared_junit(current: str, why: str, *, first_night: bool) -> str:
+    """`compare --junit` when nothing was compared: the first night of a series (the case
+    skipped, "no baseline yet": nothing to fail) or a side refused (the case fails as
+    `invalid`, saying why)."""
+    if first_night:
+        case = Case(name="baseline", skipped=why)
+    else:
+        case = Case(name="compared", failure=(why, "invalid", why))
+    suite = Suite(name="compare", cases=[case], properties={"current": current})
+    return junit_xml("loadgen compare", [suite])

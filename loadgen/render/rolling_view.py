@@ -184,10 +184,10 @@ def _bounds(row: Mapping[str, Any], figure: str) -> str:
     return f"{side(low)}–{side(high)}"
 
 
-def left_out_line(stopped: Sequence[RunEntry]) -> str:
-    """The runs a window left out because they stopped before their end."""
-    return "left out, stopped before their end (--include-incomplete pools them): " + ", ".join(
-        f"{r.run_id} ({r.stopped})" for r in stopped
+def left_out_line(invalid: Sequence[RunEntry]) -> str:
+    """The runs the windows left out, each with why it is no measure of the server."""
+    return "left out, no measure of the server (--include-incomplete pools them): " + "; ".join(
+        f"{r.run_id} ({r.invalid})" for r in invalid
     )
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from loadgen.analysis.health import health_text, rate_text
 from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
-from loadgen.render.terminal import bounds_text
+from loadgen.render.terminal import SIM_NOTE, bounds_text
+from loadgen.results.runfolder import TargetInfo
 from loadgen.results.summary import Check, ClassAudit, Summary, TrajectoryAudit
 
 HEADERS = ("class", "check", "measured", "bounds", "target", "requests", "result")
@@ -187,20 +188,43 @@ def _generator_row(summary: Summary) -> Row:
                status="INVALID" if g.fell_behind else "ok", why=why)  # fmt: skip
 
 
-def render_run_junit(summary: Summary) -> str:
-    """A testsuite per class (and one for the generator), a testcase per check."""
-    return junit_xml(f"loadgen run {summary.run_id}", _suites(summary, "run"))
+def render_run_junit(summary: Summary, target: TargetInfo | None = None) -> str:
+    """A testsuite per class (and one for the generator), a testcase per check; a run
+    against the built-in simulator says so in the document's name, every suite's
+    `target` property and a `target` suite of its own (a case named for it)."""
+    suites = _suites(summary, "run", target)
+    return junit_xml(f"loadgen run {summary.run_id}{_against(target)}",
+                     suites + _target_suites("run", target))  # fmt: skip
 
 
-def render_repeats_junit(summaries: Sequence[Summary]) -> str:
+def render_repeats_junit(summaries: Sequence[Summary], target: TargetInfo | None = None) -> str:
     """`run --repeats K`: each run's suites (`RUN-ID.class`, a testcase per check), so a CI
     system shows every repeat's checks and fails on any run's miss."""
-    title = f"loadgen run --repeats {len(summaries)}"
-    return junit_xml(title, [s for summary in summaries for s in _suites(summary, summary.run_id)])
+    title = f"loadgen run --repeats {len(summaries)}{_against(target)}"
+    suites = [s for summary in summaries for s in _suites(summary, summary.run_id, target)]
+    return junit_xml(title, suites + _target_suites("run", target))
 
 
-def _suites(summary: Summary, prefix: str) -> list[Suite]:
-    """A run's suites named `prefix.class`, each check's figures as properties."""
+def _against(target: TargetInfo | None) -> str:
+    """` against the built-in simulator (no --url)` for a run against it, else nothing."""
+    return " against the built-in simulator (no --url)" if _simulated(target) else ""
+
+
+def _simulated(target: TargetInfo | None) -> bool:
+    return target is not None and target.builtin_sim
+
+
+def _target_suites(prefix: str, target: TargetInfo | None) -> list[Suite]:
+    """A run against the built-in simulator: a suite with a case named for it."""
+    if not _simulated(target):
+        return []
+    case = Case(name="built-in simulator (no --url)", output=f"target: {SIM_NOTE}")
+    return [Suite(name=f"{prefix}.target", cases=[case], properties={"target": SIM_NOTE})]
+
+
+def _suites(summary: Summary, prefix: str, target: TargetInfo | None = None) -> list[Suite]:
+    """A run's suites named `prefix.class`, each check's figures as properties (and where
+    the requests went, `target`)."""
     found = rows(summary)
     suites = []
     for name in dict.fromkeys(r.class_name for r in found):
@@ -211,6 +235,8 @@ def _suites(summary: Summary, prefix: str) -> list[Suite]:
                                    ("target", r.target), ("requests", str(r.requests)))
                       if v}  # fmt: skip
         properties["run_id"] = summary.run_id
+        if target is not None:
+            properties["target"] = SIM_NOTE if target.builtin_sim else str(target.url)
         suites.append(Suite(name=f"{prefix}.{name}", cases=cases, properties=properties))
     return suites
 
@@ -237,8 +263,9 @@ TITLES = {
 }
 
 
-def render_run_markdown(summary: Summary) -> str:
-    """The same checks as a Markdown table, for a CI job summary."""
+def render_run_markdown(summary: Summary, target: TargetInfo | None = None) -> str:
+    """The same checks as a Markdown table, for a CI job summary; a run against the
+    built-in simulator says so under its title."""
     verdict = summary.verdict
     lines = [
         f"### loadgen run: {TITLES.get(verdict.status, verdict.status.upper())} "
@@ -246,6 +273,7 @@ def render_run_markdown(summary: Summary) -> str:
         "",
         f"run `{md_cell(summary.run_id)}` · {summary.duration_s:,.1f} s",
         "",
+        *([f"**target: {SIM_NOTE}**", ""] if _simulated(target) else []),
         *_table(HEADERS, [("", r) for r in rows(summary)]),
         *_why_lines([("", r) for r in rows(summary)]),
     ]
@@ -253,8 +281,9 @@ def render_run_markdown(summary: Summary) -> str:
 
 
 def render_repeats_markdown(
-    summaries: Sequence[Summary], exit_code: int, spread: Sequence[str] = ()
-) -> str:
+    summaries: Sequence[Summary], exit_code: int, spread: Sequence[str] = (),
+    target: TargetInfo | None = None,
+) -> str:  # fmt: skip
     """`run --repeats K` for a CI job summary: the worst verdict, every run's checks in one
     table (a `run` column first), the between-run spread (`spread`: its Markdown lines,
     `repeats_view.spread_markdown`), and why each check that was not met was not."""
@@ -270,6 +299,7 @@ def render_repeats_markdown(
         "",
         f"runs: {runs}",
         "",
+        *([f"**target: {SIM_NOTE}**", ""] if _simulated(target) else []),
         *_table(("run", *HEADERS), found),
         *(["", *spread] if spread else []),
         *_why_lines(found),

@@ -24,7 +24,7 @@ from loadgen.analysis.slo import stop_of
 from loadgen.render.cache_view import cache_line
 from loadgen.render.cost_view import cost_line
 from loadgen.results.recover import Recovery
-from loadgen.results.runfolder import DAMAGED_DIR, RunInfo, ShardTable
+from loadgen.results.runfolder import DAMAGED_DIR, RunInfo, ShardTable, TargetInfo
 from loadgen.results.summary import (
     AskedLoad,
     Check,
@@ -636,6 +636,18 @@ def shard_lines(table: ShardTable) -> list[str]:
         f"{table.max_abs_skew_ms:.3f} ms from the agreed start"
     )
     return lines
+
+
+SIM_NOTE = "the built-in simulator (no --url): these figures are the simulator's, not a server's"
+
+
+def target_line(target: TargetInfo | None) -> Text | None:
+    """`target: the built-in simulator (no --url): …`, said after every run against it
+    (`-q` too), so a job that lost its --url cannot pass for a test of the server; None
+    for a run against a URL (its table is the server's)."""
+    if target is None or not target.builtin_sim:
+        return None
+    return Text(f"target: {SIM_NOTE}", style="bold yellow")
 
 
 def recovery_line(run_dir: Path, done: Recovery) -> str:

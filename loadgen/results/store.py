@@ -2,12 +2,15 @@
 
 Sits after the run (which leaves `run.json` and `records.parquet` in `<store>/<run-id>/`)
 and before the reports over many runs (`loadgen.analysis.rolling`, `loadgen.analysis.compare`),
-which pool runs of one workload (`RunEntry.workload_key`) and leave stopped runs out unless
-asked. The per-minute histograms beside each run's records are `loadgen.analysis.minutes`.
+which pool runs of one workload (`RunEntry.workload_key`) and leave out, unless asked, the
+runs that are no measure of the server (`RunEntry.invalid`: stopped before their end, or
+their generator fell behind). The per-minute histograms beside each run's records are
+`loadgen.analysis.minutes`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.errors import LoadgenError
-from loadgen.results.runfolder import RUN_FILE, RunInfo, read_run_info
+from loadgen.results.runfolder import RUN_FILE, SUMMARY_FILE, RunInfo, read_run_info
 from loadgen.workload.spec import SloTargets
 
 
@@ -31,11 +34,24 @@ class RunEntry:
     workload_key: str = ""  # `name@fingerprint`: what the store pools by (workload.identity)
     offered_rate_per_s: float | None = None
     stopped: str | None = None  # `RunInfo.stop`: interrupted, watchdog, incomplete, or None
+    # Why the generator fell behind (summary.json's `generator.reason`; a run judged before
+    # that sentence: its verdict's words), or None: its figures are the server's.
+    fell_behind: str | None = None
 
     @property
     def is_complete(self) -> bool:
-        """Ran to its end: a stopped run is left out of windows and baselines unless asked."""
-        return self.stopped is None
+        """A measure of the server: it ran to its end and its generator did not fall behind.
+        Any other run is left out of windows and baselines unless asked (`invalid`)."""
+        return self.stopped is None and self.fell_behind is None
+
+    @property
+    def invalid(self) -> str | None:
+        """Why the run is no measure of the server, in words (None: it is one)."""
+        if self.stopped is not None:
+            return f"stopped before its end ({self.stopped})"
+        if self.fell_behind is not None:
+            return f"the generator fell behind: {self.fell_behind}"
+        return None
 
     @property
     def started(self) -> datetime:
@@ -64,7 +80,7 @@ def discover_runs(store_dir: Path, skipped: list[str] | None = None) -> list[Run
 def select_runs(
     runs: Sequence[RunEntry], *, workload: str | None = None, include_incomplete: bool = False
 ) -> list[RunEntry]:
-    """The runs a pooled report may use: complete ones (unless `include_incomplete`), of the
+    """The runs a pooled report may use: valid ones (unless `include_incomplete`), of the
     workload `workload` names (a name, which may cover several fingerprints, each still its
     own workload, or one `name@fingerprint` key) when given."""
     chosen = [r for r in runs if include_incomplete or r.is_complete]
@@ -94,7 +110,24 @@ def read_run_entry(run_dir: Path) -> RunEntry:
         workload_key=str(ident.get("key") or f"{info.workload.name}@unknown"),
         offered_rate_per_s=ident.get("offered_rate_per_s"),
         stopped=info.stop,
+        fell_behind=None if info.stop is not None else _fell_behind(run_dir),
     )
+
+
+def _fell_behind(run_dir: Path) -> str | None:
+    """The reason summary.json gives for a run whose generator fell behind (None: it did not,
+    or the run has no summary yet)."""
+    try:
+        data = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    verdict = data.get("verdict") or {}
+    if verdict.get("status") != "fell_behind":
+        return None
+    reason = (data.get("generator") or {}).get("reason")
+    return str(reason) if reason else "its figures are the client's (exit 3)"
 
 
 def _identity(info: RunInfo) -> dict[str, Any]:

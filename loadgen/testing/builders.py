@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from loadgen.analysis.audit import audit
 from loadgen.analysis.minutes import run_histograms
+from loadgen.analysis.objectives import Objective
+from loadgen.codec import to_json
 from loadgen.results.records import Outcome, RequestRecord, to_frame
-from loadgen.results.runfolder import RECORDS_FILE, RUN_FILE
+from loadgen.results.runfolder import RECORDS_FILE, RUN_FILE, SUMMARY_FILE, read_records
 from loadgen.results.write import write_histograms
 from loadgen.workload.spec import SloTargets
 
@@ -112,6 +116,7 @@ def write_run(
     rate_per_s: float | None = None,
     stopped: str | None = None,
     histograms: bool = False,
+    fell_behind: str | None = None,
     **info: Any,
 ) -> Path:
     """A run folder in `store`, as `loadgen run` leaves one: run.json and records.parquet,
@@ -121,7 +126,8 @@ def write_run(
     (`slo_keys` of the targets in `slos`; one `SloTargets` is every class of the records)
     with, given `rate_per_s`, a Poisson arrival rate: the identity the store pools runs
     by. The run id defaults to `<t0>-<workload>-<rate>`; `stopped` marks the run stopped
-    early (`interrupted`, `incomplete`, `watchdog`); `info` adds run.json keys.
+    early (`interrupted`, `incomplete`, `watchdog`); `fell_behind` writes its summary.json
+    with the generator fallen behind for that reason (exit 3); `info` adds run.json keys.
     """
     if isinstance(slos, SloTargets):
         slos = dict.fromkeys(sorted({r.class_name for r in records}), slos)
@@ -146,7 +152,23 @@ def write_run(
     to_frame(records).write_parquet(run_dir / RECORDS_FILE)
     if histograms:
         write_histograms(run_dir, run_histograms(run_dir))
+    if fell_behind is not None:
+        write_fell_behind_summary(run_dir, slos, fell_behind)
     return run_dir
+
+
+def write_fell_behind_summary(run_dir: Path, slos: Mapping[str, SloTargets], why: str) -> None:
+    """The run's summary.json as its audit writes it, with its generator fallen behind for
+    `why` (exit 3): how the results store knows the run is no measure of the server."""
+    objectives = {name: Objective(name=name, slo=slo) for name, slo in slos.items()}
+    frame = read_records(run_dir)
+    summary = audit(frame, run_id=run_dir.name, objectives=objectives, planned=frame.height)
+    summary = replace(
+        summary,
+        generator=replace(summary.generator, fell_behind=True, reason=why),
+        verdict=replace(summary.verdict, status="fell_behind", fell_behind=True, exit_code=3),
+    )
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(to_json(summary)), encoding="utf-8")
 
 
 def chat_workload(

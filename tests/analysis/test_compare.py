@@ -516,9 +516,10 @@ def test_two_runs_differing_in_an_agent_context_mode_are_refused_naming_it(tmp_p
     names = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
     assert names["forced"] == "true"
     assert names["workload_differences"] == named  # the CI report says why they differ
-    code, _, err = invoke(growing, "--baseline-window", "1d")  # the window holds only `fixed`
-    assert code == 1
-    assert f"(it vs CURRENT: {named})" in " ".join(err.split())
+    code, out, _ = invoke(growing, "--baseline-window", "1d")  # the window holds only `fixed`
+    assert code == 0  # a new series: the first night of `growing`, which names the other
+    assert out.startswith("no baseline yet: ")
+    assert f"(it vs CURRENT: {named})" in " ".join(out.split())
 
 
 def test_runs_keyed_apart_by_another_fingerprint_rule_say_no_setting_differs(
@@ -551,7 +552,6 @@ def test_runs_keyed_apart_by_another_fingerprint_rule_say_no_setting_differs(
         (["{tmp}/a", "{tmp}/a", "--confidence", "1.5"], "confidence"),
         (["{tmp}/a", "{tmp}/a", "--baseline-window", "30d"], "only CURRENT"),
         (["{tmp}/a", "--baseline-window", "soon"], "--baseline-window"),
-        (["{tmp}/a", "--baseline-window", "1d"], "no complete run of workload chat@"),
         (["{tmp}/a", "{tmp}/a", "--bogus"], "No such option"),
     ],
 )
@@ -640,7 +640,8 @@ def test_baseline_window_pools_only_currents_workload_and_complete_runs(tmp_path
     left_out = data["baseline"]["left_out"]
     assert [r.split(" ")[0] for r in left_out] == ["w2", "w3", "w1-int", "w1-rec"]
     assert left_out[0].startswith("w2 (chat-smoke@")
-    assert left_out[2:] == ["w1-int (interrupted)", "w1-rec (incomplete)"]
+    assert left_out[2:] == ["w1-int (stopped before its end (interrupted))",
+                            "w1-rec (stopped before its end (incomplete))"]  # fmt: skip
     assert data["incomplete_runs"] == []
     assert code == 0, out  # the same distribution: nothing regressed
     base_p50 = data["classes"]["chat"]["ttft_p50"]["baseline"]["value"]
@@ -652,9 +653,75 @@ def test_baseline_window_pools_only_currents_workload_and_complete_runs(tmp_path
     code, _, err = invoke(tmp_path / "w1-rec", tmp_path / "now")
     assert code == 1
     assert "stopped before its end (incomplete)" in err
-    code, _, err = invoke(tmp_path / "w2", "--baseline-window", "1d")
+    code, out, _ = invoke(tmp_path / "w2", "--baseline-window", "1d")
+    assert code == 0  # w2's workload has no earlier run: its first night
+    assert "no baseline yet: " in out
+    assert "holds no valid run of workload chat-smoke@" in " ".join(out.split())
+
+
+BEHIND = "the client's own time could have changed the verdict (a test's words)"
+
+
+def test_the_first_night_is_no_baseline_yet_exit_0_with_junit_and_markdown(tmp_path: Path) -> None:
+    """A store holding only tonight's run: "no baseline yet", exit 0, the window in words
+    (not a raw timedelta), and the JUnit (a skipped case) and Markdown written, so a CI
+    job's summary step finds them. A --store that does not exist is an error (exit 1)."""
+    store = tmp_path / "store"
+    tonight = write_run(store, T0, records(1, 200), run_id="night-1")
+    junit, markdown = tmp_path / "junit.xml", tmp_path / "summary.md"
+    code, out, _ = invoke("--baseline-window", "30d", "--store", store, tonight,
+                          "--junit", junit, "--markdown", markdown)  # fmt: skip
+    said = " ".join(out.split())
+    assert code == 0, said
+    assert said.startswith("no baseline yet: ")
+    assert "in the 30 days before night-1" in said
+    assert "0:00:00" not in said
+    assert "days," not in said
+    root = ET.parse(junit).getroot()
+    assert (root.get("tests"), root.get("failures")) == ("1", "0")
+    skipped = root.find("testsuite/testcase/skipped")
+    assert skipped is not None
+    assert skipped.get("message", "").startswith("no baseline yet")
+    assert markdown.read_text().startswith("### loadgen compare: no baseline yet\n")
+    data = json.loads(invoke("--baseline-window", "30d", "--store", store, tonight,
+                             "--format", "json")[1])  # fmt: skip
+    assert (data["compared"], data["exit_code"]) == (False, 0)
+    code, _, err = invoke("--baseline-window", "30d", "--store", tmp_path / "nope", tonight)
     assert code == 1
-    assert "no complete run of workload chat-smoke@" in err
+    assert "no such folder" in err
+
+
+def test_a_run_whose_generator_fell_behind_is_refused_and_left_out(tmp_path: Path) -> None:
+    """A night whose generator fell behind (exit 3) is no measure of the server: as CURRENT
+    or BASELINE it is refused with its reason (exit 1, the JUnit failing as `invalid` and
+    the Markdown saying why), and a later night's window leaves it out, naming it, though
+    pooling its 3x-slower figures would have moved the baseline. Never "no regression"."""
+    store = tmp_path / "store"
+    day = timedelta(days=1)
+    write_run(store, T0 - 2 * day, records(1, 700), run_id="n1")
+    behind = write_run(store, T0 - day, records(2, 700, slower=3.0), run_id="n2",
+                       fell_behind=BEHIND)  # fmt: skip
+    tonight = write_run(store, T0, records(3, 700), run_id="n3")
+    data = json.loads(invoke(tonight, "--baseline-window", "30d", "--format", "json")[1])
+    assert data["baseline"]["runs"] == ["n1"]
+    assert data["baseline"]["left_out"] == [f"n2 (the generator fell behind: {BEHIND})"]
+    assert data["exit_code"] == 0
+    junit, markdown = tmp_path / "junit.xml", tmp_path / "summary.md"
+    code, out, err = invoke(behind, "--baseline-window", "30d", "--junit", junit,
+                            "--markdown", markdown)  # fmt: skip
+    assert code == 1, out
+    assert f"CURRENT n2 is not compared: the generator fell behind: {BEHIND}" in " ".join(
+        err.split()
+    )
+    failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+    assert failure is not None
+    assert failure.get("type") == "invalid"
+    assert markdown.read_text().startswith("### loadgen compare: not compared\n")
+    code, _, err = invoke(behind, tonight)
+    assert code == 1
+    assert "BASELINE n2 is not compared: the generator fell behind" in " ".join(err.split())
+    code, out, _ = invoke(behind, tonight, "--include-incomplete", "--format", "json")
+    assert json.loads(out)["incomplete_runs"] == ["n2"]
 
 
 def test_help_has_an_example() -> None:

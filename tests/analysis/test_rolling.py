@@ -253,9 +253,15 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     assert rolling_plot(frame, slo_ms={}, metric="itl").startswith(b"\x89PNG")
 
 
+def args_of(store: Path) -> list[str]:
+    """`loadgen report STORE` over one-day windows."""
+    return ["report", str(store), "--window", "1d", "--step", "1d"]
+
+
 def test_report_store_cli_selects_a_workload_and_names_what_it_left_out(tmp_path: Path) -> None:
     """`report STORE --workload NAME --format json` has only that workload's rows, each naming
-    it; the table says which runs were left out for stopping early."""
+    it; the table says which runs were left out, and why: one stopped early, one whose
+    generator fell behind (its 900 ms would have lifted chat-smoke's p50 to 900)."""
     from click.testing import CliRunner
 
     from loadgen.cli import cli
@@ -264,7 +270,12 @@ def test_report_store_cli_selects_a_workload_and_names_what_it_left_out(tmp_path
     write_run(tmp_path, day(1, 2), same_ttft(20, 900.0), workload="mixed")
     stopped = write_run(tmp_path, day(1, 3), same_ttft(5, 100.0), workload="chat-smoke",
                         stopped="interrupted")  # fmt: skip
-    args = ["report", str(tmp_path), "--window", "1d", "--step", "1d"]
+    behind = write_run(tmp_path, day(1, 4), same_ttft(40, 900.0), workload="chat-smoke",
+                       fell_behind="a test's reason")  # fmt: skip
+    pooled = json.loads(CliRunner().invoke(
+        cli, [*args_of(tmp_path), "--workload", "chat-smoke", "--format", "json"]).stdout)  # fmt: skip
+    assert [(r["runs"], r["requests"]) for r in pooled] == [(1, 30)]
+    args = args_of(tmp_path)
     result = CliRunner().invoke(cli, [*args, "--workload", "mixed", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -273,8 +284,9 @@ def test_report_store_cli_selects_a_workload_and_names_what_it_left_out(tmp_path
     assert result.exit_code == 0, result.output
     said = " ".join(result.stdout.split())
     assert (
-        f"left out, stopped before their end (--include-incomplete pools them): {stopped.name}"
-        in said
+        "left out, no measure of the server (--include-incomplete pools them): "
+        f"{stopped.name} (stopped before its end (interrupted)); {behind.name} (the generator "
+        "fell behind: a test's reason)" in said
     )
     result = CliRunner().invoke(cli, [*args, "--workload", "agent"])
     assert result.exit_code == 1

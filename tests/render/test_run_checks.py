@@ -196,3 +196,38 @@ def test_repeats_write_every_runs_checks_and_the_spread(failing_run: tuple[int, 
     assert "**between-run spread of 2 repeats**" in markdown
     assert "| chat | ttft_ms p90 |" in markdown
     assert "- f-r1: TTFT p90 (failures worst) of class chat:" in markdown
+
+
+@pytest.mark.slow  # ~3 s: the built-in simulator is started
+def test_a_run_against_the_built_in_simulator_says_so_everywhere(tmp_path: Path) -> None:
+    """No --url, -q: the terminal, the JUnit (its name, a `target` property, a case named
+    for it), the Markdown and run.json all name the built-in simulator, so a nightly job
+    that lost its --url cannot pass for a test of the server."""
+    path = workload_file(tmp_path, chat_workload(requests=5, rate_per_s=20))
+    junit, markdown = tmp_path / "junit.xml", tmp_path / "slo.md"
+    result = CliRunner().invoke(cli, ["run", str(path), "--out", str(tmp_path), "--run-id", "s",
+                                      "-q", "--junit", str(junit), "--markdown", str(markdown)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    note = "the built-in simulator (no --url): these figures are the simulator's, not a server's"
+    assert f"target: {note}" in " ".join(result.stdout.split())
+    root = ET.parse(junit).getroot()
+    assert root.get("name") == "loadgen run s against the built-in simulator (no --url)"
+    names = {(c.get("classname"), c.get("name")) for c in root.iter("testcase")}
+    assert ("run.target", "built-in simulator (no --url)") in names
+    targets = {p.get("value") for p in root.iter("property") if p.get("name") == "target"}
+    assert targets == {note}
+    assert f"**target: {note}**" in markdown.read_text()
+    info = json.loads((tmp_path / "s" / "run.json").read_text())
+    assert info["target"]["builtin_sim"] is True
+
+
+def test_a_run_against_a_url_names_no_simulator(failing_run: tuple[int, str, Path]) -> None:
+    """A run with --url: its JUnit's `target` property is the URL, and nothing says
+    simulator."""
+    _, output, tmp = failing_run
+    summary = read_summary(tmp / "f")
+    info = json.loads((tmp / "f" / "run.json").read_text())
+    assert info["target"]["builtin_sim"] is False
+    assert "simulator" not in output
+    assert "simulator" not in (tmp / "junit.xml").read_text()
+    assert "simulator" not in render_run_markdown(summary)
