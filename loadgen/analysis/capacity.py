@@ -32,9 +32,13 @@ search runs it again longer (`studies.capacity`), and one still inconclusive at 
 counts as not passing: it bounds the knee from above like a failure, since a pass must be
 shown.
 
-A step that fails 3 is *over-saturated*: its ok-completion rate is what the server can
-serve, so no load above it is run again (over-saturation stops the search early) and any
-passing step at or above it is re-judged a failure. A step that would pass but is too
+A step that fails 3 is *over-saturated*: its ok-completion rate is what the server served
+overloaded, so no load at or above it (less RATE_TOLERANCE: the ceiling) is run again
+(over-saturation stops the search early). A step that passed at or above the ceiling
+stands when its own ok completions served at least the ceiling (`Step.served`: the server
+serves less overloaded than at its knee, and the steady step's own measure wins; the
+ceiling then no longer bounds the knee); one that served less passed on a lull, and is
+re-judged a failure, saying so (`studies.capacity`). A step that would pass but is too
 short (2) is run once more, longer (planned from its own measured lifetime).
 
 Closed-loop steps (`--param max_in_flight`, see `loadgen.studies.capacity`) are judged from
@@ -117,6 +121,12 @@ class Step:
     warmup_s: float | None = None  # what was left out at the start
     min_lifetimes: float = MIN_LIFETIMES
     capacity_load: float | None = None  # over-saturated: the load the server did serve
+    # The load its ok completions served (`served_load`: against the nominal rate, in load
+    # units; None for a closed loop or a step with no judged part).
+    served: float | None = None
+    # Why it failed, in a few words each (`over-saturated`, `TTFT rising`, `missed: chat`,
+    # ...): what knee.png labels a failing step with.
+    reasons: tuple[str, ...] = ()
     attempts: int = 1  # runs of this load (too short, or inconclusive: run again, longer)
     closed_loop: bool = False  # a max_in_flight step: rate and trends shown, not judged
     extended: float = 1.0  # the judged run's length against the planned one (inconclusive)
@@ -140,15 +150,25 @@ class Search:
 
     @property
     def ceiling(self) -> float | None:
-        """No load at or above this can pass: the measured capacity less RATE_TOLERANCE."""
+        """The measured capacity less RATE_TOLERANCE: no load at or above it is run, and a
+        pass there stands only if its own ok completions served it (`studies.capacity`)."""
         return None if self.capacity is None else self.capacity * (1 - RATE_TOLERANCE)
+
+    @property
+    def ceiling_holds(self) -> bool:
+        """The ceiling bounds the knee: no pass stands at or above it (one that does served
+        more steadily than the over-saturated step did: the server serves less overloaded
+        than at its knee, and its own measure wins)."""
+        ceiling = self.ceiling
+        return ceiling is not None and (self.highest_pass is None or self.highest_pass < ceiling)
 
     @property
     def upper(self) -> float | None:
         """The lowest load not shown to pass: the first fail, the first step inconclusive
-        however long it ran, or the ceiling, whichever is lowest. The knee lies in
-        [highest_pass, upper): the bracket it is known to."""
-        known = [v for v in (self.first_fail, self.first_undecided, self.ceiling) if v is not None]
+        however long it ran, or the ceiling while it holds, whichever is lowest. The knee
+        lies in [highest_pass, upper): the bracket it is known to."""
+        ceiling = self.ceiling if self.ceiling_holds else None
+        known = [v for v in (self.first_fail, self.first_undecided, ceiling) if v is not None]
         return min(known) if known else None
 
     @property
@@ -164,14 +184,20 @@ class Search:
         return (self.upper - self.highest_pass) / self.upper
 
 
+NOT_JUDGED = "not judged"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
-    """A proposed limit against the search: pass only if limit <= highest pass × (1 − margin)."""
+    """A proposed limit against the search: pass only if limit <= highest pass × (1 − margin);
+    `not judged` when it did not pass and a step the generator could not run (invalid) lay
+    where a pass would have allowed it: the answer is the client's to give, not the server's."""
 
     proposed: float
     allowed: float | None  # the largest limit that would pass
     passed: bool
     reason: str
+    status: str = FAIL  # pass, fail or not judged
 
 
 def min_requests(percentile: float, min_tail: int = 10) -> int:
@@ -186,19 +212,32 @@ def min_requests(percentile: float, min_tail: int = 10) -> int:
 
 
 def judge(found: Search, proposed: float, *, safety_margin: float = 0.10) -> Verdict:
-    """Pass only if `proposed` <= highest passing load × (1 − safety_margin)."""
-    if found.highest_pass is None:
-        return Verdict(
-            proposed=proposed, allowed=None, passed=False, reason="no load passed every SLO"
+    """Pass only if `proposed` <= highest passing load × (1 − safety_margin); a limit not
+    shown to pass is `not judged` when the search stopped at an invalid step and the load
+    that would have allowed it (proposed / (1 − margin)) was never judged: below the knee's
+    upper bound, or with none."""
+    allowed = None if found.highest_pass is None else found.highest_pass * (1 - safety_margin)
+    passed = allowed is not None and proposed <= allowed * (1 + 1e-9)
+    if allowed is None:
+        reason = "no load passed every SLO"
+    else:
+        relation = "<=" if passed else ">"
+        reason = (
+            f"{proposed:g} {relation} {allowed:g} (highest passing load "
+            f"{found.highest_pass:g} less the {safety_margin:.0%} safety margin)"
         )
-    allowed = found.highest_pass * (1 - safety_margin)
-    passed = proposed <= allowed * (1 + 1e-9)
-    relation = "<=" if passed else ">"
-    reason = (
-        f"{proposed:g} {relation} {allowed:g} (highest passing load {found.highest_pass:g} "
-        f"less the {safety_margin:.0%} safety margin)"
-    )
-    return Verdict(proposed=proposed, allowed=allowed, passed=passed, reason=reason)
+    status = PASS if passed else FAIL
+    stopped = found.stopped_by
+    needed = proposed / (1 - safety_margin)
+    unjudged = found.upper is None or found.upper > needed  # a pass there: never ruled out
+    if not passed and stopped is not None and stopped.status == INVALID and unjudged:
+        status = NOT_JUDGED
+        reason += (
+            f"; a pass at {needed:.3g} would have allowed it, and the search stopped "
+            f"at {stopped.load:.3g}, whose step the generator could not run"
+        )
+    return Verdict(proposed=proposed, allowed=allowed, passed=passed, reason=reason,
+                   status=status)  # fmt: skip
 
 
 EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_SLO_MISSED  # the proposed limit passes, fails
@@ -206,13 +245,16 @@ EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_SLO_MISSED  # the proposed limit passes, fa
 
 def exit_code(found: Search, verdict: Verdict | None) -> int:
     """0 pass (or, without a proposed limit, a knee found); 2 fail or no knee in range;
-    3 the generator fell behind before the answer was known; 130 interrupted."""
+    3 the generator fell behind before the answer was known (the limit `not judged`, or,
+    without one, no load above the last pass judged); 130 interrupted."""
     stopped = found.stopped_by
     if stopped is not None and stopped.status == INTERRUPTED:
         return EXIT_INTERRUPTED
-    if verdict is not None and verdict.passed:
-        return EXIT_PASS
-    if verdict is None and found.knee_found:
+    if verdict is not None:
+        if verdict.passed:
+            return EXIT_PASS
+        return EXIT_FELL_BEHIND if verdict.status == NOT_JUDGED else EXIT_FAIL
+    if found.knee_found:
         return EXIT_PASS
     if stopped is not None and found.upper is None:
         return EXIT_FELL_BEHIND  # load above the last pass (or any load at all) never judged
@@ -260,6 +302,7 @@ def audit_step(
 
     Warm-up: records intended before first intended + `warmup_s`; by default the larger of
     10 % of the sending period and WARMUP_LIFETIMES mean lifetimes of the step's requests.
+    A closed-loop batch class is judged whole (a batch is one batch), warm-up included.
     `from_send` measures every latency from the send instead of the intended time
     (closed-loop cap steps). `client_failed`: requests of the whole run (warm-up included)
     failed in the client itself. `lag_bound_ms` is the run's: the re-audit judges the
@@ -275,7 +318,10 @@ def audit_step(
     cut, end = judged_window(frame, warmup_s)
     if warmup_s is None and steady_checks:
         cut = max(cut, _lifetime_cut(frame, end))
-    kept = frame.filter(pl.col("intended_ns") >= cut)
+    # A closed-loop batch is one batch, judged whole (its deadline is a fact of the step):
+    # cut at the warm-up it could end before the judged part and be "missed" with no record.
+    batches = [name for name, cls in spec.classes.items() if cls.concurrency is not None]
+    kept = frame.filter((pl.col("intended_ns") >= cut) | pl.col("class").is_in(batches))
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
     summary = audit(kept, run_id="step", objectives=objectives, planned=kept.height,
                     lag_bound_ms=lag_bound_ms, rule=rule,
@@ -287,17 +333,36 @@ def audit_step(
         if name in spec.classes
     }
     steady = steadiness(frame if from_send else _from_dispatch(frame), cut, end)
+    served = None if from_send else served_load(frame, spec, load, cut, end)
     status, note, capacity = _status(
         summary, classes, steady, client_failed, load=load, min_lifetimes=min_lifetimes,
-        closed_loop=from_send, steady_checks=steady_checks,
-        served_load=served_load(frame, spec, load, cut, end),
+        closed_loop=from_send, steady_checks=steady_checks, served_load=served,
     )  # fmt: skip
     step = _step_of(summary, classes, load, status, note, kept, run_dir)
     first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
     return replace(
         step, steady=steady, warmup_s=(cut - first) / NS_PER_S, min_lifetimes=min_lifetimes,
-        capacity_load=capacity, closed_loop=from_send,
+        capacity_load=capacity, closed_loop=from_send, served=served,
+        reasons=fail_reasons(note) if status == FAIL else (),
     )  # fmt: skip
+
+
+_REASON_TAGS = (("over-saturated", "over-saturated"), ("in flight rising", "in flight rising"),
+                ("TTFT from intended rising", "TTFT rising"), ("missed: ", "missed"),
+                ("lifetime grew", "too short"), ("trace replay lasts", "too short"),
+                ("re-judged", "re-judged"))  # fmt: skip
+
+
+def fail_reasons(note: str) -> tuple[str, ...]:
+    """A failing step's reasons in a few words each, in the order `_status` gives them
+    (`missed: chat` keeps the classes)."""
+    tags = []
+    for part in note.split("; "):
+        for key, tag in _REASON_TAGS:
+            if key in part:
+                tags.append(part.split(" (")[0] if tag == "missed" else tag)
+                break
+    return tuple(dict.fromkeys(tags))
 
 
 def _from_dispatch(frame: pl.DataFrame) -> pl.DataFrame:
@@ -567,6 +632,7 @@ def to_json(
         "knee": knee_json(found, base_rate),
         "capacity": found.capacity,
         "ceiling": found.ceiling,
+        "ceiling_holds": found.ceiling_holds,
         "margin": found.margin,
         "knee_found": found.knee_found,
         "settings": dict(settings),
@@ -578,6 +644,7 @@ def to_json(
             "proposed": verdict.proposed,
             "allowed": verdict.allowed,
             "passed": verdict.passed,
+            "status": verdict.status,
             "reason": verdict.reason,
         },
         "exit_code": exit_code(found, verdict),

@@ -46,18 +46,21 @@ from loadgen.cli.options import (
     url_option,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
+from loadgen.cli.run import check_report_paths, write_text
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
+from loadgen.render.capacity_axis import load_axis
+from loadgen.render.capacity_checks import render_capacity_junit, render_capacity_markdown
 from loadgen.render.capacity_view import (
     capacity_files,
     conclusion,
     judged_steps,
-    load_axis,
     rule_lines,
     start_line,
     step_lines,
     steps_table,
 )
+from loadgen.render.terminal import SIM_NOTE
 from loadgen.results.runfolder import read_summary
 from loadgen.results.write import write_files
 from loadgen.run.raycluster.driver import ray_session
@@ -186,6 +189,21 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     help="Folder for capacity.json, knee.png and the steps' runs (default "
     "reports/capacity-<UTC time>).",
 )
+@option(
+    OUTPUT,
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the search's answer as JUnit XML: one testcase, the proposed limit (or "
+    "whether a knee was found), failing as capacity's exit code does; every step a property.",
+)
+@option(
+    OUTPUT,
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the answer, the conclusion and a row per step as Markdown (for a CI job summary).",
+)
 @ray_options
 @live_options
 @price_options
@@ -195,7 +213,8 @@ def capacity(
     steps_text: str | None, resolution: float, min_tail: int, min_lifetimes: float,
     warmup_s: float | None, max_extend: float, proposed_limit: str | None,
     safety_margin: float,
-    out_dir: Path | None, prometheus_listen: str | None, prometheus_grace_s: float,
+    out_dir: Path | None, junit_path: Path | None, markdown_path: Path | None,
+    prometheus_listen: str | None, prometheus_grace_s: float,
     otlp_endpoint: str | None, otlp_interval_s: float, ray_address: str | None,
     ray_shards: int | None, max_clock_skew_ms: float, **shared: Any,
 ) -> None:  # fmt: skip  # the options it shares with `run` (loadgen.cli.options) in `shared`
@@ -232,6 +251,7 @@ def capacity(
         "--otlp-endpoint": otlp_endpoint,
     })  # fmt: skip
     check_url(shared["url"])
+    check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     spec = shared_spec(workload, shared)
     check_run_step_options(shared, spec)
     base = shared_run_options(shared)  # every step runs with these (its url, folder, cap added)
@@ -260,7 +280,7 @@ def capacity(
                      price_per_hour=fleet, network=base.network)  # fmt: skip
     session = ray_session(ray, quiet=base.quiet) if ray is not None else contextlib.nullcontext()
     with live as exporter, session:
-        with _target_url(base.url, spec, base.quiet) as base_url:
+        with _target_url(base.url, spec, base.quiet) as (base_url, builtin_sim):
             one = run_one_against(base_url, options=base, out=out / "steps", live=exporter,
                                   ray=ray)  # fmt: skip
             run_one = _memory_checked(one, base.seed, shared["max_memory_gb"])
@@ -279,6 +299,15 @@ def capacity(
         write_files(out, capacity_files(found, verdict, axis, settings))
         for line in conclusion(found, verdict, axis, safety_margin):
             console.print(line)
+        if builtin_sim:  # said under -q too: a job that lost its --url must not read as a test
+            console.print(f"target: {SIM_NOTE}", style="bold yellow", markup=False)
+        for path, render in ((junit_path, render_capacity_junit),
+                             (markdown_path, render_capacity_markdown)):  # fmt: skip
+            if path is not None:
+                text = render(found, verdict, axis, safety_margin=safety_margin,
+                              builtin_sim=builtin_sim)  # fmt: skip
+                write_text(path, text)
+                console.print(f"wrote {path}", markup=False)
         if judged_steps(found):
             console.print(f"knee plot, capacity.json and step runs: {out}")
         else:
@@ -349,9 +378,10 @@ def _loads(
 
 
 @contextlib.contextmanager
-def _target_url(url: str | None, spec: WorkloadSpec, quiet: bool) -> Iterator[str]:
-    """The URL, the file's, or one built-in simulator kept up for every step."""
+def _target_url(url: str | None, spec: WorkloadSpec, quiet: bool) -> Iterator[tuple[str, bool]]:
+    """The URL, the file's, or one built-in simulator kept up for every step; and whether
+    it is the simulator."""
     with target_url(url, spec) as (base_url, args):
         if args is not None and not quiet:
             click.echo(f"started the built-in simulator at {base_url} {' '.join(args)}", err=True)
-        yield base_url
+        yield base_url, args is not None

@@ -80,9 +80,11 @@ CAPACITY_EXITS = exit_help(
     (EXIT_USAGE, "usage or configuration error (bad file, bad flag, unreachable target)"),
     (EXIT_SLO_MISSED, "the proposed limit fails; without it, no knee in range (no step passed,\n"
                       "or every step up to --max passed)"),
-    (EXIT_FELL_BEHIND, "the generator fell behind before the answer was known (the first step\n"
-                       "included: then no load was judged and no knee.png is drawn): rerun on a\n"
-                       "bigger or quieter machine"),
+    (EXIT_FELL_BEHIND, "the generator fell behind before the answer was known: the proposed limit\n"
+                       "is NOT JUDGED (a load that decided it was a step the generator could\n"
+                       "not run), or, without one, no load above the last pass was judged (the\n"
+                       "first step included: then no knee.png is drawn): rerun on a bigger or\n"
+                       "quieter machine"),
     INTERRUPTED_ROW,
 )  # fmt: skip
 

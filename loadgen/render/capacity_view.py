@@ -8,7 +8,6 @@ Latencies are each class's SLO percentile (nearest rank) with failures ranked wo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from rich import box
@@ -18,6 +17,7 @@ from rich.text import Text
 from loadgen.analysis.capacity import (
     FAIL,
     INVALID,
+    NOT_JUDGED,
     PASS,
     RATE_TOLERANCE,
     UNDECIDED,
@@ -30,46 +30,11 @@ from loadgen.analysis.capacity import (
     required_requests,
     to_json,
 )
+from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.knee_plot import knee_png
 from loadgen.render.terminal import fmt_num, with_unit
 from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
-from loadgen.workload.spec import WorkloadSpec, offered_rate
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoadAxis:
-    """What a load of the search is on the page: in rate mode a multiplier of the file's
-    open-loop rate (`workload.spec.offered_rate`) shown with its total, else a cap."""
-
-    param: str
-    scale: float  # the unit per load: the file's open-loop rate (1.0 when unknown or a cap)
-    unit: str  # `req/s`, `sessions/s`, ...; "" when the total is unknown (a trace replay)
-    title: str  # the plot's axis title
-
-    def text(self, load: float) -> str:
-        """A load as the user gave it: `4 in flight`, `6x (12 req/s)`, or `2x`."""
-        if self.param == "max_in_flight":
-            return f"{load:g} in flight"
-        return f"{load:.3g}x ({load * self.scale:.3g} {self.unit})" if self.unit else f"{load:.3g}x"
-
-    def value(self, load: float) -> float:
-        """The load on the axis's own scale (its total in `unit`, or the cap)."""
-        return load * self.scale
-
-
-def load_axis(spec: WorkloadSpec, param: str) -> LoadAxis:
-    """The axis of a search over `param` for this workload."""
-    if param == "max_in_flight":
-        return LoadAxis(param=param, scale=1.0, unit="",
-                        title="max in flight (concurrent requests)")  # fmt: skip
-    offered = offered_rate(spec)
-    if offered.per_s is None:
-        return LoadAxis(param=param, scale=1.0, unit="",
-                        title="load (× the workload's open-loop rates)")  # fmt: skip
-    outside = (f"; {', '.join(offered.closed_loop)} closed-loop, outside it"
-               if offered.closed_loop else "")  # fmt: skip
-    title = f"offered load ({offered.unit}: {', '.join(offered.open_loop)}{outside})"
-    return LoadAxis(param=param, scale=offered.per_s, unit=offered.unit, title=title)
+from loadgen.workload.spec import WorkloadSpec
 
 
 def rule_lines(
@@ -95,10 +60,10 @@ def rule_lines(
     if param == "rate":
         lines.append(
             f"a step passes only at a steady state: completed within {RATE_TOLERANCE:.0%} of "
-            "the offered rate, requests in flight and TTFT from intended not rising across "
-            "the judged part (10 slices; beyond a 99.9 % one-sided bound from their scatter "
-            "and beyond one request's worth), and every SLO met at its confidence (a step "
-            "whose SLOs are neither met nor missed is run again, longer)"
+            "the offered rate, requests in flight and TTFT (from each request's dispatch) not "
+            "rising across the judged part (10 slices; beyond a 99.9 % one-sided bound from "
+            "their scatter and beyond one request's worth), and every SLO met at its "
+            "confidence (a step whose SLOs are neither met nor missed is run again, longer)"
         )
     else:
         lines.append(
@@ -106,6 +71,12 @@ def rule_lines(
             "(completed vs offered and the TTFT trend are shown, not judged); latencies are "
             "judged from the send, and every SLO must be met"
         )
+    lines.append(
+        "a step is invalid (the generator's, not the server's) only when the client could "
+        f"not run it: requests failed in the client, its sends more than {RATE_TOLERANCE:.0%} "
+        "short of the scheduled rate, or its own time could have changed the SLO verdict "
+        "(its send lag is charged to TTFT: a MET that holds with it stands)"
+    )
     return lines
 
 
@@ -282,57 +253,91 @@ def _ms(figures: ClassFigures | None, metric: str) -> str | Text:
 def conclusion(
     found: Search, verdict: Verdict | None, axis: LoadAxis, safety_margin: float
 ) -> list[Text]:
+    """What the search measured and what it advises, every sentence true of its steps: an
+    invalid step is said to be the generator's (never "raise --max" above it), a pass over
+    the ceiling says why it stands, a re-judged step says what re-judged it."""
     lines = []
     stopped = found.stopped_by
-    if stopped is not None and stopped.status == INVALID and not judged_steps(found):
+    invalid = stopped is not None and stopped.status == INVALID
+    if stopped is not None and invalid and not judged_steps(found):
         lines.append(Text(
             f"no step was judged: at {axis.text(stopped.load)}, the first load, "
             f"{stopped.note}; its numbers describe the client, not the server (exit 3): "
-            "rerun on a bigger or quieter machine, with --workers, or a looser --lag-bound-ms",
+            "rerun on a bigger or quieter machine, or with --workers",
             style="bold yellow",
         ))  # fmt: skip
         return lines
-    if stopped is not None and stopped.status == INVALID:
+    if stopped is not None and invalid:
         lines.append(Text(
-            f"stopped at {axis.text(stopped.load)}: {stopped.note}; the search "
-            "went no further, so loads above the highest pass stay unjudged", style="yellow",
+            f"stopped at {axis.text(stopped.load)}: {stopped.note}; the generator could not "
+            "run that load, so the search went no further: loads above the highest pass "
+            "there were not judged (rerun on a bigger or quieter machine, or with --workers)",
+            style="yellow",
         ))  # fmt: skip
-    if found.capacity is not None:
-        lines.append(Text(
-            "over-saturated, the server served at most "
-            f"{axis.text(found.capacity)}; "
-            f"no load at or above {axis.text(found.ceiling or 0)} "
-            f"({1 - RATE_TOLERANCE:.0%} of it) can pass"
-        ))  # fmt: skip
+    lines += _ceiling_lines(found, axis)
+    lines += [Text(f"step {axis.text(s.load)} re-judged FAIL: {s.note}", style="yellow")
+              for s in found.steps if "re-judged" in s.reasons]  # fmt: skip
     if found.highest_pass is None:
         lines.append(Text("no load passed every SLO: lower --start", style="bold red"))
+    elif found.upper is None and invalid:
+        lines.append(
+            Text(
+                f"highest passing load {axis.text(found.highest_pass)}; the knee "
+                "above it is unknown (the search stopped at an invalid step)"
+            )
+        )
     elif found.upper is None:
-        lines.append(Text(f"highest passing load {axis.text(found.highest_pass)}; "
-                          "no step failed, so the knee lies above it: raise --max"))  # fmt: skip
+        lines.append(Text(f"highest passing load {axis.text(found.highest_pass)}; no step up "
+                          "to --max failed, so the knee lies above it: raise --max"))  # fmt: skip
     else:
-        if found.first_fail is not None and found.upper == found.first_fail:
-            bound = f"the first failing load {axis.text(found.first_fail)}"
-        elif found.first_undecided is not None and found.upper == found.first_undecided:
-            bound = (f"the first load still inconclusive when extended "
-                     f"{axis.text(found.first_undecided)}")  # fmt: skip
-        else:
-            bound = f"the capacity bound {axis.text(found.upper)}"
-        lines.append(Text(
-            f"highest passing load {axis.text(found.highest_pass)}, "
-            f"{found.margin:.1%} below {bound}", style="bold",
-        ))  # fmt: skip
-        lines.append(Text(
-            f"the knee lies in [{axis.text(found.highest_pass)}, "
-            f"{axis.text(found.upper)}): shown to pass at the first, not "
-            "shown to pass at the second"
-        ))  # fmt: skip
+        lines += _knee_lines(found, axis)
     if verdict is not None:
         lines.append(_verdict_line(verdict, axis, safety_margin))
     return lines
 
 
+def _ceiling_lines(found: Search, axis: LoadAxis) -> list[Text]:
+    """What an over-saturated step showed: the ceiling it sets, or why a pass stands above it."""
+    if found.capacity is None or found.ceiling is None:
+        return []
+    served = f"over-saturated, the server served at most {axis.text(found.capacity)}"
+    if found.ceiling_holds:
+        return [Text(f"{served}; no load at or above {axis.text(found.ceiling)} "
+                     f"({1 - RATE_TOLERANCE:.0%} of it) can pass")]  # fmt: skip
+    above = [s for s in found.steps if s.status == PASS and s.load >= found.ceiling]
+    return [Text(
+        f"{served}; the pass at {axis.text(s.load)} stands above {axis.text(found.ceiling)} "
+        f"({1 - RATE_TOLERANCE:.0%} of it): its own ok completions served "
+        f"{axis.text(s.served or s.load)}, steadily, so the server serves less overloaded "
+        "than at its knee, and the ceiling bounds nothing"
+    ) for s in above]  # fmt: skip
+
+
+def _knee_lines(found: Search, axis: LoadAxis) -> list[Text]:
+    """The highest pass, what bounds the knee from above, and the bracket."""
+    assert found.highest_pass is not None
+    assert found.upper is not None
+    if found.first_fail is not None and found.upper == found.first_fail:
+        bound = f"the first failing load {axis.text(found.first_fail)}"
+        step = next(s for s in found.steps if s.load == found.first_fail)
+        if step.reasons:
+            bound += f" ({', '.join(step.reasons)})"
+    elif found.first_undecided is not None and found.upper == found.first_undecided:
+        bound = (f"the first load still inconclusive when extended "
+                 f"{axis.text(found.first_undecided)}")  # fmt: skip
+    else:
+        bound = f"the capacity bound {axis.text(found.upper)}"
+    return [
+        Text(f"highest passing load {axis.text(found.highest_pass)}, {found.margin:.1%} below "
+             f"{bound}", style="bold"),
+        Text(f"the knee lies in [{axis.text(found.highest_pass)}, {axis.text(found.upper)}): "
+             "shown to pass at the first, not shown to pass at the second"),
+    ]  # fmt: skip
+
+
 def _verdict_line(verdict: Verdict, axis: LoadAxis, safety_margin: float) -> Text:
-    word = Text("PASS", style="bold green") if verdict.passed else Text("FAIL", style="bold red")
+    words = {PASS: ("PASS", "bold green"), NOT_JUDGED: ("NOT JUDGED", "bold yellow")}
+    text, style = words.get(verdict.status, ("FAIL", "bold red"))
     proposed = axis.text(verdict.proposed)
     if verdict.allowed is None:
         reason = "no load passed every SLO"
@@ -341,7 +346,11 @@ def _verdict_line(verdict: Verdict, axis: LoadAxis, safety_margin: float) -> Tex
         relation = "<=" if verdict.passed else ">"
         reason = (f"{proposed} {relation} {allowed} = highest pass less the "
                   f"{safety_margin:.0%} safety margin")  # fmt: skip
-    return Text.assemble("proposed limit ", proposed, ": ", word, f" ({reason})")
+    if verdict.status == NOT_JUDGED:
+        reason += ("; a load that would have allowed it was never judged: the search stopped "
+                   "at a step the generator could not run (exit 3)")  # fmt: skip
+    return Text.assemble("proposed limit ", proposed, ": ", Text(text, style=style),
+                         f" ({reason})")  # fmt: skip
 
 
 def capacity_files(
@@ -352,7 +361,7 @@ def capacity_files(
     data = to_json(found, verdict, settings, axis.scale if axis.unit else None)
     files = {CAPACITY_FILE: (json.dumps(data, indent=2) + "\n").encode("utf-8")}
     if judged_steps(found):  # else there is nothing to draw: no knee.png, and the
-        files[KNEE_PLOT] = knee_png(found, x_scale=axis.scale, x_label=axis.title)  # why is said
+        files[KNEE_PLOT] = knee_png(found, axis, verdict)  # why is said
     return files
 
 

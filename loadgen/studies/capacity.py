@@ -170,20 +170,32 @@ def _bracket(steps: Sequence[Step]) -> Search:
 
 
 def _rejudged(steps: Sequence[Step]) -> list[tuple[int, Step]]:
-    """Passing steps at or above the measured capacity's ceiling, re-judged as failures."""
+    """Passing steps at or above the measured capacity's ceiling whose own ok completions
+    served less than it (a lull: the load was not really offered), re-judged failures with
+    the evidence. A pass that served the ceiling or more stands: it is a direct measure
+    that the server sustains its load, where the over-saturated step only shows what the
+    server serves overloaded."""
     found = _bracket(steps)
     ceiling = found.ceiling
     if ceiling is None:
         return []
-    reason = (
-        f"re-judged: at or above {1 - RATE_TOLERANCE:.0%} of the load {found.capacity:.3g} "
-        "the server served when over-saturated"
+    over = next(s for s in steps if s.capacity_load == found.capacity)
+    why = (
+        f"re-judged by the over-saturated step at {over.load:.3g}x, which served "
+        f"{found.capacity:.3g}x: this step's ok completions served only"
     )
     return [
-        (index, replace(step, status=FAIL, note=f"{reason} (it had passed: {step.note})"))
+        (index, replace(step, status=FAIL, reasons=("re-judged",), note=(
+            f"{why} {_served_text(step)}, under {1 - RATE_TOLERANCE:.0%} of that "
+            f"({ceiling:.3g}x), so it passed on a lull (it had passed: {step.note})")))
         for index, step in enumerate(steps)
         if step.status == PASS and step.load >= ceiling
-    ]
+        and (step.served is None or step.served < ceiling)
+    ]  # fmt: skip
+
+
+def _served_text(step: Step) -> str:
+    return "an unmeasured load" if step.served is None else f"{step.served:.3g}x"
 
 
 def _midpoint(lo: float, hi: float, resolution: float, integer: bool) -> float | None:

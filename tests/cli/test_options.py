@@ -29,14 +29,14 @@ RUN_ONLY = {
     "shard_text": "a search is judged step by step on all of a step's records: not sharded",
     "start_at_text": "goes with --shard",
     "sim_trace": "capacity starts one simulator for every step; a trace is per run",
-    "junit_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
-    "markdown_path": "a run's SLO checks; capacity's answer is capacity.json and its exit code",
     "dry_run": "a step's plan depends on the lifetimes measured at the steps before it",
     "repeats": "a step is run again when inconclusive (--max-extend); repeats are run's",
     "start_when_told": "goes with --shard (the side of a shard that --ray starts)",
 }
 # Options both take with a meaning of their own (so not from the shared set).
-OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder"}
+OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder",
+               "junit_path": "run: the SLO checks; capacity: the search's answer",
+               "markdown_path": "run: the SLO checks; capacity: the search's answer"}  # fmt: skip
 
 
 def options(command: click.Command) -> dict[str, click.Option]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,20 @@ from click.testing import CliRunner
 from loadgen.analysis.capacity import (
     FAIL,
     INVALID,
+    NOT_JUDGED,
     PASS,
     RATE_TOLERANCE,
     Search,
     Step,
+    audit_step,
     exit_code,
+    fail_reasons,
     judge,
     min_requests,
 )
 from loadgen.percentiles import nearest_rank
+from loadgen.render.capacity_axis import LoadAxis
+from loadgen.render.capacity_view import conclusion
 from loadgen.studies.capacity import geometric_loads, search
 from loadgen.testing.builders import workload_file
 
@@ -132,6 +138,76 @@ def test_a_lucky_pass_above_the_measured_capacity_is_rejudged() -> None:
     assert any(s.load == 4.0 and s.status == FAIL for s in seen)  # the caller is told
     assert found.highest_pass is not None
     assert found.highest_pass < 3.0
+
+
+def test_a_steady_pass_that_served_the_ceiling_stands_and_says_why() -> None:
+    """The issue's search: a step at 15.3 held (its ok completions served 15.2), an
+    over-saturated one served at most 15.1 (ceiling 14.65). The pass stands, measured; the
+    ceiling bounds nothing, and the conclusion says so (it was re-judged FAIL, silently)."""
+    over = Step(load=16.0, status=FAIL, note="over-saturated", capacity_load=15.1,
+                reasons=("over-saturated",))  # fmt: skip
+    held = Step(load=15.3, status=PASS, note="steady, every SLO met", served=15.2)
+    steps = {8.0: Step(load=8.0, status=PASS, note="steady", served=8.0), 16.0: over, 15.3: held}
+    found = search(lambda load: steps[load], [8.0, 15.3, 16.0], resolution=0.05)
+    assert [s.status for s in found.steps] == [PASS, PASS, FAIL]
+    assert not found.ceiling_holds
+    assert (found.highest_pass, found.upper) == (15.3, 16.0)
+    axis = LoadAxis(param="rate", scale=1.0, unit="req/s", title="offered load (req/s)")
+    said = " ".join(str(line) for line in conclusion(found, None, axis, 0.10))
+    assert "the pass at 15.3x (15.3 req/s) stands above 14.6x (14.6 req/s)" in said
+    assert "its own ok completions served 15.2x (15.2 req/s)" in said
+    assert "the first failing load 16x (16 req/s) (over-saturated)" in said
+
+
+def test_a_pass_on_a_lull_above_the_ceiling_is_re_judged_and_said() -> None:
+    """A pass at 4 whose ok completions served 2.5 against a server that serves 3
+    overloaded passed on a lull: re-judged FAIL with the evidence, and the conclusion
+    repeats it."""
+    run_step, _ = saturating_server(3.0, lucky=(4.0,))
+
+    def with_served(load: float) -> Step:
+        step = run_step(load)
+        return replace(step, served=2.5) if load == 4.0 else step
+
+    found = search(with_served, [1, 2, 4, 8], resolution=0.05)
+    four = next(s for s in found.steps if s.load == 4.0)
+    assert (four.status, four.reasons) == (FAIL, ("re-judged",))
+    assert "served only 2.5x, under 97% of that (2.91x), so it passed on a lull" in four.note
+    axis = LoadAxis(param="rate", scale=1.0, unit="req/s", title="offered load (req/s)")
+    said = " ".join(str(line) for line in conclusion(found, None, axis, 0.10))
+    assert "step 4x (4 req/s) re-judged FAIL: re-judged by the over-saturated step" in said
+
+
+def test_a_limit_an_invalid_step_kept_from_judging_is_not_judged() -> None:
+    """Passes to 2, the step at 4 invalid: 3 (which needs a pass at 3.33) was never judged,
+    so the limit is NOT JUDGED, exit 3, and nothing says "raise --max"; 1.5 passes (exit
+    0) whatever lay above; with a fail at 3 below 3.33, 3 fails (exit 2)."""
+    invalid = Step(load=4.0, status=INVALID, note="the generator fell behind: …")
+    two = Step(load=2.0, status=PASS, note="steady")
+    stopped = Search(steps=(two, invalid), highest_pass=2.0, first_fail=None, stopped_by=invalid)
+    verdict = judge(stopped, 3.0)
+    assert (verdict.status, exit_code(stopped, verdict)) == (NOT_JUDGED, 3)
+    assert exit_code(stopped, judge(stopped, 1.5)) == 0
+    axis = LoadAxis(param="rate", scale=2.0, unit="req/s", title="offered load (req/s)")
+    said = " ".join(str(line) for line in conclusion(stopped, verdict, axis, 0.10))
+    assert "raise --max" not in said
+    assert "the knee above it is unknown (the search stopped at an invalid step)" in said
+    assert "proposed limit 3x (6 req/s): NOT JUDGED" in said
+    failed = Step(load=3.0, status=FAIL, note="missed: chat")
+    bracketed = Search(steps=(two, failed, invalid), highest_pass=2.0, first_fail=3.0,
+                       stopped_by=invalid)  # fmt: skip
+    verdict = judge(bracketed, 3.0)
+    assert (verdict.status, exit_code(bracketed, verdict)) == (FAIL, 2)
+
+
+def test_a_failing_steps_reasons_in_a_few_words() -> None:
+    """The reasons knee.png labels a first fail with, from the step's note."""
+    note = ("over-saturated: completed 16.2 of 23.2 req/s offered (70%), short by 48 requests "
+            "(allowed 16); in flight rising +47 (noise bound 18, floor 1); TTFT from intended "
+            "rising +2.95e+03 ms (noise bound 1.1e+03, floor 62); missed: chat, bulk; short: "
+            "2.4/10 lifetimes")  # fmt: skip
+    assert fail_reasons(note) == ("over-saturated", "in flight rising", "TTFT rising",
+                                  "missed: chat, bulk")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -525,3 +601,72 @@ def test_steps_go_inconclusive_then_extended_then_decided_and_the_knee_is_the_ba
     assert decided[4]["classes"]["chat"]["verdict"] == "met"
     assert decided[5]["classes"]["chat"]["verdict"] == "missed"
     assert data["settings"]["max_extend"] == 4.0
+
+
+def test_a_batch_that_ends_in_the_warm_up_is_judged_whole() -> None:
+    """mixed.yaml's summarize batch (24 documents, 8 at a time) done 7 s into a 150 s step,
+    inside its warm-up: the batch is judged whole, met, and the step passes on chat's
+    figures (it was cut to no document and "missed: summarize", failing a step where
+    nothing missed; seen at the simulator's speed 2)."""
+    from loadgen.results.records import to_frame
+    from loadgen.testing import streamed_record
+    from loadgen.workload.spec import load
+
+    spec = load(Path(__file__).resolve().parents[2] / "workloads" / "mixed.yaml")
+    chat = [streamed_record(i, intended_ms=500.0 * i, ttft_ms=50.0, gaps_ms=(20.0,) * 10)
+            for i in range(300)]  # fmt: skip
+    docs = [streamed_record(1000 + i, intended_ms=5000.0 + 200.0 * i, ttft_ms=300.0,
+                            gaps_ms=(20.0,) * 20, class_name="summarize", session_id=1000,
+                            turn=i) for i in range(24)]  # fmt: skip
+    step = audit_step(to_frame(chat + docs), spec, 1.0, min_tail=10, warmup_s=None,
+                      from_send=False, client_failed=False)  # fmt: skip
+    assert step.warmup_s is not None
+    assert step.warmup_s > 10  # the batch (5 s to ~10 s) lies inside it
+    assert step.classes["summarize"].verdict == "met"
+    assert step.status == PASS, step.note
+
+
+def test_capacity_writes_its_answer_as_junit_and_markdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1x passes, 2x the generator cannot run (every send 20 ms late against a strict 5 ms
+    bound): --proposed-limit 1.5x needed a pass at 1.67x, never judged, so it is NOT
+    JUDGED, exit 3. The JUnit has the one case, failing as `invalid`, the steps as
+    properties; the Markdown heads with the verdict and has a row per step."""
+    import xml.etree.ElementTree as ET
+
+    from loadgen.cli.capacity import capacity
+
+    def fake_run_one_against(url, *, options, out, live, ray):  # type: ignore[no-untyped-def]
+        def run_one(spec_at, cap, run_id):  # type: ignore[no-untyped-def]
+            seconds = spec_at.classes["chat"].duration_s
+            rate = spec_at.classes["chat"].arrival.rate_per_s
+            lag = 20.0 if rate > 16 else 0.0
+            return steady_frame(rate, seconds, 0.1, lag_ms=lag), False, False, tmp_path / run_id
+
+        return run_one
+
+    monkeypatch.setattr("loadgen.cli.capacity.run_one_against", fake_run_one_against)
+    workload, _ = knee_workload(tmp_path, rate=16)
+    junit, markdown = tmp_path / "capacity.xml", tmp_path / "capacity.md"
+    result = CliRunner().invoke(capacity, [
+        str(workload), "--out", str(tmp_path / "out"), "--url", "http://127.0.0.1:9",
+        "--lag-bound-ms", "5", "--steps", "1x,2x", "--proposed-limit", "1.5x", "-q",
+        "--junit", str(junit), "--markdown", str(markdown)])  # fmt: skip
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.output.split())
+    assert "proposed limit 1.5x (24 req/s): NOT JUDGED" in said
+    assert "raise --max" not in said
+    root = ET.parse(junit).getroot()
+    (case,) = root.iter("testcase")
+    assert case.get("name") == "proposed limit 1.5x (24 req/s)"
+    failure = case.find("failure")
+    assert failure is not None
+    assert failure.get("type") == "invalid"
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert (props["step.01.status"], props["step.02.status"]) == (PASS, INVALID)
+    assert props["exit_code"] == "3"
+    text = markdown.read_text()
+    assert text.startswith("### loadgen capacity: NOT JUDGED (exit 3)\n")
+    assert "| 2x (32 req/s) |" in text
+    assert "simulator" not in text

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from loadgen.analysis.capacity import base_rate_per_s
 from loadgen.cli import cli
 from loadgen.cli.capacity import _load_value
-from loadgen.render.capacity_view import load_axis
+from loadgen.render.capacity_axis import load_axis
 from loadgen.workload.identity import identity
 from loadgen.workload.spec import load, loads, offered_rate, override
 
