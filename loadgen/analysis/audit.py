@@ -30,6 +30,7 @@ from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError, OptionError
+from loadgen.results.recover import recovered_records
 from loadgen.results.runfolder import (
     PARTS_DIR,
     RECORDS_FILE,
@@ -262,7 +263,7 @@ def audit_run(
     info = read_run_info(run_dir)
     if not has_records(run_dir):
         raise LoadgenError(f"{run_dir} has no {RECORDS_FILE} (nor {PARTS_DIR})")
-    frame = read_records(run_dir)
+    frame = records_as_recovered(run_dir, info)
     effective = {**info.slos(), **(slos or {})}
     summary = audit(
         frame,
@@ -277,6 +278,17 @@ def audit_run(
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
     return with_cache(summary, info.cache), frame, effective
+
+
+def records_as_recovered(run_dir: Path, info: RunInfo) -> pl.DataFrame:
+    """The run's records; for a run that never wrote its end (interrupted twice, killed),
+    its parts with every other plan recorded as `report --recover` will record it
+    (`results.recover`: cancelled or not_sent), so `report` and `report --recover` of one
+    folder say the same."""
+    if info.finished or info.recovered:
+        return read_records(run_dir)
+    recovered = recovered_records(run_dir, info)
+    return read_records(run_dir) if recovered is None else recovered[0]
 
 
 def with_cache(summary: Summary, cache: CacheWarmth | None) -> Summary:

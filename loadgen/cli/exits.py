@@ -57,7 +57,8 @@ RUN_EXITS = exit_help(
                       "plan recorded, no verdict"),
     INCONCLUSIVE_ROW,
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM); records and summary are still written (no\n"
-                       "verdict: the figures are partial)"),
+                       "verdict: the figures are partial); a second Ctrl-C exits at once and\n"
+                       "names the folder: report --recover finishes it, still 130"),
 )  # fmt: skip
 
 # `report`: a run folder's verdict as re-audited, or a results store's windows

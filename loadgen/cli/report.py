@@ -104,9 +104,11 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
 @click.option(
     "--recover",
     is_flag=True,
-    help="One run that was killed: join its record parts and give every planned request a "
-    "record (cancelled if it was due, not_sent if not), mark it incomplete (exit 5), write "
-    "its summary.json, then report. Refused (exit 6) while the run is still running.",
+    help="One run that never wrote its end (killed, or interrupted twice): join its record "
+    "parts and give every planned request a record (cancelled if it was due, not_sent if "
+    "not), mark it incomplete (killed: exit 5) or keep it interrupted (exit 130), write its "
+    "summary.json, then report (`report` alone reports the same records without writing "
+    "them). Refused (exit 6) while the run is still running.",
 )
 @click.option(
     "--wait",
@@ -146,7 +148,7 @@ def report(
       loadgen report reports/20261129T101500Z-chat-1a2b --verdict point
       loadgen report reports/ --window 30d --step 1d --class chat
       loadgen report reports/ --workload chat-smoke --format json
-      loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after a SIGKILL
+      loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after SIGKILL or 2 Ctrl-C
     """
     if is_run_folder(path):
         _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
@@ -172,7 +174,8 @@ def _refuse_live(run_dir: Path, *, wait: bool, doing: str) -> None:
 
 
 def _recover(run_dir: Path) -> None:
-    """Give a killed run one record per plan, then write its summary and histograms."""
+    """Give a run that never wrote its end one record per plan, then write its summary and
+    histograms."""
 
     with run_lock(run_dir, doing="recover"):  # a run that started writing since: refused
         done = recover(run_dir)

@@ -44,7 +44,7 @@ from loadgen.results.summary import (
 STOP_TEXT = {
     "interrupted": "interrupted by Ctrl-C or SIGTERM",
     "watchdog": "stopped by the watchdog",
-    "incomplete": "killed, then recovered from its record parts",
+    "incomplete": "killed outright; its plans without a record are counted cancelled or not_sent",
 }
 
 
@@ -655,8 +655,10 @@ def recovery_line(run_dir: Path, done: Recovery) -> str:
     line = (
         f"recovered {run_dir}: planned {done.planned:,} · {done.kept:,} records kept from its "
         f"parts · {done.cancelled:,} cancelled (sent, no record survived) · {done.not_sent:,} "
-        "not_sent; marked incomplete (no verdict, exit 5)"
-    )
+        + ("not_sent; marked interrupted (stopped by the user: no verdict, exit 130)"
+           if done.stopped == "interrupted"
+           else "not_sent; marked incomplete (killed outright: no verdict, exit 5)")
+    )  # fmt: skip
     for name, reason in done.skipped.items():
         line += (f"\n  skipped {name} (kept in {DAMAGED_DIR}/): {reason}; its plans are "
                  "counted above as the others without a record")  # fmt: skip

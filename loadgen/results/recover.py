@@ -61,6 +61,7 @@ class Recovery:
     # Parts that could not be read, by name, each with why (`runfolder.readable_parts`):
     # their plans are recorded as the others without a record are; the files are kept aside.
     skipped: Mapping[str, str] = field(default_factory=dict)
+    stopped: str = "incomplete"  # how it is marked: `interrupted` (the user), `incomplete`
 
 
 def recovered_records(run_dir: Path, info: RunInfo) -> tuple[pl.DataFrame, Recovery] | None:
@@ -75,11 +76,14 @@ def recovered_records(run_dir: Path, info: RunInfo) -> tuple[pl.DataFrame, Recov
     work = rebuild_work(info, run_dir)
     frame, skipped = readable_parts(parts)
     alive = last_alive_ns(parts, info, frame)
-    filled = fill_unrecorded(work, frame, alive, processes=_process_count(info))
+    cause = "interrupted (a second Ctrl-C)" if info.stopped == "interrupted" else "killed"
+    filled = fill_unrecorded(work, frame, alive, processes=_process_count(info), cause=cause)
     joined = pl.concat([frame, to_frame(filled)]).sort("request_id") if filled else frame
     counts = {o: sum(r.outcome is o for r in filled) for o in (Outcome.CANCELLED, Outcome.NOT_SENT)}
+    stopped = "interrupted" if info.stopped == "interrupted" else "incomplete"
     done = Recovery(planned=len(work.plans), kept=frame.height, cancelled=counts[Outcome.CANCELLED],
-                    not_sent=counts[Outcome.NOT_SENT], skipped=skipped)  # fmt: skip
+                    not_sent=counts[Outcome.NOT_SENT], skipped=skipped,
+                    stopped=stopped)  # fmt: skip
     return joined, done
 
 
@@ -128,9 +132,11 @@ def last_alive_ns(parts: Path, info: RunInfo, frame: pl.DataFrame) -> dict[int, 
 
 
 def fill_unrecorded(
-    work: Work, frame: pl.DataFrame, alive_ns: Mapping[int, int], *, processes: int
-) -> list[RequestRecord]:
-    """A `cancelled` or `not_sent` record for every plan of `work` that `frame` lacks."""
+    work: Work, frame: pl.DataFrame, alive_ns: Mapping[int, int], *, processes: int,
+    cause: str = "killed",
+) -> list[RequestRecord]:  # fmt: skip
+    """A `cancelled` or `not_sent` record for every plan of `work` that `frame` lacks, its
+    error naming how the run ended (`cause`: killed, or interrupted by a second Ctrl-C)."""
     ends = {
         int(r["request_id"]): (str(r["outcome"]), r["end_ns"])
         for r in frame.select("request_id", "outcome", "end_ns").iter_rows(named=True)
@@ -141,14 +147,14 @@ def fill_unrecorded(
         alive = alive_ns.get(index, max(alive_ns.values(), default=0))
         for single in share.singles:
             if single.request_id not in ends:
-                filled.append(_unrecorded(single, single.intended_ns, alive))
+                filled.append(_unrecorded(single, single.intended_ns, alive, cause))
         for flow in share.flows:
-            filled.extend(_flow_unrecorded(flow, ends, alive))
+            filled.extend(_flow_unrecorded(flow, ends, alive, cause))
     return filled
 
 
 def _flow_unrecorded(
-    flow: Flow, ends: Mapping[int, tuple[str, int | None]], alive: int
+    flow: Flow, ends: Mapping[int, tuple[str, int | None]], alive: int, cause: str
 ) -> list[RequestRecord]:
     """The unrecorded requests of one flow, each with the moment it became due (or None)."""
     out: list[RequestRecord] = []
@@ -156,13 +162,14 @@ def _flow_unrecorded(
     if flow.kind == "batch":  # documents in order, `concurrency` at a time
         unrecorded = [p for p in flow.plans if p.request_id not in ends]
         for running, plan in enumerate(unrecorded):
-            out.append(_unrecorded(plan, due if running < flow.concurrency else None, alive))
+            out.append(_unrecorded(plan, due if running < flow.concurrency else None, alive,
+                                   cause))  # fmt: skip
         return out
     for plan in flow.plans:
         if plan.turn and due is not None:
             due += round(plan.delay_s * NS_PER_S)
         if plan.request_id not in ends:
-            out.append(_unrecorded(plan, due, alive))
+            out.append(_unrecorded(plan, due, alive, cause))
             due = None  # the next turn waited on this one's answer, which never came
             continue
         outcome, end_ns = ends[plan.request_id]
@@ -170,17 +177,19 @@ def _flow_unrecorded(
     return out
 
 
-def _unrecorded(plan: RequestPlan, due_ns: int | None, alive_ns: int) -> RequestRecord:
+def _unrecorded(
+    plan: RequestPlan, due_ns: int | None, alive_ns: int, cause: str = "killed"
+) -> RequestRecord:
     """`cancelled` if it was due by the last heartbeat, else `not_sent`."""
     seen = f"{alive_ns / NS_PER_S:.2f} s"
     if due_ns is not None and due_ns <= alive_ns:
         outcome, intended = Outcome.CANCELLED, due_ns
-        error = (f"run killed: due at {due_ns / NS_PER_S:.2f} s, before the last heartbeat "
+        error = (f"run {cause}: due at {due_ns / NS_PER_S:.2f} s, before the last heartbeat "
                  f"({seen}), and no record survived (in flight, or finished in the second "
-                 "before the kill)")  # fmt: skip
+                 "before the run ended)")  # fmt: skip
     else:
         outcome, intended = Outcome.NOT_SENT, max(plan.intended_ns, due_ns or 0)
-        error = f"run killed: not due by the last heartbeat ({seen}), never sent"
+        error = f"run {cause}: not due by the last heartbeat ({seen}), never sent"
     return RequestRecord(
         request_id=plan.request_id, class_name=plan.class_name, intended_ns=intended,
         outcome=outcome, error=error, prompt_tokens_target=plan.prompt_tokens,

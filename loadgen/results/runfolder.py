@@ -493,11 +493,14 @@ class RunInfo:
     def stop(self) -> str | None:
         """How the run stopped before its end (a key of `STOPS`), or None.
 
-        `incomplete`: killed outright (`finished: false`: it never wrote its end) or
-        recovered from its parts; `watchdog`: stopped by it; `interrupted`: Ctrl-C or
-        SIGTERM. Runs written before `stopped` was recorded are read from `interrupted`
-        and `finished`.
+        `interrupted`: Ctrl-C or SIGTERM (a second one exits before the run writes its end,
+        and `report --recover` keeps it interrupted); `incomplete`: killed outright
+        (`finished: false`: it never wrote its end) or recovered from its parts; `watchdog`:
+        stopped by it. Runs written before `stopped` was recorded are read from
+        `interrupted` and `finished`.
         """
+        if self.stopped == "interrupted":
+            return "interrupted"
         if self.recovered or not self.finished:
             return "incomplete"
         if self.stopped in STOPS:

@@ -366,9 +366,10 @@ def join_parts(run_dir: Path) -> pl.DataFrame:
 
 
 def recover(run_dir: Path) -> Recovery:
-    """`loadgen report --recover`: finish a killed run (`results.recover`): one record per
-    plan, the scraper's parts joined, run.json marked `recovered`, `stopped: incomplete`.
-    A finished run is left as it is."""
+    """`loadgen report --recover`: finish a run that never wrote its end (`results.recover`):
+    one record per plan, the scraper's parts joined, run.json marked `recovered` and
+    `stopped: incomplete` (killed), or kept `stopped: interrupted` when the user stopped it
+    (a second Ctrl-C: exit 130, never "killed"). A finished run is left as it is."""
     info = read_run_info(run_dir)
     found = recovered_records(run_dir, info)
     if found is None:
@@ -386,7 +387,8 @@ def recover(run_dir: Path) -> Recovery:
     if info.t0 is not None and info.t0.perf_counter_ns is not None:
         join_server_metrics(run_dir, info.t0.perf_counter_ns)  # what the scraper spilled
 
-    write_run_info(run_dir, replace(info, interrupted=True, recovered=True, stopped="incomplete"))
+    stopped = "interrupted" if info.stopped == "interrupted" else "incomplete"
+    write_run_info(run_dir, replace(info, interrupted=True, recovered=True, stopped=stopped))
     return done
 
 

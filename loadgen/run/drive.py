@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
@@ -166,30 +167,33 @@ async def _measure_anchor(state: RunState, t0: T0, clock: Clock) -> None:
 
 
 async def watch_signals(
-    engine: Engine, grace_s: float, writer: RecordWriter, state: RunState, log: TextIO
-) -> None:
+    engine: Engine, grace_s: float, exit_now: Callable[[], None], state: RunState, log: TextIO,
+    *, folder: Path | None = None,
+) -> None:  # fmt: skip
     """The signals of a single-process run, under the one interrupt policy (`interrupt`):
     the grace ended, in-flight requests are cancelled."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            interrupt(state, grace_s, log, stop=engine.stop, exit_now=writer.flush)
+            interrupt(state, grace_s, log, stop=engine.stop, exit_now=exit_now, folder=folder)
             with anyio.move_on_after(grace_s):
                 async for _ in signals:
-                    interrupt(state, grace_s, log, stop=engine.stop, exit_now=writer.flush)
+                    interrupt(state, grace_s, log, stop=engine.stop, exit_now=exit_now,
+                              folder=folder)  # fmt: skip
             engine.requests.cancel()
 
 
 def interrupt(
     state: RunState, grace_s: float, log: TextIO, *, stop: Callable[[], None],
-    exit_now: Callable[[], None],
+    exit_now: Callable[[], None], folder: Path | None = None,
 ) -> None:  # fmt: skip
     """The interrupt policy of every run, one process or many. First Ctrl-C/SIGTERM: stop
     sending (`stop`), in-flight requests get `grace_s`, then the caller cancels them.
-    Second: write what is pending (`exit_now`) and exit at once, 130 (the parts written so
-    far stay readable)."""
+    Second: write what is pending and mark the run interrupted (`exit_now`), say where the
+    run folder is, what it holds and how to finish it, and exit at once, 130 (the parts
+    written so far stay readable)."""
     if state.interrupted:
-        print("\nsecond interrupt: exiting now; records written so far are kept", file=log)
         exit_now()
+        print(f"\n{second_interrupt_text(folder)}", file=log)
         os._exit(EXIT_INTERRUPTED)
     state.interrupted = True
     print(
@@ -198,6 +202,18 @@ def interrupt(
         file=log,
     )
     stop()
+
+
+def second_interrupt_text(folder: Path | None) -> str:
+    """What a second Ctrl-C leaves, and how to finish it."""
+    where = "the run folder" if folder is None else str(folder)
+    return (
+        f"second interrupt: exited at once (exit 130). {where} keeps the records of the "
+        "requests that had ended, in its record parts; those in flight or not yet sent have "
+        f"none, and there is no summary yet: `loadgen report --recover {where}` gives every "
+        "planned request a record (cancelled or not_sent) and writes its summary; the run "
+        "stays interrupted (no verdict, exit 130)"
+    )
 
 
 async def _watchdog(engine: Engine, limit_s: float, state: RunState, log: TextIO) -> None:

@@ -71,6 +71,7 @@ from loadgen.run.record import (
     Ran,
     RunState,
     begin,
+    interrupted_record,
     process_info,
     shard_anchor,
     told_shard,
@@ -483,8 +484,14 @@ def _run(
         current = replace(info, t0=t0)
         write_run_info(run_dir, replace(current, interrupted=False, finished=False))
 
+    def exit_now() -> None:
+        """A second Ctrl-C: write what is pending, and record that the user stopped the run
+        (so `report --recover` finishes it as interrupted, 130, never as killed)."""
+        writer.flush()
+        write_run_info(run_dir, interrupted_record(current))
+
     async def control(engine: Engine, state: RunState) -> None:
-        await watch_signals(engine, options.grace_s, writer, state, log)
+        await watch_signals(engine, options.grace_s, exit_now, state, log, folder=run_dir)
 
     with client_failures(run_dir, writer, stats, lambda: current):
         state = drive(

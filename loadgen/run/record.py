@@ -194,6 +194,13 @@ def shard_anchor(shard: ShardInfo, t0: T0) -> ShardInfo:
     )
 
 
+def interrupted_record(info: RunInfo) -> RunInfo:
+    """run.json at a second Ctrl-C/SIGTERM: the user stopped the run (`stopped:
+    interrupted`) before it wrote its end (`finished: false`), so `report --recover`
+    finishes it as interrupted (exit 130), never as killed."""
+    return replace(info, interrupted=True, finished=False, stopped="interrupted")
+
+
 def with_processes(info: RunInfo, processes: Sequence[ProcessInfo]) -> RunInfo:
     """The record with each engine process's share, and their connections summed."""
     workers = info.workers or WorkersInfo()

@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
@@ -277,10 +278,12 @@ class ProcessGroup:
     def supervise(
         self, on_message: OnMessage, *, grace_s: float, log: TextIO,
         tick: Callable[[RunState], None] = lambda state: None, every_s: float = 0.25,
+        folder: Path | None = None, before_exit: Callable[[], None] = lambda: None,
     ) -> RunState:  # fmt: skip
         """Take every child's messages until each is done or gone, each signal through the
         one interrupt policy (`drive.interrupt`: first, every child stops and gives its
-        in-flight requests `grace_s`; second, every child and this process exit now, 130).
+        in-flight requests `grace_s`; second, every child and this process exit now, 130,
+        after `before_exit()`: the run's record marked interrupted; `folder` is named).
         `tick(state)` runs at least every `every_s` (the caller's own supervision)."""
         state = RunState()
         handled = 0
@@ -288,8 +291,13 @@ class ProcessGroup:
             receive(self.children, every_s, on_message)
             while handled < len(self.signals):
                 handled += 1
+
+                def exit_all() -> None:
+                    self._exit_all()
+                    before_exit()
+
                 interrupt(state, grace_s, log, stop=lambda: self.tell((STOP,)),
-                          exit_now=self._exit_all)  # fmt: skip
+                          exit_now=exit_all, folder=folder)  # fmt: skip
             for child in self.children:
                 if child.running and not child.process.is_alive():
                     child.closed = True

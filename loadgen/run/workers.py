@@ -59,7 +59,14 @@ from loadgen.run.failure import client_failure
 from loadgen.run.lifeline import die_with_parent
 from loadgen.run.options import RunOptions
 from loadgen.run.publish import Publish
-from loadgen.run.record import Ran, RunState, WorkerEnd, process_info, with_processes
+from loadgen.run.record import (
+    Ran,
+    RunState,
+    WorkerEnd,
+    interrupted_record,
+    process_info,
+    with_processes,
+)
 from loadgen.run.setup import client_setup, engine_setup
 from loadgen.run.spawn import (
     CANCEL,
@@ -209,7 +216,11 @@ def run_workers(
             wait_s = (t0_ns - perf_counter_ns()) / 1e9
             print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}", file=log)
         tick = _supervisor(workers, group, options, t0_ns, log)
-        state = group.supervise(listen, grace_s=options.grace_s, log=log, tick=tick)
+        marked = replace(info, t0=t0)
+        state = group.supervise(
+            listen, grace_s=options.grace_s, log=log, tick=tick, folder=run_dir,
+            before_exit=lambda: write_run_info(run_dir, interrupted_record(marked)),
+        )  # fmt: skip
         if log.isatty() and not options.quiet:
             print(file=log)
     frame, info = _joined(work, workers, run_dir, info, t0, options, log)

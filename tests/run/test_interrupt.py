@@ -1,6 +1,7 @@
 """Interrupted runs keep their measurements and judge nothing; no helper outlives a run.
 
-Ctrl-C/SIGTERM: exit 130, every plan recorded (not_sent, cancelled), verdict "interrupted".
+Ctrl-C/SIGTERM: exit 130, every plan recorded (not_sent, cancelled), verdict "interrupted";
+a second one exits at once, and `report --recover` finishes it, still "interrupted" (130).
 SIGKILL: `report --recover` gives every plan a record and the run "incomplete" (exit 5).
 The built-in simulator dies with its run, however the run ends.
 """
@@ -92,11 +93,27 @@ def test_an_interrupt_records_every_plan_and_judges_nothing(tmp_path: Path, sig:
     assert not [w for w in VERDICT_WORDS if w in said], said
 
 
-@pytest.mark.slow  # ~3 s on 2 cores: left to .ci/run's second part
-def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -> None:
-    """Two SIGINTs: the process exits 130 without waiting the grace, and the parts stay readable."""
+def report(run_dir: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`loadgen report RUN_DIR --format json` (with `flags`, e.g. --recover)."""
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", "report", *flags, str(run_dir), "--out",
+         str(tmp_path / "rep"), "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.slow  # ~6 s on 2 cores: left to .ci/run's second part
+def test_second_ctrl_c_exits_at_once_names_the_folder_and_stays_interrupted(
+    tmp_path: Path, workers: int
+) -> None:
+    """Two SIGINTs: exit 130 without waiting the grace; the message names the run folder,
+    what it holds and `report --recover`; run.json says interrupted. `report` of the folder
+    and `report --recover` then agree: 60 records for 60 plans, the same outcomes, verdict
+    interrupted, exit 130, and nothing calls the user's interrupt "killed"."""
     with ScriptedServer(slow_after_five) as server:
-        process = start_interrupt_run(tmp_path, server.url, "--grace", "60")
+        process = start_interrupt_run(tmp_path, server.url, "--grace", "60", "--workers",
+                                      str(workers))  # fmt: skip
         wait_for(process, lambda: len(server.requests) >= 15)
         time.sleep(1.5)  # parts are written about once a second
         process.send_signal(signal.SIGINT)
@@ -105,11 +122,32 @@ def test_second_ctrl_c_exits_at_once_and_keeps_written_records(tmp_path: Path) -
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
         waited = time.monotonic() - sent_at
-    assert process.returncode == 130, stderr.decode()
+    said = " ".join(stderr.decode().split())
+    assert process.returncode == 130, said
     assert waited < 30, "the second interrupt must not wait for the 60 s grace"
-    kept = read_records(tmp_path / "r")
+    run_dir = tmp_path / "r"
+    assert f"second interrupt: exited at once (exit 130). {run_dir} keeps the records" in said
+    assert f"`loadgen report --recover {run_dir}` gives every planned request a record" in said
+    info = json.loads((run_dir / "run.json").read_text())
+    assert (info["finished"], info["stopped"], info["interrupted"]) == (False, "interrupted", True)
+    kept = read_records(run_dir)
     assert (kept["outcome"] == "ok").sum() >= 5
     assert kept["request_id"].n_unique() == kept.height
+    before = report(run_dir, tmp_path)
+    assert not (run_dir / "records.parquet").exists()  # report alone writes no record
+    after = report(run_dir, tmp_path, "--recover")
+    assert (before.returncode, after.returncode) == (130, 130), before.stderr + after.stderr
+    seen = [json.loads(r.stdout) for r in (before, after)]
+    for summary in seen:
+        assert summary["verdict"]["status"] == "interrupted"
+        assert summary["generator"]["recorded"] == summary["generator"]["planned"] == 60
+    assert seen[0]["classes"]["chat"]["outcomes"] == seen[1]["classes"]["chat"]["outcomes"]
+    assert "marked interrupted (stopped by the user: no verdict, exit 130)" in after.stderr
+    assert "killed" not in after.stderr + before.stderr
+    records = pl.read_parquet(run_dir / "records.parquet")
+    errors = records.filter(pl.col("outcome") != "ok")["error"].to_list()
+    assert errors
+    assert all(e.startswith("run interrupted (a second Ctrl-C)") for e in errors)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -81,8 +81,12 @@ def _banners(report: RunReport) -> list[Block]:
                 "bad",
             )
         )
-    if not report.run_info.finished:
-        banners.append(Para("The run never finished: these are the records its parts kept.", "bad"))
+    if not report.run_info.finished and not report.run_info.recovered:
+        banners.append(Para(
+            "The run never wrote its end: the records its parts kept, and every other planned "
+            "request counted as `loadgen report --recover` will record it (cancelled or "
+            "not_sent); run that to write them into the folder.", "bad",
+        ))  # fmt: skip
     if generator.fell_behind:
         banners.append(
             Para(
