@@ -104,7 +104,8 @@ MERGE_EXITS = exit_help(
     (EXIT_OK, "every SLO of every class met"),
     (EXIT_USAGE, "the folders are not the N shards of one run (or not run folders)"),
     (EXIT_SLO_MISSED, "an SLO was missed"),
-    (EXIT_FELL_BEHIND, "a shard's generator fell behind: its numbers are not the server's"),
+    (EXIT_FELL_BEHIND, "the generator fell behind, judged on every shard's records: its numbers\n"
+                       "are not the server's"),
     INCONCLUSIVE_ROW,
 )
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.analysis.audit import reaudit
-from loadgen.errors import EXIT_FELL_BEHIND, LoadgenError
+from loadgen.errors import LoadgenError
 from loadgen.results.runfolder import (
     RECORDS_FILE,
     SCHEMA_VERSION,
@@ -228,9 +228,10 @@ def merge_shards(
     write_run_info(run_dir, info)
     _keep_server_metrics(shards, run_dir, start_ns)
     summary = write_audit(run_dir, *reaudit(run_dir))
-    behind = any(s.fell_behind for s in shards) and info.stopped is None
-    code = EXIT_FELL_BEHIND if behind else summary.verdict.exit_code
-    return MergeResult(run_dir=run_dir, summary=summary, run_info=info, exit_code=code)
+    # The merged run is judged by the generator-health rule on every shard's records (a
+    # shard's own exit 3 judged its share alone): its exit is the merged verdict's.
+    return MergeResult(run_dir=run_dir, summary=summary, run_info=info,
+                       exit_code=summary.verdict.exit_code)  # fmt: skip
 
 
 def scraping_shard(shards: Sequence[ShardRun]) -> ShardRun | None:
