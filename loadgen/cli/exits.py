@@ -107,7 +107,7 @@ MERGE_EXITS = exit_help(
     (EXIT_FELL_BEHIND, "the generator fell behind, judged on every shard's records: its numbers\n"
                        "are not the server's"),
     INCONCLUSIVE_ROW,
-)
+)  # fmt: skip
 
 CALIBRATE_EXITS = exit_help(
     (EXIT_OK, "calibrated: at least the lowest level met every threshold"),

@@ -608,8 +608,9 @@ def render_processes(run_info: RunInfo) -> list[Text]:
             who = f"worker {p.index}" if p.shard is None else f"shard {p.shard} worker {p.index}"
             lines.append(Text(
                 f"{who}: pid {p.pid} · {p.records:,} records · lag p99 "
-                f"{with_unit(p.lag_ms_p99)} · late sends "
-                f"{'—' if late is None else f'{late:.2%}'} · t0 skew "
+                f"{with_unit(p.lag_ms_p99)} · "
+                + ("" if late is None else f"over --lag-bound-ms {late:.2%} · ")
+                + "t0 skew "
                 f"{'—' if p.t0_skew_us is None else f'{p.t0_skew_us:g} µs'}"
                 + (f" · exit {p.exit_code}" if p.exit_code else ""),
                 style="red" if p.fell_behind or p.exit_code else "",
