@@ -34,7 +34,10 @@ shown.
 
 A step that fails 3 is *over-saturated*: its ok-completion rate is what the server served
 overloaded, so no load at or above it (less RATE_TOLERANCE: the ceiling) is run again
-(over-saturation stops the search early). A step that passed at or above the ceiling
+(over-saturation stops the search early); unless more than RATE_TOLERANCE of its requests
+failed: a server that spends its capacity on requests that time out serves fewer ok than
+it can (goodput collapse), so that rate bounds nothing and the step is a failure like any
+other. A step that passed at or above the ceiling
 stands when its own ok completions served at least the ceiling (`Step.served`: the server
 serves less overloaded than at its knee, and the steady step's own measure wins; the
 ceiling then no longer bounds the knee); one that served less passed on a lull, and is
@@ -120,7 +123,9 @@ class Step:
     steady: Steadiness | None = None  # the steady-state evidence of the judged part
     warmup_s: float | None = None  # what was left out at the start
     min_lifetimes: float = MIN_LIFETIMES
-    capacity_load: float | None = None  # over-saturated: the load the server did serve
+    # over-saturated: the load the server served ok (None: not over-saturated, or more than
+    # RATE_TOLERANCE of its requests failed, when what it served ok is no ceiling)
+    capacity_load: float | None = None
     # The load its ok completions served (`served_load`: against the nominal rate, in load
     # units; None for a closed loop or a step with no judged part).
     served: float | None = None
@@ -134,7 +139,7 @@ class Step:
     @property
     def over_saturated(self) -> bool:
         """True when the server completed less than the offered load (see `audit_step`)."""
-        return self.capacity_load is not None
+        return self.capacity_load is not None or "over-saturated" in self.reasons
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,9 +339,11 @@ def audit_step(
     }
     steady = steadiness(frame if from_send else _from_dispatch(frame), cut, end)
     served = None if from_send else served_load(frame, spec, load, cut, end)
+    failed = None if from_send else failed_share(frame, spec, cut, end)
     status, note, capacity = _status(
         summary, classes, steady, client_failed, load=load, min_lifetimes=min_lifetimes,
         closed_loop=from_send, steady_checks=steady_checks, served_load=served,
+        failed_share=failed,
     )  # fmt: skip
     step = _step_of(summary, classes, load, status, note, kept, run_dir)
     first = int(frame["intended_ns"].min())  # type: ignore[arg-type]  # non-empty ints
@@ -392,6 +399,19 @@ def served_load(
     if window_s <= 0 or nominal <= 0:
         return None
     return load * served / window_s / nominal
+
+
+def failed_share(frame: pl.DataFrame, spec: WorkloadSpec, cut_ns: int, end_ns: int) -> float | None:
+    """The share of the scaled classes' requests ending in [cut, end] that did not end ok
+    (None: none ended). Above RATE_TOLERANCE an over-saturated step's ok completions are
+    no measure of what the server can serve: it spent its capacity on requests that
+    failed, so they set no ceiling."""
+    scaled = [name for name, cls in spec.classes.items() if cls.concurrency is None]
+    ended = frame.filter(pl.col("class").is_in(scaled) & (pl.col("end_ns") > cut_ns)
+                         & (pl.col("end_ns") <= end_ns))  # fmt: skip
+    if ended.height == 0:
+        return None
+    return float((ended.get_column("outcome") != "ok").sum()) / ended.height
 
 
 def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
@@ -458,6 +478,7 @@ def _status(
     closed_loop: bool,
     steady_checks: bool,
     served_load: float | None,
+    failed_share: float | None = None,
 ) -> tuple[str, str, float | None]:
     """(status, reason, capacity load if over-saturated), the checks in the module's order.
 
@@ -490,12 +511,15 @@ def _status(
     capacity = None
     share = steady.completed_share
     if steady_checks and not closed_loop and is_over_saturated(steady):
-        capacity = served_load or None
+        failing = failed_share is not None and failed_share > RATE_TOLERANCE
+        capacity = None if failing else served_load or None
         reasons.append(
             f"over-saturated: completed {steady.completed_per_s:.3g} of "
             f"{steady.offered_per_s:.3g} req/s offered ({share:.0%}), short by "
             f"{shortfall_of(steady):.0f} requests (allowed {allowed_shortfall(steady):.0f})"
-        )
+            + (f", {failed_share:.0%} of them failed, so what it served ok sets no ceiling"
+               if failing else "")
+        )  # fmt: skip
     if steady_checks and not closed_loop:  # a closed loop's queue is bounded by its cap
         reasons += [f"{_SERIES[t.series]} rising {_rise(t)}" for t in steady.rising()]
     moved = _client_moved(summary)

@@ -670,3 +670,32 @@ def test_capacity_writes_its_answer_as_junit_and_markdown(
     assert text.startswith("### loadgen capacity: NOT JUDGED (exit 3)\n")
     assert "| 2x (32 req/s) |" in text
     assert "simulator" not in text
+
+
+def test_an_over_saturated_step_whose_requests_failed_sets_no_ceiling(tmp_path: Path) -> None:
+    """A step whose queue grows (each request waits 40 ms longer than the last) is
+    over-saturated either way; with every request ok what it served is the server's
+    throughput and sets the ceiling, but with half of them timing out it served fewer ok
+    than it could (goodput collapse: the README's mixed.yaml at 16 req/s served 13 ok with
+    89 % failed, and its ceiling cut the search at 12.6), so it sets none."""
+    from loadgen.results.records import Outcome, to_frame
+    from loadgen.testing import streamed_record
+    from loadgen.workload.spec import load
+
+    workload, _ = knee_workload(tmp_path, rate=10)
+    spec = load(workload)
+
+    def growing(failing: bool) -> Step:
+        records = [streamed_record(i, intended_ms=100.0 * i, ttft_ms=50.0 + 40.0 * i,
+                                   gaps_ms=(20.0,) * 19,
+                                   outcome=Outcome.TIMEOUT_TOTAL if failing and i % 2 else
+                                   Outcome.OK) for i in range(600)]  # fmt: skip
+        return audit_step(to_frame(records), spec, 1.0, min_tail=10, warmup_s=None,
+                          from_send=False, client_failed=False)  # fmt: skip
+
+    ok, failed = growing(False), growing(True)
+    assert ok.over_saturated and failed.over_saturated
+    assert ok.capacity_load is not None
+    assert failed.capacity_load is None
+    assert "of them failed, so what it served ok sets no ceiling" in failed.note
+    assert "over-saturated" in failed.reasons
