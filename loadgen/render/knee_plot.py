@@ -94,7 +94,9 @@ def _attainment_panel(
     for name, colour in colours.items():
         y = [_pct(s.classes[name].attainment) if name in s.classes else None for s in steps]
         ax.plot(x, _nan(y), "o-", color=colour, label=f"{name} attainment")
-    for p in sorted({s.classes[n].percentile for s in steps for n in s.classes}):
+    judged = {c.percentile for s in steps for c in s.classes.values()
+              if c.ttft_slo_ms is not None or c.tpot_slo_ms is not None}  # fmt: skip
+    for p in sorted(judged):  # the share a percentile target asks for (a batch asks none)
         ax.axhline(p, color="grey", linestyle=":", linewidth=1, label=f"p{p:g} share")
     for status, (marker, colour, label) in STATUS_MARKS.items():
         at = [xi for xi, s in zip(x, steps, strict=True) if s.status == status]
