@@ -75,7 +75,7 @@ def run_search(name: str, config: dict[str, Any], folder: Path) -> dict[str, Any
     workload.write_text(WORKLOAD.format(name=name, rate=rate, **config), encoding="utf-8")
     out = folder / f"{name}-out"
     command = [sys.executable, "-m", "loadgen", "capacity", str(workload), "--out", str(out),
-               "-q", "--lag-bound-ms", "50", *config["args"]]  # fmt: skip
+               "-q", *config["args"]]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     print(f"$ loadgen capacity {name}.yaml {' '.join(command[6:])}  → exit {done.returncode}")
     return json.loads((out / "capacity.json").read_text())  # type: ignore[no-any-return]
@@ -113,12 +113,11 @@ def overload_step(config: dict[str, Any], folder: Path) -> None:
 
     spec = loads(WORKLOAD.format(name="overload-step", rate=mu_of(config), **config))
     at, _ = step_spec(spec, 1.2, param="rate", min_tail=10, warmup_s=None)  # counts only
-    result = execute(at, RunOptions(out_dir=folder / "overload-step", quiet=True,
-                                    lag_bound_ms=50.0))  # fmt: skip
+    result = execute(at, RunOptions(out_dir=folder / "overload-step", quiet=True))
     frame = read_records(result.run_dir)
     for label, checks in (("counts and SLOs only (old rule)", False), ("steady state", True)):
         step = audit_step(frame, at, 1.2, min_tail=10, warmup_s=None, from_send=False,
-                          fell_behind=False, steady_checks=checks, lag_bound_ms=50.0)  # fmt: skip
+                          client_failed=False, steady_checks=checks)  # fmt: skip
         ttft = step.classes["chat"].ttft_ms
         print(f"  1.2 μ, {frame.height} requests, {label}: {step.status.upper()} "
               f"(TTFT p90 {ttft} ms vs SLO {config['ttft_ms']} ms; {step.note})")  # fmt: skip
