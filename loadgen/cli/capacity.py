@@ -34,6 +34,7 @@ from loadgen.cli.options import (
     SEARCH,
     GroupedHelp,
     check_memory_line,
+    check_report_paths,
     check_run_step_options,
     check_url,
     clean_errors,
@@ -44,9 +45,9 @@ from loadgen.cli.options import (
     shared_spec,
     spec_options,
     url_option,
+    write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
-from loadgen.cli.run import check_report_paths, write_text
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_axis import load_axis

@@ -7,6 +7,7 @@ from typing import Any
 
 from loadgen.analysis.capacity import ClassFigures, Search, Step
 from loadgen.analysis.steady import Steadiness, Trend
+from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.capacity_view import bounds_lines, evidence_line, steps_table
 
 
@@ -49,8 +50,8 @@ def test_a_trend_reads_as_plain_numbers_with_their_unit() -> None:
 
 def steps_table_rows(step: Step) -> list[object]:
     """The cells of the step's row in the steps table."""
-    table = steps_table(Search(steps=(step,), highest_pass=None, first_fail=step.load),
-                        "max_in_flight", 1.0)  # fmt: skip
+    axis = LoadAxis(param="max_in_flight", scale=1.0, unit="", title="max in flight")
+    table = steps_table(Search(steps=(step,), highest_pass=None, first_fail=step.load), axis)
     return [next(iter(column.cells)) for column in table.columns]
 
 

@@ -694,7 +694,8 @@ def test_an_over_saturated_step_whose_requests_failed_sets_no_ceiling(tmp_path: 
                           from_send=False, client_failed=False)  # fmt: skip
 
     ok, failed = growing(False), growing(True)
-    assert ok.over_saturated and failed.over_saturated
+    assert ok.over_saturated
+    assert failed.over_saturated
     assert ok.capacity_load is not None
     assert failed.capacity_load is None
     assert "of them failed, so what it served ok sets no ceiling" in failed.note
