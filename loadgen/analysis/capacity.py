@@ -325,7 +325,10 @@ def audit_step(
         cut = max(cut, _lifetime_cut(frame, end))
     # A closed-loop batch is one batch, judged whole (its deadline is a fact of the step):
     # cut at the warm-up it could end before the judged part and be "missed" with no record.
-    batches = [name for name, cls in spec.classes.items() if cls.concurrency is not None]
+    # (A summarization class with `concurrency`: --param max_in_flight makes every class a
+    # closed loop, and those are cut at the warm-up like any stream of requests.)
+    batches = [name for name, cls in spec.classes.items()
+               if cls.kind == "summarization" and cls.concurrency is not None]  # fmt: skip
     kept = frame.filter((pl.col("intended_ns") >= cut) | pl.col("class").is_in(batches))
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
     summary = audit(kept, run_id="step", objectives=objectives, planned=kept.height,
