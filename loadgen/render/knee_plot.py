@@ -61,6 +61,7 @@ def knee_png(found: Search, axis: LoadAxis, verdict: LimitVerdict | None = None)
     if x and max(x) / min(x) > 4:
         bottom.set_xscale("log", base=2)
         bottom.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        bottom.xaxis.set_minor_formatter(ticker.NullFormatter())
     bottom.set_xlabel(axis.title)
     fig.suptitle(_title(found, axis, verdict), fontsize=11)
     return plots.figure_png(fig)
@@ -154,7 +155,10 @@ def _latency_panel(
             if slo is not None:
                 ax.axhline(slo, color=colour, linestyle=style, linewidth=0.8, alpha=0.7,
                            label=f"{name} {metric.upper()} SLO {slo:g} ms")  # fmt: skip
-    ax.set_yscale("log")
+    ax.set_yscale("log")  # plain numbers: text is drawn as written (`plots`: no mathtext)
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_ylabel("ms at the SLO percentile\n(missing: on a failure)")
 
 

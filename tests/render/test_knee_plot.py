@@ -57,6 +57,9 @@ def test_the_knee_plot_labels_every_line_beside_the_panels(drawn: list[Figure]) 
     latency = {line.get_label(): to_hex(line.get_color()) for line in bottom.get_lines()}
     assert latency["chat TTFT p90"] == latency["chat TPOT p90"] == colours["chat"]
     assert latency["bulk TTFT p90"] == colours["bulk"]
+    ticks = [t.get_text() for t in bottom.get_yticklabels() if t.get_text()]
+    assert ticks
+    assert all("$" not in t for t in ticks), ticks  # plain numbers (no mathtext is drawn)
     for ax in fig.axes:
         assert not ax.texts  # no label over the curves
         legend = ax.get_legend()
