@@ -289,7 +289,7 @@ class RunSettings:
     """The command line's options that shaped the run (run.json's `options`)."""
 
     max_in_flight: int | None = None
-    # `--lag-bound-ms`: a strict bound on the send-lag p99 when given (schema 18; before, a
+    # `--lag-bound-ms`: a strict bound on the send-lag p99 when given (schema 19; before, a
     # 5 ms default of the older rule, which a re-audit no longer applies: `RunInfo`)
     lag_bound_ms: float | None = None
     grace_s: float = 5.0

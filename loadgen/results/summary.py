@@ -477,7 +477,7 @@ class GeneratorHealth:
     # (the send lag's least-squares trend; None with fewer than 3 scheduled sends).
     rate_shortfall: float | None = None
     rate_shortfall_low: float | None = None  # its one-sided 99.9 % lower bound (the lag's scatter)
-    client: ClientEffect | None = None  # None: a stopped run, or written before schema 18
+    client: ClientEffect | None = None  # None: a stopped run, or written before schema 20
     reason: str | None = None  # why the run fell behind, in one sentence (None: it did not)
 
 

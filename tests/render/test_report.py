@@ -123,7 +123,7 @@ def run_info(
     spec_classes = {name: {"name": name, "kind": "chat", "slo": slo} for name in classes}
     return {
         "run_id": "20261129T110412Z-synthetic-0000",
-        "schema_version": 18,  # its options.lag_bound_ms a strict bound, as given
+        "schema_version": 20,  # its options.lag_bound_ms a strict bound, as given
         "loadgen_version": "0.1.0",
         "seed": 0,
         "planned": planned,

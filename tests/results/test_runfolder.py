@@ -111,8 +111,8 @@ def test_run_info_reads_typed_fields(tmp_path: Path) -> None:
     assert read_run_info(tmp_path).identity()["key"] == "chat@ffffffff"  # kept as recorded
     # schema 5 recorded the older rule's 5 ms default: no strict bound on a re-audit
     assert (info.lag_bound_ms, info.stop) == (None, None)
-    (tmp_path / "run.json").write_text(json.dumps({**FINISHED, "schema_version": 18}))
-    assert read_run_info(tmp_path).lag_bound_ms == 5.0  # given, from schema 18 on
+    (tmp_path / "run.json").write_text(json.dumps({**FINISHED, "schema_version": 20}))
+    assert read_run_info(tmp_path).lag_bound_ms == 5.0  # given, from schema 20 on
 
 
 @pytest.mark.parametrize(
