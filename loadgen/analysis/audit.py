@@ -139,7 +139,8 @@ def audit(
     if stopped is not None:
         classes = {name: withheld(block) for name, block in classes.items()}
     else:
-        generator = judge_client(generator, rows, frame, classes, rule=rule)
+        generator = judge_client(generator, rows, frame, classes, rule=rule,
+                                 path_buffers=path_buffers)  # fmt: skip
     return Summary(
         schema_version=SCHEMA_VERSION,
         loadgen_version=__version__,

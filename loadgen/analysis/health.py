@@ -38,7 +38,10 @@ client's: the run *fell behind* (exit 3), and `ClientEffect.moved` names the che
    `--lag-bound-ms` when one is given, make the run fall behind whatever its verdict.
 
 Objectives judged whole (a summarization batch's deadline, an agent class's trajectory
-share) keep their verdict as measured in both cases.
+share) keep their verdict as measured in both cases. Streams that arrived coalesced
+(`analysis.delivery`) have a TPOT and ITL that are unknown whatever the client's stamps
+were: in both cases they stay unknown, as the class's checks judged them, and only the
+paced streams' values move.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import polars as pl
 
 from loadgen.analysis import metrics
 from loadgen.analysis.confidence import MISSED, worst
+from loadgen.analysis.delivery import Unpaced, unpaced
 from loadgen.analysis.slo import slo_audit
 from loadgen.results.records import Outcome
 from loadgen.results.summary import Check, ClassAudit, ClientEffect, GeneratorHealth
@@ -66,11 +70,13 @@ def judge_client(
     classes: Mapping[str, ClassAudit],
     *,
     rule: str,
+    path_buffers: bool = False,
 ) -> GeneratorHealth:
     """The generator's health with the rule applied (see the module): its `client` effect,
     `fell_behind` and the one sentence saying why (`reason`, None when the run stands).
 
-    `rows` are `slo.per_request`'s rows of `frame`, `classes` the classes as audited."""
+    `rows` are `slo.per_request`'s rows of `frame`, `classes` the classes as audited (with
+    `path_buffers` as the audit took it: coalesced streams judged as observed)."""
     error_ms = generator.lag_ms.p99 or 0.0
     measured, best, worst_case, moved = {}, {}, {}, []
     for name, block in classes.items():
@@ -80,7 +86,11 @@ def judge_client(
             continue
         mine = rows.filter(pl.col("class") == name)
         gaps = metrics.itl_gaps_ms(frame, name) if block.slo.targets.itl_ms else NO_GAPS
-        cases = [rejudged(mine, gaps, block, error_ms, rule=rule, best=b) for b in (True, False)]
+        unknown = None
+        if not path_buffers and bool(mine.get_column("coalesced").any()):
+            unknown = unpaced(mine, frame.filter(pl.col("class") == name))
+        cases = [rejudged(mine, gaps, block, error_ms, rule=rule, best=b, unknown=unknown)
+                 for b in (True, False)]  # fmt: skip
         best[name], worst_case[name] = (worst([c.judged for c in case]) for case in cases)
         moved += [
             moved_text(name, check, *(case[i] for case in cases))
@@ -100,10 +110,12 @@ def judge_client(
 
 def rejudged(
     rows: pl.DataFrame, gaps_ms: pl.Series, block: ClassAudit, error_ms: float, *, rule: str,
-    best: bool,
+    best: bool, unknown: Unpaced | None = None,
 ) -> tuple[Check, ...]:  # fmt: skip
     """A class's checks judged again with the client's time at its largest against the
-    server taken out (`best`), or with the stamps at their worst for it (see the module)."""
+    server taken out (`best`), or with the stamps at their worst for it (see the module).
+    `unknown`: the class's coalesced streams as its checks judged them (unknown TPOT and
+    ITL); the paced streams' values move, the unknown ones stay unknown."""
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
     lag = pl.col("lag_ms").fill_null(0.0)
     per_token = error_ms / (pl.col("output_tokens") - 1)
@@ -113,14 +125,19 @@ def rejudged(
         (pl.col("e2e_ms") - lag - error_ms).clip(lower_bound=0.0) if best else pl.col("e2e_ms"),
         (pl.col("tpot_ms") + sign * per_token).clip(lower_bound=0.0),
         pl.col("max_itl_ms"),
+        pl.col("coalesced"),
     )
     ok_ms = {name: shifted.get_column(name).drop_nulls().sort()
              for name in ("ttft_ms", "e2e_ms", "tpot_ms")}  # fmt: skip
     ok_ms["itl_ms"] = (gaps_ms + sign * error_ms).clip(lower_bound=0.0).sort()
+    if unknown is not None:
+        paced = shifted.filter(~pl.col("coalesced")).get_column("tpot_ms").drop_nulls().sort()
+        gaps = (unknown.itl_ms + sign * error_ms).clip(lower_bound=0.0).sort()
+        unknown = replace(unknown, tpot_ms=paced, itl_ms=gaps)
     audit = slo_audit(
         ok_ms, requests=rows.height, failures=rows.height - ok.height, meeting=0,
         targets=block.slo.targets, streamed=shifted.get_column("max_itl_ms").drop_nulls().len(),
-        rule=rule,
+        rule=rule, unpaced=unknown,
     )  # fmt: skip
     return audit.checks
 
