@@ -155,10 +155,7 @@ def _latency_panel(
             if slo is not None:
                 ax.axhline(slo, color=colour, linestyle=style, linewidth=0.8, alpha=0.7,
                            label=f"{name} {metric.upper()} SLO {slo:g} ms")  # fmt: skip
-    ax.set_yscale("log")  # plain numbers: text is drawn as written (`plots`: no mathtext)
-    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    plots.log_scale(ax, "y")
     ax.set_ylabel("ms at the SLO percentile\n(missing: on a failure)")
 
 

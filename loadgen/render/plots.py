@@ -169,13 +169,13 @@ def itl_histogram_png(
         low, high = float(gaps.min()), float(gaps.max())
         if _spans_decades(gaps):
             bins = np.geomspace(max(low, 1e-3), high, 60)
-            _log_scale(ax, "x")
+            log_scale(ax, "x")
         else:
             bins = np.linspace(low, high if high > low else low + 1.0, 60)
         counts, edges = np.histogram(np.clip(gaps, bins[0], None), bins=bins)
         # one stairs artist instead of a patch per bar; its floor sits below the 1-gap level
         ax.stairs(counts, edges, fill=True, baseline=0.7, color="tab:green", label="gaps")
-        ax.set_yscale("log")
+        log_scale(ax, "y")
         ax.set_ylim(bottom=0.7)
     else:
         ax.text(0.5, 0.5, "no gaps (no ok request had two chunks)", transform=ax.transAxes)
@@ -312,7 +312,7 @@ def _metric_panel(
                 fontsize=8, bbox=NOTE_BOX)  # fmt: skip
     positive = [v for v in present if v > 0]
     if positive and _spans_decades(np.asarray(positive), TIMELINE_LOG_SPAN):
-        _log_scale(ax, "y")
+        log_scale(ax, "y")
         ax.set_ylim(min(positive) / 1.3, max(positive) * 1.6)  # room for the SLO's label
     elif present:
         ax.set_ylim(0, max([*present, 1e-3]) * 1.25)
@@ -517,11 +517,13 @@ def _spans_decades(values: FloatArray, span: float = LOG_SPAN) -> bool:
 
 def _maybe_log_x(ax: Axes, values: FloatArray) -> None:
     if _spans_decades(values):
-        _log_scale(ax, "x")
+        log_scale(ax, "x")
 
 
-def _log_scale(ax: Axes, which: str) -> None:
-    """Log scale on the x or y axis, with plain-number ticks at 1, 2, 5 per decade."""
+def log_scale(ax: Axes, which: str) -> None:
+    """Log scale on the x or y axis, with plain-number ticks at 1, 2, 5 per decade (text is
+    drawn as written here, no mathtext: matplotlib's own log ticks would read
+    `$\\mathdefault{10^{2}}$`)."""
     if which == "x":
         ax.set_xscale("log")
     else:
@@ -572,7 +574,7 @@ def server_timeline_png(
         rate_axis.plot(mids, rates, color=colour, linestyle=":", linewidth=1,
                        label=f"{name} arrivals")  # fmt: skip
     if present and _spans_decades(np.asarray(present), TIMELINE_LOG_SPAN):
-        _log_scale(top, "y")
+        log_scale(top, "y")
     top.set_ylabel("TTFT p99 per window (ms)")
     rate_axis.set_ylabel("arrival rate (req/s)", color="grey")
     rate_axis.set_ylim(0, None)

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from loadgen.analysis.minutes import METRICS
 from loadgen.analysis.rolling import WINDOW_CONFIDENCE, WITH_FAILURES, RollingView, to_json
+from loadgen.render import plots
 from loadgen.render.cost_view import money
 from loadgen.render.report import blocks
 from loadgen.render.report.html import page_html
@@ -394,7 +395,7 @@ def _scale_latency_axis(axis: Any, values_ms: Sequence[float]) -> None:
     p99 under a 1 s SLO would otherwise sit flat on the floor)."""
     ys = [y for y in values_ms if math.isfinite(y) and y > 0]
     if ys and max(ys) / min(ys) > 10:
-        axis.set_yscale("log")
+        plots.log_scale(axis, "y")
     else:
         axis.set_ylim(bottom=0)
 

@@ -416,3 +416,19 @@ def test_report_store_writes_its_page_beside_not_into_the_store(
     markdown = (here / "rolling-report" / "rolling.md").read_text()
     assert "![TTFT over the windows" in markdown
     assert "(rolling-ttft.png)" in markdown
+
+
+def test_a_log_latency_axis_reads_in_plain_numbers(tmp_path: Path) -> None:
+    """Runs 100x apart put the latency axis on a log scale; its ticks are plain numbers
+    (text is drawn as written, so matplotlib's own log ticks read `$\\mathdefault{10^{2}}$`)."""
+    p90 = SloTargets(ttft_ms=5000, tpot_ms=50, percentile=90)
+    for hour, ttft in ((1, 10.0), (2, 1000.0)):
+        write_run(tmp_path, day(1, hour), same_ttft(20, ttft), slos={"chat": p90})
+    view = rolling_view(tmp_path, window=DAY, step=DAY)
+    figure = rolling_figure(view.windows, slo_ms={"chat": p90}, runs=view.runs)
+    figure.canvas.draw()
+    top = figure.axes[0]
+    assert top.get_yscale() == "log"
+    ticks = [t.get_text() for t in top.get_yticklabels() if t.get_text()]
+    assert ticks
+    assert all("$" not in t for t in ticks), ticks

@@ -94,6 +94,16 @@ def test_every_plot_is_a_png_and_closes_its_figure(name: str) -> None:
     assert plt.get_fignums() == []
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_tick_reads_in_plain_numbers(name: str, drawn: list[Figure]) -> None:
+    """No axis shows mathtext as written (`$\\mathdefault{10^{2}}$`): text is drawn as
+    written, so a log axis takes plain-number ticks (`plots.log_scale`)."""
+    CASES[name]()
+    ticks = [t.get_text() for fig in drawn for ax in fig.axes
+             for t in (*ax.get_xticklabels(), *ax.get_yticklabels())]  # fmt: skip
+    assert all("$" not in t for t in ticks), ticks
+
+
 # a timeline is 190 px per metric panel plus 190 px for failures, title and axis label
 HEIGHTS = {"timeline": 760, "timeline one window no values": 760,
            "timeline partial and rateless windows": 380, "timeline no rate at all": 380}  # fmt: skip
