@@ -65,12 +65,12 @@ from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
 from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
+from loadgen.units import NS_PER_S
 from loadgen.workload.spec import WorkloadSpec, offered_rate
 
 PASS, FAIL, INVALID, INTERRUPTED = "pass", "fail", "invalid", "interrupted"
 UNDECIDED = INCONCLUSIVE  # a steady step whose SLOs are neither met nor missed: run longer
 SHORT = "short"  # internal: would pass but the step was too short; run again, longer
-NS_PER_S = 1_000_000_000
 MIN_LIFETIMES = 20.0  # the judged part lasts at least this many mean request lifetimes
 WARMUP_LIFETIMES = 2.0  # the warm-up lasts at least this many (the in-flight count settles)
 MAX_WARMUP_SHARE = 1 / 3  # the default warm-up never takes more of a step than this

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from loadgen.results.records import Outcome, RequestRecord
+from loadgen.units import NS_PER_S
 
-NS_PER_S = 1e9
 NS_PER_MS = 1e6
 
 # Histogram bucket upper bounds in seconds, chosen for LLM serving latencies. TTFT spans a

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-NS_PER_S = 1_000_000_000
+from loadgen.units import NS_PER_S
+
 NS_PER_MS = 1_000_000
 SLICES = 10  # batch means: enough points for a line, each slice still several lifetimes
 MIN_SLICES = 5  # fewer cannot bound a slope (k − 2 = 3 degrees of freedom)

@@ -47,8 +47,8 @@ from fractions import Fraction
 import polars as pl
 
 from loadgen.analysis import slo
-from loadgen.analysis.metrics import NS_PER_S
 from loadgen.results.records import OUTCOMES, Outcome
+from loadgen.units import NS_PER_S
 from loadgen.workload.spec import SloTargets
 
 WINDOW_PERCENTILES: tuple[float, ...] = (50.0, 99.0)

@@ -11,11 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from loadgen.analysis.sizing import class_sizes, planned_units, size_text
+from loadgen.units import NS_PER_S
 from loadgen.workload.datasets import load_dataset
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import ClassSpec, WorkloadSpec, offered_rate
-
-NS_PER_S = 1e9
 
 
 def render_plan(

@@ -42,11 +42,10 @@ from loadgen.results.runfolder import (
     RunInfo,
     readable_parts,
 )
+from loadgen.units import NS_PER_S
 from loadgen.workload.identity import spec_from_resolved
 from loadgen.workload.plans import Flow, RequestPlan, Work, plan_work
 from loadgen.workload.shards import Share, split_work
-
-NS_PER_S = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

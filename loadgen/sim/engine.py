@@ -43,6 +43,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+# loadgen.units' factors, copied: the simulator imports nothing of the client it checks
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 

@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from loadgen.units import NS_PER_S
 from loadgen.workload.model import ArrivalSpec, ClassSpec, TraceSpec, WorkloadSpec
 from loadgen.workload.traces import TraceOptions, load_trace
 
 if TYPE_CHECKING:
     from loadgen.workload.traces import TraceRequest
-
-NS_PER_S = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.errors import ConfigError
+from loadgen.units import NS_PER_S
 from loadgen.workload.agent_traces import TraceTrajectory, load_agent_trace
 from loadgen.workload.arrivals import Arrival, class_rng, class_times_s, trace_requests
 from loadgen.workload.datasets import Conversation, counter_for, load_dataset, sample_rows
@@ -41,8 +42,6 @@ from loadgen.workload.model import (
     WorkloadSpec,
 )
 from loadgen.workload.traces import shared_prefix_groups
-
-NS_PER_S = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from loadgen.errors import OptionError
+from loadgen.units import NS_PER_S
 from loadgen.workload.plans import Flow, RequestPlan, Work
 
-NS_PER_S = 1_000_000_000
 START_TOLERANCE_S = 1.0  # a start this far in the past is still accepted (its sends run late)
 
 

@@ -38,11 +38,11 @@ import polars as pl
 
 from loadgen.errors import ConfigError
 from loadgen.percentiles import nearest_rank
+from loadgen.units import NS_PER_S
 from loadgen.workload.inputs import json_problem
 
 FORMATS = ("azure", "burstgpt", "mooncake", "plain")
 PREFIX_BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
-NS_PER_S = 1_000_000_000
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]

@@ -35,6 +35,7 @@ from loadgen.render.report.figures import (
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import RecordedClass, RunInfo, read_run_info, read_server_metrics
 from loadgen.results.summary import Summary
+from loadgen.units import NS_PER_S
 from loadgen.workload.spec import SloTargets
 
 TOP_ERRORS = 10
@@ -146,7 +147,7 @@ def build_run_report(
                 f"run ({window_s:g} s): give --window too"
             )
     windows = time_windows(frame, slos=effective, window_s=window_s, step_s=sliding_step_s)
-    schedule_end_s = schedule_end_ns(frame) / metrics.NS_PER_S if frame.height else None
+    schedule_end_s = schedule_end_ns(frame) / NS_PER_S if frame.height else None
     scraped = read_server_metrics(run_dir) if info.server_metrics is not None else None
     timeline = server_timeline(scraped) if scraped is not None and scraped.height else None
     if timeline is not None and timeline.width == 1:
