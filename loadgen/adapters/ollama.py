@@ -27,8 +27,8 @@ from loadgen.adapters.protocol import (
     usage_count,
     with_tool_calls,
 )
+from loadgen.units import NS_PER_MS
 
-NS_PER_MS = 1_000_000
 DURATIONS = {  # Ollama field (ns) -> ServerTimings field (ms)
     "total_duration": "total_ms",
     "load_duration": "load_ms",

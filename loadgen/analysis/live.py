@@ -27,9 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from loadgen.results.records import Outcome, RequestRecord
-from loadgen.units import NS_PER_S
-
-NS_PER_MS = 1e6
+from loadgen.units import NS_PER_MS, NS_PER_S
 
 # Histogram bucket upper bounds in seconds, chosen for LLM serving latencies. TTFT spans a
 # warm short prompt (10 ms) to a long prefill behind a queue (2 min); TPOT and ITL a fast

@@ -54,10 +54,9 @@ from loadgen.results.summary import (
     StreamEnds,
     TokensPerChunk,
 )
-from loadgen.units import NS_PER_S
+from loadgen.units import NS_PER_MS, NS_PER_S
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
-NS_PER_MS = 1_000_000
 
 SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
 

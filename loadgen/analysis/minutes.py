@@ -38,12 +38,12 @@ import numpy.typing as npt
 import polars as pl
 
 from loadgen.analysis.histograms import HIGHEST_US, LatencyHistogram
-from loadgen.analysis.metrics import NS_PER_MS
 from loadgen.analysis.slo import per_request
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import HISTOGRAM_METRICS, read_records
 from loadgen.results.runfolder import load_histograms as read_histograms
 from loadgen.results.store import read_run_entry
+from loadgen.units import NS_PER_MS
 from loadgen.workload.spec import SloTargets
 
 NS_PER_MINUTE = 60 * 1_000_000_000

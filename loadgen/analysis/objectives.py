@@ -31,7 +31,7 @@ from loadgen.results.summary import (
     TimeSplit,
     TrajectoryAudit,
 )
-from loadgen.units import NS_PER_S
+from loadgen.units import NS_PER_MS, NS_PER_S
 from loadgen.workload.spec import ClassSpec, SloTargets
 
 
@@ -88,7 +88,6 @@ class Objective:
         )  # fmt: skip
 
 
-NS_PER_MS = 1_000_000
 NOT_FAILED = [Outcome.OK.value, Outcome.SKIPPED.value]  # a skipped hop is counted separately
 
 

@@ -39,9 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from loadgen.units import NS_PER_S
+from loadgen.units import NS_PER_MS, NS_PER_S
 
-NS_PER_MS = 1_000_000
 SLICES = 10  # batch means: enough points for a line, each slice still several lifetimes
 MIN_SLICES = 5  # fewer cannot bound a slope (k − 2 = 3 degrees of freedom)
 MIN_PER_SLICE = 5  # requests a slice needs for its TTFT mean
