@@ -39,9 +39,9 @@ from loadgen.testing import (
     sse,
     stream_steps,
 )
+from loadgen.units import MIB
 from loadgen.workload.spec import Deadlines
 
-MIB = 1 << 20
 DEADLINES = Deadlines(first_token_s=1.0, stall_s=0.5, total_s=2.0)
 FOREVER = 3600.0  # a pause longer than any deadline of the suite: a silent socket
 TOKENS = [chat_chunk(role="assistant"), *(chat_chunk(f" w{i}") for i in range(3))]

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from loadgen.errors import ConfigError
+from loadgen.units import MIB
 
-MIB = 1024 * 1024
 WORKLOAD_MAX_BYTES = 1 * MIB  # the shipped workloads are ~2 KB; request data goes in a trace
 TRACE_MAX_BYTES = 1024 * MIB  # a trace is read whole (polars): ~3x its size in memory
 YAML_NODE_BUDGET = 100_000  # nodes after alias expansion; a workload needs a few hundred

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from loadgen.errors import ConfigError
-from loadgen.units import NS_PER_S
+from loadgen.units import MIB, NS_PER_S
 from loadgen.workload.agent_traces import TraceTrajectory, load_agent_trace
 from loadgen.workload.arrivals import Arrival, class_rng, class_times_s, trace_requests
 from loadgen.workload.datasets import Conversation, counter_for, load_dataset, sample_rows
-from loadgen.workload.inputs import MIB, size_text
+from loadgen.workload.inputs import size_text
 from loadgen.workload.model import (
     MAX_SPAN_S,
     SPAN_WHY,
