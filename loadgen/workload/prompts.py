@@ -210,7 +210,7 @@ def prompt_text(seed: int, request_id: int, tokens: int) -> str:
 
 
 SHARED_PREFIX_KEY = -2_000_000_000  # seeds the `prompt:` sets' prefixes apart from requests
-PREFIX_BLOCK_TOKENS = 512  # a trace's shared prefix block (Mooncake's hash_ids block size)
+PREFIX_BLOCK_TOKENS = 512  # a trace's shared prefix block: Mooncake's, one hash id per 512 tokens
 
 
 def prompt_with_prefix(seed: int, request_id: int, tokens: int, groups: tuple[int, ...]) -> str:

@@ -42,7 +42,6 @@ from loadgen.units import NS_PER_S
 from loadgen.workload.inputs import json_problem
 
 FORMATS = ("azure", "burstgpt", "mooncake", "plain")
-PREFIX_BLOCK_TOKENS = 512  # Mooncake's block size: one hash id per 512 prompt tokens
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
@@ -642,7 +641,7 @@ def _cv(values: FloatArray) -> float:
 def shared_prefix_groups(requests: Sequence[TraceRequest]) -> list[tuple[int, ...]]:
     """For each request, one group id per leading prefix block it shares with another request.
 
-    Contract for the prompt builder: each block is `PREFIX_BLOCK_TOKENS` (512) tokens; a
+    Contract for the prompt builder: each block is `prompts.PREFIX_BLOCK_TOKENS` (512) tokens; a
     group id names one whole prefix path (the blocks from the start up to and including
     this one), so two requests whose first m group ids are equal share their first m
     blocks. The builder makes the text of a block a pure function of its group id and
