@@ -46,14 +46,13 @@ import numpy as np
 import numpy.typing as npt
 
 from loadgen.percentiles import nearest_rank
+from loadgen.results.summary import INCONCLUSIVE as INCONCLUSIVE  # the verdicts, as stored
+from loadgen.results.summary import MET as MET
+from loadgen.results.summary import MISSED as MISSED
 from loadgen.workload.model import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE  # beside the SLO
 
 Values = npt.NDArray[np.float64]
 
-MET = "met"
-MISSED = "missed"
-INCONCLUSIVE = "inconclusive"
-VERDICTS = (MET, MISSED, INCONCLUSIVE)
 INTERVAL, POINT = "interval", "point"
 RULES = (INTERVAL, POINT)  # how a check is judged: its bounds, or its point estimate
 

@@ -23,12 +23,12 @@ from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
 from loadgen.render.terminal import SIM_NOTE, bounds_text
 from loadgen.results.runfolder import TargetInfo
-from loadgen.results.summary import Check, ClassAudit, Summary, TrajectoryAudit
+from loadgen.results.summary import VERDICTS, Check, ClassAudit, Summary, TrajectoryAudit
 
 HEADERS = ("class", "check", "measured", "bounds", "target", "requests", "result")
 # A check's result in the verdict's words, as the terminal says them (MET, MISSED,
 # INCONCLUSIVE); the generator's health is ok or INVALID; a stopped run's rows skipped.
-STATUS = {"met": "MET", "missed": "MISSED", "inconclusive": "INCONCLUSIVE"}
+STATUS = {verdict: verdict.upper() for verdict in VERDICTS}
 LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 
 

@@ -152,7 +152,9 @@ class ServerTimings:
         return {name: stats for name, stats in timings.items() if stats.count}
 
 
-VERDICTS = ("met", "missed", "inconclusive")  # `analysis.confidence`'s, as JSON holds them
+# A check's (and a class's) verdict as summary.json holds it; `analysis.confidence` judges it
+MET, MISSED, INCONCLUSIVE = "met", "missed", "inconclusive"
+VERDICTS = (MET, MISSED, INCONCLUSIVE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,7 +198,7 @@ class Check:
     @property
     def judged(self) -> str:
         """The verdict, or what `passed` said in a summary written before verdicts."""
-        return self.verdict or ("met" if self.passed else "missed")
+        return self.verdict or (MET if self.passed else MISSED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +227,7 @@ class SloAudit:
         """The verdict, or what `met` said in a summary written before verdicts."""
         if self.verdict is not None or self.met is None:
             return self.verdict
-        return "met" if self.met else "missed"
+        return MET if self.met else MISSED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

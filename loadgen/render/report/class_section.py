@@ -25,6 +25,7 @@ from loadgen.render.report.blocks import (
     verdict_word,
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
+from loadgen.render.run_checks import STATUS
 from loadgen.render.terminal import (
     bounds_text,
     delivery_notes,
@@ -203,7 +204,7 @@ def _checks_table(slo: SloAudit) -> Table:
         shown = with_unit(value, "ms") if value is not None or check.population == 0 else "fail"
         if partial and shown == "fail":
             shown = "on a failure"  # a figure, not a verdict: not toned red
-        result = NOT_JUDGED if partial else RESULT[check.judged]
+        result = NOT_JUDGED if partial else STATUS[check.judged]
         level = "—" if check.confidence is None else f"{check.confidence:.0%}"
         rows.append(
             (
@@ -228,9 +229,6 @@ def _checks_table(slo: SloAudit) -> Table:
     return Table("SLO checks (failures ranked worst; one-sided order-statistic bounds: MET "
                  "when the upper one meets the target, MISSED when the lower one misses it, "
                  "else INCONCLUSIVE)", headers, rows)  # fmt: skip
-
-
-RESULT = {"met": "MET", "missed": "MISSED", "inconclusive": "INCONCLUSIVE"}  # the verdict's words
 
 
 def _share_bounds(slo: SloAudit) -> str:
