@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadgen.adapters.generic import GenericSpec
+from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
@@ -256,10 +257,6 @@ class Deadlines:
     total_s: float = 600.0
 
 
-# loadgen.adapters.sse's default, restated: the model imports no decoder.
-MAX_EVENT_BYTES_DEFAULT = 1 << 20
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     """What one response may make the client hold: the longest stream event or line (bytes).
@@ -267,7 +264,7 @@ class Limits:
     Past it the request ends as `stream_error` naming the cap, and its connection closes.
     """
 
-    max_event_bytes: int = MAX_EVENT_BYTES_DEFAULT
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

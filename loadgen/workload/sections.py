@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES
 from loadgen.workload.checks import number_text
 from loadgen.workload.inputs import TRACE_MAX_BYTES, size_text
 from loadgen.workload.model import (
@@ -22,7 +23,6 @@ from loadgen.workload.model import (
     DEFAULT_HOPS,
     LENGTH_DISTS,
     MAX_CV,
-    MAX_EVENT_BYTES_DEFAULT,
     MAX_MODELS,
     MAX_RATE_PER_S,
     MAX_RATE_SCALE,
@@ -382,7 +382,7 @@ def deadlines(node: Node) -> Deadlines:
 
 def limits(node: Node) -> Limits:
     node.allow(*file_keys(Limits))
-    size = node.integer("max_event_bytes", MAX_EVENT_BYTES_DEFAULT, minimum=64)
+    size = node.integer("max_event_bytes", DEFAULT_MAX_EVENT_BYTES, minimum=64)
     if size > 1 << 30:
         raise node.error("max_event_bytes", f"must be at most 1 GiB (got {size})")
     return Limits(max_event_bytes=size)
