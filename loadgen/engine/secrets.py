@@ -24,9 +24,8 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from loadgen.printable import printable
-from loadgen.workload.checks import HARMLESS_QUERY, is_secret_header
+from loadgen.workload.checks import HARMLESS_QUERY, REDACTED, is_secret_header
 
-REDACTED = "<redacted>"
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
 RUN_CHARS = 8  # a run this long of a secret's characters is redacted wherever it appears
 
