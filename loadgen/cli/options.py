@@ -27,6 +27,7 @@ from loadgen.printable import printable
 from loadgen.run.options import RunOptions
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import check_memory, default_memory_cap
+from loadgen.workload.shards import MAX_WAIT_S
 from loadgen.workload.spec import (
     CACHE_MODES,
     CLIENT_CODINGS,
@@ -82,11 +83,6 @@ class FiniteFloat(click.ParamType):  # type: ignore[type-arg]  # generic only in
             span = f"{bound} {self.low:g} and <= {self.high:,.0f}"
             self.fail(f"must be a finite number {span} (got {value!r})", param, ctx)
         return number
-
-
-MAX_WAIT_S = (
-    31 * 86_400
-)  # = loadgen.workload.spec.MAX_SPAN_S (loadgen.workload.spec is imported lazily)
 
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

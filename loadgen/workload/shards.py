@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from loadgen.errors import OptionError
 from loadgen.units import NS_PER_S
+from loadgen.workload.model import MAX_SPAN_S
 from loadgen.workload.plans import Flow, RequestPlan, Work
 
 START_TOLERANCE_S = 1.0  # a start this far in the past is still accepted (its sends run late)
@@ -112,7 +113,7 @@ def check_start_at(start_unix_ns: int, now_unix_ns: int) -> float:
     return wait_s
 
 
-MAX_WAIT_S = 31 * 86_400  # a start further ahead is a typo (or seconds given as ms)
+MAX_WAIT_S = MAX_SPAN_S  # a start further ahead is a typo (or seconds given as ms)
 
 
 def utc_text(unix_ns: int) -> str:
