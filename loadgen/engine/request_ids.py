@@ -25,7 +25,6 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-FORMATS = ("uuid", "counter")
 DEFAULT_HEADER = "X-Request-Id"
 PREFLIGHT_ID = 2**48 - 1  # the preflight's request: `…-ffffffffffff`
 
