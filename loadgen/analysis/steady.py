@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from loadgen.results.records import Outcome
 from loadgen.units import NS_PER_MS, NS_PER_S
 
 SLICES = 10  # batch means: enough points for a line, each slice still several lifetimes
@@ -47,7 +48,7 @@ MIN_PER_SLICE = 5  # requests a slice needs for its TTFT mean
 CONFIDENCE = 0.999  # one-sided: a steady step is called rising about once in 1,000
 NORMAL_Z = statistics.NormalDist().inv_cdf(CONFIDENCE)
 SAMPLES = 2000  # instants at which the in-flight count's spread is taken
-TIMEOUTS = ("timeout_first_token", "timeout_total", "timeout_stall")
+TIMEOUTS = (Outcome.TIMEOUT_FIRST_TOKEN, Outcome.TIMEOUT_TOTAL, Outcome.TIMEOUT_STALL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
