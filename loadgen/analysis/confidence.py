@@ -30,6 +30,8 @@ The verdict on "the p-th percentile <= target" at `level` (`judge_percentile`):
 The two bounds together are a two-sided interval at 2 * level - 1 (90 % for 95 % bounds).
 Shares (attainment) are judged with exact (Clopper-Pearson) one-sided bounds the same way
 (`share_bounds`, `judge_share`); `compare` keeps Wilson score intervals for its changes.
+Student's t (`t_quantile`) bounds a mean from few values: the lag trend's slope and the
+between-run interval of repeated runs.
 The intervals assume independent requests; queueing correlates neighbours, so the true
 uncertainty of a loaded server is somewhat wider.
 """
@@ -374,3 +376,57 @@ def worst(verdicts: list[str]) -> str:
     if MISSED in verdicts:
         return MISSED
     return INCONCLUSIVE if INCONCLUSIVE in verdicts else MET
+
+
+# --- Student's t --------------------------------------------------------------------------
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return result
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), regularized."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))  # fmt: skip
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t (bisection on `t_cdf`): 4.303 for p 0.975 at df 2."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"need 0 < p < 1 and df > 0 (got p={p}, df={df})")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2.0

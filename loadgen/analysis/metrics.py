@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from loadgen.analysis.confidence import t_quantile
 from loadgen.analysis.delivery import events, marked, reads
-from loadgen.analysis.repeats import t_quantile
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (

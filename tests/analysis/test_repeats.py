@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.confidence import t_quantile
 from loadgen.analysis.repeats import (
     HIGHER,
     LOWER,
@@ -21,7 +22,6 @@ from loadgen.analysis.repeats import (
     Repeats,
     compare_repeats,
     spread,
-    t_quantile,
 )
 from loadgen.cli import cli
 from loadgen.cli.run import worst_exit
