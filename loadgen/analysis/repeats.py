@@ -24,11 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadgen.analysis.compare import DEFAULT_TOLERANCES, Verdict
 from loadgen.analysis.confidence import t_quantile
 from loadgen.results.summary import Summary
 
 REPEATS_FILE = "repeats.json"  # in the repeats folder beside the K run folders
-REGRESSED, IMPROVED, OK, NO_DATA = "REGRESSED", "improved", "ok", "not enough data"
+# a change's verdict in `compare`'s words
+REGRESSED, IMPROVED, OK, NO_DATA = Verdict.REGRESSED, Verdict.IMPROVED, Verdict.OK, Verdict.NO_DATA
 
 
 # --- the spread of one figure --------------------------------------------------------------
@@ -171,7 +173,7 @@ class Change:
     change: float | None  # current mean − baseline mean
     low: float | None  # Welch t-interval of the change at the level
     high: float | None
-    status: str
+    status: Verdict
 
 
 def welch(a: Spread, b: Spread, level: float) -> tuple[float, float] | None:
@@ -188,14 +190,14 @@ def welch(a: Spread, b: Spread, level: float) -> tuple[float, float] | None:
     return diff - half, diff + half
 
 
-# The tolerance a change must exceed, as `analysis.compare`'s defaults: latencies +10 % of
-# the baseline and +2 ms; attainment −1 pp; goodput −10 %.
 def _beyond_tolerance(figure: str, change: float, baseline: float) -> bool:
+    """Is `change` beyond `analysis.compare`'s default tolerance (latencies +10 % of the
+    baseline and +2 ms; attainment −1 pp; goodput −10 %), lower being worse for those two?"""
     if figure == "attainment":
-        return -change > 0.01
+        return DEFAULT_TOLERANCES["attainment"].is_exceeded(baseline, -change)
     if figure == "goodput_req_s":
-        return -change > 0.10 * baseline
-    return change > 0.10 * baseline and change > 2.0
+        return DEFAULT_TOLERANCES["goodput"].is_exceeded(baseline, -change)
+    return DEFAULT_TOLERANCES["latency"].is_exceeded(baseline, change)
 
 
 def compare_repeats(baseline: Repeats, current: Repeats) -> list[Change]:

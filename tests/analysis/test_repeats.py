@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from loadgen.analysis.compare import DEFAULT_TOLERANCES, Tolerance
 from loadgen.analysis.confidence import t_quantile
 from loadgen.analysis.repeats import (
     HIGHER,
@@ -86,6 +87,18 @@ def test_repeats_regress_only_beyond_their_noise_and_the_tolerance() -> None:
                      figures={"chat": {"ttft_ms p90": spread([100.0, None], 0.95)}},
                      worse={"ttft_ms p90": HIGHER})  # fmt: skip
     assert [c.status for c in compare_repeats(base, failed)] == [NO_DATA]
+
+
+def test_repeats_judge_by_compares_default_tolerances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tolerance is compare's, not a copy: TTFT p90 from ~100 to ~130 ms regresses at
+    the default (+10 % and +2 ms) and is ok once the latency default is +50 %; attainment
+    down 5 pp is ok once its default is 10 pp."""
+    base = repeats({"ttft_ms p90": [99.0, 100.0, 101.0], "attainment": [0.99, 0.99, 0.98]})
+    worse = repeats({"ttft_ms p90": [129.0, 130.0, 131.0], "attainment": [0.94, 0.93, 0.94]})
+    assert {c.status for c in compare_repeats(base, worse)} == {REGRESSED}
+    monkeypatch.setitem(DEFAULT_TOLERANCES, "latency", Tolerance(relative=0.5, absolute=2.0))
+    monkeypatch.setitem(DEFAULT_TOLERANCES, "attainment", Tolerance(absolute=0.10))
+    assert {c.status for c in compare_repeats(base, worse)} == {OK}
 
 
 def test_the_worst_run_speaks_for_the_repeats() -> None:
