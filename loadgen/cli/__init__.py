@@ -3,12 +3,8 @@
 `cli` is the `loadgen` group. Its commands are imported when they are used, so `loadgen
 check` does not pay for matplotlib and `loadgen sim` not for polars; each command module
 imports what it needs at its top. Shared options, the clean-error wrapper and the console
-are in `loadgen.cli.options`.
-
-Exit codes: 0 every SLO met; 1 usage or configuration error; 2 an SLO missed;
-3 the generator fell behind or the client failed (its numbers are not the server's);
-4 stopped by the watchdog; 5 incomplete (killed, then recovered); 6 the run is still
-running (report refuses it); 130 interrupted. 4, 5, 6 and 130 are no verdict.
+are in `loadgen.cli.options`; the exit codes, which `loadgen --help` lists, in
+`loadgen.errors`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from pathlib import Path
 import click
 
 from loadgen import __version__
-from loadgen.cli.exits import UsageErrorsExitOne
+from loadgen.cli.exits import LOADGEN_EXITS, UsageErrorsExitOne
 from loadgen.engine.logs import configure
 
 # command name -> "module:attribute" of its click command, in the order `--help` lists them
@@ -58,7 +54,9 @@ class LoadgenGroup(UsageErrorsExitOne, click.Group):
         return command
 
 
-@click.group(cls=LoadgenGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LoadgenGroup, epilog=LOADGEN_EXITS, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(__version__, prog_name="loadgen")
 @click.option(
     "-v",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from loadgen.cli.exits import CHECK_EXITS
 from loadgen.cli.options import (
     OUTPUT,
     GroupedHelp,
@@ -25,7 +26,7 @@ from loadgen.workload.plans import estimate_memory, plan_run
 from loadgen.workload.spec import load, override
 
 
-@click.command(cls=GroupedHelp)
+@click.command(cls=GroupedHelp, epilog=CHECK_EXITS)
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @workload_options
 @option(

@@ -1,5 +1,7 @@
-"""The exit codes of the commands as they say them: every command's help text (from the
-codes of `loadgen.errors`), and a usage error exit 1, whichever way a command runs.
+"""The exit codes as the commands and the docs say them, from `loadgen.errors` (the one
+place they are written): every command's `Exit codes:` help, the Markdown tables of the
+README and docs/exit-codes.md (`scripts/exit_codes.py` writes them; a test checks them),
+and a usage error exit 1, whichever way a command runs.
 
 Light on purpose (click alone): the `loadgen` group imports it before any command, and
 `loadgen sim` must not pay for polars.
@@ -8,113 +10,94 @@ Light on purpose (click alone): the `loadgen` group imports it before any comman
 from __future__ import annotations
 
 import os
+import re
 import sys
+import textwrap
+from collections.abc import Iterable
 from typing import Any
 
 import click
 
 from loadgen.errors import (
-    EXIT_BUSY,
-    EXIT_FELL_BEHIND,
-    EXIT_INCOMPLETE,
-    EXIT_INCONCLUSIVE,
+    COMMAND_EXITS,
+    EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_SLO_MISSED,
     EXIT_USAGE,
-    EXIT_WATCHDOG,
+    VERDICT_PRECEDENCE,
+    command_exits,
 )
 
+HELP_WIDTH = 84  # a row's text, after its code: rows end by column 93, as click wraps
 
-def exit_help(*rows: tuple[int, str]) -> str:
-    """A command's `Exit codes:` epilog, one row per code (a row's own lines indented)."""
+
+def exit_help(rows: Iterable[tuple[int, str]]) -> str:
+    """An `Exit codes:` epilog, one row per code, wrapped under its text (`\\b`: click keeps
+    the lines as they are)."""
     lines = ["\b", "Exit codes:"]
     for code, meaning in rows:
-        first, *rest = meaning.split("\n")
+        first, *rest = textwrap.wrap(meaning, HELP_WIDTH, break_on_hyphens=False)
         lines.append(f"  {code:<5}{first}")
         lines.extend(f"       {line}" for line in rest)
     return "\n".join(lines)
 
 
-INTERRUPTED_ROW = (EXIT_INTERRUPTED, "interrupted")
-INCONCLUSIVE_ROW = (
-    EXIT_INCONCLUSIVE,
-    "inconclusive: no SLO missed, but one could not be judged at the confidence asked (its\n"
-    "target lies within its interval, or too few requests to bound it: the report says how\n"
-    "many); a miss anywhere is 2, a generator that fell behind 3",
-)
+LOADGEN_EXITS = exit_help((e.code, e.summary) for e in EXIT_CODES)  # the `loadgen` group's
+CHECK_EXITS = exit_help(command_exits("check"))
+RUN_EXITS = exit_help(command_exits("run"))
+REPORT_EXITS = exit_help(command_exits("report"))
+COMPARE_EXITS = exit_help(command_exits("compare"))
+MERGE_EXITS = exit_help(command_exits("merge"))
+CAPACITY_EXITS = exit_help(command_exits("capacity"))
+CALIBRATE_EXITS = exit_help(command_exits("calibrate"))
+PLAN_EXITS = exit_help(command_exits("plan"))
 
-# `run`: its own verdict (each command's help lists only the codes it returns)
-RUN_EXITS = exit_help(
-    (EXIT_OK, "every SLO of every class met"),
-    (EXIT_USAGE, "usage or configuration error (bad file, unreachable target)"),
-    (EXIT_SLO_MISSED, "an SLO was missed"),
-    (EXIT_FELL_BEHIND, "the generator fell behind (its own time could have changed the verdict),\n"
-                       "or the client failed (out of disk space, file descriptors or permission\n"
-                       "mid-run): its numbers are not the server's"),
-    (EXIT_WATCHDOG, "the watchdog stopped a run where nothing progressed; records are written"),
-    (EXIT_INCOMPLETE, "incomplete (--ray): a shard's process was killed or its node lost; every\n"
-                      "plan recorded, no verdict"),
-    INCONCLUSIVE_ROW,
-    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM); records and summary are still written (no\n"
-                       "verdict: the figures are partial); a second Ctrl-C exits at once and\n"
-                       "names the folder: report --recover finishes it, still 130"),
-)  # fmt: skip
 
-# `report`: a run folder's verdict as re-audited, or a results store's windows
-REPORT_EXITS = exit_help(
-    (EXIT_OK, "every SLO of every class met (a results store: the windows were written)"),
-    (EXIT_USAGE, "usage error (bad flag, no run in PATH, --slo or --window unreadable)"),
-    (EXIT_SLO_MISSED, "the run missed an SLO"),
-    (EXIT_FELL_BEHIND, "the run's generator fell behind, or its client failed: its numbers are\n"
-                       "not the server's"),
-    (EXIT_WATCHDOG, "the run was stopped by the watchdog (no verdict)"),
-    (EXIT_INCOMPLETE, "the run is incomplete: killed outright, finished by --recover (no verdict)"),
-    (EXIT_BUSY, "the run is still running: refused (--wait waits for it)"),
-    INCONCLUSIVE_ROW,
-    (EXIT_INTERRUPTED, "the run was interrupted (Ctrl-C / SIGTERM): its figures are partial\n"
-                       "(no verdict)"),
-)  # fmt: skip
+# --- the Markdown pages -------------------------------------------------------------------
 
-CAPACITY_EXITS = exit_help(
-    (EXIT_OK, "the proposed limit passes; without --proposed-limit, the knee was found"),
-    (EXIT_USAGE, "usage or configuration error (bad file, bad flag, unreachable target)"),
-    (EXIT_SLO_MISSED, "the proposed limit fails; without it, no knee in range (no step passed,\n"
-                      "or every step up to --max passed)"),
-    (EXIT_FELL_BEHIND, "the generator fell behind before the answer was known: the proposed limit\n"
-                       "is NOT JUDGED (a load that decided it was a step the generator could\n"
-                       "not run), or, without one, no load above the last pass was judged (the\n"
-                       "first step included: then no knee.png is drawn): rerun on a bigger or\n"
-                       "quieter machine"),
-    INTERRUPTED_ROW,
-)  # fmt: skip
+TABLE, BY_COMMAND = "exit codes", "exit codes by command"  # the generated blocks
+# page -> the prefix of its links into docs/, and the blocks it holds
+PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "README.md": ("docs/", (TABLE,)),
+    "docs/exit-codes.md": ("", (TABLE, BY_COMMAND)),
+}
+_LINK = re.compile(r"\]\((?![a-z]+:|#)")  # a relative link's target begins after it
 
-COMPARE_EXITS = exit_help(
-    (EXIT_OK, "no check regressed, or no baseline yet (the window holds no valid run of the\n"
-              "workload: the first night)"),
-    (EXIT_USAGE, "usage error (missing run, no class in common, bad flag), runs of different\n"
-                 "workloads (without --force), or a side that stopped early or fell behind\n"
-                 "(without --include-incomplete)"),
-    (EXIT_SLO_MISSED, "at least one check REGRESSED (or a server figure passed its "
-                      "--server-threshold)"),
-    (EXIT_BUSY, "BASELINE or CURRENT is still running: compare it once it ends"),
-)  # fmt: skip
 
-MERGE_EXITS = exit_help(
-    (EXIT_OK, "every SLO of every class met"),
-    (EXIT_USAGE, "the folders are not the N shards of one run (or not run folders)"),
-    (EXIT_SLO_MISSED, "an SLO was missed"),
-    (EXIT_FELL_BEHIND, "the generator fell behind, judged on every shard's records: its numbers\n"
-                       "are not the server's"),
-    INCONCLUSIVE_ROW,
-)  # fmt: skip
+def markdown_table(link_base: str = "") -> str:
+    """Every exit code's row: what it means and what a CI job does about it."""
+    rows = ["| code | meaning | in a CI job |", "|---|---|---|"]
+    rows += [f"| {e.code} | {e.meaning} | {e.in_ci} |" for e in EXIT_CODES]
+    return _LINK.sub(f"]({link_base}", "\n".join(rows))
 
-CALIBRATE_EXITS = exit_help(
-    (EXIT_OK, "calibrated: at least the lowest level met every threshold"),
-    (EXIT_USAGE, "usage or configuration error"),
-    (EXIT_SLO_MISSED, "no level met the thresholds (this machine cannot measure even the lowest)"),
-    INTERRUPTED_ROW,
-)
+
+def markdown_by_command() -> str:
+    """Each command's codes in its own words (its help's rows), and the verdict's precedence."""
+    order = ", ".join(map(str, VERDICT_PRECEDENCE))
+    parts = [f"A run's verdict (and that of `run --repeats`: its worst run's) is the first of "
+             f"{order} that applies: a stop, then a generator that fell behind, then a miss, "
+             "then an inconclusive check, else met."]  # fmt: skip
+    for command in COMMAND_EXITS:
+        rows = [f"| {code} | {meaning} |" for code, meaning in command_exits(command)]
+        parts.append("\n".join([f"### `loadgen {command}`", "", "| code | meaning |",
+                                 "|---|---|", *rows]))  # fmt: skip
+    return "\n\n".join(parts)
+
+
+def regenerated(text: str, link_base: str, blocks: Iterable[str]) -> str:
+    """`text` with each generated block written anew between its markers; ValueError when a
+    block's markers are missing (a page that lost them would never be checked again)."""
+    content = {TABLE: lambda: markdown_table(link_base), BY_COMMAND: markdown_by_command}
+    for block in blocks:
+        begin = (f"<!-- {block}: generated from loadgen/errors.py by scripts/exit_codes.py; "
+                 "edit them there -->")  # fmt: skip
+        end = f"<!-- end of {block} -->"
+        head, found, rest = text.partition(begin)
+        _, ended, tail = rest.partition(end)
+        if not (found and ended):
+            raise ValueError(f"no {begin!r} ... {end!r} block")
+        text = f"{head}{begin}\n\n{content[block]()}\n\n{end}{tail}"  # Markdown apart
+    return text
 
 
 class UsageErrorsExitOne(click.Command):

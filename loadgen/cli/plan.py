@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from loadgen.analysis.estimates import Measured
+from loadgen.cli.exits import PLAN_EXITS
 from loadgen.cli.options import clean_errors, output_console
 from loadgen.errors import OptionError
 from loadgen.render.planner_view import plan_notes, render_plan
@@ -62,7 +63,7 @@ def _input_options(func: Any) -> Any:
     return func
 
 
-@click.command("plan", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("plan", epilog=PLAN_EXITS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--from-run",
     "run_dirs",
