@@ -78,9 +78,10 @@ from loadgen.analysis.confidence import (
     wilson,
 )
 from loadgen.analysis.cost import per_million as per_million_of
+from loadgen.analysis.server import ServerDelta
 from loadgen.analysis.slo import per_request
 from loadgen.codec import to_json as plain
-from loadgen.errors import ConfigError, LoadgenError, OptionError
+from loadgen.errors import EXIT_OK, EXIT_SLO_MISSED, ConfigError, LoadgenError, OptionError
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import (
     PARTS_DIR,
@@ -465,8 +466,8 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        """2 when anything regressed, else 0."""
-        return 2 if self.regressions else 0
+        """The checks' exit: EXIT_SLO_MISSED (2, regressed) when one REGRESSED, else 0."""
+        return EXIT_SLO_MISSED if self.regressions else EXIT_OK
 
 
 def compare_sides(
@@ -601,10 +602,19 @@ class NoBaseline(LoadgenError):
     """The baseline window holds no valid run of CURRENT's workload: the first night of a
     nightly series (`loadgen compare` says "no baseline yet" and exits 0)."""
 
+    exit_code = EXIT_OK
+
 
 class RefusedSide(LoadgenError):
     """BASELINE or CURRENT is no measure of the server (it stopped before its end, or its
     generator fell behind): nothing is compared (exit 1), and the message says why."""
+
+
+def compare_exit(comparison: Comparison, server: Sequence[ServerDelta] = ()) -> int:
+    """`loadgen compare`'s exit: EXIT_SLO_MISSED (2, regressed) when a check REGRESSED or a
+    server figure passed its threshold, else EXIT_OK."""
+    regressed = comparison.regressions or any(delta.regressed for delta in server)
+    return EXIT_SLO_MISSED if regressed else EXIT_OK
 
 
 def duration_text(window: timedelta) -> str:

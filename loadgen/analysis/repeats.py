@@ -26,6 +26,7 @@ from typing import Any
 
 from loadgen.analysis.compare import DEFAULT_TOLERANCES, Verdict
 from loadgen.analysis.confidence import t_quantile
+from loadgen.errors import EXIT_OK, EXIT_SLO_MISSED
 from loadgen.results.summary import Summary
 
 REPEATS_FILE = "repeats.json"  # in the repeats folder beside the K run folders
@@ -229,6 +230,12 @@ def compare_repeats(baseline: Repeats, current: Repeats) -> list[Change]:
                                   current=now, change=change, low=interval[0],
                                   high=interval[1], status=status))  # fmt: skip
     return changes
+
+
+def repeats_exit(changes: Sequence[Change]) -> int:
+    """`loadgen compare` of two repeats folders: EXIT_SLO_MISSED (2) when a figure
+    REGRESSED, else EXIT_OK."""
+    return EXIT_SLO_MISSED if any(c.status == REGRESSED for c in changes) else EXIT_OK
 
 
 def change_json(change: Change) -> dict[str, Any]:

@@ -5,21 +5,30 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import click
 
 from loadgen.analysis.compare import (
+    Comparison,
     NoBaseline,
     RefusedSide,
     Side,
+    compare_exit,
     compare_sides,
     load_sides,
     parse_tolerances,
     to_json,
 )
-from loadgen.analysis.repeats import REGRESSED, REPEATS_FILE, Repeats, change_json, compare_repeats
+from loadgen.analysis.repeats import (
+    REPEATS_FILE,
+    Repeats,
+    change_json,
+    compare_repeats,
+    repeats_exit,
+)
 from loadgen.analysis.repeats import from_json as repeats_from_json
 from loadgen.analysis.repeats import to_json as to_repeats_json
 from loadgen.analysis.rolling import parse_duration
@@ -189,22 +198,7 @@ def _compare(
     include_incomplete: bool = False,
     server_thresholds: tuple[str, ...] = (),
 ) -> None:
-    ctx = click.get_current_context()
-    if window_text is None and len(runs) != 2:
-        raise click.UsageError(
-            "give BASELINE and CURRENT run folders (or CURRENT with --baseline-window)", ctx
-        )
-    if window_text is not None and len(runs) != 1:
-        raise click.UsageError("with --baseline-window give only CURRENT", ctx)
-    if store is not None and window_text is None:
-        raise click.UsageError("--store only applies with --baseline-window", ctx)
-    if force and window_text is not None:
-        raise click.UsageError("--force applies to BASELINE CURRENT: a baseline window pools "
-                               "only CURRENT's workload", ctx)  # fmt: skip
-    try:
-        window = parse_duration(window_text) if window_text is not None else None
-    except ConfigError as exc:  # parse_duration names --window; this flag is another
-        raise ConfigError(exc.source, "--baseline-window", exc.problem, exc.fix) from None
+    window = _window(runs, window_text, store, force)
     if window is None and all((run / REPEATS_FILE).is_file() for run in runs):
         _compare_repeats(runs[0], runs[1], fmt, force=force)
         return
@@ -235,41 +229,78 @@ def _compare(
         classes=class_names,
     )
     deltas = _server_deltas(baseline, current, thresholds)
-    exit_code = max(comparison.exit_code, 2 if any(d.regressed for d in deltas) else 0)
+    exit_code = compare_exit(comparison, deltas)
     written = []
     if junit_path is not None:
         written.append(_write(junit_path, render_junit(comparison)))
     if markdown_path is not None:
         written.append(_write(markdown_path, render_markdown(comparison)))
-    caches = _caches(baseline), _caches(current)
-    cache = CacheSide.of(caches[0]), CacheSide.of(caches[1])
-    cache_text, cache_differs = compare_cache_line(*cache)
-    shows_cache = any(c is not None for side in caches for c in side)  # else: all before it
-    if fmt == "json":
-        out = to_json(comparison)
-        if deltas:
-            out["server"] = server_json(deltas)
-            out["exit_code"] = exit_code
-        if shows_cache:
-            out["cache"] = {"baseline": cache_json(cache[0]), "current": cache_json(cache[1]),
-                            "differs": cache_differs}  # fmt: skip
-        click.echo(json.dumps(out, indent=2))
-        for path in written:
-            click.echo(f"wrote {path}", err=True)
-    else:
-        console = output_console()
-        console.print(render_table(comparison))
-        if shows_cache:
-            console.print(cache_text, style="yellow" if cache_differs else "")
-        if deltas:
-            console.print(render_server_table(deltas))
-            if exit_code and not comparison.exit_code:
-                console.print(
-                    "a server figure passed its --server-threshold (exit 2)", style="bold red"
-                )
-        for path in written:
-            console.print(f"wrote {path}")
+    cache = _cache_sides(baseline, current)
+    show = _print_json if fmt == "json" else _print_text
+    show(comparison, deltas, exit_code, cache, written)
     sys.exit(exit_code)
+
+
+def _window(
+    runs: tuple[Path, ...], window_text: str | None, store: Path | None, force: bool
+) -> timedelta | None:
+    """--baseline-window as a duration (None: BASELINE CURRENT), the flags that go with it
+    checked."""
+    ctx = click.get_current_context()
+    if window_text is None and len(runs) != 2:
+        raise click.UsageError(
+            "give BASELINE and CURRENT run folders (or CURRENT with --baseline-window)", ctx
+        )
+    if window_text is not None and len(runs) != 1:
+        raise click.UsageError("with --baseline-window give only CURRENT", ctx)
+    if store is not None and window_text is None:
+        raise click.UsageError("--store only applies with --baseline-window", ctx)
+    if force and window_text is not None:
+        raise click.UsageError("--force applies to BASELINE CURRENT: a baseline window pools "
+                               "only CURRENT's workload", ctx)  # fmt: skip
+    try:
+        return parse_duration(window_text) if window_text is not None else None
+    except ConfigError as exc:  # parse_duration names --window; this flag is another
+        raise ConfigError(exc.source, "--baseline-window", exc.problem, exc.fix) from None
+
+
+def _print_json(
+    comparison: Comparison, deltas: Sequence[ServerDelta], exit_code: int,
+    cache: tuple[CacheSide, CacheSide] | None, written: Sequence[Path],
+) -> None:  # fmt: skip
+    """The comparison for machines on stdout (`analysis.compare.to_json`), with the server's
+    figures and the cache warmth where the runs have them; what was written on stderr."""
+    out = to_json(comparison)
+    if deltas:
+        out["server"] = server_json(deltas)
+    out["exit_code"] = exit_code
+    if cache is not None:
+        out["cache"] = {"baseline": cache_json(cache[0]), "current": cache_json(cache[1]),
+                        "differs": compare_cache_line(*cache)[1]}  # fmt: skip
+    click.echo(json.dumps(out, indent=2))
+    for path in written:
+        click.echo(f"wrote {path}", err=True)
+
+
+def _print_text(
+    comparison: Comparison, deltas: Sequence[ServerDelta], exit_code: int,
+    cache: tuple[CacheSide, CacheSide] | None, written: Sequence[Path],
+) -> None:  # fmt: skip
+    """The table of checks, the cache warmth and the server's figures, for people."""
+    console = output_console()
+    console.print(render_table(comparison))
+    if cache is not None:
+        cache_text, cache_differs = compare_cache_line(*cache)
+        console.print(cache_text, style="yellow" if cache_differs else "")
+    if deltas:
+        console.print(render_server_table(deltas))
+        if exit_code != comparison.exit_code:
+            console.print(
+                f"a server figure passed its --server-threshold (exit {exit_code})",
+                style="bold red",
+            )
+    for path in written:
+        console.print(f"wrote {path}")
 
 
 def _not_compared(
@@ -281,7 +312,7 @@ def _not_compared(
     JUnit and Markdown asked for are written, saying so, so a CI job's summary step finds
     them; `--format json` gets `{compared: false, reason, exit_code}`."""
     first_night = isinstance(exc, NoBaseline)
-    why, code = str(exc), 0 if first_night else exc.exit_code
+    why, code = str(exc), exc.exit_code
     written = []
     if junit_path is not None:
         written.append(_write(junit_path, render_not_compared_junit(
@@ -310,7 +341,7 @@ def _compare_repeats(baseline_dir: Path, current_dir: Path, fmt: str, *, force: 
             f"{keys[1]}): add --force to compare them anyway"
         )
     changes = compare_repeats(*sides)
-    code = 2 if any(c.status == REGRESSED for c in changes) else 0
+    code = repeats_exit(changes)
     if fmt == "json":
         click.echo(json.dumps({"baseline": to_repeats_json(sides[0]),
                                "current": to_repeats_json(sides[1]),
@@ -360,6 +391,15 @@ def _caches(side: Side) -> list[CacheWarmth | None]:
     cache modes)."""
     return [read_summary(run_dir).cache for run_dir in side.run_dirs
             if (run_dir / SUMMARY_FILE).exists()]  # fmt: skip
+
+
+def _cache_sides(baseline: Side, current: Side) -> tuple[CacheSide, CacheSide] | None:
+    """Both sides' cache warmth; None when no run of either recorded one (all written before
+    cache modes: nothing to show)."""
+    caches = _caches(baseline), _caches(current)
+    if all(c is None for side in caches for c in side):
+        return None
+    return CacheSide.of(caches[0]), CacheSide.of(caches[1])
 
 
 def _write(path: Path, text: str) -> Path:

@@ -22,9 +22,12 @@ from loadgen.analysis import metrics
 from loadgen.analysis.compare import (
     CHECKS,
     Comparison,
+    NoBaseline,
+    RefusedSide,
     Side,
     Tolerance,
     Verdict,
+    compare_exit,
     compare_sides,
     judge,
     parse_tolerances,
@@ -38,6 +41,7 @@ from loadgen.analysis.confidence import (
     percentile_estimate,
     wilson,
 )
+from loadgen.analysis.server import ServerDelta
 from loadgen.cli.compare import compare
 from loadgen.errors import ConfigError
 from loadgen.render.compare_view import render_markdown, render_table
@@ -369,6 +373,20 @@ def regressed() -> Comparison:
     """A comparison where TTFT got 30 % slower (n = 2,000) and a class exists only in the baseline."""
     base = side(records(1, 2000) + records(5, 50, cls="batch"), "run-a")
     return compare_sides(base, side(records(2, 2000, slower=1.3), "run-b"), slos=SLOS)
+
+
+def test_compares_exit_is_2_on_a_regressed_check_or_server_figure(regressed: Comparison) -> None:
+    """compare decides its exit in analysis, not the CLI: 2 when a check REGRESSED or a server
+    figure passed its threshold, else 0; no baseline yet exits 0, a refused side 1."""
+    calm = compare_sides(side(records(1, 300)), side(records(1, 300)), slos=SLOS)
+    assert not calm.regressions
+    passed = ServerDelta(figure="queue_depth_p99", baseline=2.0, current=5.0, threshold=None,
+                         regressed=True)  # fmt: skip
+    within = dataclasses.replace(passed, regressed=False)
+    assert compare_exit(calm) == compare_exit(calm, [within]) == 0
+    assert compare_exit(calm, [within, passed]) == 2
+    assert compare_exit(regressed) == compare_exit(regressed, [within]) == 2
+    assert (NoBaseline("first night").exit_code, RefusedSide("stopped").exit_code) == (0, 1)
 
 
 def test_junit_has_a_testcase_per_class_and_check_with_failures(regressed: Comparison) -> None:

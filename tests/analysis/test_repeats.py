@@ -22,6 +22,7 @@ from loadgen.analysis.repeats import (
     REGRESSED,
     Repeats,
     compare_repeats,
+    repeats_exit,
     spread,
 )
 from loadgen.cli import cli
@@ -99,6 +100,14 @@ def test_repeats_judge_by_compares_default_tolerances(monkeypatch: pytest.Monkey
     monkeypatch.setitem(DEFAULT_TOLERANCES, "latency", Tolerance(relative=0.5, absolute=2.0))
     monkeypatch.setitem(DEFAULT_TOLERANCES, "attainment", Tolerance(absolute=0.10))
     assert {c.status for c in compare_repeats(base, worse)} == {OK}
+
+
+def test_repeats_exit_2_when_a_figure_regressed() -> None:
+    """`compare` of two repeats folders exits by `analysis.repeats`: 2 for ~100 -> ~130 ms,
+    0 for ~100 -> ~103 ms (within the tolerance)."""
+    base = repeats({"ttft_ms p90": [99.0, 100.0, 101.0]})
+    assert repeats_exit(compare_repeats(base, repeats({"ttft_ms p90": [129.0, 130.0, 131.0]}))) == 2
+    assert repeats_exit(compare_repeats(base, repeats({"ttft_ms p90": [102.0, 103.0, 104.0]}))) == 0
 
 
 def test_the_worst_run_speaks_for_the_repeats() -> None:
