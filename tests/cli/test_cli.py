@@ -250,8 +250,10 @@ def test_missing_api_key_env_is_a_config_error(tmp_path: Path, monkeypatch) -> N
 
 @pytest.mark.slow  # ~5 s on 2 cores: left to .ci/run's second part
 def test_report_re_audits_a_run_and_writes_html_md_json(tmp_path: Path) -> None:
-    """`report RUN_DIR` rewrites the verdict from records alone; --slo can turn MET into MISSED."""
-    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(3))
+    """`report RUN_DIR` rewrites the verdict from records alone; --slo can turn MET into MISSED
+    (by 450 ms: a miss no send lag or late stamp of a busy client could explain, so the
+    generator-health rule leaves it the server's)."""
+    code, output, run_dir = run_against(tmp_path, lambda r: simple_chat(3, first_delay_s=0.5))
     assert code == 0, output
     result = CliRunner().invoke(cli, ["report", str(run_dir), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
@@ -261,7 +263,7 @@ def test_report_re_audits_a_run_and_writes_html_md_json(tmp_path: Path) -> None:
     again = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert again["classes"]["chat"]["ttft_ms"] == original["classes"]["chat"]["ttft_ms"]
     strict = CliRunner().invoke(cli, ["report", str(run_dir), "--out", str(tmp_path / "strict"),
-                                      "--slo", "ttft_ms=0.001", "--format", "json"])  # fmt: skip
+                                      "--slo", "ttft_ms=50", "--format", "json"])  # fmt: skip
     assert strict.exit_code == 2, strict.output
     assert json.loads(strict.output)["classes"]["chat"]["slo"]["met"] is False
     bad = CliRunner().invoke(cli, ["report", str(run_dir), "--slo", "ttft=5"])
