@@ -200,8 +200,13 @@ def check_out_dir(out_dir: Path) -> None:
     without writing anything (`--dry-run` writes nothing), so what only a write can tell (a
     full disk, a quota) is still the run's to find."""
     existing = out_dir
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
+    try:
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+    except OSError as exc:  # a name longer than the file system takes, a loop of links
+        raise OptionError("--out", f"cannot use {str(out_dir)[:120]!r} as a results folder: "
+                          f"{exc.strerror or exc}", "give --out a shorter, plain folder path",
+                          ) from None  # fmt: skip
     if not existing.is_dir():
         problem = f"{existing} is not a folder"
     elif not os.access(existing, os.W_OK | os.X_OK):

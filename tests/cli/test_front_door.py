@@ -453,6 +453,10 @@ def test_dry_run_checks_what_run_would_check(tmp_path: Path, monkeypatch) -> Non
     )
     assert taken.exit_code == 1
     assert "already exists" in taken.output
+    too_long = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--out", "x" * 300])
+    assert too_long.exit_code == 1, too_long.output  # found by the slow fuzz: was an OSError
+    assert "--out: cannot use 'xxx" in too_long.output
+    assert "File name too long (give --out a shorter, plain folder path)" in too_long.output
 
 
 def test_dry_run_refuses_a_url_nothing_listens_on_and_sends_nothing_to_one_that_does(
