@@ -92,7 +92,8 @@ def run_api(
     sent = {r.request_id_sent for r in records}
     deadline = time.monotonic() + 10
     while True:  # the simulator flushes its trace on its own schedule
-        lines = [json.loads(line) for line in trace.read_text().splitlines() if line]
+        text = trace.read_text()  # read while the simulator writes: its last line may be half
+        lines = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
         served = {r["x_request_id"]: r for r in lines if r.get("x_request_id") in sent}
         if len(served) == len(sent) or time.monotonic() > deadline:
             return Run(records, served)
