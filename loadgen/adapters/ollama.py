@@ -18,7 +18,6 @@ from loadgen.adapters.protocol import (
     BodyOptions,
     Delta,
     Message,
-    ServerTimings,
     bearer_headers,
     duration_ms,
     flatten,
@@ -152,7 +151,7 @@ def _fill(delta: Delta, content: object, thinking: object) -> None:
         delta.reasoning_chars = len(thinking)
 
 
-def _timings(obj: dict[str, Any]) -> ServerTimings | None:
+def _timings(obj: dict[str, Any]) -> dict[str, Any] | None:
     """The final object's durations (ns) in ms, and its token counts."""
     fields: dict[str, Any] = {}
     for key, name in DURATIONS.items():
@@ -161,4 +160,4 @@ def _timings(obj: dict[str, Any]) -> ServerTimings | None:
     fields["decode_tokens"] = token_count(obj.get("eval_count"))
     if all(v is None for v in fields.values()):
         return None
-    return ServerTimings(**fields)
+    return fields

@@ -10,7 +10,6 @@ from loadgen.adapters.protocol import (
     BodyOptions,
     Delta,
     MalformedEvent,
-    ServerTimings,
     duration_ms,
     error_message,
     token_count,
@@ -94,8 +93,9 @@ def _closing(obj: dict[str, Any], delta: Delta) -> None:
             delta.cached_tokens = cache_n
 
 
-def llama_timings(timings: dict[str, Any]) -> ServerTimings | None:
-    """llama.cpp's `timings` object as ServerTimings (None when it holds none of them)."""
+def llama_timings(timings: dict[str, Any]) -> dict[str, Any] | None:
+    """llama.cpp's `timings` object by the record's ServerTimings fields (None when it holds
+    none of them)."""
 
     prefill, decode = (
         duration_ms(timings.get("prompt_ms")),
@@ -111,4 +111,4 @@ def llama_timings(timings: dict[str, Any]) -> ServerTimings | None:
     }
     if all(v is None for v in fields.values()):
         return None
-    return ServerTimings(**fields)
+    return fields

@@ -25,28 +25,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ServerTimings:
-    """What the server said about its own work on one request (ms and token counts).
-
-    Kept next to the client's measurements, never mixed into them: a server's prefill time
-    beside the client's TTFT shows how much of TTFT was queueing and network. Filled by the
-    APIs that report it: Ollama's final object (`load_duration`, `prompt_eval_duration`,
-    `eval_duration`, `total_duration` in ns; `prompt_eval_count`, `eval_count`); llama.cpp's
-    `timings` (`prompt_ms`, `predicted_ms`, `prompt_n`, `predicted_n`, `cache_n`) maps
-    onto the same fields. `None` where the server did not say.
-    """
-
-    queue_ms: float | None = None  # waiting before the server started on it
-    load_ms: float | None = None  # loading the model for it (Ollama: load_duration)
-    prefill_ms: float | None = None  # prompt processing (Ollama: prompt_eval_duration)
-    decode_ms: float | None = None  # generating the output (Ollama: eval_duration)
-    total_ms: float | None = None  # the server's whole time on the request
-    prefill_tokens: int | None = None  # prompt tokens it processed (Ollama: prompt_eval_count)
-    decode_tokens: int | None = None  # tokens it generated (Ollama: eval_count)
-    cached_tokens: int | None = None  # prompt tokens served from its cache
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class BodyOptions:
     """Request options that come from the workload's target section."""
 
@@ -66,7 +44,9 @@ class Delta:
     (`[DONE]`, `message_stop`, `done: true`), `finish_reason` the model's stop; `error` a
     server error event (the stream failed), in the server's words, uncut (see
     MalformedEvent). Usage-only events carry only the token counts;
-    `server_timings` what the server reported about its own work (Ollama's durations);
+    `server_timings` what the server reported about its own work (Ollama's durations), by
+    the name of the record's field each figure fills (`results.records.ServerTimings`: ms
+    and token counts; None where it did not say), a plain mapping: the record types it;
     `cached_tokens` the prompt tokens it served from its prefix cache (OpenAI
     `usage.prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`,
     llama.cpp `timings.cache_n`); `response_id` the response's own id, where it has one.
@@ -102,7 +82,7 @@ class Delta:
         self.finish_reason: str | None = None
         self.done = False
         self.error: str | None = None
-        self.server_timings: ServerTimings | None = None
+        self.server_timings: dict[str, Any] | None = None
         self.cached_tokens: int | None = None
         self.response_id: str | None = None
         self.token_only = False

@@ -22,8 +22,9 @@ import asyncio
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
-from loadgen.adapters.protocol import Adapter, MalformedEvent, ServerTimings, new_decoder
+from loadgen.adapters.protocol import Adapter, MalformedEvent, new_decoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, size_text
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.intermediaries import explain
@@ -35,6 +36,7 @@ from loadgen.results.records import (
     Outcome,
     RequestRecord,
     TokenSource,
+    reported_timings,
     usage_disagrees,
 )
 from loadgen.workload.plans import RequestPlan
@@ -129,7 +131,7 @@ class Exchange:
         self.first_token_ns: int | None = None
         self.first_content_ns: int | None = None
         self.first_reasoning_ns: int | None = None
-        self.server_timings: ServerTimings | None = None
+        self.server_timings: dict[str, Any] | None = None  # as the adapter reported it
         self.last_token_ns: int | None = None
         self.end_ns: int | None = None
         self.chunk_ns: list[int] = []
@@ -571,7 +573,7 @@ class Exchange:
             retries=self.retries,
             session_id=self.plan.session_id,
             turn=self.plan.turn,
-            server_timings=self.server_timings,
+            server_timings=reported_timings(self.server_timings),
             request_id_sent=self.request_id_sent,
             finish_reason=self.finish_reason,
             stopped_early=stopped_early,

@@ -11,13 +11,11 @@ says why.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-
-from loadgen.adapters.protocol import ServerTimings
 
 
 class Outcome(enum.StrEnum):
@@ -67,6 +65,30 @@ def usage_disagrees(usage: int | None, counted: int) -> bool:
     return usage < counted or usage > counted + UNSTREAMED_TOKENS
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTimings:
+    """What the server said about its own work on one request (ms and token counts).
+
+    Kept next to the client's measurements, never mixed into them: a server's prefill time
+    beside the client's TTFT shows how much of TTFT was queueing and network. Filled by the
+    APIs that report it: Ollama's final object (`load_duration`, `prompt_eval_duration`,
+    `eval_duration`, `total_duration` in ns; `prompt_eval_count`, `eval_count`); llama.cpp's
+    `timings` (`prompt_ms`, `predicted_ms`, `prompt_n`, `predicted_n`, `cache_n`) maps
+    onto the same fields. `None` where the server did not say. The adapters, below the
+    records, report these as a plain mapping by field name (`Delta.server_timings`);
+    `reported_timings` types it.
+    """
+
+    queue_ms: float | None = None  # waiting before the server started on it
+    load_ms: float | None = None  # loading the model for it (Ollama: load_duration)
+    prefill_ms: float | None = None  # prompt processing (Ollama: prompt_eval_duration)
+    decode_ms: float | None = None  # generating the output (Ollama: eval_duration)
+    total_ms: float | None = None  # the server's whole time on the request
+    prefill_tokens: int | None = None  # prompt tokens it processed (Ollama: prompt_eval_count)
+    decode_tokens: int | None = None  # tokens it generated (Ollama: eval_count)
+    cached_tokens: int | None = None  # prompt tokens served from its cache
+
+
 SERVER_TIMING_FIELDS: tuple[str, ...] = tuple(ServerTimings.__dataclass_fields__)
 SERVER_TIMINGS_DTYPE = pl.Struct(
     {
@@ -74,6 +96,11 @@ SERVER_TIMINGS_DTYPE = pl.Struct(
         for name in SERVER_TIMING_FIELDS
     }
 )
+
+
+def reported_timings(reported: Mapping[str, Any] | None) -> ServerTimings | None:
+    """An adapter's report of the server's own timings (field name → value), typed."""
+    return None if reported is None else ServerTimings(**reported)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,8 @@ import pytest
 
 from loadgen.adapters import adapter_for
 from loadgen.adapters.ndjson import NdjsonDecoder
-from loadgen.adapters.protocol import BodyOptions, Delta, MalformedEvent, ServerTimings, new_decoder
+from loadgen.adapters.protocol import BodyOptions, Delta, MalformedEvent, new_decoder
+from loadgen.results.records import ServerTimings, reported_timings
 
 
 def sse_event(name: str, obj: dict[str, Any]) -> bytes:
@@ -189,7 +190,7 @@ def test_ollama_chat_thinking_content_and_server_timings() -> None:
     last = deltas[-1]
     assert last.done
     assert (last.completion_tokens, last.prompt_tokens) == (3, 26)
-    assert last.server_timings == ServerTimings(
+    assert reported_timings(last.server_timings) == ServerTimings(
         total_ms=4883.583458, load_ms=1.334875, prefill_ms=342.546, decode_ms=4535.599,
         prefill_tokens=26, decode_tokens=3,
     )  # fmt: skip

@@ -39,6 +39,7 @@ from loadgen.analysis.server import (
 from loadgen.cli import cli
 from loadgen.engine.scrape import Scraper, parse_exposition, within_line_cap
 from loadgen.render.terminal import server_line
+from loadgen.results.records import reported_timings
 from loadgen.results.runfolder import SERVER_PART_SCHEMA, read_server_metrics, server_rows_frame
 from loadgen.results.summary import GaugeStats, ServerAudit
 from loadgen.results.write import join_server_metrics, write_server_part
@@ -363,7 +364,7 @@ def test_llama_cpp_timings_give_cached_tokens_and_server_timings() -> None:
                          "finish_reason": "stop"}], "timings": timings})  # fmt: skip
     delta = OpenAIChat().parse(b"", data)
     assert delta.cached_tokens == 12
-    t = delta.server_timings
+    t = reported_timings(delta.server_timings)
     assert t is not None
     assert (t.prefill_ms, t.decode_ms, t.total_ms) == (4.5, 9.0, 13.5)
     assert (t.prefill_tokens, t.decode_tokens, t.cached_tokens) == (8, 3, 12)
