@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 import polars as pl
@@ -104,119 +104,293 @@ def reported_timings(reported: Mapping[str, Any] | None) -> ServerTimings | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    """One column of `records.parquet`, declared once: on its `RequestRecord` field
+    (`column`, `stamp`), from which `COLUMNS`, `SCHEMA`, `TIME_COLUMNS`, the frame codec
+    (`to_frame`, `from_frame`), the exchange's relative times, merge's re-basing and the
+    docs' column list (docs/metrics.md, tested) are derived."""
+
+    name: str  # the Parquet column: the field's name (`class` for `class_name`)
+    attribute: str  # the RequestRecord field
+    dtype: pl.DataType
+    doc: str  # one line for the docs' column list (Markdown, links relative to docs/)
+    # A time on the run's clock (ns since t0; for a list, each element): the exchange
+    # writes it relative to t0, and a merge moves it by the shard's offset.
+    time: bool = False
+    read_as: type[enum.StrEnum] | None = None  # the enum its strings are read back as
+
+    @property
+    def is_list(self) -> bool:
+        """A list of values per request (chunk times, chunk tokens)."""
+        return isinstance(self.dtype, pl.List)
+
+
+_COLUMN = "loadgen.column"  # the key of a RequestRecord field's metadata holding its Column
+
+
+def column(
+    dtype: pl.DataType, doc: str, *, name: str = "", read_as: type[enum.StrEnum] | None = None
+) -> dict[str, Column]:
+    """A `RequestRecord` field's metadata: its column's dtype, doc line, and (where they
+    differ) Parquet name and the enum its strings are read back as."""
+    return {_COLUMN: Column(name=name, attribute="", dtype=dtype, doc=doc, read_as=read_as)}
+
+
+def stamp(doc: str, dtype: pl.DataType | None = None) -> dict[str, Column]:
+    """A field's metadata for a time on the run's clock: int64 ns since t0 (or a list)."""
+    return {_COLUMN: Column(name="", attribute="", dtype=dtype or pl.Int64(), doc=doc, time=True)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
-    """What one planned request did, measured at the client boundary.
+    """What one planned request did, measured at the client boundary: one row of
+    `records.parquet`, each field a column declared here once (`column`, `stamp`).
 
     Times are ns since the run's t0. `intended_ns` is when the plan said to send (the
     moment the user pressed enter); TTFT and E2E are measured from it. `chunk_ns` holds
     the arrival time of every output-bearing chunk and `chunk_tokens` the tokens each
     carried (1 each, unless the server's usage says more and they were apportioned), up to
     the request's stamp cap (`exchange.chunk_stamp_cap`); past it `unstamped_chunks` counts
-    the rest and `unstamped_max_gap_ns` keeps their largest gap.
+    the rest and `unstamped_max_gap_ns` keeps their largest gap. The fields are in the
+    Parquet file's column order (it is kept: older runs' files read alike).
     """
 
-    request_id: int
-    class_name: str
-    intended_ns: int
-    outcome: Outcome
-    dispatched_ns: int | None = None  # when the scheduler started it (generator health)
-    sent_ns: int | None = None  # when its request bytes were written
-    headers_ns: int | None = None
-    first_token_ns: int | None = None  # first generated output: content, reasoning or tool call
-    first_content_ns: int | None = None  # first visible content
-    first_reasoning_ns: int | None = None  # first reasoning (thinking) output
-    last_token_ns: int | None = None
-    end_ns: int | None = None
-    chunk_ns: Sequence[int] = field(default_factory=tuple)
-    chunk_tokens: Sequence[int] = field(default_factory=tuple)
-    output_tokens: int = 0
-    token_source: TokenSource = TokenSource.NONE
-    prompt_tokens: int | None = None  # as reported by the server's usage
-    prompt_tokens_target: int = 0  # what the plan asked for
-    max_tokens: int = 0
-    http_status: int | None = None
-    error: str | None = None
-    retries: int = 0
-    session_id: int | None = None  # the chat session / agent trajectory / batch it belongs to
-    turn: int | None = None  # its turn (chat) or hop (agent) index within the session, from 0
-    server_timings: ServerTimings | None = None  # what the server reported, if it did
-    request_id_sent: str | None = None  # the id header's value this request carried
-    finish_reason: str | None = None  # the API's stop reason as sent (None: none came)
-    stopped_early: bool = False  # ok, but a stop reason ended it before its forced length
-    # The connection its (last) attempt was written on: new (opened for it, during the run:
-    # its setup is inside its latency), warm (opened before t0) or reused (kept alive);
-    # None when it was never written.
-    connection: str | None = None
-    model: str | None = None  # the model (or LoRA adapter) the request named
-    cached_prompt_tokens: int | None = None  # prompt tokens the server served from its cache
-    server_request_id: str | None = None  # the response's `id`, else its x-request-id header
-    # The server's own output count (its usage, after the check at the door) beside the
-    # token-bearing events that arrived (chunks + token-only events): both kept, so a usage
-    # that disagrees with the stream (`runner.usage_disagrees`) shows. None: no usage (or
-    # no output); `output_tokens` is the N used, `token_source` where it came from.
-    usage_output_tokens: int | None = None
-    counted_output_tokens: int = 0
-    # Usage counts the server sent that cannot be counts (negative, not integers, beyond what
-    # the exchange could hold), as text: never taken as figures; the record is stream_error.
-    usage_problem: str | None = None
-    # Output chunks past the stamp cap (`chunk_ns` then holds the first cap of them, so its
-    # length is the cap): counted in N (last_token_ns is the last of them, so TPOT and E2E
-    # are whole), their arrival times not kept; the largest of their gaps (from the last
-    # stamped chunk on) is `unstamped_max_gap_ns`, in the request's largest ITL. 0 and None
-    # for every stream within its cap.
-    unstamped_chunks: int = 0
-    unstamped_max_gap_ns: int | None = None
-    # How the output arrived: its output-bearing events (`chunk_ns` holds their stamps) and
-    # the network reads that carried them (reads told apart by their arrival stamps). Many
-    # events per read is a stream held back on the way, or written in bursts by the server
-    # (`analysis.delivery`); several tokens per event is the server's own chunking.
-    output_events: int = 0
-    output_reads: int = 0
+    request_id: int = field(
+        metadata=column(
+            pl.Int64(),
+            "the plan's id: 0, 1, … in schedule order, unique across a merged run's shards",
+        )
+    )
+    class_name: str = field(metadata=column(pl.String(), "its workload class", name="class"))
+    intended_ns: int = field(
+        metadata=stamp(
+            "when the plan said to send it, the moment the user pressed enter: TTFT and E2E "
+            "count from it"
+        )
+    )
+    dispatched_ns: int | None = field(
+        default=None,
+        metadata=stamp(
+            "when the scheduler started it (the generator's lag is dispatched − intended)"
+        ),
+    )
+    sent_ns: int | None = field(default=None, metadata=stamp("when its request bytes were written"))
+    headers_ns: int | None = field(default=None, metadata=stamp("when the response's head arrived"))
+    first_token_ns: int | None = field(
+        default=None,
+        metadata=stamp("its first generated output: content, reasoning or a tool call"),
+    )
+    first_content_ns: int | None = field(default=None, metadata=stamp("its first visible content"))
+    last_token_ns: int | None = field(default=None, metadata=stamp("its last generated output"))
+    end_ns: int | None = field(default=None, metadata=stamp("when it ended, whatever the outcome"))
+    chunk_ns: Sequence[int] = field(
+        default_factory=tuple,
+        metadata=stamp(
+            "the arrival time of every output-bearing chunk, up to the request's stamp cap (see "
+            "[Bounded memory and time on the wire](#bounded-memory-and-time-on-the-wire))",
+            pl.List(pl.Int64()),
+        ),
+    )
+    chunk_tokens: Sequence[int] = field(
+        default_factory=tuple,
+        metadata=column(
+            pl.List(pl.Int64()),
+            "the output tokens each stamped chunk carried: 1 each, unless "
+            "the server's usage (or `target.tokenizer`) says more and they were apportioned by "
+            "text length",
+        ),
+    )
+    output_tokens: int = field(
+        default=0, metadata=column(pl.Int64(), "N, the output tokens: see `token_source`")
+    )
+    token_source: TokenSource = field(
+        default=TokenSource.NONE,
+        metadata=column(
+            pl.String(),
+            "where N came from: `usage` (the server's), `text` (the streamed "
+            "text's tokens, `target.tokenizer`), `chunks` (token-bearing events counted) or "
+            "`none`",
+            read_as=TokenSource,
+        ),
+    )
+    prompt_tokens: int | None = field(
+        default=None,
+        metadata=column(pl.Int64(), "prompt tokens, as the server's usage reported them"),
+    )
+    prompt_tokens_target: int = field(
+        default=0, metadata=column(pl.Int64(), "the prompt tokens the plan asked for")
+    )
+    max_tokens: int = field(
+        default=0, metadata=column(pl.Int64(), "the output tokens the plan asked for")
+    )
+    outcome: Outcome = field(
+        metadata=column(
+            pl.String(),
+            "how it ended: `ok`, or one of the failures above (each a breach)",
+            read_as=Outcome,
+        )
+    )
+    http_status: int | None = field(
+        default=None,
+        metadata=column(
+            pl.Int32(), "the response's status code (null: no response, or none in 100–599)"
+        ),
+    )
+    error: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(), "what went wrong, in words (server text quoted, redacted and cut)"
+        ),
+    )
+    retries: int = field(
+        default=0,
+        metadata=column(
+            pl.Int32(),
+            "times it was sent again (a reused connection lost before any response "
+            "byte is retried once)",
+        ),
+    )
+    session_id: int | None = field(
+        default=None,
+        metadata=column(pl.Int64(), "the chat session, agent trajectory or batch it belongs to"),
+    )
+    turn: int | None = field(
+        default=None,
+        metadata=column(pl.Int32(), "its turn (chat) or hop (agent) in that session, from 0"),
+    )
+    first_reasoning_ns: int | None = field(
+        default=None, metadata=stamp("its first reasoning (thinking) output")
+    )
+    server_timings: ServerTimings | None = field(
+        default=None,
+        metadata=column(
+            SERVER_TIMINGS_DTYPE,
+            "the server's own timings in ms and token counts "
+            "(null when the API reports none; see [Streaming APIs](apis.md#streaming-apis))",
+        ),
+    )
+    request_id_sent: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "the id header's value it carried (null when ids are off, or it was never sent)",
+        ),
+    )
+    finish_reason: str | None = field(
+        default=None,
+        metadata=column(pl.String(), "the API's stop reason as sent (null: none came)"),
+    )
+    stopped_early: bool = field(
+        default=False,
+        metadata=column(
+            pl.Boolean(),
+            "ok, but a stop reason ended it before its forced length (`target.allow_early_stops`)",
+        ),
+    )
+    connection: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "the connection its last attempt was written on: `new` (opened for it, "
+            "its setup inside its latency), `warm` (opened before t0) or `reused` (kept alive); "
+            "null when never written (see [Warm connections]"
+            "(#warm-connections-bursts-the-closed-loop))",
+        ),
+    )
+    model: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "the model (or LoRA adapter) it named: its class's mix, else `target.model`",
+        ),
+    )
+    cached_prompt_tokens: int | None = field(
+        default=None,
+        metadata=column(
+            pl.Int64(),
+            "prompt tokens the server said it served from its prefix cache (null: it did not say)",
+        ),
+    )
+    server_request_id: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "the response's own `id`, else its `x-request-id` header (see [The "
+            "server's side](server-metrics.md"
+            "#the-servers-side-prometheus-metrics-cache-hits-server-ids))",
+        ),
+    )
+    usage_output_tokens: int | None = field(
+        default=None,
+        metadata=column(
+            pl.Int64(),
+            "the server's own output count, as its usage said after the check at the "
+            "door (null: no usage, or no output)",
+        ),
+    )
+    counted_output_tokens: int = field(
+        default=0,
+        metadata=column(
+            pl.Int64(),
+            "the token-bearing events that arrived (output chunks and token-only "
+            "events), beside the server's count so a usage that disagrees shows",
+        ),
+    )
+    usage_problem: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "usage counts no server can mean, as text, never taken as figures (the "
+            "record is then `stream_error`; see [How a stream ends](apis.md#how-a-stream-ends))",
+        ),
+    )
+    unstamped_chunks: int = field(
+        default=0,
+        metadata=column(
+            pl.Int64(),
+            "output chunks past the stamp cap, counted in N but not in `chunk_ns` (0 within it)",
+        ),
+    )
+    unstamped_max_gap_ns: int | None = field(
+        default=None,
+        metadata=column(
+            pl.Int64(),
+            "the largest gap among those chunks, in ns (a duration, not a time), "
+            "which the request's ITL check sees (null within the cap)",
+        ),
+    )
+    output_events: int = field(
+        default=0,
+        metadata=column(
+            pl.Int64(),
+            "its output-bearing events (schema 19: see [Buffering](network-path.md"
+            "#buffering-compression-and-gateways))",
+        ),
+    )
+    output_reads: int = field(
+        default=0,
+        metadata=column(
+            pl.Int64(),
+            "the network reads that carried them, told apart by their arrival stamps "
+            "(0 in older runs, whose reads are counted from `chunk_ns`'s distinct stamps)",
+        ),
+    )
 
 
-# Column name -> polars dtype. `class` is the column name (a keyword in Python, hence
-# `class_name` on the dataclass). Adding a column is fine; renaming one breaks old runs.
-SCHEMA: dict[str, pl.DataType] = {
-    "request_id": pl.Int64(),
-    "class": pl.String(),
-    "intended_ns": pl.Int64(),
-    "dispatched_ns": pl.Int64(),
-    "sent_ns": pl.Int64(),
-    "headers_ns": pl.Int64(),
-    "first_token_ns": pl.Int64(),
-    "first_content_ns": pl.Int64(),
-    "last_token_ns": pl.Int64(),
-    "end_ns": pl.Int64(),
-    "chunk_ns": pl.List(pl.Int64()),
-    "chunk_tokens": pl.List(pl.Int64()),  # Int64: wide enough for any count that passes
-    "output_tokens": pl.Int64(),
-    "token_source": pl.String(),
-    "prompt_tokens": pl.Int64(),
-    "prompt_tokens_target": pl.Int64(),
-    "max_tokens": pl.Int64(),
-    "outcome": pl.String(),
-    "http_status": pl.Int32(),
-    "error": pl.String(),
-    "retries": pl.Int32(),
-    "session_id": pl.Int64(),
-    "turn": pl.Int32(),
-    "first_reasoning_ns": pl.Int64(),
-    "server_timings": SERVER_TIMINGS_DTYPE,
-    "request_id_sent": pl.String(),
-    "finish_reason": pl.String(),
-    "stopped_early": pl.Boolean(),
-    "connection": pl.String(),
-    "model": pl.String(),
-    "cached_prompt_tokens": pl.Int64(),
-    "server_request_id": pl.String(),
-    "usage_output_tokens": pl.Int64(),
-    "counted_output_tokens": pl.Int64(),
-    "usage_problem": pl.String(),
-    "unstamped_chunks": pl.Int64(),
-    "unstamped_max_gap_ns": pl.Int64(),
-    "output_events": pl.Int64(),
-    "output_reads": pl.Int64(),
-}
+def _columns() -> tuple[Column, ...]:
+    """Every field's Column, named; a field without one is a bug (KeyError at import)."""
+    found = []
+    for f in fields(RequestRecord):
+        declared: Column = f.metadata[_COLUMN]
+        found.append(replace(declared, name=declared.name or f.name, attribute=f.name))
+    return tuple(found)
+
+
+COLUMNS: tuple[Column, ...] = _columns()
+# Column name -> polars dtype, in the file's order. Adding a column is fine (old runs read it
+# as null); renaming one breaks old runs.
+SCHEMA: dict[str, pl.DataType] = {c.name: c.dtype for c in COLUMNS}
+TIME_COLUMNS: tuple[Column, ...] = tuple(c for c in COLUMNS if c.time)
 
 
 def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
@@ -226,23 +400,27 @@ def to_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
     the GIL while it does, and every millisecond of that is a millisecond the event loop
     cannot stamp a chunk.
     """
-    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA}
-    fields = [(name, _FIELD.get(name, name)) for name in SCHEMA]
+    columns: dict[str, list[Any]] = {c.name: [] for c in COLUMNS}
+    pairs = [(columns[c.name].append, c.attribute) for c in COLUMNS]
     for record in records:
-        for column, attribute in fields:
-            columns[column].append(getattr(record, attribute))
-    columns["outcome"] = [str(o) for o in columns["outcome"]]
-    columns["token_source"] = [str(t) for t in columns["token_source"]]
-    columns["chunk_ns"] = [list(c) for c in columns["chunk_ns"]]
-    columns["chunk_tokens"] = [list(c) for c in columns["chunk_tokens"]]
-    columns["server_timings"] = [
-        None if t is None else {name: getattr(t, name) for name in SERVER_TIMING_FIELDS}
-        for t in columns["server_timings"]
-    ]
+        for add, attribute in pairs:
+            add(getattr(record, attribute))
+    for c in COLUMNS:
+        columns[c.name] = _encoded(c, columns[c.name])
     return pl.DataFrame(columns, schema=SCHEMA).sort("request_id")
 
 
-_FIELD = {"class": "class_name"}  # column name -> dataclass attribute, where they differ
+def _encoded(c: Column, values: list[Any]) -> list[Any]:
+    """One column's field values as polars takes them: enums as text, lists, structs as
+    dicts."""
+    if c.read_as is not None:
+        return [str(v) for v in values]
+    if c.is_list:
+        return [list(v) for v in values]
+    if isinstance(c.dtype, pl.Struct):
+        return [None if v is None else {f: getattr(v, f) for f in SERVER_TIMING_FIELDS}
+                for v in values]  # fmt: skip
+    return values
 
 
 def empty_frame() -> pl.DataFrame:
@@ -251,28 +429,44 @@ def empty_frame() -> pl.DataFrame:
 
 
 def from_frame(frame: pl.DataFrame) -> list[RequestRecord]:
-    """The inverse of `to_frame`."""
+    """The inverse of `to_frame`. A column an older run lacks (or left null) reads as its
+    field's default."""
+    defaults = {f.name: _default(f) for f in fields(RequestRecord)}
     records = []
     for row in frame.iter_rows(named=True):
-        row = dict(row)
-        row["class_name"] = row.pop("class")
-        row["outcome"] = Outcome(row["outcome"])
-        row["token_source"] = TokenSource(row["token_source"])
-        row["chunk_ns"] = tuple(row["chunk_ns"] or ())
-        row["chunk_tokens"] = tuple(row["chunk_tokens"] or ())
-        row["stopped_early"] = bool(row.get("stopped_early"))  # null in older runs
-        row["counted_output_tokens"] = row.get("counted_output_tokens") or 0
-        row["unstamped_chunks"] = row.get("unstamped_chunks") or 0  # null in older runs
-        row["output_events"] = row.get("output_events") or 0  # null in older runs
-        row["output_reads"] = row.get("output_reads") or 0
-        timings = row.get("server_timings")
-        if isinstance(timings, dict) and any(v is not None for v in timings.values()):
-            row["server_timings"] = ServerTimings(**timings)
-        else:
-            row["server_timings"] = None
-        known = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
-        records.append(RequestRecord(**known))
+        values: dict[str, Any] = {}
+        for c in COLUMNS:
+            value = row.get(c.name)
+            if value is None:
+                if defaults[c.attribute] is not _REQUIRED:
+                    values[c.attribute] = defaults[c.attribute]
+                continue
+            values[c.attribute] = _decoded(c, value)
+        records.append(RequestRecord(**values))
     return records
+
+
+_REQUIRED = object()  # a field without a default: a frame without it is no records
+
+
+def _default(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return _REQUIRED
+
+
+def _decoded(c: Column, value: Any) -> Any:
+    """One cell as its field holds it (the inverse of `_encoded`)."""
+    if c.read_as is not None:
+        return c.read_as(value)
+    if c.is_list:
+        return tuple(value)
+    if isinstance(c.dtype, pl.Struct):
+        said = any(v is not None for v in value.values())
+        return ServerTimings(**value) if said else None
+    return value
 
 
 def with_all_columns(frame: pl.DataFrame) -> pl.DataFrame:

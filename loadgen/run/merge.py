@@ -6,10 +6,11 @@ After the runs, before the reports: the merged folder is an ordinary run folder
 
 Alignment. Each shard measured on its own monotonic clock, from its own t0; its run.json
 keeps the wall-clock time of that t0 (`t0.measured_unix_ns`, read when the clock reached
-t0). The merged run's t0 is the agreed start T. Every time column of shard i (intended,
-dispatched, sent, headers, first token, first content, last token, end, every chunk) is
-shifted by its offset, anchor_i − T, so a request keeps every latency it measured (both
-ends move together) and lands on the common timeline where its host's wall clock put it.
+t0). The merged run's t0 is the agreed start T. Every time column of shard i
+(`records.TIME_COLUMNS`: intended, dispatched, sent, headers, first token, first content,
+first reasoning, last token, end, every chunk) is shifted by its offset, anchor_i − T, so a
+request keeps every latency it measured (both ends move together) and lands on the common
+timeline where its host's wall clock put it.
 The offsets are the shards' skew; on one host they are µs, across hosts they include the
 hosts' clock disagreement, which no client can see: alignment is as good as NTP/PTP. A
 shard whose host's clock offset was measured (`run --ray` measures each node's against the
@@ -29,6 +30,7 @@ import polars as pl
 
 from loadgen.analysis.audit import reaudit
 from loadgen.errors import LoadgenError
+from loadgen.results.records import TIME_COLUMNS
 from loadgen.results.runfolder import (
     RECORDS_FILE,
     SCHEMA_VERSION,
@@ -56,11 +58,6 @@ from loadgen.results.write import (
     write_server_metrics,
 )
 from loadgen.workload.shards import utc_text
-
-TIME_COLUMNS = (
-    "intended_ns", "dispatched_ns", "sent_ns", "headers_ns", "first_token_ns",
-    "first_content_ns", "last_token_ns", "end_ns",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,13 +187,15 @@ def problems(shards: Sequence[ShardRun]) -> list[str]:
 
 
 def rebase(frame: pl.DataFrame, offset_ns: int) -> pl.DataFrame:
-    """Every time column (and every chunk time) shifted by `offset_ns`."""
+    """Every time on the run clock (`records.TIME_COLUMNS`: each element of a list of
+    them) shifted by `offset_ns`; durations and counts stay as they are."""
     if offset_ns == 0:
         return frame
     return frame.with_columns(
-        *[(pl.col(c) + offset_ns).alias(c) for c in TIME_COLUMNS],
-        (pl.col("chunk_ns").list.eval(pl.element() + offset_ns)).alias("chunk_ns"),
-    )
+        (pl.col(c.name).list.eval(pl.element() + offset_ns) if c.is_list
+         else pl.col(c.name) + offset_ns).alias(c.name)
+        for c in TIME_COLUMNS
+    )  # fmt: skip
 
 
 def merge_shards(
