@@ -32,6 +32,7 @@ from loadgen.engine.logs import LOGGER
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Link
 from loadgen.results.records import (
+    TIME_COLUMNS,
     UNSTREAMED_TOKENS,
     Outcome,
     RequestRecord,
@@ -522,8 +523,12 @@ class Exchange:
             )
             self.usage_prompt = None
 
-    def record(self, dispatched_ns: int | None) -> RequestRecord:
-        """The one record of this request (relative times)."""
+    def record(self) -> RequestRecord:
+        """The one record of this request (relative times).
+
+        Every time on the run clock the exchange stamps (`STAMPED`: the record's time
+        columns under their own names) goes in relative to t0, by the column table: a new
+        time column needs its field and its stamp, nothing here."""
         outcome = self.outcome or Outcome.CANCELLED
         self.check_usage()
         tokens, source, per_chunk = self.output_tokens()
@@ -544,23 +549,16 @@ class Exchange:
                 allow_early=self.allow_early_stops,
             )  # fmt: skip
         t0 = self.t0_ns
-
-        def rel(t: int | None) -> int | None:
-            return None if t is None else t - t0
-
+        times: dict[str, Any] = {}  # RequestRecord's keywords: Any, each an int or None
+        for name in STAMPED:
+            stamped: int | None = getattr(self, name)
+            times[name] = None if stamped is None else stamped - t0
         return RequestRecord(
+            **times,
             request_id=self.plan.request_id,
             class_name=self.plan.class_name,
             intended_ns=self.plan.intended_ns,
-            dispatched_ns=rel(dispatched_ns),
             outcome=outcome,
-            sent_ns=rel(self.sent_ns),
-            headers_ns=rel(self.headers_ns),
-            first_token_ns=rel(self.first_token_ns),
-            first_content_ns=rel(self.first_content_ns),
-            first_reasoning_ns=rel(self.first_reasoning_ns),
-            last_token_ns=rel(self.last_token_ns),
-            end_ns=rel(self.end_ns),
             chunk_ns=[t - t0 for t in self.chunk_ns],
             chunk_tokens=per_chunk,
             output_tokens=tokens,
@@ -591,6 +589,14 @@ class Exchange:
             if self.response_id is not None
             else None,
         )
+
+
+# The record's times on the run clock the exchange stamps itself, each an attribute of the
+# column's name holding an absolute clock value: every scalar time column but the plan's
+# intended time (relative already). `chunk_ns`, a list, is made relative in `record`.
+STAMPED: tuple[str, ...] = tuple(
+    c.attribute for c in TIME_COLUMNS if not c.is_list and c.attribute != "intended_ns"
+)
 
 
 # Stop reasons that say the server gave up on the request, not that the output was done:

@@ -186,7 +186,7 @@ class Engine:
                     await self._schedule(tg)
         for exchange in list(self._live.values()):
             self._settle_cancelled(exchange)
-            self._emit(exchange.record(exchange.dispatched_ns))
+            self._emit(exchange.record())
         for plan in self.plans:
             if not self._recorded[plan.request_id]:
                 self._emit(
@@ -331,7 +331,7 @@ class Engine:
             self._settle_cancelled(exchange)
             if exchange.error:  # quoted on the way in; this pass guards the composed message
                 exchange.error = config.redactor.redact(exchange.error)
-            self._emit(exchange.record(exchange.dispatched_ns))
+            self._emit(exchange.record())
             if LOGGER.isEnabledFor(logging.DEBUG):
                 LOGGER.debug("request %d: %s, HTTP %s, %d chunks%s", exchange.plan.request_id,
                              exchange.outcome, exchange.status, len(exchange.chunk_ns),

@@ -29,7 +29,7 @@ def test_a_cancelled_exchange_stays_cancelled() -> None:
         ex.then = lambda t_ns: None
         ex.cancel(T0_NS + 5_000)
         ex.timeout(Outcome.TIMEOUT_TOTAL, "not finished in 1 s")  # a timer that was not cancelled
-        record = ex.record(T0_NS)
+        record = ex.record()
         return ex.outcome, record.outcome, record.end_ns, ex.then is None
 
     outcome, recorded, end_ns, no_follower = asyncio.run(scenario())
@@ -90,7 +90,7 @@ def streamed(chunks: int, cap: int, *, usage: int | None = None) -> RequestRecor
         if usage is not None:
             tail.insert(1, chat_chunk(usage={"completion_tokens": usage}, no_choices=True))
         ex.on_body(b"".join(tail), times[-1] + MS)
-        return ex.record(T0_NS)
+        return ex.record()
 
     return asyncio.run(scenario())
 
@@ -146,7 +146,7 @@ def test_kept_answer_text_stops_at_its_cap_and_n_is_then_counted_from_chunks() -
         for i in range(10):
             ex.on_body(chat_chunk("abcd" + str(i)), T0_NS + (i + 1) * MS)
         ex.on_body(chat_chunk(finish="stop") + sse("[DONE]"), T0_NS + 20 * MS)
-        return "".join(ex.texts), ex.text_cut, ex.record(T0_NS)
+        return "".join(ex.texts), ex.text_cut, ex.record()
 
     text, cut, record = asyncio.run(scenario(23))
     assert (text, cut) == ("abcd0abcd1abcd2abcd3abc", True)
@@ -167,7 +167,7 @@ def test_usage_problems_repeated_in_every_event_are_kept_to_the_quote_length() -
         bad = chat_chunk(usage={"completion_tokens": -8}, no_choices=True)
         for i in range(10_000):
             ex.on_body(bad, T0_NS + 2 * MS + i)
-        return ex.record(T0_NS)
+        return ex.record()
 
     record = asyncio.run(scenario())
     assert record.usage_problem is not None

@@ -80,7 +80,7 @@ def record_of(api: str, events: list[dict[str, Any]]) -> RequestRecord:
         done.on_head(200, {"content-type": "text/event-stream"}, 1)
         done.on_body(body, 2)
         done.on_end(3)
-        return done.record(0)
+        return done.record()
 
     return asyncio.run(exchange())
 
