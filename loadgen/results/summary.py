@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from loadgen.codec import OMIT_NONE, omitted_when
+from loadgen.measures import Measure
 from loadgen.workload.spec import SloTargets
 
 
@@ -349,6 +350,12 @@ class ModelAudit:
     goodput: Goodput
     verdict: str | None = None  # met, missed or inconclusive (`met`: verdict == "met")
 
+    def stats(self, measure: Measure) -> LatencyStats:
+        """A measure's stats over the model's ok requests (one field per measure that can
+        carry an SLO, `measures.SLO_MEASURES`)."""
+        found: LatencyStats = getattr(self, measure.column)
+        return found
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefixCacheShare:
@@ -396,6 +403,19 @@ class ClassAudit:
     def failed(self) -> int:
         """Requests of the class that did not end ok."""
         return self.requests - self.outcomes.get("ok", 0)
+
+    def stats(self, measure: Measure) -> LatencyStats:
+        """A measure's stats over ok requests: its field (`measure.column`; one per
+        measure of `measures.MEASURES`, which a test holds)."""
+        found: LatencyStats = getattr(self, measure.column)
+        return found
+
+    def ranked(self, measure: Measure) -> FailureRankedStats | None:
+        """A measure's stats with every failure ranked worst (None: it ranks none)."""
+        if not measure.failures_worst:
+            return None
+        found: FailureRankedStats = getattr(self, measure.with_failures)
+        return found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

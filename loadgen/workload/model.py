@@ -18,6 +18,7 @@ from typing import Any
 
 from loadgen.adapters.generic import GenericSpec
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES
+from loadgen.measures import SLO_MEASURES
 
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "onoff", "ramp", "trace")
 CLASS_KINDS = ("chat", "summarization", "agent")
@@ -106,7 +107,8 @@ class TargetSpec:
     path_buffers: bool = field(default=False, metadata=NOT_TRAFFIC)
 
 
-METRICS_MS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+# The measures a target can be set on (`measures.SLO_MEASURES`), by their keys: `ttft_ms`, ...
+METRICS_MS: tuple[str, ...] = tuple(m.column for m in SLO_MEASURES)
 # The confidence a target is judged at unless `slo.confidence` or `--confidence` says
 # otherwise, and the bound below which a "confidence" would be a coin toss: a one-sided
 # bound at 50 % is the point estimate itself.
@@ -119,7 +121,9 @@ class SloTargets:
     """One class's objectives: thresholds in ms (None = no target) at one percentile.
 
     Each threshold is both a per-request limit (for attainment and goodput) and a
-    population target at `percentile` (for `met`).
+    population target at `percentile` (for `met`). One field per measure that can carry an
+    SLO (`METRICS_MS`; its name is the workload file's key, so it is spelled here too: a
+    test holds the two equal).
     """
 
     ttft_ms: float | None = None
@@ -144,8 +148,8 @@ class SloTargets:
 
     def thresholds_ms(self) -> dict[str, float]:
         """The thresholds that are set, by metric name (`ttft_ms`, ...), in ms."""
-        values = (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)
-        return {name: v for name, v in zip(METRICS_MS, values, strict=True) if v is not None}
+        values = {name: getattr(self, name) for name in METRICS_MS}
+        return {name: v for name, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

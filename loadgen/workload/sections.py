@@ -30,6 +30,7 @@ from loadgen.workload.model import (
     MAX_SPAN_S,
     MAX_TOKENS,
     MAX_TURNS,
+    METRICS_MS,
     MIN_CONFIDENCE,
     MIN_CV,
     SPAN_WHY,
@@ -346,14 +347,8 @@ def slo(node: Node) -> SloTargets:
             "confidence", f"must be in ({MIN_CONFIDENCE:g}, 1) (got {confidence:g})",
             "e.g. 0.95: MET and MISSED are each wrong at most 5 % of the time",
         )  # fmt: skip
-    return SloTargets(
-        ttft_ms=opt("ttft_ms"),
-        tpot_ms=opt("tpot_ms"),
-        itl_ms=opt("itl_ms"),
-        e2e_ms=opt("e2e_ms"),
-        percentile=percentile,
-        confidence=confidence,
-    )
+    thresholds = {name: opt(name) for name in METRICS_MS}  # each measure's, None: unset
+    return SloTargets(**thresholds, percentile=percentile, confidence=confidence)
 
 
 def deadlines(node: Node) -> Deadlines:

@@ -1,4 +1,6 @@
-"""The docs' list of record columns is the column table's own: generated from it, checked here."""
+"""The column and measure tables hold: the docs' lists are theirs (generated from them and
+checked here), every measure spans record columns, and the summary, the workload's SLO keys
+and the live export's docs have a place for every measure."""
 
 from __future__ import annotations
 
@@ -7,11 +9,17 @@ from pathlib import Path
 
 import polars as pl
 
+from loadgen.measures import FAILURES_WORST, GAP, MEASURES, SLO_MEASURES, Measure
 from loadgen.results.records import COLUMNS, Column
+from loadgen.results.summary import ClassAudit, ModelAudit
+from loadgen.workload.spec import SloTargets
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 COLUMNS_BLOCK = "the record's columns"
+MEASURES_BLOCK = "the measures"
+LIVE_DOC = ROOT / "docs" / "live-export.md"
+WORKLOADS_DOC = ROOT / "docs" / "workloads.md"
 
 
 def type_text(dtype: pl.DataType, *, time: bool = False) -> str:
@@ -60,3 +68,85 @@ def test_the_docs_check_fails_on_a_column_the_docs_miss() -> None:
     assert "| `first_body_ns` | int64 ns since t0 | its first body byte |" in column_rows(
         (*COLUMNS, extra)
     )
+
+
+def measure_rows(measures: tuple[Measure, ...] = MEASURES) -> list[str]:
+    """The docs' table of the measures, in the table's order."""
+    per = {"request": "request", "token": "token (N > 1)", "gap": "gap"}
+
+    def spans(m: Measure) -> str:
+        if m.per == GAP:
+            return f"successive `{m.end}`"
+        end = f"`{m.end}`" + (f" (else `{m.end_if_none}`, ok)" if m.end_if_none else "")
+        return f"`{m.start}` → {end}"
+
+    rows = [
+        "| measure | key | from → to | per | failures ranked worst | can carry an SLO | what it is |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {m.label} (`{m.name}`) | `{m.column}` | {spans(m)} | {per[m.per]} | "
+        f"{'yes' if m.failures_worst else 'no'} | {'yes' if m.slo else 'no'} | {m.about} |"
+        for m in measures
+    ]
+    return rows
+
+
+def test_the_docs_list_every_measure_as_the_table_declares_it() -> None:
+    """docs/metrics.md's measure list is the measure table rendered (or this fails,
+    printing the block to paste)."""
+    expected = measure_rows()
+    assert generated_block(METRICS_DOC, MEASURES_BLOCK) == expected, (
+        f"docs/metrics.md's {MEASURES_BLOCK} differ from the measure table; paste:\n"
+        + "\n".join(expected)
+    )
+
+
+def test_every_measure_is_defined_in_the_docs_prose() -> None:
+    """Each measure has its row in docs/metrics.md's "What is measured" table, by its label."""
+    text = METRICS_DOC.read_text(encoding="utf-8")
+    section = text.split("## What is measured", 1)[1].split("\n### ", 1)[0]
+    firsts = [line.split("|")[1].replace("**", "").strip() for line in section.splitlines()
+              if line.startswith("| ")]  # fmt: skip
+    for m in MEASURES:
+        assert any(first.startswith(m.label) for first in firsts), m.label
+
+
+def test_every_measure_spans_time_columns_of_the_record() -> None:
+    """A measure runs between times on the run clock the record holds: scalar times for one
+    value per request, a list of them for a gap measure."""
+    times = {c.name: c for c in COLUMNS if c.time}
+    for m in MEASURES:
+        ends = [m.start, m.end, *([m.end_if_none] if m.end_if_none else [])]
+        for name in ends:
+            assert name in times, f"{m.name}: {name} is no time column of the record"
+            assert times[name].is_list == (m.per == GAP), f"{m.name}: {name}"
+
+
+def test_the_summary_has_a_place_for_every_measure() -> None:
+    """ClassAudit (summary.json) has each measure's stats and, where it ranks failures worst,
+    those too; ModelAudit each SLO measure's: the audit fills them from the table."""
+    fields = set(ClassAudit.__dataclass_fields__)
+    assert {m.column for m in MEASURES} <= fields
+    assert {m.with_failures for m in FAILURES_WORST} <= fields
+    ranked = {f for f in fields if f.endswith("_with_failures")}
+    assert ranked == {m.with_failures for m in FAILURES_WORST}
+    assert {m.column for m in SLO_MEASURES} <= set(ModelAudit.__dataclass_fields__)
+
+
+def test_the_workload_takes_a_target_for_every_measure_that_can_carry_one() -> None:
+    """SloTargets' thresholds are exactly the SLO measures' keys (the file's `slo.*` keys),
+    and docs/workloads.md names each."""
+    thresholds = set(SloTargets.__dataclass_fields__) - {"percentile", "confidence"}
+    assert thresholds == {m.column for m in SLO_MEASURES}
+    targets = SloTargets(**dict.fromkeys(thresholds, 5.0))
+    assert targets.thresholds_ms() == dict.fromkeys((m.column for m in SLO_MEASURES), 5.0)
+    text = WORKLOADS_DOC.read_text(encoding="utf-8")
+    assert all(m.column in text for m in SLO_MEASURES)
+
+
+def test_the_live_export_docs_list_every_live_histogram() -> None:
+    """docs/live-export.md has a row for each measure's `loadgen_<name>_seconds`."""
+    text = LIVE_DOC.read_text(encoding="utf-8")
+    for m in SLO_MEASURES:
+        assert f"| `loadgen_{m.name}_seconds` | histogram |" in text, m.name
