@@ -30,6 +30,7 @@ from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
 from loadgen.errors import ConfigError, LoadgenError, OptionError
+from loadgen.measures import SLO_MEASURES
 from loadgen.results.recover import recovered_records
 from loadgen.results.runfolder import (
     PARTS_DIR,
@@ -241,9 +242,9 @@ def model_audits(
             duration_s=duration_s,
             rule=rule,
         )
+        stats = {m.column: block.stats(m) for m in SLO_MEASURES}
         result[model] = ModelAudit(
-            requests=block.requests, failed=block.failed, ttft_ms=block.ttft_ms,
-            tpot_ms=block.tpot_ms, e2e_ms=block.e2e_ms, itl_ms=block.itl_ms,
+            **stats, requests=block.requests, failed=block.failed,
             output_tokens=block.output_tokens, attainment=block.slo.attainment,
             met=block.slo.met, goodput=block.goodput, verdict=block.slo.verdict,
         )  # fmt: skip

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from loadgen.measures import ITL, TPOT
 from loadgen.results.records import Outcome
 from loadgen.results.summary import Delivery
 
@@ -154,12 +155,12 @@ class Unpaced:
     observed: bool = False  # the path is declared to buffer: judged as observed, said so
 
     def unknown(self, metric: str) -> int:
-        """Unknown values of `metric` (`tpot_ms`, `itl_ms`; 0 for the others)."""
-        return {"tpot_ms": self.tpot_unknown, "itl_ms": self.itl_unknown}.get(metric, 0)
+        """Unknown values of `metric` (the paced measures, TPOT and ITL; 0 for the others)."""
+        return {TPOT.column: self.tpot_unknown, ITL.column: self.itl_unknown}.get(metric, 0)
 
     def values(self, metric: str) -> pl.Series:
         """The sorted values of `metric` the checks take as the server's pace."""
-        return self.tpot_ms if metric == "tpot_ms" else self.itl_ms
+        return self.tpot_ms if metric == TPOT.column else self.itl_ms
 
 
 def unpaced(rows: pl.DataFrame, part: pl.DataFrame, *, observed: bool = False) -> Unpaced:
@@ -168,8 +169,8 @@ def unpaced(rows: pl.DataFrame, part: pl.DataFrame, *, observed: bool = False) -
     to buffer, and the checks take every value as observed, saying so."""
     ok = rows.get_column("outcome") == Outcome.OK.value
     flagged = rows.get_column("coalesced") & ok
-    tpot = rows.filter(ok).select("tpot_ms", "coalesced").drop_nulls("tpot_ms")
-    stamps = pl.col("chunk_ns")
+    tpot = rows.filter(ok).select(TPOT.column, "coalesced").drop_nulls(TPOT.column)
+    stamps = pl.col(ITL.end)
     gaps = part.filter(ok).select(
         rows.filter(ok).get_column("coalesced"),
         (stamps.list.slice(1) - stamps.list.head(stamps.list.len() - 1)).alias("gaps"),
@@ -177,7 +178,7 @@ def unpaced(rows: pl.DataFrame, part: pl.DataFrame, *, observed: bool = False) -
     known, unknown = gaps.filter(~pl.col("coalesced")), gaps.filter(pl.col("coalesced"))
     gaps_ns = known.get_column("gaps").explode().drop_nulls().sort()
     return Unpaced(
-        tpot_ms=tpot.filter(~pl.col("coalesced")).get_column("tpot_ms").sort(),
+        tpot_ms=tpot.filter(~pl.col("coalesced")).get_column(TPOT.column).sort(),
         tpot_unknown=int(tpot.get_column("coalesced").sum()),
         itl_ms=(gaps_ns.cast(pl.Float64) / 1e6).set_sorted(),
         itl_streams=known.height,

@@ -55,12 +55,12 @@ from loadgen.analysis import metrics
 from loadgen.analysis.confidence import MISSED, worst
 from loadgen.analysis.delivery import Unpaced, unpaced
 from loadgen.analysis.slo import slo_audit
+from loadgen.measures import GAP, ITL, SLO_MEASURES, TOKEN, TPOT, Measure, label_of
 from loadgen.results.records import Outcome
 from loadgen.results.summary import Check, ClassAudit, ClientEffect, GeneratorHealth
 
 RATE_TOLERANCE = 0.03  # sends (and, in capacity, completions) within 3 % of the rate asked
-NO_GAPS = pl.Series("itl_ms", [], dtype=pl.Float64)
-LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+NO_GAPS = pl.Series(ITL.column, [], dtype=pl.Float64)
 
 
 def judge_client(
@@ -85,7 +85,8 @@ def judge_client(
             best[name] = worst_case[name] = measured[name]
             continue
         mine = rows.filter(pl.col("class") == name)
-        gaps = metrics.itl_gaps_ms(frame, name) if block.slo.targets.itl_ms else NO_GAPS
+        has_gaps = ITL.column in block.slo.targets.thresholds_ms()
+        gaps = metrics.itl_gaps_ms(frame, name) if has_gaps else NO_GAPS
         unknown = None
         if not path_buffers and bool(mine.get_column("coalesced").any()):
             unknown = unpaced(mine, frame.filter(pl.col("class") == name))
@@ -117,35 +118,47 @@ def rejudged(
     `unknown`: the class's coalesced streams as its checks judged them (unknown TPOT and
     ITL); the paced streams' values move, the unknown ones stay unknown."""
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
-    lag = pl.col("lag_ms").fill_null(0.0)
-    per_token = error_ms / (pl.col("output_tokens") - 1)
     sign = -1.0 if best else 1.0
+    per_request = [m for m in SLO_MEASURES if m.per != GAP]
     shifted = ok.select(
-        (pl.col("ttft_ms") - lag - error_ms).clip(lower_bound=0.0) if best else pl.col("ttft_ms"),
-        (pl.col("e2e_ms") - lag - error_ms).clip(lower_bound=0.0) if best else pl.col("e2e_ms"),
-        (pl.col("tpot_ms") + sign * per_token).clip(lower_bound=0.0),
-        pl.col("max_itl_ms"),
+        *(_moved(m, error_ms, best=best).alias(m.column) for m in per_request),
+        pl.col(ITL.per_request),
         pl.col("coalesced"),
     )
-    ok_ms = {name: shifted.get_column(name).drop_nulls().sort()
-             for name in ("ttft_ms", "e2e_ms", "tpot_ms")}  # fmt: skip
-    ok_ms["itl_ms"] = (gaps_ms + sign * error_ms).clip(lower_bound=0.0).sort()
+    ok_ms = {m.column: shifted.get_column(m.column).drop_nulls().sort() for m in per_request}
+    ok_ms[ITL.column] = (gaps_ms + sign * error_ms).clip(lower_bound=0.0).sort()
     if unknown is not None:
-        paced = shifted.filter(~pl.col("coalesced")).get_column("tpot_ms").drop_nulls().sort()
+        paced = shifted.filter(~pl.col("coalesced")).get_column(TPOT.column).drop_nulls().sort()
         gaps = (unknown.itl_ms + sign * error_ms).clip(lower_bound=0.0).sort()
         unknown = replace(unknown, tpot_ms=paced, itl_ms=gaps)
     audit = slo_audit(
         ok_ms, requests=rows.height, failures=rows.height - ok.height, meeting=0,
-        targets=block.slo.targets, streamed=shifted.get_column("max_itl_ms").drop_nulls().len(),
+        targets=block.slo.targets, streamed=shifted.get_column(ITL.per_request).drop_nulls().len(),
         rule=rule, unpaced=unknown,
     )  # fmt: skip
     return audit.checks
 
 
+def _moved(measure: Measure, error_ms: float, *, best: bool) -> pl.Expr:
+    """A per-request measure with the client's time taken out (`best`) or its stamps at
+    their worst (see the module): a time from the intended send (not a stamp) loses the
+    request's own lag and the stamp error E at best and is as measured at worst (a late
+    stamp only lengthens it); a time per token moves by ±E/(N − 1); one between two stamps
+    by ±E."""
+    value, sign = pl.col(measure.column), -1.0 if best else 1.0
+    if measure.per == TOKEN:
+        return (value + sign * error_ms / (pl.col("output_tokens") - 1)).clip(lower_bound=0.0)
+    if measure.start != "intended_ns":
+        return (value + sign * error_ms).clip(lower_bound=0.0)
+    if not best:
+        return value
+    return (value - pl.col("lag_ms").fill_null(0.0) - error_ms).clip(lower_bound=0.0)
+
+
 def moved_text(name: str, measured: Check, best: Check, worst_case: Check) -> str:
     """`chat TTFT p90: MISSED as measured (95% bounds 1,012–1,090 ms, target ≤ 1,000 ms),
     INCONCLUSIVE with the client's time taken out`: one check the client could move."""
-    label = f"{name} {LABELS.get(measured.metric, measured.metric)} p{measured.percentile or 0:g}"
+    label = f"{name} {label_of(measured.metric)} p{measured.percentile or 0:g}"
     bounds = ""
     if measured.low_ms is not None and measured.high_ms is not None:
         level = f"{measured.confidence:.0%} " if measured.confidence is not None else ""

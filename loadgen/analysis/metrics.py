@@ -42,6 +42,7 @@ import polars as pl
 
 from loadgen.analysis.confidence import t_quantile
 from loadgen.analysis.delivery import events, marked, reads
+from loadgen.measures import GAP, MEASURES, TOKEN, Measure
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
@@ -113,29 +114,20 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per record with its measures in ms (null where a moment never happened).
 
     Measures are kept for every outcome (partial output of a failure is data); the
-    populations in the summary select by outcome. Row order is the frame's.
-    `lag_ms` is the generator's lateness (see `generator_health`); `send_lag_ms` adds
-    what happened between dispatch and the request bytes (in-flight cap, connecting).
+    populations in the summary select by outcome. Row order is the frame's. Each measure of
+    `measures.MEASURES` gives its one value per request (`Measure.per_request`), in the
+    table's order. `lag_ms` is the generator's lateness (see `generator_health`);
+    `send_lag_ms` adds what happened between dispatch and the request bytes (in-flight
+    cap, connecting).
     """
     frame = with_all_columns(frame)  # records of older runs lack the newer columns
-    is_ok = pl.col("outcome") == Outcome.OK.value
-    n_tokens = pl.col("output_tokens")
-    tpot_ns = (pl.col("last_token_ns") - pl.col("first_token_ns")) / (n_tokens - 1)
-    last_ns = pl.when(is_ok).then(pl.coalesce("last_token_ns", "end_ns"))
     rows = frame.select(
         "request_id",
         "class",
         "outcome",
-        _ms(pl.col("first_token_ns") - pl.col("intended_ns")).alias("ttft_ms"),
-        _ms(pl.col("first_token_ns") - pl.col("sent_ns")).alias("ttft_from_send_ms"),
-        _ms(pl.when(n_tokens > 1).then(tpot_ns)).alias("tpot_ms"),
-        _ms(last_ns.otherwise("last_token_ns") - pl.col("intended_ns")).alias("e2e_ms"),
-        _ms(
-            pl.max_horizontal(_gaps_ns(pl.col("chunk_ns")).list.max(), "unstamped_max_gap_ns")
-        ).alias("max_itl_ms"),
+        *(_ms(_per_request_ns(m)).alias(m.per_request) for m in MEASURES),
         _ms(_lag_ns()).alias("lag_ms"),
         _ms(pl.col("sent_ns") - pl.col("intended_ns")).alias("send_lag_ms"),
-        _ms(pl.col("first_content_ns") - pl.col("intended_ns")).alias("ttfvt_ms"),
         "output_tokens",
         pl.col("first_reasoning_ns").is_not_null().alias("has_reasoning"),
         *(
@@ -148,6 +140,24 @@ def derive(frame: pl.DataFrame) -> pl.DataFrame:
         reads().alias("output_reads"),
     )
     return rows.with_columns(marked(frame, rows))
+
+
+def _per_request_ns(measure: Measure) -> pl.Expr:
+    """A measure's one value per request in ns (see `measures`): end − start; per token
+    divided by N − 1 (N > 1 only); a gap measure's largest gap, with the largest of the
+    gaps past the stamp cap (`unstamped_max_gap_ns`)."""
+    if measure.per == GAP:
+        stamped = _gaps_ns(pl.col(measure.end)).list.max()
+        return pl.max_horizontal(stamped, "unstamped_max_gap_ns")
+    end = pl.col(measure.end)
+    if measure.end_if_none is not None:
+        is_ok = pl.col("outcome") == Outcome.OK.value
+        end = pl.when(is_ok).then(pl.coalesce(measure.end, measure.end_if_none)).otherwise(end)
+    span = end - pl.col(measure.start)
+    if measure.per == TOKEN:
+        n_tokens = pl.col("output_tokens")
+        return pl.when(n_tokens > 1).then(span / (n_tokens - 1))
+    return span
 
 
 def _ms(ns: pl.Expr) -> pl.Expr:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -80,6 +81,19 @@ from loadgen.analysis.confidence import (
 )
 from loadgen.analysis.delivery import COALESCED_EVENTS, Unpaced
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_SLO_MISSED
+from loadgen.measures import (
+    BY_COLUMN,
+    E2E,
+    FAILURES_WORST,
+    GAP,
+    ITL,
+    MEASURES,
+    SLO_MEASURES,
+    TPOT,
+    TTFT,
+    TTFT_FROM_SEND,
+    label_of,
+)
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import STOPS
@@ -97,8 +111,10 @@ from loadgen.results.summary import (
 )
 from loadgen.workload.spec import METRICS_MS, SloTargets
 
-LATENCY_COLUMNS = ("ttft_ms", "ttft_from_send_ms", "ttfvt_ms", "tpot_ms", "e2e_ms")
-WITH_FAILURES = ("ttft_ms", "tpot_ms", "e2e_ms")
+# per_request's leading columns, in the order it documents (the rest follow as `derive`
+# gives them): the measures a request is judged by, TTFT from send, and the generator's lag.
+LEADING = ("request_id", "class", "outcome", TTFT.column, TTFT_FROM_SEND.column, TPOT.column,
+           E2E.column, ITL.per_request, "lag_ms")  # fmt: skip
 
 NO_TARGETS = SloTargets()
 
@@ -109,22 +125,22 @@ def per_request(
     """`metrics.derive` plus `meets_slo`: did this request meet every threshold of its class.
 
     Columns: request_id, class, outcome, ttft_ms, ttft_from_send_ms, tpot_ms, e2e_ms,
-    max_itl_ms, lag_ms, meets_slo, then ttfvt_ms, output_tokens, has_reasoning and the
-    server-reported `server_*_ms` (see `metrics.derive`). A class missing
+    max_itl_ms, lag_ms (`LEADING`), meets_slo, then the other measures (ttfvt_ms, ...),
+    output_tokens, has_reasoning and the server-reported `server_*_ms` (see
+    `metrics.derive`). A class missing
     from `slos` has no thresholds: its ok requests meet, its failures do not.
     """
     derived = metrics.derive(frame)
     meets = pl.col("outcome") == Outcome.OK.value
-    for name, column in zip(
-        METRICS_MS, ("ttft_ms", "tpot_ms", "max_itl_ms", "e2e_ms"), strict=True
-    ):
-        limits = {cls: t.thresholds_ms().get(name) for cls, t in (slos or {}).items()}
+    for measure in SLO_MEASURES:
+        limits = {cls: t.thresholds_ms().get(measure.column) for cls, t in (slos or {}).items()}
         if not any(v is not None for v in limits.values()):
             continue
         limit = pl.col("class").replace_strict(limits, default=None, return_dtype=pl.Float64)
-        meets = meets & (pl.col(column) <= limit).fill_null(True)  # no limit, or not applicable
-    columns = [*derived.columns[:9], "meets_slo", *derived.columns[9:]]  # the documented order
-    return derived.with_columns(meets.alias("meets_slo")).select(columns)
+        value = pl.col(measure.per_request)  # ITL's limit applies to every gap: the largest
+        meets = meets & (value <= limit).fill_null(True)  # no limit, or not applicable
+    rest = [c for c in derived.columns if c not in LEADING]
+    return derived.with_columns(meets.alias("meets_slo")).select(*LEADING, "meets_slo", *rest)
 
 
 def verdict(
@@ -208,25 +224,23 @@ def audit_class(
     """
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
     failures = rows.height - ok.height
-    ok_ms = {name: ok.get_column(name).drop_nulls().sort() for name in LATENCY_COLUMNS}
-    ok_ms["itl_ms"] = itl_ms.drop_nulls().sort()
-    stats = {name: metrics.latency_stats(values) for name, values in ok_ms.items()}
-    ranked = {name: metrics.latency_stats_with_failures(ok_ms[name], failures=failures)
-              for name in WITH_FAILURES}  # fmt: skip
+    ok_ms = {m.column: (itl_ms if m.per == GAP else ok.get_column(m.column)).drop_nulls().sort()
+             for m in MEASURES}  # fmt: skip
+    stats: dict[str, Any] = {m.column: metrics.latency_stats(ok_ms[m.column]) for m in MEASURES}
+    for m in FAILURES_WORST:
+        stats[m.with_failures] = metrics.latency_stats_with_failures(ok_ms[m.column],
+                                                                     failures=failures)  # fmt: skip
     return ClassAudit(
+        **stats,  # each measure's block of the summary (`ClassAudit.stats`, `.ranked`)
         requests=rows.height,
         outcomes=outcome_counts(rows.get_column("outcome")),
-        ttft_ms=stats["ttft_ms"], ttft_ms_with_failures=ranked["ttft_ms"],
-        ttft_from_send_ms=stats["ttft_from_send_ms"], ttfvt_ms=stats["ttfvt_ms"],
-        tpot_ms=stats["tpot_ms"], tpot_ms_with_failures=ranked["tpot_ms"],
-        e2e_ms=stats["e2e_ms"], e2e_ms_with_failures=ranked["e2e_ms"], itl_ms=stats["itl_ms"],
         output_tokens=metrics.output_token_stats(ok.get_column("output_tokens")),
         reasoning_requests=int(ok.get_column("has_reasoning").sum()),
         server_timings_ms=server_timings(ok),
         tokens_per_chunk=tokens_per_chunk,
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets,
-                      streamed=ok.get_column("max_itl_ms").drop_nulls().len(), rule=rule,
+                      streamed=ok.get_column(ITL.per_request).drop_nulls().len(), rule=rule,
                       unpaced=unpaced),
         goodput=goodput(rows, duration_s=duration_s),
         stream_ends=stream_ends or StreamEnds(),
@@ -303,9 +317,8 @@ def slo_audit(
     judged = worst([c.judged for c in checks])
     low, high = share_bounds(meeting, requests, level) if requests else (None, None)
     return SloAudit(
-        targets=replace(targets, ttft_ms=_float(targets.ttft_ms), tpot_ms=_float(targets.tpot_ms),
-                        itl_ms=_float(targets.itl_ms), e2e_ms=_float(targets.e2e_ms),
-                        percentile=float(p), confidence=float(level)),
+        targets=replace(targets, percentile=float(p), confidence=float(level),
+                        **{name: _float(getattr(targets, name)) for name in METRICS_MS}),
         attainment=round(meeting / requests, 6) if requests else None,
         met=judged == MET,
         checks=tuple(checks),
@@ -342,7 +355,7 @@ def _check(
     ordered = values.to_numpy().astype(np.float64, copy=False)  # sorted by the caller
     failures = counts.failures
     judgement: Judgement
-    if name == "itl_ms":  # gaps cannot be mixed with failed requests: see the module doc
+    if BY_COLUMN[name].per == GAP:  # gaps cannot be mixed with failed requests: module doc
         population = values.len()
         value = metrics.percentiles(values, (p,))[0]
         requests = counts.requests
@@ -395,7 +408,7 @@ def _unpaced_check(
     Where the path is declared to buffer (`unpaced.observed`), the check is the observed
     one, and says so."""
     observed = _check(name, limit_ms, values, counts, p, level, rule)
-    metric = "TPOT" if name == "tpot_ms" else "ITL"
+    metric = label_of(name)
     coalesced = (
         f"{unpaced.coalesced:,} of {unpaced.streams:,} streams arrived coalesced (half their "
         f"reads at {COALESCED_EVENTS}+ events)"
@@ -408,7 +421,7 @@ def _unpaced_check(
     unknown = unpaced.unknown(name)
     ordered = known.to_numpy().astype(np.float64, copy=False)
     failures = counts.failures
-    if name == "itl_ms":
+    if BY_COLUMN[name].per == GAP:
         zeros = np.zeros(unpaced.itl_unknown_gaps)
         worst_case = judge_clustered(ordered, unpaced.itl_streams, p, limit_ms, level,
                                      failures=failures + unknown)  # fmt: skip
