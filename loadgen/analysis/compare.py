@@ -82,6 +82,7 @@ from loadgen.analysis.server import ServerDelta
 from loadgen.analysis.slo import per_request
 from loadgen.codec import to_json as plain
 from loadgen.errors import EXIT_OK, EXIT_SLO_MISSED, ConfigError, LoadgenError, OptionError
+from loadgen.measures import GAP, SLO_MEASURES
 from loadgen.results.records import Outcome
 from loadgen.results.runfolder import (
     PARTS_DIR,
@@ -119,13 +120,19 @@ class Check:
 
 
 def _latency_checks() -> list[Check]:
-    pairs = (("ttft", False), ("ttft", True), ("tpot", False), ("itl", False), ("e2e", False),
-             ("e2e", True))  # fmt: skip
+    """Each measure a target can be set on, over ok requests; and, for those a user waits
+    for from the intended send (not a pace, which a failure does not have: TPOT, ITL), with
+    every failure ranked worst (`_all`)."""
+    pairs = [
+        (m, all_)
+        for m in SLO_MEASURES
+        for all_ in ((False, True) if m.failures_worst and not m.paced else (False,))
+    ]
     return [
-        Check(name=f"{metric}{'_all' if all_ else ''}_p{p:g}", family=metric,
-              label=f"{metric.upper()}{'·all' if all_ else ''} p{p:g}", kind="latency",
+        Check(name=f"{m.name}{'_all' if all_ else ''}_p{p:g}", family=m.name,
+              label=f"{m.label}{'·all' if all_ else ''} p{p:g}", kind="latency",
               higher_is_worse=True, percentile=p, with_failures=all_)
-        for metric, all_ in pairs
+        for m, all_ in pairs
         for p in (50.0, 90.0, 99.0)
     ]  # fmt: skip
 
@@ -277,10 +284,11 @@ def class_samples(frame: pl.DataFrame, slos: Mapping[str, SloTargets]) -> dict[s
         ok = part.filter(pl.col("outcome") == Outcome.OK.value)
         good = part.filter(pl.col("meets_slo"))
         values = {
-            m: ok.get_column(f"{m}_ms").drop_nulls().sort().to_numpy()
-            for m in ("ttft", "tpot", "e2e")
+            m.name: metrics.itl_gaps_ms(frame, name).to_numpy()
+            if m.per == GAP
+            else ok.get_column(m.column).drop_nulls().sort().to_numpy()
+            for m in SLO_MEASURES
         }
-        values["itl"] = metrics.itl_gaps_ms(frame, name).to_numpy()
         samples[name] = ClassSample(
             requests=part.height,
             failures=part.height - ok.height,

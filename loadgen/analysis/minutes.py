@@ -15,7 +15,8 @@ recomputable from them (and `loadgen.analysis.rolling` does so for a run that ha
 - `requests`, one count per outcome (`ok`, `rejected`, ... as in `records.OUTCOMES`),
   `meets_slo` (requests meeting every per-request threshold of the run's SLOs, the
   attainment numerator; `slo.per_request`).
-- `ttft`, `tpot`, `itl`, `e2e` (str, null when empty): HdrHistogram V2 base64
+- one per measure a target can be set on (`measures.SLO_MEASURES`: `ttft`, `tpot`, `itl`,
+  `e2e`; str, null when empty): HdrHistogram V2 base64
   (`LatencyHistogram.encode`: µs, 3 significant digits, 1 µs to 1 hour, values above the
   range counted as overflow) of TTFT from the intended time (ok requests), TPOT (ok,
   N > 1), every ITL gap (ok requests) and E2E (ok). Failures are not in the histograms;
@@ -39,6 +40,7 @@ import polars as pl
 
 from loadgen.analysis.histograms import HIGHEST_US, LatencyHistogram
 from loadgen.analysis.slo import per_request
+from loadgen.measures import GAP, ITL, SLO_MEASURES
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import HISTOGRAM_METRICS, read_records
 from loadgen.results.runfolder import load_histograms as read_histograms
@@ -99,7 +101,7 @@ def request_measures(
     """
     minute = frame.select(minute_start_ns(pl.col("intended_ns"), t0_unix_ns)).to_series()
     rows = per_request(frame, slos=slos).with_columns(minute.alias("minute_start_unix_ns"))
-    chunk_ns = pl.col("chunk_ns")
+    chunk_ns = pl.col(ITL.end)
     gaps = (
         frame.lazy()
         .filter(pl.col("outcome") == Outcome.OK.value)
@@ -113,7 +115,7 @@ def request_measures(
         .select(
             "class",
             "minute_start_unix_ns",
-            (pl.col("gap").cast(pl.Float64) / NS_PER_MS).alias("itl_ms"),
+            (pl.col("gap").cast(pl.Float64) / NS_PER_MS).alias(ITL.column),
         )
         .collect()
     )
@@ -125,14 +127,11 @@ def metric_values(rows: pl.DataFrame, gaps: pl.DataFrame) -> pl.DataFrame:
     ok = rows.filter(pl.col("outcome") == Outcome.OK.value)
     keys = ("class", "minute_start_unix_ns")
     parts = [
-        ok.filter(pl.col(f"{m}_ms").is_not_null()).select(
-            pl.lit(m).alias("metric"), *keys, pl.col(f"{m}_ms").alias("value_ms")
-        )
-        for m in ("ttft", "tpot", "e2e")
+        (gaps if m.per == GAP else ok)
+        .filter(pl.col(m.column).is_not_null())
+        .select(pl.lit(m.name).alias("metric"), *keys, pl.col(m.column).alias("value_ms"))
+        for m in SLO_MEASURES
     ]
-    parts.append(
-        gaps.select(pl.lit("itl").alias("metric"), *keys, pl.col("itl_ms").alias("value_ms"))
-    )
     return pl.concat(parts, how="vertical_relaxed")
 
 

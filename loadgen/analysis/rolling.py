@@ -68,12 +68,14 @@ from loadgen.analysis.minutes import (
     request_measures,
 )
 from loadgen.errors import LoadgenError, OptionError
+from loadgen.measures import FAILURES_WORST
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.results.runfolder import read_records, read_summary
 from loadgen.results.store import RunEntry, discover_runs, select_runs
 
-WITH_FAILURES: tuple[str, ...] = ("ttft", "tpot", "e2e")  # as `slo.WITH_FAILURES`
+# The histograms' measures that also rank every failure worst, as the summary does
+WITH_FAILURES: tuple[str, ...] = tuple(m.name for m in FAILURES_WORST if m.name in METRICS)
 WINDOW_CONFIDENCE = 0.95  # the level of every window's percentile bounds
 _UNITS_NS = {
     "s": 1_000_000_000,

@@ -47,6 +47,7 @@ from fractions import Fraction
 import polars as pl
 
 from loadgen.analysis import slo
+from loadgen.measures import GAP, ITL, TPOT, TTFT, Measure
 from loadgen.results.records import OUTCOMES, Outcome
 from loadgen.units import NS_PER_S
 from loadgen.workload.spec import SloTargets
@@ -57,10 +58,18 @@ FAILURE_OUTCOMES: tuple[str, ...] = tuple(o for o in OUTCOMES if o != Outcome.OK
 # quarter of a window holds a quarter of its arrivals, too few to read as the window's rate.
 MIN_COVERAGE = 0.25
 
-_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
-_PERCENTILE_COLUMNS = [
-    f"{name.removesuffix('_ms')}_p{p:g}_ms" for name in _LATENCIES for p in WINDOW_PERCENTILES
-]
+# The measures a run's windows follow (the report's windows table and timeline panels): the
+# first token, the pace per token and per gap (E2E, a whole answer, spans many windows).
+WINDOWED: tuple[Measure, ...] = (TTFT, TPOT, ITL)
+
+
+def percentile_column(measure: Measure, percentile: float) -> str:
+    """A window's column of one measure's percentile: `ttft_p99_ms`."""
+    return f"{measure.name}_p{percentile:g}_{measure.unit}"
+
+
+_PERCENTILE_COLUMNS = [percentile_column(m, p) for m in WINDOWED for p in WINDOW_PERCENTILES]
+_PER_REQUEST = tuple(m for m in WINDOWED if m.per != GAP)  # by the intended time
 SCHEMA: dict[str, pl.DataType] = {
     "class": pl.String(),
     "window_start_s": pl.Float64(),
@@ -304,10 +313,9 @@ def _nearest_rank_of_sorted(values: pl.Expr, percentile: float) -> pl.Expr:
     return values.list.get(rank - 1, null_on_oob=True)
 
 
-def _percentiles(column: str) -> list[pl.Expr]:
-    stem = column.removesuffix("_ms")
+def _percentiles(measure: Measure) -> list[pl.Expr]:
     return [
-        _nearest_rank_of_sorted(pl.col(column), p).alias(f"{stem}_p{p:g}_ms")
+        _nearest_rank_of_sorted(pl.col(measure.column), p).alias(percentile_column(measure, p))
         for p in WINDOW_PERCENTILES
     ]
 
@@ -319,7 +327,7 @@ def _request_stats(
     is_ok = pl.col("outcome") == Outcome.OK.value
     rows = slo.per_request(frame, slos=slos).with_columns(frame.get_column("intended_ns"))
     ok_sorted = [
-        pl.col(c).filter(is_ok).drop_nulls().sort().alias(c) for c in ("ttft_ms", "tpot_ms")
+        pl.col(m.column).filter(is_ok).drop_nulls().sort().alias(m.column) for m in _PER_REQUEST
     ]
     return (
         _assign(rows.lazy(), pl.col("intended_ns"), window_ns, step_ns)
@@ -331,15 +339,15 @@ def _request_stats(
             *[(pl.col("outcome") == o).sum().cast(pl.Int64).alias(o) for o in FAILURE_OUTCOMES],
             *ok_sorted,
         )
-        .with_columns(*_percentiles("ttft_ms"), *_percentiles("tpot_ms"))
-        .drop("ttft_ms", "tpot_ms")
+        .with_columns(*(e for m in _PER_REQUEST for e in _percentiles(m)))
+        .drop(*(m.column for m in _PER_REQUEST))
         .collect()
     )
 
 
 def _gap_stats(frame: pl.DataFrame, window_ns: int, step_ns: int) -> pl.DataFrame:
     """ITL percentiles by (class, window of the gap's end): every gap of every ok request."""
-    chunks = pl.col("chunk_ns")
+    chunks = pl.col(ITL.end)
     gaps = (
         frame.lazy()
         .filter((pl.col("outcome") == Outcome.OK.value) & (chunks.list.len() > 1))
@@ -356,10 +364,10 @@ def _gap_stats(frame: pl.DataFrame, window_ns: int, step_ns: int) -> pl.DataFram
         .group_by("class", "window")
         .agg(  # group_by keeps row order within a group: each list comes out sorted
             pl.len().cast(pl.Int64).alias("itl_gaps"),
-            (pl.col("gap_ns").cast(pl.Float64) / 1e6).alias("itl_ms"),
+            (pl.col("gap_ns").cast(pl.Float64) / 1e6).alias(ITL.column),
         )
-        .with_columns(*_percentiles("itl_ms"))
-        .drop("itl_ms")
+        .with_columns(*_percentiles(ITL))
+        .drop(ITL.column)
         .collect()
     )
 

@@ -38,6 +38,7 @@ import polars as pl
 
 from loadgen.codec import OMIT_NONE, from_json, to_json
 from loadgen.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_WATCHDOG, LoadgenError
+from loadgen.measures import SLO_MEASURES
 from loadgen.results.records import OUTCOMES, SCHEMA, Outcome, empty_frame, with_all_columns
 from loadgen.results.summary import AskedLoad, CacheWarmth, ScrapeAccess, Summary
 from loadgen.workload.identity import identity_of_run
@@ -743,7 +744,8 @@ def read_records(run_dir: Path) -> pl.DataFrame:
     return read_parts(run_dir / PARTS_DIR)
 
 
-HISTOGRAM_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")  # histograms' columns
+# histograms.parquet's columns: one per measure a target can be set on (`analysis.minutes`)
+HISTOGRAM_METRICS: tuple[str, ...] = tuple(m.name for m in SLO_MEASURES)
 
 
 def load_histograms(run_dir: Path, counts: Sequence[str]) -> pl.DataFrame | None:
