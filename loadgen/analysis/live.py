@@ -23,13 +23,20 @@ from __future__ import annotations
 import itertools
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from loadgen.measures import BY_COLUMN, E2E, GAP, ITL, SLO_MEASURES, TOKEN, TPOT, TTFT, Measure
 from loadgen.results.records import Outcome, RequestRecord
 from loadgen.units import NS_PER_MS, NS_PER_S
 
-# Histogram bucket upper bounds in seconds, chosen for LLM serving latencies. TTFT spans a
+# The measures the live tally follows: those a target can be set on, as the per-minute
+# histograms keep them; and the generator's own send lag (dispatch − intended, of the
+# scheduled sends: the summary's `generator.lag_ms`), which is no class's measure.
+LIVE: tuple[Measure, ...] = SLO_MEASURES
+SEND_LAG = "send_lag"
+# Histogram bucket upper bounds in seconds, chosen for LLM serving latencies, for each
+# measure a target can be set on (`LIVE`) and the generator's send lag. TTFT spans a
 # warm short prompt (10 ms) to a long prefill behind a queue (2 min); TPOT and ITL a fast
 # speculative decode (1 ms a token) to a stalled stream (5 s a gap); E2E a short answer to a
 # long generation (10 min). The steps are roughly 1-2.5-5 per decade, finer where SLOs are
@@ -40,28 +47,30 @@ from loadgen.units import NS_PER_MS, NS_PER_S
 # conventions' gen_ai.server.* histograms share, are all included inside that range, so
 # client and server histograms can be read on one Grafana panel.
 BUCKETS_S: dict[str, tuple[float, ...]] = {
-    "ttft": (
+    TTFT.name: (
         0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.25,
         1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0,
     ),
-    "tpot": (
+    TPOT.name: (
         0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045,
         0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
     ),
-    "itl": (
+    ITL.name: (
         0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045,
         0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
     ),
-    "e2e": (
+    E2E.name: (
         0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
         120.0, 180.0, 300.0, 600.0,
     ),
-    "send_lag": (
+    SEND_LAG: (
         0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
         2.5, 5.0,
     ),
 }  # fmt: skip
-MEASURES = tuple(BUCKETS_S)
+MEASURES = (*(m.name for m in LIVE), SEND_LAG)
+if set(BUCKETS_S) != set(MEASURES):  # a measure with no buckets would be tallied nowhere
+    raise ValueError(f"BUCKETS_S needs buckets for {sorted(set(MEASURES) ^ set(BUCKETS_S))}")
 BUCKETS_NS = {
     name: tuple(round(b * NS_PER_S) for b in bounds) for name, bounds in BUCKETS_S.items()
 }
@@ -194,27 +203,38 @@ class LiveTally:
 
 
 def _measures_ns(record: RequestRecord) -> dict[str, list[float]]:
-    """This record's values of each measure in ns (see the module docstring)."""
+    """This record's values of each measure in ns (see the module docstring), as
+    `metrics.derive` computes them from each measure's columns (`measures`)."""
     out: dict[str, list[float]] = {}
     intended = record.intended_ns
     if record.turn in (None, 0):
         dispatched = record.dispatched_ns if record.dispatched_ns is not None else record.sent_ns
         if dispatched is not None:
-            out["send_lag"] = [dispatched - intended]
+            out[SEND_LAG] = [dispatched - intended]
     if record.outcome is not Outcome.OK:
         return out
-    first, last = record.first_token_ns, record.last_token_ns
-    if first is not None:
-        out["ttft"] = [first - intended]
-    if first is not None and last is not None and record.output_tokens > 1:
-        out["tpot"] = [(last - first) / (record.output_tokens - 1)]
-    chunks = record.chunk_ns
-    if len(chunks) > 1:
-        out["itl"] = [b - a for a, b in itertools.pairwise(chunks)]
-    end = last if last is not None else record.end_ns
-    if end is not None:
-        out["e2e"] = [end - intended]
+    for measure in LIVE:
+        values = _values_ns(record, measure)
+        if values:
+            out[measure.name] = values
     return out
+
+
+def _values_ns(record: RequestRecord, measure: Measure) -> list[float]:
+    """One ok record's values of one measure in ns: none where a moment never happened."""
+    if measure.per == GAP:
+        times: Sequence[int] = getattr(record, measure.end)
+        return [b - a for a, b in itertools.pairwise(times)]
+    start: int | None = getattr(record, measure.start)
+    end: int | None = getattr(record, measure.end)
+    if end is None and measure.end_if_none is not None:
+        end = getattr(record, measure.end_if_none)
+    if start is None or end is None:
+        return []
+    if measure.per == TOKEN:
+        n = record.output_tokens
+        return [(end - start) / (n - 1)] if n > 1 else []
+    return [end - start]
 
 
 def _is_good(
@@ -227,8 +247,9 @@ def _is_good(
     if record.outcome is not Outcome.OK:
         return False
     for name, limit_ms in limits_ms.items():
-        seen = values_ns.get(name.removesuffix("_ms"), [])
-        if name == "itl_ms" and record.unstamped_max_gap_ns is not None:
+        measure = BY_COLUMN[name]
+        seen = values_ns.get(measure.name, [])
+        if measure.per == GAP and record.unstamped_max_gap_ns is not None:
             seen = [*seen, record.unstamped_max_gap_ns]
         if seen and float(max(seen)) / NS_PER_MS > limit_ms:
             return False

@@ -19,7 +19,7 @@ Metric names (all exported; the Grafana dashboard in `dashboards/` queries these
 | `loadgen_good_requests_total` | counter | class | ok within every per-request SLO threshold |
 | `loadgen_output_tokens_total` | counter | class, outcome | output tokens of every record |
 | `loadgen_good_output_tokens_total` | counter | class | output tokens of good requests (goodput) |
-| `loadgen_{ttft,tpot,itl,e2e}_seconds` | histogram | class | over ok requests (ITL: every gap) |
+| `loadgen_<measure>_seconds` | histogram | class | each `analysis.live.LIVE`, ok requests |
 | `loadgen_send_lag_seconds` | histogram | class | dispatch − intended of scheduled sends |
 | `loadgen_price_per_hour` | gauge | | `--price-per-hour` × `--replicas` (when given) |
 | `loadgen_run_elapsed_seconds` | gauge | | since t0 (0 before it) |
@@ -47,16 +47,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import start_http_server
 
-from loadgen.analysis.live import BUCKETS_S, MEASURES, LiveTally
+from loadgen.analysis.live import BUCKETS_S, LIVE, MEASURES, SEND_LAG, LiveTally
 from loadgen.engine.network import Network
 from loadgen.errors import OptionError
 
 LATENCY_HELP = {
-    "ttft": "Time to first generated token from the intended send time, ok requests",
-    "tpot": "Time per output token after the first, (last - first) / (N - 1), ok requests",
-    "itl": "Every gap between successive output-bearing chunks, ok requests",
-    "e2e": "Intended send time to the last token, ok requests",
-    "send_lag": "Generator lag: dispatch - intended send time, scheduled requests",
+    **{m.name: f"{m.about}, ok requests" for m in LIVE},
+    SEND_LAG: "Generator lag: dispatch - intended send time, scheduled requests",
 }
 SERVER_HELP = {  # analysis.server.LIVE_FIGURES, as the latest scrape of the server's /metrics
     "queue_depth": "The server's waiting requests, as its /metrics said at the latest scrape",

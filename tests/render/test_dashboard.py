@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.exposition import generate_latest
 
-from loadgen.analysis.live import LiveTally
+from loadgen.analysis.live import LIVE, LiveTally
 from loadgen.analysis.server import LIVE_FIGURES
 from loadgen.results.records import Outcome
 from loadgen.run.live import LiveExporter, LiveRun
@@ -74,3 +74,16 @@ def test_every_query_names_an_exported_metric() -> None:
     families = {re.sub(r"_(bucket|sum|count|total|info)$", "", n) for n in served}
     shown = {re.sub(r"_(bucket|sum|count|total|info)$", "", n) for n in used}
     assert families - shown <= {"loadgen_run_elapsed_seconds"}, sorted(families - shown)
+
+
+def test_every_live_measure_has_its_panel() -> None:
+    """Each measure the live tally follows (`analysis.live.LIVE`, from the measure table) has
+    a panel titled by its label whose every query reads its histogram: a measure added to the
+    table without a panel fails here (the dashboard is tested against the table, not
+    generated: its layout is laid out by hand)."""
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for m in LIVE:
+        found = [p for p in panels(dashboard) if p["title"].startswith(f"{m.label} ")]
+        assert found, f"no panel titled {m.label} ..."
+        expressions = [t["expr"] for p in found for t in p["targets"]]
+        assert all(f"loadgen_{m.name}_seconds_bucket" in e for e in expressions), expressions
