@@ -30,6 +30,7 @@ from loadgen.analysis.capacity import (
     required_requests,
     to_json,
 )
+from loadgen.measures import BY_NAME, TPOT, TTFT
 from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.knee_plot import knee_png
 from loadgen.render.terminal import fmt_num, with_unit
@@ -134,7 +135,7 @@ def bounds_lines(step: Step) -> list[str]:
     lines = []
     for name, c in step.classes.items():
         parts = []
-        for metric in ("ttft", "tpot"):
+        for metric in (TTFT.name, TPOT.name):  # the measures a step records (`StepClass`)
             target = getattr(c, f"{metric}_slo_ms")
             if target is None:
                 continue
@@ -143,7 +144,8 @@ def bounds_lines(step: Step) -> list[str]:
             shown = "fail" if value is None else with_unit(value, "ms")
             level = f"{c.confidence:.0%} " if c.confidence is not None else ""
             bounds = f"{_bound(low, low_open)}–{_bound(high, high_open)}"
-            parts.append(f"{metric.upper()} p{c.percentile:g} {shown} ({level}bounds {bounds}) "
+            label = BY_NAME[metric].label
+            parts.append(f"{label} p{c.percentile:g} {shown} ({level}bounds {bounds}) "
                          f"≤ {with_unit(target, 'ms')}")  # fmt: skip
         if parts:
             lines.append(f"{name} " + " · ".join(parts) + f": {c.verdict}")
@@ -206,7 +208,7 @@ def steps_table(found: Search, axis: LoadAxis) -> Table:
         ]
         for name in names:
             figures = step.classes.get(name)
-            cells += [_ms(figures, "ttft"), _ms(figures, "tpot")]
+            cells += [_ms(figures, TTFT.name), _ms(figures, TPOT.name)]
         colour = STATUS_COLOUR.get(step.status, "magenta")
         cells.append(Text(step.status.upper(), style=f"bold {colour}"))
         table.add_row(*cells)

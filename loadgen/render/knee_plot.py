@@ -21,6 +21,7 @@ from matplotlib.figure import Figure  # no pyplot: nothing global to clean up
 
 from loadgen.analysis.capacity import FAIL, INVALID, NOT_JUDGED, PASS, UNDECIDED, Search, Step
 from loadgen.analysis.capacity import Verdict as LimitVerdict
+from loadgen.measures import BY_NAME, TPOT, TTFT
 from loadgen.render import plots
 from loadgen.render.capacity_axis import LoadAxis
 
@@ -30,7 +31,8 @@ STATUS_MARKS = {  # a step's verdict as a marker along the top of the attainment
     FAIL: ("X", "tab:red", "step failed"),
     UNDECIDED: ("D", "tab:purple", "step inconclusive (extended)"),
 }
-METRIC_STYLES = {"ttft": ("-", "o"), "tpot": ("--", "s")}
+# The measures a capacity step records at its SLO percentile (`StepClass`), and their line
+METRIC_STYLES = {TTFT.name: ("-", "o"), TPOT.name: ("--", "s")}
 LABEL_WIDTH = 46  # a legend line's characters at fontsize 7 beside the panels
 LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 7, "borderaxespad": 0}
 
@@ -150,11 +152,11 @@ def _latency_panel(
             if slo is None:  # no target: the plot shows what the verdict judged
                 continue
             ax.plot(x, _nan(values), marker=marker, linestyle=style, color=colour,
-                    label=f"{name} {metric.upper()} p{p:g}")  # fmt: skip
+                    label=f"{name} {BY_NAME[metric].label} p{p:g}")  # fmt: skip
             _bounds(ax, steps, x, name, metric, colour)
             if slo is not None:
                 ax.axhline(slo, color=colour, linestyle=style, linewidth=0.8, alpha=0.7,
-                           label=f"{name} {metric.upper()} SLO {slo:g} ms")  # fmt: skip
+                           label=f"{name} {BY_NAME[metric].label} SLO {slo:g} ms")  # fmt: skip
     plots.log_scale(ax, "y")
     ax.set_ylabel("ms at the SLO percentile\n(missing: on a failure)")
 

@@ -32,6 +32,7 @@ from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from loadgen.measures import BY_NAME, ITL, TPOT, TTFT
 from loadgen.percentiles import nearest_rank
 from loadgen.render.terminal import with_unit
 
@@ -54,7 +55,7 @@ TIMELINE_LOG_SPAN = 10.0  # a timeline panel's values and SLO: log past one deca
 # double the time per figure (a report draws five per class).
 MARGINS = {"left": 0.1, "right": 0.97, "bottom": 0.12, "top": 0.92}
 NOTE_BOX = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none"}
-METRIC_COLOURS = {"ttft": "tab:blue", "tpot": "tab:orange", "itl": "tab:green"}
+METRIC_COLOURS = {TTFT.name: "tab:blue", TPOT.name: "tab:orange", ITL.name: "tab:green"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +288,7 @@ def timeline_height_in(metrics: int) -> float:
     return 1.9 * (metrics + 1)
 
 
-NO_SLO_NOTES = {"itl": "no ITL SLO: ITL p99 is over single gaps; the TPOT SLO judges request "
+NO_SLO_NOTES = {ITL.name: "no ITL SLO: ITL p99 is over single gaps; the TPOT SLO judges request "
                        "averages, not these"}  # fmt: skip
 
 
@@ -297,7 +298,7 @@ def _metric_panel(
     """One metric's p99 per window, its own SLO as a dashed line, or a note saying it has none."""
     y = np.array([math.nan if v is None else v for v in series], dtype=np.float64)
     colour = METRIC_COLOURS.get(metric, "black")
-    name = metric.upper()
+    name = BY_NAME[metric].label if metric in BY_NAME else metric.upper()
     ax.plot(x[: y.size], y, marker=".", color=colour, label=f"{name} p99")
     present = y[np.isfinite(y)].tolist()
     if target is not None:

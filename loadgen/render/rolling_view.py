@@ -24,6 +24,7 @@ from rich.text import Text
 
 from loadgen.analysis.minutes import METRICS
 from loadgen.analysis.rolling import WINDOW_CONFIDENCE, WITH_FAILURES, RollingView, to_json
+from loadgen.measures import BY_NAME, E2E, ITL, TPOT, TTFT
 from loadgen.render import plots
 from loadgen.render.cost_view import money
 from loadgen.render.report import blocks
@@ -36,13 +37,13 @@ from loadgen.workload.spec import SloTargets
 
 # The SLOs of a store's classes, keyed by (workload key, class), or by class name alone.
 Slos = Mapping[Any, SloTargets]
-PLOTTED = ("ttft", "tpot")  # one PNG each
+PLOTTED = (TTFT.name, TPOT.name)  # one PNG each
 
 
 def shown_percentile(slo: SloTargets | None, columns: Collection[str]) -> float:
     """The percentile shown for a class: its SLO's, where the windows keep it, else 99."""
     p = slo.percentile if slo is not None else 99.0
-    return p if f"ttft_ms_p{p:g}" in columns else 99.0
+    return p if f"{TTFT.column}_p{p:g}" in columns else 99.0
 
 
 def slo_of(slos: Slos, workload: str, cls: str) -> SloTargets | None:
@@ -87,8 +88,9 @@ def render_rolling_table(frame: pl.DataFrame, slos: Slos | None = None) -> Table
     return table
 
 
-FIGURE_HEADERS = ("TTFT\nok/all", f"{WINDOW_CONFIDENCE:.0%} bounds\nTTFT all", "TPOT\nok/all",
-                  "ITL\n(gaps)", "E2E\nall", "attain")  # fmt: skip
+FIGURE_HEADERS = (f"{TTFT.label}\nok/all", f"{WINDOW_CONFIDENCE:.0%} bounds\n{TTFT.label} all",
+                  f"{TPOT.label}\nok/all", f"{ITL.label}\n(gaps)", f"{E2E.label}\nall",
+                  "attain")  # fmt: skip
 
 
 def _figure_cells(row: Mapping[str, Any], p: float) -> list[str | Text]:
@@ -98,11 +100,11 @@ def _figure_cells(row: Mapping[str, Any], p: float) -> list[str | Text]:
         str(row["requests"]),
         Text(str(failed), style="red" if failed else ""),
         f"p{p:g}",
-        _ok_and_all(row, "ttft", p),
-        _bounds(row, f"ttft_ms_with_failures_p{p:g}"),
-        _ok_and_all(row, "tpot", p),
-        _ms(row[f"itl_ms_p{p:g}"]),
-        _all(row, "e2e", p),
+        _ok_and_all(row, TTFT.name, p),
+        _bounds(row, f"{TTFT.with_failures}_p{p:g}"),
+        _ok_and_all(row, TPOT.name, p),
+        _ms(row[f"{ITL.column}_p{p:g}"]),
+        _all(row, E2E.name, p),
         f"{row['attainment'] * 100:.1f}%" if row["attainment"] is not None else "—",
     ]
 
@@ -314,12 +316,12 @@ def rolling_figure(
     for axis in (top, bottom):
         axis.grid(True, alpha=0.3)  # the legend beside the plot, never over a point
         axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    top.set_ylabel(f"{metric.upper()} at the SLO percentile (ms, nearest rank)")
+    top.set_ylabel(f"{BY_NAME[metric].label} at the SLO percentile (ms, nearest rank)")
     _scale_latency_axis(top, plotted)
     bottom.set_ylabel("attainment (%)")
     bottom.set_xlabel("window end (lines) · run start (points), UTC")
     figure.suptitle(
-        f"{metric.upper()} over trailing {_span_text(frame)} windows and each run; "
+        f"{BY_NAME[metric].label} over trailing {_span_text(frame)} windows and each run; "
         "(all) ranks failures worst"
     )
     figure.autofmt_xdate()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from loadgen.analysis.health import health_text, rate_text
+from loadgen.measures import BY_COLUMN, GAP, label_of
 from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
 from loadgen.render.terminal import SIM_NOTE, bounds_text
@@ -29,7 +30,6 @@ HEADERS = ("class", "check", "measured", "bounds", "target", "requests", "result
 # A check's result in the verdict's words, as the terminal says them (MET, MISSED,
 # INCONCLUSIVE); the generator's health is ok or INVALID; a stopped run's rows skipped.
 STATUS = {verdict: verdict.upper() for verdict in VERDICTS}
-LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +88,7 @@ def _class_rows(name: str, block: ClassAudit) -> list[Row]:
 
 def _check_row(name: str, block: ClassAudit, check: Check) -> Row:
     """A percentile check: its value, bounds, target and verdict (and why, when not met)."""
-    label = f"{LABELS.get(check.metric, check.metric)} p{check.percentile:g} (failures worst)"
+    label = f"{label_of(check.metric)} p{check.percentile:g} (failures worst)"
     measured, target = _ms(check.value_ms), f"≤ {_ms(check.target_ms)}"
     level = "" if check.confidence is None else f"{check.confidence:.0%} "
     bounds = f"{level}bounds {bounds_text(check)}" if check.confidence is not None else ""
@@ -97,7 +97,7 @@ def _check_row(name: str, block: ClassAudit, check: Check) -> Row:
     why = ""
     if judged != "met":
         shown = f"{measured}, {bounds}" if bounds else measured
-        unit = "gaps" if check.metric == "itl_ms" else "requests"
+        unit = "gaps" if BY_COLUMN[check.metric].per == GAP else "requests"
         why = (f"{label} of class {name}: {shown}, target {target}, over "
                f"{check.population:,} {unit} ({failed:,} failed)")  # fmt: skip
         if judged == "inconclusive":
@@ -116,7 +116,7 @@ def _delivery_row(name: str, block: ClassAudit) -> Row:
         f"{d.coalesced:,} of {d.streams:,} streams coalesced ({d.events_per_read:,.1f} events/read)"
     )
     share = f"{d.coalesced_share or 0:.0%} of streams, {d.coalesced_token_share or 0:.0%} of tokens"
-    paced = [c for c in block.slo.checks if c.metric in ("tpot_ms", "itl_ms")]
+    paced = [c for c in block.slo.checks if c.metric in BY_COLUMN and BY_COLUMN[c.metric].paced]
     status, why = "pass", ""
     if not d.path_buffers and any(c.judged == "inconclusive" for c in paced):
         status = "INCONCLUSIVE"

@@ -9,7 +9,13 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.analysis.windows import MAX_WINDOWS
+from loadgen.analysis.windows import (
+    MAX_WINDOWS,
+    WINDOW_PERCENTILES,
+    WINDOWED,
+    percentile_column,
+)
+from loadgen.measures import GAP, MEASURES, TTFVT
 from loadgen.printable import printable
 from loadgen.render.report.blocks import (
     Block,
@@ -250,21 +256,20 @@ def _outcomes_table(cls: ClassAudit) -> Table:
 
 
 def _percentile_rows(cls: ClassAudit) -> list[tuple[str, Percentiles, float | None]]:
-    """(label, stats, SLO target) per measure; TTFVT only where reasoning streamed."""
-    t = cls.slo.targets
-    rows: list[tuple[str, Percentiles, float | None]] = [
-        ("TTFT", cls.ttft_ms, t.ttft_ms),
-        ("TTFT, failures worst", cls.ttft_ms_with_failures, t.ttft_ms),
-        ("TTFT from send", cls.ttft_from_send_ms, None),
-        ("TPOT", cls.tpot_ms, t.tpot_ms),
-        ("TPOT, failures worst", cls.tpot_ms_with_failures, t.tpot_ms),
-        ("ITL (per gap)", cls.itl_ms, t.itl_ms),
-        ("E2E", cls.e2e_ms, t.e2e_ms),
-        ("E2E, failures worst", cls.e2e_ms_with_failures, t.e2e_ms),
-    ]
-    if cls.reasoning_requests:  # reasoning streamed: the visible answer came later
-        label = f"TTFVT (first visible token; {cls.reasoning_requests:,} with reasoning)"
-        rows.insert(3, (label, cls.ttfvt_ms, None))
+    """(label, stats, SLO target) per measure, and with failures ranked worst where it ranks
+    them; TTFVT only where reasoning streamed (else it is TTFT)."""
+    targets = cls.slo.targets.thresholds_ms()
+    rows: list[tuple[str, Percentiles, float | None]] = []
+    for m in MEASURES:
+        target = targets.get(m.column)
+        if m is TTFVT and not cls.reasoning_requests:
+            continue
+        label = f"{m.label} (per gap)" if m.per == GAP else m.label
+        if m is TTFVT:  # reasoning streamed: the visible answer came later
+            label = f"{m.label} (first visible token; {cls.reasoning_requests:,} with reasoning)"
+        rows.append((label, cls.stats(m), target))
+        if (ranked := cls.ranked(m)) is not None:
+            rows.append((f"{m.label}, failures worst", ranked, target))
     return rows
 
 
@@ -405,8 +410,7 @@ def _rate_cell(w: Mapping[str, Any]) -> str:
 def _windows_table(windows: pl.DataFrame) -> Table:
     server = [c for c in SERVER_WINDOW_COLUMNS if c in windows.columns]
     rows = []
-    latency = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
-               "itl_p99_ms")  # fmt: skip
+    latency = [(m, p) for m in WINDOWED for p in WINDOW_PERCENTILES]
     for w in windows.iter_rows(named=True):
         rows.append(
             (
@@ -417,7 +421,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
                 count(w["ok"]),
                 count(w["failed"]),
                 pct(w["attainment"]),
-                *(fmt_ms(w[c]) for c in latency),
+                *(fmt_ms(w[percentile_column(m, p)]) for m, p in latency),
                 *(_server_cell(w, c) for c in server),
             )
         )
@@ -429,12 +433,7 @@ def _windows_table(windows: pl.DataFrame) -> Table:
         "ok",
         "failed",
         "attainment",
-        "TTFT p50 (ms)",
-        "TTFT p99 (ms)",
-        "TPOT p50 (ms)",
-        "TPOT p99 (ms)",
-        "ITL p50 (ms)",
-        "ITL p99 (ms)",
+        *(f"{m.label} p{p:g} ({m.unit})" for m, p in latency),
         *(SERVER_WINDOW_COLUMNS[c] for c in server),
     )
     return Table("Time windows (ok requests' percentiles, ms)", headers, rows)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from loadgen.analysis.windows import WINDOWED, percentile_column
+from loadgen.measures import ITL, TPOT, TTFT, Measure
 from loadgen.render import plots
 from loadgen.results.records import Outcome
 from loadgen.results.summary import Check
@@ -80,74 +82,66 @@ def _bounds(checks: tuple[Check, ...], metric: str) -> plots.Bounds | None:
     return None
 
 
+# The per-request measures the report draws as CDFs (failures ranked worst past the curve),
+# each with what its title says it spans.
+CDFS: dict[Measure, str] = {TTFT: "intended send → first token", TPOT: "per request, N > 1"}
+
+
 def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
-    """TTFT/TPOT CDFs, the ITL histogram, tokens per chunk and the window timeline."""
+    """The CDFs (`CDFS`), the ITL histogram, tokens per chunk and the window timeline."""
     ok = view.rows.filter(pl.col("outcome") == Outcome.OK.value)
     failures = view.rows.height - ok.height
     p, name, targets = view.targets.percentile, view.name, view.targets
+    limits = targets.thresholds_ms()
     mids = view.windows.select((pl.col("window_start_s") + pl.col("window_end_s")) / 2)
-    return {
-        "ttft_cdf": (
-            f"{name}: TTFT CDF",
+    figures = {
+        f"{m.name}_cdf": (
+            f"{name}: {m.label} CDF",
             plots.cdf_png(
-                ok.get_column("ttft_ms").drop_nulls().to_numpy(),
+                ok.get_column(m.column).drop_nulls().to_numpy(),
                 failures=failures,
-                title=f"{name}: TTFT (intended send → first token)",
-                metric="TTFT",
-                target_ms=targets.ttft_ms,
+                title=f"{name}: {m.label} ({spans})",
+                metric=m.label,
+                target_ms=limits.get(m.column),
                 percentile=p,
-                bounds=_bounds(view.checks, "ttft_ms"),
+                bounds=_bounds(view.checks, m.column),
             ),
-        ),
-        "tpot_cdf": (
-            f"{name}: TPOT CDF",
-            plots.cdf_png(
-                ok.get_column("tpot_ms").drop_nulls().to_numpy(),
-                failures=failures,
-                title=f"{name}: TPOT (per request, N > 1)",
-                metric="TPOT",
-                target_ms=targets.tpot_ms,
-                percentile=p,
-                bounds=_bounds(view.checks, "tpot_ms"),
-            ),
-        ),
-        "itl_histogram": (
-            f"{name}: ITL histogram",
-            plots.itl_histogram_png(
-                view.itl_ms.to_numpy(),
-                title=f"{name}: inter-chunk gaps of ok requests",
-                target_ms=targets.itl_ms,
-            ),
-        ),
-        "tokens_per_chunk": (
-            f"{name}: tokens per chunk",
-            plots.tokens_per_chunk_png(
-                chunks_by_tokens(view.frame), title=f"{name}: tokens per chunk (ok requests)"
-            ),
-        ),
-        "timeline": (
-            f"{name}: per-window p99 and arrivals",
-            plots.timeline_png(
-                window_mid_s=mids.to_series().to_numpy(),
-                step_s=view.step_s,
-                p99_ms={
-                    m: view.windows.get_column(f"{m}_p99_ms").to_list()
-                    for m in plots.METRIC_COLOURS
-                },
-                targets_ms={
-                    "ttft": targets.ttft_ms,
-                    "tpot": targets.tpot_ms,
-                    "itl": targets.itl_ms,
-                },
-                arrival_rate_per_s=view.windows.get_column("arrival_rate_per_s").to_list(),
-                failed=view.windows.get_column("failed").to_list(),
-                title=f"{name}: p99 per window, arrival rate and failures",
-                partial=_partly_covered(view.windows),
-                schedule_end_s=view.schedule_end_s,
-                x_end_s=view.x_end_s,
-            ),
-        ),
+        )
+        for m, spans in CDFS.items()
     }
+    figures["itl_histogram"] = (
+        f"{name}: ITL histogram",
+        plots.itl_histogram_png(
+            view.itl_ms.to_numpy(),
+            title=f"{name}: inter-chunk gaps of ok requests",
+            target_ms=limits.get(ITL.column),
+        ),
+    )
+    figures["tokens_per_chunk"] = (
+        f"{name}: tokens per chunk",
+        plots.tokens_per_chunk_png(
+            chunks_by_tokens(view.frame), title=f"{name}: tokens per chunk (ok requests)"
+        ),
+    )
+    figures["timeline"] = (
+        f"{name}: per-window p99 and arrivals",
+        plots.timeline_png(
+            window_mid_s=mids.to_series().to_numpy(),
+            step_s=view.step_s,
+            p99_ms={
+                m.name: view.windows.get_column(percentile_column(m, 99.0)).to_list()
+                for m in WINDOWED
+            },
+            targets_ms={m.name: limits.get(m.column) for m in WINDOWED},
+            arrival_rate_per_s=view.windows.get_column("arrival_rate_per_s").to_list(),
+            failed=view.windows.get_column("failed").to_list(),
+            title=f"{name}: p99 per window, arrival rate and failures",
+            partial=_partly_covered(view.windows),
+            schedule_end_s=view.schedule_end_s,
+            x_end_s=view.x_end_s,
+        ),
+    )
+    return figures
 
 
 def _partly_covered(windows: pl.DataFrame) -> list[bool]:
@@ -176,7 +170,7 @@ def server_figure(
     for (name,), rows in windows.sort("window_start_s").group_by("class", maintain_order=True):
         mids = ((rows["window_start_s"] + rows["window_end_s"]) / 2).to_list()
         rates = rows["arrival_rate_per_s"].fill_null(float("nan")).to_list()  # a gap: no rate
-        client[str(name)] = (mids, rows["ttft_p99_ms"].to_list(), rates)
+        client[str(name)] = (mids, rows[percentile_column(TTFT, 99.0)].to_list(), rates)
     server = {c: timeline[c].to_list() for c in timeline.columns if c != "t_s"}
     png = plots.server_timeline_png(
         client=client, server_t_s=timeline["t_s"].to_list(), server=server,
