@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client.exposition import generate_latest
 
 from loadgen.analysis.live import LIVE, LiveTally
 from loadgen.analysis.server import LIVE_FIGURES
-from loadgen.results.records import Outcome
+from loadgen.results.records import TIME_COLUMNS, Outcome, RequestRecord
 from loadgen.run.live import LiveExporter, LiveRun
 from loadgen.testing.builders import failed_record, streamed_record
 
@@ -21,7 +22,7 @@ METRIC = re.compile(r"\b(loadgen_[a-z0-9_]+)\b")
 def exported_names() -> set[str]:
     """Every sample name a live exporter serves (histogram series, counters' _total, info)."""
     tally = LiveTally({"chat": {"ttft_ms": 100.0}})
-    tally.observe(streamed_record(0))
+    tally.observe(every_time_set(streamed_record(0)))
     tally.observe(failed_record(1, outcome=Outcome.TIMEOUT_TOTAL))
     live = LiveExporter(price_per_hour=2.0)
     server = dict.fromkeys(LIVE_FIGURES, 1.0)  # every server figure a scrape can give
@@ -29,6 +30,14 @@ def exported_names() -> set[str]:
                        planned={"chat": 2}, server=lambda: server))  # fmt: skip
     text = generate_latest(live.registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def every_time_set(record: RequestRecord) -> RequestRecord:
+    """`record` with each of its unset times on the run clock set (at its first token), so
+    that every measure, whichever columns it spans, has a value to export."""
+    unset = {c.attribute: record.first_token_ns for c in TIME_COLUMNS
+             if not c.is_list and getattr(record, c.attribute) is None}  # fmt: skip
+    return replace(record, **unset)
 
 
 def panels(dashboard: dict) -> list[dict]:
