@@ -64,6 +64,7 @@ from loadgen.analysis.health import short_of_rate
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
+from loadgen.measures import TPOT, TTFT
 from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
 from loadgen.units import NS_PER_S
 from loadgen.workload.spec import WorkloadSpec, offered_rate
@@ -432,7 +433,7 @@ def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
 def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
     targets = block.slo.targets
     checks = {c.metric: c for c in block.slo.checks}
-    ttft, tpot = checks.get("ttft_ms"), checks.get("tpot_ms")
+    ttft, tpot = checks.get(TTFT.column), checks.get(TPOT.column)
     verdict = block.slo.judged or MISSED
     return ClassFigures(
         requests=block.requests,
@@ -582,11 +583,11 @@ def is_over_saturated(steady: Steadiness) -> bool:
     return steady.offered_per_s > 0 and shortfall_of(steady) > allowed_shortfall(steady)
 
 
-_SERIES = {"in_flight": "in flight", "ttft_ms": "TTFT from intended"}
+_SERIES = {"in_flight": "in flight", TTFT.column: "TTFT from intended"}
 
 
 def _rise(trend: Trend) -> str:
-    unit = " ms" if trend.series == "ttft_ms" else ""
+    unit = " ms" if trend.series == TTFT.column else ""
     return f"{trend.rise:+.3g}{unit} (noise bound {trend.allowance:.2g}, floor {trend.floor:.2g})"
 
 

@@ -24,6 +24,7 @@ import polars as pl
 
 from loadgen.analysis.metrics import derive, percentiles
 from loadgen.analysis.planning import PlanInputs
+from loadgen.measures import TPOT, TTFT_FROM_SEND
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome
 
@@ -77,7 +78,7 @@ def estimate(frames: Sequence[pl.DataFrame], class_name: str | None = None) -> M
         return Measured(requests=0)
     prompt = rows.get_column("prompt").cast(pl.Float64)
     fit = _prefill_fit(rows)
-    tpot = rows.get_column("tpot_ms").drop_nulls()
+    tpot = rows.get_column(TPOT.column).drop_nulls()
     e2e = rows.get_column("e2e_from_send_ms").drop_nulls().to_list()
     out = rows.get_column("output_tokens").cast(pl.Float64)
     busy, span = (sum(t) for t in zip(*(_busy_span(f, class_name) for f in frames), strict=True))
@@ -291,7 +292,7 @@ def _ok_rows(frame: pl.DataFrame, class_name: str | None) -> pl.DataFrame:
     """ok requests' prompt tokens, TTFT from send, TPOT, E2E from send and output tokens."""
     if class_name is not None:
         frame = frame.filter(pl.col("class") == class_name)
-    measures = derive(frame).select("ttft_from_send_ms", "tpot_ms", "output_tokens")
+    measures = derive(frame).select(TTFT_FROM_SEND.column, TPOT.column, "output_tokens")
     end_ns = pl.coalesce("last_token_ns", "end_ns") - pl.col("sent_ns")
     extra = frame.select(
         pl.coalesce("prompt_tokens", "prompt_tokens_target").alias("prompt"),
@@ -299,7 +300,7 @@ def _ok_rows(frame: pl.DataFrame, class_name: str | None) -> pl.DataFrame:
         (pl.col("outcome") == Outcome.OK.value).alias("is_ok"),
     )
     rows = pl.concat([measures, extra], how="horizontal")
-    return rows.filter(pl.col("is_ok") & pl.col("ttft_from_send_ms").is_not_null()).drop("is_ok")
+    return rows.filter(pl.col("is_ok") & pl.col(TTFT_FROM_SEND.column).is_not_null()).drop("is_ok")
 
 
 def _busy_span(frame: pl.DataFrame, class_name: str | None) -> tuple[float, float]:
@@ -318,7 +319,7 @@ def _busy_span(frame: pl.DataFrame, class_name: str | None) -> tuple[float, floa
 
 def _prefill_fit(rows: pl.DataFrame) -> tuple[float, float] | None:
     x = rows.get_column("prompt").cast(pl.Float64).to_list()
-    y = rows.get_column("ttft_from_send_ms").to_list()
+    y = rows.get_column(TTFT_FROM_SEND.column).to_list()
     return lower_envelope_fit(x, y)
 
 

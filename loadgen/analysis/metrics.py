@@ -42,7 +42,7 @@ import polars as pl
 
 from loadgen.analysis.confidence import t_quantile
 from loadgen.analysis.delivery import events, marked, reads
-from loadgen.measures import GAP, MEASURES, TOKEN, Measure
+from loadgen.measures import GAP, ITL, MEASURES, TOKEN, Measure
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import UNSTREAMED_TOKENS, Outcome, TokenSource, with_all_columns
 from loadgen.results.summary import (
@@ -185,9 +185,9 @@ def itl_gaps_ms(frame: pl.DataFrame, class_name: str) -> pl.Series:
     gaps_ns = (
         frame.lazy()
         .filter(wanted)
-        .select(_gaps_ns(pl.col("chunk_ns")).explode().drop_nulls().sort().alias("itl_ms"))
+        .select(_gaps_ns(pl.col(ITL.end)).explode().drop_nulls().sort().alias(ITL.column))
         .collect()
-        .get_column("itl_ms")
+        .get_column(ITL.column)
     )
     return (gaps_ns.cast(pl.Float64) / NS_PER_MS).set_sorted()
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from loadgen.measures import TTFT
 from loadgen.results.records import Outcome
 from loadgen.units import NS_PER_MS, NS_PER_S
 
@@ -134,7 +135,7 @@ def steadiness(frame: pl.DataFrame, cut_ns: int, end_ns: int) -> Steadiness:
     if slices:
         trends.append(_fit("in_flight", in_flight_means(intended, ended, edges), edges, 1.0))
         ttft_floor = 1000 / completed_per_s if completed_per_s > 0 else math.inf
-        trends.append(_fit("ttft_ms", ttft_means(frame, edges), edges, ttft_floor))
+        trends.append(_fit(TTFT.column, ttft_means(frame, edges), edges, ttft_floor))
     return Steadiness(
         window_s=window_s,
         offered=offered,

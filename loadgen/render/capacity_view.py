@@ -96,8 +96,8 @@ def evidence_line(step: Step) -> str:
         f"mean in flight {steady.mean_in_flight:.3g}",
     ]  # fmt: skip
     for trend in steady.trends:
-        unit = " ms" if trend.series == "ttft_ms" else ""
-        name = "TTFT" if trend.series == "ttft_ms" else "in flight"
+        unit = " ms" if trend.series == TTFT.column else ""
+        name = TTFT.label if trend.series == TTFT.column else "in flight"
         tag = "" if not trend.rising else " rising" if step.closed_loop else " RISING"
         parts.append(
             f"{name} {_figure(trend.rise, sign=True)}{unit} (bound "
@@ -227,7 +227,7 @@ def _steady_cells(step: Step) -> list[str | Text]:
         Text(done, style="red") if step.over_saturated else done,
         "—" if steady.lifetimes is None else f"{steady.lifetimes:.0f}",
     ]
-    for series, decimals in (("in_flight", 1), ("ttft_ms", 0)):
+    for series, decimals in (("in_flight", 1), (TTFT.column, 0)):
         trend = trends.get(series)
         if trend is None:
             cells.append("—")

@@ -234,7 +234,7 @@ def timeline_png(
     `x_end_s`: the time axis runs from t0 to it (`run_time_axis`), as the server timeline's.
     """
     x = np.asarray(window_mid_s, dtype=np.float64)
-    metrics = list(p99_ms) or ["ttft"]
+    metrics = list(p99_ms) or [TTFT.name]
     fig, axes = plt.subplots(
         len(metrics) + 1,
         1,

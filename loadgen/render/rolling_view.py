@@ -267,7 +267,7 @@ def rolling_plot(
     frame: pl.DataFrame,
     *,
     slo_ms: Slos,
-    metric: str = "ttft",
+    metric: str = TTFT.name,
     runs: pl.DataFrame | None = None,
 ) -> bytes:
     """PNG: the windowed percentile of `metric` (top) and attainment (bottom) against the
@@ -289,7 +289,7 @@ def rolling_figure(
     frame: pl.DataFrame,
     *,
     slo_ms: Slos,
-    metric: str = "ttft",
+    metric: str = TTFT.name,
     runs: pl.DataFrame | None = None,
 ) -> Any:
     """`rolling_plot`'s matplotlib figure (a bare `Figure`: nothing global to close)."""
