@@ -4,59 +4,42 @@ and the live export's docs have a place for every measure."""
 
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
-from loadgen.measures import FAILURES_WORST, GAP, MEASURES, SLO_MEASURES, Measure
+from loadgen.measures import FAILURES_WORST, GAP, MEASURES, SLO_MEASURES
 from loadgen.results.records import COLUMNS, Column
 from loadgen.results.summary import ClassAudit, ModelAudit
 from loadgen.workload.spec import SloTargets
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from docs_tables import BLOCKS, block_of, column_rows  # noqa: E402  # the script writes the docs
+
 METRICS_DOC = ROOT / "docs" / "metrics.md"
-COLUMNS_BLOCK = "the record's columns"
-MEASURES_BLOCK = "the measures"
 LIVE_DOC = ROOT / "docs" / "live-export.md"
 WORKLOADS_DOC = ROOT / "docs" / "workloads.md"
 
 
-def type_text(dtype: pl.DataType, *, time: bool = False) -> str:
-    """A column's type as the docs give it: `int64`, `list of int64`, `int64 ns since t0`."""
-    if isinstance(dtype, pl.List):
-        return f"list of {type_text(dtype.inner, time=time)}"
-    if isinstance(dtype, pl.Struct):
-        groups: dict[str, list[str]] = {}
-        for f in dtype.fields:
-            groups.setdefault(type_text(f.dtype), []).append(f"`{f.name}`")
-        return "struct: " + "; ".join(f"{', '.join(n)} {t}" for t, n in groups.items())
-    name = {pl.Boolean: "bool"}.get(type(dtype), str(dtype).lower())
-    return f"{name} ns since t0" if time else name
-
-
-def column_rows(columns: tuple[Column, ...] = COLUMNS) -> list[str]:
-    """The docs' table of the record's columns, in the file's order."""
-    rows = ["| column | type | what it holds |", "|---|---|---|"]
-    rows += [f"| `{c.name}` | {type_text(c.dtype, time=c.time)} | {c.doc} |" for c in columns]
-    return rows
-
-
 def generated_block(page: Path, name: str) -> list[str]:
-    """The lines of `page` between `<!-- begin: NAME -->` and `<!-- end: NAME -->`."""
-    text = page.read_text(encoding="utf-8")
-    found = re.search(rf"<!-- begin: {name} [^>]*-->\n(.*?)\n<!-- end: {name} -->", text, re.S)
-    assert found, f"{page.name} has no block <!-- begin: {name} ... --> ... <!-- end: {name} -->"
-    return found.group(1).splitlines()
+    """The lines of `page`'s block `name` (`scripts/docs_tables.py` writes them)."""
+    found = block_of(page.read_text(encoding="utf-8"), name)
+    assert found is not None, f"{page.name} has no block <!-- begin: {name} ... -->"
+    return found
 
 
-def test_the_docs_list_every_record_column_as_the_table_declares_it() -> None:
-    """docs/metrics.md's column list is the table rendered: a column added, renamed or
-    redocumented in `RequestRecord` shows there (or this fails, printing the block to paste)."""
-    expected = column_rows()
-    assert generated_block(METRICS_DOC, COLUMNS_BLOCK) == expected, (
-        f"docs/metrics.md's {COLUMNS_BLOCK} differ from the column table; paste:\n"
-        + "\n".join(expected)
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_the_docs_list_every_record_column_and_measure_as_the_tables_declare_them(
+    name: str,
+) -> None:
+    """docs/metrics.md's table of the record's columns, and of the measures, is the table in
+    the code rendered: a column or measure added, renamed or redocumented shows there (or this
+    fails: `python scripts/docs_tables.py` writes the blocks)."""
+    assert generated_block(METRICS_DOC, name) == BLOCKS[name](), (
+        f"docs/metrics.md's {name} differ from the code: run python scripts/docs_tables.py"
     )
 
 
@@ -64,41 +47,9 @@ def test_the_docs_check_fails_on_a_column_the_docs_miss() -> None:
     """The check above can fail: with a column more than the docs hold, the block differs."""
     extra = Column(name="first_body_ns", attribute="first_body_ns", dtype=pl.Int64(),
                    doc="its first body byte", time=True)  # fmt: skip
-    assert generated_block(METRICS_DOC, COLUMNS_BLOCK) != column_rows((*COLUMNS, extra))
+    assert generated_block(METRICS_DOC, "the record's columns") != column_rows((*COLUMNS, extra))
     assert "| `first_body_ns` | int64 ns since t0 | its first body byte |" in column_rows(
         (*COLUMNS, extra)
-    )
-
-
-def measure_rows(measures: tuple[Measure, ...] = MEASURES) -> list[str]:
-    """The docs' table of the measures, in the table's order."""
-    per = {"request": "request", "token": "token (N > 1)", "gap": "gap"}
-
-    def spans(m: Measure) -> str:
-        if m.per == GAP:
-            return f"successive `{m.end}`"
-        end = f"`{m.end}`" + (f" (else `{m.end_if_none}`, ok)" if m.end_if_none else "")
-        return f"`{m.start}` → {end}"
-
-    rows = [
-        "| measure | key | from → to | per | failures ranked worst | can carry an SLO | what it is |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    rows += [
-        f"| {m.label} (`{m.name}`) | `{m.column}` | {spans(m)} | {per[m.per]} | "
-        f"{'yes' if m.failures_worst else 'no'} | {'yes' if m.slo else 'no'} | {m.about} |"
-        for m in measures
-    ]
-    return rows
-
-
-def test_the_docs_list_every_measure_as_the_table_declares_it() -> None:
-    """docs/metrics.md's measure list is the measure table rendered (or this fails,
-    printing the block to paste)."""
-    expected = measure_rows()
-    assert generated_block(METRICS_DOC, MEASURES_BLOCK) == expected, (
-        f"docs/metrics.md's {MEASURES_BLOCK} differ from the measure table; paste:\n"
-        + "\n".join(expected)
     )
 
 
