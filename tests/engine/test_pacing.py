@@ -23,9 +23,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from loadgen.engine import transport
 from loadgen.engine.starts import START_SLICE, Starts
 from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.engine.transport import pool as transport_pool
 from loadgen.run.simulator import running_sim
 from loadgen.sim import protocol
 from loadgen.sim.config import config_from_mapping
@@ -108,7 +108,7 @@ def test_after_reads_callbacks_run_a_slice_per_iteration_in_order() -> None:
 
     steps = asyncio.run(main())
     assert ran == list(range(total))
-    assert transport.AFTER_SLICE == 32
+    assert transport_pool.AFTER_SLICE == 32
     assert steps == [32] * 6 + [8]  # [200] before slicing
 
 
@@ -121,7 +121,7 @@ def test_after_reads_runs_at_once_only_when_nothing_waits_before_it() -> None:
         pool = Pool(make_endpoint("http://127.0.0.1:9", "/v1/chat/completions", {}))
         pool.after_reads(lambda: ran.append("idle"))
         assert ran == ["idle"]
-        pool.schedule(EndsTogether(pool, transport.AFTER_SLICE + 1, []))  # type: ignore[arg-type]
+        pool.schedule(EndsTogether(pool, transport_pool.AFTER_SLICE + 1, []))  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the drain ran: one slice done, one callback left
         pool.after_reads(lambda: ran.append("late"))
         assert ran == ["idle"]  # behind the one still queued

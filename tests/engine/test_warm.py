@@ -21,9 +21,10 @@ from click.testing import CliRunner
 
 from loadgen.analysis.connections import connection_use
 from loadgen.cli import cli
-from loadgen.engine import harness, transport
+from loadgen.engine import harness
 from loadgen.engine.runner import Engine
-from loadgen.engine.transport import Pool, make_endpoint
+from loadgen.engine.transport import Connection, Pool, WarmReport, make_endpoint
+from loadgen.engine.transport import pool as transport_pool
 from loadgen.engine.warmup import (
     AUTO_CAP,
     MAX_WARM,
@@ -258,9 +259,9 @@ def test_warming_counts_a_server_that_closes_each_connection_at_once_as_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Connections a server accepts and closes straight away are not kept as warm."""
-    monkeypatch.setattr(transport, "WARM_GRACE_S", 0.2)  # ample on a loaded machine
+    monkeypatch.setattr(transport_pool, "WARM_GRACE_S", 0.2)  # ample on a loaded machine
 
-    async def main() -> transport.WarmReport:
+    async def main() -> WarmReport:
         async def close_at_once(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.close()
 
@@ -335,7 +336,7 @@ def test_streams_ending_together_all_send_their_successors_before_any_record_is_
     """160 streams end in one step (five parse slices): all 160 next documents are written
     before the first record is built (`Connector.after_reads`), not two slices' worth
     (224 of 320 requests), then records, then the next slices."""
-    assert 160 // transport.DRAIN_SLICE < transport.AFTER_EVERY_SLICES
+    assert 160 // transport_pool.DRAIN_SLICE < transport_pool.AFTER_EVERY_SLICES
     records, pool, seen = run_virtual(closed_loop(160, 320), reply, warm=160)
     assert [r.outcome for r in records] == ["ok"] * 320
     assert pool.opened == 160
@@ -344,14 +345,14 @@ def test_streams_ending_together_all_send_their_successors_before_any_record_is_
 
 def test_warming_gives_up_on_connects_that_do_not_complete(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connect that never completes (SYNs dropped) is failed after the warm deadline."""
-    monkeypatch.setattr(transport, "WARM_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(transport_pool, "WARM_TIMEOUT_S", 0.5)
 
     class Hanging(Pool):
-        async def connect(self) -> transport.Connection:
+        async def connect(self) -> Connection:
             await asyncio.sleep(3600)
             raise AssertionError("unreachable")
 
-    async def main() -> transport.WarmReport:
+    async def main() -> WarmReport:
         pool = Hanging(make_endpoint("http://127.0.0.1:9", "/v1/chat/completions", {}))
         return await pool.warm(3)
 
