@@ -27,16 +27,10 @@ REGISTRY: dict[str, Adapter] = {
     "ollama-generate": OllamaGenerate(),
 }
 
-APIS: tuple[str, ...] = (
-    "openai-chat",
-    "openai-completions",
-    "openai-responses",
-    "anthropic",
-    "tgi",
-    "ollama-chat",
-    "ollama-generate",
-    "generic",
-)
+GENERIC = GenericAdapter.name  # configured by the workload's target.generic, so not one instance
+
+# Every `target.api` name: the registry's, then `generic`.
+APIS: tuple[str, ...] = (*REGISTRY, GENERIC)
 
 
 def adapter_for(api: str, generic: GenericSpec | None = None) -> Adapter:
@@ -44,7 +38,7 @@ def adapter_for(api: str, generic: GenericSpec | None = None) -> Adapter:
 
     `generic` is the workload's `target.generic` section, which the `generic` API needs.
     """
-    if api == "generic":
+    if api == GENERIC:
         if generic is None:
             raise ValueError("the generic adapter needs the workload's target.generic section")
         return GenericAdapter(generic)

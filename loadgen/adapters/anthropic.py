@@ -14,14 +14,16 @@ bare `{"error": ...}` without a `type` (a gateway's). The event type is read fro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
     MAX_USAGE_COUNT,
+    NO_FIELDS,
     TOOL_NAME,
     BodyOptions,
     Delta,
+    IdField,
     MalformedEvent,
     Message,
     error_message,
@@ -46,6 +48,9 @@ class AnthropicMessages:
     # The smallest event that carries output (a tool call's start; `Adapter.event_framing`)
     smallest_output_event = b'{"type":"content_block_start","content_block":{"type":"tool_use"}}'
     event_framing = len(smallest_output_event) - 1
+    request_id_field: IdField | None = IdField("metadata", "user_id", by_default=True)
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = NO_FIELDS
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """`anthropic-version`, and the key as `x-api-key`."""
@@ -53,6 +58,10 @@ class AnthropicMessages:
         if api_key:
             headers["x-api-key"] = api_key
         return headers
+
+    def target(self, path: str, model: str) -> str:
+        """The run's path: the model goes in the body."""
+        return path
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

@@ -21,8 +21,10 @@ from typing import Any
 import orjson
 
 from loadgen.adapters.protocol import (
+    NO_FIELDS,
     BodyOptions,
     Delta,
+    IdField,
     MalformedEvent,
     Message,
     bearer_headers,
@@ -67,6 +69,9 @@ class GenericAdapter:
     # Its events are the user's: no framing is assumed, each token needs a byte of its event.
     smallest_output_event = b"x"
     event_framing = 0
+    request_id_field: IdField | None = None  # the body is the user's template
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = NO_FIELDS  # the template is all
 
     def __init__(self, spec: GenericSpec) -> None:
         self.spec = spec
@@ -80,6 +85,10 @@ class GenericAdapter:
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
         return bearer_headers(api_key)
+
+    def target(self, path: str, model: str) -> str:
+        """`target.path` as given."""
+        return path
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

@@ -10,13 +10,15 @@ ns (`total_duration`, `load_duration`, `prompt_eval_duration`, `eval_duration`),
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    NO_FIELDS,
     TOOL_NAME,
     BodyOptions,
     Delta,
+    IdField,
     Message,
     bearer_headers,
     duration_ms,
@@ -40,10 +42,17 @@ class _Ollama:
     framing = "ndjson"
     finish_signal = True  # the last line's done: true
     forces_length = False
+    request_id_field: IdField | None = None
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = NO_FIELDS
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer` (a proxy in front of Ollama, or its cloud)."""
         return bearer_headers(api_key)
+
+    def target(self, path: str, model: str) -> str:
+        """The run's path: the model goes in the body."""
+        return path
 
     @staticmethod
     def _common(body: dict[str, Any], max_tokens: int, options: BodyOptions) -> dict[str, Any]:

@@ -11,14 +11,15 @@ server sends one for each token that ends inside a UTF-8 character (llama_cpp/ll
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadgen.adapters.openai_common import common_body, parse_envelope
+from loadgen.adapters.openai_common import OPENAI_OPTIONAL_FIELDS, common_body, parse_envelope
 from loadgen.adapters.protocol import (
     TOOL_NAME,
     BodyOptions,
     Delta,
+    IdField,
     Message,
     bearer_headers,
     has_tool_messages,
@@ -37,10 +38,18 @@ class OpenAIChat:
     # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
     smallest_output_event = b'{"choices":[{"delta":{"content":"x"}}]}'
     event_framing = len(smallest_output_event) - 1
+    # `user`, which LiteLLM books as an end user: sent only with `body: on`
+    request_id_field: IdField | None = IdField("user")
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = OPENAI_OPTIONAL_FIELDS
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
         return bearer_headers(api_key)
+
+    def target(self, path: str, model: str) -> str:
+        """The run's path: the model goes in the body."""
+        return path
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -14,6 +16,12 @@ from loadgen.adapters.protocol import (
     error_message,
     token_count,
     usage_count,
+)
+
+# The body fields each of loadgen's options adds (`common_body`): what a strict server may
+# refuse (`Adapter.optional_fields`).
+OPENAI_OPTIONAL_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"force_output_tokens": ("ignore_eos", "min_tokens"), "include_usage": ("stream_options",)}
 )
 
 

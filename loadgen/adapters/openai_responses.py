@@ -16,13 +16,15 @@ type is read from the JSON `type` field (it repeats the SSE event name). No `[DO
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    NO_FIELDS,
     TOOL_NAME,
     BodyOptions,
     Delta,
+    IdField,
     Message,
     bearer_headers,
     error_message,
@@ -64,10 +66,17 @@ class OpenAIResponses:
     # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
     smallest_output_event = b'{"type":"response.refusal.delta","delta":"x"}'
     event_framing = len(smallest_output_event) - 1
+    request_id_field: IdField | None = IdField("metadata", "request_id", by_default=True)
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = NO_FIELDS
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer`."""
         return bearer_headers(api_key)
+
+    def target(self, path: str, model: str) -> str:
+        """The run's path: the model goes in the body."""
+        return path
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

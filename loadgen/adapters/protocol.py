@@ -1,11 +1,16 @@
 """The adapter protocol: what every API family's adapter implements, and what they share.
 
-An adapter builds the request body (and headers) for a plan and turns one decoded stream
-event into a `Delta`. It does no I/O, keeps no clock and no per-request state (one
-instance serves every request): the runner stamps each chunk's arrival before the adapter
-parses it. Its `framing` says how the body is cut into events: `sse` (server-sent events,
+An adapter is the one place that knows its API family: the request target for a model
+(`target`: the path, where a model may sit), the headers and body for a conversation, where
+the request id and a class's priority go in that body (`request_id_field`,
+`priority_field`), which body fields loadgen's options add (`optional_fields`, what the
+preflight may tell the user to turn off), and how one decoded stream event reads as a
+`Delta`. It does no I/O, keeps no clock and no per-request state (one instance serves every
+request): the runner stamps each chunk's arrival before the adapter parses it. Its
+`framing` says how the body is cut into events: `sse` (server-sent events,
 `loadgen.adapters.sse`) or `ndjson` (one JSON object per line, `loadgen.adapters.ndjson`).
-The registry from the workload's `target.api` name is `loadgen.adapters`.
+`request_body` is the one function that shapes a request's body from them. The registry
+from the workload's `target.api` name is `loadgen.adapters`.
 """
 
 from __future__ import annotations
@@ -13,15 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import orjson
 
 from loadgen.adapters.ndjson import NdjsonDecoder
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, SseDecoder
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +35,22 @@ class BodyOptions:
     include_usage: bool = True
     force_output_tokens: bool = True
     extra_body: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IdField:
+    """Where an API lets the caller put its own identifier in the body: `name`, or `key`
+    inside the object `name` (`metadata.request_id`). `by_default`: sent with
+    `target.request_id.body: auto` (a metadata field is; a field the API books as an end
+    user, OpenAI's `user`, only with `on`)."""
+
+    name: str
+    key: str | None = None
+    by_default: bool = False
+
+
+# `optional_fields` of an API none of whose body fields come from loadgen's options.
+NO_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 class Delta:
@@ -137,7 +156,19 @@ class MalformedEvent(ValueError):
 
 
 class Adapter(Protocol):
-    """One API family: the default path, framing, headers, request body, event parser.
+    """One API family: its request (target, headers, body, where the request id and a
+    priority go, the fields loadgen's options add) and its stream (framing, event parser).
+
+    `target(path, model)`: the request target (path and query) of a request to `model`,
+    from the run's path (`target.path`, else `default_path`, joined to the URL's): the path
+    itself for APIs whose model goes in the body; an API with the model in its path (Gemini's
+    `/v1beta/models/{model}:streamGenerateContent`) fills it in. Called once per model, not
+    per request. `request_id_field`: the body field for the request id (None: the API has
+    none); `priority_field`: the body field for a class's `priority` when no
+    `target.priority_header` is set (None: the API has none, so a priority needs the header);
+    `optional_fields`: the body fields each of loadgen's options adds
+    (`force_output_tokens`, `include_usage`), which a strict server may refuse and the
+    preflight names with the option that turns them off.
 
     `finish_signal`: every complete stream of this API carries a stop reason (OpenAI
     `finish_reason`, Anthropic `stop_reason`, TGI `details.finish_reason`, Ollama
@@ -160,9 +191,16 @@ class Adapter(Protocol):
     forces_length: bool
     smallest_output_event: bytes
     event_framing: int
+    request_id_field: IdField | None
+    priority_field: str | None
+    optional_fields: Mapping[str, tuple[str, ...]]
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """Headers every request carries: the API's own, and the key where it expects it."""
+        ...
+
+    def target(self, path: str, model: str) -> str:
+        """The request target of a request to `model`, from the run's path."""
         ...
 
     def build_body(
@@ -177,6 +215,35 @@ class Adapter(Protocol):
         Raises MalformedEvent when it is not what the API sends.
         """
         ...
+
+
+def request_body(
+    adapter: Adapter, messages: Sequence[Message], max_tokens: int, options: BodyOptions, *,
+    priority: int | None = None, request_id: str | None = None, id_mode: str = "auto",
+) -> dict[str, Any]:  # fmt: skip
+    """The JSON body of one request, the one place it is shaped (the engine's requests and
+    the preflight's alike): the adapter's body, a class's `priority` in the adapter's
+    `priority_field` (None here: sent as a header, or none), and the request id in its
+    `request_id_field` as `id_mode` says: `on` where the API has a field, `auto` where that
+    field is sent by default (metadata), `off` never. A field the workload's `extra_body`
+    already sets is left as the user wrote it."""
+    body = adapter.build_body(messages, max_tokens, options)
+    if priority is not None and adapter.priority_field is not None:
+        body[adapter.priority_field] = priority
+    field = adapter.request_id_field
+    if request_id is None or field is None or id_mode == "off":
+        return body
+    if id_mode == "auto" and not field.by_default:
+        return body
+    if field.key is None:
+        body.setdefault(field.name, request_id)
+        return body
+    holder = body.get(field.name)
+    if holder is None:
+        body[field.name] = {field.key: request_id}
+    elif isinstance(holder, dict):
+        body[field.name] = {field.key: request_id, **holder}
+    return body
 
 
 class StreamDecoder(Protocol):

@@ -14,12 +14,14 @@ special tokens mid-stream. `{"error": ..., "error_type": ...}` fails the stream.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadgen.adapters.protocol import (
+    NO_FIELDS,
     BodyOptions,
     Delta,
+    IdField,
     MalformedEvent,
     Message,
     bearer_headers,
@@ -40,10 +42,17 @@ class TgiGenerateStream:
     # The smallest event that carries output (a one-byte text; `Adapter.event_framing`)
     smallest_output_event = b'{"token":{"text":"x"}}'
     event_framing = len(smallest_output_event) - 1
+    request_id_field: IdField | None = None
+    priority_field: str | None = "priority"  # vLLM's field (lower first)
+    optional_fields: Mapping[str, tuple[str, ...]] = NO_FIELDS
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         """The key as `Authorization: Bearer` (Inference Endpoints)."""
         return bearer_headers(api_key)
+
+    def target(self, path: str, model: str) -> str:
+        """The run's path (a TGI server serves one model, named nowhere)."""
+        return path
 
     def build_body(
         self, messages: Sequence[Message], max_tokens: int, options: BodyOptions

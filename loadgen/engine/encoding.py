@@ -1,8 +1,13 @@
-"""A plan's request as the bytes the engine writes: the prompt, the body, the headers.
+"""A plan's request as the bytes the engine writes: the prompt, the target, the body, the
+headers.
 
 Part of the engine (plans → engine → records), below the scheduler (`runner.Engine`),
 which encodes each request ahead of its due time (`runner.Ahead`), so a burst of sends due
 together is a run of writes, not of prompt and JSON building. `EngineConfig` says how.
+What belongs to the API family comes from the adapter, asked once per run or per model
+(the target, the body options), never per chunk: its body, shaped with the request id and
+priority by `adapters.protocol.request_body`, the one place that does it, for the engine's
+requests and the preflight's alike (`RequestEncoder.preflight_request`).
 """
 
 from __future__ import annotations
@@ -10,18 +15,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 
-from loadgen.adapters.protocol import Adapter, BodyOptions, Message
+from loadgen.adapters.protocol import Adapter, BodyOptions, Message, request_body
 from loadgen.engine.exchange import NO_SECRETS
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.request_ids import (
     DEFAULT_HEADER,
+    PREFLIGHT_ID,
     RequestIds,
     merged,
     new_nonce,
-    put_in_body,
 )
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint, encode_request
@@ -50,23 +56,44 @@ class EngineConfig:
     request_id_header: str | None = DEFAULT_HEADER
     request_id_format: str = "uuid"
     request_id_nonce: int = field(default_factory=new_nonce)
-    # Where the id also goes in the body (`request_ids.put_in_body`): auto, on or off.
+    # Where the id also goes in the body (the adapter's `request_id_field`): auto, on or off.
     request_id_body: str = "auto"
     # A forced length that ends short on a stop reason is ok (flagged), not truncated.
     allow_early_stops: bool = False
 
 
+# The preflight's request: one short user message, a few tokens.
+PREFLIGHT_MESSAGES: tuple[Message, ...] = (("user", "Say hello."),)
+PREFLIGHT_TOKENS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Shaped:
+    """A request before it is bytes: its target, the headers it adds to the endpoint's, and
+    its JSON body (what the preflight sends, as the run's requests are sent)."""
+
+    target: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
 class RequestEncoder:
     """Each request's bytes for one endpoint: prompts from `prompts`, ids from the run's
-    `RequestIds`, body options per model (made once for each model a plan names)."""
+    `RequestIds`, body options and target per model (made once for each model a plan
+    names: the adapter's `target` may put the model in the path)."""
 
-    def __init__(self, config: EngineConfig, prompts: PromptMaker, endpoint: Endpoint) -> None:
-        self.config, self.prompts, self.endpoint = config, prompts, endpoint
+    def __init__(
+        self, config: EngineConfig, prompts: PromptMaker | None, endpoint: Endpoint
+    ) -> None:
+        self.config, self.endpoint = config, endpoint
+        self.prompts = prompts or config.prompts or PromptMaker(config.seed)
         user_headers = {**endpoint.headers, **config.request_headers}
         self.ids = RequestIds(config.request_id_header, config.request_id_format,
                               config.request_id_nonce, user_headers)  # fmt: skip
         self.user_names = {k.lower() for k in endpoint.headers}  # the endpoint's own headers
-        self._by_model: dict[str, BodyOptions] = {}
+        options = config.body_options
+        self._default = (options, config.adapter.target(endpoint.target, options.model))
+        self._by_model: dict[str, tuple[BodyOptions, str]] = {}
 
     def encode(
         self, plan: RequestPlan, messages: Sequence[Message] | None
@@ -75,38 +102,48 @@ class RequestEncoder:
         id they carry (None when none is sent), for the record."""
         if messages is None:
             messages = self._messages(plan)
-        headers, request_id = self._headers(plan)
-        body = self._body(plan, messages, request_id)
+        headers, request_id = self._headers(plan.request_id, plan.priority)
+        if self.config.headers_for is not None:
+            headers = merged(headers, self.config.headers_for(plan))
+        options, target = self._for_model(plan.model)
+        body = self._body(messages, plan.output_tokens, options, plan.priority, request_id)
         if LOGGER.isEnabledFor(logging.DEBUG):
             point = self.endpoint
             sent = {k: "(secret)" if is_secret_header(k) else v
                     for k, v in {**point.headers, **headers}.items()}  # fmt: skip
             LOGGER.debug("request %d: POST %s headers %s", plan.request_id,
-                         redact_url(point.origin + point.target), sent)  # fmt: skip
-        return encode_request(self.endpoint, body, headers), request_id
+                         redact_url(point.origin + target), sent)  # fmt: skip
+        return encode_request(self.endpoint, orjson.dumps(body), headers, target), request_id
+
+    def preflight_request(self, priority: int | None) -> Shaped:
+        """The preflight's request, shaped as the run's are: the same headers (its id is the
+        preflight's own, `…-ffffffffffff`; `priority` as the run's header, when it has one)
+        and body fields (the id's, the priority's), to the target model's target."""
+        options, target = self._default
+        headers, request_id = self._headers(PREFLIGHT_ID, priority)
+        body = self._body(PREFLIGHT_MESSAGES, PREFLIGHT_TOKENS, options, priority, request_id)
+        return Shaped(target, headers, body)
 
     def _body(
-        self, plan: RequestPlan, messages: Sequence[Message], request_id: str | None
-    ) -> bytes:
+        self, messages: Sequence[Message], max_tokens: int, options: BodyOptions,
+        priority: int | None, request_id: str | None,
+    ) -> dict[str, Any]:  # fmt: skip
         config = self.config
-        body = config.adapter.build_body(messages, plan.output_tokens, self._options(plan.model))
-        if plan.priority is not None and config.priority_header is None:
-            body["priority"] = plan.priority
-        put_in_body(body, config.adapter.name, config.request_id_body, request_id)
-        return orjson.dumps(body)
+        return request_body(
+            config.adapter, messages, max_tokens, options, request_id=request_id,
+            priority=priority if config.priority_header is None else None,
+            id_mode=config.request_id_body,
+        )  # fmt: skip
 
-    def _headers(self, plan: RequestPlan) -> tuple[dict[str, str], str | None]:
-        """The request's own headers: its id and priority (unless the user set the same
+    def _headers(self, number: int, priority: int | None) -> tuple[dict[str, str], str | None]:
+        """A request's own headers: its id and priority (unless the user set the same
         names: theirs replace loadgen's), then the configured ones; and the id sent."""
         config = self.config
-        headers, request_id = self.ids.headers(plan.request_id)
-        if plan.priority is not None and config.priority_header is not None:
-            headers[config.priority_header] = str(plan.priority)
+        headers, request_id = self.ids.headers(number)
+        if priority is not None and config.priority_header is not None:
+            headers[config.priority_header] = str(priority)
         headers = {k: v for k, v in headers.items() if k.lower() not in self.user_names}
-        headers = merged(headers, config.request_headers)
-        if config.headers_for is not None:
-            headers = merged(headers, config.headers_for(plan))
-        return headers, request_id
+        return merged(headers, config.request_headers), request_id
 
     def _messages(self, plan: RequestPlan) -> Sequence[Message]:
         """A single request's prompt: its dataset messages, a shared prefix and a fresh
@@ -120,11 +157,13 @@ class RequestEncoder:
         return [("user", prompts.text(plan.request_id, plan.prompt_tokens, plan.prefix_groups,
                                       first=True))]  # fmt: skip
 
-    def _options(self, model: str | None) -> BodyOptions:
-        """The body options for a request to `model` (None: the target's)."""
+    def _for_model(self, model: str | None) -> tuple[BodyOptions, str]:
+        """The body options and target of a request to `model` (None: the target's)."""
         if model is None:
-            return self.config.body_options
-        options = self._by_model.get(model)
-        if options is None:
-            options = self._by_model[model] = replace(self.config.body_options, model=model)
-        return options
+            return self._default
+        found = self._by_model.get(model)
+        if found is None:
+            options = replace(self.config.body_options, model=model)
+            target = self.config.adapter.target(self.endpoint.target, model)
+            found = self._by_model[model] = (options, target)
+        return found

@@ -46,7 +46,8 @@ import re
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import chain
 from time import perf_counter_ns
 from typing import Any
 
@@ -54,8 +55,15 @@ import anyio
 import httpx
 import orjson
 
-from loadgen.adapters.protocol import Adapter, BodyOptions, MalformedEvent, new_decoder
+from loadgen.adapters.protocol import (
+    Adapter,
+    BodyOptions,
+    MalformedEvent,
+    new_decoder,
+    request_body,
+)
 from loadgen.adapters.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge
+from loadgen.engine.encoding import PREFLIGHT_MESSAGES, PREFLIGHT_TOKENS, Shaped
 from loadgen.engine.exchange import MAX_ERROR_BODY, NO_SECRETS, QUOTE_CHARS, QUOTE_EVENT_CHARS
 from loadgen.engine.intermediaries import explain
 from loadgen.engine.network import httpx_options
@@ -76,9 +84,15 @@ from loadgen.engine.transport import (
 from loadgen.errors import TargetError
 from loadgen.workload.spec import CLIENT_CODINGS, WorkloadSpec, is_secret_header
 
-# Fields `target.force_output_tokens` adds so that every response has its planned length.
-FORCE_FIELDS = ("ignore_eos", "min_tokens")
 DEFAULT_DEADLINE_S = 30.0
+# What to change when a server refuses the body fields one of loadgen's options adds (the
+# adapter's `optional_fields`), by option.
+OPTION_HINTS = {
+    "force_output_tokens": "run with --no-force-output-tokens or set "
+    "target.force_output_tokens: false (output lengths then follow the model's own stops; "
+    "target.extra_body can carry the server's own way to force them)",
+    "include_usage": "set target.include_usage: false",
+}
 
 
 def preflight_deadline(
@@ -137,24 +151,31 @@ def preflight(
     redactor: Redactor = NO_SECRETS,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     extra_headers: Mapping[str, str] | None = None,
-    extra_fields: Mapping[str, object] | None = None,
+    request: Shaped | None = None,
 ) -> list[str]:
     """Raise `TargetError` saying what is wrong and how to fix it; return, once the target
     streamed a generated token, what the run should warn about (`compression`). Ends
     within `timeout_s` (twice, with the compression probe), whatever the server sends.
 
-    `extra_headers` and `extra_fields` are what the engine adds to each real request (its
-    request id and priority header; a body `priority`), so the preflight sends them too.
+    `request` is the preflight's request as the engine shapes the run's
+    (`encoding.RequestEncoder.preflight_request`: its target, its id and priority headers,
+    its body fields); None: the adapter's plain request to `options.model`.
+    `extra_headers` are sent too.
     """
+    if request is None:
+        target = adapter.target(endpoint.target, options.model)
+        body = request_body(adapter, PREFLIGHT_MESSAGES, PREFLIGHT_TOKENS, options)
+        request = Shaped(target, {}, body)
+    endpoint = replace(endpoint, target=request.target)
+    sent = {**request.headers, **(extra_headers or {})}
     check = _checked(endpoint, adapter, options, timeout_s=timeout_s, deadline_why=deadline_why,
                      redactor=redactor, max_event_bytes=max_event_bytes,
-                     extra_headers=extra_headers, extra_fields=extra_fields)  # fmt: skip
+                     extra_headers=sent, fields=request.body)  # fmt: skip
     if check.codings:  # asked for: the preflight read what the run will read
         return [compression_warning(check, None)] if check.compressed else []
     probe = _checked(endpoint, adapter, options, timeout_s=timeout_s, deadline_why=deadline_why,
                      redactor=redactor, max_event_bytes=max_event_bytes,
-                     extra_headers={**(extra_headers or {}), **CLIENT_ACCEPT},
-                     extra_fields=extra_fields)  # fmt: skip
+                     extra_headers={**sent, **CLIENT_ACCEPT}, fields=request.body)  # fmt: skip
     return [compression_warning(probe, check)] if probe.compressed else []
 
 
@@ -190,14 +211,14 @@ def compression_warning(compressed: _Check, plain: _Check | None) -> str:
 def _checked(
     endpoint: Endpoint, adapter: Adapter, options: BodyOptions, *, timeout_s: float,
     deadline_why: str, redactor: Redactor, max_event_bytes: int,
-    extra_headers: Mapping[str, str] | None, extra_fields: Mapping[str, object] | None,
+    extra_headers: Mapping[str, str], fields: Mapping[str, object],
 ) -> _Check:  # fmt: skip
     """One preflight request, checked (TargetError when it is not a stream of this API)."""
     shown = endpoint.origin + endpoint.target.split("?", 1)[0]
     progress = _Progress()
     started_ns = perf_counter_ns()
     check = _Check(endpoint, adapter, options, redactor, max_event_bytes, progress)
-    check.extra_headers, check.extra_fields = extra_headers or {}, extra_fields or {}
+    check.extra_headers, check.fields = extra_headers, fields
     try:
         anyio.run(check.run, timeout_s, backend="asyncio")
     except TimeoutError:
@@ -369,7 +390,7 @@ class _Check:
         self.redactor, self.max_event_bytes, self.progress = redactor, max_event_bytes, progress
         self.shown = endpoint.origin + endpoint.target.split("?", 1)[0]
         self.extra_headers: Mapping[str, str] = {}
-        self.extra_fields: Mapping[str, object] = {}
+        self.fields: Mapping[str, object] = {}  # the body
         self.sent = ""  # what was sent, for a refusal's message
         self.codings = accepted_codings(endpoint.headers)  # what the run inflates
         self.compressed = False  # the answer came compressed (a coding it asked for)
@@ -378,12 +399,10 @@ class _Check:
 
     async def run(self, timeout_s: float) -> None:
         endpoint, adapter, options = self.endpoint, self.adapter, self.options
-        fields = adapter.build_body([("user", "Say hello.")], 4, options)
-        fields.update(self.extra_fields)
+        fields = self.fields
         # What a strict server may reject and the user can turn off (not model, messages, ...).
-        optional = [
-            f for f in (*FORCE_FIELDS, "stream_options", *(options.extra_body or {})) if f in fields
-        ]
+        added = chain.from_iterable(adapter.optional_fields.values())
+        optional = [f for f in (*added, *(options.extra_body or {})) if f in fields]
         body = orjson.dumps(fields)
         # The engine's request headers, byte for byte (transport.request_headers): the
         # user's names replace loadgen's, as the engine's `_headers` does.
@@ -558,7 +577,7 @@ def _status_message(
     if status == 404 and _is_about_the_model(detail):  # the path is right: the model is not
         hint = "the server does not serve this model: check target.model (--model)"
     if status in (400, 422) and hint is None:
-        hint = _rejected_fields_hint(detail, optional)
+        hint = _rejected_fields_hint(detail, optional, adapter.optional_fields)
     hint = hint or hints.get(status, "see the server's message")
     return f"{shown} answered HTTP {status}: {detail[:QUOTE_CHARS] or '(no body)'} ({hint})"
 
@@ -583,8 +602,11 @@ def _sent_note(headers: Mapping[str, str], fields: Mapping[str, object], redacto
     return f"sent headers {shown}; body fields {', '.join(fields)}"
 
 
-def _rejected_fields_hint(detail: str, optional: Collection[str]) -> str | None:
-    """What to change when the server names request fields it does not accept.
+def _rejected_fields_hint(
+    detail: str, optional: Collection[str], by_option: Mapping[str, tuple[str, ...]]
+) -> str | None:
+    """What to change when the server names request fields it does not accept: the option
+    that adds them (`by_option`, the adapter's `optional_fields`), else `extra_body`.
 
     Strict servers (Hugging Face `transformers serve`, pydantic `extra="forbid"` APIs)
     answer 422 naming them: `Unexpected fields in the request: {'ignore_eos'}` or a
@@ -592,14 +614,10 @@ def _rejected_fields_hint(detail: str, optional: Collection[str]) -> str | None:
     sent count (a name is matched only when quoted, as both forms quote it).
     """
     named = [f for f in optional if re.search(rf"""['"`]{re.escape(f)}['"`]""", detail)]
-    if any(f in named for f in FORCE_FIELDS):
-        return (
-            f"the server rejects {'/'.join(FORCE_FIELDS)}: run with --no-force-output-tokens "
-            "or set target.force_output_tokens: false (output lengths then follow the "
-            "model's own stops; target.extra_body can carry the server's own way to force them)"
-        )
-    if "stream_options" in named:
-        return "the server rejects stream_options: set target.include_usage: false"
+    for option, added in by_option.items():
+        if any(f in named for f in added):
+            fix = OPTION_HINTS.get(option, f"set target.{option}: false")
+            return f"the server rejects {'/'.join(added)}: {fix}"
     if named:
         return (
             f"the server rejects {', '.join(named)}: remove them from target.extra_body "

@@ -12,18 +12,18 @@ A header the user set (`--header`, `target.headers`) under the same name, in any
 replaces loadgen's: the request carries exactly one, the user's, and the record keeps it.
 
 Gateways do not all forward the header (LiteLLM's proxy drops it), so the id can also go in
-a body field the API defines for the caller's own identifiers (`BODY_FIELDS`, set by
-`target.request_id.body`): Responses `metadata.request_id` and Anthropic
-`metadata.user_id` by default (`auto`); OpenAI chat and completions only have `user`,
-which `transformers serve` refuses with 422 and LiteLLM books as an end user, so it goes
-there only with `body: on`. A field the workload's `extra_body` already sets is left alone.
+a body field the API defines for the caller's own identifiers (each adapter's
+`request_id_field`, placed by `adapters.protocol.request_body` as `target.request_id.body`
+says): Responses `metadata.request_id` and Anthropic `metadata.user_id` by default (`auto`);
+OpenAI chat and completions only have `user`, which `transformers serve` refuses with 422
+and LiteLLM books as an end user, so it goes there only with `body: on`. A field the
+workload's `extra_body` already sets is left alone.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from typing import Any
 
 DEFAULT_HEADER = "X-Request-Id"
 PREFLIGHT_ID = 2**48 - 1  # the preflight's request: `…-ffffffffffff`
@@ -77,32 +77,6 @@ class RequestIds:
         if value is None or self.user_value is not None or self.header is None:
             return {}, value
         return {self.header: value}, value
-
-
-# API family -> (the body field that carries the id, nested key or None, sent by `auto`).
-BODY_FIELDS: dict[str, tuple[str, str | None, bool]] = {
-    "openai-responses": ("metadata", "request_id", True),
-    "anthropic": ("metadata", "user_id", True),
-    "openai-chat": ("user", None, False),
-    "openai-completions": ("user", None, False),
-}
-
-
-def put_in_body(body: dict[str, Any], api: str, mode: str, value: str | None) -> None:
-    """Add the request id to `body` in its API's field (`BODY_FIELDS`) when `mode` says so:
-    `on` where the API has a field, `auto` where that field is metadata, `off` never."""
-    field = BODY_FIELDS.get(api)
-    if value is None or field is None or mode == "off" or (mode == "auto" and not field[2]):
-        return
-    name, key, _ = field
-    if key is None:
-        body.setdefault(name, value)
-        return
-    holder = body.get(name)
-    if holder is None:
-        body[name] = {key: value}
-    elif isinstance(holder, dict):
-        body[name] = {key: value, **holder}
 
 
 def merged(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:

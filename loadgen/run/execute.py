@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import polars as pl
 
@@ -31,11 +31,11 @@ from loadgen.analysis.objectives import Objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.sizing import size_warnings
 from loadgen.engine.cache_reset import reset_prefix_cache
+from loadgen.engine.encoding import RequestEncoder
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.network import Network
 from loadgen.engine.preflight import check_connection, preflight, preflight_deadline
-from loadgen.engine.request_ids import PREFLIGHT_ID, RequestIds, put_in_body
 from loadgen.engine.runner import Engine, EngineConfig, LiveStats
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
@@ -306,12 +306,12 @@ def _check_target(
     """The preflight: one request to the target before any load (TargetError: exit 1), and
     what it warns about (a route that compresses event streams)."""
     timeout_s, why = preflight_deadline(spec, options.preflight_timeout_s, options.watchdog_s)
-    headers, fields = preflight_extras(spec, endpoint, config)
+    priority = next((c.priority for c in spec.classes.values() if c.priority is not None), None)
+    request = RequestEncoder(config, None, endpoint).preflight_request(priority)
     try:
         return preflight(endpoint, adapter, config.body_options, timeout_s=timeout_s,
-                  deadline_why=why, redactor=redactor,
-                  max_event_bytes=max(config.max_event_bytes.values()),
-                  extra_headers=headers, extra_fields=fields)  # fmt: skip
+                         deadline_why=why, redactor=redactor, request=request,
+                         max_event_bytes=max(config.max_event_bytes.values()))  # fmt: skip
     except LoadgenError as exc:
         raise TargetError(redactor.redact(str(exc))) from None
 
@@ -362,29 +362,6 @@ def network_lines(endpoint: Endpoint, network: Network, *, quiet: bool) -> list[
             "answers"
         )
     return lines
-
-
-def preflight_extras(
-    spec: WorkloadSpec, endpoint: Endpoint, config: EngineConfig
-) -> tuple[dict[str, str], dict[str, object]]:
-    """What the engine adds to a real request, for the preflight to send too: the id header
-    (the preflight's own id, `…-ffffffffffff`) and its body field, and a class priority as
-    header or body field."""
-    ids = RequestIds(config.request_id_header, config.request_id_format,
-                     config.request_id_nonce, endpoint.headers)  # fmt: skip
-    headers, value = ids.headers(PREFLIGHT_ID)
-    fields: dict[str, Any] = {}
-    extra = dict(config.body_options.extra_body or {})
-    body = dict(extra)
-    put_in_body(body, config.adapter.name, config.request_id_body, value)
-    fields.update({k: v for k, v in body.items() if extra.get(k) != v})
-    priority = next((c.priority for c in spec.classes.values() if c.priority is not None), None)
-    if priority is not None:
-        if config.priority_header is not None:
-            headers[config.priority_header] = str(priority)
-        else:
-            fields["priority"] = priority
-    return headers, fields
 
 
 def choose_workers(spec: WorkloadSpec, work: Work, requested: int | None) -> tuple[int, str]:

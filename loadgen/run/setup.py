@@ -130,6 +130,7 @@ def client_setup(
     its URL's user-info and query): a log line or error of any process hides them.
     """
     adapter = adapter_for(spec.target.api, spec.target.generic)
+    check_priority(spec, adapter)
     env_values: list[str] = []
     headers = resolve_headers(spec, options.extra_headers, env_values)
     url = options.url or spec.target.url
@@ -141,6 +142,20 @@ def client_setup(
         own = metrics_headers(spec, options, secrets)
         secrets += [*own.values(), *run_secrets({}, (), scraped)]
     return adapter, headers, Redactor(secrets), url
+
+
+def check_priority(spec: WorkloadSpec, adapter: Adapter) -> None:
+    """A class's `priority` must reach the server: in the body, where the API has a field
+    for it (the adapter's `priority_field`), else as `target.priority_header`."""
+    if adapter.priority_field is not None or spec.target.priority_header is not None:
+        return
+    for name, cls in spec.classes.items():
+        if cls.priority is not None:
+            raise ConfigError(
+                spec.source, f"classes.{name}.priority",
+                f"{adapter.name} requests have no body field for a priority",
+                "name a header for it with target.priority_header, or remove it",
+            )  # fmt: skip
 
 
 def engine_setup(

@@ -49,7 +49,7 @@ MAX_PERIODS = 1_000_000  # on/off periods over a class's span
 SPAN_WHY = "31 days, the longest schedule loadgen plans"
 MAX_SEED = 2**63 - 1
 REQUEST_ID_FORMATS = ("uuid", "counter")
-REQUEST_ID_BODY = ("auto", "on", "off")  # loadgen.engine.request_ids.BODY_FIELDS
+REQUEST_ID_BODY = ("auto", "on", "off")  # the adapters' `request_id_field`
 # The content codings loadgen can ask for and inflate as they arrive, and what it asks for
 # when told to accept compression without naming codings: the OpenAI SDK's (httpx's)
 # `Accept-Encoding: gzip, deflate`.
@@ -87,7 +87,7 @@ class TargetSpec:
     # (`uuid`, the default, or `counter`: loadgen-<n>); see loadgen.engine.request_ids.
     request_id_header: str | None = field(default="X-Request-Id", metadata=NOT_TRAFFIC)
     request_id_format: str = field(default="uuid", metadata=NOT_TRAFFIC)
-    # Whether the id also goes in a body field (`request_ids.BODY_FIELDS`): auto, on, off.
+    # Whether the id also goes in a body field (the adapter's `request_id_field`): auto, on, off.
     request_id_body: str = "auto"
     # The server's Prometheus endpoint, scraped during the run (`--server-metrics-url`): an
     # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.

@@ -21,7 +21,9 @@ class Endpoint:
     scheme: str
     host: str
     port: int
-    target: str  # path + query, as sent on the request line
+    # The run's path + query, as sent on the request line, unless the adapter makes each
+    # request's from it (`Adapter.target`: a model in the path).
+    target: str
     headers: Mapping[str, str] = field(default_factory=dict)
     tls: TlsSettings = field(default_factory=TlsSettings)
     proxy: Proxy | None = None  # None: connections go straight to host:port
@@ -39,10 +41,15 @@ class Endpoint:
 
     @property
     def request_target(self) -> str:
-        """The request line's target: the path, or the absolute URL for an http proxy."""
+        """The request line's target for the endpoint's own path (`line_target`)."""
+        return self.line_target(self.target)
+
+    def line_target(self, target: str) -> str:
+        """The request line's target for `target` (a path and query on this endpoint): the
+        path, or the absolute URL for an http proxy."""
         if self.proxy is None or self.scheme == "https":
-            return self.target
-        return f"http://{host_header(self)}{self.target}"
+            return target
+        return f"http://{host_header(self)}{target}"
 
 
 def split_url(url: str) -> SplitResult:
@@ -68,7 +75,9 @@ def make_endpoint(
         full = base + path[3:]
     else:
         full = base + path
-    target = full + (f"?{parts.query}" if parts.query else "")
+    if parts.query:  # the URL's query after the path's own (`?alt=sse` in an API's path)
+        full += f"{'&' if '?' in full else '?'}{parts.query}"
+    target = full
     all_headers = dict(headers)
     if parts.username is not None:
         creds = f"{parts.username}:{parts.password or ''}".encode()

@@ -28,10 +28,13 @@ def request_headers(
     return headers
 
 
-def encode_request(endpoint: Endpoint, body: bytes, extra: Mapping[str, str]) -> bytes:
-    """A POST request with a JSON body, as bytes (in absolute form, with the proxy's
-    credentials, when it goes to an http proxy)."""
-    lines = [f"POST {endpoint.request_target} HTTP/1.1"]
+def encode_request(
+    endpoint: Endpoint, body: bytes, extra: Mapping[str, str], target: str | None = None
+) -> bytes:
+    """A POST request with a JSON body to `target` (default: the endpoint's), as bytes (in
+    absolute form, with the proxy's credentials, when it goes to an http proxy)."""
+    line_target = endpoint.line_target(endpoint.target if target is None else target)
+    lines = [f"POST {line_target} HTTP/1.1"]
     lines.extend(f"{k}: {v}" for k, v in request_headers(endpoint, len(body), extra))
     lines.extend(proxy_headers(endpoint))
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
