@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,39 @@ from loadgen.testing.virtual import run_scripted
 from loadgen.workload.plans import RequestPlan
 
 Handler = Callable[[ReceivedRequest], Iterable[Step]]
+STREAMS = Path(__file__).resolve().parent / "fixtures" / "streams"
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A captured stream (tests/fixtures/streams/) and its known answer: a row of its
+    README's table "Known answers" (None where the stream sent no such figure)."""
+
+    file: str
+    api: str
+    output_events: int
+    output_tokens: int | None
+    prompt_tokens: int | None
+    finish: str | None
+    error: bool
+
+
+def captures() -> list[Capture]:
+    """Every row of tests/fixtures/streams/README.md's known answers."""
+    text = (STREAMS / "README.md").read_text(encoding="utf-8").split("## Known answers", 1)[1]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+
+    def figure(cell: str) -> int | None:
+        return None if cell == "—" else int(cell)
+
+    found = []
+    for row in rows:
+        cells = [c.strip().strip("`") for c in row.strip("|").split("|")]
+        file, api, events, output, prompt, finish, error = cells
+        found.append(Capture(file=file, api=api, output_events=int(events),
+                             output_tokens=figure(output), prompt_tokens=figure(prompt),
+                             finish=None if finish == "—" else finish, error=error == "yes"))  # fmt: skip
+    return found
 
 
 @dataclass(frozen=True)

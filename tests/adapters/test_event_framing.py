@@ -6,16 +6,15 @@ parser and against the streams real servers sent (tests/fixtures/streams/)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
+from conftest import STREAMS, captures
 
 from loadgen.adapters import REGISTRY, adapter_for
 from loadgen.adapters.protocol import Adapter, MalformedEvent
 from loadgen.engine.exchange import Exchange
 from loadgen.testing import PlanFactory
 
-STREAMS = Path(__file__).resolve().parents[1] / "fixtures" / "streams"
 # Every other shape of output event each adapter reads, with one byte of text (or a bare
 # tool call): each must be at least as long as the adapter's smallest.
 SHAPES = {
@@ -37,10 +36,6 @@ SHAPES = {
     "ollama-chat": [b'{"message":{"thinking":"x"}}', b'{"message":{"tool_calls":1}}'],
     "ollama-generate": [b'{"thinking":"x"}'],
 }  # fmt: skip
-CAPTURED_API = {"litellm-anthropic": "anthropic", "litellm-chat": "openai-chat",
-                "litellm-hosted-vllm-responses": "openai-responses",
-                "litellm-responses": "openai-responses", "vllm-chat": "openai-chat",
-                "vllm-responses": "openai-responses"}  # fmt: skip
 
 
 def is_output(adapter: Adapter, payload: bytes) -> bool:
@@ -67,10 +62,9 @@ def test_the_smallest_output_event_is_the_framing_and_one_byte(api: str) -> None
     assert not [s for s in shorter if is_output(adapter, s)]
 
 
-def carried_and_usage(name: str) -> tuple[int, int | None, int]:
-    """A captured stream fed to an exchange: the tokens it could carry, its usage count,
-    and its output events."""
-    api = next(v for k, v in CAPTURED_API.items() if name.startswith(k))
+def carried_and_usage(name: str, api: str) -> tuple[int, int | None, int]:
+    """A captured stream of `api` fed to an exchange: the tokens it could carry, its usage
+    count, and its output events."""
 
     async def feed() -> Exchange:
         exchange = Exchange(PlanFactory().at(0.0)[0], adapter_for(api), 0)
@@ -82,12 +76,13 @@ def carried_and_usage(name: str) -> tuple[int, int | None, int]:
     return exchange.carried_tokens(), exchange.usage_completion, len(exchange.chunk_ns)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in STREAMS.glob("*.sse")))
-def test_no_real_servers_usage_is_beyond_what_its_stream_carried(name: str) -> None:
-    """vLLM's and LiteLLM's streams as they sent them (their usage, and LiteLLM's own count
-    after an upstream cut, 424 for 347 chunks): every usage count is within what the stream
-    could carry, so none loses its N to the bound; and the bound is at least the events."""
-    carried, usage, events = carried_and_usage(name)
+@pytest.mark.parametrize(("name", "api"), sorted((c.file, c.api) for c in captures()))
+def test_no_real_servers_usage_is_beyond_what_its_stream_carried(name: str, api: str) -> None:
+    """Every captured stream as its server sent it (vLLM's and LiteLLM's usage, LiteLLM's own
+    count after an upstream cut, 424 for 347 chunks; llama-server's; the simulator's TGI and
+    Ollama): every usage count is within what the stream could carry, so none loses its N
+    to the bound; and the bound is at least the events."""
+    carried, usage, events = carried_and_usage(name, api)
     assert carried > events
     if usage is not None:
         assert usage <= carried

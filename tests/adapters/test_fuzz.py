@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from loadgen.adapters import adapter_for
+from loadgen.adapters import APIS, adapter_for
 from loadgen.adapters.generic import generic_spec
 from loadgen.adapters.ndjson import NdjsonDecoder
 from loadgen.adapters.protocol import Adapter, Delta, MalformedEvent
@@ -35,10 +35,7 @@ from loadgen.adapters.sse import EventTooLarge, SseDecoder
 from loadgen.engine.transport import Connection, Pool, make_endpoint
 
 ENDPOINT = make_endpoint("http://127.0.0.1:1", "/v1/chat/completions", {})
-ADAPTERS = [
-    "openai-chat", "openai-completions", "openai-responses", "anthropic", "tgi", "ollama-chat",
-    "ollama-generate", "generic",
-]  # fmt: skip
+ADAPTERS = list(APIS)  # every family, `generic` last
 GENERIC = generic_spec(
     {
         "body": {"p": "$prompt", "n": "$max_tokens"}, "content": "choices[0].delta.content",

@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from loadgen.adapters import adapter_for
+from loadgen.adapters import REGISTRY, adapter_for
 from loadgen.adapters.protocol import BodyOptions
 from loadgen.analysis.audit import audit_run
 from loadgen.analysis.metrics import stream_ends
@@ -51,8 +51,7 @@ from loadgen.testing import (
 from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.workload.prompts import PromptMaker
 
-APIS = ["openai-chat", "openai-completions", "anthropic", "openai-responses", "tgi",
-        "ollama-chat", "ollama-generate"]  # fmt: skip
+APIS = list(REGISTRY)  # every built-in family (the simulator speaks each)
 FORCING = {"openai-chat", "openai-completions"}  # force_output_tokens reaches the server
 TOKENS = 12
 CUT_AT = 3

@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from loadgen.adapters import REGISTRY
 from loadgen.cli import cli
 from loadgen.engine.transport import encode_request, make_endpoint
 
@@ -114,8 +115,7 @@ def classes(draw: st.DrawFn) -> dict[str, Any]:
 
 
 TARGET = st.fixed_dictionaries({}, optional={
-    "api": st.sampled_from(["openai-chat", "openai-completions", "anthropic", "tgi", "ollama-chat",
-                            "openai-responses"]),
+    "api": st.sampled_from(list(REGISTRY)),
     "model": st.text(min_size=1, max_size=10),
     "url": st.sampled_from(["http://127.0.0.1:8000", "https://h.example/v1", "http://[::1]:80"]),
     "headers": st.dictionaries(st.from_regex(r"\AX-[A-Za-z]{1,5}\Z"), st.text("abc ", max_size=5),
