@@ -222,8 +222,8 @@ def request_body(
     priority: int | None = None, request_id: str | None = None, id_mode: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
     """The JSON body of one request, the one place it is shaped (the engine's requests and
-    the preflight's alike): the adapter's body, a class's `priority` in the adapter's
-    `priority_field` (None here: sent as a header, or none), and the request id in its
+    the preflight's alike): the adapter's body, a class's `priority` (None when it has none
+    or goes as a header) in the adapter's `priority_field`, and the request id in its
     `request_id_field` as `id_mode` says: `on` where the API has a field, `auto` where that
     field is sent by default (metadata), `off` never. A field the workload's `extra_body`
     already sets is left as the user wrote it."""

@@ -567,8 +567,7 @@ def _status_message(
         401: "check the API key: set the variable named in target.api_key_env",
         403: "the key is not allowed to use this model or endpoint",
         404: f"no {adapter.name} endpoint there: check --url, target.path and target.api",
-        422: "the server rejected a request field: try target.force_output_tokens: false "
-        "or target.include_usage: false",
+        422: f"the server rejected a request field: {_optional_hint(adapter)}",
         400: "the server rejected the request: check target.model (--model) and target.extra_body",
     }
     hint = page
@@ -580,6 +579,12 @@ def _status_message(
         hint = _rejected_fields_hint(detail, optional, adapter.optional_fields)
     hint = hint or hints.get(status, "see the server's message")
     return f"{shown} answered HTTP {status}: {detail[:QUOTE_CHARS] or '(no body)'} ({hint})"
+
+
+def _optional_hint(adapter: Adapter) -> str:
+    """What a 422 suggests: turning off the options that add fields to this API's body."""
+    options = " or ".join(f"target.{option}: false" for option in adapter.optional_fields)
+    return f"try {options}" if options else "check target.extra_body"
 
 
 def _is_about_the_model(detail: str) -> bool:

@@ -36,7 +36,7 @@ from loadgen.adapters.protocol import (
 from loadgen.cli import cli
 from loadgen.engine.preflight import preflight
 from loadgen.engine.transport import make_endpoint
-from loadgen.errors import ConfigError
+from loadgen.errors import ConfigError, TargetError
 from loadgen.results.records import Outcome
 from loadgen.run.options import RunOptions
 from loadgen.run.setup import client_setup
@@ -45,6 +45,7 @@ from loadgen.testing import (
     PlanFactory,
     ReceivedRequest,
     ScriptedServer,
+    head,
     run_engine,
     sse,
     stream_steps,
@@ -349,3 +350,28 @@ def test_the_preflight_sends_the_runs_headers_and_body_fields(tmp_path: Path) ->
     assert first.body["metadata"] == {"user_id": first.headers["x-request-id"]}
     assert last.body["metadata"] == {"user_id": last.headers["x-request-id"]}
     assert first.body["priority"] == last.body["priority"] == 2
+
+
+@pytest.mark.parametrize(
+    ("api", "hint"),
+    [("openai-chat", "try target.force_output_tokens: false or target.include_usage: false"),
+     ("anthropic", "check target.extra_body")],
+)  # fmt: skip
+def test_a_422_suggests_only_the_options_that_add_fields_to_that_apis_body(
+    api: str, hint: str
+) -> None:
+    """The preflight's hint for a refused field comes from the adapter's `optional_fields`:
+    OpenAI's bodies carry the fields two options add; Anthropic's none."""
+    body = b'{"detail": "bad field"}'
+
+    def refuse(_request: ReceivedRequest) -> list[Any]:
+        return [head(422, chunked=False, length=len(body)), body]
+
+    adapter = adapter_for(api)
+    with ScriptedServer(refuse) as server:
+        endpoint = make_endpoint(server.url, adapter.default_path, {})
+        with pytest.raises(TargetError) as caught:
+            preflight(endpoint, adapter, BodyOptions(model="m"), timeout_s=10)
+    assert f"HTTP 422: {body.decode()} (the server rejected a request field: {hint})" in str(
+        caught.value
+    )
