@@ -73,7 +73,7 @@ from loadgen.engine.host import backend_options, raise_open_files_limit
 from loadgen.engine.runner import Engine, EngineConfig
 from loadgen.engine.transport import Connection, Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.testing import NullTransport
 from loadgen.workload.plans import Flow, RequestPlan, Work
 from loadgen.workload.spec import Deadlines

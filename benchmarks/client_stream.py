@@ -69,7 +69,7 @@ from loadgen.engine.host import backend_options, quiet_gc
 from loadgen.engine.runner import Engine, EngineConfig
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.results.records import Outcome, RequestRecord
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 

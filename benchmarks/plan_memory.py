@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import PLAN_BYTES, estimate_memory
 from loadgen.workload.spec import loads

@@ -109,7 +109,9 @@ def placement(merged: Path) -> dict[str, Any]:
     return info
 
 
-SHARD_PROCESS = "loadgen.run.raycluster.shard"  # a shard process's module, on its command line
+SHARD_PROCESS = (
+    "loadgen.run.scale.raycluster.shard"  # a shard process's module, on its command line
+)
 
 
 def shard_processes() -> list[tuple[int, str]]:

@@ -49,14 +49,14 @@ from statistics import median
 import httpx
 import polars as pl
 
-import loadgen.run.execute
+import loadgen.run.host
 from loadgen.analysis.server import current_gauges, with_server
 from loadgen.engine.scrape import Scraper, ScrapeStats
 from loadgen.results.runfolder import read_server_metrics
 from loadgen.results.summary import ScrapeAccess
 from loadgen.results.write import write_server_part
 from loadgen.run.execute import RunOptions, execute
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.workload.spec import load
 
 WORKLOAD = """\
@@ -408,8 +408,8 @@ def vllm_exposition(model: str = "sim", seed: int = 0) -> str:
 
 
 class ThreadScraper:
-    """`run.scraper.ScraperProcess`'s interface over the in-process `Scraper` thread: where
-    `loadgen run` scraped before issue #26 (`--placement thread`)."""
+    """`run.processes.scraper.ScraperProcess`'s interface over the in-process `Scraper`
+    thread: where `loadgen run` scraped before issue #26 (`--placement thread`)."""
 
     def __init__(self, url: str, interval_s: float, *, run_dir: Path, auth: object,
                  redactor: object = None) -> None:  # fmt: skip
@@ -462,7 +462,7 @@ def static_metrics(folder: Path) -> Iterator[str]:
 def send_lag(args: argparse.Namespace) -> None:
     """Send lag p99 without and with scraping a vLLM-sized /metrics, alternated pairs."""
     if args.placement == "thread":
-        loadgen.run.execute.ScraperProcess = ThreadScraper  # type: ignore[misc, assignment]
+        loadgen.run.host.ScraperProcess = ThreadScraper  # type: ignore[misc, assignment]
     with tempfile.TemporaryDirectory() as tmp, running_sim([]) as sim:
         folder = Path(tmp)
         spec_path = folder / "w.yaml"

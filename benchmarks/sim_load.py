@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 
 _END = b"\r\n0\r\n\r\n"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 
 WORKLOAD = """
 name: soak

@@ -64,9 +64,9 @@ from loadgen.render.capacity_view import (
 from loadgen.render.terminal import SIM_NOTE
 from loadgen.results.runfolder import read_summary
 from loadgen.results.write import write_files
-from loadgen.run.raycluster.driver import ray_session
+from loadgen.run.processes.simulator import target_url
+from loadgen.run.scale.raycluster.driver import ray_session
 from loadgen.run.setup import client_setup
-from loadgen.run.simulator import target_url
 from loadgen.studies.capacity import (
     MAX_EXTEND,
     PARAMS,

@@ -20,7 +20,7 @@ from loadgen.cli.options import (
 from loadgen.errors import OptionError
 from loadgen.render.cache_view import cache_plan_line
 from loadgen.render.plan_view import render_plan, sizing_lines
-from loadgen.run.simulator import sim_args_from_mapping
+from loadgen.run.processes.simulator import sim_args_from_mapping
 from loadgen.workload.inputs import size_text
 from loadgen.workload.plans import estimate_memory, plan_run
 from loadgen.workload.spec import load, override

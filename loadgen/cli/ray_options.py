@@ -1,5 +1,5 @@
 """`--ray [ADDRESS]`, `--shards N`, `--max-clock-skew-ms`: the options `run` and `capacity`
-share to shard a run over a Ray cluster (`run.raycluster`)."""
+share to shard a run over a Ray cluster (`run.scale.raycluster`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from loadgen.cli.options import CLUSTER, FiniteFloat, option
 from loadgen.errors import OptionError
-from loadgen.run.cluster import MAX_CLOCK_SKEW_MS, RayOptions
+from loadgen.run.scale.cluster import MAX_CLOCK_SKEW_MS, RayOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOCAL = "local"  # `--ray` without a value: a local Ray started for the run

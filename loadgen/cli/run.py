@@ -55,10 +55,10 @@ from loadgen.render.run_checks import (
 from loadgen.render.terminal import render_processes, render_summary, target_line
 from loadgen.results.runfolder import new_run_id
 from loadgen.results.write import write_files
-from loadgen.run.execute import RunResult, execute, prepare
+from loadgen.run.execute import RunResult, execute
 from loadgen.run.live import parse_listen
 from loadgen.run.options import RunOptions
-from loadgen.run.raycluster.driver import run_on_ray
+from loadgen.run.prepare import prepare
 from loadgen.workload.shards import parse_share, parse_start_at
 from loadgen.workload.spec import WorkloadSpec, redact_url
 
@@ -125,7 +125,7 @@ from loadgen.workload.spec import WorkloadSpec, redact_url
     LOAD,
     "--start-when-told",
     is_flag=True,
-    hidden=True,  # the driver's side of `--ray` (run.told): not for people
+    hidden=True,  # the driver's side of `--ray` (run.processes.told): not for people
     help="With --shard: say ready on stdout, read the agreed start from stdin.",
 )
 @live_options
@@ -237,11 +237,6 @@ def run(
     if dry_run:
         _dry_run(spec, options, memory)
         return
-    if ray is not None:
-        with sigterm_as_ctrl_c():
-            result = run_on_ray(spec, options, ray)
-        _print_result(result, junit_path, markdown_path)
-        sys.exit(result.exit_code)
     price_per_hour = shared["price_per_hour"]
     fleet = None if price_per_hour is None else price_per_hour * shared["replicas"]
     live = open_live(prometheus_listen, prometheus_grace_s, otlp_endpoint, otlp_interval_s,
@@ -254,7 +249,7 @@ def run(
         for index in range(1, repeats + 1):
             each = options if repeats == 1 else replace(options, run_id=f"{base}-r{index}")
             with sigterm_as_ctrl_c():  # the run's engine takes both signals over from t0
-                result = execute(spec, each, live=exporter)
+                result = execute(spec, each, ray=ray, live=exporter)
             results.append(result)
             if repeats == 1:
                 _print_result(result, junit_path, markdown_path)
@@ -342,7 +337,7 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
 
 
 def _dry_run(spec: WorkloadSpec, options: RunOptions, memory: str) -> None:
-    """Everything `run` checks before it sends (`execute.prepare`: plans, shard, headers and
+    """Everything `run` checks before it sends (`run.prepare`: plans, shard, headers and
     their ${VAR}s, the simulator profile, the cache mode, the run folder), then the plan;
     nothing is sent or written."""
 

@@ -4,7 +4,7 @@ Off the hot path: a thread of its own (one GET per interval with httpx, on an ev
 that thread's own, parsed with prometheus_client's text-format parser, the reference
 implementation of the format), never a task on the engine's event loop, so a slow or hung
 endpoint cannot delay a send or a read.
-`loadgen run` runs it in a process of its own (`run.scraper`): parsing a real server's
+`loadgen run` runs it in a process of its own (`run.processes.scraper`): parsing a real server's
 exposition holds the GIL for tens of ms, which would delay sends of the same process.
 Each scrape is stamped on the run's monotonic clock when its GET starts (as Prometheus stamps
 a scrape) and kept as one row per sample: `(mono_ns, name, labels, value)`; histograms and

@@ -1,69 +1,65 @@
 """The drive loop of one engine process: t0, the engine, and what runs beside it.
 
-Called by a single-process run (`run.execute`) and by each worker (`run.workers`). Beside
-the engine run a control task (the signals, `watch_signals`, or a parent's commands,
-`run.spawn.obey_parent`), the record spills and progress line, the watchdog, and the t0
-anchor; they all end when the engine does. `interrupt` is the one interrupt policy, of a
-single process and of a group of processes (`run.spawn.ProcessGroup`) alike.
+Called by a single-process run (`run.local`) and by each worker (`run.scale.workers`).
+Beside the engine run a control task (the signals, `watch_signals`, or a parent's
+commands, `run.processes.group.obey_parent`), the record spills and the progress line (the
+outputs', `run.outputs`), the watchdog, and the t0 anchor; they all end when the engine
+does. Interrupts follow the one policy of every run (`run.interrupt`).
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
-from polars.exceptions import PanicException
 
 from loadgen.engine.clock import SYSTEM_CLOCK, Clock
 from loadgen.engine.harness import run_beside, run_engine
 from loadgen.engine.host import open_files_limit
-from loadgen.engine.runner import Engine, EngineConfig, LiveStats
-from loadgen.engine.transport import Endpoint, Pool
+from loadgen.engine.runner import Engine, LiveStats
+from loadgen.engine.transport import Pool
 from loadgen.engine.warmup import warm_capped_note, warm_count
-from loadgen.errors import EXIT_INTERRUPTED, TRANSIENT_ERRNOS, describe_os_error
-from loadgen.results.records import RequestRecord
+from loadgen.errors import describe_os_error
 from loadgen.results.runfolder import T0, ConnectionCounts
-from loadgen.results.write import RecordWriter
-from loadgen.run.options import RunOptions
+from loadgen.run.context import RunContext, Target
+from loadgen.run.interrupt import interrupt
+from loadgen.run.outputs import Outputs
+from loadgen.run.outputs.progress import Progress
+from loadgen.run.outputs.records import Records
 from loadgen.run.record import RunState
-from loadgen.workload.plans import Work
 from loadgen.workload.shards import utc_text
+
+Control = Callable[[Engine, RunState], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """How an engine process learns its start: agreed before the run (`--start-at`: it warms
+    shortly before it), told once it is ready (`told`: a parent's t0, a driver's start; it
+    returns the start on this host's wall clock), or neither (200 ms from now)."""
+
+    at_unix_ns: int | None = None
+    told: Callable[[], Awaitable[int]] | None = None
 
 
 def drive(
-    work: Work,
-    endpoint: Endpoint,
-    config: EngineConfig,
-    writer: RecordWriter,
-    stats: LiveStats,
-    options: RunOptions,
-    *,
-    start_at_unix_ns: int | None,
-    started: Callable[[T0], None],
-    control: Callable[[Engine, RunState], Coroutine[Any, Any, None]],
-    quiet: bool,
-    log: TextIO,
-    wait_start: Callable[[], Awaitable[int]] | None = None,
-    observe: Callable[[RequestRecord], None] | None = None,
-) -> RunState:
-    """Run the engine on `work` from t0 (200 ms from now, or the agreed `start_at_unix_ns`),
-    with `control` (signals, or a parent's commands), record spills and the watchdog.
+    run: RunContext, target: Target, outputs: Outputs, stats: LiveStats, *, start: Start,
+    control: Control,
+) -> RunState:  # fmt: skip
+    """Run the engine on the run's plans from t0, with `control` (signals, or a parent's
+    commands), the outputs (begun at t0, given each record as it lands) and the watchdog.
 
     Returns the state: `interrupted`, `watchdog` (what it stopped), `t0`, `connections`,
-    `client_failure` (a record write that failed for good). `started(t0)` is
-    called once t0 is fixed, before the schedule begins. A worker process passes
-    `wait_start`: it reports ready and returns the start its parent chose, once the loop
-    and the engine are up (so a worker is not still setting up when t0 comes). `observe`
-    sees each record as it lands (the live exporters' tally), after the writer has it.
+    `client_failure` (a record write that failed for good). A told start is asked for once
+    the loop and the engine are up and the connections warm (so a worker is not still
+    setting up when t0 comes).
     """
     state = RunState()
+    terminal = run.terminal
 
     async def session(engine: Engine) -> None:
         def client_failed(exc: OSError) -> None:
@@ -71,54 +67,47 @@ def drive(
             if state.client_failure is None:
                 state.client_failure = exc
                 what = describe_os_error(exc, exc.filename)
-                print(f"\nclient failure: {what}; stopping the run", file=log)
+                terminal.warn(f"\nclient failure: {what}; stopping the run")
             engine.stop()
             engine.requests.cancel()
 
-        if start_at_unix_ns is not None:  # warm shortly before an agreed start, not now
-            lead_ns = start_at_unix_ns - WARM_LEAD_NS - engine.clock.wall_ns()
+        if start.at_unix_ns is not None:  # warm shortly before an agreed start, not now
+            lead_ns = start.at_unix_ns - WARM_LEAD_NS - engine.clock.wall_ns()
             if lead_ns > 0:
                 await anyio.sleep(lead_ns / 1e9)
-        await warm_up(engine, options, state, quiet, log)
-        start = start_at_unix_ns if wait_start is None else await wait_start()
-        state.t0 = t0 = choose_t0(start, engine.clock)
+        await warm_up(engine, run, state)
+        start_ns = start.at_unix_ns if start.told is None else await start.told()
+        state.t0 = t0 = choose_t0(start_ns, engine.clock)
         t0_ns = int(t0.perf_counter_ns or 0)
-        if start is not None and not quiet:
+        if start_ns is not None:
             wait_s = (t0_ns - engine.clock.now_ns()) / 1e9
-            print(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}", file=log)
-        started(t0)
+            terminal.say(f"waiting {max(0.0, wait_s):,.1f} s for the agreed start {t0.utc}")
+        outputs.begin(t0)
         await run_beside(
             engine, t0_ns,
             partial(control, engine, state),
-            partial(_progress, stats, writer, quiet, t0_ns, log, client_failed, engine.clock),
-            partial(_watchdog, engine, options.watchdog_s, state, log),
+            partial(_beside_outputs, outputs.first(Records), outputs.first(Progress),
+                    client_failed),
+            partial(_watchdog, engine, run, state),
             partial(_measure_anchor, state, t0, engine.clock),
         )  # fmt: skip
 
-    pool = Pool(endpoint)
-    add = writer.add
-
-    def observed(record: RequestRecord) -> None:
-        add(record)  # first: a record is never lost to the tally
-        observe(record)  # type: ignore[misc]  # only used when observe is set
-
-    on_record = add if observe is None else observed
-    run_engine(work, pool, config, on_record, session, stats=stats)
+    pool = Pool(target.endpoint)
+    run_engine(run.work, pool, target.config, outputs.on_record(), session, stats=stats)
     if state.connections is not None:
         opened = pool.opened - pool.warm_opened
         state.connections = replace(state.connections, opened_during_run=opened)
     return state
 
 
-async def warm_up(
-    engine: Engine, options: RunOptions, state: RunState, quiet: bool, log: TextIO
-) -> None:
+async def warm_up(engine: Engine, run: RunContext, state: RunState) -> None:
     """Open the run's first connections before t0 (`engine.warmup`); say so when some failed."""
+    options, terminal = run.options, run.terminal
     files, in_flight = open_files_limit(), options.max_in_flight
     count = warm_count(engine.work, options.warm_connections, files, in_flight)
     note = warm_capped_note(engine.work, options.warm_connections, files, in_flight)
-    if note is not None and not quiet:
-        print(f"warm connections: {note}", file=log)
+    if note is not None:
+        terminal.say(f"warm connections: {note}")
     report = await engine.connector.warm(count)
     state.connections = ConnectionCounts(
         warm_requested=report.requested,
@@ -126,11 +115,10 @@ async def warm_up(
         warm_failed=report.failed,
         warm_s=round(report.seconds, 6),
     )
-    if report.failed and not quiet:
-        print(
+    if report.failed:
+        terminal.say(
             f"warning: {report.failed} of {report.requested} warm connections failed "
-            f"({report.error}); those requests open their own connections during the run",
-            file=log,
+            f"({report.error}); those requests open their own connections during the run"
         )
 
 
@@ -167,63 +155,32 @@ async def _measure_anchor(state: RunState, t0: T0, clock: Clock) -> None:
 
 
 async def watch_signals(
-    engine: Engine, grace_s: float, exit_now: Callable[[], None], state: RunState, log: TextIO,
-    *, folder: Path | None = None,
-) -> None:  # fmt: skip
-    """The signals of a single-process run, under the one interrupt policy (`interrupt`):
-    the grace ended, in-flight requests are cancelled."""
+    engine: Engine, state: RunState, run: RunContext, exit_now: Callable[[], None]
+) -> None:
+    """The signals of a single-process run, under the one interrupt policy
+    (`run.interrupt`): the grace ended, in-flight requests are cancelled. `exit_now`: what a
+    second interrupt writes before the process exits."""
+    grace_s = run.options.grace_s
+    stop = partial(interrupt, state, grace_s, run.terminal, stop=engine.stop,
+                   exit_now=exit_now, folder=run.run_dir)  # fmt: skip
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            interrupt(state, grace_s, log, stop=engine.stop, exit_now=exit_now, folder=folder)
+            stop()
             with anyio.move_on_after(grace_s):
                 async for _ in signals:
-                    interrupt(state, grace_s, log, stop=engine.stop, exit_now=exit_now,
-                              folder=folder)  # fmt: skip
+                    stop()
             engine.requests.cancel()
 
 
-def interrupt(
-    state: RunState, grace_s: float, log: TextIO, *, stop: Callable[[], None],
-    exit_now: Callable[[], None], folder: Path | None = None,
-) -> None:  # fmt: skip
-    """The interrupt policy of every run, one process or many. First Ctrl-C/SIGTERM: stop
-    sending (`stop`), in-flight requests get `grace_s`, then the caller cancels them.
-    Second: write what is pending and mark the run interrupted (`exit_now`), say where the
-    run folder is, what it holds and how to finish it, and exit at once, 130 (the parts
-    written so far stay readable)."""
-    if state.interrupted:
-        exit_now()
-        print(f"\n{second_interrupt_text(folder)}", file=log)
-        os._exit(EXIT_INTERRUPTED)
-    state.interrupted = True
-    print(
-        f"\ninterrupted: no new requests; waiting up to {grace_s:g} s for "
-        "in-flight ones (interrupt again to exit now)",
-        file=log,
-    )
-    stop()
-
-
-def second_interrupt_text(folder: Path | None) -> str:
-    """What a second Ctrl-C leaves, and how to finish it."""
-    where = "the run folder" if folder is None else str(folder)
-    return (
-        f"second interrupt: exited at once (exit 130). {where} keeps the records of the "
-        "requests that had ended, in its record parts; those in flight or not yet sent have "
-        f"none, and there is no summary yet: `loadgen report --recover {where}` gives every "
-        "planned request a record (cancelled or not_sent) and writes its summary; the run "
-        "stays interrupted (no verdict, exit 130)"
-    )
-
-
-async def _watchdog(engine: Engine, limit_s: float, state: RunState, log: TextIO) -> None:
-    """Abort the run when nothing has progressed for `limit_s` while work is due.
+async def _watchdog(engine: Engine, run: RunContext, state: RunState) -> None:
+    """Abort the run when nothing has progressed for `--watchdog` seconds while work is due.
 
     Progress is a send, a byte received or a request ending. Work is due when requests are
     in flight or the next scheduled send time has passed. Deadlines normally end stuck
     requests; this catches what they cannot (a client bug, deadlines set longer than the
     patience of the job). Everything not finished is recorded as cancelled.
     """
+    limit_s = run.options.watchdog_s
     stats, connector = engine.stats, engine.connector
     while True:
         await anyio.sleep(min(1.0, limit_s / 4))
@@ -237,79 +194,24 @@ async def _watchdog(engine: Engine, limit_s: float, state: RunState, log: TextIO
                 f"nothing progressed for {limit_s:g} s (no send, no byte, no completion) while "
                 f"waiting for {waiting}; {stats.sent} of {stats.planned} sent"
             )
-            print(f"\nwatchdog: {state.watchdog}; stopping, records kept", file=log)
+            run.terminal.warn(f"\nwatchdog: {state.watchdog}; stopping, records kept")
             engine.stop()
             engine.requests.cancel()
             return
 
 
-async def _progress(
-    stats: LiveStats, writer: RecordWriter, quiet: bool, t0_ns: int, log: TextIO,
-    client_failed: Callable[[OSError], None], clock: Clock,
-) -> None:  # fmt: skip
-    """Spill records about once a second (in a thread) and redraw the progress line.
-
-    A write that fails for want of file descriptors is retried with the next batch (they
-    come back as requests end); any other failed write (no space, permission, file size
-    limit) stops the run through `client_failed`.
-    """
-    tty = log.isatty()
-    last_line = 0.0
+async def _beside_outputs(
+    records: Records | None, progress: Progress | None, client_failed: Callable[[OSError], None]
+) -> None:
+    """About four times a second: spill the records due (in a thread), redraw the progress
+    line; the line is ended when the engine is done."""
     try:
         while True:
             await anyio.sleep(0.25)
-            batch = writer.take_due()
-            if batch:
-                await spill(writer, batch, client_failed)
-            now = time.monotonic()
-            if quiet or (not tty and now - last_line < 10):
-                continue
-            last_line = now
-            line = progress_line(stats, (clock.now_ns() - t0_ns) / 1e9)
-            print(f"\r{line}\x1b[K" if tty else line, end="" if tty else "\n", file=log, flush=True)
+            if records is not None:
+                await records.spill_due(client_failed)
+            if progress is not None:
+                progress.draw()
     finally:
-        if tty and not quiet:
-            print(file=log)
-
-
-async def spill(
-    writer: RecordWriter, batch: list[RequestRecord], client_failed: Callable[[OSError], None]
-) -> None:
-    """Write one batch as a part in a thread. A batch whose write fails goes back to the
-    writer (out of file descriptors: retried later; any other OSError, such as no space
-    left, also stops the run through `client_failed`); so does one whose task is cancelled
-    (the run is ending) before the thread took it, for the final flush: never lost, never
-    written twice."""
-    written = False
-
-    def write() -> None:
-        nonlocal written
-        writer.write_part(batch)
-        written = True
-
-    try:
-        await anyio.to_thread.run_sync(write)
-    except PanicException:  # polars short of file descriptors: retry later
-        writer.requeue(batch)
-    except OSError as exc:
-        writer.requeue(batch)
-        if exc.errno not in TRANSIENT_ERRNOS:
-            client_failed(exc)
-    except BaseException:
-        if not written:  # cancelled at the checkpoint before the (shielded) write began
-            writer.requeue(batch)
-        raise
-
-
-def progress_line(stats: LiveStats, elapsed_s: float) -> str:
-    """`[  12.3s] sent 120/400  in flight 14  ok 100  failed 6  TTFT p50 250 ms  p99 800 ms`."""
-    ttft = stats.ttft
-    ttft_text = (
-        f"TTFT p50 {ttft.percentile_ms(50):,.0f} ms  p99 {ttft.percentile_ms(99):,.0f} ms"
-        if ttft.count
-        else "TTFT -"
-    )
-    return (
-        f"[{max(0.0, elapsed_s):7.1f}s] sent {stats.sent}/{stats.planned}  "
-        f"in flight {stats.in_flight}  ok {stats.ok}  failed {stats.failed}  {ttft_text}"
-    )
+        if progress is not None:
+            progress.close()

@@ -1,7 +1,7 @@
 """A run the client could not finish: a failed write or a failed worker, named, exit 3.
 
-Used by a single-process run (`run.execute`) and by the parent of worker processes
-(`run.workers`): the same one-line error, the same run.json, whichever failed.
+Used by a single-process run (`run.local`) and by the parent of worker processes
+(`run.scale.workers`): the same one-line error, the same run.json, whichever failed.
 """
 
 from __future__ import annotations

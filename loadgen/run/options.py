@@ -30,7 +30,7 @@ class RunOptions:
     workers: int | None = None  # engine processes; None: 1, or one per core past the envelope
     shard: Share | None = None  # run only this share of the schedule (`--shard i/N`)
     start_at_unix_ns: int | None = None  # the agreed wall-clock t0 (`--start-at`)
-    start_when_told: bool = False  # a driver tells the start on stdin (`run.told`, `--ray`)
+    start_when_told: bool = False  # a driver tells the start on stdin (`processes.told`, `--ray`)
     warm_connections: int | None = None  # opened before t0 (`--warm-connections`); None: auto
     price_per_hour: float | None = None  # `--price-per-hour`: one replica's, or the fleet's
     replicas: int = 1  # `--replicas`: the fleet's price is price_per_hour × replicas

@@ -7,7 +7,8 @@ endpoint, the cache warmth, t0, each engine process's share, how the run ended).
 JSON only where the run folder writes it (`write_run_info`).
 
 Beside it, `RunState` is what one engine process (`run.drive`), or the parent of several
-(`run.workers`), learns while it runs: interrupted, the watchdog, t0, connections.
+(`run.scale.workers`), learns while it runs: interrupted, the watchdog, t0, connections;
+and `RunResult` is what every runner hands back, however the run was sent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import platform
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import polars as pl
 
@@ -38,6 +40,7 @@ from loadgen.results.runfolder import (
     WorkersInfo,
     WorkloadInfo,
 )
+from loadgen.results.summary import Summary
 from loadgen.run.options import RunOptions
 from loadgen.workload.identity import identity
 from loadgen.workload.shards import utc_text
@@ -68,13 +71,31 @@ class WorkerEnd:
 
 @dataclass(frozen=True, slots=True)
 class Ran:
-    """What a runner (one engine process, or the parent of N workers) hands to
-    `execute.finish`: the joined records, the record with t0 and each process's share, and
-    how the run ended."""
+    """What the engine processes of a run on this host (one, or the parent of N workers)
+    hand to `host.finish`: the joined records, the record with t0 and each process's share,
+    and how the run ended."""
 
     frame: pl.DataFrame
     info: RunInfo
     state: RunState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What a finished (or interrupted) run left behind, whichever runner sent it (one
+    process, workers, Ray shards), and what `loadgen merge` leaves of a sharded run."""
+
+    run_dir: Path
+    summary: Summary
+    interrupted: bool
+    run_info: RunInfo  # run.json as written
+    watchdog: str | None = None  # what the run was waiting for when the watchdog stopped it
+
+    @property
+    def exit_code(self) -> int:
+        """The summary's verdict: 0 met, 2 missed, 7 inconclusive, 3 fell behind; 4 stopped
+        by the watchdog, 130 interrupted (no verdict on the server)."""
+        return self.summary.verdict.exit_code
 
 
 def _shown(spec: WorkloadSpec) -> WorkloadSpec:

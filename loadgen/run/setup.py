@@ -1,6 +1,6 @@
 """A run's client set-up, the same in every engine process: headers, secrets, adapter, engine.
 
-Read once by the parent (`run.execute`) and again by each worker (`run.workers`) from the
+Read once by the parent (`run.host`) and again by each worker (`run.scale.workers`) from the
 same spec and options, so every process sends the same requests the same way.
 """
 

@@ -50,18 +50,11 @@ from loadgen.percentiles import nearest_rank
 from loadgen.results.records import RequestRecord
 from loadgen.results.runfolder import SIM_TRACE_FILE
 from loadgen.run.envelope import Load, host_name
-from loadgen.run.lifeline import die_with_parent
 from loadgen.run.live import LiveExporter, LiveRun
+from loadgen.run.processes.group import DONE, Child, ProcessGroup, obey_parent, ready_then_wait
+from loadgen.run.processes.simulator import running_sim
 from loadgen.run.record import RunState
-from loadgen.run.simulator import running_sim
-from loadgen.run.spawn import (
-    DONE,
-    Child,
-    ProcessGroup,
-    ignore_signals,
-    obey_parent,
-    ready_then_wait,
-)
+from loadgen.run.terminal import Terminal
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines
 
@@ -151,11 +144,11 @@ def warm_up() -> None:
     anyio.run(anyio.sleep, 0, backend="asyncio", backend_options=backend_options())
 
 
-def _engine_process(plans: list[RequestPlan], url: str, parent_pid: int, conn: Any) -> None:
-    """A spawned engine process: warm up, say ready, wait for t0, run (obeying its parent's
-    stop, `run.spawn.obey_parent`: a stopped level is cancelled at once), send its records."""
-    die_with_parent(parent_pid)  # never outlive the calibration
-    ignore_signals()  # the parent owns Ctrl-C and SIGTERM
+def _engine_process(plans: list[RequestPlan], url: str, conn: Any) -> None:
+    """A spawned engine process (a `run.processes.child.Child`: it dies with its parent and
+    leaves it the signals): warm up, say ready, wait for t0, run (obeying its parent's stop,
+    `run.processes.group.obey_parent`: a stopped level is cancelled at once), send its
+    records."""
     warm_up()
     t0_ns = ready_then_wait(conn)
     if t0_ns is None:  # the parent gave up before the start
@@ -177,7 +170,8 @@ def run_processes(
     one t0 (perf_counter is CLOCK_MONOTONIC, shared by processes on Linux); return every
     record, their summed CPU s, and t0. One process runs in this process. `observe` sees
     each record: as it lands with one process, as its process sends them back with more.
-    More processes run as `loadgen run --workers` runs its workers (`run.spawn.ProcessGroup`):
+    More processes run as `loadgen run --workers` runs its workers
+    (`run.processes.group.ProcessGroup`):
     Ctrl-C or SIGTERM stops every one at once, and ends the calibration (KeyboardInterrupt,
     exit 130); a second exits at once."""
     if processes == 1:
@@ -185,7 +179,7 @@ def run_processes(
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         own, own_cpu_s = run_engine(plans, url, t0_ns, observe=observe, stats=stats)
         return own, own_cpu_s, t0_ns
-    shares = [(list(plans[k::processes]), url, os.getpid()) for k in range(processes)]
+    shares = [(list(plans[k::processes]), url) for k in range(processes)]
     parts: dict[int, tuple[list[Any], float]] = {}
 
     def keep(child: Child, message: tuple[Any, ...]) -> None:
@@ -196,13 +190,13 @@ def run_processes(
         group.wait_ready()
         t0_ns = time.perf_counter_ns() + START_DELAY_NS
         group.start(t0_ns)
-        state = group.supervise(keep, grace_s=0.0, log=sys.stderr)
+        state = group.supervise(keep, grace_s=0.0, terminal=Terminal(sys.stderr))
     if state.interrupted:
         raise KeyboardInterrupt
     lost = next((child for child in group.children if child.index not in parts), None)
     if lost is not None:
         raise LoadgenError(f"calibrate engine process {lost.index} exited with code "
-                           f"{lost.process.exitcode} (see its error above)")  # fmt: skip
+                           f"{lost.exit_code} (see its error above)")  # fmt: skip
     records = [record for index in sorted(parts) for record in parts[index][0]]
     if observe is not None:
         for record in records:

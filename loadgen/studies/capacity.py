@@ -75,10 +75,9 @@ from loadgen.analysis.capacity import (
 from loadgen.analysis.confidence import INTERVAL
 from loadgen.errors import ConfigError
 from loadgen.results.runfolder import read_records
-from loadgen.run.cluster import RayOptions
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter
-from loadgen.run.raycluster.driver import run_on_ray
+from loadgen.run.scale.cluster import RayOptions
 from loadgen.workload.spec import ClassSpec, WorkloadSpec
 
 PARAMS = ("rate", "max_in_flight")
@@ -436,7 +435,7 @@ def run_one_against(
     skip it). `live` publishes every step on one endpoint (its counters go on rising). Each
     step is a run of its own to the cache too: a cold step draws its own nonce
     (`nonce.step-NN` when `--nonce` is given), a reset step resets. `ray`: each step is a
-    run sharded over the Ray cluster (`run.raycluster`), its merged folder the step's."""
+    run sharded over the Ray cluster (`run.scale.raycluster`), its merged folder the step's."""
     base = options or RunOptions(
         seed=seed, lag_bound_ms=lag_bound_ms, quiet=quiet, price_per_hour=price_per_hour,
         replicas=replicas,
@@ -450,10 +449,8 @@ def run_one_against(
         step = replace(base, url=url, out_dir=out, run_id=run_id, max_in_flight=cap,
                        check_target=preflight[0], nonce=nonce)  # fmt: skip
         preflight[0] = False
-        if ray is not None:
-            result = run_on_ray(spec, step, ray)
-        else:
-            result = execute(spec, step, live=live, warn_size=False)  # extended, not warned
+        # extended when inconclusive: not warned of its size
+        result = execute(spec, step, ray=ray, live=live, warn_size=False)
         client_failed = result.summary.generator.client_errors > 0
         return read_records(result.run_dir), client_failed, result.interrupted, result.run_dir
 

@@ -37,7 +37,7 @@ from loadgen.engine.runner import EngineConfig
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.errors import TargetError
 from loadgen.results.records import Outcome, RequestRecord, TokenSource, to_frame
-from loadgen.run.simulator import SimProcess, running_sim
+from loadgen.run.processes.simulator import SimProcess, running_sim
 from loadgen.testing import (
     PlanFactory,
     ReceivedRequest,

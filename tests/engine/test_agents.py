@@ -15,7 +15,7 @@ from loadgen.analysis.objectives import Objective, trajectory_block
 from loadgen.engine.agents import capped
 from loadgen.errors import ConfigError
 from loadgen.results.records import Outcome, RequestRecord, to_frame
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.testing import ScriptedServer, run_engine, simple_chat
 from loadgen.workload.plans import plan_work
 from loadgen.workload.spec import load, loads

@@ -26,7 +26,7 @@ import pytest
 from loadgen.engine.starts import START_SLICE, Starts
 from loadgen.engine.transport import Pool, make_endpoint
 from loadgen.engine.transport import pool as transport_pool
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.sim import protocol
 from loadgen.sim.config import config_from_mapping
 from loadgen.sim.engine import StepResult

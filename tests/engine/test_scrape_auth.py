@@ -20,7 +20,8 @@ from click.testing import CliRunner, Result
 from loadgen.cli import cli
 from loadgen.engine.scrape import OWN, TARGET, URL_USERINFO, Scraper, origin, scrape_auth
 from loadgen.engine.secrets import REDACTED
-from loadgen.run.execute import RunOptions, client_setup, execute
+from loadgen.run.execute import RunOptions, execute
+from loadgen.run.setup import client_setup
 from loadgen.testing import ReceivedRequest, ScriptedServer, simple_chat
 from loadgen.testing.builders import workload_file
 from loadgen.workload.identity import fingerprint

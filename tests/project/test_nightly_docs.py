@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # where `loadgen` is installed beside this Python

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from loadgen.cli import cli
 from loadgen.engine.cache_reset import reset_order
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.testing import ReceivedRequest, ScriptedServer, Step, head, simple_chat
 from loadgen.testing.builders import chat_workload, workload_file
 from loadgen.workload.plans import plan_work

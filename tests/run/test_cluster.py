@@ -1,4 +1,4 @@
-"""The rules of `run --ray` that need no cluster (`run.cluster`), and `--ray` without Ray."""
+"""The rules of `run --ray` that need no cluster (`run.scale.cluster`), and `--ray` without Ray."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from loadgen.cli import cli
 from loadgen.errors import LoadgenError
 from loadgen.results.runfolder import T0, RunInfo, WorkloadInfo, read_run_info
-from loadgen.run.cluster import (
+from loadgen.run.scale.cluster import (
     SPREAD,
     STRICT_SPREAD,
     ClockSample,
@@ -27,7 +27,7 @@ from loadgen.run.cluster import (
     skew_problems,
     write_lost_shard,
 )
-from loadgen.run.raycluster.driver import (
+from loadgen.run.scale.raycluster.driver import (
     LOOPBACK_ONLY,
     RAY_AUTH_MODE,
     RAY_AUTH_TOKEN,

@@ -373,7 +373,7 @@ def test_a_spill_cancelled_before_its_write_keeps_the_batch(tmp_path: Path) -> N
     back to the writer and the final flush writes it, once; an uncancelled spill writes once."""
     from loadgen.results.records import Outcome, RequestRecord
     from loadgen.results.write import RecordWriter
-    from loadgen.run.drive import spill
+    from loadgen.run.outputs.records import spill
 
     def batch(first: int) -> list[RequestRecord]:
         return [RequestRecord(request_id=i, class_name="chat", intended_ns=i,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="ne
 # A parent that starts one sleeping child the given way, prints the child's pid, and waits.
 WRAPPED = """
 import subprocess, sys, time
-from loadgen.run import lifeline
+from loadgen.run.processes import lifeline
 command = lifeline.wrap([sys.executable, "-c", "import time; time.sleep(600)"], 15)
 command[command.index("auto")] = sys.argv[1]
 child = subprocess.Popen(command)
@@ -27,7 +27,7 @@ time.sleep(600)
 """
 IN_PROCESS = """
 import os, subprocess, sys, time
-code = ("import sys, time; from loadgen.run.lifeline import die_with_parent; "
+code = ("import sys, time; from loadgen.run.processes.lifeline import die_with_parent; "
         "print(die_with_parent(int(sys.argv[1]), 9, kernel=" + sys.argv[1] + "), flush=True); "
         "time.sleep(600)")
 child = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())], stdout=subprocess.PIPE)

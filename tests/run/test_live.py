@@ -28,8 +28,8 @@ from loadgen.results.records import Outcome, to_frame
 from loadgen.results.runfolder import read_records
 from loadgen.run.execute import RunOptions, execute
 from loadgen.run.live import LiveExporter, parse_listen
-from loadgen.run.spawn import Child
-from loadgen.run.workers import _Worker, merged_in_flight, merged_tally
+from loadgen.run.processes.group import Child
+from loadgen.run.scale.workers import _Worker, merged_in_flight, merged_tally
 from loadgen.studies.calibrate import measure_level
 from loadgen.studies.capacity import run_one_against
 from loadgen.testing import ScriptedServer, simple_chat

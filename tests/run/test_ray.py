@@ -41,7 +41,7 @@ classes:
 sim: {speed: 2}
 """
 LONG = SHORT % 900  # ~22 s of arrivals: time to hurt it mid-run
-SHARD_PROCESS = "loadgen.run.raycluster.shard"
+SHARD_PROCESS = "loadgen.run.scale.raycluster.shard"
 # A run that ran to its end: met, missed, inconclusive, or (on a host others load too) the
 # generator fell behind; what these tests check is placement, records and faults, not that.
 VERDICTS = (0, 2, 3, 7)

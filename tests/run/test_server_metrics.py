@@ -744,7 +744,7 @@ def test_the_scraper_process_reports_its_pid_its_tally_and_its_log(tmp_path: Pat
     import logging
 
     from loadgen.engine.scrape import scrape_auth
-    from loadgen.run.scraper import ScraperProcess
+    from loadgen.run.processes.scraper import ScraperProcess
 
     lines: list[str] = []
 

@@ -22,7 +22,7 @@ from loadgen.cli import cli
 from loadgen.errors import ConfigError
 from loadgen.results.runfolder import SERVER_METRICS_SCHEMA, read_records
 from loadgen.results.write import write_server_metrics
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.testing.builders import workload_file
 from loadgen.workload.plans import plan_work
 from loadgen.workload.shards import Share, check_start_at, parse_share, parse_start_at, share_ids

@@ -1,4 +1,4 @@
-"""Engine processes are started one way (`run.spawn`): spawned, each ready before any
+"""Engine processes are started one way (`run.processes.group`): spawned, each ready before any
 starts, all started with the same t0; one that dies before it is ready is named; a group
 hears every child until it is done, and leaves no process behind."""
 
@@ -12,9 +12,17 @@ from typing import Any
 
 import pytest
 
-import loadgen.run.spawn as spawn_module
+import loadgen.run.processes.group as spawn_module
 from loadgen.errors import LoadgenError
-from loadgen.run.spawn import DONE, ProcessGroup, ready_then_wait, spawn, start_all, wait_ready
+from loadgen.run.processes.group import (
+    DONE,
+    ProcessGroup,
+    ready_then_wait,
+    spawn,
+    start_all,
+    wait_ready,
+)
+from loadgen.run.terminal import Terminal
 
 
 def echo_t0(label: str, conn: Any) -> None:
@@ -81,7 +89,7 @@ def test_a_group_supervises_until_every_child_is_done() -> None:
         group.wait_ready()
         group.start(7)
         state = group.supervise(lambda child, message: heard.append((child.index, message)),
-                                grace_s=0.0, log=sys.stderr)  # fmt: skip
+                                grace_s=0.0, terminal=Terminal(sys.stderr))  # fmt: skip
     assert sorted((i, m[2]) for i, m in heard if m[0] == DONE) == [(0, ("a", 7)), (1, ("b", 7))]
     assert all(child.done for child in group.children)
     assert not state.interrupted

@@ -1,4 +1,4 @@
-"""A shard told its start by a driver (`run.told`), and merge taking out a measured clock offset."""
+"""A shard told its start by a driver (`run.processes.told`), and merge taking out a measured clock offset."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from loadgen.results.runfolder import T0, RunInfo, ShardInfo
 from loadgen.run.merge import ShardRun
-from loadgen.run.told import ToldStart, parse_answer, start_line
+from loadgen.run.processes.told import ToldStart, parse_answer, start_line
 
 
 def test_a_start_line_round_trips_and_moves_the_start_onto_this_hosts_clock() -> None:

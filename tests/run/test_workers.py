@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from loadgen.analysis.minutes import build_histograms, load_histograms
 from loadgen.cli import cli
 from loadgen.results.runfolder import read_records
-from loadgen.run.execute import choose_workers
+from loadgen.run.host import choose_workers
 from loadgen.testing import ScriptedServer, simple_chat
 from loadgen.testing.builders import workload_file
 from loadgen.testing.crashtest import received_ids, slow_after_five, start_interrupt_run, wait_for
@@ -243,7 +243,7 @@ def test_a_dead_worker_loses_nothing_of_the_other_and_invalidates_the_run(tmp_pa
 def test_workers_beyond_the_plans_starts_are_capped_with_a_warning(tmp_path: Path) -> None:
     """40 singles + 6 sessions + 3 trajectories + 1 batch = 50 starts: --workers 64 is 50
     workers (14 would get nothing to send), and the run says so."""
-    from loadgen.run.execute import workers_warnings
+    from loadgen.run.host import workers_warnings
 
     spec = load(write_workload(tmp_path))
     work = plan_work(spec, 3)
@@ -258,18 +258,18 @@ def test_workers_beyond_the_plans_starts_are_capped_with_a_warning(tmp_path: Pat
 def test_more_workers_than_cores_is_warned_about(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loadgen.run import execute
+    from loadgen.run import host
 
     work = plan_work(load(write_workload(tmp_path)), 3)
-    monkeypatch.setattr(execute, "usable_cores", lambda: 2)
-    said = execute.workers_warnings(work, 8, 8)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    said = host.workers_warnings(work, 8, 8)
     assert said == [
         "8 workers on 2 cores: the processes share the cores, so their start-up queues and "
         "their sends lag (a late send makes the run invalid, exit 3); use --workers 2 or "
         "fewer here"
     ]
-    assert execute.workers_warnings(work, 2, 2) == []  # one per core: nothing to say
-    assert execute.workers_warnings(work, None, 8) == []  # chosen by loadgen, not asked
+    assert host.workers_warnings(work, 2, 2) == []  # one per core: nothing to say
+    assert host.workers_warnings(work, None, 8) == []  # chosen by loadgen, not asked
 
 
 def test_a_run_with_more_workers_than_requests_warns_even_when_quiet(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadgen.run.simulator import SimProcess, running_sim
+from loadgen.run.processes.simulator import SimProcess, running_sim
 
 SPEED = 50.0
 PROMPT = "one two three four"  # 4 prompt tokens

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 
 from loadgen.results.records import Outcome, RequestRecord, TokenSource
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.testing import PlanFactory, run_engine
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines

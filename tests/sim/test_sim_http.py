@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.errors import ConfigError
-from loadgen.run.simulator import SimProcess, running_sim, sim_args_from_mapping
+from loadgen.run.processes.simulator import SimProcess, running_sim, sim_args_from_mapping
 from loadgen.sim import cli as sim_cli
 from loadgen.sim.cli import build_config, sim
 from loadgen.sim.config import SimConfig

@@ -24,7 +24,7 @@ from loadgen.run.envelope import (
     last_envelope,
     save_calibration,
 )
-from loadgen.run.simulator import running_sim
+from loadgen.run.processes.simulator import running_sim
 from loadgen.studies.calibrate import calibrate, compare, level_plans, run_engine, sim_args
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.spec import Deadlines, WorkloadSpec, loads

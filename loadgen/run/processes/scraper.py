@@ -11,18 +11,15 @@ live gauges (what a live exporter re-publishes); the scraper's log lines, for th
 at the end, the final tally. A reader thread takes them: a few µs per scrape.
 
 The child runs at a lower CPU priority (`nice` 10): where cores are short, the scrape
-waits, not the sends. It ignores SIGINT and SIGTERM (the parent owns them and stops it
-with a message) and dies with its parent (`run.lifeline`), as a worker does.
+waits, not the sends. It is a `child.Child`, as a worker is: it ignores SIGINT and SIGTERM
+(the parent owns them and stops it with a message) and dies with its parent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -37,13 +34,11 @@ from loadgen.engine.secrets import Redactor
 from loadgen.errors import LoadgenError
 from loadgen.results.summary import ScrapeAccess
 from loadgen.results.write import write_server_part
-from loadgen.run.lifeline import die_with_parent
+from loadgen.run.processes.child import DONE, READY, READY_TIMEOUT_S, Child, NotReady, Pipe
 
-READY_TIMEOUT_S = 120.0  # a scraper process not set up by then is broken (as a worker)
 NICENESS = 10  # the scraper's lower CPU priority: a scrape may wait, a send may not
 STOP_TIMEOUT_S = 30.0  # its last scrape (at most the scrape timeout, 10 s) and last spill
-
-Pipe = multiprocessing.connection.Connection
+STOP = "stop"  # parent → scraper: one more scrape, the last spill, then `done`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +51,6 @@ class ScrapeTask:
     run_dir: Path
     auth: ScrapeAuth
     redactor: Redactor
-    parent_pid: int
     network: Network
 
 
@@ -83,7 +77,6 @@ class ScraperProcess:
         self._task = ScrapeTask(url=url, interval_s=interval_s, timeout_s=self.timeout_s,
                                 run_dir=run_dir, auth=auth,
                                 redactor=redactor if redactor is not None else Redactor(),
-                                parent_pid=os.getpid(),
                                 network=network if network is not None else Network())  # fmt: skip
         self.first_done = threading.Event()  # set when the first scrape has ended
         self.pid: int | None = None  # the scraper process's
@@ -93,8 +86,7 @@ class ScraperProcess:
                                   malformed_lines=0, last_error=None, access=asked)  # fmt: skip
         self._gauges: dict[str, float] = {}
         self._final: ScrapeStats | None = None
-        self._process: Any = None  # multiprocessing SpawnProcess
-        self._conn: Pipe | None = None
+        self._child: Child | None = None
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -109,44 +101,34 @@ class ScraperProcess:
     def start(self) -> None:
         """Spawn the scraper and wait until it has imported and set up (its first scrape
         begins then), so that its start-up shares no CPU with the run's sends."""
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
-        process = context.Process(target=scraper_main, args=(self._task, child_end),
-                                  name="loadgen-scraper", daemon=True)  # fmt: skip
-        process.start()
-        child_end.close()  # a child that dies is then an EOFError here
-        self._process, self._conn = process, parent_end
-        if not parent_end.poll(READY_TIMEOUT_S):
-            process.kill()
-            raise LoadgenError(f"the server-metrics scraper was not ready after "
-                               f"{READY_TIMEOUT_S:g} s")  # fmt: skip
+        child = Child.spawn(scraper_main, (self._task,), name="loadgen-scraper", daemon=True)
+        self._child = child
         try:
-            message = parent_end.recv()
-        except EOFError:
-            process.join(timeout=5)
+            child.wait_ready()
+        except NotReady as why:
+            if why.exit_code is None:
+                child.kill()
+                raise LoadgenError(f"the server-metrics scraper was not ready after "
+                                   f"{READY_TIMEOUT_S:g} s") from None  # fmt: skip
             raise LoadgenError(f"the server-metrics scraper exited with code "
-                               f"{process.exitcode} before it began") from None  # fmt: skip
-        self.pid = int(message[1])
-        self._reader = threading.Thread(target=self._read, name="loadgen-scrape-reader",
-                                        daemon=True)  # fmt: skip
+                               f"{why.exit_code} before it began") from None  # fmt: skip
+        self.pid = child.pid
+        self._reader = threading.Thread(target=self._read, args=(child.conn,),
+                                        name="loadgen-scrape-reader", daemon=True)  # fmt: skip
         self._reader.start()
 
     def stop(self) -> ScrapeStats:
         """Ask for one more scrape (the run's end state) and the last spill, wait for the
         process to end, return the tally (a second call returns the same)."""
         with self._lock:
-            if self._conn is not None and self._process is not None:
-                with contextlib.suppress(OSError):  # gone already: its last tally stands
-                    self._conn.send(("stop",))
+            child, self._child = self._child, None
+            if child is not None:
+                child.tell((STOP,))  # gone already: its last tally stands
                 if self._reader is not None:
                     self._reader.join(STOP_TIMEOUT_S)
-                self._process.join(timeout=5)
-                if self._process.is_alive():
+                if not child.stop((None, 5.0)):
                     LOGGER.warning("server metrics: the scraper did not stop; killed")
-                    self._process.kill()
-                    self._process.join(timeout=5)
-                self._conn.close()
-                self._conn = None
+                child.close()
         return self.stats()
 
     def stats(self) -> ScrapeStats:
@@ -164,13 +146,12 @@ class ScraperProcess:
         """The latest scrape's figures a live exporter re-publishes."""
         return self._gauges
 
-    def _read(self) -> None:
+    def _read(self, conn: Pipe) -> None:
         """The reader thread: every message of the scraper process, until it is done."""
-        assert self._conn is not None
         try:
             while True:
                 try:
-                    message = self._conn.recv()
+                    message = conn.recv()
                 except (EOFError, OSError):
                     return
                 kind = message[0]
@@ -180,7 +161,7 @@ class ScraperProcess:
                     self.first_done.set()
                 elif kind == "log":
                     LOGGER.log(message[1], "%s", message[2])
-                elif kind == "done":
+                elif kind == DONE:
                     self._final = message[1]
                     return
         finally:
@@ -189,9 +170,6 @@ class ScraperProcess:
 
 def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
     """Entry point of the scraper process: scrape until the parent says stop (or dies)."""
-    die_with_parent(task.parent_pid, signal.SIGKILL)  # never outlive the run
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and SIGTERM
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # not on every platform
         os.nice(NICENESS)  # on a busy host the sends, not the scrapes, get the CPU first
     lock = threading.Lock()
@@ -212,11 +190,11 @@ def scraper_main(task: ScrapeTask, conn: Pipe) -> None:
     scraper = Scraper(task.url, task.interval_s, timeout_s=task.timeout_s, auth=task.auth,
                       redactor=task.redactor, spill=partial(write_server_part, task.run_dir),
                       on_scrape=scraped, network=task.network)  # fmt: skip
-    tell(("ready", os.getpid()))
+    tell((READY, os.getpid()))
     scraper.start()
     with contextlib.suppress(EOFError):  # EOF: the parent is gone
-        conn.recv()  # ("stop",)
-    tell(("done", scraper.stop()))
+        conn.recv()  # (STOP,)
+    tell((DONE, scraper.stop()))
     conn.close()
 
 

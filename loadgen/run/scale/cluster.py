@@ -1,11 +1,11 @@
 """What `run --ray` decides without Ray: placement, clocks, the start, each shard's options,
 and the records of a shard whose node was lost.
 
-Sits beside `run.merge`, under `run.raycluster` (the only code that imports Ray, a contract
-in pyproject.toml), so that every rule of a distributed run is a pure function tested
-without a cluster. A Ray run is N shards of today's `run --shard i/N` (the split rule of
-`workload.shards`), each in its own process on its node, told one start once every one is
-ready (`run.told`), brought back as run folders and joined by `merge_shards`.
+Beside `raycluster` (the only code that imports Ray, a contract in pyproject.toml), so that
+every rule of a distributed run is a pure function tested without a cluster. A Ray run is
+N shards of today's `run --shard i/N` (the split rule of `workload.shards`), each in its
+own process on its node, told one start once every one is ready (`run.processes.told`),
+brought back as run folders and joined by `run.merge.merge_shards`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ STRICT_SPREAD, SPREAD = "STRICT_SPREAD", "SPREAD"  # Ray's placement strategies
 CLOCK_SAMPLES = 8  # round trips per node; the offset is the fastest one's
 START_LEAD_S = 1.0  # the agreed start lies this far ahead of the moment all were ready
 LOST_AFTER_S = 10.0  # a shard not heard from this long is lost (its node, or its actor)
-READY_TIMEOUT_S = 120.0  # a shard not ready by then is refused, before any traffic
 MAX_CLOCK_SKEW_MS = 10.0  # `--max-clock-skew-ms`: a node's offset above it refuses the run
 
 # How a shard ended (run.json `ray.shards.*.outcome`)

@@ -1,17 +1,19 @@
 """Child processes die with their parent, whatever kills it.
 
-`loadgen run` starts helpers: the built-in simulator (a subprocess) and, with `--workers N`,
-N engine processes. A parent that exits normally stops them; one killed by SIGKILL, the
-OOM killer or an `os._exit` (a second Ctrl-C) runs no clean-up, so each child arranges its
-own death. On Linux the kernel sends it a signal the moment its parent dies
-(`prctl(PR_SET_PDEATHSIG)`). Elsewhere a watcher notices the re-parenting (`os.getppid()`
-changes) within half a second: a daemon thread in a worker process; for a command, the
-small `python -m loadgen.run.lifeline` process that runs it.
+`loadgen run` starts helpers (`child.Child`): the built-in simulator (a command), the
+server-metrics scraper and, with `--workers N`, N engine processes (spawned). A parent that
+exits normally stops them; one killed by SIGKILL, the OOM killer or an `os._exit` (a second
+Ctrl-C) runs no clean-up, so each child arranges its own death. On Linux the kernel sends
+it a signal the moment its parent dies (`prctl(PR_SET_PDEATHSIG)`). Elsewhere a watcher
+notices the re-parenting (`os.getppid()` changes) within half a second: a daemon thread in
+a spawned process; for a command, the small `python -m loadgen.run.processes.lifeline`
+process that runs it.
 
 PR_SET_PDEATHSIG fires when the *thread* that created the child exits: start children
 from a thread that lives as long as the process (loadgen starts them from the main thread).
-It survives `execve`, which is how a command is wrapped: `python -m loadgen.run.lifeline
-PARENT_PID SIGNAL auto -- COMMAND...` sets it, then becomes COMMAND (same pid).
+It survives `execve`, which is how a command is wrapped: `python -m
+loadgen.run.processes.lifeline PARENT_PID SIGNAL auto -- COMMAND...` sets it, then becomes
+COMMAND (same pid).
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def _watch(parent_pid: int, sig: int) -> None:
 
 def wrap(command: list[str], sig: int) -> list[str]:
     """`command` as a command line that dies with this process, receiving `sig`."""
-    return [sys.executable, "-m", "loadgen.run.lifeline", str(os.getpid()), str(int(sig)), "auto",
-            "--", *command]  # fmt: skip
+    return [sys.executable, "-m", "loadgen.run.processes.lifeline", str(os.getpid()),
+            str(int(sig)), "auto", "--", *command]  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -69,7 +71,8 @@ def main(argv: list[str]) -> None:
     death signal set (Linux), else (or with MODE `watch`) runs it as a child and watches."""
     if len(argv) < 5 or argv[3] != "--" or argv[2] not in ("auto", "watch"):
         raise SystemExit(
-            "usage: python -m loadgen.run.lifeline PARENT_PID SIGNAL auto|watch -- COMMAND..."
+            "usage: python -m loadgen.run.processes.lifeline PARENT_PID SIGNAL auto|watch -- "
+            "COMMAND..."
         )
     parent, sig, mode, command = int(argv[0]), int(argv[1]), argv[2], argv[4:]
     if os.getppid() != parent:

@@ -1,4 +1,5 @@
-"""A shard told its start by a driver (`run --ray` places `run --shard i/N --start-when-told`).
+"""A shard told its start by a driver (`run --ray` places `run --shard i/N --start-when-told`):
+the command's side of `child.Child`'s ready and start-at, over its stdout and stdin.
 
 Between the engine's set-up and t0. A shard launched by hand is given `--start-at T` on its
 command line, so T must lie far enough ahead for every host to launch it. A driver instead

@@ -1,21 +1,19 @@
 """Engine processes on one host, run as one group: spawned, each ready before any starts,
 all started at one t0, stopped by the one interrupt policy, never left behind.
 
-`loadgen run --workers N` (`run.workers`) and `loadgen calibrate --processes N`
-(`studies.calibrate`) run their engine processes through one `ProcessGroup`. They are
-spawned, not forked (a forked event loop is not safe), each with a pipe to the parent. A
-child sets up (imports, its loop and engine), says `ready` and blocks (`ready_then_wait`);
-once every child is ready the parent sends each the same `start` message with t0, so no
-process is still importing when the schedule begins. The parent owns SIGINT and SIGTERM
-(a child ignores them) and applies `drive.interrupt` to the group: the first signal tells
-every child to `stop` (a child follows its parent with `obey_parent`), the second to
-`exit`. Each child ends with one `done` message; the group joins every child, and kills
-what has not exited by then.
+`loadgen run --workers N` (`run.scale.workers`) and `loadgen calibrate --processes N`
+(`studies.calibrate`) run their engine processes through one `ProcessGroup` of spawned
+`child.Child`ren. A child sets up (imports, its loop and engine), says `ready` and blocks
+(`child.ready_then_wait`); once every child is ready the parent sends each the same start
+with t0, so no process is still importing when the schedule begins. The parent owns
+SIGINT and SIGTERM and applies `run.interrupt` to the group: the first signal tells every
+child to `stop` (a child follows its parent with `obey_parent`), the second to `exit`.
+Each child ends with one `done` message; the group joins every child, and kills what has
+not exited by then.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import multiprocessing.connection
 import os
 import signal
@@ -24,78 +22,42 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 
 from loadgen.engine.runner import Engine
 from loadgen.errors import EXIT_INTERRUPTED, LoadgenError
-from loadgen.run.drive import interrupt
+from loadgen.run.interrupt import interrupt
+from loadgen.run.processes.child import (
+    DONE,
+    READY,
+    READY_TIMEOUT_S,
+    SIGNALS,
+    Child,
+    Pipe,
+    ready_then_wait,
+)
 from loadgen.run.record import RunState
+from loadgen.run.terminal import Terminal
 
-READY = "ready"  # child → parent: ("ready", pid)
-START = "start"  # parent → child: ("start", t0)
-DONE = "done"  # child → parent, its last message: ("done", pid, what it has to say)
+__all__ = [
+    "CANCEL", "DONE", "EXIT", "STOP", "Child", "ProcessGroup", "obey_parent", "ready_then_wait",
+    "receive", "spawn", "start_all", "wait_ready",
+]  # fmt: skip
+
 STOP, CANCEL, EXIT = "stop", "cancel", "exit"  # parent → child: (command,), see obey_parent
-READY_TIMEOUT_S = 120.0  # a child that has not imported and set up by then is broken
 JOIN_TIMEOUT_S = 10.0  # a child not exited this long after the group ended is killed
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-Pipe = multiprocessing.connection.Connection
-
-
-@dataclass(slots=True)
-class Child:
-    """The parent's view of one spawned process."""
-
-    index: int
-    process: Any  # multiprocessing SpawnProcess
-    conn: Pipe
-    pid: int | None = None
-    ready: bool = False
-    closed: bool = False  # its pipe closed (it exited, or died)
-    done: bool = False  # it sent its `done`
-
-    @property
-    def running(self) -> bool:
-        """Neither done nor gone."""
-        return not self.done and not self.closed
+EXIT_WAIT_S = 5.0  # after a second signal: how long the children get to write and exit
 
 
 def spawn(target: Callable[..., None], args: Sequence[tuple[Any, ...]], name: str) -> list[Child]:
     """One spawned process per tuple of `args`, running `target(*args, pipe)`."""
-    context = multiprocessing.get_context("spawn")
-    children = []
-    for index, arguments in enumerate(args):
-        parent_end, child_end = context.Pipe()
-        process = context.Process(
-            target=target, args=(*arguments, child_end), name=f"{name}-{index}"
-        )
-        process.start()
-        child_end.close()  # the child has its own copy: a child that dies is then an EOFError
-        children.append(Child(index=index, process=process, conn=parent_end))
-    return children
+    return [Child.spawn(target, arguments, name=f"{name}-{index}", index=index)
+            for index, arguments in enumerate(args)]  # fmt: skip
 
 
 # -- the child's side ------------------------------------------------------------------
-
-
-def ready_then_wait(conn: Pipe) -> Any | None:
-    """In a child: say ready, then block until the parent's start. Its t0, or None when the
-    parent gave up (the pipe closed, or anything but a start came)."""
-    conn.send((READY, os.getpid()))
-    try:
-        message = conn.recv()
-    except EOFError:
-        return None
-    return message[1] if message[0] == START else None
-
-
-def ignore_signals() -> None:
-    """In a child: SIGINT and SIGTERM are the parent's (Ctrl-C reaches the whole terminal's
-    process group; the parent tells each child what to do)."""
-    for sig in SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 STATS_EVERY_S = 0.5  # a child's heartbeat, when it reports
@@ -150,12 +112,13 @@ def receive(
 ) -> None:
     """Take every message that arrives within `timeout_s`: a `ready` marks its child ready,
     and every message goes to `on_message`; a pipe that closed marks its child closed."""
-    open_conns = {child.conn: child for child in children if not child.closed}
+    open_conns = {child.conn: child for child in children if child.conn and not child.closed}
     if not open_conns:
         time.sleep(timeout_s)
         return
     for conn in multiprocessing.connection.wait(list(open_conns), timeout=timeout_s):
         child = open_conns[conn]  # type: ignore[index]  # wait returns what it was given
+        assert child.conn is not None  # a spawned child
         try:
             message = child.conn.recv()
         except (EOFError, OSError):
@@ -182,17 +145,17 @@ def wait_ready(
     deadline = time.monotonic() + timeout_s
     while not all(child.ready for child in children):
         receive(children, 0.1, on_message)
-        dead = [c for c in children if not c.ready and (c.closed or not c.process.is_alive())]
+        dead = [c for c in children if not c.ready and (c.closed or c.exit_code is not None)]
         stop = interrupted()
         if dead or stop or time.monotonic() > deadline:
             if dead:  # exiting on its own (its pipe closes first): its code, not our SIGTERM
-                dead[0].process.join(timeout=5)
+                dead[0].wait(5)
             for child in children:
-                child.process.terminate()
+                child.signal(signal.SIGTERM)
             if stop:
                 raise KeyboardInterrupt
             why = (
-                f"{what} {dead[0].index} exited with code {dead[0].process.exitcode}"
+                f"{what} {dead[0].index} exited with code {dead[0].exit_code}"
                 if dead
                 else f"not every {what} was ready after {timeout_s:g} s"
             )
@@ -202,17 +165,7 @@ def wait_ready(
 def start_all(children: Sequence[Child], t0: Any) -> None:
     """Send every child that is still listening the one start, with `t0`."""
     for child in children:
-        send(child, (START, t0))
-
-
-def send(child: Child, message: tuple[Any, ...]) -> None:
-    """Send a message to a child; one whose pipe has closed is marked closed."""
-    if child.closed:
-        return
-    try:
-        child.conn.send(message)
-    except OSError:
-        child.closed = True
+        child.start_at(t0)
 
 
 OnMessage = Callable[[Child, Any], None]
@@ -253,13 +206,13 @@ class ProcessGroup:
     ) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        self._end(JOIN_TIMEOUT_S)
+
+    def _end(self, within_s: float) -> None:
+        """Join every child within `within_s` in all; kill what still runs then."""
+        deadline = time.monotonic() + within_s
         for child in self.children:
-            child.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for child in self.children:
-            if child.process.is_alive():
-                child.process.kill()
-                child.process.join(timeout=5)
+            child.stop((None, max(0.0, deadline - time.monotonic())))
 
     def wait_ready(self, on_message: OnMessage = lambda child, message: None) -> None:
         """`wait_ready` for every child; a signal meanwhile ends it as KeyboardInterrupt."""
@@ -273,15 +226,15 @@ class ProcessGroup:
     def tell(self, message: tuple[Any, ...]) -> None:
         """Send every child still listening `message` (`(STOP,)`, `(CANCEL,)`, `(EXIT,)`)."""
         for child in self.children:
-            send(child, message)
+            child.tell(message)
 
     def supervise(
-        self, on_message: OnMessage, *, grace_s: float, log: TextIO,
+        self, on_message: OnMessage, *, grace_s: float, terminal: Terminal,
         tick: Callable[[RunState], None] = lambda state: None, every_s: float = 0.25,
         folder: Path | None = None, before_exit: Callable[[], None] = lambda: None,
     ) -> RunState:  # fmt: skip
         """Take every child's messages until each is done or gone, each signal through the
-        one interrupt policy (`drive.interrupt`: first, every child stops and gives its
+        one interrupt policy (`run.interrupt`: first, every child stops and gives its
         in-flight requests `grace_s`; second, every child and this process exit now, 130,
         after `before_exit()`: the run's record marked interrupted; `folder` is named).
         `tick(state)` runs at least every `every_s` (the caller's own supervision)."""
@@ -293,22 +246,14 @@ class ProcessGroup:
                 handled += 1
 
                 def exit_all() -> None:
-                    self._exit_all()
+                    self.tell((EXIT,))  # every child writes what it has and exits
+                    self._end(EXIT_WAIT_S)
                     before_exit()
 
-                interrupt(state, grace_s, log, stop=lambda: self.tell((STOP,)),
+                interrupt(state, grace_s, terminal, stop=lambda: self.tell((STOP,)),
                           exit_now=exit_all, folder=folder)  # fmt: skip
             for child in self.children:
-                if child.running and not child.process.is_alive():
+                if child.running and child.exit_code is not None:
                     child.closed = True
             tick(state)
         return state
-
-    def _exit_all(self) -> None:
-        """The second signal: every child writes what it has and exits (or is killed)."""
-        self.tell((EXIT,))
-        deadline = time.monotonic() + 5
-        for child in self.children:
-            child.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if child.process.is_alive():
-                child.process.kill()

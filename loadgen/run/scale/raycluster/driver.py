@@ -1,7 +1,8 @@
 """`run --ray`: connect, place N shards one per node, measure each node's clock, launch
 them, agree one start once all are ready, watch them, bring their folders back, merge.
 
-The driver is the process the user started; it owns the target (the built-in simulator is
+`RayRunner` is the runner `run.execute` chooses for `--ray`. The driver is the process the
+user started; it owns the target (the built-in simulator is
 started here, once, as `--workers` does), the run folder and the exit code. Faults are
 outcomes: a shard whose node or actor stops answering for `LOST_AFTER_S` is lost (its plans
 recorded as recovery records them, exit 5); a shard process killed outright is recovered
@@ -21,18 +22,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from loadgen.errors import LoadgenError
-from loadgen.results.runfolder import RayInfo, RayShard, new_run_id, read_run_info
+from loadgen.results.runfolder import RayInfo, RayShard, read_run_info
 from loadgen.results.write import keep_shards, unpack_run_folder, write_run_info
-from loadgen.run.cluster import (
+from loadgen.run.context import RunContext
+from loadgen.run.merge import merge_shards
+from loadgen.run.prepare import Prepared
+from loadgen.run.processes.child import READY_TIMEOUT_S
+from loadgen.run.processes.simulator import target_url
+from loadgen.run.record import RunResult
+from loadgen.run.scale.cluster import (
     CLOCK_SAMPLES,
     INTERRUPTED,
     LOST,
     LOST_AFTER_S,
     OK,
-    READY_TIMEOUT_S,
     ClockSample,
     RayOptions,
     agree_start,
@@ -43,14 +49,9 @@ from loadgen.run.cluster import (
     skew_problems,
     write_lost_shard,
 )
-from loadgen.run.execute import RunResult, prepare
-from loadgen.run.merge import merge_shards
-from loadgen.run.options import RunOptions
-from loadgen.run.raycluster import INSTALL_HINT
-from loadgen.run.simulator import target_url
-from loadgen.run.told import REFUSE_WORD, start_line
+from loadgen.run.scale.raycluster import INSTALL_HINT
+from loadgen.run.terminal import Terminal
 from loadgen.workload.shards import Share
-from loadgen.workload.spec import WorkloadSpec
 
 POLL_S = 0.5  # how often the driver looks at its shards
 PROGRESS_S = 5.0  # a progress line this often (not on a terminal: it would scroll)
@@ -105,71 +106,75 @@ class Shard:
         return self.ended is not None or self.lost is not None
 
 
-def run_on_ray(
-    spec: WorkloadSpec, options: RunOptions, ray_options: RayOptions, *, log: TextIO | None = None
-) -> RunResult:
-    """The run, sharded over a Ray cluster (see the module docstring)."""
-    log = sys.stderr if log is None else log
-    began = time.monotonic()
-    ray = import_ray(ray_options.address)
-    ready = prepare(spec, options)  # the plan, the client, the folder: refused before Ray
-    run_id = options.run_id or new_run_id(spec.name)
-    options = replace(options, run_id=run_id, nonce=ready.cache.nonce)
-    started_local = _connect(ray, ray_options.address, log, options.quiet)
-    pg = None
-    shards: list[Shard] = []
-    try:
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        placement = plan_placement(ray_options.shards, len(alive))
-        _say(log, options, f"ray: {len(alive)} alive node(s), {placement.shards} shards, "
-                           f"placement {placement.strategy}")  # fmt: skip
-        if placement.note is not None:
-            print(f"warning: {placement.note}", file=log)
-        pg, shards = _place(ray, placement.shards, placement.strategy)
-        _measure_clocks(ray, shards)
-        _say_placement(log, options, shards)
-        problems = skew_problems({s.index: s.offset_ns for s in shards},
-                                 ray_options.max_clock_skew_ms)  # fmt: skip
-        if problems:
-            raise LoadgenError(
-                "refused before any traffic: node clocks too far apart:\n  "
-                + "\n  ".join(problems)
-                + "\nsync the nodes' clocks (chrony/NTP), or raise --max-clock-skew-ms"
-            )
-        with target_url(options.url, spec) as (url, sim_args):
-            if sim_args is not None:
-                _say(log, options, f"no --url given: started the built-in simulator at {url}")
-            try:
-                start_ns = _launch_and_start(ray, spec, options, shards, url)
-            except KeyboardInterrupt:
-                print("\ninterrupted before the start: nothing was sent; stopping every shard",
-                      file=log)  # fmt: skip
-                raise
-            before_t0_s = (start_ns - time.time_ns()) / 1e9 + (time.monotonic() - began)
-            _say(log, options, f"ray: every shard ready; agreed start in "
-                               f"{(start_ns - time.time_ns()) / 1e9:.2f} s")  # fmt: skip
-            interrupted = _watch(ray, shards, options, log)
-        ended = time.monotonic()
-        return _collect_and_merge(
-            ray, spec, options, shards, start_ns=start_ns, interrupted=interrupted,
-            info=RayInfo(address=ray_options.address or "local", started_local=started_local,
-                         strategy=placement.strategy, nodes_alive=len(alive),
-                         max_clock_skew_ms=ray_options.max_clock_skew_ms,
-                         before_t0_s=round(before_t0_s, 3)),
-            ended=ended, log=log,
-        )  # fmt: skip
-    finally:
-        _clean_up(ray, shards, pg, started_local)
+@dataclass(frozen=True, slots=True)
+class RayRunner:
+    """Send the run from shards on a Ray cluster (see the module docstring). Made with
+    `for_run` as the run begins, so that a missing Ray is said before anything else and the
+    time before t0 counts from then."""
+
+    options: RayOptions
+    ray: Any  # the module, imported
+    began: float  # time.monotonic() as the run began
+
+    @classmethod
+    def for_run(cls, options: RayOptions) -> RayRunner:
+        return cls(options=options, ray=import_ray(options.address), began=time.monotonic())
+
+    def run(self, run: RunContext, prepared: Prepared) -> RunResult:
+        """Connect, place, launch, start, watch, collect, merge into `run.run_dir`."""
+        ray, ray_options, terminal = self.ray, self.options, run.terminal
+        started_local = _connect(ray, ray_options.address, terminal)
+        pg = None
+        shards: list[Shard] = []
+        try:
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            placement = plan_placement(ray_options.shards, len(alive))
+            terminal.say(f"ray: {len(alive)} alive node(s), {placement.shards} shards, "
+                         f"placement {placement.strategy}")  # fmt: skip
+            if placement.note is not None:
+                terminal.warn(f"warning: {placement.note}")
+            pg, shards = _place(ray, placement.shards, placement.strategy)
+            _measure_clocks(ray, shards)
+            _say_placement(terminal, shards)
+            problems = skew_problems({s.index: s.offset_ns for s in shards},
+                                     ray_options.max_clock_skew_ms)  # fmt: skip
+            if problems:
+                raise LoadgenError(
+                    "refused before any traffic: node clocks too far apart:\n  "
+                    + "\n  ".join(problems)
+                    + "\nsync the nodes' clocks (chrony/NTP), or raise --max-clock-skew-ms"
+                )
+            with target_url(run.options.url, run.spec) as (url, sim_args):
+                if sim_args is not None:
+                    terminal.say(f"no --url given: started the built-in simulator at {url}")
+                try:
+                    start_ns = _launch_and_start(ray, run, shards, url)
+                except KeyboardInterrupt:
+                    terminal.warn("\ninterrupted before the start: nothing was sent; stopping "
+                                  "every shard")  # fmt: skip
+                    raise
+                before_t0_s = (start_ns - time.time_ns()) / 1e9 + (time.monotonic() - self.began)
+                terminal.say(f"ray: every shard ready; agreed start in "
+                             f"{(start_ns - time.time_ns()) / 1e9:.2f} s")  # fmt: skip
+                interrupted = _watch(ray, shards, run)
+            ended = time.monotonic()
+            info = RayInfo(address=ray_options.address or "local", started_local=started_local,
+                           strategy=placement.strategy, nodes_alive=len(alive),
+                           max_clock_skew_ms=ray_options.max_clock_skew_ms,
+                           before_t0_s=round(before_t0_s, 3))  # fmt: skip
+            return _collect_and_merge(run, shards, start_ns=start_ns, interrupted=interrupted,
+                                      info=info, ended=ended)  # fmt: skip
+        finally:
+            _clean_up(ray, shards, pg, started_local)
 
 
 @contextmanager
-def ray_session(ray_options: RayOptions, *, log: TextIO | None = None, quiet: bool = False
-                ) -> Iterator[None]:  # fmt: skip
-    """Connected to the cluster for several runs (a capacity search's steps): each
-    `run_on_ray` inside uses this connection, and a local Ray started here is stopped at
-    the end, not after every run."""
+def ray_session(ray_options: RayOptions, *, quiet: bool = False) -> Iterator[None]:
+    """Connected to the cluster for several runs (a capacity search's steps): each run on
+    Ray inside uses this connection, and a local Ray started here is stopped at the end,
+    not after every run."""
     ray = import_ray(ray_options.address)
-    started = _connect(ray, ray_options.address, sys.stderr if log is None else log, quiet)
+    started = _connect(ray, ray_options.address, Terminal(sys.stderr, quiet=quiet))
     try:
         yield
     finally:
@@ -177,12 +182,7 @@ def ray_session(ray_options: RayOptions, *, log: TextIO | None = None, quiet: bo
             ray.shutdown()
 
 
-def _say(log: TextIO, options: RunOptions, line: str) -> None:
-    if not options.quiet:
-        print(line, file=log, flush=True)
-
-
-def _connect(ray: Any, address: str | None, log: TextIO, quiet: bool) -> bool:
+def _connect(ray: Any, address: str | None, terminal: Terminal) -> bool:
     """Join the cluster at `address` (`auto`, host:port, ray://...), or start a local Ray for
     this run (None); True when this run started it (and so stops it)."""
     if ray.is_initialized():
@@ -192,10 +192,10 @@ def _connect(ray: Any, address: str | None, log: TextIO, quiet: bool) -> bool:
     try:
         if address is None:  # `local`: a new Ray, even with one running here already
             ray.init(address="local", **kwargs)
-            if not quiet:
-                print(f"ray: started a local Ray for this run (one node, on loopback; its "
-                      f"logs and state in {_session_dir(ray)}, its auth token in this "
-                      "process's environment only: nothing in your home)", file=log)  # fmt: skip
+            if not terminal.quiet:
+                terminal.say(f"ray: started a local Ray for this run (one node, on loopback; its "
+                             f"logs and state in {_session_dir(ray)}, its auth token in this "
+                             "process's environment only: nothing in your home)")  # fmt: skip
             return True
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -220,7 +220,9 @@ def _place(ray: Any, count: int, strategy: str) -> tuple[Any, list[Shard]]:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from loadgen.run.raycluster.actor import ShardActor  # defers ray (the actor module imports it)
+    from loadgen.run.scale.raycluster.actor import (
+        ShardActor,  # defers ray (the actor module imports it)
+    )
 
     pg = placement_group([{"CPU": 1}] * count, strategy=strategy)
     ready, _ = ray.wait([pg.ready()], timeout=READY_TIMEOUT_S)
@@ -255,29 +257,28 @@ def _measure_clocks(ray: Any, shards: Sequence[Shard]) -> None:
         shard.offset_ns, shard.rtt_ns = clock_offset(samples)
 
 
-def _say_placement(log: TextIO, options: RunOptions, shards: Sequence[Shard]) -> None:
+def _say_placement(terminal: Terminal, shards: Sequence[Shard]) -> None:
     for s in shards:
-        _say(log, options, f"  shard {s.index}/{len(shards)} → node {s.where['node_ip']} "
-                           f"({s.where['node_id'][:12]}), clock offset {s.offset_ns / 1e6:+.3f} "
-                           f"ms (round trip {s.rtt_ns / 1e6:.3f} ms)")  # fmt: skip
+        terminal.say(f"  shard {s.index}/{len(shards)} → node {s.where['node_ip']} "
+                     f"({s.where['node_id'][:12]}), clock offset {s.offset_ns / 1e6:+.3f} "
+                     f"ms (round trip {s.rtt_ns / 1e6:.3f} ms)")  # fmt: skip
 
 
-def _launch_and_start(
-    ray: Any, spec: WorkloadSpec, options: RunOptions, shards: Sequence[Shard], url: str
-) -> int:
+def _launch_and_start(ray: Any, run: RunContext, shards: Sequence[Shard], url: str) -> int:
     """Launch every shard's process, wait until each is ready, tell them one start; a shard
-    not ready by `READY_TIMEOUT_S` refuses the run before any traffic."""
+    not ready by `READY_TIMEOUT_S` (any child's: `processes.child`) refuses the run before
+    any traffic."""
     count = len(shards)
-    each = [shard_options(options, Share(s.index, count), Path("."), url) for s in shards]
-    ray.get([s.actor.launch.remote(spec, o) for s, o in zip(shards, each, strict=True)])
+    each = [shard_options(run.options, Share(s.index, count), Path("."), url) for s in shards]
+    ray.get([s.actor.launch.remote(run.spec, o) for s, o in zip(shards, each, strict=True)])
     reasons = ray.get([s.actor.wait_ready.remote(READY_TIMEOUT_S) for s in shards])
     not_ready = [(s, why) for s, why in zip(shards, reasons, strict=True) if why is not None]
     if not_ready:
         said = "; ".join(f"shard {s.index} not ready: {why}" for s, why in not_ready)
-        ray.get([s.actor.start.remote(f"{REFUSE_WORD} {said}\n") for s in shards])
+        ray.get([s.actor.refuse.remote(said) for s in shards])
         raise LoadgenError(f"refused before any traffic: {said}")
     start_ns = agree_start(time.time_ns())
-    ray.get([s.actor.start.remote(start_line(start_ns, s.offset_ns)) for s in shards])
+    ray.get([s.actor.start.remote(start_ns, s.offset_ns) for s in shards])
     now = time.time_ns()
     for s in shards:
         s.finish_ref = s.actor.finish.remote()
@@ -285,7 +286,7 @@ def _launch_and_start(
     return start_ns
 
 
-def _watch(ray: Any, shards: Sequence[Shard], options: RunOptions, log: TextIO) -> bool:
+def _watch(ray: Any, shards: Sequence[Shard], run: RunContext) -> bool:
     """Until every shard ended or is lost: collect each end, ask each running one how it
     goes (a shard silent for `LOST_AFTER_S` is lost), draw progress. Ctrl-C (and SIGTERM,
     as the command maps it) stops every shard; True when it did."""
@@ -296,15 +297,15 @@ def _watch(ray: Any, shards: Sequence[Shard], options: RunOptions, log: TextIO) 
             _poll(ray, shards)
             if time.monotonic() - last_line >= PROGRESS_S:
                 last_line = time.monotonic()
-                _say(log, options, _progress_line(shards))
+                run.terminal.say(_progress_line(shards))
         except KeyboardInterrupt:
             if interrupted:
                 continue  # already stopping every shard
             interrupted = True
-            print("\ninterrupted: stopping every shard (records kept)", file=log, flush=True)
+            run.terminal.warn("\ninterrupted: stopping every shard (records kept)")
             for s in shards:
                 if not s.done:
-                    s.actor.interrupt.remote(options.grace_s)
+                    s.actor.interrupt.remote(run.options.grace_s)
     return interrupted
 
 
@@ -358,13 +359,13 @@ def _progress_line(shards: Sequence[Shard]) -> str:
 
 
 def _collect_and_merge(
-    ray: Any, spec: WorkloadSpec, options: RunOptions, shards: Sequence[Shard], *,
-    start_ns: int, interrupted: bool, info: RayInfo, ended: float, log: TextIO,
+    run: RunContext, shards: Sequence[Shard], *, start_ns: int, interrupted: bool,
+    info: RayInfo, ended: float,
 ) -> RunResult:  # fmt: skip
     """Every shard's folder into a staging folder (a lost one's made from its plan), merged
     into the run folder, the staging folder kept under it as `shards/`."""
-    run_id = options.run_id
-    assert run_id is not None  # chosen by run_on_ray
+    options, terminal = run.options, run.terminal
+    run_id = run.run_dir.name
     staging = options.out_dir / f".{run_id}.shards"
     staging.mkdir(parents=True, exist_ok=True)
     rows: list[RayShard] = []
@@ -391,15 +392,15 @@ def _collect_and_merge(
         write_lost_shard(staging / str(s.index), template, Share(s.index, len(shards)),
                          start_at_unix_ns=start_ns, clock_offset_ns=s.offset_ns,
                          alive_ns=alive_ns, reason=s.lost or "lost")  # fmt: skip
-        print(f"shard {s.index} lost: {s.lost}; its plans are recorded cancelled/not_sent "
-              "(exit 5)", file=log)  # fmt: skip
+        terminal.warn(f"shard {s.index} lost: {s.lost}; its plans are recorded "
+                      "cancelled/not_sent (exit 5)")  # fmt: skip
     for s in shards:
         code = s.ended.get("exit_code") if s.ended else None
         outcome = LOST if s.lost else outcome_of(code, bool(s.ended and s.ended["recovered"]))
         reason = s.lost
         if outcome not in (OK, INTERRUPTED) and reason is None and s.ended:
             reason = f"its process ended with exit {code}; recovered on its node"
-            print(f"shard {s.index} killed: {reason} (exit 5)", file=log)
+            terminal.warn(f"shard {s.index} killed: {reason} (exit 5)")
         rows.append(RayShard(
             index=s.index, node_id=s.where.get("node_id"), node_ip=s.where.get("node_ip"),
             clock_offset_ms=round(s.offset_ns / 1e6, 6), clock_rtt_ms=round(s.rtt_ns / 1e6, 6),
@@ -412,9 +413,9 @@ def _collect_and_merge(
     final = replace(merged.run_info, ray=replace(ray_info, after_run_s=round(
         time.monotonic() - ended, 3)))  # fmt: skip
     write_run_info(merged.run_dir, final)
-    _say(log, options, f"ray: merged {len(shards)} shards into {merged.run_dir} "
-                       f"({info.before_t0_s:.2f} s before t0, {final.ray.after_run_s:.2f} s "  # type: ignore[union-attr]
-                       "after the run)")  # fmt: skip
+    terminal.say(f"ray: merged {len(shards)} shards into {merged.run_dir} "
+                 f"({info.before_t0_s:.2f} s before t0, {final.ray.after_run_s:.2f} s "  # type: ignore[union-attr]
+                 "after the run)")  # fmt: skip
     return RunResult(run_dir=merged.run_dir, summary=merged.summary,
                      interrupted=interrupted or merged.run_info.interrupted,
                      run_info=final)  # fmt: skip

@@ -3,35 +3,35 @@
 `target_url` is the one place that decides between the URL a user gave and the built-in
 simulator (`loadgen run` and `loadgen capacity` both ask it).
 
-A separate process, so the simulator never competes with the client's event loop and
-the client's timing is measured against a server it does not share a GIL with. It dies
-with the process that started it, whatever kills that one (`loadgen.run.lifeline`: SIGTERM,
-so it still flushes its trace), so a killed `loadgen run` never leaves a simulator behind.
+A separate process (a `child.Child` command: `python -m loadgen.sim`), so the simulator
+never competes with the client's event loop and the client's timing is measured against a
+server it does not share a GIL with. It dies with the process that started it, whatever
+kills that one (`lifeline`: SIGTERM, so it still flushes its trace), so a killed `loadgen
+run` never leaves a simulator behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from loadgen.errors import ConfigError, LoadgenError
-from loadgen.run import lifeline
+from loadgen.run.processes.child import Child, NotReady
 from loadgen.sim.config import format_decode_table, validate
 from loadgen.workload.spec import WorkloadSpec
 
 _LISTENING = "loadgen sim listening on "
 _NOT_IN_SIM_SECTION = {"host", "port"}
 _FLAG_KEYS = {"no_done", "usage_in_finish", "close_after_stream"}
+STARTUP_TIMEOUT_S = 15.0  # the simulator imports little: it listens within this or is broken
+STOP_WAIT_S = 10.0  # after SIGTERM (it flushes its trace), then SIGKILL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,39 +78,9 @@ def _stderr_tail(stderr: IO[bytes], limit: int = 2000) -> str:
     return text[-limit:] or "(no output on stderr)"
 
 
-def _wait_for_url(proc: subprocess.Popen[bytes], stderr: IO[bytes], timeout_s: float) -> str:
-    """Read the child's stdout until its `listening on` line; LoadgenError otherwise."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while (remaining := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 0.2))
-        if ready:
-            line = proc.stdout.readline().decode("utf-8", "replace")
-            if line.startswith(_LISTENING):
-                return line[len(_LISTENING) :].strip()
-            if line:
-                continue
-        if proc.poll() is not None:
-            raise LoadgenError(
-                f"loadgen sim exited with code {proc.returncode} before listening:\n"
-                f"{_stderr_tail(stderr)}"
-            )
-    raise LoadgenError(
-        f"loadgen sim did not start listening within {timeout_s:g} s:\n{_stderr_tail(stderr)}"
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """SIGTERM (the child flushes its trace), then SIGKILL if it does not exit in time."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+def _listening_url(line: str) -> str | None:
+    """The URL of the simulator's `listening on` line (None: another line)."""
+    return line[len(_LISTENING) :].strip() if line.startswith(_LISTENING) else None
 
 
 @contextlib.contextmanager
@@ -118,27 +88,34 @@ def running_sim(
     args: Sequence[str] = (),
     *,
     trace_file: Path | None = None,
-    startup_timeout_s: float = 15.0,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> Iterator[SimProcess]:
     """Start `python -m loadgen.sim --host 127.0.0.1 --port 0 *args`; stop it on exit.
 
     Start it from the main thread: it dies when the thread that started it does (see
-    `loadgen.run.lifeline`), which for the main thread means when this process does.
+    `lifeline`), which for the main thread means when this process does.
     """
     command = [sys.executable, "-m", "loadgen.sim", "--host", "127.0.0.1", "--port", "0", *args]
     if trace_file is not None:
         command += ["--trace-file", str(trace_file)]
-    command = lifeline.wrap(command, signal.SIGTERM)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, env=env
-        )
+        child = Child.command(command, ready_line=_listening_url, stderr=stderr,
+                              lifeline=signal.SIGTERM, env=env)  # fmt: skip
         try:
-            url = _wait_for_url(proc, stderr, startup_timeout_s)
-            yield SimProcess(url=url, pid=proc.pid, trace_file=trace_file)
+            try:
+                url = child.wait_ready(startup_timeout_s)
+            except NotReady as why:
+                said = _stderr_tail(stderr)
+                if why.exit_code is None:
+                    raise LoadgenError(f"loadgen sim did not start listening within "
+                                       f"{startup_timeout_s:g} s:\n{said}") from None  # fmt: skip
+                raise LoadgenError(f"loadgen sim exited with code {why.exit_code} before "
+                                   f"listening:\n{said}") from None  # fmt: skip
+            yield SimProcess(url=url, pid=child.process.pid, trace_file=trace_file)
         finally:
-            _stop(proc)
+            child.stop((signal.SIGTERM, STOP_WAIT_S))  # SIGKILL if it does not exit in time
+            child.close()
 
 
 @contextlib.contextmanager

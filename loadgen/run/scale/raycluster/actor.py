@@ -1,5 +1,6 @@
-"""One shard on its node: the Ray actor that launches `shard` there, tells it its start,
-stops it, recovers it when it was killed, and sends its run folder back as bytes.
+"""One shard on its node: the Ray actor that launches `shard` there (a `processes.child.Child`
+command, told its start on stdin), stops it, recovers it when it was killed, and sends its
+run folder back as bytes.
 
 Methods run in the actor's threads (`max_concurrency`), so that `progress` and `interrupt`
 answer while `finish` waits for the process. Everything lives in a temp folder of the
@@ -14,7 +15,6 @@ import pickle
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +34,11 @@ from loadgen.results.runfolder import (
 )
 from loadgen.results.write import recover
 from loadgen.run.options import RunOptions
-from loadgen.run.told import READY_LINE, REFUSE_WORD
+from loadgen.run.processes.child import Child, NotReady
+from loadgen.run.processes.told import READY_LINE, REFUSE_WORD
 from loadgen.workload.spec import WorkloadSpec
 
+SHARD_MODULE = "loadgen.run.scale.raycluster.shard"  # the shard process: `python -m` it
 STOP_WAIT_S = 10.0  # after SIGINT's grace, then after SIGTERM: how long before the next
 
 
@@ -46,7 +48,7 @@ class ShardActor:
     def __init__(self, index: int) -> None:
         self.index = index
         self.folder = Path(tempfile.mkdtemp(prefix=f"loadgen-shard-{index}-"))
-        self.process: subprocess.Popen[str] | None = None
+        self.child: Child | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -63,52 +65,49 @@ class ShardActor:
         return time.time_ns()
 
     def launch(self, spec: WorkloadSpec, options: RunOptions) -> int:
-        """Start the shard's process (it sets up, then says ready); its pid."""
+        """Start the shard's process (it sets up, then says ready); its pid. It follows this
+        actor itself (`shard.main`), so no lifeline wraps it."""
         options_file = self.folder / "shard.pickle"
         here = replace(options, out_dir=self.folder / "out")
         options_file.write_bytes(pickle.dumps((spec, here)))
-        stdout = open(self.folder / "stdout", "w")  # noqa: SIM115  # the child's, closed below
-        stderr = open(self.folder / "stderr", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "loadgen.run.raycluster.shard", str(options_file)],
-            stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd=self.folder, text=True,
-        )  # fmt: skip
-        stdout.close()
-        stderr.close()
-        return self.process.pid
+        with open(self.folder / "stderr", "w") as stderr:  # the child's; `_said` reads it
+            self.child = Child.command(
+                [sys.executable, "-m", SHARD_MODULE, str(options_file)], ready_line=_ready,
+                stderr=stderr, lifeline=None, stdin=True, cwd=self.folder,
+            )  # fmt: skip
+        return int(self.child.process.pid)
 
     def wait_ready(self, timeout_s: float) -> str | None:
         """None once the process said ready; else why it is not (it ended, or the time ran
         out)."""
-        deadline = time.monotonic() + timeout_s
-        process = self.process
-        assert process is not None  # launched first
-        while time.monotonic() < deadline:
-            if READY_LINE in (self.folder / "stdout").read_text().split():
-                return None
-            if process.poll() is not None:
-                return f"its process ended with exit {process.returncode}: {self._said()}"
-            time.sleep(0.05)
-        said = self._said() or "nothing said"
-        return f"not ready after {timeout_s:g} s (still setting up: {said})"
+        assert self.child is not None  # launched first
+        try:
+            self.child.wait_ready(timeout_s)
+        except NotReady as why:
+            if why.exit_code is not None:
+                return f"its process ended with exit {why.exit_code}: {self._said()}"
+            said = self._said() or "nothing said"
+            return f"not ready after {timeout_s:g} s (still setting up: {said})"
+        return None
 
-    def start(self, line: str) -> None:
-        """Tell the process its start (or refuse it: a `refuse` line)."""
-        assert self.process is not None
-        assert self.process.stdin is not None
-        with contextlib.suppress(OSError):  # it ended: `finish` says how
-            self.process.stdin.write(line)
-            self.process.stdin.flush()
-            if line.startswith(REFUSE_WORD):
-                self.process.stdin.close()
+    def start(self, start_at_unix_ns: int, clock_offset_ns: int) -> None:
+        """Tell the process its start: the driver's agreed start and this node's clock
+        offset from the driver's (an ended process: `finish` says how it ended)."""
+        assert self.child is not None
+        self.child.start_at(start_at_unix_ns, clock_offset_ns)
+
+    def refuse(self, reason: str) -> None:
+        """Tell the process the run was refused: it ends without sending, saying why."""
+        assert self.child is not None
+        self.child.tell_line(f"{REFUSE_WORD} {reason}\n", last=True)
 
     def pid(self) -> int | None:
         """The shard process's pid."""
-        return self.process.pid if self.process is not None else None
+        return self.child.pid if self.child is not None else None
 
     def progress(self) -> tuple[bool, int]:
         """(still running, records spilled so far)."""
-        running = self.process is not None and self.process.poll() is None
+        running = self.child is not None and self.child.exit_code is None
         parts = self.run_dir / PARTS_DIR
         count = 0
         if parts.is_dir() and any(parts.glob(PART_GLOB)):
@@ -119,24 +118,17 @@ class ShardActor:
 
     def interrupt(self, grace_s: float) -> None:
         """Stop the process as Ctrl-C does (SIGINT: records kept), then SIGTERM, then SIGKILL."""
-        process = self.process
-        if process is None:
-            return
-        for sig, wait_s in ((signal.SIGINT, grace_s + STOP_WAIT_S), (signal.SIGTERM, STOP_WAIT_S),
-                            (signal.SIGKILL, STOP_WAIT_S)):  # fmt: skip
-            if process.poll() is not None:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(wait_s)
+        if self.child is not None:
+            self.child.stop((signal.SIGINT, grace_s + STOP_WAIT_S), (signal.SIGTERM, STOP_WAIT_S),
+                            (signal.SIGKILL, STOP_WAIT_S))  # fmt: skip
 
     def finish(self) -> dict[str, Any]:
         """Wait for the process; recover its folder if it was killed; the folder as bytes
         (None: it left none), its exit code, whether it was recovered, its last words."""
-        process = self.process
-        assert process is not None
-        code = process.wait()
+        child = self.child
+        assert child is not None
+        child.wait(None)
+        code = child.exit_code
         recovered = False
         folder = self.run_dir
         if (
@@ -151,9 +143,9 @@ class ShardActor:
 
     def close(self) -> None:
         """Kill the process if it still runs, and remove the temp folder."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.child is not None:
+            self.child.stop()  # no nudge: killed if it still runs
+            self.child.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _said(self) -> str:
@@ -161,3 +153,8 @@ class ShardActor:
         path = self.folder / "stderr"
         text = path.read_text(errors="replace") if path.exists() else ""
         return " | ".join(line.strip() for line in text.strip().splitlines()[-3:])
+
+
+def _ready(line: str) -> str | None:
+    """The shard's ready line (`processes.told`), or None for another."""
+    return line if READY_LINE in line.split() else None
