@@ -49,7 +49,6 @@ from loadgen.results.runfolder import (
     read_server_metrics,
     read_summary,
 )
-from loadgen.results.summary import Summary
 from loadgen.results.write import (
     make_run_folder,
     write_audit,
@@ -57,6 +56,7 @@ from loadgen.results.write import (
     write_run_info,
     write_server_metrics,
 )
+from loadgen.run.record import RunResult
 from loadgen.workload.shards import utc_text
 
 
@@ -97,16 +97,6 @@ class ShardRun:
     def planned(self) -> int:
         """Requests its run.json says it planned (its records, for a run.json without)."""
         return self.frame.height if self.info.planned is None else self.info.planned
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MergeResult:
-    """The merged run folder and its verdict."""
-
-    run_dir: Path
-    summary: Summary
-    run_info: RunInfo
-    exit_code: int
 
 
 def spec_hash(info: RunInfo) -> str:
@@ -200,7 +190,7 @@ def rebase(frame: pl.DataFrame, offset_ns: int) -> pl.DataFrame:
 
 def merge_shards(
     dirs: Sequence[Path], out_dir: Path, run_id: str | None, *, ray: RayInfo | None = None
-) -> MergeResult:
+) -> RunResult:
     """Validate the shards, write the merged run folder, audit it (see the module docstring).
     `ray`: the placement of a `run --ray`, kept in run.json (and each shard row's node)."""
 
@@ -229,8 +219,8 @@ def merge_shards(
     summary = write_audit(run_dir, *reaudit(run_dir))
     # The merged run is judged by the generator-health rule on every shard's records (a
     # shard's own exit 3 judged its share alone): its exit is the merged verdict's.
-    return MergeResult(run_dir=run_dir, summary=summary, run_info=info,
-                       exit_code=summary.verdict.exit_code)  # fmt: skip
+    return RunResult(run_dir=run_dir, summary=summary, interrupted=info.interrupted,
+                     run_info=info)  # fmt: skip
 
 
 def scraping_shard(shards: Sequence[ShardRun]) -> ShardRun | None:
