@@ -170,10 +170,9 @@ def run_processes(
     one t0 (perf_counter is CLOCK_MONOTONIC, shared by processes on Linux); return every
     record, their summed CPU s, and t0. One process runs in this process. `observe` sees
     each record: as it lands with one process, as its process sends them back with more.
-    More processes run as `loadgen run --workers` runs its workers
-    (`run.processes.group.ProcessGroup`):
-    Ctrl-C or SIGTERM stops every one at once, and ends the calibration (KeyboardInterrupt,
-    exit 130); a second exits at once."""
+    More processes run as `loadgen run --workers` runs its workers (a
+    `run.processes.group.ProcessGroup`): Ctrl-C or SIGTERM stops every one at once, and ends
+    the calibration (KeyboardInterrupt, exit 130); a second exits at once."""
     if processes == 1:
         warm_up()
         t0_ns = time.perf_counter_ns() + START_DELAY_NS

@@ -276,15 +276,10 @@ def ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def say_ready(conn: Pipe) -> None:
-    """In a spawned child: tell the parent it is ready (imported and set up)."""
-    conn.send((READY, os.getpid()))
-
-
 def ready_then_wait(conn: Pipe) -> Any | None:
     """In a spawned child: say ready, then block until the parent's start. Its t0, or None
     when the parent gave up (the pipe closed, or anything but a start came)."""
-    say_ready(conn)
+    conn.send((READY, os.getpid()))
     try:
         message = conn.recv()
     except EOFError:
