@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import polars as pl
 
@@ -30,7 +30,6 @@ from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.network import Network
 from loadgen.engine.preflight import check_connection, preflight, preflight_deadline
-from loadgen.engine.runner import EngineConfig
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
 from loadgen.engine.transport import Endpoint
