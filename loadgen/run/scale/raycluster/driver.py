@@ -220,9 +220,7 @@ def _place(ray: Any, count: int, strategy: str) -> tuple[Any, list[Shard]]:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from loadgen.run.scale.raycluster.actor import (
-        ShardActor,  # defers ray (the actor module imports it)
-    )
+    from loadgen.run.scale.raycluster.actor import ShardActor  # defers ray (actor imports it)
 
     pg = placement_group([{"CPU": 1}] * count, strategy=strategy)
     ready, _ = ray.wait([pg.ready()], timeout=READY_TIMEOUT_S)
