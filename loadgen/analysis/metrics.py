@@ -59,7 +59,9 @@ from loadgen.units import NS_PER_MS, NS_PER_S
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 
-SERVER_MS_FIELDS = ("queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms")
+SERVER_MS_FIELDS = (
+    "queue_ms", "load_ms", "prefill_ms", "decode_ms", "total_ms", "ttft_ms", "itl_ms",
+)  # fmt: skip
 
 
 def percentiles(values: pl.Series, ps: Sequence[float], *, failures: int = 0) -> list[float | None]:

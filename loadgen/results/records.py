@@ -84,6 +84,8 @@ class ServerTimings:
     prefill_ms: float | None = None  # prompt processing (Ollama: prompt_eval_duration)
     decode_ms: float | None = None  # generating the output (Ollama: eval_duration)
     total_ms: float | None = None  # the server's whole time on the request
+    ttft_ms: float | None = None  # from its arrival at the server to its first output token
+    itl_ms: float | None = None  # the mean gap between its output tokens, as the server saw it
     prefill_tokens: int | None = None  # prompt tokens it processed (Ollama: prompt_eval_count)
     decode_tokens: int | None = None  # tokens it generated (Ollama: eval_count)
     cached_tokens: int | None = None  # prompt tokens served from its cache
@@ -274,6 +276,14 @@ class RequestRecord:
         metadata=column(
             pl.String(),
             "the id header's value it carried (null when ids are off, or it was never sent)",
+        ),
+    )
+    traceparent: str | None = field(
+        default=None,
+        metadata=column(
+            pl.String(),
+            "the W3C `traceparent` header it carried (null when off, or it was never sent): "
+            "its trace id joins it to the server's span",
         ),
     )
     finish_reason: str | None = field(

@@ -141,9 +141,11 @@ SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as
 
 
 LAG_RULE_SCHEMA = 20  # run.json's lag_bound_ms is a strict bound from this schema on
-SCHEMA_VERSION = 20  # 20: the generator-health rule (additive): summary.json generator.client
+SCHEMA_VERSION = 21  # 21: the server's account (additive): records traceparent; the
+# server_timings struct and summary.json classes.*.server_timings_ms gain ttft_ms and itl_ms
+# (20: the generator-health rule (additive): summary.json generator.client
 # {stamp_error_ms, as_measured, client_out, stamps_worst, moved}, generator.rate_shortfall,
-# rate_shortfall_low and reason; run.json options.lag_bound_ms null unless given (a strict bound)
+# rate_shortfall_low and reason; run.json options.lag_bound_ms null unless given (a strict bound))
 # (19: delivery (additive): records output_events, output_reads;
 # summary.json classes.*.delivery, checks[].coalesced; run.json workload.spec.target
 # accept_encoding, path_buffers)

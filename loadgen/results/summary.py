@@ -146,6 +146,8 @@ class ServerTimings:
     prefill_ms: LatencyStats
     decode_ms: LatencyStats
     total_ms: LatencyStats
+    ttft_ms: LatencyStats
+    itl_ms: LatencyStats
 
     def measured(self) -> dict[str, LatencyStats]:
         """The timings the server did report, by name (`queue_ms`, ...), in field order."""
