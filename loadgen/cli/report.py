@@ -14,11 +14,12 @@ from loadgen.analysis.confidence import RULES
 from loadgen.analysis.rolling import parse_duration, rolling_view, to_json
 from loadgen.analysis.windows import WindowError
 from loadgen.cli.exits import REPORT_EXITS
-from loadgen.cli.options import clean_errors, output_console
+from loadgen.cli.options import check_report_paths, clean_errors, output_console, write_text
 from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
 from loadgen.render.rolling_view import left_out_line, render_rolling_table, rolling_files
+from loadgen.render.run_checks import render_run_junit, render_run_markdown
 from loadgen.render.terminal import recovery_line, render_summary, target_line
 from loadgen.results.liveness import busy_message, live_writer, run_lock, wait_until_idle
 from loadgen.results.runfolder import (
@@ -111,6 +112,19 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
     "them). Refused (exit 6) while the run is still running.",
 )
 @click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="One run: write its SLO checks as re-judged here (with --slo, --verdict) as JUnit "
+    "XML, as `run --junit` does.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="One run: the same checks as a Markdown table (for a CI job summary).",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="One run that is still running: wait until it ends (or dies), then report "
@@ -130,6 +144,8 @@ def report(
     out_dir: Path | None,
     fmt: str,
     recover: bool,
+    junit_path: Path | None,
+    markdown_path: Path | None,
     wait: bool,
 ) -> None:
     """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
@@ -149,13 +165,20 @@ def report(
       loadgen report reports/ --window 30d --step 1d --class chat
       loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after SIGKILL or 2 Ctrl-C
+      loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800 --junit slo.xml
     """
+    check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if is_run_folder(path):
         _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
         if recover:
             _recover(path)
-        _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule)
+        _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule,
+                    checks=(junit_path, markdown_path))  # fmt: skip
     else:
+        for flag, given in (("--junit", junit_path), ("--markdown", markdown_path)):
+            if given is not None:
+                raise OptionError(flag, "takes one run folder, not a results store",
+                                  "give it a run folder (reports/<run-id>)")  # fmt: skip
         _report_store(
             path, window_text or "30d", step_text or "1d", class_names, exact, out_dir, fmt,
             workload=workload_name, include_incomplete=include_incomplete,
@@ -190,6 +213,7 @@ def _recover(run_dir: Path) -> None:
 def _report_run(
     run_dir: Path, slo_text: str | None, window_text: str | None, step_text: str | None,
     out_dir: Path | None, fmt: str, *, rule: str | None = None,
+    checks: tuple[Path | None, Path | None] = (None, None),
 ) -> None:  # fmt: skip
 
     slos = None
@@ -217,6 +241,10 @@ def _report_run(
         for file in written:
             if file.name in (REPORT_HTML, REPORT_MD, SUMMARY_FILE):
                 console.print(f"wrote {file}")
+    for path, render in zip(checks, (render_run_junit, render_run_markdown), strict=True):
+        if path is not None:  # said on stderr, so --format json keeps stdout to the JSON
+            write_text(path, render(built.summary, built.run_info.target))
+            click.echo(f"wrote {path}", err=True)
     sys.exit(built.summary.verdict.exit_code)
 
 

@@ -101,3 +101,28 @@ def test_a_class_name_with_matplotlib_math_is_drawn_as_written(tmp_path: Path) -
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert list(summary["classes"]) == ["chat $\\q$"]
     assert list((tmp_path / "a").glob("*ttft_cdf.png"))
+
+
+def test_report_writes_the_re_judged_checks_as_junit_and_markdown(tmp_path: Path) -> None:
+    """`report RUN --slo ttft_ms=50 --junit --markdown` on a run whose first tokens took
+    200 ms (met against its own 1,000 ms): the files hold the re-judged miss and the exit is
+    2 (a 150 ms miss no send lag explains); the same flags on a results store are exit 1."""
+    path = workload_file(tmp_path, chat_workload("slow", rate_per_s=20, requests=12))
+    with ScriptedServer(lambda r: simple_chat(3, first_delay_s=0.2)) as server:
+        ran = CliRunner().invoke(cli, ["run", str(path), "--url", server.url, "--out",
+                                       str(tmp_path), "--run-id", "r", "-q", *LAX])  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    junit, markdown = tmp_path / "slo.xml", tmp_path / "slo.md"
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "r"), "--out", str(tmp_path / "o"),
+                                      "--slo", "ttft_ms=50", "--junit", str(junit),
+                                      "--markdown", str(markdown)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert f"wrote {junit}" in result.output
+    xml = junit.read_text()
+    assert 'failures="1"' in xml  # TTFT, re-judged; TPOT and the generator pass
+    assert '<property name="ttft_ms p50.target" value="≤ 50.0 ms" />' in xml
+    assert "| chat | TTFT p50 (failures worst) | 2" in markdown.read_text()
+    assert "**MISSED**" in markdown.read_text()
+    store = CliRunner().invoke(cli, ["report", str(tmp_path), "--junit", str(junit)])
+    assert store.exit_code == 1
+    assert "--junit: takes one run folder, not a results store" in store.output
