@@ -48,6 +48,7 @@ def check(
     force_output_tokens: bool | None,
     accept_encoding: str | None,
     path_buffers: bool | None,
+    traceparent: bool | None,
     cache: str | None,
     nonce: str | None,
     max_memory_gb: float | None,
@@ -70,7 +71,7 @@ def check(
     spec = override(load(workload), requests=requests, duration_s=duration, rate=rate,
                     api=api, model=model, force_output_tokens=force_output_tokens,
                     cache=cache, confidence=confidence, accept_encoding=accept_encoding,
-                    path_buffers=path_buffers)  # fmt: skip
+                    path_buffers=path_buffers, traceparent=traceparent)  # fmt: skip
     if nonce is not None and spec.cache != "cold":
         raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",
                           "drop --nonce, or add --cache cold")  # fmt: skip

@@ -223,6 +223,10 @@ SPEC_OPTIONS: list[Decorator] = [
            help="The path to the server is known to buffer (a proxy or gateway that holds "
            "streams back): streams that arrive coalesced are judged as observed, not "
            "INCONCLUSIVE on TPOT/ITL. Replaces target.path_buffers."),
+    option(TARGET, "--traceparent/--no-traceparent", default=None,
+           help="Send each request a W3C traceparent of its own (a new trace id, sampled), "
+           "kept in the records to join the server's spans; replaces target.traceparent "
+           "(default on). A traceparent --header is sent as given instead."),
     option(LOAD, "--max-memory-gb", type=FiniteFloat(0, 1e6, low_open=True),
            help="Refuse a plan whose estimated client memory (plans, records and their "
            "audit) exceeds this many GiB (default: half of this host's memory)."),
@@ -324,7 +328,7 @@ def workload_options(func: F) -> F:
 
 def spec_options(func: F) -> F:
     """SPEC_OPTIONS: --seed, --api, --model, --force-output-tokens, --accept-encoding,
-    --path-buffers, --max-memory-gb, --cache, --nonce, --confidence."""
+    --path-buffers, --traceparent, --max-memory-gb, --cache, --nonce, --confidence."""
     return _apply(SPEC_OPTIONS, func)
 
 
@@ -365,7 +369,7 @@ def shared_spec(workload: Path, opts: dict[str, Any]) -> WorkloadSpec:
         rate=opts.get("rate"), api=opts.get("api"), model=opts.get("model"),
         force_output_tokens=opts.get("force_output_tokens"), cache=opts.get("cache"),
         confidence=opts.get("confidence"), accept_encoding=opts.get("accept_encoding"),
-        path_buffers=opts.get("path_buffers"),
+        path_buffers=opts.get("path_buffers"), traceparent=opts.get("traceparent"),
     )  # fmt: skip
     if opts.get("nonce") is not None and spec.cache != "cold":
         raise OptionError("--nonce", f"applies to cache: cold, not {spec.cache}",

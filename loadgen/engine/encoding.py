@@ -30,6 +30,8 @@ from loadgen.engine.request_ids import (
     new_nonce,
 )
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.traceparent import HEADER as TRACEPARENT
+from loadgen.engine.traceparent import TraceContext
 from loadgen.engine.transport import Endpoint, encode_request
 from loadgen.workload.plans import RequestPlan
 from loadgen.workload.prompts import PromptMaker
@@ -60,6 +62,10 @@ class EngineConfig:
     request_id_body: str = "auto"
     # A forced length that ends short on a stop reason is ok (flagged), not truncated.
     allow_early_stops: bool = False
+    # Each request's W3C traceparent (`loadgen.engine.traceparent`), and a tracestate sent
+    # beside it unchanged (None: none).
+    traceparent: bool = True
+    tracestate: str | None = None
 
 
 # The preflight's request: one short user message, a few tokens.
@@ -90,6 +96,7 @@ class RequestEncoder:
         user_headers = {**endpoint.headers, **config.request_headers}
         self.ids = RequestIds(config.request_id_header, config.request_id_format,
                               config.request_id_nonce, user_headers)  # fmt: skip
+        self.trace = TraceContext(config.traceparent, config.tracestate, user_headers)
         self.user_names = {k.lower() for k in endpoint.headers}  # the endpoint's own headers
         options = config.body_options
         self._default = (options, config.adapter.target(endpoint.target, options.model))
@@ -97,12 +104,12 @@ class RequestEncoder:
 
     def encode(
         self, plan: RequestPlan, messages: Sequence[Message] | None
-    ) -> tuple[bytes, str | None]:
+    ) -> tuple[bytes, str | None, str | None]:
         """The request's bytes, the prompt `messages` (None: the plan's own), and the request
-        id they carry (None when none is sent), for the record."""
+        id and traceparent they carry (None when none is sent), for the record."""
         if messages is None:
             messages = self._messages(plan)
-        headers, request_id = self._headers(plan.request_id, plan.priority)
+        headers, request_id, traceparent = self._headers(plan.request_id, plan.priority)
         if self.config.headers_for is not None:
             headers = merged(headers, self.config.headers_for(plan))
         options, target = self._for_model(plan.model)
@@ -113,14 +120,26 @@ class RequestEncoder:
                     for k, v in {**point.headers, **headers}.items()}  # fmt: skip
             LOGGER.debug("request %d: POST %s headers %s", plan.request_id,
                          redact_url(point.origin + target), sent)  # fmt: skip
-        return encode_request(self.endpoint, orjson.dumps(body), headers, target), request_id
+        request = encode_request(self.endpoint, orjson.dumps(body), headers, target)
+        return request, request_id, traceparent
+
+    def respan(self, request: bytes, traceparent: str | None) -> tuple[bytes, str | None]:
+        """A retry's bytes and traceparent: the same trace with a new span id when loadgen made
+        the traceparent (a user's is left as it is). The header is a fixed length, so the
+        bytes are the first attempt's with its value replaced."""
+        if traceparent is None or not self.trace.owns:
+            return request, traceparent
+        again = self.trace.respan(traceparent)
+        line = f"{TRACEPARENT}: ".encode()
+        return request.replace(line + traceparent.encode(), line + again.encode(), 1), again
 
     def preflight_request(self, priority: int | None) -> Shaped:
         """The preflight's request, shaped as the run's are: the same headers (its id is the
-        preflight's own, `…-ffffffffffff`; `priority` as the run's header, when it has one)
+        preflight's own, `…-ffffffffffff`, its traceparent a trace of its own; `priority` as
+        the run's header, when it has one)
         and body fields (the id's, the priority's), to the target of the workload's model."""
         options, target = self._default
-        headers, request_id = self._headers(PREFLIGHT_ID, priority)
+        headers, request_id, _ = self._headers(PREFLIGHT_ID, priority)
         body = self._body(PREFLIGHT_MESSAGES, PREFLIGHT_TOKENS, options, priority, request_id)
         return Shaped(target, headers, body)
 
@@ -135,15 +154,20 @@ class RequestEncoder:
             id_mode=config.request_id_body,
         )  # fmt: skip
 
-    def _headers(self, number: int, priority: int | None) -> tuple[dict[str, str], str | None]:
-        """A request's own headers: its id and priority (unless the user set the same
-        names: theirs replace loadgen's), then the configured ones; and the id sent."""
+    def _headers(
+        self, number: int, priority: int | None
+    ) -> tuple[dict[str, str], str | None, str | None]:
+        """A request's own headers: its id, traceparent and priority (unless the user set the
+        same names: theirs replace loadgen's), then the configured ones; and the id and
+        traceparent sent."""
         config = self.config
         headers, request_id = self.ids.headers(number)
+        trace, traceparent = self.trace.headers()
+        headers.update(trace)
         if priority is not None and config.priority_header is not None:
             headers[config.priority_header] = str(priority)
         headers = {k: v for k, v in headers.items() if k.lower() not in self.user_names}
-        return merged(headers, config.request_headers), request_id
+        return merged(headers, config.request_headers), request_id, traceparent
 
     def _messages(self, plan: RequestPlan) -> Sequence[Message]:
         """A single request's prompt: its dataset messages, a shared prefix and a fresh

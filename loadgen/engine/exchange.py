@@ -160,6 +160,7 @@ class Exchange:
         self.lost_before_response = False
         self._stall_timer: asyncio.TimerHandle | None = None
         self.request_id_sent: str | None = None
+        self.traceparent: str | None = None  # the W3C traceparent it carried (the last attempt's)
         self.finish_reason: str | None = None  # the API's stop reason, as it sent it
         self.hidden_at: list[int] = []  # token-only events: index of the chunk after each
         self.body_bytes = 0  # response body bytes received (bounds a plausible usage count)
@@ -573,6 +574,7 @@ class Exchange:
             turn=self.plan.turn,
             server_timings=reported_timings(self.server_timings),
             request_id_sent=self.request_id_sent,
+            traceparent=self.traceparent,
             finish_reason=self.finish_reason,
             stopped_early=stopped_early,
             usage_output_tokens=usage,

@@ -280,7 +280,9 @@ class Engine:
         )  # fmt: skip
         exchange.model = plan.model or config.body_options.model
         exchange.later = self.connector.after_reads
-        request, exchange.request_id_sent = self.encoder.encode(plan, messages)
+        request, exchange.request_id_sent, exchange.traceparent = self.encoder.encode(
+            plan, messages
+        )
         exchange.request_bytes = len(request)
         return exchange, request
 
@@ -402,8 +404,10 @@ class Engine:
                 await asyncio.shield(exchange.done)
                 if not (attempt == 0 and exchange.will_retry()):
                     return
-                # A kept-alive connection the server had closed: retry once on a fresh one.
+                # A kept-alive connection the server had closed: retry once on a fresh one,
+                # the same trace with a span of its own.
                 exchange.reset_for_retry()
+                request, exchange.traceparent = self.encoder.respan(request, exchange.traceparent)
                 self.stats.retries += 1
         finally:
             for timer in exchange.timers:

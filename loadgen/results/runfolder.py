@@ -141,8 +141,10 @@ SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as
 
 
 LAG_RULE_SCHEMA = 20  # run.json's lag_bound_ms is a strict bound from this schema on
-SCHEMA_VERSION = 21  # 21: the server's account (additive): records traceparent; the
-# server_timings struct and summary.json classes.*.server_timings_ms gain ttft_ms and itl_ms
+SCHEMA_VERSION = 22  # 22: trace context (additive): run.json workload.spec.target
+# traceparent, tracestate
+# (21: the server's account (additive): records traceparent; the
+# server_timings struct and summary.json classes.*.server_timings_ms gain ttft_ms and itl_ms)
 # (20: the generator-health rule (additive): summary.json generator.client
 # {stamp_error_ms, as_measured, client_out, stamps_worst, moved}, generator.rate_shortfall,
 # rate_shortfall_low and reason; run.json options.lag_bound_ms null unless given (a strict bound))

@@ -201,5 +201,7 @@ def engine_setup(
         request_id_format=spec.target.request_id_format,
         allow_early_stops=spec.target.allow_early_stops,
         request_id_body=spec.target.request_id_body,
+        traceparent=spec.target.traceparent,
+        tracestate=spec.target.tracestate,
     )
     return endpoint, config

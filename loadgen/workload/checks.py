@@ -244,6 +244,32 @@ def header_problem(name: str, value: str) -> str:
     return ""
 
 
+# W3C trace-context's tracestate (https://www.w3.org/TR/trace-context/#tracestate-header):
+# up to 32 comma-separated `key=value` members; a key is a lower-case simple key or
+# `tenant@system`, a value up to 256 printable ASCII characters but `,` and `=`, not ending
+# in a space.
+MAX_TRACESTATE_MEMBERS = 32
+_TRACESTATE_KEY = re.compile(
+    r"[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}"
+)
+_TRACESTATE_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+
+
+def tracestate_problem(value: str) -> str:
+    """What is wrong with a W3C tracestate list, or "" if nothing."""
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if not members:
+        return "is empty"
+    if len(members) > MAX_TRACESTATE_MEMBERS:
+        return f"has {len(members)} members (at most {MAX_TRACESTATE_MEMBERS})"
+    for member in members:
+        key, sep, rest = member.partition("=")
+        if not sep or not _TRACESTATE_KEY.fullmatch(key) or not _TRACESTATE_VALUE.fullmatch(rest):
+            return f"{member!r:.80} is not a key=value member"
+    return ""
+
+
 def _shown(url: object) -> object:
     """A URL as a message may quote it (`redact_url`); anything else as it is."""
     return redact_url(url) if isinstance(url, str) else url

@@ -89,6 +89,11 @@ class TargetSpec:
     request_id_format: str = field(default="uuid", metadata=NOT_TRAFFIC)
     # Whether the id also goes in a body field (the adapter's `request_id_field`): auto, on, off.
     request_id_body: str = "auto"
+    # Each request's W3C `traceparent` (a trace of its own; `--no-traceparent` or false: none
+    # of loadgen's), and a `tracestate` sent beside it as given; see
+    # loadgen.engine.traceparent.
+    traceparent: bool = field(default=True, metadata=NOT_TRAFFIC)
+    tracestate: str | None = field(default=None, metadata=NOT_TRAFFIC)
     # The server's Prometheus endpoint, scraped during the run (`--server-metrics-url`): an
     # absolute URL, or a path (`/metrics`) on the target's origin. None: no scraping.
     server_metrics_url: str | None = field(default=None, metadata=NOT_TRAFFIC)

@@ -41,6 +41,7 @@ def override(
     confidence: float | None = None,
     accept_encoding: str | None = None,
     path_buffers: bool | None = None,
+    traceparent: bool | None = None,
 ) -> WorkloadSpec:
     """The spec with the command line's `--requests`, `--duration`, `--rate`, `--api`,
     `--model`, `--force-output-tokens`, `--cache`, `--accept-encoding` and
@@ -55,7 +56,7 @@ def override(
     `force_output_tokens` replace theirs. `confidence` replaces every class's
     `slo.confidence` (the level its targets are judged at). `accept_encoding` replaces
     `target.accept_encoding` (codings, comma-separated; `none` sends none); `path_buffers`
-    replaces `target.path_buffers`.
+    replaces `target.path_buffers`, `traceparent` `target.traceparent`.
     """
     _check_run_length(spec, requests, duration_s)
     spec = replace(spec, target=_override_target(spec, api, model, force_output_tokens))
@@ -67,6 +68,8 @@ def override(
         spec = replace(spec, target=replace(spec.target, accept_encoding=codings))
     if path_buffers is not None:
         spec = replace(spec, target=replace(spec.target, path_buffers=path_buffers))
+    if traceparent is not None:
+        spec = replace(spec, target=replace(spec.target, traceparent=traceparent))
     if cache is not None:
         if cache not in CACHE_MODES:
             raise OptionError("--cache", f"unknown mode {cache!r}",

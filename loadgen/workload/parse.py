@@ -32,6 +32,7 @@ from loadgen.workload.checks import (
     header_problem,
     metrics_url_problem,
     path_problem,
+    tracestate_problem,
     url_problem,
 )
 from loadgen.workload.inputs import WORKLOAD_MAX_BYTES, load_yaml, read_text
@@ -164,6 +165,8 @@ def _target(node: Node) -> TargetSpec:
         server_metrics_headers=_metrics_headers(node),
         accept_encoding=_accept_encoding(node),
         path_buffers=node.boolean("path_buffers", False),
+        traceparent=node.boolean("traceparent", True),
+        tracestate=_tracestate(node, headers),
     )
 
 
@@ -263,6 +266,22 @@ def _metrics_headers(node: Node) -> dict[str, str]:
                 "and export METRICS_TOKEN=... before the run",
             )  # fmt: skip
     return dict(headers)
+
+
+def _tracestate(node: Node, headers: Mapping[str, str]) -> str | None:
+    """`target.tracestate`: a W3C tracestate list sent beside each traceparent, or None."""
+    if not node.has("tracestate"):
+        return None
+    value = node.value.get("tracestate")
+    fix = "e.g. tracestate: 'vendor=value,other=1' (lower-case keys, printable values)"
+    if not isinstance(value, str):
+        raise node.error("tracestate", f"must be a string (got {kind_of(value)})", fix)
+    if problem := tracestate_problem(value):
+        raise node.error("tracestate", problem, fix)
+    if any(name.lower() == "tracestate" for name in headers):
+        raise node.error("tracestate", "is also set in target.headers",
+                         "keep one of the two")  # fmt: skip
+    return value
 
 
 def _request_id(node: Node) -> tuple[str | None, str, str]:

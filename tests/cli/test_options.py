@@ -265,6 +265,7 @@ NOT_RUN_OPTIONS = {
     "confidence": "the spec's (override: every class's slo.confidence)",
     "accept_encoding": "the spec's (override: target.accept_encoding)",
     "path_buffers": "the spec's (override: target.path_buffers)",
+    "traceparent": "the spec's (override: target.traceparent)",
     "shard_text": "parsed into RunOptions.shard", "start_at_text": "parsed into start_at_unix_ns",
     "dry_run": "run() stops before execute", "repeats": "run() runs execute that many times", "prometheus_listen": "the live exporter's",
     "prometheus_grace_s": "the live exporter's", "otlp_endpoint": "the live exporter's",

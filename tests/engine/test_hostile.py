@@ -294,13 +294,13 @@ def test_a_fresh_heartbeat_without_a_settling_lock_is_a_live_run(tmp_path: Path)
 
 
 def _masked(head: bytes) -> list[bytes]:
-    """A request head's header lines with the two values that differ by design (the body's
-    length, the request's own id) masked; the request line left out."""
+    """A request head's header lines with the values that differ by design (the body's
+    length, the request's own id and traceparent) masked; the request line left out."""
     lines = head.rstrip(b"\r\n").split(b"\r\n")[1:]
     masked = []
     for line in lines:
         name, _, _ = line.partition(b":")
-        keep = name.lower() not in (b"content-length", b"x-request-id")
+        keep = name.lower() not in (b"content-length", b"x-request-id", b"traceparent")
         masked.append(line if keep else name + b": *")
     return masked
 
@@ -322,7 +322,7 @@ def test_the_preflight_sends_the_real_requests_headers_byte_for_byte(
     assert all(_masked(h) == _masked(preflight_head) for h in real_heads)
     names = [line.split(b":")[0] for line in _masked(preflight_head)]
     assert names == [b"Host", b"Content-Type", b"Accept", b"Content-Length", b"User-Agent",
-                     b"X-Team", b"X-Request-Id"]  # fmt: skip
+                     b"X-Team", b"X-Request-Id", b"traceparent"]  # fmt: skip
     assert _masked(probe_head) == [*_masked(preflight_head), b"Accept-Encoding: gzip, deflate"]
 
 

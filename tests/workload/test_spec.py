@@ -245,6 +245,8 @@ TARGET_SAMPLES = {
     "server_metrics_headers": {"X-Scope": "lab"},
     "accept_encoding": True,
     "path_buffers": True,
+    "traceparent": False,
+    "tracestate": "vendor=v1",
 }
 
 
@@ -306,7 +308,7 @@ def test_the_fingerprint_hashes_every_target_field_not_marked_otherwise(tmp_path
     # Where it is sent, how requests are labelled, how the server is watched (as before).
     assert left_out == {"url", "request_id_header", "request_id_format", "server_metrics_url",
                         "server_metrics_interval_s", "server_metrics_headers",
-                        "path_buffers"}  # fmt: skip
+                        "path_buffers", "traceparent", "tracestate"}  # fmt: skip
     assert {"model", "api", "headers", "extra_body", "request_id_body"} <= moved
 
 
@@ -318,7 +320,8 @@ def test_known_keys_are_listed_as_before_in_field_order() -> None:
             "target:\n  zzzzzz: 1\n",
             "api, model, url, path, api_key_env, headers, include_usage, force_output_tokens, "
             "allow_early_stops, extra_body, priority_header, tokenizer, generic, request_id, "
-            "server_metrics_url, server_metrics_interval_s, server_metrics_headers, "
+            "traceparent, tracestate, server_metrics_url, server_metrics_interval_s, "
+            "server_metrics_headers, "
             "accept_encoding, path_buffers",
         ),
         "    requests: 40\n": (
