@@ -23,7 +23,7 @@ from loadgen.sim.config import (
 )
 from loadgen.sim.server import run
 
-_BOOL_FLAGS = ("no_done", "usage_in_finish", "close_after_stream")
+_BOOL_FLAGS = ("no_done", "usage_in_finish", "close_after_stream", "per_request_metrics")
 
 
 def build_config(
@@ -121,6 +121,13 @@ _SECONDS = "simulated seconds (divided by --speed)"
 )
 @click.option("--no-done", is_flag=True, help="Omit 'data: [DONE]'.")
 @click.option("--usage-in-finish", is_flag=True, help="Put usage in the finish chunk.")
+@click.option(
+    "--per-request-metrics",
+    is_flag=True,
+    help="vLLM's per-request metrics object in the final usage chunk (OpenAI dialects): the "
+    "engine's exact queue, prefill and generation times, as vLLM's "
+    "--enable-per-request-metrics sends them.",
+)
 @click.option("--tokens-per-chunk", type=int, help="Tokens per content chunk.  [default: 1]")
 @click.option(
     "--reasoning-tokens", type=int, help="First k tokens as reasoning (each dialect's field)."

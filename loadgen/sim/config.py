@@ -14,7 +14,7 @@ Faults and dialects (see `loadgen.sim.faults` for the per-request headers):
   cut; unset = uniform over the request's output), `stall_s`, `fault_status`, `header_delay_s`.
 * Dialect settings apply to every request: `role`, `no_done`, `usage_in_finish`,
   `tokens_per_chunk`, `reasoning_tokens`, `heartbeat_s`, `close_after_stream`,
-  `empty_every`.
+  `empty_every`, `per_request_metrics`.
 * `api`: `all` (default) serves every dialect on its own path; one API name serves only
   that dialect, on its paths and on `/` (see `loadgen.sim.dialects`).
 """
@@ -86,6 +86,9 @@ class Dialect:
     # Anthropic: `message_start` says `input_tokens: 0` and `message_delta.usage` carries
     # the real count, as LiteLLM's proxy sends it.
     input_usage_late: bool = False
+    # OpenAI: vLLM's per-request `metrics` object (`--enable-per-request-metrics`) in the final
+    # usage chunk, from the engine's own queue, prefill and generation times.
+    per_request_metrics: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,6 +272,7 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "role": (_choice(ROLE_MODES), f"one of {', '.join(ROLE_MODES)}"),
     "no_done": (_bool, "true or false"),
     "usage_in_finish": (_bool, "true or false"),
+    "per_request_metrics": (_bool, "true or false"),
     "tokens_per_chunk": (lambda v: _int(v, 1), "an integer >= 1"),
     "reasoning_tokens": (_int, "an integer >= 0"),
     "heartbeat_s": (_float, "simulated seconds >= 0; 0 = none"),

@@ -120,6 +120,10 @@ class StepResult:
     prefill_tokens: int
     emitted: tuple[int, ...]  # seq ids that emit one token at end_ns
     pool: str = "engine"  # "engine" (colocated), "prefill" or "decode"
+    # The sequences emitting their first token at end_ns: (seq id, when it was queued, when
+    # it was scheduled: admitted to a batch slot or a prefill replica), the engine's own
+    # account of its queue (scheduled − queued) and prefill (end_ns − scheduled).
+    first: tuple[tuple[int, int, int], ...] = ()
 
 
 class StepModel(Protocol):
@@ -153,6 +157,7 @@ class _Seq:
         "priority",
         "prompt_tokens",
         "resume_ns",
+        "scheduled_ns",
         "seq_id",
         "stall_after",
         "stall_ns",
@@ -172,6 +177,7 @@ class _Seq:
         self.admitted = False
         self.cancelled = False
         self.resume_ns = 0
+        self.scheduled_ns = -1  # when first admitted (the decode pool's admission keeps it)
         # A stall before the first token delays the request's entry into the engine.
         self.eligible_ns = at_ns + (self.stall_ns if self.stall_after == 0 else 0)
 
@@ -225,6 +231,8 @@ class _WaitQueue:
                 skipped.append(item)
                 continue
             seq.admitted = True
+            if seq.scheduled_ns < 0:
+                seq.scheduled_ns = at_ns
             taken.append(seq)
         for item in skipped:
             heapq.heappush(heap, item)
@@ -406,10 +414,13 @@ class Engine:
         """Emit the step's tokens at its end and retire finished sequences."""
         end_ns = plan.end_ns
         emitted: list[int] = []
+        first: list[tuple[int, int, int]] = []
         for seq in itertools.chain(plan.decoding, plan.first_tokens):
             if seq.cancelled:
                 continue
             emitted.append(seq.seq_id)
+            if seq.emitted == 0:
+                first.append((seq.seq_id, seq.arrival_ns, seq.scheduled_ns))
             if seq.emit(end_ns):
                 seq.cancelled = True  # retired; dropped from the batch at the next compose
                 del self._by_id[seq.seq_id]
@@ -420,6 +431,7 @@ class Engine:
             prefill_tokens=plan.prefill_tokens,
             emitted=tuple(emitted),
             pool=self._pool,
+            first=tuple(first),
         )
 
 
@@ -525,9 +537,11 @@ class DisaggregatedEngine:
         self._by_id.pop(seq.seq_id, None)
         computed = seq.prompt_tokens - seq.prefilled
         emitted: tuple[int, ...] = ()
+        first: tuple[tuple[int, int, int], ...] = ()
         if not seq.cancelled:
             seq.prefilled = seq.prompt_tokens
             emitted = (seq.seq_id,)
+            first = ((seq.seq_id, seq.arrival_ns, seq.scheduled_ns),)
             if not seq.emit(end_ns):
                 self._decode.submit_prefilled(seq, end_ns + self._kv_ns)
         return StepResult(
@@ -537,6 +551,7 @@ class DisaggregatedEngine:
             prefill_tokens=computed,
             emitted=emitted,
             pool="prefill",
+            first=first,
         )
 
 

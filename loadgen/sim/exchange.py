@@ -20,10 +20,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from loadgen.sim.engine import NS_PER_S, SeqRequest
+from loadgen.sim.engine import NS_PER_MS, NS_PER_S, SeqRequest
 from loadgen.sim.faults import FaultPlan
 from loadgen.sim.protocol import Connection, ExchangeLike, HttpRequest
-from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame, word
+from loadgen.sim.wire import FormatArgs, SimRequest, StreamEnd, frame, trace_id, word
 
 if TYPE_CHECKING:
     from loadgen.sim.dialects import Api
@@ -68,6 +68,9 @@ class Exchange(ExchangeLike):
         self._timer: asyncio.TimerHandle | None = None
         self._chunk_ns: list[int] = []
         self.last_token_sim_ns: int | None = None  # the engine's time of its last token
+        self.first_token_sim_ns: int | None = None  # ... of its first
+        # (queued, scheduled) in the engine's time, told with the first token (`StepResult`)
+        self.engine_start: tuple[int, int] | None = None
         self._received_ns = received_ns
         self._entered_ns = received_ns
         self._cached, self._prompt_words, self._block_keys = server.prefix_lookup(
@@ -91,6 +94,8 @@ class Exchange(ExchangeLike):
             "type": "request",
             "id": seq_id,
             "x_request_id": http.headers.get("x-request-id"),
+            "traceparent": http.headers.get("traceparent"),
+            "trace_id": trace_id(http.headers.get("traceparent")),
             "path": http.path,
             "api": api.name,
             "stream": request.stream,
@@ -327,6 +332,7 @@ class Exchange(ExchangeLike):
 
     def _prefilled(self) -> None:
         """The first token: the prompt is in the KV cache (counters, prefix cache)."""
+        self.first_token_sim_ns = self.last_token_sim_ns
         self._server.on_first_token(
             self._request.prompt_tokens, self._block_keys, self._received_ns
         )
@@ -350,6 +356,7 @@ class Exchange(ExchangeLike):
         now = perf_counter_ns()
         first = self.record["first_token_ns"]
         return StreamEnd(
+            metrics=self._metrics(),
             finish_reason=self._finish_reason,
             prompt_tokens=self._request.prompt_tokens,
             cached_tokens=self._cached,
@@ -360,6 +367,36 @@ class Exchange(ExchangeLike):
             first_token_ns=now if first is None else first,
             last_token_ns=now,
         )
+
+    def _metrics(self) -> dict[str, float] | None:
+        """vLLM's per-request metrics (vllm/entrypoints/generate/base/serving.py) from the
+        engine's own times, when asked for: queue = scheduled − queued, time to first token
+        = first token − scheduled (vLLM's starts at scheduling), generation = last token −
+        first token, the mean gap over it, tokens per second from scheduling. On the
+        client's clock (simulated time / speed), so they subtract from its measurements;
+        the engine's times go to the trace record (`engine`)."""
+        start, first, last = self.engine_start, self.first_token_sim_ns, self.last_token_sim_ns
+        if not self._dialect.per_request_metrics or start is None or first is None:
+            return None
+        last = first if last is None else last
+        queued, scheduled = start
+        self.record["engine"] = {
+            "queued_sim_ns": queued,
+            "scheduled_sim_ns": scheduled,
+            "first_token_sim_ns": first,
+            "last_token_sim_ns": last,
+        }
+        per_ms = NS_PER_MS * self._server.clock.speed  # simulated ns per real ms
+        metrics = {
+            "time_to_first_token_ms": (first - scheduled) / per_ms,
+            "generation_time_ms": (last - first) / per_ms,
+            "queue_time_ms": (scheduled - queued) / per_ms,
+        }
+        if self._emitted > 1:
+            metrics["mean_itl_ms"] = metrics["generation_time_ms"] / (self._emitted - 1)
+        if last > scheduled:
+            metrics["tokens_per_second"] = self._emitted * 1000 / ((last - scheduled) / per_ms)
+        return metrics
 
     def _finish_stream(self) -> None:
         closing = self._format.finish(self._stream_end())

@@ -23,6 +23,7 @@ Headers (names exact, values as shown; seconds are simulated, divided by `--spee
 | `X-Sim-Finish: word` | the closing events say `word` as the stop reason (see below) |
 | `X-Sim-Gateway-Cut: k` | after k tokens a normal end with a usage of its own (see below) |
 | `X-Sim-Input-Usage-Late: 1` | Anthropic: input tokens only in `message_delta` (0 at start) |
+| `X-Sim-Metrics: 1` | OpenAI: vLLM's per-request `metrics` in the final usage chunk |
 
 A cut ends the body cleanly after the dialect's bare terminator: OpenAI `[DONE]` with no
 finish chunk (as llama-cpp-python's server ends a stream it interrupts), Anthropic
@@ -142,6 +143,7 @@ _HEADERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-sim-finish": ("finish_word", str),
     "x-sim-gateway-cut": ("gateway_cut", _k),
     "x-sim-input-usage-late": ("input_usage_late", _flag),
+    "x-sim-metrics": ("per_request_metrics", _flag),
 }
 _DIALECT_KEYS = frozenset(Dialect.__dataclass_fields__)
 

@@ -177,13 +177,17 @@ class EventFormat:
 
     def finish(self, end: StreamEnd) -> bytes:
         """Finish chunk (usage inside it or in its own chunk, when asked), then `[DONE]`."""
-        usage_obj = usage(end.prompt_tokens, end.output_tokens, end.cached_tokens)
+        usage_obj: dict[str, Any] = {
+            "usage": usage(end.prompt_tokens, end.output_tokens, end.cached_tokens)
+        }
+        if end.metrics is not None and self._request.include_usage:  # vLLM: on the usage chunk
+            usage_obj["metrics"] = end.metrics
         in_finish = self._dialect.usage_in_finish
-        extra = {"usage": usage_obj} if in_finish else None
+        extra = usage_obj if in_finish else None
         finish = self._dialect.finish_word or end.finish_reason
         parts = [self._event([self._choice({}, finish)], extra)]
         if self._request.include_usage and not in_finish:
-            parts.append(self._event([], {"usage": usage_obj}))
+            parts.append(self._event([], usage_obj))
         if not self._dialect.no_done:
             parts.append(DONE_EVENT)
         return b"".join(parts)

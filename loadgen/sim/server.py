@@ -290,6 +290,10 @@ class SimServer:
         while outbox and budget > 0:
             step, actual_ns, start = outbox[0]
             emitted, at_ns = step.emitted, step.end_ns
+            if start == 0:
+                for seq_id, queued_ns, scheduled_ns in step.first:  # one per request, not token
+                    if (exchange := exchanges.get(seq_id)) is not None:
+                        exchange.engine_start = (queued_ns, scheduled_ns)
             end = min(len(emitted), start + budget)
             for seq_id in emitted[start:end]:
                 exchange = exchanges.get(seq_id)

@@ -80,6 +80,9 @@ class StreamEnd:
     first_token_ns: int
     last_token_ns: int
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache; None: no cache
+    # vLLM's per-request `metrics` object (`--per-request-metrics`, `X-Sim-Metrics: 1`): the
+    # engine's own queue, prefill and generation times; None: not asked for.
+    metrics: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,3 +256,19 @@ def sse(name: str | None, obj: Any) -> bytes:
 def unix_s() -> int:
     """Wall-clock seconds, for `created` fields."""
     return int(time.time())
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a W3C traceparent (`00-<32 hex>-<16 hex>-<2 hex>`), else None: what
+    the simulator records of an incoming trace context (its spans would be parented there)."""
+    if traceparent is None:
+        return None
+    parts = traceparent.strip().split("-")
+    if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2]:
+        return None
+    try:
+        if int(parts[1], 16) == 0 or int(parts[2], 16) == 0:
+            return None
+    except ValueError:
+        return None
+    return parts[1].lower()
