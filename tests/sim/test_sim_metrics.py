@@ -107,3 +107,31 @@ def test_metrics_only_when_asked(tmp_path: Path) -> None:
     assert records[0].server_timings is not None
     assert records[0].server_timings.queue_ms is not None
     assert records[1].server_timings is None
+
+
+def test_a_run_on_the_built_in_simulator_keeps_its_account(tmp_path: Path) -> None:
+    """`sim: {per_request_metrics: true}` in a workload: the built-in simulator sends its
+    account, every ok record keeps it, and summary.json's server_timings_ms sums it up; its
+    TTFT (queue + prefill) is never above the client's TTFT from send."""
+    import polars as pl
+    from click.testing import CliRunner
+
+    from loadgen.cli import cli
+    from loadgen.testing.builders import chat_workload, workload_file
+
+    text = chat_workload("acct", rate_per_s=20, requests=8, prompt_tokens=200)
+    path = workload_file(tmp_path, text + "sim: {per_request_metrics: true, speed: 4}\n")
+    result = CliRunner().invoke(cli, ["run", str(path), "--out", str(tmp_path), "--run-id",
+                                      "r", "-q", "--verdict", "point"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    frame = pl.read_parquet(tmp_path / "r" / "records.parquet")
+    timings = frame["server_timings"].struct.unnest()
+    assert timings["prefill_ms"].null_count() == 0
+    # at least the prompt's prefill (more if its step also decoded another's token)
+    assert (timings["prefill_ms"] >= 200 / PREFILL_TOKENS_PER_S * 1000 / SPEED - 1e-9).all()
+    from_send = (frame["first_token_ns"] - frame["sent_ns"]) / MS
+    assert (timings["ttft_ms"] <= from_send + 1e-3).all()  # the sim rounds real ns up
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    server = summary["classes"]["chat"]["server_timings_ms"]
+    assert server["requests"] == 8
+    assert server["queue_ms"]["count"] == 8

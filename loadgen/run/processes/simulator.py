@@ -29,7 +29,7 @@ from loadgen.workload.spec import WorkloadSpec
 
 _LISTENING = "loadgen sim listening on "
 _NOT_IN_SIM_SECTION = {"host", "port"}
-_FLAG_KEYS = {"no_done", "usage_in_finish", "close_after_stream"}
+_FLAG_KEYS = {"no_done", "usage_in_finish", "close_after_stream", "per_request_metrics"}
 STARTUP_TIMEOUT_S = 15.0  # the simulator imports little: it listens within this or is broken
 STOP_WAIT_S = 10.0  # after SIGTERM (it flushes its trace), then SIGKILL
 
