@@ -43,6 +43,16 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return parts[1].lower()
 
 
+def shared_trace_warning(given: Mapping[str, str]) -> str | None:
+    """What to tell the user when a header they set is every request's traceparent."""
+    value = next((v for k, v in given.items() if k.lower() == HEADER), None)
+    if value is None:
+        return None
+    return (f"warning: every request carries your traceparent ({value[:60]}): they share one "
+            "trace, so the server's spans join to the records by request id, not trace id "
+            "(drop the header to give each request its own)")  # fmt: skip
+
+
 class TraceContext:
     """Each request's trace headers: (headers to add, the traceparent the request carries).
 

@@ -32,6 +32,7 @@ from loadgen.engine.network import Network
 from loadgen.engine.preflight import check_connection, preflight, preflight_deadline
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
+from loadgen.engine.traceparent import shared_trace_warning
 from loadgen.engine.transport import Endpoint
 from loadgen.errors import LoadgenError, OptionError, TargetError
 from loadgen.results.liveness import run_lock
@@ -86,6 +87,8 @@ def on_this_host(run: RunContext, prepared: Prepared, runner: HostRunner) -> Run
     terminal.say(f"workers: {runner.count} ({runner.chosen})")
     for said in workers_warnings(work, options.workers, runner.count):  # even with -q
         terminal.warn(f"warning: {said}")
+    if shared := shared_trace_warning({**run.spec.target.headers, **options.extra_headers}):
+        terminal.warn(shared)
     # even with -q: the verdict depends on it (a shard's merge is judged, not the shard)
     if run.warn_size and options.verdict == INTERVAL and options.shard is None:
         for said in size_warnings(run.spec, work.plans):

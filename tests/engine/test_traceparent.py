@@ -123,13 +123,15 @@ def test_no_traceparent_sends_none(tmp_path: Path) -> None:
 
 def test_a_users_traceparent_header_is_every_requests(tmp_path: Path) -> None:
     """A --header traceparent is the user's choice: every request carries exactly it (one
-    header, one trace for the run), and the records keep it."""
+    header, one trace for the run), the records keep it, and the run warns of the shared
+    trace."""
     mine = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     result, seen, records = _heads(tmp_path, "--header", f"Traceparent: {mine}")
     assert result.exit_code == 0, result.output
     assert all(r.header_names.count("traceparent") == 1 for r in seen)
     assert {r.headers["traceparent"] for r in seen} == {mine}
     assert set(records["traceparent"]) == {mine}
+    assert "every request carries your traceparent" in result.output
 
 
 def test_a_retry_is_a_new_span_of_the_same_trace() -> None:
