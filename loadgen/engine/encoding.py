@@ -136,8 +136,8 @@ class RequestEncoder:
     def preflight_request(self, priority: int | None) -> Shaped:
         """The preflight's request, shaped as the run's are: the same headers (its id is the
         preflight's own, `…-ffffffffffff`, its traceparent a trace of its own; `priority` as
-        the run's header, when it has one)
-        and body fields (the id's, the priority's), to the target of the workload's model."""
+        the run's header, when it has one) and body fields (the id's, the priority's), to the
+        target of the workload's model."""
         options, target = self._default
         headers, request_id, _ = self._headers(PREFLIGHT_ID, priority)
         body = self._body(PREFLIGHT_MESSAGES, PREFLIGHT_TOKENS, options, priority, request_id)
