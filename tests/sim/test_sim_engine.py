@@ -14,6 +14,7 @@ from loadgen.sim.engine import (
     Engine,
     EngineConfig,
     SeqRequest,
+    VirtualRun,
     requests_at,
     simulate,
 )
@@ -176,3 +177,37 @@ def test_an_idle_engine_wakes_at_the_earliest_eligible_waiting_request() -> None
     engine.cancel(3)
     engine.cancel(1)
     assert engine.next_event_ns() is None
+
+
+# -- the engine's own account of each request: queued, scheduled, first token ---------------
+
+
+def _firsts(run: VirtualRun) -> dict[int, tuple[int, int, int]]:
+    """Per request, (queued, scheduled, first token) from the steps that emitted its first."""
+    return {
+        seq_id: (queued, scheduled, step.end_ns)
+        for step in run.steps
+        for seq_id, queued, scheduled in step.first
+    }
+
+
+def test_first_tokens_say_when_each_request_was_queued_and_scheduled() -> None:
+    """Three 800-token prompts at once on one slot: each is queued at 0 and scheduled when
+    the one before retires (prefill 100 ms + 2 decode steps of 20 ms = 140 ms apart); its
+    prefill (first token − scheduled) is 800 / 8000 s whatever it waited."""
+    config = EngineConfig(max_batch=1)
+    requests = [SeqRequest(seq_id=i, prompt_tokens=800, output_tokens=3) for i in range(3)]
+    firsts = _firsts(simulate(config, requests_at(0, requests)))
+    ms = NS_PER_MS
+    assert firsts == {i: (0, i * 140 * ms, i * 140 * ms + 100 * ms) for i in range(3)}
+
+
+def test_disaggregated_first_tokens_are_scheduled_by_the_prefill_pool() -> None:
+    """One prefill replica, two 800-token prompts at once: the second is scheduled when the
+    replica is free (100 ms), not when it reaches the decode pool; the decode pool's
+    admission never moves it."""
+    config = EngineConfig(prefill_replicas=1, kv_transfer_ms=5.0)
+    requests = [SeqRequest(seq_id=i, prompt_tokens=800, output_tokens=3) for i in range(2)]
+    firsts = _firsts(simulate(config, requests_at(0, requests)))
+    ms = NS_PER_MS
+    assert firsts == {0: (0, 0, 100 * ms), 1: (0, 100 * ms, 200 * ms)}
