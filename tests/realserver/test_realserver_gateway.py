@@ -173,9 +173,12 @@ def gw_workload(
 
 def cli(path: Path, url: str, out: Path, run_id: str) -> tuple[int, list[RequestRecord], str]:
     """`loadgen run` without the preflight (its request would move the upstream's
-    counters); exit code, records, stderr."""
+    counters), its paths judged as observed (`--path-buffers`: the counts are the subject;
+    a 16-token stream from a starved llama-server can arrive in a few reads); exit code,
+    records, stderr."""
     done = run_cli("run", str(path), "--url", url, "--out", str(out), "--run-id", run_id,
-                   "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q")  # fmt: skip
+                   "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "--path-buffers",
+                   "-q")  # fmt: skip
     parquet = out / run_id / "records.parquet"
     assert parquet.is_file(), done.stderr
     return done.returncode, from_frame(pl.read_parquet(parquet)), done.stderr
@@ -220,8 +223,17 @@ def test_gateway_and_direct_agree_with_the_upstreams_counters(
         assert [(r.outcome, r.error) for r in records] == [("ok", None)] * 5, way
         assert [r.output_tokens for r in records] == [16] * 5, way
         assert predicted == sum(r.output_tokens for r in records), way
-        assert prompt == sum(r.prompt_tokens or 0 for r in records), way
-        assert all(r.prompt_tokens for r in records), way  # never 0: someone counted them
+        said = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
+        assert all(said), way  # never 0: a count of 0 is nobody's, kept as null
+        if (way, api) == ("direct", "anthropic") and len(said) < len(records):
+            # llama-server 0.3.36's Messages stream on a busy box now and then leaves out
+            # `message_start`, the event that carries the input count (seen by hand: 1 of 20
+            # streams under two busy loops; message_delta has output_tokens only): the record
+            # keeps null rather than a guess, and the server counted more than those that said.
+            assert prompt > sum(said), way
+        else:
+            assert len(said) == len(records), way
+            assert prompt == sum(said), way
         runs[way] = records
     assert [r.outcome for r in runs["gateway"]] == [r.outcome for r in runs["direct"]]
     assert [r.output_tokens for r in runs["gateway"]] == [r.output_tokens for r in runs["direct"]]
