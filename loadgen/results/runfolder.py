@@ -4,7 +4,9 @@ A run folder (`<store>/<run-id>/`) holds `run.json` (what was run: the resolved 
 target, t0 anchor, how it stopped), `records.parquet` (or `records.parts/` while it runs,
 with one heartbeat file per engine process), `summary.json`, `histograms.parquet`,
 `server_metrics.parquet` (or `server_metrics.parts/`), `loadgen.log`, `run.lock` while a
-run or a recovery writes it, and `sim-trace.jsonl` under `--sim-trace`. Everything the
+run or a recovery writes it, `sim-trace.jsonl` under `--sim-trace`, and
+`server-spans.parquet` (or `server-spans.parts/`) under `--otlp-receiver` or
+`report --spans`. Everything the
 reports show is recomputable from records plus run.json. The stop statuses live here, with
 their exit codes (defined in `loadgen.errors`), because summary.json's `verdict` carries them.
 
@@ -59,6 +61,8 @@ SERVER_PARTS_DIR = "server_metrics.parts"  # while the run lasts: the scraper's 
 RUN_LOG = "loadgen.log"
 LOCK_FILE = "run.lock"
 SIM_TRACE_FILE = "sim-trace.jsonl"  # the built-in simulator's trace (`--sim-trace`)
+SPANS_FILE = "server-spans.parquet"  # the server's spans, one row each (`results.spans`)
+SPANS_PARTS_DIR = "server-spans.parts"  # while the run lasts: each OTLP body as it came
 SHARDS_DIR = "shards"  # `run --ray`: each shard's own run folder, `shards/<index>/`
 # What a run has measured once it exists: a folder without any of these is an unstarted run.
 MEASURED = (RUN_FILE, PARTS_DIR, SERVER_PARTS_DIR, RECORDS_FILE)

@@ -155,6 +155,38 @@ class ServerTimings:
         return {name: stats for name, stats in timings.items() if stats.count}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanClocks:
+    """How the server's span times sit on the records' clock (`analysis.join`): its
+    arrival stamp (the span's start, unix ns) placed through run.json's t0 anchor, against
+    each joined request's send. A negative lead means the two clocks disagree by at least
+    that much (another host, an unsynchronised clock): the split then carries that error."""
+
+    anchor_ms: float  # the t0 anchor's own uncertainty: its wall-clock reads' disagreement
+    arrival_after_send_ms: LatencyStats  # span start − the record's sent_ns, per joined request
+    before_send: int  # joined spans that start before their request was sent (clock error)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanJoin:
+    """The server's spans joined to the records, request by request (`analysis.join`): by
+    the trace id of the record's `traceparent`, else by request id (vLLM's
+    `gen_ai.request.id` is "chatcmpl-" + the X-Request-Id sent)."""
+
+    source: str  # where the spans came from: the run's receiver, a file, a query URL
+    spans: int  # every span received
+    request_spans: int  # of them, spans with a server field (one per request served)
+    ok: int  # ok requests
+    ok_joined: int  # of them, joined to a span
+    join_rate: float | None  # ok_joined / ok (None: no ok request)
+    joined: int  # requests joined, whatever their outcome
+    by_trace_id: int
+    by_request_id: int
+    unjoined: Mapping[str, int]  # requests sent but not joined, by outcome
+    unjoined_spans: int  # request spans no record claimed (the preflight's, other traffic)
+    clocks: SpanClocks | None = field(default=None, metadata=OMIT_NONE)
+
+
 # A check's (and a class's) verdict as summary.json holds it; `analysis.confidence` judges it
 MET, MISSED, INCONCLUSIVE = "met", "missed", "inconclusive"
 VERDICTS = (MET, MISSED, INCONCLUSIVE)
@@ -677,3 +709,4 @@ class Summary:
     cost: Cost | None = field(default=None, metadata=OMIT_NONE)  # with --price-per-hour
     server: ServerAudit | None = field(default=None, metadata=OMIT_NONE)
     cache: CacheWarmth | None = field(default=None, metadata=OMIT_NONE)
+    server_spans: SpanJoin | None = field(default=None, metadata=OMIT_NONE)

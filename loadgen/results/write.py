@@ -45,6 +45,8 @@ from loadgen.results.runfolder import (
     SERVER_METRICS_SCHEMA,
     SERVER_PARTS_DIR,
     SHARDS_DIR,
+    SPANS_FILE,
+    SPANS_PARTS_DIR,
     SUMMARY_FILE,
     WARM_UP_FILE,
     RunInfo,
@@ -436,3 +438,26 @@ def write_server_metrics(run_dir: Path, frame: pl.DataFrame) -> None:
     tmp = run_dir / f".{SERVER_METRICS_FILE}.tmp"
     frame.cast(SERVER_METRICS_SCHEMA).write_parquet(tmp)  # type: ignore[arg-type]  # dtypes
     os.replace(tmp, path)
+
+
+# --- server-spans.parquet ----------------------------------------------------------------
+
+
+def write_span_part(run_dir: Path, index: int, body: bytes, kind: str) -> Path:
+    """One OTLP body as it came (`kind`: `pb` or `json`, decompressed), the `index`-th
+    part of `server-spans.parts/` (made if missing); its path."""
+    parts = run_dir / SPANS_PARTS_DIR
+    parts.mkdir(exist_ok=True)
+    path = parts / f"part-{index:06d}.{kind}"
+    write_file_atomic(path, body)
+    return path
+
+
+def write_spans(run_dir: Path, frame: pl.DataFrame) -> None:
+    """`server-spans.parquet` (atomic), and the parts it was read from removed."""
+    write_parquet_atomic(frame, run_dir / SPANS_FILE)
+    parts = run_dir / SPANS_PARTS_DIR
+    if parts.is_dir():
+        for path in parts.iterdir():
+            path.unlink()
+        parts.rmdir()
