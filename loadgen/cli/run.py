@@ -39,6 +39,7 @@ from loadgen.cli.options import (
     write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
+from loadgen.engine.otlp_receiver import parse_address
 from loadgen.engine.preflight import check_reachable
 from loadgen.engine.transport import make_endpoint
 from loadgen.engine.warmup import warm_capped_note, warm_count
@@ -120,6 +121,26 @@ from loadgen.workload.spec import WorkloadSpec, redact_url
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
+@option(
+    OUTPUT,
+    "--otlp-receiver",
+    metavar="[HOST:]PORT",
+    help="Receive the server's OpenTelemetry spans (OTLP/HTTP, protobuf or JSON) on "
+    "HOST:PORT (127.0.0.1 unless given; 0 picks a free port), and join them to the records "
+    "by trace id, then request id: the run prints the URL to give the server as "
+    "--otlp-traces-endpoint, keeps the spans in server-spans.parquet and says the join rate "
+    "(needs pip install 'loadgen[spans]'). The built-in simulator sends its own spans there.",
+)
+@option(
+    OUTPUT,
+    "--otlp-receiver-grace",
+    "otlp_receiver_grace_s",
+    type=click.FloatRange(0, 600),
+    default=10.0,
+    show_default=True,
+    help="After the last response, wait up to this many seconds for the spans of the ok "
+    "requests (servers export them in batches: vLLM every 5 s).",
+)
 @ray_options
 @option(
     LOAD,
@@ -161,6 +182,8 @@ def run(
     run_id: str | None,
     max_in_flight: int | None,
     sim_trace: bool,
+    otlp_receiver: str | None,
+    otlp_receiver_grace_s: float,
     repeats: int,
     shard_text: str | None,
     start_at_text: str | None,
@@ -196,6 +219,7 @@ def run(
       loadgen run workloads/chat.yaml --url http://gw:8000 --server-metrics-url \\
         http://gpu:8000/metrics --server-metrics-header 'Authorization: Bearer ${TOKEN}'
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --otlp-receiver 4318
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
       loadgen run workloads/chat.yaml --url http://gpu:8000 --cache warm
@@ -221,15 +245,19 @@ def run(
             "--shard": shard_text, "--start-at": start_at_text, "--repeats": repeats > 1,
             "--workers": (shared.get("workers") or 1) > 1, "--prometheus-port": prometheus_listen,
             "--otlp-endpoint": otlp_endpoint, "--sim-trace": sim_trace,
+            "--otlp-receiver": otlp_receiver,
         },
     )  # fmt: skip
     check_url(shared["url"])
+    if otlp_receiver is not None:
+        parse_address(otlp_receiver)  # a bad value is refused by --dry-run too
     spec = shared_spec(workload, shared)
     check_run_step_options(shared, spec)
     memory = check_memory_line(spec, shared["seed"], shared["max_memory_gb"])
     options = shared_run_options(
         shared, out_dir=out_dir, run_id=run_id, max_in_flight=max_in_flight,
-        sim_trace=sim_trace,
+        sim_trace=sim_trace, otlp_receiver=otlp_receiver,
+        otlp_receiver_grace_s=otlp_receiver_grace_s,
         shard=parse_share(shard_text) if shard_text is not None else None,
         start_at_unix_ns=parse_start_at(start_at_text) if start_at_text is not None else None,
         start_when_told=start_when_told,

@@ -29,6 +29,7 @@ from loadgen.engine.encoding import RequestEncoder
 from loadgen.engine.host import raise_open_files_limit
 from loadgen.engine.logs import LOGGER, run_log
 from loadgen.engine.network import Network
+from loadgen.engine.otlp_receiver import SpanReceiver
 from loadgen.engine.preflight import check_connection, preflight, preflight_deadline
 from loadgen.engine.scrape import scrape_auth
 from loadgen.engine.secrets import Redactor
@@ -48,6 +49,7 @@ from loadgen.run.processes.scraper import ScraperProcess
 from loadgen.run.processes.simulator import target_url
 from loadgen.run.record import Ran, RunResult, begin, shard_anchor
 from loadgen.run.setup import engine_setup, metrics_headers, metrics_url
+from loadgen.run.spans import collect_spans, receiver_line, span_receiver
 from loadgen.workload.plans import Work
 from loadgen.workload.spec import WorkloadSpec, redact_url
 
@@ -60,6 +62,7 @@ class HostSetup:
     info: RunInfo  # run.json as it stands before t0
     publish: Publish | None  # the live exporter's part, when the run has one
     scraper: ScraperProcess | None  # the server's /metrics, when scraped
+    spans: SpanReceiver | None = None  # the server's spans, under --otlp-receiver
 
 
 class HostRunner(Protocol):
@@ -127,8 +130,13 @@ def _in_folder(
     with (
         run_lock(run_dir, doing="write into"),  # one writer: `report --recover` refuses it
         run_log(run_dir, prepared.redactor.redact),
-        target_url(prepared.url, spec, trace_file=trace) as (base_url, sim_args),
+        span_receiver(run) as spans,
+        target_url(
+            prepared.url, spec, trace_file=trace, spans_url=spans.url if spans else None
+        ) as (base_url, sim_args),
     ):
+        if spans is not None:
+            terminal.say(receiver_line(spans, simulator=sim_args is not None))
         if sim_args is not None:  # on loopback: its scrapes and cache reset go direct too
             run = replace(run, options=replace(run.options, network=run.options.network.direct()))
             terminal.say(
@@ -151,7 +159,7 @@ def _in_folder(
         info = replace(info, server_metrics=server_metrics, cache=cache)
         gauges = scraper.live_gauges if scraper is not None else dict
         publish = publisher(run.live, spec, run.work, info, server=gauges)
-        setup = HostSetup(target=target, info=info, publish=publish, scraper=scraper)
+        setup = HostSetup(target=target, info=info, publish=publish, scraper=scraper, spans=spans)
         try:
             result = runner.send(run, setup)
         finally:
@@ -268,11 +276,13 @@ def _reset(
 
 
 def finish(
-    ran: Ran, run: RunContext, outputs: Outputs, *, planned: int, scraper: ScraperProcess | None
-) -> RunResult:
+    ran: Ran, run: RunContext, outputs: Outputs, *, planned: int, scraper: ScraperProcess | None,
+    spans: SpanReceiver | None = None,
+) -> RunResult:  # fmt: skip
     """Audit the joined records (with the server's figures, the scraper stopped, when the run
-    scraped a server), and end the outputs with the summary (summary.json, histograms.parquet
-    and the final run.json among them)."""
+    scraped a server; with the server's spans joined, when it received them), and end the
+    outputs with the summary (summary.json, histograms.parquet and the final run.json among
+    them)."""
     frame, info, state, options = ran.frame, ran.info, ran.state, run.options
     watchdog = state.watchdog
     interrupted = state.interrupted or watchdog is not None
@@ -294,6 +304,8 @@ def finish(
     )  # fmt: skip
     if scraper is not None:
         summary, info = _server_block(summary, scraper, run.run_dir, info, frame)
+    if spans is not None:
+        summary = collect_spans(spans, run, frame, info, summary)
     summary = with_cache(summary, info.cache)
     final = replace(info, interrupted=interrupted, finished=True, stopped=stopped,
                     watchdog=watchdog)  # fmt: skip

@@ -71,4 +71,6 @@ class LocalRunner:
                                 connections=state.connections)  # fmt: skip
             info = with_processes(replace(run_json.info, t0=t0), [mine])
             ran = Ran(frame=frame, info=info, state=state)
-            return finish(ran, run, outputs, planned=stats.planned, scraper=setup.scraper)
+            return finish(
+                ran, run, outputs, planned=stats.planned, scraper=setup.scraper, spans=setup.spans
+            )

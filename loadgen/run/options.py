@@ -25,6 +25,8 @@ class RunOptions:
     check_target: bool = True
     preflight_timeout_s: float | None = None  # None: the class deadlines (engine.preflight)
     sim_trace: bool = False
+    otlp_receiver: str | None = None  # `--otlp-receiver [HOST:]PORT`: the server's spans
+    otlp_receiver_grace_s: float = 10.0  # `--otlp-receiver-grace`: wait this long for them
     watchdog_s: float = 300.0  # abort (exit 4) after this long with nothing progressing
     extra_headers: Mapping[str, str] = field(default_factory=dict)
     workers: int | None = None  # engine processes; None: 1, or one per core past the envelope

@@ -88,6 +88,7 @@ def running_sim(
     args: Sequence[str] = (),
     *,
     trace_file: Path | None = None,
+    spans_url: str | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> Iterator[SimProcess]:
     """Start `python -m loadgen.sim --host 127.0.0.1 --port 0 *args`; stop it on exit.
@@ -98,6 +99,8 @@ def running_sim(
     command = [sys.executable, "-m", "loadgen.sim", "--host", "127.0.0.1", "--port", "0", *args]
     if trace_file is not None:
         command += ["--trace-file", str(trace_file)]
+    if spans_url is not None:  # its spans to the run's OTLP receiver
+        command += ["--otlp-traces-endpoint", spans_url]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryFile() as stderr:
         child = Child.command(command, ready_line=_listening_url, stderr=stderr,
@@ -120,8 +123,9 @@ def running_sim(
 
 @contextlib.contextmanager
 def target_url(
-    url: str | None, spec: WorkloadSpec, *, trace_file: Path | None = None
-) -> Iterator[tuple[str, list[str] | None]]:
+    url: str | None, spec: WorkloadSpec, *, trace_file: Path | None = None,
+    spans_url: str | None = None,
+) -> Iterator[tuple[str, list[str] | None]]:  # fmt: skip
     """The given URL (else the workload's `target.url`), or the built-in simulator started
     with the workload's `sim:` settings and stopped after. Yields the URL and the
     simulator's arguments (None when it was not started)."""
@@ -130,5 +134,5 @@ def target_url(
         yield url, None
         return
     args = sim_args_from_mapping(spec.sim, spec.source)
-    with running_sim(args, trace_file=trace_file) as sim:
+    with running_sim(args, trace_file=trace_file, spans_url=spans_url) as sim:
         yield sim.url, args

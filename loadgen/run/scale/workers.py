@@ -213,7 +213,9 @@ class WorkersRunner:
             progress.close()
         frame, info = _joined(run, workers, run_json.current, t0)
         ran = Ran(frame=frame, info=info, state=state)
-        return finish(ran, run, outputs, planned=len(run.work.plans), scraper=setup.scraper)
+        return finish(
+            ran, run, outputs, planned=len(run.work.plans), scraper=setup.scraper, spans=setup.spans
+        )
 
 
 def _parent_outputs(
