@@ -76,7 +76,8 @@ def test_join_by_trace_id_then_request_id() -> None:
     assert summary.clocks.before_send == 0
     line = join_line(summary)
     assert "3 of 4 ok requests joined (1 by trace id, 2 by request id)" in line
-    assert "not joined: 1 ok" in line and "1 request span(s) matched no record" in line
+    assert "not joined: 1 ok" in line
+    assert "1 request span(s) matched no record" in line
 
 
 def test_a_shared_request_id_joins_nothing() -> None:
@@ -112,7 +113,8 @@ def test_failed_requests_count_apart_and_clock_disagreement_shows() -> None:
     summary = join_summary(records, spans, joined, source="test", t0=T0(unix_ns=ANCHOR))
     assert summary.unjoined == {"timeout_total": 1}  # the unsent request was never the server's
     assert summary.join_rate == 1.0
-    assert summary.clocks is not None and summary.clocks.before_send == 1
+    assert summary.clocks is not None
+    assert summary.clocks.before_send == 1
     assert summary.clocks.arrival_after_send_ms.p50 == pytest.approx(-1.0)
     assert "1 span(s) start before their send" in join_line(summary)
 
@@ -123,4 +125,5 @@ def test_malformed_traceparent_is_no_key() -> None:
                         record(1, traceparent="garbage")])  # fmt: skip
     spans = spans_frame([span(0, queue_s=0.1, trace_id=trace(0))])
     joined = server_fields(records, spans)
-    assert joined.height == 2 and joined.get_column("joined_by").null_count() == 2
+    assert joined.height == 2
+    assert joined.get_column("joined_by").null_count() == 2

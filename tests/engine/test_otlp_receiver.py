@@ -15,7 +15,7 @@ from loadgen.engine.otlp_receiver import Address, SpanReceiver, parse_address
 from loadgen.errors import OptionError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "results"))
-from test_spans import TRACE, check_row, otlp_json, otlp_request  # noqa: E402
+from test_spans import TRACE, check_row, otlp_json, otlp_request
 
 
 @pytest.fixture
