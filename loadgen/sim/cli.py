@@ -101,6 +101,13 @@ _SECONDS = "simulated seconds (divided by --speed)"
 @click.option("--model", help="Model id to report.  [default: loadgen-sim]")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write a JSON Lines trace.")
 @click.option(
+    "--otlp-traces-endpoint",
+    metavar="URL",
+    help="Send one OpenTelemetry span per request (vLLM's llm_request, its attribute names, "
+    "the engine's exact queue and prefill times) to this OTLP/HTTP URL, parented under the "
+    "request's traceparent (none for a not-sampled one); needs pip install 'loadgen[spans]'.",
+)
+@click.option(
     "--fault",
     "fault_specs",
     multiple=True,
@@ -193,4 +200,7 @@ def sim(
         config = build_config(config_path, flags, fault_specs)
     except LoadgenError as exc:
         raise click.ClickException(str(exc)) from None
-    run(config)
+    try:
+        run(config)
+    except LoadgenError as exc:  # a setting only serving can check (--otlp-traces-endpoint)
+        raise click.ClickException(str(exc)) from None

@@ -114,6 +114,7 @@ class SimConfig:
     dialect: Dialect = field(default_factory=Dialect)
     faults: FaultRates = field(default_factory=FaultRates)
     trace_file: Path | None = None
+    otlp_traces_endpoint: str | None = None  # spans to this OTLP/HTTP URL (`loadgen.sim.spans`)
     seed: int = 0
     model: str = "loadgen-sim"
     api: str = "all"
@@ -264,6 +265,7 @@ SETTINGS: dict[str, tuple[Callable[[object], Any], str]] = {
     "model": (_str, "the model id to report"),
     "api": (_choice(API_NAMES), f"one of {', '.join(API_NAMES)}"),
     "trace_file": (_path, "a file path for the JSON Lines trace"),
+    "otlp_traces_endpoint": (_str, "an OTLP/HTTP URL, e.g. http://127.0.0.1:4318/v1/traces"),
     "faults": (parse_faults, f"names: {', '.join(FAULT_NAMES)}; probabilities in [0, 1]"),
     "fault_after_tokens": (_int, "an integer >= 0"),
     "stall_s": (_float, "simulated seconds >= 0"),
@@ -349,6 +351,7 @@ def config_from_mapping(mapping: Mapping[str, Any], source: str) -> SimConfig:
         dialect=dialect,
         faults=faults,
         trace_file=v.get("trace_file"),
+        otlp_traces_endpoint=v.get("otlp_traces_endpoint"),
         seed=v.get("seed", base.seed),
         model=v.get("model", base.model),
         api=v.get("api", base.api),

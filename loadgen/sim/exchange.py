@@ -76,10 +76,12 @@ class Exchange(ExchangeLike):
         self._cached, self._prompt_words, self._block_keys = server.prefix_lookup(
             http.body, request.prompt_tokens
         )
+        self._response_id = f"{api.id_prefix}sim{seq_id}"
+        self._entered = False  # in the engine's queue (a span tells of it)
         self._format = api.format(
             FormatArgs(
                 request=request,
-                response_id=f"{api.id_prefix}sim{seq_id}",
+                response_id=self._response_id,
                 created=int(time.time()),
                 model=server.model,
                 dialect=plan.dialect,
@@ -145,6 +147,7 @@ class Exchange(ExchangeLike):
         if not self._server.scheduler.submit(seq):
             self._fail(429, "the simulator's admission queue is full", "rejected")
             return
+        self._entered = True
         if not self._request.stream:
             self._fault_at(0)
         else:
@@ -221,7 +224,14 @@ class Exchange(ExchangeLike):
             if self._prompt_words:
                 answer = [word(i).strip() for i in range(self._reasoning + 1, self._tokens + 1)]
                 self._server.cache_answer(self._prompt_words + answer)
+        spans = self._server.spans if self._entered else None
+        if spans is not None:
+            self._engine_record()  # the span's figures, in the trace too
         self._server.trace.write(record)
+        if spans is not None:
+            sent_id = self._http.headers.get("x-request-id")
+            request_id = f"{self._api.id_prefix}{sent_id}" if sent_id else self._response_id
+            spans.add(record, request_id, self._http.headers.get("traceparent"))
 
     def _fail(self, status: int, message: str, outcome: str) -> None:
         self._end(outcome, status)
@@ -375,17 +385,10 @@ class Exchange(ExchangeLike):
         first token, the mean gap over it, tokens per second from scheduling. On the
         client's clock (simulated time / speed), so they subtract from its measurements;
         the engine's times go to the trace record (`engine`)."""
-        start, first, last = self.engine_start, self.first_token_sim_ns, self.last_token_sim_ns
-        if not self._dialect.per_request_metrics or start is None or first is None:
+        if not self._dialect.per_request_metrics or (engine := self._engine_record()) is None:
             return None
-        last = first if last is None else last
-        queued, scheduled = start
-        self.record["engine"] = {
-            "queued_sim_ns": queued,
-            "scheduled_sim_ns": scheduled,
-            "first_token_sim_ns": first,
-            "last_token_sim_ns": last,
-        }
+        queued, scheduled = engine["queued_sim_ns"], engine["scheduled_sim_ns"]
+        first, last = engine["first_token_sim_ns"], engine["last_token_sim_ns"]
         per_ms = NS_PER_MS * self._server.clock.speed  # simulated ns per real ms
         metrics = {
             "time_to_first_token_ms": (first - scheduled) / per_ms,
@@ -397,6 +400,21 @@ class Exchange(ExchangeLike):
         if last > scheduled:
             metrics["tokens_per_second"] = self._emitted * 1000 / ((last - scheduled) / per_ms)
         return metrics
+
+    def _engine_record(self) -> dict[str, int] | None:
+        """The engine's own times of this request (simulated ns: queued, scheduled, first
+        and last token), kept in its trace record as `engine`; None before its first token."""
+        start, first, last = self.engine_start, self.first_token_sim_ns, self.last_token_sim_ns
+        if start is None or first is None:
+            return None
+        engine = {
+            "queued_sim_ns": start[0],
+            "scheduled_sim_ns": start[1],
+            "first_token_sim_ns": first,
+            "last_token_sim_ns": first if last is None else last,
+        }
+        self.record["engine"] = engine
+        return engine
 
     def _finish_stream(self) -> None:
         closing = self._format.finish(self._stream_end())

@@ -23,11 +23,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from loadgen import __version__
+from loadgen.errors import ConfigError
 from loadgen.sim.config import SimConfig, format_decode_table
 from loadgen.sim.dialects import Api, error_body_for, routes
 from loadgen.sim.engine import NS_PER_S, SeqRequest, StepModel, StepResult, build_engine
@@ -38,6 +39,9 @@ from loadgen.sim.prefix import PrefixCache, prompt_words
 from loadgen.sim.protocol import Connection, HttpRequest, Inbox
 from loadgen.sim.trace import NullTrace, TraceWriter
 from loadgen.sim.wire import BadRequest, output_length, reasoning_tokens
+
+if TYPE_CHECKING:
+    from loadgen.sim.spans import SpanExporter
 
 perf_counter_ns = time.perf_counter_ns
 SPIN_NS = 1_000_000  # the event loop's timer grain; busy-wait at most this long per step
@@ -161,6 +165,7 @@ class SimServer:
             else None
         )
         self.exchanges: dict[int, Exchange] = {}
+        self.spans: SpanExporter | None = None  # `--otlp-traces-endpoint`
         self.connections: set[Connection] = set()
         self._ids = itertools.count(1)
         self.routes = routes(config.api)
@@ -404,6 +409,8 @@ async def serve(config: SimConfig) -> None:
     if config.trace_file is not None:
         trace = TraceWriter(config.trace_file, loop)
     app = SimServer(config, loop, trace)
+    if config.otlp_traces_endpoint is not None:
+        app.spans = _span_exporter(config)
     trace.write(_start_record(config, app.clock))
     inbox = Inbox()
     server = await loop.create_server(
@@ -425,6 +432,24 @@ async def serve(config: SimConfig) -> None:
         server.close()
         app.shutdown()
         trace.close()
+        if app.spans is not None:
+            app.spans.close()
+
+
+def _span_exporter(config: SimConfig) -> SpanExporter:
+    """The exporter of `--otlp-traces-endpoint` (a ConfigError without its package)."""
+    try:
+        from loadgen.sim.spans import SpanExporter  # defers opentelemetry-proto (an extra)
+    except ImportError:
+        raise ConfigError("command line", "--otlp-traces-endpoint",
+                          "needs the opentelemetry-proto package",
+                          "pip install 'loadgen[spans]'") from None  # fmt: skip
+    assert config.otlp_traces_endpoint is not None
+    try:
+        return SpanExporter(config.otlp_traces_endpoint, service=config.model, speed=config.speed)
+    except ValueError as exc:
+        raise ConfigError("command line", "--otlp-traces-endpoint", str(exc),
+                          "give http://HOST:PORT/v1/traces") from None  # fmt: skip
 
 
 def _start_record(config: SimConfig, clock: SimClock) -> dict[str, Any]:
