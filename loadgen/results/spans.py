@@ -350,7 +350,7 @@ def read_spans(run_dir: Path) -> pl.DataFrame | None:
     None when it has neither."""
     path = run_dir / SPANS_FILE
     if path.exists():
-        return pl.read_parquet(path)
+        return pl.read_parquet(path, glob=False)
     parts = run_dir / SPANS_PARTS_DIR
     if parts.is_dir():
         return read_span_parts(sorted(p for p in parts.iterdir() if p.name.startswith("part-")))
