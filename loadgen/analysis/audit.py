@@ -25,6 +25,7 @@ from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.delivery import delivery, unpaced
 from loadgen.analysis.health import judge_client
+from loadgen.analysis.join import span_account
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
@@ -43,6 +44,7 @@ from loadgen.results.runfolder import (
     read_run_info,
     read_server_metrics,
 )
+from loadgen.results.spans import read_spans
 from loadgen.results.summary import (
     CacheWarmth,
     ClassAudit,
@@ -279,6 +281,8 @@ def audit_run(
         path_buffers=info.path_buffers,
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
+    if (spans := read_spans(run_dir)) is not None:  # the server's spans, joined again
+        summary = replace(summary, server_spans=span_account(frame, spans, info.t0))
     return with_cache(summary, info.cache), frame, effective
 
 

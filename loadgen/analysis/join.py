@@ -126,12 +126,19 @@ def server_fields(
     )
 
 
+def span_account(records: pl.DataFrame, spans: pl.DataFrame, t0: T0 | None) -> SpanJoin:
+    """summary.json's `server_spans` for a run's records and spans (`join_summary` of the
+    join placed through the run's t0 anchor)."""
+    anchor = anchor_unix_ns(t0) if t0 is not None else None
+    return join_summary(records, spans, server_fields(records, spans, anchor_ns=anchor), t0=t0)
+
+
 def join_summary(
-    records: pl.DataFrame, spans: pl.DataFrame, joined: pl.DataFrame, *, source: str,
-    t0: T0 | None = None,
-) -> SpanJoin:  # fmt: skip
+    records: pl.DataFrame, spans: pl.DataFrame, joined: pl.DataFrame, *, t0: T0 | None = None
+) -> SpanJoin:
     """summary.json's `server_spans`: the join rate over ok requests, what joined how, what
-    could not be joined (requests by outcome, spans no request claimed) and the clocks."""
+    could not be joined (requests by outcome, spans no request claimed) and the clocks;
+    `source`: the spans' sources, as their `source` column says."""
     rows = records.select("request_id", "outcome", "sent_ns").join(
         joined.select("request_id", "joined_by", "span_id", "span_start_ns"), on="request_id",
         how="left",
@@ -156,8 +163,9 @@ def join_summary(
             arrival_after_send_ms=latency_stats(lead_ms),
             before_send=int((lead_ms < 0).sum()),
         )
+    sources = sorted(set(spans.get_column("source").drop_nulls().to_list()))
     return SpanJoin(
-        source=source,
+        source=", ".join(sources) or "unknown",
         spans=spans.height,
         request_spans=request_spans.height,
         ok=ok.height,

@@ -7,14 +7,17 @@ import sys
 from pathlib import Path
 
 import click
+import polars as pl
 
 from loadgen import codec
 from loadgen.analysis.audit import apply_slo_override, parse_slo_override, reaudit
 from loadgen.analysis.confidence import RULES
+from loadgen.analysis.join import join_line, span_account, trace_id
 from loadgen.analysis.rolling import parse_duration, rolling_view, to_json
 from loadgen.analysis.windows import WindowError
 from loadgen.cli.exits import REPORT_EXITS
 from loadgen.cli.options import check_report_paths, clean_errors, output_console, write_text
+from loadgen.engine.span_query import query_spans
 from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
 from loadgen.render.report.model import build_run_report
@@ -29,12 +32,16 @@ from loadgen.results.runfolder import (
     REPORT_MD,
     ROLLING_REPORT_DIR,
     RUN_FILE,
+    SPANS_FILE,
     SUMMARY_FILE,
     is_run_folder,
+    read_records,
     read_run_info,
 )
+from loadgen.results.spans import read_span_file, with_source
 from loadgen.results.store import discover_runs, select_runs
-from loadgen.results.write import recover, write_audit, write_files, write_report
+from loadgen.results.write import recover, write_audit, write_files, write_report, write_spans
+from loadgen.workload.spec import redact_url
 
 
 @click.command(epilog=REPORT_EXITS)
@@ -130,6 +137,21 @@ from loadgen.results.write import recover, write_audit, write_files, write_repor
     help="One run that is still running: wait until it ends (or dies), then report "
     "(and recover, with --recover) instead of refusing it (exit 6).",
 )
+@click.option(
+    "--spans",
+    "spans_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="One run: join the server's spans from this file (OTLP JSON as a collector's file "
+    "exporter writes it, one document a line; Jaeger's or Tempo's JSON; gzip or not) to the "
+    "records, keep them as the run's server-spans.parquet, and report the join.",
+)
+@click.option(
+    "--spans-from",
+    "spans_url",
+    metavar="URL",
+    help="One run: ask Jaeger (http://HOST:16686) or Tempo (http://HOST:3200) for each "
+    "record's trace (GET URL/api/traces/TRACE-ID) and join them as --spans does.",
+)
 @clean_errors
 def report(
     path: Path,
@@ -147,6 +169,8 @@ def report(
     junit_path: Path | None,
     markdown_path: Path | None,
     wait: bool,
+    spans_file: Path | None,
+    spans_url: str | None,
 ) -> None:
     """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
 
@@ -166,12 +190,16 @@ def report(
       loadgen report reports/ --workload chat-smoke --format json
       loadgen report --recover reports/20261129T101500Z-chat-1a2b    # after SIGKILL or 2 Ctrl-C
       loadgen report reports/20261129T101500Z-chat-1a2b --slo ttft_ms=800 --junit slo.xml
+      loadgen report reports/20261129T101500Z-chat-1a2b --spans otel-traces.json
+      loadgen report reports/20261129T101500Z-chat-1a2b --spans-from http://127.0.0.1:16686
     """
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     if is_run_folder(path):
         _refuse_live(path, wait=wait, doing="recover" if recover else "report on")
         if recover:
             _recover(path)
+        if spans_file is not None or spans_url is not None:
+            _join_spans(path, spans_file, spans_url)
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule,
                     checks=(junit_path, markdown_path))  # fmt: skip
     else:
@@ -179,6 +207,9 @@ def report(
             if given is not None:
                 raise OptionError(flag, "takes one run folder, not a results store",
                                   "give it a run folder (reports/<run-id>)")  # fmt: skip
+        if spans_file is not None or spans_url is not None:
+            raise OptionError("--spans/--spans-from", "join spans to one run",
+                              "give a run folder, not a results store")  # fmt: skip
         _report_store(
             path, window_text or "30d", step_text or "1d", class_names, exact, out_dir, fmt,
             workload=workload_name, include_incomplete=include_incomplete,
@@ -208,6 +239,29 @@ def _recover(run_dir: Path) -> None:
             return
         write_audit(run_dir, *reaudit(run_dir))
     click.echo(recovery_line(run_dir, done), err=True)
+
+
+def _join_spans(run_dir: Path, spans_file: Path | None, spans_url: str | None) -> None:
+    """Read the spans (a file, or Jaeger's or Tempo's answers for the records' trace ids)
+    into the run's server-spans.parquet, replacing any it had; the report joins them."""
+    if spans_file is not None and spans_url is not None:
+        raise OptionError("--spans/--spans-from", "give one source of spans", "drop one")
+    if spans_file is not None:
+        spans = with_source(read_span_file(spans_file), spans_file.name)
+    else:
+        assert spans_url is not None
+        ids = read_records(run_dir).select(trace_id(pl.col("traceparent"))).to_series()
+        wanted = sorted(set(ids.drop_nulls().to_list()))
+        if not wanted:
+            why = "its records carry no traceparent, so there is no trace id to ask for"
+            raise LoadgenError(f"{run_dir}: {why}; give the spans as a file (--spans)")
+        spans = with_source(query_spans(spans_url, wanted), redact_url(spans_url))
+    with run_lock(run_dir, doing="join spans into"):
+        if (run_dir / SPANS_FILE).exists():
+            click.echo(f"replacing the run's {SPANS_FILE}", err=True)
+        write_spans(run_dir, spans)
+    info = read_run_info(run_dir)
+    click.echo(join_line(span_account(read_records(run_dir), spans, info.t0)), err=True)
 
 
 def _report_run(

@@ -67,6 +67,7 @@ SPAN_SCHEMA: dict[str, pl.DataType] = {
     "server_request_id": pl.String(),  # gen_ai.request.id
     **_TIMING_DTYPES,
     "attributes": pl.String(),  # every attribute, as JSON
+    "source": pl.String(),  # where it came from: `receiver`, a file's name, a query URL
 }
 
 
@@ -115,8 +116,13 @@ def _row(
 
 
 def spans_frame(rows: Iterable[Mapping[str, Any]]) -> pl.DataFrame:
-    """Rows of `SPAN_SCHEMA` as a frame."""
+    """Rows of `SPAN_SCHEMA` as a frame (`source` null unless a row says it)."""
     return pl.DataFrame(list(rows), schema=SPAN_SCHEMA)
+
+
+def with_source(frame: pl.DataFrame, source: str) -> pl.DataFrame:
+    """`frame` with every span's `source` set."""
+    return frame.with_columns(pl.lit(source, dtype=pl.String).alias("source"))
 
 
 # -- OTLP ----------------------------------------------------------------------------------

@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import polars as pl
 
-from loadgen.analysis.join import anchor_unix_ns, join_line, join_summary, server_fields
+from loadgen.analysis.join import anchor_unix_ns, join_line, server_fields, span_account
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.otlp_receiver import SpanReceiver, parse_address
 from loadgen.results.runfolder import RunInfo
-from loadgen.results.spans import empty_spans
+from loadgen.results.spans import empty_spans, with_source
 from loadgen.results.summary import Summary
 from loadgen.results.write import write_spans
 from loadgen.run.context import RunContext
@@ -84,10 +84,9 @@ def collect_spans(
             said = True
         time.sleep(POLL_S)
     receiver.close()
-    spans = pl.concat([spans, receiver.spans(since=taken)])
+    spans = with_source(pl.concat([spans, receiver.spans(since=taken)]), "receiver")
     write_spans(run.run_dir, spans)
-    joined = server_fields(frame, spans, anchor_ns=anchor)
-    account = join_summary(frame, spans, joined, source="receiver", t0=info.t0)
+    account = span_account(frame, spans, info.t0)
     if receiver.refusals:
         LOGGER.warning("otlp receiver: refused %d bodies: %s", receiver.refusals,
                        receiver.last_refusal)  # fmt: skip

@@ -37,7 +37,7 @@ def span(n: int, *, queue_s: float, trace_id: str | None = None, request_id: str
             "server_request_id": request_id, "queue_ms": queue_s * 1000, "load_ms": None,
             "prefill_ms": 10.0, "decode_ms": None, "total_ms": None, "ttft_ms": None,
             "itl_ms": None, "prefill_tokens": 100 + n, "decode_tokens": None,
-            "cached_tokens": None, "attributes": "{}"}  # fmt: skip
+            "cached_tokens": None, "attributes": "{}", "source": "test"}  # fmt: skip
 
 
 def test_join_by_trace_id_then_request_id() -> None:
@@ -66,8 +66,8 @@ def test_join_by_trace_id_then_request_id() -> None:
     assert joined.get_column("queue_ms").to_list() == [500.0, 250.0, 125.0, None]
     assert joined.get_column("prefill_tokens").to_list() == [100, 101, 102, None]
     assert joined.get_column("span_start_ns").to_list() == [300_000, 1_300_000, 2_300_000, None]
-    summary = join_summary(records, spans, joined, source="test", t0=T0(unix_ns=ANCHOR))
-    assert (summary.ok, summary.ok_joined, summary.join_rate) == (4, 3, 0.75)
+    summary = join_summary(records, spans, joined, t0=T0(unix_ns=ANCHOR))
+    assert (summary.source, summary.ok, summary.ok_joined, summary.join_rate) == ("test", 4, 3, 0.75)
     assert (summary.by_trace_id, summary.by_request_id) == (1, 2)
     assert summary.unjoined == {"ok": 1}
     assert summary.unjoined_spans == 1
@@ -110,7 +110,7 @@ def test_failed_requests_count_apart_and_clock_disagreement_shows() -> None:
                                       outcome=Outcome.NOT_SENT)])  # fmt: skip
     spans = spans_frame([span(1, queue_s=0.1, trace_id=trace(1), start_ns=ANCHOR)])  # 1 ms early
     joined = server_fields(records, spans, anchor_ns=ANCHOR)
-    summary = join_summary(records, spans, joined, source="test", t0=T0(unix_ns=ANCHOR))
+    summary = join_summary(records, spans, joined, t0=T0(unix_ns=ANCHOR))
     assert summary.unjoined == {"timeout_total": 1}  # the unsent request was never the server's
     assert summary.join_rate == 1.0
     assert summary.clocks is not None
