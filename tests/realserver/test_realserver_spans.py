@@ -95,24 +95,27 @@ def test_vllm_spans_join_every_ok_request(traced_vllm: tuple[Server, int], tmp_p
     """At a low and at a saturating rate: every ok request joins its vLLM span, the span's
     token counts are the records' own, and its queue time equals the stream's in-band one."""
     server, port = traced_vllm
+    runs = {}
     for label, requests, rate, prompt in (("low", 8, 1.0, 48), ("saturating", 24, 12.0, 512)):
         run_dir = traced_run(server, port, tmp_path / label, requests=requests, rate_per_s=rate,
                              prompt_tokens=prompt)  # fmt: skip
         account = json.loads((run_dir / "summary.json").read_text())["server_spans"]
-        frame = joined_frame(run_dir)
-        ok = frame.filter(pl.col("outcome") == "ok")
+        ok = joined_frame(run_dir).filter(pl.col("outcome") == "ok")
+        inband = ok["server_timings"].struct.field("queue_ms")
         print(f"{label}: {json.dumps(account)}")
-        print(f"{label}: {split_line(frame)}")
+        print(f"{label}: {split_line(ok)}")
+        print(
+            f"{label}: span − in-band queue: max |Δ| {(ok['span_queue_ms'] - inband).abs().max()} ms"
+        )
+        runs[label] = (requests, account, ok, inband)
+    for requests, account, ok, inband in runs.values():  # asserted once both have been said
         assert ok.height == requests
         assert (account["ok_joined"], account["join_rate"]) == (requests, 1.0)
         assert ok["span_joined_by"].null_count() == 0
         assert ok["span_prefill_tokens"].to_list() == ok["prompt_tokens"].to_list()
         assert ok["span_decode_tokens"].to_list() == ok["output_tokens"].to_list()
-        inband = ok["server_timings"].struct.field("queue_ms")
         assert inband.null_count() == 0, "no in-band per-request metrics were read"
-        gap = (ok["span_queue_ms"] - inband).abs()
-        print(f"{label}: span − in-band queue: max |Δ| {gap.max():.3g} ms")
-        assert gap.max() < 1e-6
+        assert (ok["span_queue_ms"] - inband).abs().max() < 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +173,17 @@ def test_through_litellm_what_survives(
     assert done.returncode == 0, done.stdout + done.stderr
     account = json.loads((out / "r" / "summary.json").read_text())["server_spans"]
     print(f"through LiteLLM: {json.dumps(account)}")
+    records = read_records(out / "r")
+    spans = pl.read_parquet(out / "r" / SPANS_FILE)
+    said = set(spans["server_request_id"].to_list())
+    sent = {f"chatcmpl-{i}" for i in records["request_id_sent"].to_list()}
+    echoed = set(records["server_request_id"].to_list())
+    traces = {tp[3:35] for tp in records["traceparent"].drop_nulls().to_list()}
+    print(f"through LiteLLM: X-Request-Id reached the server for {len(said & sent)} of 8; "
+          f"the server's own id came back for {len(said & echoed)} of 8; "
+          f"the traceparent reached it for {len(traces & set(spans['trace_id'].to_list()))} "
+          f"of {len(traces)}")  # fmt: skip
     assert account["ok"] == 8
+    assert account["ok_joined"] == 8  # measured: by the response id LiteLLM passes back
     assert account["request_spans"] >= 8  # the server saw every request and said so
     assert account["ok_joined"] == account["by_trace_id"] + account["by_request_id"]
