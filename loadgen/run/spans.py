@@ -95,4 +95,7 @@ def collect_spans(
     line = join_line(account)
     LOGGER.info("%s", line)
     run.terminal.say(line)
+    if spans.height == 0:  # even with -q: the run asked for spans and got none
+        hint = "was the server started with --otlp-traces-endpoint at it (vLLM: http/protobuf)?"
+        run.terminal.warn(f"otlp receiver: no span arrived at {receiver.url}: {hint}")
     return replace(summary, server_spans=account)
