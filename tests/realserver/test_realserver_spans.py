@@ -55,6 +55,7 @@ def traced_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
 def traced_run(server: Server, port: int, tmp_path: Path, *, requests: int, rate_per_s: float,
                prompt_tokens: int) -> Path:  # fmt: skip
     """`loadgen run` against vLLM with the receiver on vLLM's export port; its folder."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = vllm_workload(tmp_path, requests=requests, rate_per_s=rate_per_s,
                          prompt_tokens=prompt_tokens, output_tokens=12)  # fmt: skip
     out = tmp_path / "runs"
