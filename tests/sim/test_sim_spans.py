@@ -4,6 +4,8 @@ queue and prefill times, parented under the request's traceparent."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -137,3 +139,14 @@ def test_traceparent_parse() -> None:
     assert parse_traceparent(f"00-{'0' * 32}-{PARENT}-01") is None
     assert parse_traceparent("garbage") is None
     assert parse_traceparent(None) is None
+
+
+def test_bad_endpoint_is_a_clear_error() -> None:
+    """A URL that is not http(s) is refused at start: exit 1, what and how to fix, no traceback."""
+    done = subprocess.run([sys.executable, "-m", "loadgen", "sim", "--port", "0",
+                           "--otlp-traces-endpoint", "ftp://127.0.0.1/v1/traces"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1
+    assert "--otlp-traces-endpoint" in done.stderr
+    assert "is not an http(s) URL" in done.stderr
+    assert "Traceback" not in done.stderr
