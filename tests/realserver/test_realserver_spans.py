@@ -61,8 +61,10 @@ def traced_run(server: Server, port: int, tmp_path: Path, *, requests: int, rate
     out = tmp_path / "runs"
     done = run_cli("run", str(path), "--url", server.url, "--out", str(out), "--run-id", "r",
                    "--otlp-receiver", str(port), "--otlp-receiver-grace", "30",
-                   "--lag-bound-ms", LAG_BOUND_MS, timeout=400)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+                   "--lag-bound-ms", LAG_BOUND_MS, "--path-buffers", timeout=400)  # fmt: skip
+    # the verdict is not what this test is about: vLLM on CPU writes tokens in bursts, and a
+    # few requests bound no percentile tightly (7: inconclusive)
+    assert done.returncode in (0, 7), done.stdout + done.stderr
     print(done.stdout.splitlines()[-1] if done.stdout else "", done.stderr)
     return out / "r"
 
