@@ -99,7 +99,7 @@ def test_vllm_spans_join_every_ok_request(traced_vllm: tuple[Server, int], tmp_p
     token counts are the records' own, and its queue time equals the stream's in-band one."""
     server, port = traced_vllm
     runs = {}
-    for label, requests, rate, prompt in (("low", 8, 1.0, 48), ("saturating", 24, 12.0, 512)):
+    for label, requests, rate, prompt in (("low", 8, 1.0, 48), ("saturating", 40, 40.0, 4096)):
         run_dir = traced_run(server, port, tmp_path / label, requests=requests, rate_per_s=rate,
                              prompt_tokens=prompt)  # fmt: skip
         account = json.loads((run_dir / "summary.json").read_text())["server_spans"]
