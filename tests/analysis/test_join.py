@@ -67,7 +67,12 @@ def test_join_by_trace_id_then_request_id() -> None:
     assert joined.get_column("prefill_tokens").to_list() == [100, 101, 102, None]
     assert joined.get_column("span_start_ns").to_list() == [300_000, 1_300_000, 2_300_000, None]
     summary = join_summary(records, spans, joined, t0=T0(unix_ns=ANCHOR))
-    assert (summary.source, summary.ok, summary.ok_joined, summary.join_rate) == ("test", 4, 3, 0.75)
+    assert (summary.source, summary.ok, summary.ok_joined, summary.join_rate) == (
+        "test",
+        4,
+        3,
+        0.75,
+    )
     assert (summary.by_trace_id, summary.by_request_id) == (1, 2)
     assert summary.unjoined == {"ok": 1}
     assert summary.unjoined_spans == 1

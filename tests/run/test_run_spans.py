@@ -73,7 +73,9 @@ def test_every_ok_request_joins_its_span_with_the_engines_times(tmp_path: Path) 
             (line["first_token_sim_ns"] - line["scheduled_sim_ns"]) / engine_ms, abs=1e-9
         )
         # one slot: each prompt is prefilled alone, P / 8,000 s of engine time
-        assert row["prefill_ms"] == pytest.approx(line["prompt_tokens"] / 8000 * 1000 / SPEED, abs=1e-6)
+        assert row["prefill_ms"] == pytest.approx(
+            line["prompt_tokens"] / 8000 * 1000 / SPEED, abs=1e-6
+        )
         assert row["prefill_tokens"] == line["prompt_tokens"] == record["prompt_tokens"]
         assert row["decode_tokens"] == record["output_tokens"] == 8
         # each span starts after its request was sent (the server's door, on one clock)
