@@ -82,3 +82,20 @@ def test_every_ok_request_joins_its_span_with_the_engines_times(tmp_path: Path) 
         assert row["span_start_ns"] >= record["sent_ns"]
         waited += row["queue_ms"] > 0
     assert waited >= 12  # one slot, arrivals twice as fast as service: most waited
+
+
+@pytest.mark.slow
+def test_a_server_that_sends_no_spans_is_said(tmp_path: Path, sim_url: str) -> None:
+    """A server not told where to send its spans: the run waits out the grace, says even
+    with -q that none arrived and what to check, and its summary says 0 joined."""
+    small = WORKLOAD.replace("requests: 24", "requests: 4").replace("sim: {", "# sim: {")
+    workload = workload_file(tmp_path, small)
+    out = tmp_path / "runs"
+    ran = CliRunner().invoke(cli, ["run", str(workload), "--url", sim_url, "--out", str(out),
+                                   "--run-id", "r", "-q", "--otlp-receiver", "0",
+                                   "--otlp-receiver-grace", "0.5", "--lag-bound-ms", "200"])  # fmt: skip
+    assert ran.exit_code in (0, 7), ran.output  # 4 requests may bound no percentile (7)
+    assert "otlp receiver: no span arrived at http://127.0.0.1:" in ran.output
+    summary = json.loads((out / "r" / "summary.json").read_text())["server_spans"]
+    assert (summary["spans"], summary["ok"], summary["ok_joined"]) == (0, 4, 0)
+    assert summary["unjoined"] == {"ok": 4}
