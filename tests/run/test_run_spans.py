@@ -51,6 +51,7 @@ def test_every_ok_request_joins_its_span_with_the_engines_times(tmp_path: Path) 
     ok = records.filter(pl.col("outcome") == "ok").height
     assert ok == 24
     assert (summary["ok"], summary["ok_joined"], summary["join_rate"]) == (ok, ok, 1.0)
+    assert summary["by_trace_id"] == ok  # each request's own traceparent, under which its span is
     assert f"{ok} of {ok} ok requests joined" in ran.output
     assert summary["clocks"]["before_send"] == 0  # one host: no span starts before its send
 
@@ -66,11 +67,12 @@ def test_every_ok_request_joins_its_span_with_the_engines_times(tmp_path: Path) 
         records.iter_rows(named=True), joined.iter_rows(named=True), strict=True
     ):
         line = served[record["request_id_sent"]]
+        engine = line["engine"]
         assert row["queue_ms"] == pytest.approx(
-            (line["scheduled_sim_ns"] - line["arrival_sim_ns"]) / engine_ms, abs=1e-9
+            (engine["scheduled_sim_ns"] - engine["queued_sim_ns"]) / engine_ms, abs=1e-9
         )
         assert row["prefill_ms"] == pytest.approx(
-            (line["first_token_sim_ns"] - line["scheduled_sim_ns"]) / engine_ms, abs=1e-9
+            (engine["first_token_sim_ns"] - engine["scheduled_sim_ns"]) / engine_ms, abs=1e-9
         )
         # one slot: each prompt is prefilled alone, P / 8,000 s of engine time
         assert row["prefill_ms"] == pytest.approx(
