@@ -186,7 +186,11 @@ def test_through_litellm_what_survives(
           f"the server's own id came back for {len(said & echoed)} of 8; "
           f"the traceparent reached it for {len(traces & set(spans['trace_id'].to_list()))} "
           f"of {len(traces)}")  # fmt: skip
+    # what docs/server-accounts.md says of LiteLLM 1.76.1: neither the X-Request-Id nor the
+    # traceparent reaches the server; the server's response id comes back, and joins
     assert account["ok"] == 8
-    assert account["ok_joined"] == 8  # measured: by the response id LiteLLM passes back
     assert account["request_spans"] >= 8  # the server saw every request and said so
-    assert account["ok_joined"] == account["by_trace_id"] + account["by_request_id"]
+    assert len(traces) == 8
+    assert (len(said & sent), len(traces & set(spans["trace_id"].to_list()))) == (0, 0)
+    assert len(said & echoed) == 8
+    assert (account["ok_joined"], account["by_request_id"]) == (8, 8)
