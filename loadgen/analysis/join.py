@@ -34,7 +34,7 @@ from loadgen.results.runfolder import T0
 from loadgen.results.summary import SpanClocks, SpanJoin
 from loadgen.units import NS_PER_MS
 
-JOINED_BY = ("trace_id", "request_id")
+JOINED_BY = ("trace_id", "request_id")  # the values of `joined_by`, in the order tried
 ID_PREFIXES = r"^(chatcmpl|cmpl)-"  # what vLLM puts before the X-Request-Id it was sent
 JOINED_COLUMNS = ("request_id", "joined_by", "span_id", *SERVER_TIMING_FIELDS,
                   "span_start_ns", "span_end_ns")  # fmt: skip

@@ -34,7 +34,6 @@ from loadgen.results.spans import (
 from loadgen.results.write import write_span_part
 
 TRACES_PATH = "/v1/traces"
-DEFAULT_PORT = 4318  # OTLP/HTTP's own
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,9 +182,6 @@ def spans_from_protobuf(body: bytes) -> pl.DataFrame:
     return spans_frame(_otlp_rows(parse_protobuf(body)))
 
 
-_ID_KEYS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
-
-
 def _hex_id(value: Any) -> str:
     """A span or trace id as hex: OTLP JSON writes hex, protobuf's JSON mapping (Tempo)
     base64."""
