@@ -30,6 +30,7 @@ from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
+from loadgen.analysis.split import with_split
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.measures import SLO_MEASURES
 from loadgen.results.recover import recovered_records
@@ -117,6 +118,7 @@ def audit(
     price: Price | None = None,
     rule: str = INTERVAL,
     path_buffers: bool = False,
+    joined: pl.DataFrame | None = None,
 ) -> Summary:
     """The run's summary: generator health, one audit per class, and the verdict.
 
@@ -128,7 +130,9 @@ def audit(
     the path is known to buffer (`target.path_buffers`), so streams that arrived coalesced
     are judged as observed, not as unknown (`analysis.delivery`). The generator falls
     behind only when its own time could have changed the verdict (`analysis.health`), or
-    its lag p99 passed `lag_bound_ms` when one is given.
+    its lag p99 passed `lag_bound_ms` when one is given. `joined`: per record, the server's
+    fields from its joined span, which each class's TTFT split prefers to the stream's
+    (`analysis.split.with_split`).
     """
     duration_s = metrics.run_duration_s(frame)
     rates = [o.requested_rate_per_s for o in objectives.values()]
@@ -137,6 +141,8 @@ def audit(
     generator = metrics.generator_health(frame, planned=planned, lag_bound_ms=lag_bound_ms,
                                          requested_rate_per_s=requested, asked=asked)  # fmt: skip
     rows = per_request(frame, slos={name: o.slo for name, o in objectives.items()})
+    if joined is not None:
+        rows = with_split(rows, joined)
     classes = class_audits(frame, objectives, duration_s=duration_s, rule=rule, rows=rows,
                            path_buffers=path_buffers)  # fmt: skip
     if stopped is not None:

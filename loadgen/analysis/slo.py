@@ -80,6 +80,7 @@ from loadgen.analysis.confidence import (
     worst,
 )
 from loadgen.analysis.delivery import COALESCED_EVENTS, Unpaced
+from loadgen.analysis.split import ttft_split, with_split
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_SLO_MISSED
 from loadgen.measures import (
     BY_COLUMN,
@@ -127,7 +128,8 @@ def per_request(
     Columns: request_id, class, outcome, ttft_ms, ttft_from_send_ms, tpot_ms, e2e_ms,
     max_itl_ms, lag_ms (`LEADING`), meets_slo, then the other measures (ttfvt_ms, ...),
     output_tokens, has_reasoning and the server-reported `server_*_ms` (see
-    `metrics.derive`). A class missing
+    `metrics.derive`), then each request's TTFT split by the stream's server fields
+    (`analysis.split.with_split`: `split_*_ms`, `split_source`). A class missing
     from `slos` has no thresholds: its ok requests meet, its failures do not.
     """
     derived = metrics.derive(frame)
@@ -140,7 +142,8 @@ def per_request(
         value = pl.col(measure.per_request)  # ITL's limit applies to every gap: the largest
         meets = meets & (value <= limit).fill_null(True)  # no limit, or not applicable
     rest = [c for c in derived.columns if c not in LEADING]
-    return derived.with_columns(meets.alias("meets_slo")).select(*LEADING, "meets_slo", *rest)
+    rows = derived.with_columns(meets.alias("meets_slo")).select(*LEADING, "meets_slo", *rest)
+    return with_split(rows)
 
 
 def verdict(
@@ -237,6 +240,8 @@ def audit_class(
         output_tokens=metrics.output_token_stats(ok.get_column("output_tokens")),
         reasoning_requests=int(ok.get_column("has_reasoning").sum()),
         server_timings_ms=server_timings(ok),
+        ttft_split=ttft_split(ok, threshold_ms=targets.ttft_ms,
+                              percentile=targets.percentile if targets.ttft_ms else None),
         tokens_per_chunk=tokens_per_chunk,
         slo=slo_audit(ok_ms, requests=rows.height, failures=failures,
                       meeting=int(rows.get_column("meets_slo").sum()), targets=targets,

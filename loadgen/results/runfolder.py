@@ -145,8 +145,10 @@ SLO_FIELDS = (*METRICS_MS, "percentile", "confidence")  # SloTargets' fields, as
 
 
 LAG_RULE_SCHEMA = 20  # run.json's lag_bound_ms is a strict bound from this schema on
-SCHEMA_VERSION = 23  # 23: the server's spans (additive): summary.json server_spans (the
-# join's source, counts, rate, what was left, clocks); server-spans.parquet in the run folder
+SCHEMA_VERSION = 24  # 24: summary.json classes.*.ttft_split (additive): where TTFT went by
+# the server's account (send lag, outside the engine, intake, queue, prefill; analysis.split)
+# (23: the server's spans (additive): summary.json server_spans (the
+# join's source, counts, rate, what was left, clocks); server-spans.parquet in the run folder)
 # (22: trace context (additive): run.json workload.spec.target traceparent, tracestate)
 # (21: the server's account (additive): records traceparent; the
 # server_timings struct and summary.json classes.*.server_timings_ms gain ttft_ms and itl_ms)

@@ -187,6 +187,58 @@ class SpanJoin:
     clocks: SpanClocks | None = field(default=None, metadata=OMIT_NONE)
 
 
+# The parts of a TTFT, in the order the request met them (`analysis.split`): the client's
+# wait before the request's bytes went, the path and the server's HTTP front end outside
+# its engine, the server's intake (arrival to queue), its queue and its prefill.
+TTFT_PARTS = ("send_lag_ms", "outside_ms", "intake_ms", "queue_ms", "prefill_ms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitPoint:
+    """Where TTFT went for some requests: each part's mean over them in ms (`TTFT_PARTS`),
+    which add up to `ttft_ms`, their mean TTFT. At a percentile: the requests whose TTFT
+    ranks nearest it (`analysis.split.BAND`); else the requests over the TTFT threshold."""
+
+    percentile: float | None  # None: the requests over the class's TTFT threshold
+    requests: int  # the requests averaged
+    ttft_ms: float
+    send_lag_ms: float
+    outside_ms: float
+    intake_ms: float
+    queue_ms: float
+    prefill_ms: float
+    cause: str  # the largest part, a name of TTFT_PARTS
+
+    def parts(self) -> dict[str, float]:
+        """Each part's ms by its name, in `TTFT_PARTS` order."""
+        return {name: float(getattr(self, name)) for name in TTFT_PARTS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TtftSplit:
+    """A class's TTFT split by the server's account of each request (`analysis.split`):
+    over its ok requests whose server said its queue and prefill times (`requests` of
+    `ok`; `from_spans` of them by a joined span, the rest by the stream's own account)."""
+
+    requests: int
+    ok: int
+    from_spans: int
+    p50: SplitPoint | None
+    p90: SplitPoint | None
+    p99: SplitPoint | None
+    at_target: SplitPoint | None  # at the TTFT target's percentile (None: no TTFT target)
+    breaching: SplitPoint | None  # the split requests over the TTFT threshold (None: none)
+
+    def points(self) -> dict[str, SplitPoint]:
+        """The percentile points that exist, by key (`p50`, `p90`, `p99`)."""
+        found = {"p50": self.p50, "p90": self.p90, "p99": self.p99}
+        return {key: point for key, point in found.items() if point is not None}
+
+
+NO_SPLIT = TtftSplit(requests=0, ok=0, from_spans=0, p50=None, p90=None, p99=None,
+                     at_target=None, breaching=None)  # fmt: skip
+
+
 # A check's (and a class's) verdict as summary.json holds it; `analysis.confidence` judges it
 MET, MISSED, INCONCLUSIVE = "met", "missed", "inconclusive"
 VERDICTS = (MET, MISSED, INCONCLUSIVE)
@@ -421,6 +473,7 @@ class ClassAudit:
     output_tokens: OutputTokens
     reasoning_requests: int
     server_timings_ms: ServerTimings
+    ttft_split: TtftSplit = NO_SPLIT  # older runs have none
     tokens_per_chunk: TokensPerChunk
     slo: SloAudit
     goodput: Goodput

@@ -38,6 +38,7 @@ from loadgen.engine.runner import Engine, EngineConfig
 from loadgen.engine.transport import Connector, Pool, make_endpoint
 from loadgen.results.records import RequestRecord
 from loadgen.testing.builders import failed_record as failed_record
+from loadgen.testing.builders import split_record as split_record
 from loadgen.testing.builders import streamed_record as streamed_record
 from loadgen.testing.builders import write_run as write_run
 from loadgen.workload.plans import RequestPlan, Work

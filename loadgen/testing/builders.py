@@ -1,9 +1,10 @@
 """Records, run folders and workload files for tests, shaped like the real ones.
 
 `streamed_record` and `failed_record` build the two kinds of request record the suites
-need (times in ms, relative to t0); `write_run` writes a run folder (run.json with t0 and
-the workload's classes, records.parquet, and the per-minute histograms if asked) that the
-results store, rolling windows and `compare` read as they read a real one.
+need (times in ms, relative to t0), `split_record` an ok one whose TTFT splits as given
+(`analysis.split`); `write_run` writes a run folder (run.json with t0 and the workload's
+classes, records.parquet, and the per-minute histograms if asked) that the results store,
+rolling windows and `compare` read as they read a real one.
 `chat_workload` is the one-class workload most command tests run, as YAML, and
 `workload_file` writes any workload text into a test's folder.
 """
@@ -21,7 +22,7 @@ from loadgen.analysis.audit import audit
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective
 from loadgen.codec import to_json
-from loadgen.results.records import Outcome, RequestRecord, to_frame
+from loadgen.results.records import Outcome, RequestRecord, ServerTimings, to_frame
 from loadgen.results.runfolder import RECORDS_FILE, RUN_FILE, SUMMARY_FILE, read_records
 from loadgen.results.write import write_histograms
 from loadgen.workload.spec import SloTargets
@@ -71,6 +72,28 @@ def streamed_record(
         output_tokens=len(chunks),
         **{"output_events": len(chunks), "output_reads": len(set(chunks)), **fields},
     )
+
+
+def split_record(
+    request_id: int,
+    *,
+    queue_ms: float,
+    prefill_ms: float,
+    outside_ms: float = 0.0,
+    intake_ms: float | None = None,
+    send_lag_ms: float = 0.0,
+    **fields: Any,
+) -> RequestRecord:
+    """An ok record whose TTFT splits exactly into the parts given (`analysis.split`): sent
+    `send_lag_ms` late, its first token `outside_ms` + the server's TTFT after the send,
+    the server saying `queue_ms` and `prefill_ms`, and its arrival-based TTFT (queue +
+    prefill + `intake_ms`) only when `intake_ms` is given (as vLLM's span says it; the
+    stream's in-band account says no TTFT of its own). `fields` go to `streamed_record`."""
+    server_ttft = queue_ms + prefill_ms + (intake_ms or 0.0)
+    said = ServerTimings(queue_ms=queue_ms, prefill_ms=prefill_ms,
+                         ttft_ms=None if intake_ms is None else server_ttft)  # fmt: skip
+    return streamed_record(request_id, ttft_ms=outside_ms + server_ttft, lag_ms=send_lag_ms,
+                           from_send=True, server_timings=said, **fields)  # fmt: skip
 
 
 def failed_record(
