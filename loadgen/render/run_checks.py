@@ -5,8 +5,9 @@ ranked worst) and per objective (a summarization batch's deadline, an agent clas
 trajectory share), plus the generator's health: a run whose client's own time could have
 changed its verdict (`analysis.health`) judges nothing of the server, so its case fails as
 `invalid`. A failure carries the measured value, its confidence bounds, the target and the
-request count. An inconclusive check (the target within its bounds, or too few requests to
-bound it) is a failure of type `inconclusive` saying how many requests would judge it: CI
+request count; a missed TTFT check, where TTFT went when the server said (`split_view`).
+An inconclusive check (the target within its bounds, or too few requests to bound it) is
+a failure of type `inconclusive` saying how many requests would judge it: CI
 must not read it as a pass. A run that stopped before its end (Ctrl-C, the watchdog, a
 recovered kill) judges nothing: every case is skipped, saying how it stopped.
 The JUnit document comes from the one builder `loadgen compare --junit` uses
@@ -19,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from loadgen.analysis.health import health_text, rate_text
-from loadgen.measures import BY_COLUMN, GAP, label_of
+from loadgen.measures import BY_COLUMN, GAP, TTFT, label_of
 from loadgen.render.compare_view import md_cell
 from loadgen.render.junit import Case, Suite, junit_xml
+from loadgen.render.split_view import missed_point, split_sentence
 from loadgen.render.terminal import SIM_NOTE, bounds_text
 from loadgen.results.runfolder import TargetInfo
 from loadgen.results.summary import VERDICTS, Check, ClassAudit, Summary, TrajectoryAudit
@@ -102,6 +104,9 @@ def _check_row(name: str, block: ClassAudit, check: Check) -> Row:
                f"{check.population:,} {unit} ({failed:,} failed)")  # fmt: skip
         if judged == "inconclusive":
             why = f"inconclusive: {why}; {check.note}" if check.note else f"inconclusive: {why}"
+        point = missed_point(block.ttft_split)
+        if judged == "missed" and check.metric == TTFT.column and point is not None:
+            why = f"{why}; {split_sentence(block.ttft_split, point)}"
     return Row(class_name=name, check=f"{check.metric} p{check.percentile:g}", label=label,
                measured=measured, target=target, requests=check.population,
                status=STATUS[judged], why=why, bounds=bounds)  # fmt: skip

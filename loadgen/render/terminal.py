@@ -21,8 +21,10 @@ from rich.text import Text
 
 from loadgen.analysis.health import health_text
 from loadgen.analysis.slo import stop_of
+from loadgen.measures import TTFT
 from loadgen.render.cache_view import cache_line
 from loadgen.render.cost_view import cost_line
+from loadgen.render.split_view import missed_point, split_sentence
 from loadgen.results.recover import Recovery
 from loadgen.results.runfolder import DAMAGED_DIR, RunInfo, ShardTable, TargetInfo
 from loadgen.results.summary import (
@@ -252,8 +254,17 @@ def _notes(classes: Mapping[str, ClassAudit], *, partial: bool = False) -> list[
             for line in checks:
                 line.stylize("dim")
                 line.append(" (diagnostic)")
-        lines.extend(checks)
+        for check, line in zip(cls.slo.checks, checks, strict=True):
+            lines.extend([line, *_ttft_split_lines(name, cls, check)])
     return lines
+
+
+def _ttft_split_lines(name: str, cls: ClassAudit, check: Check) -> list[Text]:
+    """Under a missed TTFT check, where TTFT went, if the server said (`split_view`)."""
+    point = missed_point(cls.ttft_split)
+    if check.metric != TTFT.column or check.judged != "missed" or point is None:
+        return []
+    return [Text(f"  {name} {split_sentence(cls.ttft_split, point)}", style="yellow")]
 
 
 def stream_notes(cls: ClassAudit) -> list[str]:

@@ -1,0 +1,76 @@
+"""Where TTFT went, in words: the one sentence the terminal, the checks' JUnit/Markdown, the
+report, `capacity` and `compare` say of a TTFT split (`analysis.split`).
+
+`chat TTFT p90 1,150 ms went to queue 864 (75%), prefill 270 (23%), outside the engine 16
+(1%) (600 of 600 ok requests split) → queueing: lower the admission limit or add replicas`.
+Queue, prefill and outside the engine are always named; the client's send lag and the
+server's intake only when they are not 0.
+"""
+
+from __future__ import annotations
+
+from loadgen.results.summary import TTFT_PARTS, SplitPoint, TtftSplit
+
+# Each part as people read it, and what it points to when it is the largest.
+LABELS = {
+    "send_lag_ms": "before send",
+    "outside_ms": "outside the engine",
+    "intake_ms": "server intake",
+    "queue_ms": "queue",
+    "prefill_ms": "prefill",
+}
+FIXES = {
+    "send_lag_ms": "the client: it sent late (the generator, an in-flight cap, connecting)",
+    "outside_ms": "the path: the network, proxies, the server's HTTP front end",
+    "intake_ms": "the server's front end: template and tokenizing before its queue",
+    "queue_ms": "queueing: lower the admission limit or add replicas",
+    "prefill_ms": "prefill: prompt length, prefix caching, the prefill chunk budget",
+}
+ALWAYS = ("queue_ms", "prefill_ms", "outside_ms")  # named even at 0
+assert set(LABELS) == set(FIXES) == set(TTFT_PARTS)
+
+
+def ms(value: float) -> str:
+    """ms to the ms ("1,150", "16"), below 10 ms to a tenth ("2.3")."""
+    return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
+def parts_text(point: SplitPoint) -> str:
+    """`queue 864 (75%), prefill 270 (23%), outside the engine 16 (1%)`: the parts in the
+    order a request meets them, queue first; a share only where TTFT is positive."""
+    order = ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms")
+    shown = []
+    for part in order:
+        value = getattr(point, part)
+        if part not in ALWAYS and round(value, 1) == 0:
+            continue
+        share = f" ({value / point.ttft_ms:.0%})" if point.ttft_ms > 0 else ""
+        shown.append(f"{LABELS[part]} {ms(value)}{share}")
+    return ", ".join(shown)
+
+
+def point_label(point: SplitPoint) -> str:
+    """`TTFT p90 1,150 ms`, or `TTFT over target (mean 1,480 ms)` for the breaching ones."""
+    if point.percentile is None:
+        return f"TTFT over target (mean {ms(point.ttft_ms)} ms, {point.requests:,} requests)"
+    return f"TTFT p{point.percentile:g} {ms(point.ttft_ms)} ms"
+
+
+def cause_text(point: SplitPoint) -> str:
+    """What the largest part points to: `queueing: lower the admission limit or add replicas`."""
+    return FIXES[point.cause]
+
+
+def split_sentence(split: TtftSplit, point: SplitPoint) -> str:
+    """`TTFT p90 1,150 ms went to …, … (600 of 600 ok requests split) → queueing: …`."""
+    spans = f", {split.from_spans:,} by span" if split.from_spans else ""
+    return (
+        f"{point_label(point)} went to {parts_text(point)} ({split.requests:,} of "
+        f"{split.ok:,} ok requests split{spans}) → {cause_text(point)}"
+    )
+
+
+def missed_point(split: TtftSplit) -> SplitPoint | None:
+    """The point a missed TTFT check is explained by: at the target's percentile, else the
+    breaching requests'."""
+    return split.at_target or split.breaching
