@@ -90,7 +90,7 @@ def with_split(rows: pl.DataFrame, joined: pl.DataFrame | None = None) -> pl.Dat
     parts = {
         "send_lag_ms": ttft - from_send,
         "outside_ms": from_send - server_ttft,
-        "intake_ms": server_ttft - queue - prefill,
+        "intake_ms": (fields["ttft_ms"] - queue - prefill).fill_null(0.0),
         "queue_ms": queue,
         "prefill_ms": prefill,
     }

@@ -1,20 +1,27 @@
 """Where TTFT went, as the terminal, the checks' JUnit and Markdown say it under a missed TTFT
-check: the split at the target's percentile and what its largest part points to."""
+check (the split at the target's percentile and what its largest part points to), and as
+the report draws and tabulates it."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
 from xml.etree import ElementTree
 
+import numpy as np
 from rich.console import Console
 
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
+from loadgen.render.report.markdown import render_markdown
+from loadgen.render.report.model import build_run_report
 from loadgen.render.run_checks import render_run_junit, render_run_markdown
+from loadgen.render.split_plot import grouped
 from loadgen.render.split_view import split_sentence
 from loadgen.render.terminal import render_summary
 from loadgen.results.records import RequestRecord, to_frame
 from loadgen.results.summary import SplitPoint, Summary, TtftSplit
-from loadgen.testing import split_record, streamed_record
+from loadgen.testing import split_record, streamed_record, write_run
 from loadgen.workload.spec import SloTargets
 
 # 200 requests queued 0..199 ms, prefill 150, outside 10: p90 averages ranks 179-181
@@ -90,3 +97,34 @@ def test_junit_and_markdown_carry_the_split_in_the_missed_checks_why() -> None:
     expected = AT_P90.removeprefix("chat ")
     assert failure.get("message", "").endswith(f"; {expected}")
     assert f"; {expected}" in render_run_markdown(summary)
+
+
+def test_the_report_draws_and_tabulates_where_ttft_went(tmp_path: Path) -> None:
+    """A run whose server said: the class's report has its TTFT-split figure (a PNG) and a
+    table whose p90 row is 339 ms = queue 179 + prefill 150 + outside 10; one that did not
+    has neither."""
+    t0 = datetime(2026, 12, 6, tzinfo=UTC)
+    slo = SloTargets(ttft_ms=300, percentile=90)
+    built = build_run_report(write_run(tmp_path, t0, QUEUED, slos=slo, run_id="split"))
+    assert built.figures["chat-ttft_split"].startswith(b"\x89PNG\r\n\x1a\n")
+    assert built.captions["chat-ttft_split"] == "chat: where TTFT went"
+    markdown = render_markdown(built)
+    assert (
+        "| p90 | 3 | 339 | 0.0 (0%) | 10 (3%) | 0.0 (0%) | 179 (53%) | 150 (44%) | "
+        "queueing: lower the admission limit or add replicas |" in markdown
+    )
+    plain = [streamed_record(i, ttft_ms=400, intended_ms=10.0 * i) for i in range(50)]
+    other = build_run_report(write_run(tmp_path, t0, plain, slos=slo, run_id="plain"))
+    assert "chat-ttft_split" not in other.figures
+    assert "Where TTFT went" not in render_markdown(other)
+
+
+def test_many_breaching_requests_are_drawn_as_the_means_of_equal_runs() -> None:
+    """250 rows become 100 bars (runs of 2 or 3, in order: the first bar the mean of rows
+    0-2); 40 rows stay 40 bars."""
+    rows = np.arange(250, dtype=np.float64).reshape(-1, 1) * np.ones((1, 5))
+    drawn = grouped(rows)
+    assert drawn.shape == (100, 5)
+    assert drawn[0, 0] == 1.0
+    assert drawn[-1, 0] == 248.5
+    assert grouped(rows[:40]).shape == (40, 5)

@@ -1,6 +1,6 @@
 """One class's section of the run report: its objective, SLO checks, outcomes, latency
-percentiles (nearest rank, failures worst where marked), tokens, server timings, top
-errors, figures and time windows."""
+percentiles (nearest rank, failures worst where marked), tokens, server timings, where
+TTFT went, top errors, figures and time windows."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ from loadgen.render.report.blocks import (
 )
 from loadgen.render.report.model import ClassDetails, ErrorCount, RunReport
 from loadgen.render.run_checks import STATUS
+from loadgen.render.split_view import LABELS as SPLIT_LABELS
+from loadgen.render.split_view import cause_text, ms
 from loadgen.render.terminal import (
     bounds_text,
     delivery_notes,
@@ -42,6 +44,7 @@ from loadgen.render.terminal import (
 )
 from loadgen.results.records import Outcome
 from loadgen.results.summary import (
+    TTFT_PARTS,
     BatchAudit,
     ClassAudit,
     FailureRankedStats,
@@ -51,6 +54,7 @@ from loadgen.results.summary import (
     SessionsAudit,
     SloAudit,
     TrajectoryAudit,
+    TtftSplit,
 )
 
 ERROR_TEXT_CHARS = 300  # an error message longer than this is cut in the report (not the JSON)
@@ -78,6 +82,8 @@ def class_blocks(name: str, cls: ClassAudit, report: RunReport) -> list[Block]:
         blocks.append(_models_table(cls.models))
     if cls.server_timings_ms.requests:
         blocks.append(_server_table(cls.server_timings_ms, cls))
+    if cls.ttft_split.requests:
+        blocks.append(_split_table(cls.ttft_split))
     if details.top_errors:
         blocks.append(_errors_table(details.top_errors))
     blocks.extend(Figure(f, report.captions.get(f, f)) for f in details.figures)
@@ -307,6 +313,28 @@ def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
         rows.append((label, f"{stats.count:,}", *cells))
     title = f"Server-reported timings ({server.requests:,} ok requests), beside the client's own"
     return Table(title, ("measure", "n", "p50", "p90", "p99", "max"), rows)
+
+
+def _split_table(split: TtftSplit) -> Table:
+    """Where TTFT went at p50, p90, p99, the target's percentile and over the target: each
+    part's mean ms and share, and what the largest points to (`analysis.split`)."""
+    points = [*split.points().values()]
+    target = split.at_target
+    if target is not None and target.percentile not in [p.percentile for p in points]:
+        points.append(target)
+    points += [split.breaching] if split.breaching is not None else []
+    rows = []
+    for point in points:
+        where = "over the target" if point.percentile is None else f"p{point.percentile:g}"
+        shares = [f"{ms(v)} ({v / point.ttft_ms:.0%})" if point.ttft_ms > 0 else ms(v)
+                  for v in point.parts().values()]  # fmt: skip
+        rows.append((where, f"{point.requests:,}", ms(point.ttft_ms), *shares,
+                     cause_text(point)))  # fmt: skip
+    spans = f", {split.from_spans:,} by span" if split.from_spans else ""
+    title = (f"Where TTFT went, ms ({split.requests:,} of {split.ok:,} ok requests split by the "
+             f"server's account{spans})")  # fmt: skip
+    headers = ("at", "requests", "TTFT", *(SPLIT_LABELS[p] for p in TTFT_PARTS), "points to")
+    return Table(title, headers, rows)
 
 
 def _tokens_table(cls: ClassAudit, details: ClassDetails) -> Table:

@@ -1,5 +1,6 @@
-"""The run report's figures, per class: CDFs, the ITL histogram, tokens per chunk, the
-window timeline, and per kind the hop durations (agent) or batch progress (summarization).
+"""The run report's figures, per class: CDFs, the ITL histogram, tokens per chunk, where
+TTFT went (when the server said), the window timeline, and per kind the hop durations
+(agent) or batch progress (summarization).
 
 Each is drawn by `render.plots` from the class's records; percentiles are nearest rank.
 """
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
+from loadgen.analysis.split import PART_COLUMNS, SOURCE, ttft_split
 from loadgen.analysis.windows import WINDOWED, percentile_column
 from loadgen.measures import ITL, TPOT, TTFT, Measure
-from loadgen.render import plots
+from loadgen.render import plots, split_plot
 from loadgen.results.records import Outcome
 from loadgen.results.summary import Check
 from loadgen.workload.spec import SloTargets
@@ -123,6 +126,9 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
             chunks_by_tokens(view.frame), title=f"{name}: tokens per chunk (ok requests)"
         ),
     )
+    split = _split_figure(view)
+    if split is not None:
+        figures["ttft_split"] = (f"{name}: where TTFT went", split)
     figures["timeline"] = (
         f"{name}: per-window p99 and arrivals",
         plots.timeline_png(
@@ -142,6 +148,24 @@ def _latency_figures(view: ClassView) -> dict[str, tuple[str, bytes]]:
         ),
     )
     return figures
+
+
+def _split_figure(view: ClassView) -> bytes | None:
+    """Where TTFT went (`split_plot`): p50/p90/p99 of the split requests, and each one over
+    the TTFT threshold; None when the server said no request's queue and prefill."""
+    threshold = view.targets.ttft_ms
+    split = ttft_split(view.rows, threshold_ms=threshold)
+    if split.requests == 0:
+        return None
+    rows = view.rows.filter(pl.col(SOURCE).is_not_null())
+    over = rows.filter(pl.col(TTFT.column) > threshold) if threshold is not None else rows.clear()
+    parts = over.sort(TTFT.column).select(PART_COLUMNS).to_numpy().astype(np.float64)
+    points = {key: point.parts() for key, point in split.points().items()}
+    return split_plot.ttft_split_png(
+        points, parts, threshold_ms=threshold,
+        title=f"{view.name}: where TTFT went ({split.requests:,} of {split.ok:,} ok requests "
+        "split by the server's account)",
+    )  # fmt: skip
 
 
 def _partly_covered(windows: pl.DataFrame) -> list[bool]:
