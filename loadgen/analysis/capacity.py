@@ -57,6 +57,7 @@ from typing import Any
 
 import polars as pl
 
+from loadgen import codec
 from loadgen.analysis.audit import audit
 from loadgen.analysis.confidence import INCONCLUSIVE, INTERVAL, MET, MISSED
 from loadgen.analysis.health import RATE_TOLERANCE as RATE_TOLERANCE  # re-exported: the one figure
@@ -65,7 +66,7 @@ from loadgen.analysis.objectives import Objective
 from loadgen.analysis.steady import Steadiness, Trend, judged_window, steadiness
 from loadgen.errors import EXIT_FELL_BEHIND, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISSED, ConfigError
 from loadgen.measures import TPOT, TTFT
-from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, Summary
+from loadgen.results.summary import Check, ClassAudit, FailureRankedStats, SplitPoint, Summary
 from loadgen.units import NS_PER_S
 from loadgen.workload.spec import WorkloadSpec, offered_rate
 
@@ -104,6 +105,9 @@ class ClassFigures:
     tpot_low_open: bool = False
     tpot_high_open: bool = False
     why: str | None = None  # an inconclusive class: which check, and why
+    # Where TTFT went at the TTFT target's percentile (else p90), by the server's account
+    # (`analysis.split`; None: the server said no request's queue and prefill)
+    ttft_split: SplitPoint | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,7 +341,7 @@ def audit_step(
                     path_buffers=spec.target.path_buffers)  # fmt: skip
     required = required_requests(spec, min_tail)
     classes = {
-        name: _class_figures(block, required.get(name))
+        name: class_figures(block, required.get(name))
         for name, block in summary.classes.items()
         if name in spec.classes
     }
@@ -430,7 +434,8 @@ def _lifetime_cut(frame: pl.DataFrame, end_ns: int) -> int:
     return first + min(round(WARMUP_LIFETIMES * mean_ns), longest)
 
 
-def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
+def class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
+    """A class of a step as the search keeps it: its SLO figures and where TTFT went."""
     targets = block.slo.targets
     checks = {c.metric: c for c in block.slo.checks}
     ttft, tpot = checks.get(TTFT.column), checks.get(TPOT.column)
@@ -456,6 +461,7 @@ def _class_figures(block: ClassAudit, required: int | None) -> ClassFigures:
         tpot_low_open=bool(tpot and tpot.low_open),
         tpot_high_open=bool(tpot and tpot.high_open),
         why=_undecided_why(block.slo.checks) if verdict == INCONCLUSIVE else None,
+        ttft_split=block.ttft_split.at_target or block.ttft_split.p90,
     )
 
 
@@ -706,10 +712,7 @@ def step_json(step: Step) -> dict[str, Any]:
     skip = ("classes", "steady")
     data = {k: getattr(step, k) for k in Step.__dataclass_fields__ if k not in skip}
     data["over_saturated"] = step.over_saturated
-    data["classes"] = {
-        name: {k: getattr(c, k) for k in ClassFigures.__dataclass_fields__}
-        for name, c in step.classes.items()
-    }
+    data["classes"] = {name: codec.to_json(c) for name, c in step.classes.items()}
     data["steady"] = None if step.steady is None else steady_json(step.steady)
     return data
 

@@ -143,7 +143,7 @@ def at_percentile(split: pl.DataFrame, percentile: float) -> SplitPoint:
 def mean_split(rows: pl.DataFrame, percentile: float | None) -> SplitPoint:
     """Each part's mean over `rows` (split rows, at least one), to the µs; their sum is the
     rows' mean TTFT, stated as the sum of the rounded parts (no rounding gap between them)."""
-    means = {part: round(_mean(rows, part_column(part)), 3) for part in TTFT_PARTS}
+    means = {part: round(_mean(rows, part_column(part)), 3) + 0.0 for part in TTFT_PARTS}  # no -0.0
     return SplitPoint(
         percentile=percentile,
         requests=rows.height,

@@ -1,6 +1,7 @@
 """`loadgen capacity` for people: the rules every step is judged by, each step's verdict
 and evidence as it lands, the steps table, the conclusion, and the study's files
-(capacity.json, knee.png).
+(capacity.json, knee.png). Where the server said its queue and prefill, each step says where
+TTFT went, and the conclusion which part moved it across the knee (`split_view`).
 
 Latencies are each class's SLO percentile (nearest rank) with failures ranked worst.
 """
@@ -8,6 +9,7 @@ Latencies are each class's SLO percentile (nearest rank) with failures ranked wo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from rich import box
@@ -33,6 +35,7 @@ from loadgen.analysis.capacity import (
 from loadgen.measures import BY_NAME, TPOT, TTFT
 from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.knee_plot import knee_png
+from loadgen.render.split_view import cause_text, moved_part, moved_text, parts_text, point_label
 from loadgen.render.terminal import fmt_num, with_unit
 from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
 from loadgen.workload.spec import WorkloadSpec
@@ -125,7 +128,15 @@ def step_lines(step: Step, axis: LoadAxis) -> list[Text | str]:
     if step.steady is not None:
         lines.append(f"  {evidence_line(step)}")
     lines.extend(f"  {line}" for line in bounds_lines(step))
+    lines.extend(f"  {line}" for line in split_lines(step))
     return lines
+
+
+def split_lines(step: Step) -> list[str]:
+    """Per class whose server said, where TTFT went at the step: `chat TTFT p90 1,150 ms
+    went to queue 864 (75%), prefill 270 (23%), outside the engine 16 (1%)`."""
+    return [f"{name} {point_label(c.ttft_split)} went to {parts_text(c.ttft_split)}"
+            for name, c in step.classes.items() if c.ttft_split is not None]  # fmt: skip
 
 
 def bounds_lines(step: Step) -> list[str]:
@@ -293,6 +304,7 @@ def conclusion(
                           "to --max failed, so the knee lies above it: raise --max"))  # fmt: skip
     else:
         lines += _knee_lines(found, axis)
+        lines += knee_split_lines(found, axis)
     if verdict is not None:
         lines.append(_verdict_line(verdict, axis, safety_margin))
     return lines
@@ -335,6 +347,30 @@ def _knee_lines(found: Search, axis: LoadAxis) -> list[Text]:
         Text(f"the knee lies in [{axis.text(found.highest_pass)}, {axis.text(found.upper)}): "
              "shown to pass at the first, not shown to pass at the second"),
     ]  # fmt: skip
+
+
+def knee_split_lines(found: Search, axis: LoadAxis) -> list[Text]:
+    """Per class, what moved TTFT across the knee: its split at the highest pass and at the
+    step above it, and what the part that grew most points to (queueing: admission or
+    replicas; prefill: prompts and chunking), when the server said at both."""
+    below = next((s for s in found.steps if s.load == found.highest_pass), None)
+    above = next((s for s in found.steps if s.load == found.upper), None)
+    if below is None or above is None:
+        return []
+    lines = []
+    for name, c in above.classes.items():
+        low = below.classes.get(name)
+        before, after = low.ttft_split if low else None, c.ttft_split
+        if before is None or after is None:
+            continue
+        moved = replace(after, cause=moved_part(before, after))
+        lines.append(Text(
+            f"where {name}'s TTFT p{c.percentile:g} went across the knee, "
+            f"{axis.text(below.load)} → {axis.text(above.load)}: {moved_text(before, after)}"
+            f" → {cause_text(moved)}",
+            style="bold",
+        ))  # fmt: skip
+    return lines
 
 
 def _verdict_line(verdict: Verdict, axis: LoadAxis, safety_margin: float) -> Text:

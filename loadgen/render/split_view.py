@@ -74,3 +74,23 @@ def missed_point(split: TtftSplit) -> SplitPoint | None:
     """The point a missed TTFT check is explained by: at the target's percentile, else the
     breaching requests'."""
     return split.at_target or split.breaching
+
+
+def moved_part(before: SplitPoint, after: SplitPoint) -> str:
+    """The part whose ms changed most between two splits (by size; ties: `TTFT_PARTS` order)."""
+    change = {p: getattr(after, p) - getattr(before, p) for p in TTFT_PARTS}
+    return max(change, key=lambda p: abs(change[p]))
+
+
+def moved_text(before: SplitPoint, after: SplitPoint) -> str:
+    """`queue 120 → 3,109 ms (+2,989), prefill 250 → 956 (+706), outside the engine 5.0 →
+    5.0 (+0.0)`: each part named in `parts_text`, then the one that moved most."""
+    shown = []
+    for part in ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms"):
+        old, new = getattr(before, part), getattr(after, part)
+        if part not in ALWAYS and round(old, 1) == 0 and round(new, 1) == 0:
+            continue
+        delta = new - old
+        shown.append(f"{LABELS[part]} {ms(old)} → {ms(new)} ({'+' if delta >= 0 else '−'}"
+                     f"{ms(abs(delta))})")  # fmt: skip
+    return ", ".join(shown) + f"; {LABELS[moved_part(before, after)]} moved most"

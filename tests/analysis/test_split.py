@@ -200,3 +200,14 @@ def test_on_the_simulators_engine_prefill_is_p_over_8000_and_queueing_grows_to_t
         shares.append(split.p90.queue_ms / split.p90.ttft_ms)
     assert shares == sorted(shares), shares
     assert shares[0] < 0.1 < 0.5 < shares[-1], shares
+
+
+def test_an_in_band_ttft_summed_from_queue_and_prefill_leaves_an_intake_of_zero() -> None:
+    """vLLM's in-band TTFT as queue + prefill (0.3 + 0.6 ms of float arithmetic): the
+    intake is 0.0 at every point, never a float residue or a negative zero."""
+    records = [split_record(i, outside_ms=1, queue_ms=0.3, prefill_ms=0.6, intake_ms=0.0)
+               for i in range(3)]  # fmt: skip
+    split = summary(records).classes["chat"].ttft_split
+    assert split.p50 is not None
+    assert str(split.p50.intake_ms) == "0.0"
+    assert (split.p50.queue_ms, split.p50.prefill_ms) == (0.3, 0.6)
