@@ -80,6 +80,7 @@ from loadgen.analysis.confidence import (
 from loadgen.analysis.cost import per_million as per_million_of
 from loadgen.analysis.server import ServerDelta
 from loadgen.analysis.slo import per_request
+from loadgen.analysis.split import SplitChange, split_changes
 from loadgen.codec import to_json as plain
 from loadgen.errors import EXIT_OK, EXIT_SLO_MISSED, ConfigError, LoadgenError, OptionError
 from loadgen.measures import GAP, SLO_MEASURES
@@ -461,6 +462,7 @@ class Comparison:
     left_out: tuple[str, ...] = ()  # runs of the baseline window not pooled, each with why
     cost: tuple[CostChange, ...] = ()  # when both sides' runs have a price
     workload_differences: tuple[str, ...] = ()  # forced: the settings that differ
+    splits: tuple[SplitChange, ...] = ()  # where TTFT went on each side, when a server said
 
     @property
     def forced(self) -> bool:
@@ -537,6 +539,12 @@ def compare_sides(
         left_out=baseline.left_out,
         cost=cost_changes(base_samples, cur_samples, shared, baseline.cost, current.cost),
         workload_differences=baseline.workload_differences,
+        splits=split_changes(
+            per_request(baseline.frame, slos=slos),
+            per_request(current.frame, slos=slos),
+            shared,
+            slos,
+        ),
     )
 
 
@@ -851,6 +859,17 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
                 "change_relative": _number(c.change_relative),
             }
             for c in comparison.cost
+        }
+        or None,
+        "ttft_split": {
+            c.class_name: {
+                "percentile": c.percentile,
+                "baseline": None if c.baseline is None else plain(c.baseline),
+                "current": None if c.current is None else plain(c.current),
+                "baseline_requests": c.baseline_requests,
+                "current_requests": c.current_requests,
+            }
+            for c in comparison.splits
         }
         or None,
     }

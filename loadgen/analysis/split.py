@@ -2,7 +2,8 @@
 
 Sits beside the SLO audit (`analysis.slo`): `per_request` adds each request's parts to its
 row (`with_split`), `audit_class` summarises a class's (`ttft_split`), and the terminal, the
-report, the checks' JUnit/Markdown, `capacity` and `compare` read the summary's block.
+report, the checks' JUnit/Markdown and `capacity` read the summary's block; `compare` puts
+two sides' side by side (`split_changes`).
 
 The seed's arithmetic, TTFT = t_queue + t_prefill, seen from the client, whose TTFT runs
 from the intended send time to the first output token it read. Five parts, which add up to
@@ -33,7 +34,8 @@ over the split requests whose TTFT was over the class's TTFT threshold.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -41,6 +43,7 @@ from loadgen.measures import TTFT, TTFT_FROM_SEND
 from loadgen.percentiles import nearest_rank
 from loadgen.results.records import Outcome
 from loadgen.results.summary import NO_SPLIT, TTFT_PARTS, SplitPoint, TtftSplit
+from loadgen.workload.spec import SloTargets
 
 BAND = 0.005  # a percentile's band: half a percent of the requests either side of its rank
 POINTS = (50.0, 90.0, 99.0)
@@ -157,3 +160,36 @@ def _mean(rows: pl.DataFrame, column: str) -> float:
     value = rows.get_column(column).mean()
     assert isinstance(value, float)
     return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitChange:
+    """Where one class's TTFT went on both sides of `compare`, at the TTFT target's
+    percentile (p90 when none). Information, never a verdict: the TTFT checks judge TTFT;
+    this says which part moved it."""
+
+    class_name: str
+    percentile: float
+    baseline: SplitPoint | None  # None: that side's server said no request's queue and prefill
+    current: SplitPoint | None
+    baseline_requests: int  # the requests split on each side
+    current_requests: int
+
+
+def split_changes(
+    baseline: pl.DataFrame, current: pl.DataFrame, shared: Sequence[str],
+    slos: Mapping[str, SloTargets],
+) -> tuple[SplitChange, ...]:  # fmt: skip
+    """Per shared class whose server said on either side, its split on both (`baseline`
+    and `current`: each side's `per_request` rows)."""
+    changes = []
+    for name in shared:
+        targets = slos.get(name, SloTargets())
+        p = targets.percentile if targets.ttft_ms is not None else POINTS[1]
+        base, cur = (ttft_split(rows.filter(pl.col("class") == name), percentile=p)
+                     for rows in (baseline, current))  # fmt: skip
+        if base.requests or cur.requests:
+            changes.append(SplitChange(class_name=name, percentile=p, baseline=base.at_target,
+                                       current=cur.at_target, baseline_requests=base.requests,
+                                       current_requests=cur.requests))  # fmt: skip
+    return tuple(changes)

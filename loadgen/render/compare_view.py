@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich import box
@@ -27,6 +28,7 @@ from loadgen.analysis.compare import (
 from loadgen.analysis.confidence import Estimate, min_samples
 from loadgen.analysis.server import ServerDelta, ServerThreshold
 from loadgen.render.cost_view import money
+from loadgen.render.split_view import cause_text, moved_part, moved_text
 from loadgen.render.terminal import fmt_ms, fmt_num
 
 
@@ -144,6 +146,7 @@ def _notes(comparison: Comparison) -> list[str]:
     if comparison.only_in_current:
         notes.append(f"only in current, not compared: {', '.join(comparison.only_in_current)}")
     notes.extend(cost_notes(comparison))
+    notes.extend(split_notes(comparison))
     no_data = sum(r.verdict is Verdict.NO_DATA for r in comparison.results)
     if no_data:
         need = min_samples(0.99, comparison.confidence)[1]
@@ -168,6 +171,24 @@ def cost_notes(comparison: Comparison) -> list[str]:
     if lines:
         lines.append("cost is information, not a check: at one price it moves with goodput, "
                      "whose check judges it")  # fmt: skip
+    return lines
+
+
+def split_notes(comparison: Comparison) -> list[str]:
+    """Per class whose server said, where its TTFT went on each side and which part moved:
+    `where chat's TTFT p90 went, baseline → current: queue 20 → 900 (+880), …; queue moved
+    most → queueing: …`; a side whose server said nothing is named."""
+    lines = []
+    for c in comparison.splits:
+        head = f"where {c.class_name}'s TTFT p{c.percentile:g} went, baseline → current"
+        if c.baseline is None or c.current is None:
+            silent = "baseline" if c.baseline is None else "current"
+            lines.append(f"{head}: the {silent} server said no request's queue and prefill")
+            continue
+        moved = replace(c.current, cause=moved_part(c.baseline, c.current))
+        counts = f"{c.baseline_requests:,} → {c.current_requests:,} requests split"
+        lines.append(f"{head} ({counts}): {moved_text(c.baseline, c.current)} → "
+                     f"{cause_text(moved)}")  # fmt: skip
     return lines
 
 
