@@ -102,7 +102,7 @@ def with_split(rows: pl.DataFrame, joined: pl.DataFrame | None = None) -> pl.Dat
         *(pl.when(split).then(expr).alias(part_column(name)) for name, expr in parts.items()),
         pl.when(split).then(source).alias(SOURCE),
     )
-    return out.drop([c for c in out.columns if c.startswith("span_")])
+    return out.drop([f"span_{n}" for n in SERVER_FIELDS], strict=False)
 
 
 def ttft_split(
