@@ -128,3 +128,14 @@ def test_many_breaching_requests_are_drawn_as_the_means_of_equal_runs() -> None:
     assert drawn[0, 0] == 1.0
     assert drawn[-1, 0] == 248.5
     assert grouped(rows[:40]).shape == (40, 5)
+
+
+def test_the_report_shows_every_server_timing_the_server_said(tmp_path: Path) -> None:
+    """A server that says its TTFT from arrival (vLLM's span, and the in-band TTFT summed
+    from queue and prefill) gets a report with that row, not a KeyError."""
+    records = [split_record(i, outside_ms=10, queue_ms=5.0, prefill_ms=150, intake_ms=2,
+                            intended_ms=10.0 * i) for i in range(20)]  # fmt: skip
+    run_dir = write_run(tmp_path, datetime(2026, 12, 6, tzinfo=UTC), records,
+                        slos=SloTargets(ttft_ms=300), run_id="said")  # fmt: skip
+    markdown = render_markdown(build_run_report(run_dir))
+    assert "| server TTFT (arrival → first token) | 20 | 157 ms |" in markdown

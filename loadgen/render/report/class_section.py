@@ -9,6 +9,7 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.analysis.metrics import SERVER_MS_FIELDS
 from loadgen.analysis.windows import (
     MAX_WINDOWS,
     WINDOW_PERCENTILES,
@@ -299,7 +300,10 @@ SERVER_LABELS = {
     "prefill_ms": "server prefill (prompt eval)",
     "decode_ms": "server decode (eval)",
     "total_ms": "server total",
+    "ttft_ms": "server TTFT (arrival → first token)",
+    "itl_ms": "server mean ITL",
 }
+assert set(SERVER_LABELS) == set(SERVER_MS_FIELDS), "a server timing without its label"
 
 
 def _server_table(server: ServerTimings, cls: ClassAudit) -> Table:
