@@ -25,10 +25,10 @@ record, the `records.ServerTimings` names, whoever read them), else from its str
 (`records.server_timings`): one source per request, never a mix of the two clocks.
 
 A percentile's split is over the requests whose TTFT ranks nearest it: the nearest-rank
-request and `BAND` of the population either side (ranks r − h … r + h, h = ⌊BAND · n⌋),
-each part's mean over them, so the parts add up to the band's mean TTFT, a figure within
-the band's TTFTs; a single request at small n. The breaching requests' split is the means
-over the split requests whose TTFT was over the class's TTFT threshold.
+request and `BAND` of the population either side, at least `MIN_HALF` (ranks r − h … r + h,
+h = max(⌊BAND · n⌋, 2), within the population), each part's mean over them, so the parts
+add up to the band's mean TTFT, a figure within the band's TTFTs. The breaching requests'
+split is the means over the split requests whose TTFT was over the class's TTFT threshold.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from loadgen.results.records import Outcome
 from loadgen.results.summary import NO_SPLIT, TTFT_PARTS, SplitPoint, TtftSplit
 from loadgen.workload.spec import SloTargets
 
-BAND = 0.005  # a percentile's band: half a percent of the requests either side of its rank
+BAND = 0.005  # a percentile's band: half a percent of the requests either side of its rank,
+MIN_HALF = 2  # and at least 2 either side: one request's split is no percentile's
 POINTS = (50.0, 90.0, 99.0)
 SPAN, STREAM = "span", "stream"  # where a request's server fields came from
 SOURCE = "split_source"  # the per-request column: SPAN, STREAM or null (not split)
@@ -131,9 +132,9 @@ def ttft_split(
 
 def band(n: int, percentile: float) -> tuple[int, int]:
     """The 0-based [start, stop) of the sorted rows a percentile's split averages: the
-    nearest-rank row and ⌊BAND · n⌋ rows either side, within [0, n)."""
+    nearest-rank row and max(⌊BAND · n⌋, MIN_HALF) rows either side, within [0, n)."""
     rank = nearest_rank(percentile, n)
-    half = math.floor(BAND * n)
+    half = max(math.floor(BAND * n), MIN_HALF)
     return max(rank - 1 - half, 0), min(rank + half, n)
 
 

@@ -13,7 +13,7 @@ import pytest
 from loadgen.analysis.audit import audit
 from loadgen.analysis.objectives import Objective
 from loadgen.analysis.slo import per_request
-from loadgen.analysis.split import BAND, PART_COLUMNS, SOURCE, band, with_split
+from loadgen.analysis.split import BAND, MIN_HALF, PART_COLUMNS, SOURCE, band, with_split
 from loadgen.results.records import Outcome, RequestRecord, ServerTimings, to_frame
 from loadgen.results.summary import SplitPoint, Summary, TtftSplit
 from loadgen.sim.engine import EngineConfig, SeqRequest, simulate
@@ -61,18 +61,18 @@ def test_without_an_arrival_based_ttft_the_server_ttft_is_queue_plus_prefill() -
 
 
 def test_percentiles_split_the_band_of_requests_ranked_near_them() -> None:
-    """200 requests queued 0..199 ms, prefill 150, outside 10: p50 averages ranks 99-101
-    (queue 99: prefill the cause), p90 ranks 179-181 (queue 179: queueing the cause), p99
-    ranks 197-199 (queue 197); the 59 over a 300 ms threshold queued 141..199 (mean 170)."""
+    """200 requests queued 0..199 ms, prefill 150, outside 10: p50 averages ranks 98-102
+    (queue 99: prefill the cause), p90 ranks 178-182 (queue 179: queueing the cause), p99
+    ranks 196-200 (queue 197); the 59 over a 300 ms threshold queued 141..199 (mean 170)."""
     records = [split_record(i, outside_ms=10, queue_ms=float(i), prefill_ms=150,
                             intended_ms=10.0 * i) for i in range(200)]  # fmt: skip
     split = summary(records, ttft_ms=300, percentile=90).classes["chat"].ttft_split
     assert split == TtftSplit(
         requests=200, ok=200, from_spans=0,
-        p50=point(50.0, 3, outside_ms=10, queue_ms=99, prefill_ms=150),
-        p90=point(90.0, 3, outside_ms=10, queue_ms=179, prefill_ms=150),
-        p99=point(99.0, 3, outside_ms=10, queue_ms=197, prefill_ms=150),
-        at_target=point(90.0, 3, outside_ms=10, queue_ms=179, prefill_ms=150),
+        p50=point(50.0, 5, outside_ms=10, queue_ms=99, prefill_ms=150),
+        p90=point(90.0, 5, outside_ms=10, queue_ms=179, prefill_ms=150),
+        p99=point(99.0, 5, outside_ms=10, queue_ms=197, prefill_ms=150),
+        at_target=point(90.0, 5, outside_ms=10, queue_ms=179, prefill_ms=150),
         breaching=point(None, 59, outside_ms=10, queue_ms=170, prefill_ms=150),
     )  # fmt: skip
     assert (split.p50 and split.p50.cause, split.p90 and split.p90.cause) == (
@@ -81,14 +81,14 @@ def test_percentiles_split_the_band_of_requests_ranked_near_them() -> None:
 
 @pytest.mark.parametrize(
     ("n", "percentile", "expected"),
-    [(1, 99.0, (0, 1)), (100, 90.0, (89, 90)), (200, 90.0, (178, 181)),
-     (1000, 99.0, (984, 995)), (1000, 100.0, (994, 1000))],
+    [(1, 99.0, (0, 1)), (100, 90.0, (87, 92)), (200, 50.0, (97, 102)),
+     (1000, 99.0, (984, 995)), (1000, 100.0, (994, 1000)), (3, 50.0, (0, 3))],
 )  # fmt: skip
 def test_the_band_is_the_nearest_rank_and_half_a_percent_either_side(
     n: int, percentile: float, expected: tuple[int, int]
 ) -> None:
-    """The band's [start, stop): rank ceil(p·n/100), ±⌊n/200⌋ ranks, within the rows."""
-    assert BAND == 0.005
+    """The band's [start, stop): rank ceil(p·n/100), ±max(⌊n/200⌋, 2) ranks, within the rows."""
+    assert (BAND, MIN_HALF) == (0.005, 2)
     assert band(n, percentile) == expected
 
 
