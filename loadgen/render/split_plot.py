@@ -20,12 +20,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from loadgen.render.plots import DPI, figure_png
-from loadgen.render.split_view import LABELS
+from loadgen.render.split_view import LABELS, SHOWN
 from loadgen.results.summary import TTFT_PARTS
 
 MAX_BARS = 100  # more breaching requests than this are drawn as the means of equal groups
-# Bottom to top: the server's parts first, so that queue and prefill start at 0.
-STACK = ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms")
+STACK = SHOWN  # bottom to top: the server's parts first, so that queue and prefill start at 0
 COLOURS = {
     "queue_ms": "tab:red",
     "prefill_ms": "tab:blue",

@@ -27,7 +27,9 @@ FIXES = {
     "prefill_ms": "prefill: prompt length, prefix caching, the prefill chunk budget",
 }
 ALWAYS = ("queue_ms", "prefill_ms", "outside_ms")  # named even at 0
-assert set(LABELS) == set(FIXES) == set(TTFT_PARTS)
+# The order parts are named (and stacked from the axis up): the server's first, queue leading.
+SHOWN = ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms")
+assert set(LABELS) == set(FIXES) == set(SHOWN) == set(TTFT_PARTS)
 
 
 def ms(value: float) -> str:
@@ -38,9 +40,8 @@ def ms(value: float) -> str:
 def parts_text(point: SplitPoint) -> str:
     """`queue 864 (75%), prefill 270 (23%), outside the engine 16 (1%)`: the parts in the
     order a request meets them, queue first; a share only where TTFT is positive."""
-    order = ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms")
     shown = []
-    for part in order:
+    for part in SHOWN:
         value = getattr(point, part)
         if part not in ALWAYS and round(value, 1) == 0:
             continue
@@ -86,7 +87,7 @@ def moved_text(before: SplitPoint, after: SplitPoint) -> str:
     """`queue 120 → 3,109 ms (+2,989), prefill 250 → 956 (+706), outside the engine 5.0 →
     5.0 (+0.0)`: each part named in `parts_text`, then the one that moved most."""
     shown = []
-    for part in ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms"):
+    for part in SHOWN:
         old, new = getattr(before, part), getattr(after, part)
         if part not in ALWAYS and round(old, 1) == 0 and round(new, 1) == 0:
             continue
