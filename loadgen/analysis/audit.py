@@ -25,12 +25,12 @@ from loadgen.analysis.connections import connection_use
 from loadgen.analysis.cost import Price, class_tokens, run_cost
 from loadgen.analysis.delivery import delivery, unpaced
 from loadgen.analysis.health import judge_client
-from loadgen.analysis.join import span_account
+from loadgen.analysis.join import anchor_unix_ns, server_fields, span_account
 from loadgen.analysis.minutes import run_histograms
 from loadgen.analysis.objectives import Objective, judge_by_objective
 from loadgen.analysis.server import with_server
 from loadgen.analysis.slo import NO_TARGETS, audit_class, per_request, verdict, withheld
-from loadgen.analysis.split import with_split
+from loadgen.analysis.split import ttft_split, with_split
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.measures import SLO_MEASURES
 from loadgen.results.recover import recovered_records
@@ -275,6 +275,7 @@ def audit_run(
         raise LoadgenError(f"{run_dir} has no {RECORDS_FILE} (nor {PARTS_DIR})")
     frame = records_as_recovered(run_dir, info)
     effective = {**info.slos(), **(slos or {})}
+    spans = read_spans(run_dir)  # the server's spans, joined again
     summary = audit(
         frame,
         run_id=info.run_id,
@@ -285,11 +286,39 @@ def audit_run(
         price=recorded_price(info),
         rule=rule or info.verdict_rule,
         path_buffers=info.path_buffers,
+        joined=None if spans is None else joined_fields(frame, spans, info),
     )
     summary = with_server(summary, read_server_metrics(run_dir), info.server_metrics, frame)
-    if (spans := read_spans(run_dir)) is not None:  # the server's spans, joined again
+    if spans is not None:
         summary = replace(summary, server_spans=span_account(frame, spans, info.t0))
     return with_cache(summary, info.cache), frame, effective
+
+
+def joined_fields(frame: pl.DataFrame, spans: pl.DataFrame, info: RunInfo) -> pl.DataFrame:
+    """Per record, the server's fields from its joined span (`analysis.join`), placed
+    through the run's t0 anchor: what each class's TTFT split prefers to the stream's."""
+    anchor = anchor_unix_ns(info.t0) if info.t0 is not None else None
+    return server_fields(frame, spans, anchor_ns=anchor)
+
+
+def run_joined_fields(run_dir: Path, frame: pl.DataFrame) -> pl.DataFrame | None:
+    """`joined_fields` of a run folder's spans (None: it kept none)."""
+    spans = read_spans(run_dir)
+    return None if spans is None else joined_fields(frame, spans, read_run_info(run_dir))
+
+
+def split_by_spans(summary: Summary, frame: pl.DataFrame, joined: pl.DataFrame) -> Summary:
+    """`summary` with each class's TTFT split taken again, preferring the joined spans'
+    fields (`analysis.split.with_split`), each class at its own TTFT target: for a run
+    whose spans arrived after its audit (`--otlp-receiver` waits for them)."""
+    rows = with_split(per_request(frame), joined)
+    classes = {}
+    for name, block in summary.classes.items():
+        targets = block.slo.targets
+        split = ttft_split(rows.filter(pl.col("class") == name), threshold_ms=targets.ttft_ms,
+                           percentile=targets.percentile if targets.ttft_ms else None)  # fmt: skip
+        classes[name] = replace(block, ttft_split=split)
+    return replace(summary, classes=classes)
 
 
 def records_as_recovered(run_dir: Path, info: RunInfo) -> pl.DataFrame:

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import polars as pl
 
+from loadgen.analysis.audit import split_by_spans
 from loadgen.analysis.join import anchor_unix_ns, join_line, server_fields, span_account
 from loadgen.engine.logs import LOGGER
 from loadgen.engine.otlp_receiver import SpanReceiver, parse_address
@@ -98,4 +99,5 @@ def collect_spans(
     if spans.height == 0:  # even with -q: the run asked for spans and got none
         hint = "was the server started with --otlp-traces-endpoint at it (vLLM: http/protobuf)?"
         run.terminal.warn(f"otlp receiver: no span arrived at {receiver.url}: {hint}")
+    summary = split_by_spans(summary, frame, server_fields(frame, spans, anchor_ns=anchor))
     return replace(summary, server_spans=account)

@@ -17,9 +17,10 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.analysis import metrics
-from loadgen.analysis.audit import audit_run
+from loadgen.analysis.audit import audit_run, run_joined_fields
 from loadgen.analysis.server import server_timeline, window_gauges
 from loadgen.analysis.slo import per_request
+from loadgen.analysis.split import with_split
 from loadgen.analysis.windows import (
     WindowError,
     default_window_s,
@@ -157,6 +158,8 @@ def build_run_report(
         windows = windows.join(window_gauges(timeline, windows), on=spans, how="left")
     x_end_s = _time_axis_end_s(windows, timeline)
     rows = per_request(frame, slos=effective)
+    if (joined := run_joined_fields(run_dir, frame)) is not None:  # the spans' split first
+        rows = with_split(rows, joined)
     figures: dict[str, bytes] = {}
     captions: dict[str, str] = {}
     details: dict[str, ClassDetails] = {}
