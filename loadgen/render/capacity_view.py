@@ -9,7 +9,6 @@ Latencies are each class's SLO percentile (nearest rank) with failures ranked wo
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 from rich import box
@@ -35,7 +34,7 @@ from loadgen.analysis.capacity import (
 from loadgen.measures import BY_NAME, TPOT, TTFT
 from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.knee_plot import knee_png
-from loadgen.render.split_view import cause_text, moved_part, moved_text, parts_text, point_label
+from loadgen.render.split_view import WITH_LOAD, moved_part, moved_text, parts_text, point_label
 from loadgen.render.terminal import fmt_num, with_unit
 from loadgen.results.runfolder import CAPACITY_FILE, KNEE_PLOT
 from loadgen.workload.spec import WorkloadSpec
@@ -351,8 +350,9 @@ def _knee_lines(found: Search, axis: LoadAxis) -> list[Text]:
 
 def knee_split_lines(found: Search, axis: LoadAxis) -> list[Text]:
     """Per class, what moved TTFT across the knee: its split at the highest pass and at the
-    step above it, and what the part that grew most points to (queueing: admission or
-    replicas; prefill: prompts and chunking), when the server said at both."""
+    step above it, and what the part that grew most points to with the load (`WITH_LOAD`:
+    queueing, admission or replicas; prefill, contention for its steps), when the server said
+    at both."""
     below = next((s for s in found.steps if s.load == found.highest_pass), None)
     above = next((s for s in found.steps if s.load == found.upper), None)
     if below is None or above is None:
@@ -363,11 +363,10 @@ def knee_split_lines(found: Search, axis: LoadAxis) -> list[Text]:
         before, after = low.ttft_split if low else None, c.ttft_split
         if before is None or after is None:
             continue
-        moved = replace(after, cause=moved_part(before, after))
         lines.append(Text(
             f"where {name}'s TTFT p{c.percentile:g} went across the knee, "
             f"{axis.text(below.load)} → {axis.text(above.load)}: {moved_text(before, after)}"
-            f" → {cause_text(moved)}",
+            f" → {WITH_LOAD[moved_part(before, after)]}",
             style="bold",
         ))  # fmt: skip
     return lines

@@ -26,10 +26,20 @@ FIXES = {
     "queue_ms": "queueing: lower the admission limit or add replicas",
     "prefill_ms": "prefill: prompt length, prefix caching, the prefill chunk budget",
 }
+# What a part that grew with the load points to (capacity's steps send the same prompts at
+# a higher rate, so a longer prefill is other requests' prefill sharing its steps, not the
+# prompt's length).
+WITH_LOAD = {
+    **FIXES,
+    "outside_ms": "the path or the server's HTTP front end saturating with the load",
+    "prefill_ms": "prefill contention: the same prompts took longer because other requests' "
+    "prefill shared their steps (the prefill chunk budget, disaggregated prefill, or a "
+    "lower admission limit)",
+}
 ALWAYS = ("queue_ms", "prefill_ms", "outside_ms")  # named even at 0
 # The order parts are named (and stacked from the axis up): the server's first, queue leading.
 SHOWN = ("queue_ms", "prefill_ms", "intake_ms", "outside_ms", "send_lag_ms")
-assert set(LABELS) == set(FIXES) == set(SHOWN) == set(TTFT_PARTS)
+assert set(LABELS) == set(FIXES) == set(WITH_LOAD) == set(SHOWN) == set(TTFT_PARTS)
 
 
 def ms(value: float) -> str:

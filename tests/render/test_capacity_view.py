@@ -123,10 +123,14 @@ def test_the_knee_names_queueing_when_the_queue_grew_most() -> None:
 
 def test_the_knee_names_prefill_when_prefill_grew_most() -> None:
     """Queue 100 → 150 and prefill 250 → 700 (prompts batched into one long prefill step):
-    prefill broke it, though queue is not small."""
+    prefill broke it, though queue is not small; the same prompts at a higher load, so it
+    points to contention for the prefill steps, not to the prompts' length."""
     line = str(knee_split_lines(knee_search(split(100, 250), split(150, 700)), RATE_AXIS)[0])
-    assert line.endswith("prefill moved most → prefill: prompt length, prefix caching, the "
-                         "prefill chunk budget")  # fmt: skip
+    assert line.endswith("prefill moved most → prefill contention: the same prompts took "
+                         "longer because other requests' prefill shared their steps (the "
+                         "prefill chunk budget, disaggregated prefill, or a lower admission "
+                         "limit)")  # fmt: skip
+    assert "prompt length" not in line
 
 
 def test_capacity_json_carries_each_steps_split() -> None:
