@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import polars as pl
@@ -16,7 +17,15 @@ from loadgen.analysis.join import join_line, span_account, trace_id
 from loadgen.analysis.rolling import parse_duration, rolling_view, to_json
 from loadgen.analysis.windows import WindowError
 from loadgen.cli.exits import REPORT_EXITS
-from loadgen.cli.options import check_report_paths, clean_errors, output_console, write_text
+from loadgen.cli.options import (
+    check_report_paths,
+    clean_errors,
+    network_options,
+    output_console,
+    read_network,
+    write_text,
+)
+from loadgen.engine.network import Network
 from loadgen.engine.span_query import query_spans
 from loadgen.errors import LoadgenError, OptionError, RunBusy
 from loadgen.render.report.folder import report_files
@@ -150,8 +159,10 @@ from loadgen.workload.spec import redact_url
     "spans_url",
     metavar="URL",
     help="One run: ask Jaeger (http://HOST:16686) or Tempo (http://HOST:3200) for each "
-    "record's trace (GET URL/api/traces/TRACE-ID) and join them as --spans does.",
+    "record's trace (GET URL/api/traces/TRACE-ID) and join them as --spans does (with "
+    "the TLS trust and proxy options below, as a run's connections).",
 )
+@network_options
 @clean_errors
 def report(
     path: Path,
@@ -171,6 +182,7 @@ def report(
     wait: bool,
     spans_file: Path | None,
     spans_url: str | None,
+    **network: Any,
 ) -> None:
     """Report on one run (HTML, Markdown, JSON) or on a results store over rolling windows.
 
@@ -199,7 +211,7 @@ def report(
         if recover:
             _recover(path)
         if spans_file is not None or spans_url is not None:
-            _join_spans(path, spans_file, spans_url)
+            _join_spans(path, spans_file, spans_url, read_network(network))
         _report_run(path, slo_text, window_text, step_text, out_dir, fmt, rule=rule,
                     checks=(junit_path, markdown_path))  # fmt: skip
     else:
@@ -241,7 +253,9 @@ def _recover(run_dir: Path) -> None:
     click.echo(recovery_line(run_dir, done), err=True)
 
 
-def _join_spans(run_dir: Path, spans_file: Path | None, spans_url: str | None) -> None:
+def _join_spans(
+    run_dir: Path, spans_file: Path | None, spans_url: str | None, network: Network
+) -> None:
     """Read the spans (a file, or Jaeger's or Tempo's answers for the records' trace ids)
     into the run's server-spans.parquet, replacing any it had; the report joins them."""
     if spans_file is not None and spans_url is not None:
@@ -255,7 +269,7 @@ def _join_spans(run_dir: Path, spans_file: Path | None, spans_url: str | None) -
         if not wanted:
             why = "its records carry no traceparent, so there is no trace id to ask for"
             raise LoadgenError(f"{run_dir}: {why}; give the spans as a file (--spans)")
-        spans = with_source(query_spans(spans_url, wanted), redact_url(spans_url))
+        spans = with_source(query_spans(spans_url, wanted, network), redact_url(spans_url))
     with run_lock(run_dir, doing="join spans into"):
         if (run_dir / SPANS_FILE).exists():
             click.echo(f"replacing the run's {SPANS_FILE}", err=True)

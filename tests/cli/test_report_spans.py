@@ -4,6 +4,7 @@ spans later, from a collector's file or from Jaeger's or Tempo's HTTP API."""
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from loadgen.cli import cli
+from loadgen.engine import span_query
 from loadgen.results.runfolder import SPANS_FILE
 from loadgen.testing.builders import streamed_record, write_run
 from loadgen.workload.spec import SloTargets
@@ -154,3 +156,55 @@ def test_spans_options_are_refused_where_they_cannot_apply(tmp_path: Path, traci
     none = runner.invoke(cli, ["report", str(bare), "--spans-from", tracing])
     assert none.exit_code == 1
     assert "no traceparent" in none.output
+
+
+class _TlsServer(ThreadingHTTPServer):
+    """The scripted backend over TLS, each handshake in its connection's own thread (a
+    client that refuses the certificate never holds up the accept loop)."""
+
+    context: ssl.SSLContext
+    daemon_threads = True
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = self.socket.accept()
+        return self.context.wrap_socket(sock, server_side=True,
+                                        do_handshake_on_connect=False), address  # fmt: skip
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A refused handshake is the point of the test, not an error to print."""
+
+
+def test_spans_from_takes_the_commands_tls_trust_and_caps_the_answer(
+    tmp_path: Path, test_ca: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An https Jaeger whose certificate a test CA signed: without --cacert, exit 1 naming
+    the unknown issuer and --cacert (httpx's own bundle is not asked); with it, joined; an
+    answer over the cap is refused with what it was, not read whole."""
+    leaf = test_ca.leaf("tracing")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(leaf.cert), str(leaf.key))
+    server = _TlsServer(("127.0.0.1", 0), _Tracing)
+    server.context = context
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    clean = {"SSL_CERT_FILE": None, "SSL_CERT_DIR": None}
+    try:
+        run_dir = run_folder(tmp_path)
+        runner = CliRunner()
+        untrusted = runner.invoke(cli, ["report", str(run_dir), "--spans-from", url], env=clean)
+        assert untrusted.exit_code == 1, untrusted.output
+        assert "unknown issuer" in untrusted.output
+        assert "--cacert" in untrusted.output
+        trusted = runner.invoke(cli, ["report", str(run_dir), "--spans-from", url, "--cacert",
+                                      str(test_ca.pem), "--format", "json"], env=clean)  # fmt: skip
+        assert trusted.exit_code == 0, trusted.output
+        assert server_spans(trusted.stdout)["ok_joined"] == 3
+        monkeypatch.setattr(span_query, "MAX_TRACE_BYTES", 100)
+        capped = runner.invoke(cli, ["report", str(run_dir), "--spans-from", url, "--cacert",
+                                     str(test_ca.pem)], env=clean)  # fmt: skip
+        assert capped.exit_code == 1, capped.output
+        assert "answered 200: an answer over 16 MiB" in capped.output
+    finally:
+        server.shutdown()
+        server.server_close()
