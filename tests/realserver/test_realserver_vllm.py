@@ -309,6 +309,10 @@ def test_vllm_stop_and_length_counted_by_reason(vllm: Server, tmp_path: Path) ->
     assert not any(r.stopped_early for r in records)  # nothing was forced
 
 
+ABORT_ATTEMPTS = 3
+
+
+@pytest.mark.timeout(1200)  # up to ABORT_ATTEMPTS runs of ~1-3 min each on a starved box
 def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -> None:
     """vLLM's engine drops every running request (`POST /pause?mode=abort`, then
     `/resume`) in the middle of 4 streams of 12000 forced tokens: each chat stream it drops
@@ -333,10 +337,33 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     sockets. A frozen client wakes past its stall deadline: its streams are
     `timeout_stall` (vLLM then counts them as `abort` too) and the run may end before the
     abort is sent; it may also wake past its lag bound (exit 3). Those records are
-    checked by the same rules, never ok."""
+    checked by the same rules, never ok.
+
+    The abort is a race with a real server it cannot win every time: CI once saw all 4
+    streams end whole (`length`, 12000 tokens), vLLM count no abort, and the run exit 7 (a
+    p99 of 4 requests that all met is INCONCLUSIVE): the API server, busy streaming,
+    answered `/pause` only after the streams had ended. Such an attempt is checked as it
+    stands (every record ok and whole, no abort told, exit 7 or 3) and the scenario runs
+    again, up to `ABORT_ATTEMPTS` times; the test needs one attempt whose abort reached a
+    stream."""
+
+    attempts = []
+    for attempt in range(ABORT_ATTEMPTS):
+        seen = abort_attempt(vllm, tmp_path / f"attempt-{attempt}")
+        attempts.append(seen)
+        if seen["stopped"]:
+            break
+    assert attempts[-1]["stopped"], attempts  # no abort reached a stream in any attempt
+
+
+def abort_attempt(vllm: Server, tmp_path: Path) -> dict[str, Any]:
+    """One run of 4 streams of 12000 forced tokens with vLLM's engine abort sent while all
+    4 run; its records, exit and vLLM's counters checked against each other; what was seen
+    (with `stopped`: how many records did not end ok)."""
     # 12,000 tokens: ~40 s of streaming here, so the abort lands mid-stream though this box
     # answers it late (vLLM's API server, busy streaming, took 7 s to handle /pause; with
     # 4,000 tokens the streams had ended by then)
+    tmp_path.mkdir()
     path = vllm_workload(tmp_path, requests=4, rate_per_s=100, output_tokens=12000, percentile=99)
     out = tmp_path / "reports"
     before = scrape(vllm.url)
@@ -349,6 +376,7 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     # with any failure below: CI once waited 120 s here seeing nothing run, cause unknown.
     watched: list[tuple[float, float, float, float]] = []
     started, generated = time.monotonic(), total(before, "vllm:generation_tokens_total")
+    paused: tuple[float, float] | None = None  # (s when /pause was sent, s it took)
     try:
         # No wall-clock bound of the test's own: the run ends by its deadlines (first token
         # 60 s, whole request 120 s) whatever vLLM does, and the abort goes to what runs then.
@@ -367,21 +395,29 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
             time.sleep(1.0)  # ask once a second, not more (see above)
         if run.poll() is None:
             time.sleep(0.5)
+            sent = time.monotonic()
             aborted_ok = httpx.post(f"{vllm.url}/pause", params={"mode": "abort"}, timeout=60)
+            paused = (round(sent - started, 1), round(time.monotonic() - sent, 1))
             assert aborted_ok.is_success
     finally:
         httpx.post(f"{vllm.url}/resume", timeout=60)
         _, stderr = run.communicate(timeout=180)
-    print(f"vLLM while waiting (s, running, waiting, generated): {watched}")  # -s / on failure
-    assert run.returncode in (2, 3), stderr  # 3: the client woke past its lag bound
+    print(f"vLLM while waiting (s, running, waiting, generated): {watched}; "
+          f"/pause sent at, took (s): {paused}")  # -s / on failure  # fmt: skip
     records = from_frame(pl.read_parquet(out / "abort" / "records.parquet"))
     moved = deltas(vllm.url, before, finished=4)
-    seen = ([(str(r.outcome), r.finish_reason, r.output_tokens) for r in records], watched)
     stopped = [r for r in records if r.outcome != "ok"]
     aborted = [r for r in records if r.finish_reason == "abort"]
-    cut = [r for r in records if r.outcome in DEADLINES]  # loadgen's own deadlines cut these
-    assert stopped, seen
-    assert any(r.output_tokens > 0 for r in stopped), seen  # stopped mid-stream
+    cut = [r for r in records if r.outcome in DEADLINES]  # loadgen's own cuts
+    seen: dict[str, Any] = {
+        "records": [(str(r.outcome), r.finish_reason, r.output_tokens) for r in records],
+        "exit": run.returncode, "stderr": stderr, "watched": watched, "paused": paused,
+        "moved": moved, "stopped": len(stopped),
+    }  # fmt: skip
+    # A record that did not end ok is a breach of a p99 of 4 (exit 2; 3: the client woke
+    # past its lag bound); 4 that all met cannot show a p99 MET (exit 7).
+    assert run.returncode in ((2, 3) if stopped else (7, 3)), seen
+    assert not stopped or any(r.output_tokens > 0 for r in stopped), seen  # mid-stream
     for r in records:
         if r.finish_reason == "abort":
             assert (r.outcome, r.output_tokens < 12000) == ("truncated", True), seen
@@ -397,9 +433,10 @@ def test_vllm_engine_abort_is_truncated_never_ok(vllm: Server, tmp_path: Path) -
     # generated, while its starved API server had streamed ~76 per stream before going
     # silent for loadgen's whole stall deadline, so all 4 records were timeout_stall.
     told = moved["reasons"].get("abort", 0)
-    assert len(aborted) <= told <= len(aborted) + len(cut), (moved, seen)
+    assert len(aborted) <= told <= len(aborted) + len(cut), seen
     if len(aborted) == len(stopped):  # every stop told by vLLM: its usage is the records'
-        assert moved["generation_tokens"] == sum(r.output_tokens for r in records)
+        assert moved["generation_tokens"] == sum(r.output_tokens for r in records), seen
+    return seen
 
 
 # -- cache warmth --------------------------------------------------------------------------
@@ -522,7 +559,7 @@ def test_vllm_refusals_are_quoted(vllm: Server, tmp_path: Path) -> None:
                          percentile=99)  # fmt: skip
     done = run_cli("run", str(long), "--url", vllm.url, "--out", str(out), "--run-id", "long",
                    "--no-preflight", "--lag-bound-ms", LAG_BOUND_MS, "-q")  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    assert done.returncode in (2, 3), done.stderr  # 3: the client froze past its lag bound
     (record,) = from_frame(pl.read_parquet(out / "long" / "records.parquet"))
     assert (record.outcome, record.http_status) == ("http_error", 400)
     assert "maximum context length is 16384 tokens" in (record.error or "")
