@@ -39,7 +39,7 @@ from loadgen.cli.options import (
     write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
-from loadgen.engine.otlp_receiver import parse_address
+from loadgen.engine.otlp_receiver import GRPC, parse_address
 from loadgen.engine.preflight import check_reachable
 from loadgen.engine.transport import make_endpoint
 from loadgen.engine.warmup import warm_capped_note, warm_count
@@ -124,9 +124,10 @@ from loadgen.workload.spec import WorkloadSpec, redact_url
 @option(
     OUTPUT,
     "--otlp-receiver",
-    metavar="[HOST:]PORT",
-    help="Receive the server's OpenTelemetry spans (OTLP/HTTP, protobuf or JSON) on "
-    "HOST:PORT (127.0.0.1 unless given; 0 picks a free port), and join them to the records "
+    metavar="[grpc:][HOST:]PORT",
+    help="Receive the server's OpenTelemetry spans on HOST:PORT (127.0.0.1 unless given; 0 "
+    "picks a free port): OTLP/HTTP (protobuf or JSON), or OTLP/gRPC with grpc: (vLLM's "
+    "default exporter, e.g. grpc:4317), and join them to the records "
     "by trace id, then request id: the run prints the URL to give the server as "
     "--otlp-traces-endpoint, keeps the spans in server-spans.parquet and says the join rate "
     "(needs pip install 'loadgen[spans]'). The built-in simulator sends its own spans there.",
@@ -220,6 +221,7 @@ def run(
         http://gpu:8000/metrics --server-metrics-header 'Authorization: Bearer ${TOKEN}'
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --prometheus-port 9464
       loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --otlp-receiver 4318
+      loadgen run workloads/chat.yaml --url http://127.0.0.1:8000 --otlp-receiver grpc:4317
       loadgen run workloads/chat.yaml --url http://gpu:8000 --junit junit.xml --markdown slo.md
       loadgen run workloads/chat.yaml --url http://gpu:8000 --price-per-hour 2.50 --replicas 4
       loadgen run workloads/chat.yaml --url http://gpu:8000 --cache warm
@@ -249,9 +251,13 @@ def run(
         },
     )  # fmt: skip
     check_url(shared["url"])
-    if otlp_receiver is not None:
-        parse_address(otlp_receiver)  # a bad value is refused by --dry-run too
+    receiver = parse_address(otlp_receiver) if otlp_receiver is not None else None
     spec = shared_spec(workload, shared)
+    simulator = not (shared["url"] or spec.target.url)
+    if receiver is not None and receiver.protocol == GRPC and simulator:
+        raise OptionError("--otlp-receiver", "the built-in simulator (no --url) exports its "
+                          "spans over OTLP/HTTP, not gRPC", "give --otlp-receiver [HOST:]PORT, "
+                          "or a --url server that exports OTLP/gRPC")  # fmt: skip
     check_run_step_options(shared, spec)
     memory = check_memory_line(spec, shared["seed"], shared["max_memory_gb"])
     options = shared_run_options(

@@ -19,7 +19,7 @@ import polars as pl
 from loadgen.analysis.audit import split_by_spans
 from loadgen.analysis.join import anchor_unix_ns, join_line, server_fields, span_account
 from loadgen.engine.logs import LOGGER
-from loadgen.engine.otlp_receiver import SpanReceiver, parse_address
+from loadgen.engine.otlp_receiver import GRPC, SpanReceiver, parse_address
 from loadgen.results.runfolder import RunInfo
 from loadgen.results.spans import empty_spans, with_source
 from loadgen.results.summary import Summary
@@ -48,9 +48,13 @@ def receiver_line(receiver: SpanReceiver, *, simulator: bool) -> str:
     """What the terminal says of the receiver: the address to give the server."""
     if simulator:
         return f"otlp receiver: {receiver.url} (the built-in simulator sends its spans there)"
+    if receiver.protocol == GRPC:
+        return (f"otlp receiver: {receiver.url} (OTLP/gRPC): start the server with "
+                f"--otlp-traces-endpoint {receiver.url} (vLLM's default exporter)")  # fmt: skip
     return (
-        f"otlp receiver: {receiver.url}: start the server with --otlp-traces-endpoint "
-        f"{receiver.url} (vLLM: and OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf)"
+        f"otlp receiver: {receiver.url} (OTLP/HTTP): start the server with "
+        f"--otlp-traces-endpoint {receiver.url} (vLLM: and "
+        f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, or listen with grpc:PORT)"
     )
 
 
@@ -89,15 +93,20 @@ def collect_spans(
     write_spans(run.run_dir, spans)
     account = span_account(frame, spans, info.t0)
     if receiver.refusals:
-        LOGGER.warning("otlp receiver: refused %d bodies: %s", receiver.refusals,
+        LOGGER.warning("otlp receiver: refused %d export(s): %s", receiver.refusals,
                        receiver.last_refusal)  # fmt: skip
-        run.terminal.warn(f"otlp receiver: refused {receiver.refusals} bodies that were not "
-                          f"OTLP traces ({receiver.last_refusal})")  # fmt: skip
+        run.terminal.warn(f"otlp receiver: refused {receiver.refusals} export(s): "
+                          f"{receiver.last_refusal}")  # fmt: skip
     line = join_line(account)
     LOGGER.info("%s", line)
     run.terminal.say(line)
     if spans.height == 0:  # even with -q: the run asked for spans and got none
-        hint = "was the server started with --otlp-traces-endpoint at it (vLLM: http/protobuf)?"
+        hint = (
+            "was the server started with --otlp-traces-endpoint at it, exporting OTLP/gRPC?"
+            if receiver.protocol == GRPC
+            else "was the server started with --otlp-traces-endpoint at it, exporting "
+            "http/protobuf (vLLM exports gRPC by default: listen with grpc:PORT)?"
+        )
         run.terminal.warn(f"otlp receiver: no span arrived at {receiver.url}: {hint}")
     summary = split_by_spans(summary, frame, server_fields(frame, spans, anchor_ns=anchor))
     return replace(summary, server_spans=account)
