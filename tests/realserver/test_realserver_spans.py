@@ -2,9 +2,10 @@
 loadgen's built-in receiver, joined to the records, and its in-band per-request metrics.
 
 vLLM (`scripts/realserver/setup.sh vllm`) is started for this module with
-`--otlp-traces-endpoint` at a port `loadgen run --otlp-receiver` then listens on, with
-`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf` (its exporter is gRPC by default) and
-`--enable-per-request-metrics`. Known answers, from vLLM itself: every ok request joins its
+`--otlp-traces-endpoint` at a port `loadgen run --otlp-receiver grpc:PORT` then listens on,
+its exporter as it comes (OTLP/gRPC: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` unset, as users
+run it), and `--enable-per-request-metrics`; one vLLM outlives several runs, each with a
+receiver of its own on that port, as a user's server does. Known answers, from vLLM itself: every ok request joins its
 `llm_request` span; the span's token counts equal the records' (the server's usage); the
 span's queue time and the stream's in-band `queue_time_ms` are the same difference of the
 same two engine stamps, so they agree to float rounding. Through LiteLLM's proxy (`setup.sh
@@ -35,16 +36,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.realserver, pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def traced_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
-    """vLLM exporting its spans to 127.0.0.1:PORT (OTLP/HTTP), per-request metrics on."""
+    """vLLM exporting its spans to 127.0.0.1:PORT (OTLP/gRPC, its default), per-request
+    metrics on."""
     info = manifest("vllm")
     log = tmp_path_factory.mktemp("vllm-traced") / "server.log"
     receiver_port = free_port()
     extra = dict(pair.split("=", 1) for pair in info["env"].split())
-    env = server_env(**extra, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-                     OTEL_SERVICE_NAME="vllm")  # fmt: skip
+    env = server_env(**extra, OTEL_SERVICE_NAME="vllm")
+    env.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)  # vLLM's default: gRPC
     cmd = [info["bin"], "-m", info["module"], "--model", info["model"],
            "--served-model-name", MODEL, *info["args"].split(),
-           "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver_port}/v1/traces",
+           "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver_port}",
            "--enable-per-request-metrics", "--host", "127.0.0.1", "--port", str(free_port())]  # fmt: skip
     started = time.monotonic()
     with running(cmd, log=log, model=MODEL, env=env, startup_s=480) as server:
@@ -60,11 +62,13 @@ def traced_run(server: Server, port: int, tmp_path: Path, *, requests: int, rate
                          prompt_tokens=prompt_tokens, output_tokens=12)  # fmt: skip
     out = tmp_path / "runs"
     done = run_cli("run", str(path), "--url", server.url, "--out", str(out), "--run-id", "r",
-                   "--otlp-receiver", str(port), "--otlp-receiver-grace", "30",
+                   "--otlp-receiver", f"grpc:{port}", "--otlp-receiver-grace", "30",
                    "--lag-bound-ms", LAG_BOUND_MS, "--path-buffers", timeout=400)  # fmt: skip
     # the verdict is not what this test is about: vLLM on CPU writes tokens in bursts, and a
-    # few requests bound no percentile tightly (7: inconclusive)
-    assert done.returncode in (0, 7), done.stdout + done.stderr
+    # few requests bound no percentile tightly (7: inconclusive); 3: a client frozen past
+    # its lag bound on a starved box
+    assert done.returncode in (0, 3, 7), done.stdout + done.stderr
+    assert f"otlp receiver: http://127.0.0.1:{port} (OTLP/gRPC)" in done.stdout + done.stderr
     print(done.stdout.splitlines()[-1] if done.stdout else "", done.stderr)
     return out / "r"
 
