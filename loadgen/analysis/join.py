@@ -126,19 +126,24 @@ def server_fields(
     )
 
 
-def span_account(records: pl.DataFrame, spans: pl.DataFrame, t0: T0 | None) -> SpanJoin:
+def span_account(
+    records: pl.DataFrame, spans: pl.DataFrame, t0: T0 | None, *, source: str | None = None
+) -> SpanJoin:
     """summary.json's `server_spans` for a run's records and spans (`join_summary` of the
     join placed through the run's t0 anchor)."""
     anchor = anchor_unix_ns(t0) if t0 is not None else None
-    return join_summary(records, spans, server_fields(records, spans, anchor_ns=anchor), t0=t0)
+    joined = server_fields(records, spans, anchor_ns=anchor)
+    return join_summary(records, spans, joined, t0=t0, source=source)
 
 
 def join_summary(
-    records: pl.DataFrame, spans: pl.DataFrame, joined: pl.DataFrame, *, t0: T0 | None = None
-) -> SpanJoin:
+    records: pl.DataFrame, spans: pl.DataFrame, joined: pl.DataFrame, *, t0: T0 | None = None,
+    source: str | None = None,
+) -> SpanJoin:  # fmt: skip
     """summary.json's `server_spans`: the join rate over ok requests, what joined how, what
     could not be joined (requests by outcome, spans no request claimed) and the clocks;
-    `source`: the spans' sources, as their `source` column says."""
+    `source`: the spans' sources, as their `source` column says, else (no span came) the
+    `source` asked of."""
     rows = records.select("request_id", "outcome", "sent_ns").join(
         joined.select("request_id", "joined_by", "span_id", "span_start_ns"), on="request_id",
         how="left",
@@ -165,7 +170,7 @@ def join_summary(
         )
     sources = sorted(set(spans.get_column("source").drop_nulls().to_list()))
     return SpanJoin(
-        source=", ".join(sources) or "unknown",
+        source=", ".join(sources) or source or "unknown",
         spans=spans.height,
         request_spans=request_spans.height,
         ok=ok.height,

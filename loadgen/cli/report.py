@@ -261,7 +261,8 @@ def _join_spans(
     if spans_file is not None and spans_url is not None:
         raise OptionError("--spans/--spans-from", "give one source of spans", "drop one")
     if spans_file is not None:
-        spans = with_source(read_span_file(spans_file), spans_file.name)
+        source = spans_file.name
+        spans = with_source(read_span_file(spans_file), source)
     else:
         assert spans_url is not None
         ids = read_records(run_dir).select(trace_id(pl.col("traceparent"))).to_series()
@@ -269,13 +270,15 @@ def _join_spans(
         if not wanted:
             why = "its records carry no traceparent, so there is no trace id to ask for"
             raise LoadgenError(f"{run_dir}: {why}; give the spans as a file (--spans)")
-        spans = with_source(query_spans(spans_url, wanted, network), redact_url(spans_url))
+        source = redact_url(spans_url)
+        spans = with_source(query_spans(spans_url, wanted, network), source)
     with run_lock(run_dir, doing="join spans into"):
         if (run_dir / SPANS_FILE).exists():
             click.echo(f"replacing the run's {SPANS_FILE}", err=True)
         write_spans(run_dir, spans)
     info = read_run_info(run_dir)
-    click.echo(join_line(span_account(read_records(run_dir), spans, info.t0)), err=True)
+    account = span_account(read_records(run_dir), spans, info.t0, source=source)
+    click.echo(join_line(account), err=True)
 
 
 def _report_run(

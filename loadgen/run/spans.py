@@ -91,7 +91,7 @@ def collect_spans(
     receiver.close()
     spans = with_source(pl.concat([spans, receiver.spans(since=taken)]), "receiver")
     write_spans(run.run_dir, spans)
-    account = span_account(frame, spans, info.t0)
+    account = span_account(frame, spans, info.t0, source="receiver")
     if receiver.refusals:
         LOGGER.warning("otlp receiver: refused %d export(s): %s", receiver.refusals,
                        receiver.last_refusal)  # fmt: skip

@@ -87,17 +87,27 @@ def test_every_ok_request_joins_its_span_with_the_engines_times(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_a_server_that_sends_no_spans_is_said(tmp_path: Path, sim_url: str) -> None:
-    """A server not told where to send its spans: the run waits out the grace, says even
-    with -q that none arrived and what to check, and its summary says 0 joined."""
+@pytest.mark.parametrize(
+    ("listen", "hint"),
+    [("0", "exporting http/protobuf (vLLM exports gRPC by default: listen with grpc:PORT)?"),
+     ("grpc:0", "exporting OTLP/gRPC?")],
+)  # fmt: skip
+def test_a_server_that_sends_no_spans_is_said(
+    tmp_path: Path, sim_url: str, listen: str, hint: str
+) -> None:
+    """A server not told where to send its spans, whichever protocol the receiver speaks:
+    the run waits out the grace, says even with -q that none arrived and what to check, and
+    its summary says 0 joined, from the receiver."""
     small = WORKLOAD.replace("requests: 24", "requests: 4").replace("sim: {", "# sim: {")
     workload = workload_file(tmp_path, small)
     out = tmp_path / "runs"
     ran = CliRunner().invoke(cli, ["run", str(workload), "--url", sim_url, "--out", str(out),
-                                   "--run-id", "r", "-q", "--otlp-receiver", "0",
+                                   "--run-id", "r", "-q", "--otlp-receiver", listen,
                                    "--otlp-receiver-grace", "0.5", "--lag-bound-ms", "200"])  # fmt: skip
     assert ran.exit_code in (0, 7), ran.output  # 4 requests may bound no percentile (7)
     assert "otlp receiver: no span arrived at http://127.0.0.1:" in ran.output
+    assert hint in " ".join(ran.output.split())  # the terminal may wrap it
     summary = json.loads((out / "r" / "summary.json").read_text())["server_spans"]
     assert (summary["spans"], summary["ok"], summary["ok_joined"]) == (0, 4, 0)
+    assert summary["source"] == "receiver"
     assert summary["unjoined"] == {"ok": 4}
