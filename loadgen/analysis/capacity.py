@@ -307,6 +307,7 @@ def audit_step(
     steady_checks: bool = True,
     lag_bound_ms: float | None = None,
     rule: str = INTERVAL,
+    joined: pl.DataFrame | None = None,
 ) -> Step:
     """Drop the warm-up, re-audit what is left, and give the step its status and reason.
 
@@ -319,7 +320,9 @@ def audit_step(
     generator by the same rule (`analysis.health`) and bound; `rule` judges the SLOs
     (`interval` or `point`).
     `steady_checks=False` is the old rule (counts and SLOs only), kept so tests can show
-    what the steady-state checks catch.
+    what the steady-state checks catch. `joined`: per record, the server's fields from its
+    joined span (`analysis.audit.joined_fields`; the step's `--otlp-receiver`), which the
+    classes' TTFT split prefers to the stream's.
     """
     if from_send:
         frame = frame.with_columns(pl.coalesce("sent_ns", "intended_ns").alias("intended_ns"))
@@ -338,7 +341,7 @@ def audit_step(
     objectives = {name: Objective.of(cls) for name, cls in spec.classes.items()}
     summary = audit(kept, run_id="step", objectives=objectives, planned=kept.height,
                     lag_bound_ms=lag_bound_ms, rule=rule,
-                    path_buffers=spec.target.path_buffers)  # fmt: skip
+                    path_buffers=spec.target.path_buffers, joined=joined)  # fmt: skip
     required = required_requests(spec, min_tail)
     classes = {
         name: class_figures(block, required.get(name))

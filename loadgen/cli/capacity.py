@@ -48,6 +48,7 @@ from loadgen.cli.options import (
     write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
+from loadgen.cli.span_options import check_receiver, receiver_options
 from loadgen.errors import ConfigError, LoadgenError, OptionError
 from loadgen.render.cache_view import cache_line
 from loadgen.render.capacity_axis import load_axis
@@ -205,6 +206,7 @@ class CapacityCommand(GroupedHelp, UsageErrorsExitOne):
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the answer, the conclusion and a row per step as Markdown (for a CI job summary).",
 )
+@receiver_options
 @ray_options
 @live_options
 @price_options
@@ -249,11 +251,13 @@ def capacity(
 
     ray = ray_settings(ray_address, ray_shards, max_clock_skew_ms, **{
         "--workers": (shared.get("workers") or 1) > 1, "--prometheus-port": prometheus_listen,
-        "--otlp-endpoint": otlp_endpoint,
+        "--otlp-endpoint": otlp_endpoint, "--otlp-receiver": shared["otlp_receiver"],
     })  # fmt: skip
     check_url(shared["url"])
     check_report_paths(("--junit", junit_path), ("--markdown", markdown_path))
     spec = shared_spec(workload, shared)
+    receiver = check_receiver(shared["otlp_receiver"], steps=True,
+                              simulator=not (shared["url"] or spec.target.url))  # fmt: skip
     check_run_step_options(shared, spec)
     base = shared_run_options(shared)  # every step runs with these (its url, folder, cap added)
     client_setup(spec, base)  # headers and their ${VAR}s: refused before the first step
@@ -281,7 +285,8 @@ def capacity(
                      price_per_hour=fleet, network=base.network)  # fmt: skip
     session = ray_session(ray, quiet=base.quiet) if ray is not None else contextlib.nullcontext()
     with live as exporter, session:
-        with _target_url(base.url, spec, base.quiet) as (base_url, builtin_sim):
+        spans_url = receiver.endpoint if receiver is not None else None
+        with _target_url(base.url, spec, base.quiet, spans_url) as (base_url, builtin_sim):
             one = run_one_against(base_url, options=base, out=out / "steps", live=exporter,
                                   ray=ray)  # fmt: skip
             run_one = _memory_checked(one, base.seed, shared["max_memory_gb"])
@@ -379,10 +384,12 @@ def _loads(
 
 
 @contextlib.contextmanager
-def _target_url(url: str | None, spec: WorkloadSpec, quiet: bool) -> Iterator[tuple[str, bool]]:
-    """The URL, the file's, or one built-in simulator kept up for every step; and whether
-    it is the simulator."""
-    with target_url(url, spec) as (base_url, args):
+def _target_url(
+    url: str | None, spec: WorkloadSpec, quiet: bool, spans_url: str | None
+) -> Iterator[tuple[str, bool]]:
+    """The URL, the file's, or one built-in simulator kept up for every step (sending its
+    spans to `spans_url`, each step's receiver in turn); and whether it is the simulator."""
+    with target_url(url, spec, spans_url=spans_url) as (base_url, args):
         if args is not None and not quiet:
             click.echo(f"started the built-in simulator at {base_url} {' '.join(args)}", err=True)
         yield base_url, args is not None

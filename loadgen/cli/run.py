@@ -39,7 +39,7 @@ from loadgen.cli.options import (
     write_text,
 )
 from loadgen.cli.ray_options import ray_options, ray_settings
-from loadgen.engine.otlp_receiver import GRPC, parse_address
+from loadgen.cli.span_options import check_receiver, receiver_options
 from loadgen.engine.preflight import check_reachable
 from loadgen.engine.transport import make_endpoint
 from loadgen.engine.warmup import warm_capped_note, warm_count
@@ -121,27 +121,7 @@ from loadgen.workload.spec import WorkloadSpec, redact_url
     metavar="EPOCH",
     help="Agreed wall-clock start of t0: unix seconds or ISO 8601 (UTC without an offset).",
 )
-@option(
-    OUTPUT,
-    "--otlp-receiver",
-    metavar="[grpc:][HOST:]PORT",
-    help="Receive the server's OpenTelemetry spans on HOST:PORT (127.0.0.1 unless given; 0 "
-    "picks a free port): OTLP/HTTP (protobuf or JSON), or OTLP/gRPC with grpc: (vLLM's "
-    "default exporter, e.g. grpc:4317), and join them to the records "
-    "by trace id, then request id: the run prints the URL to give the server as "
-    "--otlp-traces-endpoint, keeps the spans in server-spans.parquet and says the join rate "
-    "(needs pip install 'loadgen[spans]'). The built-in simulator sends its own spans there.",
-)
-@option(
-    OUTPUT,
-    "--otlp-receiver-grace",
-    "otlp_receiver_grace_s",
-    type=click.FloatRange(0, 600),
-    default=10.0,
-    show_default=True,
-    help="After the last response, wait up to this many seconds for the spans of the ok "
-    "requests (servers export them in batches: vLLM every 5 s).",
-)
+@receiver_options
 @ray_options
 @option(
     LOAD,
@@ -251,13 +231,8 @@ def run(
         },
     )  # fmt: skip
     check_url(shared["url"])
-    receiver = parse_address(otlp_receiver) if otlp_receiver is not None else None
     spec = shared_spec(workload, shared)
-    simulator = not (shared["url"] or spec.target.url)
-    if receiver is not None and receiver.protocol == GRPC and simulator:
-        raise OptionError("--otlp-receiver", "the built-in simulator (no --url) exports its "
-                          "spans over OTLP/HTTP, not gRPC", "give --otlp-receiver [HOST:]PORT, "
-                          "or a --url server that exports OTLP/gRPC")  # fmt: skip
+    check_receiver(otlp_receiver, simulator=not (shared["url"] or spec.target.url))
     check_run_step_options(shared, spec)
     memory = check_memory_line(spec, shared["seed"], shared["max_memory_gb"])
     options = shared_run_options(

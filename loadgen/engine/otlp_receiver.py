@@ -61,6 +61,13 @@ class Address:
     port: int
     protocol: str = HTTP
 
+    @property
+    def endpoint(self) -> str:
+        """The URL a server is given as `--otlp-traces-endpoint` (a fixed port's: a
+        listening receiver's `url` says the port 0 picked)."""
+        base = f"http://{_shown(self.host)}:{self.port}"
+        return base if self.protocol == GRPC else base + TRACES_PATH
+
 
 def parse_address(text: str) -> Address:
     """`[grpc:|http:][HOST:]PORT` (`4318`, `127.0.0.1:4318`, `[::1]:0`, `grpc:4317`,

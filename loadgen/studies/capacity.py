@@ -58,6 +58,7 @@ from pathlib import Path
 
 import polars as pl
 
+from loadgen.analysis.audit import run_joined_fields
 from loadgen.analysis.capacity import (
     FAIL,
     INTERRUPTED,
@@ -365,6 +366,7 @@ def step_runner(
             frame, spec_at, load, min_tail=min_tail, warmup_s=warmup_s,
             from_send=param == "max_in_flight", client_failed=client_failed, run_dir=str(run_dir),
             min_lifetimes=min_lifetimes, lag_bound_ms=lag_bound_ms, rule=rule,
+            joined=run_joined_fields(run_dir, frame),  # the step's spans, when it kept some
         )  # fmt: skip
         return replace(step, extended=extend)
 

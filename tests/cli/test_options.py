@@ -32,8 +32,6 @@ RUN_ONLY = {
     "dry_run": "a step's plan depends on the lifetimes measured at the steps before it",
     "repeats": "a step is run again when inconclusive (--max-extend); repeats are run's",
     "start_when_told": "goes with --shard (the side of a shard that --ray starts)",
-    "otlp_receiver": "one receiver per run; capacity's steps have the in-band account (not yet spans)",
-    "otlp_receiver_grace_s": "goes with --otlp-receiver",
 }
 # Options both take with a meaning of their own (so not from the shared set).
 OWN_MEANING = {"out_dir": "run: the results store; capacity: the search's own folder",

@@ -30,6 +30,7 @@ from loadgen.render.capacity_axis import LoadAxis
 from loadgen.render.capacity_view import conclusion
 from loadgen.studies.capacity import geometric_loads, search
 from loadgen.testing.builders import workload_file
+from loadgen.testing.netpath import free_port
 
 
 def fake_server(knee: float, *, invalid: tuple[float, float] | None = None):  # type: ignore[no-untyped-def]
@@ -346,6 +347,49 @@ def test_max_in_flight_knee_against_the_simulator_is_the_batch_size(tmp_path: Pa
                         "2,4,8", "--min-tail", "5")  # fmt: skip
     assert (data["highest_pass"], data["first_fail"]) == (4, 5)
     assert data["highest_pass_req_s"] == pytest.approx(4 / 0.2, rel=0.1)  # B / T_hold
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_each_step_joins_its_spans_and_splits_ttft_by_them(tmp_path: Path) -> None:
+    """`capacity --otlp-receiver PORT` on the simulator (which sends its spans there, and
+    nothing in its stream): each step's receiver joins every ok request to its span, and
+    each step's TTFT split comes from the spans, with the engine's physics as the known
+    answer. B = 4 slots, T_hold = 40 × 20 ms / speed 4 = 200 ms, prefill negligible: a cap
+    of 2 waits for no slot (queue under one 5 ms step, far below T_hold / 10); a cap of 8
+    keeps 4 requests waiting a whole hold for a slot (queue T_hold ± 25 %), so the failing
+    step's TTFT went to the queue."""
+    workload, _ = knee_workload(tmp_path, batch=4, step_ms=20, tokens=40, speed=4, ttft_ms=25)
+    out = tmp_path / "out"
+    data = run_capacity(workload, out, "--param", "max_in_flight", "--steps", "2,8",
+                        "--min-tail", "5", "--otlp-receiver", str(free_port()),
+                        "--otlp-receiver-grace", "10")  # fmt: skip
+    hold_ms = 200.0
+    splits = {}
+    for step in data["steps"]:
+        run_dir = Path(step["run_dir"])
+        account = json.loads((run_dir / "summary.json").read_text())["server_spans"]
+        assert account["source"] == "receiver"
+        assert account["ok"] > 0, account
+        assert account["ok_joined"] == account["ok"], account
+        splits[step["load"]] = step["classes"]["chat"]["ttft_split"]
+    assert splits[2]["queue_ms"] < hold_ms / 10, splits
+    assert 0.75 * hold_ms <= splits[8]["queue_ms"] <= 1.25 * hold_ms, splits
+    assert splits[8]["cause"] == "queue_ms", splits
+
+
+def test_a_capacity_receiver_needs_a_fixed_port(tmp_path: Path) -> None:
+    """Every step listens again on the receiver's port, where the server was given one
+    endpoint: port 0 (a new port each step) is a usage error that says what to give."""
+    from loadgen.cli.capacity import capacity
+
+    workload, _ = knee_workload(tmp_path)
+    result = CliRunner().invoke(capacity, [str(workload), "--out", str(tmp_path / "out"),
+                                           "--otlp-receiver", "0"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "port 0 picks a new port for every step" in result.output
+    assert "give a fixed port" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_help_has_an_example_and_the_exit_codes() -> None:
