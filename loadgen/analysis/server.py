@@ -212,8 +212,14 @@ def server_audit(
     end_ns: int | None = None,
     access: ScrapeAccess | None = None,
 ) -> ServerAudit:
-    """summary.json's `server` block from the scraped rows (gauges over t0..end_ns)."""
+    """summary.json's `server` block from the scraped rows (gauges over t0..end_ns).
+
+    Counters and histograms are changes from the first scrape to the last, so only a series
+    first read before t0 has one: a baseline read after the run began (its first scrapes
+    failed, or came late) would leave out what the run did before it, a figure too low
+    with nothing to say so; such a series has none."""
     names = frame["name"].unique().to_list() if len(frame) else []
+    before_t0 = bool(len(frame)) and frame["t_ns"].min() <= 0  # type: ignore[operator]
     family = server_family(names)
     gauges: dict[str, GaugeStats] = {}
     counters: dict[str, float] = {}
@@ -221,7 +227,7 @@ def server_audit(
     for figure_name, figure in FIGURES.items():
         if figure.kind == "histogram":
             name = _metric_name(figure, family, {n.removesuffix("_count") for n in names})
-            if name is not None:
+            if name is not None and before_t0:
                 histograms[figure_name] = histogram_change(frame, name)
             continue
         series = figure_series(frame, figure_name, family) if names else None
@@ -232,7 +238,7 @@ def server_audit(
             if end_ns is not None:
                 window = window.filter(pl.col("t_ns") <= end_ns)
             gauges[figure_name] = _gauge_stats(window["value"].to_list())
-        else:
+        elif series["t_ns"][0] <= 0:  # a baseline before t0 (see above)
             counters[figure_name] = round(counter_delta(series["value"].to_list()), 6)
     queries, hits = counters.get("prefix_cache_queries"), counters.get("prefix_cache_hits")
     if family == "llama.cpp" and hits is not None and "prompt_tokens" in counters:

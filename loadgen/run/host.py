@@ -232,8 +232,10 @@ def _scraper(
     a URL is given (a path is on the target), and run.json's `server_metrics` for it.
 
     It sends the target's credentials only to the target's origin, and the endpoint's own
-    headers (`engine.scrape.scrape_auth`). Unless quiet, the first scrape's outcome is
-    awaited (before t0: it delays no request) so a refused endpoint is said at once.
+    headers (`engine.scrape.scrape_auth`). The first scrape is awaited, up to its timeout
+    (before t0: it delays no request): it is every counter's baseline, and a spawned, niced
+    scraper on a busy host could otherwise first read the server after a short run had
+    ended (its counters would read 0). Unless quiet, a refused endpoint is said at once.
     """
     spec, options, terminal = run.spec, run.options, run.terminal
     url = metrics_url(spec, options)
@@ -247,10 +249,11 @@ def _scraper(
     scraper = ScraperProcess(url, interval_s, run_dir=run.run_dir, auth=auth, redactor=redactor,
                              network=options.network)  # fmt: skip
     scraper.start()
+    first = scraper.first_done.wait(scraper.timeout_s + 1)
     if not terminal.quiet:
         sent = f" with {', '.join(sorted(auth.headers))}" if auth.headers else ""
         terminal.say(f"scraping {redact_url(url)} every {interval_s:g} s{sent}")
-        if scraper.first_done.wait(scraper.timeout_s + 1) and scraper.failures:
+        if first and scraper.failures:
             note = scraper.access().problem
             terminal.say(f"server metrics: {note}; the run goes on, its client figures "
                          "unaffected")  # fmt: skip

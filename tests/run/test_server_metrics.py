@@ -333,6 +333,33 @@ def test_series_of_one_name_are_summed_for_counts_and_averaged_for_ratios() -> N
     assert figure_series(frame, "kv_usage")["value"].to_list() == [pytest.approx(0.3)]
 
 
+@pytest.mark.parametrize(("first_ns", "counted"), [(-5, True), (0, True), (5, False)])
+def test_counters_and_histograms_need_a_baseline_read_before_t0(
+    first_ns: int, counted: bool
+) -> None:
+    """A counter's figure is its change from the first scrape: one first read after t0 (the
+    scraper's first scrapes failed or came late, and the run had already sent) would miss
+    what the run did before it (a short run read as 0 tokens), so it has no figure; gauges
+    stay. Known answer: 100 tokens and 2 observations between the scrapes."""
+
+    def text(tokens: int, count: int) -> str:
+        return (f"vllm:generation_tokens_total {tokens}\nvllm:num_requests_running 2\n"
+                f'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {count}\n'
+                f"vllm:time_to_first_token_seconds_count {count}\n"
+                f"vllm:time_to_first_token_seconds_sum {0.1 * count}\n")  # fmt: skip
+
+    frame = scrape_frame([(first_ns, text(900, 8)), (first_ns + 10, text(1000, 10))])
+    audit = server_audit(frame, url="u", interval_s=1, scrapes=2, failures=0,
+                         malformed_lines=0, last_error=None)  # fmt: skip
+    assert audit.gauges["running"].max == 2
+    if counted:
+        assert audit.counters["generation_tokens"] == 100
+        assert audit.histograms_ms["ttft"].count == 2
+    else:
+        assert "generation_tokens" not in audit.counters
+        assert not audit.histograms_ms
+
+
 def test_an_unknown_server_names_no_figures_but_keeps_every_series() -> None:
     """No mapping, no guessing: the raw rows stay for whoever reads the parquet."""
     frame = scrape_frame([(0, "my_queue 3\n"), (5, "my_queue 4\n")])
