@@ -249,7 +249,7 @@ def _scraper(
     scraper = ScraperProcess(url, interval_s, run_dir=run.run_dir, auth=auth, redactor=redactor,
                              network=options.network)  # fmt: skip
     scraper.start()
-    first = scraper.first_done.wait(scraper.timeout_s + 1)
+    first = scraper.first_done.wait(scraper.timeout_s + 5)  # a starved scraper is late
     if not terminal.quiet:
         sent = f" with {', '.join(sorted(auth.headers))}" if auth.headers else ""
         terminal.say(f"scraping {redact_url(url)} every {interval_s:g} s{sent}")
