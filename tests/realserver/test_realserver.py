@@ -531,8 +531,12 @@ def test_hf_cli_flags_the_hints_name_make_the_run_work(hf_server: Server, tmp_pa
     path = workload(tmp_path, model="sim", requests=5, rate_per_s=2,
                     prompt_tokens=16, output_tokens=12)  # fmt: skip
     out = tmp_path / "reports"
+    # --path-buffers: the flags are the subject, not the pace. Beside two busy loops, 1 of 5
+    # 12-token streams from transformers serve arrived in one read of 12 events, which the
+    # delivery rule rightly calls coalesced (exit 7).
     done = run_cli("run", str(path), "--url", hf_server.url, "--model", hf_server.model,
-                   "--no-force-output-tokens", "--out", str(out), "--run-id", "cli", "-q")  # fmt: skip
+                   "--no-force-output-tokens", "--path-buffers", "--out", str(out),
+                   "--run-id", "cli", "-q")  # fmt: skip
     assert done.returncode in (0, 3), done.stderr
     records = from_frame(pl.read_parquet(out / "cli" / "records.parquet"))
     assert_all_ok(records, 5)
@@ -572,7 +576,10 @@ def llamacpp_py(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterat
     cmd = [info["bin"], "-c", LCP_SHIM, str(LCP_PING_S), "--model", info["model"],
            "--model_alias", info["alias"], "--host", "127.0.0.1", "--port", str(free_port()),
            "--n_ctx", "4096", "--n_threads", "1", *flags]  # fmt: skip
-    with running(cmd, log=log, model=info["alias"], env=server_env(), health="/v1/models") as s:
+    # Unbuffered: its log lines (a cut stream's "Disconnected from client") are print()s to a
+    # file, which Python would otherwise hold back in an 8 KiB buffer.
+    env = server_env(PYTHONUNBUFFERED="1")
+    with running(cmd, log=log, model=info["alias"], env=env, health="/v1/models") as s:
         yield s
 
 
@@ -689,15 +696,23 @@ def test_lcp_default_interruption_is_truncated_never_ok(
                     prompt_tokens=32, output_tokens=256, percentile=99,
                     target=lcp_no_eog(lcp_interrupting))  # fmt: skip
     result, records = run_engine(path, lcp_interrupting.url, tmp_path)
-    time.sleep(1.0)  # the server logs a cut as its request handler unwinds
     early = lcp_early_stops(records, 256)  # not cut: the model stopped (see there)
     cut = [r for r in records if r.outcome is Outcome.TRUNCATED and r not in early]
     assert len(records) == 6
     assert {str(r.outcome) for r in records} <= {"ok", "truncated"}
     assert len(cut) >= 1
     # The server logs one disconnect per stream it cut, and one each for the preflight and
-    # its compression probe, which close their streams after the first token.
-    assert len(cut) == disconnects(lcp_interrupting) - before - 2
+    # its compression probe, which close their streams after the first token. It logs a cut
+    # as its request handler unwinds (its log unbuffered: `llamacpp_py`): beside two busy
+    # loops 1 s after the run was not always enough (4 logged of 5), so the log is read
+    # until it says as many, or 60 s have passed.
+    deadline = time.monotonic() + 60
+    while (logged := disconnects(lcp_interrupting) - before - 2) < len(cut):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)  # and one more second: a cut too many would be logged by then
+    assert len(cut) == disconnects(lcp_interrupting) - before - 2, logged
     for r in cut:
         assert r.finish_reason is None
         assert r.output_tokens < r.max_tokens
