@@ -702,17 +702,16 @@ def test_lcp_default_interruption_is_truncated_never_ok(
     assert {str(r.outcome) for r in records} <= {"ok", "truncated"}
     assert len(cut) >= 1
     # The server logs one disconnect per stream it cut, and one each for the preflight and
-    # its compression probe, which close their streams after the first token. It logs a cut
-    # as its request handler unwinds (its log unbuffered: `llamacpp_py`): beside two busy
-    # loops 1 s after the run was not always enough (4 logged of 5), so the log is read
-    # until it says as many, or 60 s have passed.
-    deadline = time.monotonic() + 60
-    while (logged := disconnects(lcp_interrupting) - before - 2) < len(cut):
-        if time.monotonic() > deadline:
-            break
+    # its compression probe when it notices they closed their streams after the first token
+    # (not when their 4 tokens were all out first: beside two busy loops it logged 6 for 5
+    # cuts). It logs a cut as its request handler unwinds (its log unbuffered:
+    # `llamacpp_py`), so the log is read until it holds every cut, or 30 s have passed.
+    deadline = time.monotonic() + 30
+    while disconnects(lcp_interrupting) - before < len(cut) and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(1.0)  # and one more second: a cut too many would be logged by then
-    assert len(cut) == disconnects(lcp_interrupting) - before - 2, logged
+    time.sleep(1.0)  # a stream cut too many, or the preflight's, is logged by then too
+    logged = disconnects(lcp_interrupting) - before
+    assert len(cut) <= logged <= len(cut) + 2, logged
     for r in cut:
         assert r.finish_reason is None
         assert r.output_tokens < r.max_tokens
